@@ -1,0 +1,138 @@
+/*
+ * <ukprobes/kprobes.h> - the kernel's Kprobes API for ordinary user-space processes.
+ *
+ * The names, structures and return values are those of the Linux kernel's
+ * <linux/kprobes.h> (Documentation/kprobes.txt and Documentation/trace/kprobes.rst),
+ * so that probe code written for a kernel module ports with few changes. Functions
+ * return 0 or a negative errno value.
+ *
+ * This header is C-compatible. It defines its own struct pt_regs with the kernel's
+ * (not the uapi's) field names; do not include <linux/ptrace.h> or <asm/ptrace.h> in
+ * the same translation unit.
+ */
+#ifndef UKPROBES_KPROBES_H
+#define UKPROBES_KPROBES_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Registers at the probe point, laid out as the kernel's x86-64 struct pt_regs.
+ * Handlers may change any field; every change is applied when the program resumes
+ * (cs and ss excepted: user space cannot change them). flags is RFLAGS; orig_ax is
+ * -1 (no system call in progress).
+ */
+struct pt_regs {
+	unsigned long r15;
+	unsigned long r14;
+	unsigned long r13;
+	unsigned long r12;
+	unsigned long bp;
+	unsigned long bx;
+	unsigned long r11;
+	unsigned long r10;
+	unsigned long r9;
+	unsigned long r8;
+	unsigned long ax;
+	unsigned long cx;
+	unsigned long dx;
+	unsigned long si;
+	unsigned long di;
+	unsigned long orig_ax;
+	unsigned long ip;
+	unsigned long cs;
+	unsigned long flags;
+	unsigned long sp;
+	unsigned long ss;
+};
+
+/* The breakpoint instruction, as in the kernel's asm/kprobes.h. */
+typedef unsigned char kprobe_opcode_t;
+#define BREAKPOINT_INSTRUCTION 0xcc
+#define MAX_INSN_SIZE 16
+
+struct kprobe;
+
+/*
+ * Called before the probed instruction runs. Return 0 to go on normally. Return
+ * non-zero after changing regs->ip to resume there: the probed instruction is then
+ * skipped and no post_handler runs ("Changing Execution Path", kprobes.rst).
+ */
+typedef int (*kprobe_pre_handler_t)(struct kprobe *p, struct pt_regs *regs);
+/* Called after the probed instruction ran; flags is always 0. */
+typedef void (*kprobe_post_handler_t)(struct kprobe *p, struct pt_regs *regs, unsigned long flags);
+/*
+ * Called when a pre_handler or post_handler faults, or the probed instruction faults.
+ * trapnr is the x86 trap number (0 divide error, 6 invalid opcode, 13 general
+ * protection, 14 page fault, 17 alignment check). Return 1 if handled; see
+ * docs/reference.md, "fault_handler", for the exact rules.
+ */
+typedef int (*kprobe_fault_handler_t)(struct kprobe *p, struct pt_regs *regs, int trapnr);
+
+/* kprobe.flags */
+#define KPROBE_FLAG_GONE 1     /* the probed object was unloaded */
+#define KPROBE_FLAG_DISABLED 2 /* registered but disarmed */
+#define KPROBE_FLAG_OPTIMIZED 4
+#define KPROBE_FLAG_FTRACE 8
+
+struct kprobe {
+	/* Count of hits whose handlers did not run (recursion, a faulting handler). */
+	unsigned long nmissed;
+	/* Probe address; filled in from symbol_name + offset by register_kprobe(). */
+	kprobe_opcode_t *addr;
+	/* "sym" or "OBJECT:sym", OBJECT being a loaded object's file name. */
+	const char *symbol_name;
+	/* Offset into symbol_name (or from addr). */
+	unsigned int offset;
+	kprobe_pre_handler_t pre_handler;
+	kprobe_post_handler_t post_handler;
+	kprobe_fault_handler_t fault_handler;
+	/* The original first byte of the probed instruction, saved at registration. */
+	kprobe_opcode_t opcode;
+	/* KPROBE_FLAG_* */
+	unsigned int flags;
+	/* Owned by ukprobes while the probe is registered; leave zero. */
+	void *ukp_private;
+};
+
+int register_kprobe(struct kprobe *p);
+void unregister_kprobe(struct kprobe *p);
+int register_kprobes(struct kprobe **kps, int num);
+void unregister_kprobes(struct kprobe **kps, int num);
+int disable_kprobe(struct kprobe *p);
+int enable_kprobe(struct kprobe *p);
+
+/*
+ * NOKPROBE_SYMBOL(fn): puts a function of the program on the blacklist, so that no
+ * probe can be registered inside it (register_kprobe() returns -EINVAL). Use at file
+ * scope, after the function's definition, as in the kernel.
+ */
+struct ukp_blacklist_entry {
+	const void *addr;
+	const char *name;
+};
+void ukp_blacklist_add(const void *addr, const char *name);
+#define NOKPROBE_SYMBOL(fname)                                                            \
+	__attribute__((constructor)) static void __ukp_nokprobe_##fname(void)            \
+	{                                                                                  \
+		ukp_blacklist_add((const void *)&(fname), #fname);                         \
+	}
+
+/*
+ * Introspection, as the kernel's debugfs files.
+ * ukp_kprobes_list(): the text of kprobes/list, one line per registered probe:
+ *   "ADDRESS  TYPE  SYM+0xOFF  OBJECT [GONE][DISABLED][OPTIMIZED]". Returns a
+ *   malloc()ed string the caller frees, or NULL with errno set.
+ * ukp_kprobes_enabled()/ukp_set_kprobes_enabled(): kprobes/enabled. Turning it
+ *   off disarms every probe; turning it on re-arms every probe not disabled on its own.
+ */
+char *ukp_kprobes_list(void);
+int ukp_kprobes_enabled(void);
+int ukp_set_kprobes_enabled(int on);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UKPROBES_KPROBES_H */

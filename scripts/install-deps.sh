@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages ukprobes needs. Idempotent: when every package is
+# already present it returns without touching apt.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libzydis-dev           # x86-64 decoder and encoder (relocator)
+  libelf-dev libdw-dev   # ELF symbol tables, DWARF
+  libfmt-dev             # formatting (GCC 12 has no <format>)
+  libcli11-dev           # command line of the ukprobe tool
+  libfuse3-dev           # tracefs-shaped mount
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

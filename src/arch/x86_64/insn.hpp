@@ -1,0 +1,73 @@
+// Decoding and relocating single x86-64 instructions (Zydis underneath).
+//
+// Pure code generation: nothing here touches the process, so everything is tested
+// on byte buffers (tests/unit/relocator_test.cpp).
+#pragma once
+
+#include <Zydis/Zydis.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ukp::arch {
+
+// How control leaves an instruction.
+enum class Flow : uint8_t {
+    kSequential,   // falls through to addr + len
+    kJump,         // jmp rel8/rel32 to target
+    kCondJump,     // jcc rel8/rel32, loop/loope/loopne, jrcxz/jecxz: target or fallthrough
+    kCall,         // call rel32 to target
+    kIndirectJump, // jmp r/m64
+    kIndirectCall, // call r/m64
+    kRet,          // ret, ret imm16
+    kSyscall,      // syscall: sets rcx to addr + len, so a copy must fix rcx afterwards
+    kUnsupported,  // cannot run anywhere but at its own address (int3, far transfers, ...)
+};
+
+struct Insn {
+    uint64_t addr = 0;      // where the instruction lives
+    uint8_t len = 0;        // its length in bytes
+    uint8_t bytes[15] = {}; // its bytes
+    Flow flow = Flow::kSequential;
+    uint64_t target = 0;    // kJump, kCondJump, kCall: the absolute branch target
+    bool rip_relative = false; // has a [rip + disp32] memory operand (or lea of one)
+    uint64_t rip_target = 0;   // the absolute address that operand designates
+    ZydisDecodedInstruction zi{};
+    ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT]{};
+};
+
+// Decodes the instruction at `code` (of which `avail` bytes are readable), which lives
+// at `addr`. Returns 0, or -EILSEQ if the bytes are not a valid 64-bit instruction.
+int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out);
+
+// What the emitted copy does when the instruction falls through (or, for a
+// conditional branch, is not taken).
+enum class Exit : uint8_t {
+    kNone,     // nothing: execution runs into whatever is emitted after the copy
+    kJumpBack, // jump to insn.addr + insn.len
+    kTrap,     // an int3; *trap_offset tells where it is
+};
+
+// Emits into out[0, cap) code that, placed at address `dest`, has exactly the effect
+// of the instruction `insn` executed at insn.addr, then leaves as `exit` says. Branch
+// targets, return addresses pushed by calls, rcx after syscall and RIP-relative operands
+// all refer to the original addresses, at any distance between insn.addr and dest
+// (rel32 forms when in reach, absolute forms otherwise). Uses no register, flag or stack
+// byte the original does not (the 128-byte red zone below rsp is preserved).
+//
+// Returns the number of bytes emitted, or
+//   -EINVAL    exit == kTrap for an instruction that is not kSequential/kSyscall
+//   -ENOSPC    cap too small
+//   -EOPNOTSUPP flow == kUnsupported, or a far RIP-relative form that cannot be rewritten
+// *trap_offset (if not null) receives the offset of the int3 for Exit::kTrap, else -1.
+int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit,
+             int *trap_offset = nullptr);
+
+// The largest relocate() output for one instruction, for sizing buffers.
+inline constexpr size_t kMaxRelocatedSize = 64;
+
+// Emits an absolute jump to `target` (14 bytes: jmp *0(%rip); .quad target) or, when
+// in reach from `dest`, a 5-byte jmp rel32. Returns the bytes emitted or -ENOSPC.
+int emit_jmp(uint64_t dest, uint64_t target, uint8_t *out, size_t cap);
+
+} // namespace ukp::arch

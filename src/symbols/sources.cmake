@@ -1,0 +1,1 @@
+list(APPEND UKP_SOURCES symbols/symbols.cpp)
