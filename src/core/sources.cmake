@@ -1,1 +1,4 @@
-list(APPEND UKP_SOURCES)
+list(APPEND UKP_SOURCES
+  core/hit.cpp
+  core/registry.cpp
+  core/signals.cpp)

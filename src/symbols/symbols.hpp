@@ -19,6 +19,24 @@ struct Symbol {
     bool function = false; // STT_FUNC or STT_GNU_IFUNC
 };
 
+namespace detail {
+struct Tables; // defined in symbols.cpp
+
+// Owns the lookup tables an Object derives from its `symbols` on first use. Building
+// them is thread-safe; a copied (or assigned-to) Object starts with empty tables.
+class LazyTables {
+public:
+    LazyTables();
+    ~LazyTables();
+    LazyTables(const LazyTables &);
+    LazyTables &operator=(const LazyTables &);
+    Tables &get() const { return *tables_; }
+
+private:
+    std::unique_ptr<Tables> tables_;
+};
+} // namespace detail
+
 // One ELF object mapped into the process (the main program, a shared library, the vdso).
 struct Object {
     std::string path;   // as the dynamic linker knows it ("" for the main program is
@@ -31,19 +49,32 @@ struct Object {
     std::vector<std::pair<uint64_t, uint64_t>> exec_ranges;
     // Sections holding PLT stubs, run-time addresses, [start, end): decoding may start there.
     std::vector<std::pair<uint64_t, uint64_t>> plt_ranges;
-    // Symbols from .symtab when the file has one, else .dynsym; sorted by value.
+    // Symbols from .symtab when the file has one (or its separate debug file under
+    // /usr/lib/debug/.build-id has one), merged with .dynsym; sorted by value, and at
+    // one address the preferred name first (function, sized, global, fewer leading
+    // underscores, shorter). Must not change once the object has been queried.
     std::vector<Symbol> symbols;
+    // Built from `symbols` by the first function_at()/find().
+    detail::LazyTables tables;
 
     bool contains_exec(uint64_t addr) const;
-    // The function symbol containing addr (value <= addr < value + size), or null.
+    // The function symbol containing addr (value <= addr < value + size; a size-0
+    // symbol contains only its own address), or null. The innermost one when
+    // functions nest; at one address the first (preferred) one.
     const Symbol *function_at(uint64_t addr) const;
+    // The function symbol containing addr, else the nearest function symbol below it.
+    const Symbol *function_at_or_before(uint64_t addr) const;
     // Finds a symbol by exact ELF name or by demangled name (full demangled string, or
-    // the demangled name without its parameter list, e.g. "ns::f" for "ns::f(int)").
+    // the demangled name without its parameter list, e.g. "ns::f" for "ns::f(int)",
+    // also without ABI tags: "ns::g" for "ns::g[abi:cxx11](int)"). The first match in
+    // address order, functions before data; exact ELF names before demangled ones.
+    // The first demangled lookup demangles the whole table once.
     const Symbol *find(std::string_view name) const;
 };
 
 // A snapshot of the loaded objects. Cheap to query; refresh() re-reads the link map
-// and reuses the parsed symbol tables of objects that are still loaded.
+// and reuses the parsed symbol tables of objects that are still loaded. Empty until the
+// first refresh(). Not synchronized: callers serialize refresh() against queries.
 class Registry {
 public:
     Registry();
@@ -57,15 +88,17 @@ public:
 
     // Resolves "sym" or "MOD:sym" plus offset to an address.
     //   -ENOENT: no such object or symbol
+    //   -EINVAL: empty MOD or sym, null addr
     // With no MOD, the main program is searched first, then the others in load order.
-    // MOD is matched against Object::name, or against the full path.
+    // MOD is matched against Object::name, or against the full path. MOD ends at the
+    // first single ':' outside brackets: "ns::f" and "f[abi:cxx11]()" have no MOD.
     int resolve(std::string_view spec, uint64_t offset, uint64_t *addr) const;
 
     // For list output: "sym+0xoff" and the object's name for an address.
     struct Location {
-        const Object *object = nullptr;
-        const Symbol *symbol = nullptr;
-        uint64_t offset = 0;
+        const Object *object = nullptr; // whose executable ranges hold the address
+        const Symbol *symbol = nullptr; // containing function, else nearest one below
+        uint64_t offset = 0;            // from symbol->value, or from object->bias
     };
     Location locate(uint64_t addr) const;
 
@@ -74,9 +107,12 @@ private:
 };
 
 // Parses one ELF file's symbols (for tests and for Registry). `bias` is added to values.
+// Fills path, name (path's file name), bias, exec_ranges (from the file's program
+// headers), plt_ranges and symbols. Null when the file cannot be read as ELF.
 std::shared_ptr<Object> load_object(const std::string &path, uint64_t bias);
 
-// "_ZN2ns1fEi" -> "ns::f(int)"; a non-mangled name is returned unchanged.
+// "_ZN2ns1fEi" -> "ns::f(int)"; a non-mangled name (one not starting with "_Z") or
+// one the demangler rejects is returned unchanged.
 std::string demangle(std::string_view name);
 
 } // namespace ukp::sym

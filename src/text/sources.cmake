@@ -1,1 +1,1 @@
-list(APPEND UKP_SOURCES)
+list(APPEND UKP_SOURCES text/text.cpp)

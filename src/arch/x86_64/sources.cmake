@@ -1,1 +1,5 @@
-list(APPEND UKP_SOURCES arch/x86_64/decode.cpp arch/x86_64/relocate.cpp)
+list(APPEND UKP_SOURCES
+  arch/x86_64/decode.cpp
+  arch/x86_64/relocate.cpp
+  arch/x86_64/regs.cpp
+  arch/x86_64/safe_access.S)

@@ -1,0 +1,254 @@
+#include "arch/x86_64/regs.hpp"
+
+#include <cerrno>
+
+extern "C" {
+extern const char ukp_safe_copy_insn[], ukp_safe_copy_fixup[];
+extern const char ukp_safe_load_fs_insn[], ukp_safe_load_gs_insn[], ukp_safe_load_seg_fixup[];
+}
+
+namespace ukp::arch {
+
+namespace {
+
+constexpr uint64_t kFlagCF = 1u << 0, kFlagPF = 1u << 2, kFlagZF = 1u << 6,
+                   kFlagSF = 1u << 7, kFlagOF = 1u << 11;
+
+// The pt_regs field holding a 64-bit general-purpose register, or null.
+unsigned long *gpr(pt_regs *r, ZydisRegister reg) {
+    switch (ZydisRegisterGetLargestEnclosing(ZYDIS_MACHINE_MODE_LONG_64, reg)) {
+    case ZYDIS_REGISTER_RAX: return &r->ax;
+    case ZYDIS_REGISTER_RCX: return &r->cx;
+    case ZYDIS_REGISTER_RDX: return &r->dx;
+    case ZYDIS_REGISTER_RBX: return &r->bx;
+    case ZYDIS_REGISTER_RSP: return &r->sp;
+    case ZYDIS_REGISTER_RBP: return &r->bp;
+    case ZYDIS_REGISTER_RSI: return &r->si;
+    case ZYDIS_REGISTER_RDI: return &r->di;
+    case ZYDIS_REGISTER_R8: return &r->r8;
+    case ZYDIS_REGISTER_R9: return &r->r9;
+    case ZYDIS_REGISTER_R10: return &r->r10;
+    case ZYDIS_REGISTER_R11: return &r->r11;
+    case ZYDIS_REGISTER_R12: return &r->r12;
+    case ZYDIS_REGISTER_R13: return &r->r13;
+    case ZYDIS_REGISTER_R14: return &r->r14;
+    case ZYDIS_REGISTER_R15: return &r->r15;
+    default: return nullptr;
+    }
+}
+
+bool condition_holds(ZydisMnemonic m, uint64_t f) {
+    const bool cf = f & kFlagCF, pf = f & kFlagPF, zf = f & kFlagZF, sf = f & kFlagSF,
+               of = f & kFlagOF;
+    switch (m) {
+    case ZYDIS_MNEMONIC_JO: return of;
+    case ZYDIS_MNEMONIC_JNO: return !of;
+    case ZYDIS_MNEMONIC_JB: return cf;
+    case ZYDIS_MNEMONIC_JNB: return !cf;
+    case ZYDIS_MNEMONIC_JZ: return zf;
+    case ZYDIS_MNEMONIC_JNZ: return !zf;
+    case ZYDIS_MNEMONIC_JBE: return cf || zf;
+    case ZYDIS_MNEMONIC_JNBE: return !cf && !zf;
+    case ZYDIS_MNEMONIC_JS: return sf;
+    case ZYDIS_MNEMONIC_JNS: return !sf;
+    case ZYDIS_MNEMONIC_JP: return pf;
+    case ZYDIS_MNEMONIC_JNP: return !pf;
+    case ZYDIS_MNEMONIC_JL: return sf != of;
+    case ZYDIS_MNEMONIC_JNL: return sf == of;
+    case ZYDIS_MNEMONIC_JLE: return zf || sf != of;
+    case ZYDIS_MNEMONIC_JNLE: return !zf && sf == of;
+    default: return false;
+    }
+}
+
+// Decrements rcx (or ecx with a 0x67 prefix) for loop*, and says whether the branch is taken.
+bool count_register_branch(const Insn &insn, pt_regs *r) {
+    const bool addr32 = insn.zi.address_width == 32;
+    const uint64_t mask = addr32 ? 0xffffffffull : ~0ull;
+    const bool zf = r->flags & kFlagZF;
+    switch (insn.zi.mnemonic) {
+    case ZYDIS_MNEMONIC_JRCXZ: return (r->cx & mask) == 0;
+    case ZYDIS_MNEMONIC_JECXZ: return (r->cx & 0xffffffffull) == 0;
+    default: break;
+    }
+    const uint64_t count = (r->cx - 1) & mask;
+    // A 32-bit write zero-extends, as the CPU does for loop with a 0x67 prefix.
+    r->cx = count;
+    switch (insn.zi.mnemonic) {
+    case ZYDIS_MNEMONIC_LOOP: return count != 0;
+    case ZYDIS_MNEMONIC_LOOPE: return count != 0 && zf;
+    case ZYDIS_MNEMONIC_LOOPNE: return count != 0 && !zf;
+    default: return false;
+    }
+}
+
+// The value of the r/m operand of an indirect call or jump.
+int read_branch_operand(const Insn &insn, const pt_regs *regs, uint64_t *out, uint64_t *fault_addr) {
+    const ZydisDecodedOperand &op = insn.ops[0];
+    pt_regs copy = *regs;
+    if (op.type == ZYDIS_OPERAND_TYPE_REGISTER) {
+        unsigned long *reg = gpr(&copy, op.reg.value);
+        if (reg == nullptr) return -EFAULT;
+        *out = *reg;
+        return 0;
+    }
+    if (op.type != ZYDIS_OPERAND_TYPE_MEMORY) return -EFAULT;
+    uint64_t ea = static_cast<uint64_t>(op.mem.disp.value);
+    if (op.mem.base == ZYDIS_REGISTER_RIP) {
+        ea += insn.addr + insn.len;
+    } else if (op.mem.base != ZYDIS_REGISTER_NONE) {
+        unsigned long *base = gpr(&copy, op.mem.base);
+        if (base == nullptr) return -EFAULT;
+        ea += *base;
+    }
+    if (op.mem.index != ZYDIS_REGISTER_NONE) {
+        unsigned long *index = gpr(&copy, op.mem.index);
+        if (index == nullptr) return -EFAULT;
+        ea += *index * op.mem.scale;
+    }
+    if (insn.zi.address_width == 32) ea &= 0xffffffffull;
+    *fault_addr = ea;
+    if (op.mem.segment == ZYDIS_REGISTER_FS) return ukp_safe_load_seg64(ea, 0, out);
+    if (op.mem.segment == ZYDIS_REGISTER_GS) return ukp_safe_load_seg64(ea, 1, out);
+    return ukp_safe_copy(out, reinterpret_cast<const void *>(ea), sizeof *out);
+}
+
+int push_return_address(const Insn &insn, pt_regs *regs, uint64_t *fault_addr) {
+    const uint64_t ret = insn.addr + insn.len;
+    const uint64_t sp = regs->sp - 8;
+    *fault_addr = sp;
+    if (ukp_safe_copy(reinterpret_cast<void *>(sp), &ret, sizeof ret) != 0) return -EFAULT;
+    regs->sp = sp;
+    return 0;
+}
+
+} // namespace
+
+void regs_from_context(const ucontext_t *uc, pt_regs *r) {
+    const greg_t *g = uc->uc_mcontext.gregs;
+    r->r15 = g[REG_R15];
+    r->r14 = g[REG_R14];
+    r->r13 = g[REG_R13];
+    r->r12 = g[REG_R12];
+    r->bp = g[REG_RBP];
+    r->bx = g[REG_RBX];
+    r->r11 = g[REG_R11];
+    r->r10 = g[REG_R10];
+    r->r9 = g[REG_R9];
+    r->r8 = g[REG_R8];
+    r->ax = g[REG_RAX];
+    r->cx = g[REG_RCX];
+    r->dx = g[REG_RDX];
+    r->si = g[REG_RSI];
+    r->di = g[REG_RDI];
+    r->orig_ax = ~0ul;
+    r->ip = g[REG_RIP];
+    // CSGSFS packs cs (bits 0-15), gs, fs, ss (bits 48-63).
+    r->cs = static_cast<uint64_t>(g[REG_CSGSFS]) & 0xffff;
+    r->flags = g[REG_EFL];
+    r->sp = g[REG_RSP];
+    r->ss = (static_cast<uint64_t>(g[REG_CSGSFS]) >> 48) & 0xffff;
+}
+
+void regs_to_context(const pt_regs *r, ucontext_t *uc) {
+    greg_t *g = uc->uc_mcontext.gregs;
+    g[REG_R15] = static_cast<greg_t>(r->r15);
+    g[REG_R14] = static_cast<greg_t>(r->r14);
+    g[REG_R13] = static_cast<greg_t>(r->r13);
+    g[REG_R12] = static_cast<greg_t>(r->r12);
+    g[REG_RBP] = static_cast<greg_t>(r->bp);
+    g[REG_RBX] = static_cast<greg_t>(r->bx);
+    g[REG_R11] = static_cast<greg_t>(r->r11);
+    g[REG_R10] = static_cast<greg_t>(r->r10);
+    g[REG_R9] = static_cast<greg_t>(r->r9);
+    g[REG_R8] = static_cast<greg_t>(r->r8);
+    g[REG_RAX] = static_cast<greg_t>(r->ax);
+    g[REG_RCX] = static_cast<greg_t>(r->cx);
+    g[REG_RDX] = static_cast<greg_t>(r->dx);
+    g[REG_RSI] = static_cast<greg_t>(r->si);
+    g[REG_RDI] = static_cast<greg_t>(r->di);
+    g[REG_RIP] = static_cast<greg_t>(r->ip);
+    g[REG_EFL] = static_cast<greg_t>(r->flags);
+    g[REG_RSP] = static_cast<greg_t>(r->sp);
+}
+
+int trap_number(const ucontext_t *uc) { return static_cast<int>(uc->uc_mcontext.gregs[REG_TRAPNO]); }
+
+uint64_t context_ip(const ucontext_t *uc) { return static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RIP]); }
+
+void set_context_ip(ucontext_t *uc, uint64_t ip) { uc->uc_mcontext.gregs[REG_RIP] = static_cast<greg_t>(ip); }
+
+void resume_at_recovery(ucontext_t *uc, const ukp_recovery &rec, int value) {
+    greg_t *g = uc->uc_mcontext.gregs;
+    g[REG_RBX] = static_cast<greg_t>(rec.rbx);
+    g[REG_RBP] = static_cast<greg_t>(rec.rbp);
+    g[REG_R12] = static_cast<greg_t>(rec.r12);
+    g[REG_R13] = static_cast<greg_t>(rec.r13);
+    g[REG_R14] = static_cast<greg_t>(rec.r14);
+    g[REG_R15] = static_cast<greg_t>(rec.r15);
+    g[REG_RSP] = static_cast<greg_t>(rec.rsp);
+    g[REG_RIP] = static_cast<greg_t>(rec.rip);
+    g[REG_RAX] = value;
+    g[REG_EFL] &= ~static_cast<greg_t>(1u << 10); // DF clear, as the ABI promises at a return
+}
+
+uint64_t fixup_for(uint64_t rip) {
+    if (rip == reinterpret_cast<uint64_t>(ukp_safe_copy_insn))
+        return reinterpret_cast<uint64_t>(ukp_safe_copy_fixup);
+    if (rip == reinterpret_cast<uint64_t>(ukp_safe_load_fs_insn) ||
+        rip == reinterpret_cast<uint64_t>(ukp_safe_load_gs_insn))
+        return reinterpret_cast<uint64_t>(ukp_safe_load_seg_fixup);
+    return 0;
+}
+
+int emulate_branch(const Insn &insn, pt_regs *regs, uint64_t *fault_addr) {
+    const uint64_t next = insn.addr + insn.len;
+    switch (insn.flow) {
+    case Flow::kJump:
+        regs->ip = insn.target;
+        return 0;
+    case Flow::kCondJump: {
+        bool taken;
+        switch (insn.zi.mnemonic) {
+        case ZYDIS_MNEMONIC_LOOP:
+        case ZYDIS_MNEMONIC_LOOPE:
+        case ZYDIS_MNEMONIC_LOOPNE:
+        case ZYDIS_MNEMONIC_JRCXZ:
+        case ZYDIS_MNEMONIC_JECXZ: taken = count_register_branch(insn, regs); break;
+        default: taken = condition_holds(insn.zi.mnemonic, regs->flags); break;
+        }
+        regs->ip = taken ? insn.target : next;
+        return 0;
+    }
+    case Flow::kCall:
+        if (push_return_address(insn, regs, fault_addr) != 0) return -EFAULT;
+        regs->ip = insn.target;
+        return 0;
+    case Flow::kIndirectJump:
+    case Flow::kIndirectCall: {
+        uint64_t target;
+        // The operand is read before the push, as the CPU computes it from the old rsp.
+        if (read_branch_operand(insn, regs, &target, fault_addr) != 0) return -EFAULT;
+        if (insn.flow == Flow::kIndirectCall && push_return_address(insn, regs, fault_addr) != 0)
+            return -EFAULT;
+        regs->ip = target;
+        return 0;
+    }
+    case Flow::kRet: {
+        uint64_t target;
+        *fault_addr = regs->sp;
+        if (ukp_safe_copy(&target, reinterpret_cast<const void *>(regs->sp), sizeof target) != 0)
+            return -EFAULT;
+        uint64_t pop = 8;
+        if (insn.zi.operand_count_visible > 0 && insn.ops[0].type == ZYDIS_OPERAND_TYPE_IMMEDIATE)
+            pop += insn.ops[0].imm.value.u;
+        regs->sp += pop;
+        regs->ip = target;
+        return 0;
+    }
+    default:
+        return -EINVAL;
+    }
+}
+
+} // namespace ukp::arch

@@ -1,0 +1,36 @@
+// pt_regs and signal contexts; emulation of branches on pt_regs.
+#pragma once
+
+#include <ukprobes/kprobes.h>
+
+#include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/safe_access.hpp"
+
+#include <ucontext.h>
+
+namespace ukp::arch {
+
+// The signal context's registers as a kernel-layout pt_regs (orig_ax = -1).
+void regs_from_context(const ucontext_t *uc, pt_regs *regs);
+// Writes every register of regs back into the signal context, so that sigreturn
+// resumes with them. cs and ss are left as they are.
+void regs_to_context(const pt_regs *regs, ucontext_t *uc);
+
+// The x86 trap number of a fault (14 page fault, 13 general protection, ...).
+int trap_number(const ucontext_t *uc);
+// The instruction pointer and stack pointer of a signal context.
+uint64_t context_ip(const ucontext_t *uc);
+void set_context_ip(ucontext_t *uc, uint64_t ip);
+
+// Makes sigreturn from this context resume where `r` was saved, with
+// ukp_recovery_save() returning `value`.
+void resume_at_recovery(ucontext_t *uc, const ukp_recovery &r, int value);
+
+// Performs a branch instruction (any flow but kSequential/kSyscall/kUnsupported) on
+// regs: updates ip, sp, rcx and the stack as the CPU would, using fault-safe accesses.
+// Returns 0, or -EFAULT with regs and memory unchanged if a stack or operand access
+// would fault. regs->ip is ignored on entry (insn.addr is where the branch is).
+// *fault_addr receives the address whose access faulted.
+int emulate_branch(const Insn &insn, pt_regs *regs, uint64_t *fault_addr);
+
+} // namespace ukp::arch

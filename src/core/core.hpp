@@ -1,0 +1,93 @@
+// The probe core: probe points, their handlers, arming, and the hit path.
+#pragma once
+
+#include <ukprobes/kprobes.h>
+
+#include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/safe_access.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <signal.h>
+#include <string>
+
+namespace ukp::core {
+
+// The probes registered at one address, in registration order. Immutable once
+// published: a change publishes a new list and retires the old one after a grace period.
+struct ProbeList {
+    uint32_t count = 0;
+    kprobe *probes[1]; // really `count` entries (allocated with room for them)
+};
+
+// One probed address. Created at the first registration there and kept for the life of
+// the process (or of its object): its out-of-line slot may be executing on some thread
+// long after the last probe is gone, and a late int3 hit must still find it.
+struct Point {
+    uint64_t addr = 0;
+    arch::Insn insn;          // the original instruction
+    uint8_t orig_byte = 0;    // what the int3 replaced
+    uint64_t slot = 0;        // out-of-line slot (text::kSlotSize bytes), 0 for branches
+    uint64_t boosted = 0;     // copy that runs the instruction and jumps back
+    uint64_t post = 0;        // copy that runs the instruction and traps at post_trap
+    uint64_t post_trap = 0;
+    std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
+    bool armed = false;       // int3 in place; changed under the registry mutex
+    std::string object_name;  // for kprobes/list
+    std::string symbol;       // "sym", for kprobes/list
+    uint64_t symbol_offset = 0;
+};
+
+// Table entries are tagged by kind in the low bits of the value.
+enum class Site : uintptr_t { kProbe = 0, kPostTrap = 1 };
+
+// Lock-free address -> Point lookup for the hit path. Inserts happen under the registry
+// mutex; entries are never removed.
+Point *find_site(uint64_t addr, Site *kind);
+void insert_site(uint64_t addr, Point *p, Site kind);
+
+// Read-side critical sections around every use of a ProbeList or kprobe by a hit, and
+// the writer's wait for all sections that began before a change (an SRCU-like scheme
+// with two counters, so the hit path takes no lock and makes no system call).
+unsigned read_lock();
+void read_unlock(unsigned idx);
+// Waits until every read section begun before the call has ended. Returns false,
+// without waiting, when called from inside a probe handler.
+bool synchronize();
+
+// Per-thread state of the hit path (initial-exec TLS: no allocation, no lock).
+struct ThreadState {
+    int depth;              // > 0 while this thread runs probe handlers
+    bool recovery_armed;    // a handler is running under `recovery`
+    ukp_recovery recovery;  // where a faulting handler is abandoned to
+    int fault_trapnr;       // trap number of that fault
+};
+ThreadState &thread_state();
+
+// Global knobs (kprobes/enabled).
+extern std::atomic<bool> g_kprobes_enabled;
+
+// Installs the agent's signal handlers, or puts them back if something displaced them
+// (recording what it finds as the program's). 0 or -errno.
+int install_signal_handlers();
+
+// Hit path entry points, called from the signal handlers.
+void on_breakpoint(siginfo_t *info, ucontext_t *uc);
+bool on_fault(int sig, siginfo_t *info, ucontext_t *uc); // true if it was ours
+
+// Gives a signal to the program as if ukprobes were not there: its own handler, or the
+// default action. `uc` is the context the program should see; `replayable` says that
+// resuming `uc` re-executes the program's own faulting instruction.
+void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayable = false);
+
+// kprobes/list text, and the kprobes/enabled knob (registry.cpp).
+std::string list_text();
+int set_enabled(bool on);
+
+inline bool probe_disabled(const kprobe *p) {
+    return __atomic_load_n(&p->flags, __ATOMIC_RELAXED) & (KPROBE_FLAG_DISABLED | KPROBE_FLAG_GONE);
+}
+inline void count_missed(kprobe *p) { __atomic_fetch_add(&p->nmissed, 1, __ATOMIC_RELAXED); }
+
+} // namespace ukp::core

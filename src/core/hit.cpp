@@ -1,0 +1,378 @@
+// The hit path: what runs in the signal handlers when a probe is hit.
+//
+// Rules (DESIGN.md): no lock, no allocation, no system call, no exception between the
+// trap and the return to the program. Everything used here was prepared at registration.
+#include "core/core.hpp"
+
+#include "arch/x86_64/regs.hpp"
+#include "text/text.hpp"
+
+#include <cerrno>
+#include <ctime>
+#include <sched.h>
+
+namespace ukp::core {
+
+std::atomic<bool> g_kprobes_enabled{true};
+
+// ---- per-thread state ----------------------------------------------------------------
+
+namespace {
+// Initial-exec TLS: reachable from a signal handler with a plain %fs-relative access.
+thread_local ThreadState t_state __attribute__((tls_model("initial-exec")));
+} // namespace
+
+ThreadState &thread_state() { return t_state; }
+
+// ---- address table -------------------------------------------------------------------
+
+namespace {
+
+struct TableEntry {
+    std::atomic<uint64_t> key;   // 0 = empty; written last when inserting
+    std::atomic<uintptr_t> value; // Point* | Site
+};
+
+struct Table {
+    size_t mask;
+    size_t used;
+    TableEntry entries[1];
+};
+
+std::atomic<Table *> g_table{nullptr};
+
+size_t hash_addr(uint64_t a) { return static_cast<size_t>((a * 0x9e3779b97f4a7c15ull) >> 17); }
+
+Table *new_table(size_t capacity) {
+    const size_t bytes = sizeof(Table) + (capacity - 1) * sizeof(TableEntry);
+    auto *t = static_cast<Table *>(::operator new(bytes));
+    t->mask = capacity - 1;
+    t->used = 0;
+    for (size_t i = 0; i < capacity; ++i) {
+        new (&t->entries[i].key) std::atomic<uint64_t>(0);
+        new (&t->entries[i].value) std::atomic<uintptr_t>(0);
+    }
+    return t;
+}
+
+void put(Table *t, uint64_t key, uintptr_t value) {
+    for (size_t i = hash_addr(key);; ++i) {
+        TableEntry &e = t->entries[i & t->mask];
+        const uint64_t k = e.key.load(std::memory_order_relaxed);
+        if (k == key) {
+            e.value.store(value, std::memory_order_release);
+            return;
+        }
+        if (k == 0) {
+            e.value.store(value, std::memory_order_relaxed);
+            e.key.store(key, std::memory_order_release); // publishes the value with it
+            ++t->used;
+            return;
+        }
+    }
+}
+
+} // namespace
+
+Point *find_site(uint64_t addr, Site *kind) {
+    const Table *t = g_table.load(std::memory_order_acquire);
+    if (t == nullptr) return nullptr;
+    for (size_t i = hash_addr(addr), n = 0; n <= t->mask; ++i, ++n) {
+        const TableEntry &e = t->entries[i & t->mask];
+        const uint64_t k = e.key.load(std::memory_order_acquire);
+        if (k == 0) return nullptr;
+        if (k == addr) {
+            const uintptr_t v = e.value.load(std::memory_order_acquire);
+            *kind = static_cast<Site>(v & 3);
+            return reinterpret_cast<Point *>(v & ~uintptr_t{3});
+        }
+    }
+    return nullptr;
+}
+
+void insert_site(uint64_t addr, Point *p, Site kind) {
+    Table *t = g_table.load(std::memory_order_relaxed);
+    if (t == nullptr || (t->used + 1) * 2 > t->mask + 1) {
+        // Grow by copying into a table twice the size. The old table stays allocated:
+        // a hit may still be walking it, and their sizes add up to less than the new one.
+        Table *bigger = new_table(t == nullptr ? 4096 : (t->mask + 1) * 2);
+        if (t != nullptr) {
+            for (size_t i = 0; i <= t->mask; ++i) {
+                const uint64_t k = t->entries[i].key.load(std::memory_order_relaxed);
+                if (k != 0) put(bigger, k, t->entries[i].value.load(std::memory_order_relaxed));
+            }
+        }
+        g_table.store(bigger, std::memory_order_release);
+        t = bigger;
+    }
+    put(t, addr, reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(kind));
+}
+
+// ---- grace periods -------------------------------------------------------------------
+
+namespace {
+std::atomic<unsigned> g_epoch{0};
+// Readers inside a section begun in an epoch of each parity. Separate cache lines.
+struct alignas(64) ReaderCount {
+    std::atomic<long> n{0};
+};
+ReaderCount g_readers[2];
+} // namespace
+
+unsigned read_lock() {
+    for (;;) {
+        const unsigned e = g_epoch.load(std::memory_order_seq_cst);
+        g_readers[e & 1].n.fetch_add(1, std::memory_order_seq_cst);
+        // If the epoch moved between the load and the increment, a writer may already
+        // have found this counter at zero: step back and join the new epoch instead.
+        if (g_epoch.load(std::memory_order_seq_cst) == e) return e & 1;
+        g_readers[e & 1].n.fetch_sub(1, std::memory_order_release);
+    }
+}
+
+void read_unlock(unsigned idx) { g_readers[idx].n.fetch_sub(1, std::memory_order_release); }
+
+bool synchronize() {
+    // From inside a handler this thread holds a section itself: waiting would never end.
+    if (t_state.depth > 0) return false;
+    const unsigned e = g_epoch.fetch_add(1, std::memory_order_seq_cst);
+    for (unsigned spins = 0; g_readers[e & 1].n.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < 100) {
+            sched_yield();
+        } else {
+            const timespec pause{0, 50 * 1000};
+            nanosleep(&pause, nullptr);
+        }
+    }
+    return true;
+}
+
+// ---- the hit path --------------------------------------------------------------------
+
+namespace {
+
+// Runs one user handler under a recovery point. A fault inside it abandons it (the
+// fault handler in on_fault() resumes here with 1), counts a miss, and asks the probe's
+// fault_handler. Returns the handler's result, or -1 if it faulted.
+template <typename Call>
+__attribute__((noinline)) int run_guarded(kprobe *p, Call call) {
+    ThreadState &ts = t_state;
+    ts.recovery_armed = true;
+    if (ukp_recovery_save(&ts.recovery) == 0) {
+        const int r = call();
+        ts.recovery_armed = false;
+        return r;
+    }
+    ts.recovery_armed = false;
+    count_missed(p);
+    return -1;
+}
+
+// A handler faulted: asks p->fault_handler, itself guarded. If it does not return 1,
+// the registers go back to what they were at the hit (the program's behaviour without
+// the probe); if it does, the registers stay as the handlers left them.
+void handler_faulted(kprobe *p, pt_regs *regs, const pt_regs &at_hit) {
+    const int trapnr = t_state.fault_trapnr;
+    int handled = 0;
+    if (p->fault_handler != nullptr) {
+        handled = run_guarded(p, [&] { return p->fault_handler(p, regs, trapnr); });
+        if (handled < 0) handled = 0;
+    }
+    if (handled != 1) *regs = at_hit;
+}
+
+// Sends the thread on with the probed instruction executed, and no handler run
+// (recursion, disabled or unregistered probes, a late hit on a removed int3).
+// Returns false if a branch's emulation faulted (*fault_addr says where).
+bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
+    if (pt->slot != 0) {
+        arch::set_context_ip(uc, pt->boosted);
+        return true;
+    }
+    pt_regs regs;
+    arch::regs_from_context(uc, &regs);
+    if (arch::emulate_branch(pt->insn, &regs, fault_addr) != 0) return false;
+    arch::regs_to_context(&regs, uc);
+    return true;
+}
+
+// The stepped instruction faulted: fault handlers first, then the program gets the
+// fault as if no probe were there (rip = the probed address).
+void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uint64_t real_ip,
+                  int trapnr) {
+    pt_regs regs;
+    arch::regs_from_context(uc, &regs);
+    regs.ip = pt->addr;
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    ThreadState &ts = t_state;
+    ++ts.depth;
+    bool handled = false;
+    for (uint32_t i = 0; list != nullptr && i < list->count && !handled; ++i) {
+        kprobe *p = list->probes[i];
+        if (probe_disabled(p) || p->fault_handler == nullptr) continue;
+        pt_regs attempt = regs;
+        const int r = run_guarded(p, [&] { return p->fault_handler(p, &attempt, trapnr); });
+        if (r == 1) {
+            regs = attempt;
+            handled = true;
+        }
+    }
+    --ts.depth;
+    read_unlock(idx);
+    if (handled) {
+        arch::regs_to_context(&regs, uc);
+        return;
+    }
+    // Faults in the first instruction of a copy are the original's, register for
+    // register: show the program the original address. (A program handler that returns
+    // without changing rip retries the instruction, through the probe, like the CPU would.)
+    if (real_ip == pt->boosted || real_ip == pt->post) arch::set_context_ip(uc, pt->addr);
+    deliver_to_program(sig, info, uc);
+}
+
+void emulation_faulted(const Point *pt, ucontext_t *uc, uint64_t fault_addr) {
+    siginfo_t info{};
+    info.si_signo = SIGSEGV;
+    info.si_code = SEGV_MAPERR;
+    info.si_addr = reinterpret_cast<void *>(fault_addr);
+    arch::set_context_ip(uc, pt->addr);
+    uc->uc_mcontext.gregs[REG_TRAPNO] = 14;
+    uc->uc_mcontext.gregs[REG_CR2] = static_cast<greg_t>(fault_addr);
+    step_faulted(pt, SIGSEGV, &info, uc, pt->addr, 14);
+}
+
+void run_post_handlers(const ProbeList *list, pt_regs *regs) {
+    for (uint32_t i = 0; i < list->count; ++i) {
+        kprobe *p = list->probes[i];
+        if (probe_disabled(p) || p->post_handler == nullptr) continue;
+        const pt_regs at_entry = *regs;
+        if (run_guarded(p, [&] { p->post_handler(p, regs, 0); return 0; }) < 0)
+            handler_faulted(p, regs, at_entry);
+    }
+}
+
+bool any_post_handler(const ProbeList *list) {
+    for (uint32_t i = 0; i < list->count; ++i)
+        if (!probe_disabled(list->probes[i]) && list->probes[i]->post_handler != nullptr) return true;
+    return false;
+}
+
+void probe_hit(Point *pt, ucontext_t *uc) {
+    ThreadState &ts = t_state;
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    bool fault = false;
+    uint64_t fault_addr = 0;
+
+    if (ts.depth > 0 || list == nullptr || !g_kprobes_enabled.load(std::memory_order_relaxed)) {
+        // A probe hit from inside a handler: its handlers do not run (seed 001).
+        if (ts.depth > 0 && list != nullptr)
+            for (uint32_t i = 0; i < list->count; ++i)
+                if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
+        read_unlock(idx);
+        if (!execute_unprobed(pt, uc, &fault_addr)) emulation_faulted(pt, uc, fault_addr);
+        return;
+    }
+
+    pt_regs regs;
+    arch::regs_from_context(uc, &regs);
+    regs.ip = pt->addr + 1; // as on the kernel's x86 int3 path
+    const pt_regs at_hit = regs;
+    ++ts.depth;
+    bool redirected = false;
+    for (uint32_t i = 0; i < list->count && !redirected; ++i) {
+        kprobe *p = list->probes[i];
+        if (probe_disabled(p) || p->pre_handler == nullptr) continue;
+        const pt_regs before = regs;
+        const int r = run_guarded(p, [&] { return p->pre_handler(p, &regs); });
+        if (r < 0) {
+            handler_faulted(p, &regs, before);
+            continue;
+        }
+        // "Changing Execution Path": a non-zero return resumes at regs->ip. A non-zero
+        // return that left ip alone would resume inside the int3; run the instruction.
+        if (r != 0 && regs.ip != at_hit.ip) redirected = true;
+    }
+
+    if (!redirected) {
+        const bool post = any_post_handler(list);
+        regs.ip = pt->addr;
+        if (pt->slot != 0) {
+            // The copy runs after sigreturn; a post copy traps again at its end.
+            regs.ip = post ? pt->post : pt->boosted;
+        } else if (arch::emulate_branch(pt->insn, &regs, &fault_addr) != 0) {
+            fault = true;
+        } else if (post) {
+            run_post_handlers(list, &regs);
+        }
+    }
+    --ts.depth;
+    read_unlock(idx);
+    if (fault) {
+        arch::regs_to_context(&regs, uc);
+        emulation_faulted(pt, uc, fault_addr);
+        return;
+    }
+    arch::regs_to_context(&regs, uc);
+}
+
+void post_trap_hit(Point *pt, ucontext_t *uc) {
+    ThreadState &ts = t_state;
+    pt_regs regs;
+    arch::regs_from_context(uc, &regs);
+    regs.ip = pt->addr + pt->insn.len; // the copy ran; show the original's next address
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    if (list != nullptr) {
+        ++ts.depth;
+        run_post_handlers(list, &regs);
+        --ts.depth;
+    }
+    read_unlock(idx);
+    arch::regs_to_context(&regs, uc);
+}
+
+} // namespace
+
+void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
+    const uint64_t trap_addr = arch::context_ip(uc) - 1;
+    Site kind;
+    // Only int3 traps (SI_KERNEL on x86-64) are candidates; single-steps and raise() are not.
+    Point *pt = info->si_code == SI_KERNEL ? find_site(trap_addr, &kind) : nullptr;
+    if (pt == nullptr) {
+        deliver_to_program(SIGTRAP, info, uc);
+        return;
+    }
+    if (kind == Site::kPostTrap)
+        post_trap_hit(pt, uc);
+    else
+        probe_hit(pt, uc);
+}
+
+bool on_fault(int sig, siginfo_t *info, ucontext_t *uc) {
+    const uint64_t ip = arch::context_ip(uc);
+    // A fault-safe access: resume at its fixup, which returns -EFAULT.
+    if (const uint64_t fixup = arch::fixup_for(ip); fixup != 0) {
+        arch::set_context_ip(uc, fixup);
+        return true;
+    }
+    // Only synchronous faults count: a kill(SIGSEGV) is the program's business.
+    if (info->si_code <= 0) return false;
+    ThreadState &ts = t_state;
+    if (ts.recovery_armed) {
+        // A handler faulted: abandon it; run_guarded() sees 1 come back.
+        ts.recovery_armed = false;
+        ts.fault_trapnr = arch::trap_number(uc);
+        arch::resume_at_recovery(uc, ts.recovery, 1);
+        return true;
+    }
+    const uint64_t slot = text::slot_containing(ip);
+    if (slot == 0) return false;
+    const auto *pt = *reinterpret_cast<Point *const *>(slot);
+    if (pt == nullptr) return false;
+    step_faulted(pt, sig, info, uc, ip, arch::trap_number(uc));
+    return true;
+}
+
+} // namespace ukp::core

@@ -1,0 +1,401 @@
+// Registration: where a probe goes, preparing its point, arming and disarming.
+// Everything here runs under one mutex, off the hit path.
+#include "core/core.hpp"
+
+#include "arch/x86_64/insn.hpp"
+#include "symbols/symbols.hpp"
+#include "text/text.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ukp::core {
+
+namespace {
+
+std::mutex g_mutex;
+sym::Registry *g_symbols = nullptr;              // created on first use
+std::map<uint64_t, Point *> g_points;            // every point ever prepared, by address
+std::unordered_map<const kprobe *, Point *> g_registered;
+
+// ---- blacklist -------------------------------------------------------------------------
+
+struct BlacklistEntry {
+    const void *addr;
+    std::string name;
+};
+
+std::mutex &blacklist_mutex() {
+    static std::mutex m;
+    return m;
+}
+std::vector<BlacklistEntry> &blacklist_entries() {
+    static std::vector<BlacklistEntry> v;
+    return v;
+}
+
+// The agent's own C entry points: a probe in them would run the agent inside itself.
+constexpr const char *kAgentFunctions[] = {
+    "register_kprobe",  "unregister_kprobe", "register_kprobes", "unregister_kprobes",
+    "enable_kprobe",    "disable_kprobe",    "sigaction",        "__sigaction",
+    "signal",           "bsd_signal",        "sysv_signal",      "__sysv_signal",
+    "__restore_rt", // libc's sigreturn trampoline: every hit returns through it
+};
+
+bool agent_symbol(const sym::Object &obj, const std::string &name) {
+    if (name.rfind("_ZN3ukp", 0) == 0 || name.rfind("ukp_", 0) == 0) return true;
+    for (const char *f : kAgentFunctions) {
+        if (name != f) continue;
+        // sigaction and friends are ours only where we define them, not in libc.
+        if (std::string_view(f).find("sig") != std::string_view::npos && obj.name.rfind("libc.so", 0) == 0)
+            return std::string_view(f) == "__restore_rt";
+        return true;
+    }
+    return false;
+}
+
+bool is_agent_object(const sym::Object &obj) {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<const void *>(&register_kprobe), &info) == 0) return false;
+    return !obj.main_program && reinterpret_cast<uint64_t>(info.dli_fbase) == obj.bias &&
+           info.dli_fname != nullptr && obj.path == info.dli_fname;
+}
+
+bool is_blacklisted(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr) {
+    if (is_agent_object(obj)) return true;
+    if (fn != nullptr && agent_symbol(obj, fn->name)) return true;
+    std::lock_guard lock(blacklist_mutex());
+    for (const BlacklistEntry &e : blacklist_entries()) {
+        const auto a = reinterpret_cast<uint64_t>(e.addr);
+        if (a == addr) return true;
+        const sym::Symbol *f = obj.function_at(a);
+        if (f != nullptr && f == fn) return true;
+    }
+    return false;
+}
+
+// ---- points ----------------------------------------------------------------------------
+
+// Reads code as it was before any probe: the bytes under our int3s are put back.
+int read_original(uint64_t addr, uint8_t *buf, size_t n) {
+    if (ukp_safe_copy(buf, reinterpret_cast<const void *>(addr), n) != 0) return -EFAULT;
+    for (auto it = g_points.lower_bound(addr); it != g_points.end() && it->first < addr + n; ++it)
+        if (it->second->armed) buf[it->first - addr] = it->second->orig_byte;
+    return 0;
+}
+
+// Checks that addr starts an instruction, by decoding from the start of the code that
+// contains it (its function, or its PLT section), and decodes that instruction.
+int decode_at_boundary(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr, arch::Insn *out) {
+    uint64_t start = 0, end = 0;
+    if (fn != nullptr && fn->size > 0) {
+        start = fn->value;
+        end = fn->value + fn->size;
+    } else {
+        for (auto [lo, hi] : obj.plt_ranges)
+            if (addr >= lo && addr < hi) start = lo, end = hi;
+    }
+    if (start == 0) return -EILSEQ; // no known code around it: cannot prove a boundary
+    uint64_t pc = start;
+    uint8_t buf[16];
+    while (pc < addr) {
+        const size_t avail = static_cast<size_t>(std::min<uint64_t>(sizeof buf, end - pc));
+        if (read_original(pc, buf, avail) != 0) return -EILSEQ;
+        arch::Insn insn;
+        if (arch::decode(pc, buf, avail, &insn) != 0) return -EILSEQ;
+        pc += insn.len;
+    }
+    if (pc != addr) return -EILSEQ;
+    const size_t avail = static_cast<size_t>(std::min<uint64_t>(sizeof buf, end - addr));
+    if (read_original(addr, buf, avail) != 0) return -EILSEQ;
+    return arch::decode(addr, buf, avail, out) == 0 ? 0 : -EILSEQ;
+}
+
+// Builds the out-of-line copies: [Point*][pad][boosted copy][post copy].
+int build_slot(Point *pt) {
+    const arch::Flow flow = pt->insn.flow;
+    if (flow == arch::Flow::kUnsupported) return -EOPNOTSUPP;
+    if (flow != arch::Flow::kSequential && flow != arch::Flow::kSyscall)
+        return 0; // branches are emulated on the hit path: no copy to run
+    const uint64_t slot = text::alloc_slot(pt->addr);
+    if (slot == 0) return -ENOMEM;
+    uint8_t code[text::kSlotSize];
+    std::memset(code, 0xcc, sizeof code);
+    std::memcpy(code, &pt, sizeof pt);
+    size_t at = 16;
+    int n = arch::relocate(pt->insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack);
+    if (n < 0) return n;
+    const uint64_t boosted = slot + at;
+    at += static_cast<size_t>(n);
+    int trap = -1;
+    n = arch::relocate(pt->insn, slot + at, code + at, sizeof code - at, arch::Exit::kTrap, &trap);
+    if (n < 0) return n;
+    const uint64_t post = slot + at;
+    at += static_cast<size_t>(n);
+    if (int err = text::write(slot, code, at); err != 0) return err;
+    pt->slot = slot;
+    pt->boosted = boosted;
+    pt->post = post;
+    pt->post_trap = post + static_cast<uint64_t>(trap);
+    return 0;
+}
+
+int prepare_point(uint64_t addr, Point **out) {
+    if (auto it = g_points.find(addr); it != g_points.end()) {
+        *out = it->second;
+        return 0;
+    }
+    const sym::Object *obj = g_symbols->object_at(addr);
+    if (obj == nullptr) return -EILSEQ; // not in the executable code of a loaded object
+    const sym::Symbol *fn = obj->function_at(addr);
+    if (is_blacklisted(*obj, fn, addr)) return -EINVAL;
+    auto pt = std::make_unique<Point>();
+    pt->addr = addr;
+    if (int err = decode_at_boundary(*obj, fn, addr, &pt->insn); err != 0) return err;
+    if (read_original(addr, &pt->orig_byte, 1) != 0) return -EILSEQ;
+    if (int err = build_slot(pt.get()); err != 0) return err;
+    const sym::Registry::Location loc = g_symbols->locate(addr);
+    pt->object_name = obj->name;
+    if (loc.symbol != nullptr) {
+        pt->symbol = loc.symbol->name;
+        pt->symbol_offset = loc.offset;
+    }
+    Point *p = pt.release();
+    g_points.emplace(addr, p);
+    insert_site(addr, p, Site::kProbe);
+    if (p->post_trap != 0) insert_site(p->post_trap, p, Site::kPostTrap);
+    *out = p;
+    return 0;
+}
+
+bool wants_arming(const Point *pt) {
+    if (!g_kprobes_enabled.load(std::memory_order_relaxed)) return false;
+    const ProbeList *list = pt->list.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; list != nullptr && i < list->count; ++i)
+        if (!probe_disabled(list->probes[i])) return true;
+    return false;
+}
+
+// Puts the int3 in or takes it out, as the point's probes and the global knob say.
+int update_arming(Point *pt) {
+    const bool want = wants_arming(pt);
+    if (want == pt->armed) return 0;
+    const int err = text::poke_byte(pt->addr, want ? uint8_t{BREAKPOINT_INSTRUCTION} : pt->orig_byte);
+    if (err == 0) pt->armed = want;
+    return err;
+}
+
+ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
+    const uint32_t n = from != nullptr ? from->count : 0;
+    const size_t cap = n + 1;
+    void *mem = std::malloc(sizeof(ProbeList) + cap * sizeof(kprobe *));
+    if (mem == nullptr) return nullptr;
+    auto *list = new (mem) ProbeList;
+    list->count = 0;
+    for (uint32_t i = 0; i < n; ++i)
+        if (from->probes[i] != drop) list->probes[list->count++] = from->probes[i];
+    if (add != nullptr) list->probes[list->count++] = add;
+    return list;
+}
+
+// Publishes a new list for pt; the old one goes to `retired`, freed after a grace period.
+void publish_list(Point *pt, ProbeList *list, std::vector<ProbeList *> &retired) {
+    if (list != nullptr && list->count == 0) {
+        std::free(list);
+        list = nullptr;
+    }
+    ProbeList *old = pt->list.exchange(list, std::memory_order_acq_rel);
+    if (old != nullptr) retired.push_back(old);
+}
+
+void free_retired(std::vector<ProbeList *> &retired) {
+    if (retired.empty()) return;
+    // Called from a handler, the wait cannot finish: keep the lists rather than free
+    // memory that a hit on another thread may still read.
+    if (!synchronize()) return;
+    for (ProbeList *l : retired) std::free(l);
+    retired.clear();
+}
+
+int ensure_initialized() {
+    if (int err = install_signal_handlers(); err != 0) return err;
+    if (int err = text::init(); err != 0) return err;
+    if (g_symbols == nullptr) g_symbols = new (std::nothrow) sym::Registry();
+    if (g_symbols == nullptr) return -ENOMEM;
+    g_symbols->refresh();
+    return 0;
+}
+
+int resolve_address(const kprobe *p, uint64_t *addr) {
+    if ((p->symbol_name != nullptr) == (p->addr != nullptr)) return -EINVAL;
+    if (p->symbol_name != nullptr) return g_symbols->resolve(p->symbol_name, p->offset, addr);
+    *addr = reinterpret_cast<uint64_t>(p->addr) + p->offset;
+    return 0;
+}
+
+int register_locked(kprobe *p) {
+    if (g_registered.count(p) != 0) return -EINVAL; // already registered
+    if (int err = ensure_initialized(); err != 0) return err;
+    uint64_t addr = 0;
+    if (int err = resolve_address(p, &addr); err != 0) return err;
+    Point *pt = nullptr;
+    if (int err = prepare_point(addr, &pt); err != 0) return err;
+
+    ProbeList *list = make_list(pt->list.load(std::memory_order_relaxed), nullptr, p);
+    if (list == nullptr) return -ENOMEM;
+    p->addr = reinterpret_cast<kprobe_opcode_t *>(addr);
+    p->opcode = pt->orig_byte;
+    p->flags &= ~static_cast<unsigned>(KPROBE_FLAG_GONE | KPROBE_FLAG_OPTIMIZED);
+    p->ukp_private = pt;
+    std::vector<ProbeList *> retired;
+    publish_list(pt, list, retired);
+    if (int err = update_arming(pt); err != 0) {
+        publish_list(pt, make_list(pt->list.load(std::memory_order_relaxed), p, nullptr), retired);
+        free_retired(retired);
+        p->ukp_private = nullptr;
+        return err;
+    }
+    g_registered.emplace(p, pt);
+    free_retired(retired);
+    return 0;
+}
+
+// Takes p off its point; the caller waits for the grace period before p may be reused.
+bool unregister_locked(kprobe *p, std::vector<ProbeList *> &retired) {
+    auto it = g_registered.find(p);
+    if (it == g_registered.end()) {
+        p->addr = nullptr; // as the kernel does for a probe it does not know
+        return false;
+    }
+    Point *pt = it->second;
+    g_registered.erase(it);
+    publish_list(pt, make_list(pt->list.load(std::memory_order_relaxed), p, nullptr), retired);
+    update_arming(pt); // a failed write leaves the int3 in: a hit with no list just runs the copy
+    p->ukp_private = nullptr;
+    return true;
+}
+
+int set_disabled(kprobe *p, bool disabled) {
+    std::lock_guard lock(g_mutex);
+    auto it = g_registered.find(p);
+    if (it == g_registered.end()) return -EINVAL;
+    if (p->flags & KPROBE_FLAG_GONE) return -EINVAL;
+    const unsigned before = p->flags;
+    if (disabled)
+        __atomic_or_fetch(&p->flags, KPROBE_FLAG_DISABLED, __ATOMIC_RELAXED);
+    else
+        __atomic_and_fetch(&p->flags, ~static_cast<unsigned>(KPROBE_FLAG_DISABLED), __ATOMIC_RELAXED);
+    const int err = update_arming(it->second);
+    if (err != 0) __atomic_store_n(&p->flags, before, __ATOMIC_RELAXED);
+    return err;
+}
+
+} // namespace
+
+std::string list_text() {
+    std::lock_guard lock(g_mutex);
+    std::string out;
+    for (const auto &[addr, pt] : g_points) {
+        const ProbeList *list = pt->list.load(std::memory_order_relaxed);
+        for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
+            const kprobe *p = list->probes[i];
+            const bool gone = p->flags & KPROBE_FLAG_GONE;
+            const std::string where = pt->symbol.empty()
+                                          ? fmt::format("0x{:x}", addr)
+                                          : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset);
+            out += fmt::format("{:016x}  k  {}  {} {}{}{}\n", addr, where, pt->object_name,
+                               gone ? "[GONE]" : "",
+                               (p->flags & KPROBE_FLAG_DISABLED) && !gone ? "[DISABLED]" : "",
+                               (p->flags & KPROBE_FLAG_OPTIMIZED) ? "[OPTIMIZED]" : "");
+        }
+    }
+    return out;
+}
+
+int set_enabled(bool on) {
+    std::lock_guard lock(g_mutex);
+    if (g_kprobes_enabled.load() == on) return 0;
+    g_kprobes_enabled.store(on);
+    int result = 0;
+    for (auto &[addr, pt] : g_points)
+        if (int err = update_arming(pt); err != 0 && result == 0) result = err;
+    return result;
+}
+
+} // namespace ukp::core
+
+// ---- the C API -------------------------------------------------------------------------
+
+using namespace ukp::core;
+
+extern "C" {
+
+int register_kprobe(struct kprobe *p) {
+    if (p == nullptr) return -EINVAL;
+    std::lock_guard lock(g_mutex);
+    return register_locked(p);
+}
+
+void unregister_kprobes(struct kprobe **kps, int num) {
+    if (kps == nullptr || num <= 0) return;
+    std::vector<ProbeList *> retired;
+    {
+        std::lock_guard lock(g_mutex);
+        for (int i = 0; i < num; ++i)
+            if (kps[i] != nullptr) unregister_locked(kps[i], retired);
+    }
+    // One grace period for the whole batch: afterwards no handler of these probes runs.
+    if (!synchronize()) return;
+    for (ProbeList *l : retired) std::free(l);
+}
+
+void unregister_kprobe(struct kprobe *p) { unregister_kprobes(&p, 1); }
+
+int register_kprobes(struct kprobe **kps, int num) {
+    if (kps == nullptr || num <= 0) return -EINVAL;
+    for (int i = 0; i < num; ++i) {
+        const int err = kps[i] == nullptr ? -EINVAL : register_kprobe(kps[i]);
+        if (err != 0) {
+            if (i > 0) unregister_kprobes(kps, i);
+            return err;
+        }
+    }
+    return 0;
+}
+
+int disable_kprobe(struct kprobe *p) { return p == nullptr ? -EINVAL : set_disabled(p, true); }
+
+int enable_kprobe(struct kprobe *p) { return p == nullptr ? -EINVAL : set_disabled(p, false); }
+
+void ukp_blacklist_add(const void *addr, const char *name) {
+    std::lock_guard lock(blacklist_mutex());
+    blacklist_entries().push_back({addr, name != nullptr ? name : ""});
+}
+
+char *ukp_kprobes_list(void) {
+    const std::string text = list_text();
+    char *out = static_cast<char *>(std::malloc(text.size() + 1));
+    if (out == nullptr) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    return out;
+}
+
+int ukp_kprobes_enabled(void) { return g_kprobes_enabled.load() ? 1 : 0; }
+
+int ukp_set_kprobes_enabled(int on) { return set_enabled(on != 0); }
+
+} // extern "C"

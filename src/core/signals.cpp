@@ -1,0 +1,237 @@
+// Signals: the agent's handlers for SIGTRAP and the fault signals, chaining to the
+// program's own handlers, and interposition of sigaction()/signal() so that a program
+// installing a handler later records it with us instead of displacing ours.
+#include "core/core.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <dlfcn.h>
+#include <mutex>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace ukp::core {
+
+namespace {
+
+// The signals the agent needs: int3 traps, and the faults of handlers and stepped copies.
+constexpr int kManaged[] = {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+
+bool managed(int sig) {
+    for (int s : kManaged)
+        if (s == sig) return true;
+    return false;
+}
+
+using SigactionFn = int (*)(int, const struct sigaction *, struct sigaction *);
+SigactionFn g_real_sigaction = nullptr;
+
+// What the program believes is installed for a managed signal. Written under a
+// seqlock by sigaction() callers (with signals blocked), read by our handlers.
+struct ProgramAction {
+    std::atomic<unsigned> seq{0};
+    struct sigaction act {};
+};
+ProgramAction g_program[NSIG];
+std::atomic<bool> g_installed{false};
+std::mutex g_install_mutex;
+
+void resolve_real_sigaction() {
+    if (g_real_sigaction != nullptr) return;
+    // RTLD_NEXT finds the next interposer (a sanitizer runtime) or libc; it finds nothing
+    // when the agent was loaded after libc (a dependency of a preloaded module).
+    void *fn = dlsym(RTLD_NEXT, "sigaction");
+    if (fn == nullptr) {
+        if (void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD); libc != nullptr) {
+            fn = dlsym(libc, "sigaction");
+            dlclose(libc);
+        }
+    }
+    g_real_sigaction = reinterpret_cast<SigactionFn>(fn);
+}
+
+// The library constructor resolves the real sigaction before the program can call ours
+// from a signal handler (dlsym is not async-signal-safe).
+__attribute__((constructor(101))) void init_signals() { resolve_real_sigaction(); }
+
+void read_program_action(int sig, struct sigaction *out) {
+    ProgramAction &pa = g_program[sig];
+    for (;;) {
+        const unsigned s1 = pa.seq.load(std::memory_order_acquire);
+        if (s1 & 1) continue;
+        std::memcpy(out, &pa.act, sizeof *out);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (pa.seq.load(std::memory_order_relaxed) == s1) return;
+    }
+}
+
+void write_program_action(int sig, const struct sigaction *act) {
+    ProgramAction &pa = g_program[sig];
+    pa.seq.fetch_add(1, std::memory_order_acq_rel);
+    std::memcpy(&pa.act, act, sizeof *act);
+    pa.seq.fetch_add(1, std::memory_order_release);
+}
+
+void agent_handler(int sig, siginfo_t *info, void *ctx) {
+    const int saved_errno = errno; // the interrupted code's errno survives us
+    auto *uc = static_cast<ucontext_t *>(ctx);
+    if (sig == SIGTRAP)
+        on_breakpoint(info, uc);
+    else if (!on_fault(sig, info, uc))
+        deliver_to_program(sig, info, uc, /*replayable=*/true);
+    errno = saved_errno;
+}
+
+// Raised by the CPU (si_code > 0, SI_KERNEL for int3) rather than sent: the kernel
+// forces these through even when ignored or blocked.
+bool synchronous_fault(const siginfo_t *info) { return info->si_code > 0; }
+
+// Ends the process with `sig` and its default action (core dump for all managed signals).
+[[noreturn]] void die_by(int sig) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    g_real_sigaction(sig, &dfl, nullptr);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    syscall(SYS_tgkill, getpid(), static_cast<pid_t>(syscall(SYS_gettid)), sig);
+    // A default action of "core" cannot be blocked or ignored once unblocked.
+    for (;;) pause();
+}
+
+} // namespace
+
+int install_signal_handlers() {
+    std::lock_guard lock(g_install_mutex);
+    resolve_real_sigaction();
+    if (g_real_sigaction == nullptr) return -ENOSYS;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int result = 0;
+    for (int sig : kManaged) {
+        struct sigaction current {};
+        g_real_sigaction(sig, nullptr, &current);
+        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == agent_handler) continue;
+        // Not ours (yet, or any more: the program may have reached libc's sigaction
+        // directly when the agent could not interpose it): what is there is the program's.
+        write_program_action(sig, &current);
+        struct sigaction ours {};
+        ours.sa_sigaction = agent_handler;
+        sigemptyset(&ours.sa_mask);
+        // NODEFER: a probe hit or a fault inside a handler must nest, not kill the
+        // process as a blocked synchronous signal would. ONSTACK: run on the program's
+        // alternate stack if it has one (stack overflow handlers rely on it).
+        ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+        if (g_real_sigaction(sig, &ours, nullptr) != 0) {
+            result = -errno;
+            break;
+        }
+    }
+    if (result == 0) g_installed.store(true, std::memory_order_release);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return result;
+}
+
+void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayable) {
+    struct sigaction act;
+    read_program_action(sig, &act);
+    if (act.sa_handler == SIG_IGN && !synchronous_fault(info)) return;
+    if (act.sa_handler == SIG_DFL || act.sa_handler == SIG_IGN) {
+        if (replayable && sig != SIGTRAP && synchronous_fault(info)) {
+            // The faulting instruction is the program's own: let it fault again under
+            // the default action, so the core dump shows exactly where it was.
+            struct sigaction dfl {};
+            dfl.sa_handler = SIG_DFL;
+            g_real_sigaction(sig, &dfl, nullptr);
+            return;
+        }
+        die_by(sig);
+    }
+
+    if (act.sa_flags & SA_RESETHAND) {
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        write_program_action(sig, &dfl);
+    }
+    // Run the program's handler with the mask it asked for, as the kernel would have.
+    sigset_t mask = uc->uc_sigmask, during;
+    sigorset(&mask, &mask, &act.sa_mask);
+    if (!(act.sa_flags & SA_NODEFER)) sigaddset(&mask, sig);
+    pthread_sigmask(SIG_SETMASK, &mask, &during);
+    if (act.sa_flags & SA_SIGINFO)
+        act.sa_sigaction(sig, info, uc);
+    else
+        act.sa_handler(sig);
+    pthread_sigmask(SIG_SETMASK, &during, nullptr);
+}
+
+// sigaction() as the program sees it: for the managed signals, once the agent's
+// handlers are in place, it reads and writes the program's own record.
+int program_sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+    resolve_real_sigaction();
+    if (g_real_sigaction == nullptr) {
+        errno = ENOSYS;
+        return -1;
+    }
+    if (sig <= 0 || sig >= NSIG || !managed(sig) || !g_installed.load(std::memory_order_acquire))
+        return g_real_sigaction(sig, act, old);
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &saved);
+    struct sigaction prev;
+    read_program_action(sig, &prev);
+    if (act != nullptr) write_program_action(sig, act);
+    pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    if (old != nullptr) *old = prev;
+    return 0;
+}
+
+} // namespace ukp::core
+
+// ---- interposed libc entry points ----------------------------------------------------
+
+extern "C" {
+
+__attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction *act,
+                                                     struct sigaction *old) {
+    return ukp::core::program_sigaction(sig, act, old);
+}
+
+__attribute__((visibility("default"))) int __sigaction(int sig, const struct sigaction *act,
+                                                       struct sigaction *old) {
+    return ukp::core::program_sigaction(sig, act, old);
+}
+
+// signal() with glibc's (BSD) semantics: SA_RESTART, handler stays installed.
+__attribute__((visibility("default"))) sighandler_t signal(int sig, sighandler_t handler) {
+    struct sigaction act {}, old {};
+    act.sa_handler = handler;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    act.sa_flags = SA_RESTART;
+    if (ukp::core::program_sigaction(sig, &act, &old) != 0) return SIG_ERR;
+    return old.sa_handler;
+}
+
+__attribute__((visibility("default"))) sighandler_t bsd_signal(int sig, sighandler_t handler) {
+    return signal(sig, handler);
+}
+
+// System V semantics: one-shot, no restart, not blocked during the handler.
+__attribute__((visibility("default"))) sighandler_t sysv_signal(int sig, sighandler_t handler) {
+    struct sigaction act {}, old {};
+    act.sa_handler = handler;
+    sigemptyset(&act.sa_mask);
+    act.sa_flags = SA_RESETHAND | SA_NODEFER;
+    if (ukp::core::program_sigaction(sig, &act, &old) != 0) return SIG_ERR;
+    return old.sa_handler;
+}
+
+__attribute__((visibility("default"))) sighandler_t __sysv_signal(int sig, sighandler_t handler) {
+    return sysv_signal(sig, handler);
+}
+
+} // extern "C"

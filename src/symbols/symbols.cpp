@@ -1,0 +1,815 @@
+#include "symbols/symbols.hpp"
+
+#include <cxxabi.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <tuple>
+
+namespace ukp::sym {
+
+namespace detail {
+
+// One key of the demangled-name index: the hash of a name the symbol answers to.
+struct NameKey {
+    uint64_t hash = 0;
+    uint32_t symbol = 0; // index into Object::symbols
+};
+
+struct Tables {
+    std::once_flag ends_once;
+    // ends[i]: the highest end address among the function symbols in symbols[0..i]
+    // (a size-0 function ends one byte after its value); 0 when there is none.
+    std::vector<uint64_t> ends;
+
+    std::once_flag names_once;
+    // Hashes of every demangled form of every mangled symbol, sorted by (hash, symbol).
+    // Hashes rather than strings keep this small for libstdc++; hits are verified.
+    std::vector<NameKey> names;
+};
+
+LazyTables::LazyTables() : tables_(std::make_unique<Tables>()) {}
+LazyTables::~LazyTables() = default;
+LazyTables::LazyTables(const LazyTables &) : LazyTables() {}
+LazyTables &LazyTables::operator=(const LazyTables &other)
+{
+    if (this != &other)
+        tables_ = std::make_unique<Tables>();
+    return *this;
+}
+
+} // namespace detail
+
+namespace {
+
+constexpr size_t npos = std::string_view::npos;
+
+std::string file_name(std::string_view path)
+{
+    size_t slash = path.rfind('/');
+    return std::string(slash == npos ? path : path.substr(slash + 1));
+}
+
+bool libelf_ready()
+{
+    static const bool ready = elf_version(EV_CURRENT) != EV_NONE;
+    return ready;
+}
+
+// ---- Demangled names ------------------------------------------------------------------
+
+// The demangled name without its parameter list, trailing cv/ref qualifiers and (for
+// function templates) return type: "void ns::g<int>(int) const" -> "ns::g<int>".
+// Empty when `full` does not end in a parameter list.
+std::string_view without_params(std::string_view full)
+{
+    // A clone ("f(int) [clone .cold]") must not answer for the function itself.
+    if (full.find(" [clone ") != npos)
+        return {};
+    std::string_view s = full;
+    static constexpr std::string_view kQualifiers[] = {" const", " volatile", " &&", " &",
+                                                       " noexcept"};
+    for (bool stripped = true; stripped;) {
+        stripped = false;
+        for (std::string_view q : kQualifiers) {
+            if (s.ends_with(q)) {
+                s.remove_suffix(q.size());
+                stripped = true;
+            }
+        }
+    }
+    if (!s.ends_with(')'))
+        return {};
+    size_t open = npos;
+    int depth = 0;
+    for (size_t i = s.size(); i-- > 0;) {
+        if (s[i] == ')') {
+            ++depth;
+        } else if (s[i] == '(' && --depth == 0) {
+            open = i;
+            break;
+        }
+    }
+    if (open == npos || open == 0)
+        return {};
+    s = s.substr(0, open);
+
+    // A return type ends at the last space outside brackets; spaces inside an operator
+    // name ("operator new", "operator unsigned long") are not such ends.
+    size_t start = 0;
+    depth = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (depth == 0 && s.substr(i).starts_with("operator") &&
+            (i == 0 || s[i - 1] == ':' || s[i - 1] == ' '))
+            break; // '<' and '>' in "operator<<" are no brackets either
+        switch (s[i]) {
+        case '<': case '(': case '[': case '{': ++depth; break;
+        case '>': case ')': case ']': case '}': depth -= depth > 0; break;
+        case ' ': if (depth == 0) start = i + 1; break;
+        default: break;
+        }
+    }
+    return s.substr(start);
+}
+
+// `s` without its ABI tags: "ns::f[abi:cxx11]" -> "ns::f".
+std::string without_abi_tags(std::string_view s)
+{
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+        if (s.substr(i).starts_with("[abi:")) {
+            size_t close = s.find(']', i);
+            if (close != npos) {
+                i = close + 1;
+                continue;
+            }
+        }
+        out += s[i++];
+    }
+    return out;
+}
+
+// The demangled names a symbol answers to, besides its ELF name (at most 3).
+struct DemangledNames {
+    std::string full;      // "ns::f[abi:cxx11](int)"; empty when not mangled
+    std::string_view base; // "ns::f[abi:cxx11]" (points into full); may be empty
+    std::string untagged;  // "ns::f"; empty when base has no ABI tag
+
+    DemangledNames(const DemangledNames &) = delete; // base points into full
+    DemangledNames &operator=(const DemangledNames &) = delete;
+
+    explicit DemangledNames(std::string_view elf_name)
+    {
+        if (!elf_name.starts_with("_Z"))
+            return;
+        full = demangle(elf_name);
+        if (full == elf_name) {
+            full.clear();
+            return;
+        }
+        base = without_params(full);
+        if (base.find("[abi:") != npos)
+            untagged = without_abi_tags(base);
+    }
+
+    template <typename F> void for_each(F &&f) const
+    {
+        if (!full.empty())
+            f(std::string_view(full));
+        if (!base.empty())
+            f(base);
+        if (!untagged.empty())
+            f(std::string_view(untagged));
+    }
+
+    bool matches(std::string_view name) const
+    {
+        bool hit = false;
+        for_each([&](std::string_view n) { hit = hit || n == name; });
+        return hit;
+    }
+};
+
+uint64_t name_hash(std::string_view s) { return std::hash<std::string_view>{}(s); }
+
+// ---- ELF parsing ----------------------------------------------------------------------
+
+// A symbol with what is needed to rank aliases; dropped after sorting.
+struct RawSymbol {
+    Symbol symbol;
+    uint8_t binding_rank = 0; // 0 global, 1 weak, 2 local, 3 other
+};
+
+size_t leading_underscores(const std::string &s)
+{
+    size_t n = 0;
+    while (n < s.size() && s[n] == '_')
+        ++n;
+    return n;
+}
+
+// Strict order among symbols at one address: the preferred one first.
+bool preferred(const RawSymbol &a, const RawSymbol &b)
+{
+    const Symbol &x = a.symbol, &y = b.symbol;
+    auto rank = [](const RawSymbol &r) {
+        const Symbol &s = r.symbol;
+        return std::make_tuple(!s.function, s.size == 0, r.binding_rank,
+                               leading_underscores(s.name), s.name.size());
+    };
+    auto ra = rank(a), rb = rank(b);
+    if (ra != rb)
+        return ra < rb;
+    return x.name < y.name;
+}
+
+void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSymbol> &out)
+{
+    GElf_Shdr sh;
+    if (!gelf_getshdr(scn, &sh) || sh.sh_entsize == 0)
+        return;
+    Elf_Data *data = elf_getdata(scn, nullptr);
+    if (!data)
+        return;
+    size_t count = sh.sh_size / sh.sh_entsize;
+    if (count > INT_MAX)
+        return;
+    out.reserve(out.size() + count);
+    for (size_t i = 1; i < count; ++i) {
+        GElf_Sym s;
+        if (!gelf_getsym(data, static_cast<int>(i), &s))
+            continue;
+        int type = GELF_ST_TYPE(s.st_info);
+        bool function = type == STT_FUNC || type == STT_GNU_IFUNC;
+        // STT_TLS is skipped with the rest: its value is an offset in the TLS block.
+        if (!function && type != STT_OBJECT)
+            continue;
+        // An SHN_ABS value is no address in the object, so the bias would not apply.
+        if (s.st_shndx == SHN_UNDEF || s.st_shndx == SHN_ABS || s.st_value == 0)
+            continue;
+        const char *name = elf_strptr(elf, sh.sh_link, s.st_name);
+        if (!name || !*name)
+            continue;
+        RawSymbol r;
+        r.symbol.name = name;
+        r.symbol.value = s.st_value + bias;
+        r.symbol.size = s.st_size;
+        r.symbol.function = function;
+        switch (GELF_ST_BIND(s.st_info)) {
+        case STB_GLOBAL: r.binding_rank = 0; break;
+        case STB_WEAK: r.binding_rank = 1; break;
+        case STB_LOCAL: r.binding_rank = 2; break;
+        default: r.binding_rank = 3; break;
+        }
+        out.push_back(std::move(r));
+    }
+}
+
+// Sorts by value (preferred alias first) and drops the copies .dynsym adds to .symtab.
+std::vector<Symbol> finish_symbols(std::vector<RawSymbol> raw)
+{
+    std::sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
+        if (a.symbol.value != b.symbol.value)
+            return a.symbol.value < b.symbol.value;
+        if (a.symbol.name != b.symbol.name)
+            return a.symbol.name < b.symbol.name;
+        return preferred(a, b);
+    });
+    raw.erase(std::unique(raw.begin(), raw.end(),
+                          [](const RawSymbol &a, const RawSymbol &b) {
+                              return a.symbol.value == b.symbol.value &&
+                                     a.symbol.name == b.symbol.name;
+                          }),
+              raw.end());
+    std::stable_sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
+        if (a.symbol.value != b.symbol.value)
+            return a.symbol.value < b.symbol.value;
+        return preferred(a, b);
+    });
+    std::vector<Symbol> out;
+    out.reserve(raw.size());
+    for (RawSymbol &r : raw)
+        out.push_back(std::move(r.symbol));
+    return out;
+}
+
+// The NT_GNU_BUILD_ID of `elf` in lower-case hex, or "".
+std::string build_id(Elf *elf)
+{
+    Elf_Scn *scn = nullptr;
+    while ((scn = elf_nextscn(elf, scn))) {
+        GElf_Shdr sh;
+        if (!gelf_getshdr(scn, &sh) || sh.sh_type != SHT_NOTE)
+            continue;
+        Elf_Data *data = elf_getdata(scn, nullptr);
+        if (!data)
+            continue;
+        GElf_Nhdr note;
+        size_t offset = 0, name_offset, desc_offset;
+        while ((offset = gelf_getnote(data, offset, &note, &name_offset, &desc_offset)) > 0) {
+            const auto *bytes = static_cast<const unsigned char *>(data->d_buf);
+            if (note.n_type != NT_GNU_BUILD_ID || note.n_namesz != 4 ||
+                std::memcmp(bytes + name_offset, "GNU", 4) != 0 || note.n_descsz == 0)
+                continue;
+            static constexpr char kHex[] = "0123456789abcdef";
+            std::string hex;
+            for (size_t i = 0; i < note.n_descsz; ++i) {
+                hex += kHex[bytes[desc_offset + i] >> 4];
+                hex += kHex[bytes[desc_offset + i] & 15];
+            }
+            return hex;
+        }
+    }
+    return {};
+}
+
+// Owns an open libelf handle (and the file descriptor under it, if any).
+class ElfFile {
+public:
+    ElfFile() = default;
+    ElfFile(const ElfFile &) = delete;
+    ElfFile &operator=(const ElfFile &) = delete;
+    ~ElfFile()
+    {
+        if (elf_)
+            elf_end(elf_);
+        if (fd_ >= 0)
+            close(fd_);
+    }
+
+    bool open_file(const std::string &path)
+    {
+        if (!libelf_ready())
+            return false;
+        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd_ < 0)
+            return false;
+        elf_ = elf_begin(fd_, ELF_C_READ_MMAP, nullptr);
+        return valid();
+    }
+
+    bool open_memory(char *image, size_t size)
+    {
+        if (!libelf_ready())
+            return false;
+        elf_ = elf_memory(image, size);
+        return valid();
+    }
+
+    Elf *get() const { return elf_; }
+
+private:
+    bool valid() const { return elf_ && elf_kind(elf_) == ELF_K_ELF; }
+
+    int fd_ = -1;
+    Elf *elf_ = nullptr;
+};
+
+// The .symtab of the separate debug file of the object with this build id, if installed.
+void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out)
+{
+    if (id.size() < 3)
+        return;
+    std::string path = "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) +
+                       ".debug";
+    ElfFile debug;
+    if (!debug.open_file(path))
+        return;
+    Elf_Scn *scn = nullptr;
+    while ((scn = elf_nextscn(debug.get(), scn))) {
+        GElf_Shdr sh;
+        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB)
+            read_symbol_table(debug.get(), scn, bias, out);
+    }
+}
+
+void parse_elf(Elf *elf, uint64_t bias, Object &obj)
+{
+    size_t phnum = 0;
+    if (elf_getphdrnum(elf, &phnum) == 0) {
+        for (size_t i = 0; i < phnum; ++i) {
+            GElf_Phdr ph;
+            if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD &&
+                (ph.p_flags & PF_X))
+                obj.exec_ranges.emplace_back(bias + ph.p_vaddr, bias + ph.p_vaddr + ph.p_memsz);
+        }
+    }
+
+    size_t shstrndx = 0;
+    bool have_names = elf_getshdrstrndx(elf, &shstrndx) == 0;
+    Elf_Scn *symtab = nullptr, *dynsym = nullptr, *scn = nullptr;
+    while ((scn = elf_nextscn(elf, scn))) {
+        GElf_Shdr sh;
+        if (!gelf_getshdr(scn, &sh))
+            continue;
+        if (sh.sh_type == SHT_SYMTAB)
+            symtab = scn;
+        else if (sh.sh_type == SHT_DYNSYM)
+            dynsym = scn;
+        const char *name = have_names ? elf_strptr(elf, shstrndx, sh.sh_name) : nullptr;
+        if (name && sh.sh_addr != 0 && sh.sh_size != 0 &&
+            (!std::strcmp(name, ".plt") || !std::strcmp(name, ".plt.sec") ||
+             !std::strcmp(name, ".plt.got")))
+            obj.plt_ranges.emplace_back(bias + sh.sh_addr, bias + sh.sh_addr + sh.sh_size);
+    }
+
+    std::vector<RawSymbol> raw;
+    if (symtab)
+        read_symbol_table(elf, symtab, bias, raw);
+    else
+        read_debug_symtab(build_id(elf), bias, raw);
+    // .dynsym adds what a .symtab lacks (rare); the copies go in finish_symbols().
+    if (dynsym)
+        read_symbol_table(elf, dynsym, bias, raw);
+    obj.symbols = finish_symbols(std::move(raw));
+}
+
+std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias)
+{
+    ElfFile file;
+    if (!file.open_file(open_path))
+        return nullptr;
+    auto obj = std::make_shared<Object>();
+    obj->bias = bias;
+    parse_elf(file.get(), bias, *obj);
+    return obj;
+}
+
+// The vdso's ELF image, [base, base + size), or {0, 0} when the kernel maps none.
+std::pair<uint64_t, uint64_t> vdso_image()
+{
+    uint64_t base = getauxval(AT_SYSINFO_EHDR);
+    if (base == 0)
+        return {0, 0};
+    const auto *eh = reinterpret_cast<const ElfW(Ehdr) *>(base);
+    constexpr unsigned char native_class = __ELF_NATIVE_CLASS == 64 ? ELFCLASS64 : ELFCLASS32;
+    if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != native_class)
+        return {0, 0};
+    // The whole file is mapped: its extent is that of the section headers or of the
+    // loaded segments, whichever ends last.
+    uint64_t size = eh->e_shoff + uint64_t(eh->e_shnum) * eh->e_shentsize;
+    size = std::max<uint64_t>(size, eh->e_phoff + uint64_t(eh->e_phnum) * eh->e_phentsize);
+    const auto *ph = reinterpret_cast<const ElfW(Phdr) *>(base + eh->e_phoff);
+    for (unsigned i = 0; i < eh->e_phnum; ++i)
+        size = std::max<uint64_t>(size, ph[i].p_offset + ph[i].p_filesz);
+    return {base, size};
+}
+
+std::shared_ptr<Object> load_vdso(std::pair<uint64_t, uint64_t> image, uint64_t bias)
+{
+    // libelf reads from a private copy, so nothing can ever write to the kernel's pages.
+    std::vector<char> copy(reinterpret_cast<const char *>(image.first),
+                           reinterpret_cast<const char *>(image.first) + image.second);
+    ElfFile mem;
+    if (!mem.open_memory(copy.data(), copy.size()))
+        return nullptr;
+    auto obj = std::make_shared<Object>();
+    obj->bias = bias;
+    parse_elf(mem.get(), bias, *obj);
+    return obj;
+}
+
+std::string real_path(const char *path)
+{
+    if (char *resolved = ::realpath(path, nullptr)) {
+        std::string out = resolved;
+        std::free(resolved);
+        return out;
+    }
+    // A deleted executable: keep the link's text ("/x/prog (deleted)").
+    char buf[4096];
+    ssize_t n = readlink(path, buf, sizeof buf);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(path);
+}
+
+// What dl_iterate_phdr() reports about one object.
+struct LinkEntry {
+    std::string name;  // dlpi_name
+    uint64_t bias = 0; // dlpi_addr
+    bool vdso = false;
+    std::vector<std::pair<uint64_t, uint64_t>> exec_ranges;
+};
+
+struct IterateContext {
+    std::pair<uint64_t, uint64_t> vdso;
+    std::vector<LinkEntry> *entries;
+};
+
+int collect_entry(struct dl_phdr_info *info, size_t, void *arg) noexcept
+{
+    auto *ctx = static_cast<IterateContext *>(arg);
+    try {
+        LinkEntry e;
+        e.name = info->dlpi_name ? info->dlpi_name : "";
+        e.bias = info->dlpi_addr;
+        auto phdrs = reinterpret_cast<uint64_t>(info->dlpi_phdr);
+        e.vdso = ctx->vdso.second != 0 && phdrs >= ctx->vdso.first &&
+                 phdrs < ctx->vdso.first + ctx->vdso.second;
+        for (unsigned i = 0; i < info->dlpi_phnum; ++i) {
+            const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+            if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X))
+                e.exec_ranges.emplace_back(e.bias + ph.p_vaddr,
+                                           e.bias + ph.p_vaddr + ph.p_memsz);
+        }
+        ctx->entries->push_back(std::move(e));
+        return 0;
+    } catch (...) {
+        return 1; // stops the iteration; refresh() keeps its previous snapshot
+    }
+}
+
+// Position of the ':' ending MOD in "MOD:sym", or npos. "::" belongs to C++ names, and
+// colons inside brackets to ABI tags ("f[abi:cxx11](int)").
+size_t module_separator(std::string_view spec)
+{
+    int depth = 0;
+    for (size_t i = 0; i < spec.size(); ++i) {
+        switch (spec[i]) {
+        case '(': case '[': case '<': ++depth; break;
+        case ')': case ']': case '>': depth -= depth > 0; break;
+        case ':':
+            if (depth != 0)
+                break;
+            if (i + 1 < spec.size() && spec[i + 1] == ':') {
+                ++i;
+                break;
+            }
+            return i;
+        default: break;
+        }
+    }
+    return npos;
+}
+
+} // namespace
+
+// ---- Object -------------------------------------------------------------------------
+
+bool Object::contains_exec(uint64_t addr) const
+{
+    for (const auto &[start, end] : exec_ranges) {
+        if (addr >= start && addr < end)
+            return true;
+    }
+    return false;
+}
+
+const Symbol *Object::function_at(uint64_t addr) const
+{
+    try {
+        detail::Tables &t = tables.get();
+        std::call_once(t.ends_once, [&] {
+            std::vector<uint64_t> ends(symbols.size());
+            uint64_t high = 0;
+            for (size_t i = 0; i < symbols.size(); ++i) {
+                const Symbol &s = symbols[i];
+                if (s.function)
+                    high = std::max(high, s.value + std::max<uint64_t>(s.size, 1));
+                ends[i] = high;
+            }
+            t.ends = std::move(ends);
+        });
+        auto above = std::upper_bound(symbols.begin(), symbols.end(), addr,
+                                      [](uint64_t a, const Symbol &s) { return a < s.value; });
+        if (t.ends.size() != symbols.size())
+            return nullptr; // symbols changed after the first query
+        const Symbol *best = nullptr;
+        for (size_t i = static_cast<size_t>(above - symbols.begin()); i-- > 0;) {
+            if (t.ends[i] <= addr)
+                break; // no function at or below i reaches addr
+            const Symbol &s = symbols[i];
+            if (best && s.value != best->value)
+                break;
+            bool contains = s.size == 0 ? addr == s.value : addr - s.value < s.size;
+            if (s.function && contains)
+                best = &s; // walking down: the first of equal values wins
+        }
+        return best;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+const Symbol *Object::function_at_or_before(uint64_t addr) const
+{
+    if (const Symbol *s = function_at(addr))
+        return s;
+    auto above = std::upper_bound(symbols.begin(), symbols.end(), addr,
+                                  [](uint64_t a, const Symbol &s) { return a < s.value; });
+    const Symbol *best = nullptr;
+    for (size_t i = static_cast<size_t>(above - symbols.begin()); i-- > 0;) {
+        const Symbol &s = symbols[i];
+        if (best && s.value != best->value)
+            break;
+        if (s.function)
+            best = &s;
+    }
+    return best;
+}
+
+const Symbol *Object::find(std::string_view name) const
+{
+    if (name.empty())
+        return nullptr;
+    try {
+        const Symbol *data = nullptr;
+        for (const Symbol &s : symbols) {
+            if (s.name != name)
+                continue;
+            if (s.function)
+                return &s;
+            if (!data)
+                data = &s;
+        }
+        if (data)
+            return data;
+
+        detail::Tables &t = tables.get();
+        std::call_once(t.names_once, [&] {
+            std::vector<detail::NameKey> keys;
+            for (size_t i = 0; i < symbols.size(); ++i) {
+                if (!std::string_view(symbols[i].name).starts_with("_Z"))
+                    continue;
+                DemangledNames(symbols[i].name).for_each([&](std::string_view n) {
+                    keys.push_back({name_hash(n), static_cast<uint32_t>(i)});
+                });
+            }
+            std::sort(keys.begin(), keys.end(), [](const auto &a, const auto &b) {
+                return std::tie(a.hash, a.symbol) < std::tie(b.hash, b.symbol);
+            });
+            keys.shrink_to_fit();
+            t.names = std::move(keys);
+        });
+        uint64_t h = name_hash(name);
+        auto first = std::lower_bound(
+            t.names.begin(), t.names.end(), h,
+            [](const detail::NameKey &k, uint64_t v) { return k.hash < v; });
+        for (auto it = first; it != t.names.end() && it->hash == h; ++it) {
+            if (it->symbol >= symbols.size())
+                break; // symbols changed after the first query
+            const Symbol &s = symbols[it->symbol];
+            if ((s.function || !data) && DemangledNames(s.name).matches(name)) {
+                if (s.function)
+                    return &s;
+                data = &s;
+            }
+        }
+        return data;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+// ---- Registry -------------------------------------------------------------------------
+
+Registry::Registry() = default;
+Registry::~Registry() = default;
+
+void Registry::refresh()
+{
+    try {
+        std::vector<LinkEntry> entries;
+        IterateContext ctx{vdso_image(), &entries};
+        if (dl_iterate_phdr(collect_entry, &ctx) != 0)
+            return;
+
+        std::vector<std::shared_ptr<const Object>> fresh;
+        fresh.reserve(entries.size());
+        for (size_t i = 0; i < entries.size(); ++i) {
+            LinkEntry &e = entries[i];
+            bool main_program = i == 0;
+            std::string path, open_path;
+            if (main_program) {
+                // Normally "", but names the program when run as "ld.so ./prog".
+                path = real_path(e.name.empty() ? "/proc/self/exe" : e.name.c_str());
+                open_path = e.name.empty() ? "/proc/self/exe" : e.name; // works if deleted
+            } else if (e.vdso) {
+                path = e.name.empty() ? "linux-vdso.so.1" : e.name;
+            } else if (e.name.empty()) {
+                continue; // nothing to read symbols from
+            } else {
+                path = open_path = e.name;
+            }
+
+            auto same = std::find_if(objects_.begin(), objects_.end(), [&](const auto &o) {
+                return o->path == path && o->bias == e.bias;
+            });
+            if (same != objects_.end() && (*same)->load_index == i &&
+                (*same)->main_program == main_program) {
+                fresh.push_back(*same);
+                continue;
+            }
+
+            std::shared_ptr<Object> obj;
+            if (same != objects_.end())
+                obj = std::make_shared<Object>(**same); // moved in the link map only
+            else if (e.vdso)
+                obj = load_vdso(ctx.vdso, e.bias);
+            else
+                obj = load_file(open_path, e.bias);
+            if (!obj)
+                obj = std::make_shared<Object>(); // unreadable: still an address range
+            obj->path = path;
+            obj->name = file_name(path);
+            obj->bias = e.bias;
+            obj->main_program = main_program;
+            obj->load_index = static_cast<unsigned>(i);
+            obj->exec_ranges = std::move(e.exec_ranges);
+            fresh.push_back(std::move(obj));
+        }
+        objects_ = std::move(fresh);
+    } catch (...) {
+        // Out of memory: the previous snapshot stays.
+    }
+}
+
+const Object *Registry::object_at(uint64_t addr) const
+{
+    for (const auto &o : objects_) {
+        if (o->contains_exec(addr))
+            return o.get();
+    }
+    return nullptr;
+}
+
+int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr) const
+{
+    if (!addr)
+        return -EINVAL;
+    std::string_view module, name = spec;
+    size_t colon = module_separator(spec);
+    if (colon != npos) {
+        module = spec.substr(0, colon);
+        name = spec.substr(colon + 1);
+        if (module.empty())
+            return -EINVAL;
+    }
+    if (name.empty())
+        return -EINVAL;
+
+    auto try_object = [&](const Object &o) {
+        const Symbol *s = o.find(name);
+        if (s)
+            *addr = s->value + offset;
+        return s != nullptr;
+    };
+    if (!module.empty()) {
+        for (const auto &o : objects_) {
+            if ((o->name == module || o->path == module) && try_object(*o))
+                return 0;
+        }
+        return -ENOENT;
+    }
+    for (const auto &o : objects_) {
+        if (o->main_program && try_object(*o))
+            return 0;
+    }
+    for (const auto &o : objects_) {
+        if (!o->main_program && try_object(*o))
+            return 0;
+    }
+    return -ENOENT;
+}
+
+Registry::Location Registry::locate(uint64_t addr) const
+{
+    Location loc;
+    loc.object = object_at(addr);
+    if (!loc.object)
+        return loc;
+    loc.symbol = loc.object->function_at_or_before(addr);
+    loc.offset = addr - (loc.symbol ? loc.symbol->value : loc.object->bias);
+    return loc;
+}
+
+// ---- Free functions -------------------------------------------------------------------
+
+std::shared_ptr<Object> load_object(const std::string &path, uint64_t bias)
+{
+    try {
+        std::shared_ptr<Object> obj = load_file(path, bias);
+        if (obj) {
+            obj->path = path;
+            obj->name = file_name(path);
+        }
+        return obj;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+std::string demangle(std::string_view name)
+{
+    try {
+        // Only "_Z" names: __cxa_demangle also takes bare type encodings ("i" -> "int").
+        if (!name.starts_with("_Z"))
+            return std::string(name);
+        std::string copy(name);
+        int status = 0;
+        char *out = abi::__cxa_demangle(copy.c_str(), nullptr, nullptr, &status);
+        if (status != 0 || !out) {
+            std::free(out);
+            return copy;
+        }
+        std::string result = out;
+        std::free(out);
+        return result;
+    } catch (...) {
+        return {};
+    }
+}
+
+} // namespace ukp::sym

@@ -1,0 +1,178 @@
+#include "text/text.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <linux/membarrier.h>
+#include <mutex>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <vector>
+
+namespace ukp::text {
+
+namespace {
+
+constexpr size_t kChunkSize = 64 * 1024;
+constexpr size_t kMaxChunks = 8192; // 512 MiB of slots: 2M probe points
+// Keep a margin inside the rel32 reach so any byte of a chunk reaches any byte near `near`.
+constexpr uint64_t kReach = (1ull << 31) - (16ull << 20);
+
+struct Chunk {
+    uint64_t start;
+    uint64_t used; // bytes handed out, from start
+};
+
+std::mutex g_mutex; // guards everything below except the published chunk array
+int g_mem_fd = -1;
+pid_t g_mem_pid = 0;
+bool g_sync_core = false;
+bool g_membarrier = false;
+
+// Published chunk starts, read by signal handlers without a lock: entries are written
+// before g_chunk_count is raised and never change afterwards.
+uint64_t g_chunk_start[kMaxChunks];
+std::atomic<size_t> g_chunk_count{0};
+std::vector<Chunk> g_chunks; // the same chunks, with their fill level
+
+long membarrier(int cmd) { return syscall(__NR_membarrier, cmd, 0, 0); }
+
+int open_mem_locked() {
+    // After fork() an inherited descriptor still designates the parent's memory.
+    if (g_mem_fd >= 0 && g_mem_pid == getpid()) return 0;
+    if (g_mem_fd >= 0) close(g_mem_fd);
+    g_mem_fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    if (g_mem_fd < 0) return -errno;
+    g_mem_pid = getpid();
+    return 0;
+}
+
+// Free gaps of the address space, from /proc/self/maps.
+std::vector<std::pair<uint64_t, uint64_t>> address_space_gaps() {
+    std::vector<std::pair<uint64_t, uint64_t>> gaps;
+    FILE *maps = fopen("/proc/self/maps", "re");
+    if (maps == nullptr) return gaps;
+    uint64_t prev_end = 0x10000; // stay clear of mmap_min_addr
+    char line[512];
+    while (fgets(line, sizeof line, maps) != nullptr) {
+        unsigned long long lo = 0, hi = 0;
+        if (sscanf(line, "%llx-%llx", &lo, &hi) != 2) continue;
+        if (lo > prev_end) gaps.emplace_back(prev_end, lo);
+        if (hi > prev_end) prev_end = hi;
+    }
+    fclose(maps);
+    constexpr uint64_t kUserTop = 0x7ffffffff000ull;
+    if (prev_end < kUserTop) gaps.emplace_back(prev_end, kUserTop);
+    return gaps;
+}
+
+uint64_t distance(uint64_t a, uint64_t b) { return a > b ? a - b : b - a; }
+
+bool in_reach(uint64_t chunk, uint64_t near) {
+    return distance(chunk, near) < kReach && distance(chunk + kChunkSize, near) < kReach;
+}
+
+// Maps a new chunk as close to `near` as a free gap allows; 0 on failure.
+uint64_t map_chunk_near(uint64_t near) {
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        uint64_t best = 0, best_distance = ~0ull;
+        for (auto [lo, hi] : address_space_gaps()) {
+            // Leave a guard page on each side of the gap.
+            const uint64_t first = lo + 0x1000, last = hi - 0x1000;
+            if (last < first || last - first < kChunkSize) continue;
+            uint64_t candidate = near < first ? first : near - kChunkSize;
+            if (candidate + kChunkSize > last) candidate = last - kChunkSize;
+            candidate &= ~(kChunkSize - 1);
+            if (candidate < first) candidate += kChunkSize;
+            if (candidate + kChunkSize > last) continue;
+            if (distance(candidate, near) < best_distance) {
+                best = candidate;
+                best_distance = distance(candidate, near);
+            }
+        }
+        if (best == 0) break;
+        void *p = mmap(reinterpret_cast<void *>(best), kChunkSize, PROT_READ | PROT_EXEC,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p != MAP_FAILED) return reinterpret_cast<uint64_t>(p);
+        // Another thread mapped into the gap meanwhile: read the maps again.
+    }
+    void *p = mmap(nullptr, kChunkSize, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? 0 : reinterpret_cast<uint64_t>(p);
+}
+
+} // namespace
+
+int init() {
+    std::lock_guard lock(g_mutex);
+    if (int err = open_mem_locked(); err != 0) return err;
+    if (!g_membarrier) {
+        g_membarrier = true;
+        g_sync_core = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
+    }
+    return 0;
+}
+
+int write(uint64_t addr, const void *data, size_t n) {
+    std::lock_guard lock(g_mutex);
+    if (int err = open_mem_locked(); err != 0) return err;
+    const char *src = static_cast<const char *>(data);
+    while (n > 0) {
+        ssize_t w = pwrite(g_mem_fd, src, n, static_cast<off_t>(addr));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (w == 0) return -EIO;
+        src += w;
+        addr += static_cast<uint64_t>(w);
+        n -= static_cast<size_t>(w);
+    }
+    return 0;
+}
+
+void sync_cores() {
+    // Without SYNC_CORE (kernels before 4.16), the write through /proc/self/mem is still
+    // a kernel entry and exit on this core; other cores see the byte change atomically.
+    if (g_sync_core) membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
+}
+
+int poke_byte(uint64_t addr, uint8_t byte) {
+    if (int err = write(addr, &byte, 1); err != 0) return err;
+    sync_cores();
+    return 0;
+}
+
+uint64_t alloc_slot(uint64_t near) {
+    std::lock_guard lock(g_mutex);
+    for (Chunk &c : g_chunks) {
+        if (c.used + kSlotSize <= kChunkSize && in_reach(c.start, near)) {
+            const uint64_t slot = c.start + c.used;
+            c.used += kSlotSize;
+            return slot;
+        }
+    }
+    const size_t n = g_chunk_count.load(std::memory_order_relaxed);
+    if (n == kMaxChunks) return 0;
+    const uint64_t start = map_chunk_near(near);
+    if (start == 0) return 0;
+    g_chunks.push_back({start, kSlotSize});
+    g_chunk_start[n] = start;
+    g_chunk_count.store(n + 1, std::memory_order_release);
+    return start;
+}
+
+uint64_t slot_containing(uint64_t addr) {
+    const size_t n = g_chunk_count.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; ++i) {
+        const uint64_t start = g_chunk_start[i];
+        if (addr >= start && addr < start + kChunkSize) return addr & ~(kSlotSize - 1);
+    }
+    return 0;
+}
+
+bool is_agent_code(uint64_t addr) { return slot_containing(addr) != 0; }
+
+} // namespace ukp::text

@@ -1,0 +1,42 @@
+// Code memory near a site, and writing into live code.
+//
+// Writes go through /proc/self/mem: no page of code is ever writable and executable,
+// and no mprotect() touches pages other threads run in. After each step of a patch
+// every core is serialized with membarrier(PRIVATE_EXPEDITED_SYNC_CORE), as the
+// kernel's text_poke_bp() does with its IPIs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ukp::text {
+
+// Opens /proc/self/mem and registers for membarrier. Idempotent; 0 or -errno.
+int init();
+
+// Writes n bytes at addr in this process, whatever the page protection. 0 or -errno.
+int write(uint64_t addr, const void *data, size_t n);
+
+// Serializes the instruction stream of every thread of the process.
+void sync_cores();
+
+// Replaces the first byte of the instruction at addr with int3 (or puts `orig` back),
+// serializing all cores afterwards. 0 or -errno.
+int poke_byte(uint64_t addr, uint8_t byte);
+
+// Out-of-line slots: fixed-size, kSlotSize-aligned blocks of executable memory, placed
+// within +-2 GiB of the address they are asked for when the address space allows it.
+// A slot is never freed or reused: its owner keeps it for the life of the process (a
+// thread may still be executing in it long after its probe went away).
+inline constexpr size_t kSlotSize = 256;
+
+// A new slot near `near`; 0 if no memory could be mapped at all.
+uint64_t alloc_slot(uint64_t near);
+
+// The slot containing addr if addr lies in one of ours, else 0. Async-signal-safe.
+uint64_t slot_containing(uint64_t addr);
+
+// Whether [addr, addr + n) lies in memory ukprobes mapped for code. Async-signal-safe.
+bool is_agent_code(uint64_t addr);
+
+} // namespace ukp::text

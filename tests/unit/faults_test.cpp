@@ -1,0 +1,245 @@
+// fault_handler rules, and a program that uses SIGSEGV and SIGTRAP itself behaving
+// exactly as without ukprobes. Cases that end the process run as death tests (forked).
+#include <ukprobes/kprobes.h>
+
+#include "asm_functions.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+namespace {
+
+// Volatile, so the compiler cannot see (and warn about) the deliberate bad access.
+long *volatile kBadPointer = reinterpret_cast<long *>(16);
+
+std::atomic<int> g_faults{0};
+int g_last_trapnr = -1;
+unsigned long g_fault_ip = 0;
+
+// Faults on purpose after changing a register.
+int faulting_pre(kprobe *, pt_regs *regs) {
+    regs->di = 1000;
+    return static_cast<int>(*static_cast<volatile long *>(kBadPointer));
+}
+
+int fault_unhandled(kprobe *, pt_regs *regs, int trapnr) {
+    ++g_faults;
+    g_last_trapnr = trapnr;
+    g_fault_ip = regs->ip;
+    return 0;
+}
+
+int fault_handled(kprobe *, pt_regs *regs, int trapnr) {
+    ++g_faults;
+    g_last_trapnr = trapnr;
+    (void)regs;
+    return 1;
+}
+
+struct FaultTest : ::testing::Test {
+    void SetUp() override {
+        g_faults = 0;
+        g_last_trapnr = -1;
+    }
+};
+
+TEST_F(FaultTest, FaultInPreHandlerUnhandledRestoresRegisters) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_twice";
+    kp.pre_handler = faulting_pre;
+    kp.fault_handler = fault_unhandled;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukpt_twice(21), 42) << "the program behaves as without the probe";
+    EXPECT_EQ(g_faults, 1);
+    EXPECT_EQ(g_last_trapnr, 14) << "page fault";
+    EXPECT_EQ(kp.nmissed, 1u);
+    unregister_kprobe(&kp);
+}
+
+TEST_F(FaultTest, FaultInPreHandlerHandledKeepsRegisters) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_twice";
+    kp.pre_handler = faulting_pre;
+    kp.fault_handler = fault_handled;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukpt_twice(21), 2000) << "handled: the handler's change to di stays";
+    EXPECT_EQ(g_faults, 1);
+    unregister_kprobe(&kp);
+}
+
+TEST_F(FaultTest, FaultInHandlerWithoutFaultHandlerIsSurvived) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_twice";
+    kp.pre_handler = faulting_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(ukpt_twice(5), 10);
+    EXPECT_EQ(kp.nmissed, 3u);
+    unregister_kprobe(&kp);
+}
+
+void faulting_post(kprobe *, pt_regs *, unsigned long) {
+    (void)*static_cast<volatile long *>(kBadPointer);
+}
+
+TEST_F(FaultTest, FaultInPostHandler) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_twice";
+    kp.post_handler = faulting_post;
+    kp.fault_handler = fault_unhandled;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukpt_twice(4), 8);
+    EXPECT_EQ(g_faults, 1);
+    EXPECT_EQ(g_last_trapnr, 14);
+    unregister_kprobe(&kp);
+}
+
+// The probed instruction itself faults: `mov (%rdi),%rax` with a bad pointer. The
+// fault_handler skips it and supplies a value.
+int skip_load(kprobe *, pt_regs *regs, int trapnr) {
+    ++g_faults;
+    g_last_trapnr = trapnr;
+    g_fault_ip = regs->ip;
+    regs->ax = static_cast<unsigned long>(-1);
+    regs->ip += 3; // the length of mov (%rdi),%rax
+    return 1;
+}
+
+TEST_F(FaultTest, FaultInSteppedInstructionHandled) {
+    for (bool with_post : {false, true}) {
+        kprobe kp{};
+        kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_load_at_mov);
+        kp.fault_handler = skip_load;
+        if (with_post) kp.post_handler = [](kprobe *, pt_regs *, unsigned long) {};
+        ASSERT_EQ(register_kprobe(&kp), 0);
+        long good = 99;
+        EXPECT_EQ(ukpt_load(&good), 99);
+        EXPECT_EQ(ukpt_load(kBadPointer), -1);
+        EXPECT_EQ(g_last_trapnr, 14);
+        EXPECT_EQ(g_fault_ip, reinterpret_cast<unsigned long>(ukpt_load_at_mov))
+            << "the fault is reported at the probed address, not the copy";
+        unregister_kprobe(&kp);
+    }
+}
+
+// A program's own SIGSEGV handler, installed after the probe (through the interposed
+// sigaction), sees the fault exactly where it would without the probe.
+std::atomic<unsigned long> g_program_seen_ip{0};
+void program_segv(int, siginfo_t *info, void *ctx) {
+    auto *uc = static_cast<ucontext_t *>(ctx);
+    g_program_seen_ip = static_cast<unsigned long>(uc->uc_mcontext.gregs[REG_RIP]);
+    (void)info;
+    uc->uc_mcontext.gregs[REG_RAX] = -2;
+    uc->uc_mcontext.gregs[REG_RIP] += 3;
+}
+
+TEST_F(FaultTest, UnhandledSteppedFaultReachesTheProgramsHandler) {
+    kprobe kp{};
+    kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_load_at_mov);
+    kp.fault_handler = fault_unhandled;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    struct sigaction act {}, old {};
+    act.sa_sigaction = program_segv;
+    act.sa_flags = SA_SIGINFO;
+    ASSERT_EQ(sigaction(SIGSEGV, &act, &old), 0);
+    EXPECT_EQ(ukpt_load(kBadPointer), -2);
+    EXPECT_EQ(g_faults, 1);
+    EXPECT_EQ(g_program_seen_ip, reinterpret_cast<unsigned long>(ukpt_load_at_mov));
+    struct sigaction now {};
+    ASSERT_EQ(sigaction(SIGSEGV, &old, &now), 0);
+    EXPECT_EQ(now.sa_sigaction, program_segv) << "sigaction reports the program's handler";
+    unregister_kprobe(&kp);
+}
+
+TEST_F(FaultTest, UnhandledSteppedFaultWithDefaultActionKillsLikeWithoutProbes) {
+    EXPECT_EXIT(
+        {
+            kprobe kp{};
+            kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_load_at_mov);
+            if (register_kprobe(&kp) != 0) _exit(3);
+            signal(SIGSEGV, SIG_DFL);
+            ukpt_load(kBadPointer);
+            _exit(0);
+        },
+        ::testing::KilledBySignal(SIGSEGV), "");
+}
+
+// ---- signals the program uses itself -------------------------------------------------
+
+std::atomic<int> g_trap_handler_calls{0};
+std::atomic<int> g_trap_code{0};
+void program_trap(int, siginfo_t *info, void *) {
+    ++g_trap_handler_calls;
+    g_trap_code = info->si_code;
+}
+
+struct ProgramSignals : ::testing::Test {
+    kprobe kp{};
+    void SetUp() override {
+        // A registered probe puts the agent's handlers in place first.
+        kp.symbol_name = "ukpt_twice";
+        ASSERT_EQ(register_kprobe(&kp), 0);
+        g_trap_handler_calls = 0;
+    }
+    void TearDown() override { unregister_kprobe(&kp); }
+};
+
+TEST_F(ProgramSignals, ProgramsOwnInt3ReachesItsHandler) {
+    struct sigaction act {}, old {};
+    act.sa_sigaction = program_trap;
+    act.sa_flags = SA_SIGINFO;
+    ASSERT_EQ(sigaction(SIGTRAP, &act, &old), 0);
+    ukpt_int3();
+    EXPECT_EQ(g_trap_handler_calls, 1);
+    EXPECT_EQ(g_trap_code, SI_KERNEL);
+    raise(SIGTRAP);
+    EXPECT_EQ(g_trap_handler_calls, 2);
+    EXPECT_EQ(ukpt_twice(3), 6) << "probes still work";
+    ASSERT_EQ(sigaction(SIGTRAP, &old, nullptr), 0);
+}
+
+TEST_F(ProgramSignals, ProgramsOwnInt3WithoutHandlerKills) {
+    EXPECT_EXIT(ukpt_int3(), ::testing::KilledBySignal(SIGTRAP), "");
+}
+
+std::atomic<int> g_guard_faults{0};
+char *g_guard_page = nullptr;
+void unprotect_on_fault(int, siginfo_t *info, void *) {
+    ++g_guard_faults;
+    if (static_cast<char *>(info->si_addr) == g_guard_page)
+        mprotect(g_guard_page, 4096, PROT_READ | PROT_WRITE);
+}
+
+TEST_F(ProgramSignals, ProgramHandlesItsOwnSegfaults) {
+    g_guard_page = static_cast<char *>(mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(g_guard_page, MAP_FAILED);
+    struct sigaction act {}, old {};
+    act.sa_sigaction = unprotect_on_fault;
+    act.sa_flags = SA_SIGINFO;
+    ASSERT_EQ(sigaction(SIGSEGV, &act, &old), 0);
+    *reinterpret_cast<volatile char *>(g_guard_page) = 7; // faults once, then succeeds
+    EXPECT_EQ(g_guard_faults, 1);
+    EXPECT_EQ(g_guard_page[0], 7);
+    ASSERT_EQ(sigaction(SIGSEGV, &old, nullptr), 0);
+    munmap(g_guard_page, 4096);
+}
+
+TEST_F(ProgramSignals, SignalReturnsThePreviousHandler) {
+    auto h1 = [](int) {};
+    auto h2 = [](int) {};
+    sighandler_t first = signal(SIGBUS, h1);
+    EXPECT_EQ(signal(SIGBUS, h2), h1);
+    EXPECT_EQ(signal(SIGBUS, first), h2);
+}
+
+TEST_F(ProgramSignals, ProgramSegfaultWithDefaultActionDiesBySigsegv) {
+    EXPECT_EXIT({ *static_cast<volatile long *>(kBadPointer) = 1; }, ::testing::KilledBySignal(SIGSEGV), "");
+}
+
+} // namespace
