@@ -56,6 +56,11 @@ public:
         k.finish(disabled);
         return k;
     }
+    // A string literal would otherwise convert to `const void *` and be taken for an address.
+    static Kprobe at(const char *symbol, KprobeHandlers handlers, unsigned offset = 0,
+                     bool disabled = false) {
+        return at(std::string_view(symbol), std::move(handlers), offset, disabled);
+    }
     // Registers a probe at an address.
     static Kprobe at(const void *addr, KprobeHandlers handlers, bool disabled = false) {
         Kprobe k(std::move(handlers));

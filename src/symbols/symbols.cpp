@@ -1,5 +1,6 @@
 #include "symbols/symbols.hpp"
 
+#include <dlfcn.h>
 #include <cxxabi.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -248,6 +249,7 @@ void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSym
         r.symbol.value = s.st_value + bias;
         r.symbol.size = s.st_size;
         r.symbol.function = function;
+        r.symbol.ifunc = type == STT_GNU_IFUNC;
         switch (GELF_ST_BIND(s.st_info)) {
         case STB_GLOBAL: r.binding_rank = 0; break;
         case STB_WEAK: r.binding_rank = 1; break;
@@ -725,6 +727,20 @@ const Object *Registry::object_at(uint64_t addr) const
     return nullptr;
 }
 
+namespace {
+
+uint64_t ifunc_implementation(const Object &o, const std::string &name)
+{
+    void *handle = dlopen(o.main_program ? nullptr : o.path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (!handle)
+        return 0;
+    void *impl = dlsym(handle, name.c_str());
+    dlclose(handle);
+    return reinterpret_cast<uint64_t>(impl);
+}
+
+} // namespace
+
 int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr) const
 {
     if (!addr)
@@ -742,9 +758,16 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr) co
 
     auto try_object = [&](const Object &o) {
         const Symbol *s = o.find(name);
-        if (s)
-            *addr = s->value + offset;
-        return s != nullptr;
+        if (!s)
+            return false;
+        *addr = s->value + offset;
+        // An ifunc's symbol value is its resolver; the code that runs is what the
+        // resolver chose, which the dynamic linker tells through dlsym().
+        if (s->ifunc) {
+            if (uint64_t impl = ifunc_implementation(o, s->name); impl != 0)
+                *addr = impl + offset;
+        }
+        return true;
     };
     if (!module.empty()) {
         for (const auto &o : objects_) {

@@ -17,6 +17,7 @@ struct Symbol {
     uint64_t value = 0;    // run-time address (load bias applied)
     uint64_t size = 0;
     bool function = false; // STT_FUNC or STT_GNU_IFUNC
+    bool ifunc = false;    // STT_GNU_IFUNC: `value` is the resolver, not the implementation
 };
 
 namespace detail {

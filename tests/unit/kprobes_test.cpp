@@ -138,6 +138,19 @@ TEST_F(KprobesTest, SymbolWithObjectNameAndOffset) {
     unregister_kprobe(&libc);
 }
 
+TEST_F(KprobesTest, IfuncSymbolsProbeTheChosenImplementation) {
+    // strlen is an ifunc in libc: the probe must land in the implementation that runs.
+    kprobe kp{};
+    kp.symbol_name = "libc.so.6:strlen";
+    kp.pre_handler = record_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    size_t (*volatile call)(const char *) = std::strlen;
+    EXPECT_EQ(call("four"), 4u);
+    EXPECT_GE(g_rec.pre, 1);
+    EXPECT_EQ(reinterpret_cast<void *>(kp.addr), reinterpret_cast<void *>(call));
+    unregister_kprobe(&kp);
+}
+
 TEST_F(KprobesTest, ErrorsOfRegistration) {
     kprobe both{};
     both.symbol_name = "ukt_add";

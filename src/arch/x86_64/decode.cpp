@@ -86,6 +86,8 @@ Flow classify(const Insn &in, int rel) {
     case ZYDIS_MNEMONIC_SYSCALL:
         return Flow::kSyscall;
     case ZYDIS_MNEMONIC_INT:
+        // int $3 (cd 03) raises the same SIGTRAP as int3: a copy would pass for a probe hit.
+        if (zi.raw.imm[0].value.u == 3) return Flow::kUnsupported;
         // int n returns to the next instruction, which in a copy is the copy's exit.
         return Flow::kSequential;
     default:
