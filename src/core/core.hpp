@@ -30,8 +30,7 @@ struct Point {
     uint8_t orig_byte = 0;    // what the int3 replaced
     uint64_t slot = 0;        // out-of-line slot (text::kSlotSize bytes), 0 for branches
     uint64_t boosted = 0;     // copy that runs the instruction and jumps back
-    uint64_t post = 0;        // copy that runs the instruction and traps at post_trap
-    uint64_t post_trap = 0;
+    uint64_t post = 0;        // copy that runs the instruction, then the post trampoline
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
     bool armed = false;       // int3 in place; changed under the registry mutex
     std::string object_name;  // for kprobes/list
@@ -39,13 +38,10 @@ struct Point {
     uint64_t symbol_offset = 0;
 };
 
-// Table entries are tagged by kind in the low bits of the value.
-enum class Site : uintptr_t { kProbe = 0, kPostTrap = 1 };
-
 // Lock-free address -> Point lookup for the hit path. Inserts happen under the registry
 // mutex; entries are never removed.
-Point *find_site(uint64_t addr, Site *kind);
-void insert_site(uint64_t addr, Point *p, Site kind);
+Point *find_site(uint64_t addr);
+void insert_site(uint64_t addr, Point *p);
 
 // Read-side critical sections around every use of a ProbeList or kprobe by a hit, and
 // the writer's wait for all sections that began before a change (an SRCU-like scheme

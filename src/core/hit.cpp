@@ -30,7 +30,7 @@ namespace {
 
 struct TableEntry {
     std::atomic<uint64_t> key;   // 0 = empty; written last when inserting
-    std::atomic<uintptr_t> value; // Point* | Site
+    std::atomic<Point *> value;
 };
 
 struct Table {
@@ -50,12 +50,12 @@ Table *new_table(size_t capacity) {
     t->used = 0;
     for (size_t i = 0; i < capacity; ++i) {
         new (&t->entries[i].key) std::atomic<uint64_t>(0);
-        new (&t->entries[i].value) std::atomic<uintptr_t>(0);
+        new (&t->entries[i].value) std::atomic<Point *>(nullptr);
     }
     return t;
 }
 
-void put(Table *t, uint64_t key, uintptr_t value) {
+void put(Table *t, uint64_t key, Point *value) {
     for (size_t i = hash_addr(key);; ++i) {
         TableEntry &e = t->entries[i & t->mask];
         const uint64_t k = e.key.load(std::memory_order_relaxed);
@@ -74,23 +74,19 @@ void put(Table *t, uint64_t key, uintptr_t value) {
 
 } // namespace
 
-Point *find_site(uint64_t addr, Site *kind) {
+Point *find_site(uint64_t addr) {
     const Table *t = g_table.load(std::memory_order_acquire);
     if (t == nullptr) return nullptr;
     for (size_t i = hash_addr(addr), n = 0; n <= t->mask; ++i, ++n) {
         const TableEntry &e = t->entries[i & t->mask];
         const uint64_t k = e.key.load(std::memory_order_acquire);
         if (k == 0) return nullptr;
-        if (k == addr) {
-            const uintptr_t v = e.value.load(std::memory_order_acquire);
-            *kind = static_cast<Site>(v & 3);
-            return reinterpret_cast<Point *>(v & ~uintptr_t{3});
-        }
+        if (k == addr) return e.value.load(std::memory_order_acquire);
     }
     return nullptr;
 }
 
-void insert_site(uint64_t addr, Point *p, Site kind) {
+void insert_site(uint64_t addr, Point *p) {
     Table *t = g_table.load(std::memory_order_relaxed);
     if (t == nullptr || (t->used + 1) * 2 > t->mask + 1) {
         // Grow by copying into a table twice the size. The old table stays allocated:
@@ -105,7 +101,7 @@ void insert_site(uint64_t addr, Point *p, Site kind) {
         g_table.store(bigger, std::memory_order_release);
         t = bigger;
     }
-    put(t, addr, reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(kind));
+    put(t, addr, p);
 }
 
 // ---- grace periods -------------------------------------------------------------------
@@ -299,7 +295,7 @@ void probe_hit(Point *pt, ucontext_t *uc) {
         const bool post = any_post_handler(list);
         regs.ip = pt->addr;
         if (pt->slot != 0) {
-            // The copy runs after sigreturn; a post copy traps again at its end.
+            // The copy runs after sigreturn; a post copy goes on to the post trampoline.
             regs.ip = post ? pt->post : pt->boosted;
         } else if (arch::emulate_branch(pt->insn, &regs, &fault_addr) != 0) {
             fault = true;
@@ -317,38 +313,38 @@ void probe_hit(Point *pt, ucontext_t *uc) {
     arch::regs_to_context(&regs, uc);
 }
 
-void post_trap_hit(Point *pt, ucontext_t *uc) {
-    ThreadState &ts = t_state;
-    pt_regs regs;
-    arch::regs_from_context(uc, &regs);
-    regs.ip = pt->addr + pt->insn.len; // the copy ran; show the original's next address
-    const unsigned idx = read_lock();
-    const ProbeList *list = pt->list.load(std::memory_order_acquire);
-    if (list != nullptr) {
-        ++ts.depth;
-        run_post_handlers(list, &regs);
-        --ts.depth;
-    }
-    read_unlock(idx);
-    arch::regs_to_context(&regs, uc);
-}
-
 } // namespace
 
 void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
     const uint64_t trap_addr = arch::context_ip(uc) - 1;
-    Site kind;
     // Only int3 traps (SI_KERNEL on x86-64) are candidates; single-steps and raise() are not.
-    Point *pt = info->si_code == SI_KERNEL ? find_site(trap_addr, &kind) : nullptr;
+    Point *pt = info->si_code == SI_KERNEL ? find_site(trap_addr) : nullptr;
     if (pt == nullptr) {
         deliver_to_program(SIGTRAP, info, uc);
         return;
     }
-    if (kind == Site::kPostTrap)
-        post_trap_hit(pt, uc);
-    else
-        probe_hit(pt, uc);
+    probe_hit(pt, uc);
 }
+
+} // namespace ukp::core
+
+// Called by ukp_post_trampoline (post_trampoline.S) after a post copy ran the probed
+// instruction: runs the post_handlers in user mode, with no second trap.
+extern "C" __attribute__((used)) void ukp_post_dispatch(ukp::core::Point *pt, pt_regs *regs) {
+    using namespace ukp::core;
+    regs->ip = pt->addr + pt->insn.len; // the copy ran; show the original's next address
+    ThreadState &ts = thread_state();
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    if (list != nullptr) {
+        ++ts.depth;
+        run_post_handlers(list, regs);
+        --ts.depth;
+    }
+    read_unlock(idx);
+}
+
+namespace ukp::core {
 
 bool on_fault(int sig, siginfo_t *info, ucontext_t *uc) {
     const uint64_t ip = arch::context_ip(uc);

@@ -3,6 +3,7 @@
 #include "core/core.hpp"
 
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/trampoline.hpp"
 #include "symbols/symbols.hpp"
 #include "text/text.hpp"
 
@@ -122,7 +123,8 @@ int decode_at_boundary(const sym::Object &obj, const sym::Symbol *fn, uint64_t a
     return arch::decode(addr, buf, avail, out) == 0 ? 0 : -EILSEQ;
 }
 
-// Builds the out-of-line copies: [Point*][pad][boosted copy][post copy].
+// Builds the out-of-line copies: [Point*][pad][boosted copy][post copy]. The boosted
+// copy jumps back after the instruction; the post copy goes on to the post trampoline.
 int build_slot(Point *pt) {
     const arch::Flow flow = pt->insn.flow;
     if (flow == arch::Flow::kUnsupported) return -EOPNOTSUPP;
@@ -138,16 +140,17 @@ int build_slot(Point *pt) {
     if (n < 0) return n;
     const uint64_t boosted = slot + at;
     at += static_cast<size_t>(n);
-    int trap = -1;
-    n = arch::relocate(pt->insn, slot + at, code + at, sizeof code - at, arch::Exit::kTrap, &trap);
-    if (n < 0) return n;
     const uint64_t post = slot + at;
+    n = arch::relocate(pt->insn, post, code + at, sizeof code - at, arch::Exit::kNone);
+    if (n < 0) return n;
+    at += static_cast<size_t>(n);
+    n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt), code + at, sizeof code - at);
+    if (n < 0) return n;
     at += static_cast<size_t>(n);
     if (int err = text::write(slot, code, at); err != 0) return err;
     pt->slot = slot;
     pt->boosted = boosted;
     pt->post = post;
-    pt->post_trap = post + static_cast<uint64_t>(trap);
     return 0;
 }
 
@@ -173,8 +176,7 @@ int prepare_point(uint64_t addr, Point **out) {
     }
     Point *p = pt.release();
     g_points.emplace(addr, p);
-    insert_site(addr, p, Site::kProbe);
-    if (p->post_trap != 0) insert_site(p->post_trap, p, Site::kPostTrap);
+    insert_site(addr, p);
     *out = p;
     return 0;
 }

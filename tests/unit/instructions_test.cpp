@@ -42,6 +42,9 @@ std::vector<Case> cases() {
         {"rip_store", ukpt_rip_load_at_store, [] { ukpt_data_copy = 0; ukpt_rip_load(); return ukpt_data_copy; }, 0x1234, at(ukpt_rip_load_at_lea)},
         {"rip_lea", ukpt_rip_load_at_lea, [] { return ukpt_rip_load(); }, 0x1234 * 2, nullptr},
         {"test", ukpt_branches_at_test, [] { return ukpt_branches(5); }, 11, at(ukpt_branches_at_jcc)},
+        // SF=1 from the probed test must reach the jcc: the flags survive the copy and the
+        // post trampoline.
+        {"test_negative", ukpt_branches_at_test, [] { return ukpt_branches(-5); }, -1, at(ukpt_branches_at_jcc)},
         {"jcc_not_taken", ukpt_branches_at_jcc, [] { return ukpt_branches(5); }, 11, at(ukpt_branches_at_call)},
         {"jcc_taken", ukpt_branches_at_jcc, [] { return ukpt_branches(-5); }, -1, nullptr},
         {"call", ukpt_branches_at_call, [] { return ukpt_branches(7); }, 15, fn(&ukpt_twice)},

@@ -271,6 +271,32 @@ TEST_F(KprobesTest, RegisterChangesAreApplied) {
     EXPECT_EQ(ukt_add(1, 2), 3);
 }
 
+void post_adds_one(kprobe *, pt_regs *regs, unsigned long) { regs->ax += 1; }
+
+// After `lea (%rdi,%rdi),%rax`: return 77 to the caller at once (ip and sp both change).
+void post_returns_early(kprobe *, pt_regs *regs, unsigned long) {
+    regs->ax = 77;
+    regs->ip = *reinterpret_cast<unsigned long *>(regs->sp);
+    regs->sp += 8;
+}
+
+TEST_F(KprobesTest, PostHandlerChangesAreApplied) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_twice";
+    kp.post_handler = post_adds_one;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukpt_twice(4), 9);
+    unregister_kprobe(&kp);
+    kp = kprobe{};
+    kp.symbol_name = "ukpt_twice";
+    kp.post_handler = post_returns_early;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukpt_twice(4), 77);
+    EXPECT_EQ(ukpt_branches(4), 78) << "returned into the caller, which adds one";
+    unregister_kprobe(&kp);
+    EXPECT_EQ(ukpt_twice(4), 8);
+}
+
 // Fault injection as in seed 001, "Changing Execution Path": return 7 from the
 // function without running it.
 int skip_function(kprobe *, pt_regs *regs) {

@@ -1,9 +1,10 @@
-// Tests of the x86-64 decoder and relocator (src/arch/x86_64/insn.hpp).
-//
-//  - RelocateBytes: input bytes -> expected output bytes, as a table.
-//  - Decode: flow classification, branch and RIP-relative targets, invalid input.
-//  - Exec: relocated copies actually run, near (<2 GiB) and far (>4 GiB) from the
-//    original code, each in a forked child so a bad copy reports a signal.
+// Tests of the x86-64 decoder and relocator (src/arch/x86_64/insn.hpp). Every test name
+// contains "relocator" (ctest -R relocator):
+//  - relocator/RelocateBytes.*: input bytes -> expected output bytes, as a table.
+//  - relocator/Decode.*: flow classification, branch and RIP-relative targets.
+//  - relocator.*: emit_jmp, error paths, invalid input, a fuzzed size/contract check.
+//  - relocator_exec.*: relocated copies actually run, near (<2 GiB) and far (>4 GiB)
+//    from the original code, each in a forked child so a bad copy reports a signal.
 #include "arch/x86_64/insn.hpp"
 
 #include <gtest/gtest.h>
@@ -226,6 +227,10 @@ const RelocCase kRelocCases[] = {
      "ff 35 04 00 00 00 | ff 64 24 10 | 04 00 00 10 00 00 00 00"},  // jmp *16(%rsp)
     {"CallRspNoDisp", "ff 14 24", kNearOrig, kNearDest, Exit::kNone,
      "ff 35 04 00 00 00 | ff 64 24 08 | 03 00 00 10 00 00 00 00"},  // jmp *8(%rsp)
+    {"CallRspDisp8Grows", "ff 54 24 7c", kNearOrig, kNearDest, Exit::kNone,
+     "ff 35 07 00 00 00 | ff a4 24 84 00 00 00 | 04 00 00 10 00 00 00 00"},  // disp8 -> disp32
+    {"NotrackCallRsp", "3e ff 54 24 08", kNearOrig, kNearDest, Exit::kNone,
+     "ff 35 05 00 00 00 | 3e ff 64 24 10 | 05 00 00 10 00 00 00 00"},  // notrack kept
     {"CallRax", "ff d0", kNearOrig, kNearDest, Exit::kNone,
      "ff 35 02 00 00 00 | ff e0 | 02 00 00 10 00 00 00 00"},
     {"CallR11Far", "41 ff d3", kFarOrig, kFarDest, Exit::kNone,
@@ -264,6 +269,9 @@ const RelocCase kRelocCases[] = {
     {"Xbegin", "c7 f8 00 01 00 00", kNearOrig, kNearDest, Exit::kNone, nullptr, -EOPNOTSUPP},
 };
 
+// Test names and failure messages show the case name instead of the struct's bytes.
+void PrintTo(const RelocCase &c, std::ostream *os) { *os << c.name; }
+
 class RelocateBytes : public ::testing::TestWithParam<RelocCase> {};
 
 TEST_P(RelocateBytes, Emits) {
@@ -294,24 +302,24 @@ TEST_P(RelocateBytes, Emits) {
     for (uint8_t b : small) ASSERT_EQ(b, 0xaa);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, RelocateBytes, ::testing::ValuesIn(kRelocCases),
+INSTANTIATE_TEST_SUITE_P(relocator, RelocateBytes, ::testing::ValuesIn(kRelocCases),
                          [](const ::testing::TestParamInfo<RelocCase> &info) {
                              return std::string(info.param.name);
                          });
 
-TEST(EmitJmp, NearIsRel32) {
+TEST(relocator, EmitJmpNearIsRel32) {
     uint8_t out[16];
     ASSERT_EQ(emit_jmp(kNearDest, kNearOrig, out, sizeof(out)), 5);
     EXPECT_EQ(hex(out, 5), "e9 fb ef ff ff");  // 0x10000000 - 0x10001005
 }
 
-TEST(EmitJmp, FarIsAbsolute) {
+TEST(relocator, EmitJmpFarIsAbsolute) {
     uint8_t out[16];
     ASSERT_EQ(emit_jmp(kFarDest, kFarOrig, out, sizeof(out)), 14);
     EXPECT_EQ(hex(out, 14), "ff 25 00 00 00 00 00 10 00 00 00 7f 00 00");
 }
 
-TEST(EmitJmp, EdgeOfReach) {
+TEST(relocator, EmitJmpEdgeOfReach) {
     uint8_t out[16];
     // rel32 = INT32_MAX is in reach, one more is not.
     EXPECT_EQ(emit_jmp(0x1000, 0x1000 + 5 + 0x7fff'ffffULL, out, sizeof(out)), 5);
@@ -320,13 +328,13 @@ TEST(EmitJmp, EdgeOfReach) {
     EXPECT_EQ(emit_jmp(0x9000'0000, 0x9000'0004 - 0x8000'0000ULL, out, sizeof(out)), 14);
 }
 
-TEST(EmitJmp, NoSpace) {
+TEST(relocator, EmitJmpNoSpace) {
     uint8_t out[16];
     EXPECT_EQ(emit_jmp(kNearDest, kNearOrig, out, 4), -ENOSPC);
     EXPECT_EQ(emit_jmp(kFarDest, kFarOrig, out, 13), -ENOSPC);
 }
 
-TEST(Relocate, UnsupportedFlowIsRefusedWhateverTheBytes) {
+TEST(relocator, UnsupportedFlowIsRefusedWhateverTheBytes) {
     Insn insn;
     const uint8_t nop = 0x90;
     ASSERT_EQ(decode(kNearOrig, &nop, 1, &insn), 0);
@@ -335,7 +343,7 @@ TEST(Relocate, UnsupportedFlowIsRefusedWhateverTheBytes) {
     EXPECT_EQ(relocate(insn, kNearDest, out, sizeof(out), Exit::kNone), -EOPNOTSUPP);
 }
 
-TEST(Relocate, TrapOffsetIsMinusOneWithoutTrap) {
+TEST(relocator, TrapOffsetIsMinusOneWithoutTrap) {
     Insn insn;
     const uint8_t nop = 0x90;
     ASSERT_EQ(decode(kNearOrig, &nop, 1, &insn), 0);
@@ -348,7 +356,7 @@ TEST(Relocate, TrapOffsetIsMinusOneWithoutTrap) {
 // Random bytes, half of them forced into a [rip + disp32] ModRM: whatever decodes is
 // relocated within kMaxRelocatedSize or refused with a documented error, and a
 // RIP-relative ordinary instruction 4 KiB away always relocates (only its disp changes).
-TEST(RelocateFuzz, StaysWithinBoundsAndContract) {
+TEST(relocator, FuzzStaysWithinBoundsAndContract) {
     std::mt19937_64 rng(20240611);
     int decoded = 0;
     for (int iter = 0; iter < 200000; ++iter) {
@@ -441,6 +449,8 @@ const DecodeCase kDecodeCases[] = {
     {"EipRelative", "67 8b 05 10 00 00 00", Flow::kUnsupported},
 };
 
+void PrintTo(const DecodeCase &c, std::ostream *os) { *os << c.name; }
+
 class Decode : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(Decode, Classifies) {
@@ -457,12 +467,12 @@ TEST_P(Decode, Classifies) {
     EXPECT_EQ(insn.rip_target, c.rip_target);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, Decode, ::testing::ValuesIn(kDecodeCases),
+INSTANTIATE_TEST_SUITE_P(relocator, Decode, ::testing::ValuesIn(kDecodeCases),
                          [](const ::testing::TestParamInfo<DecodeCase> &info) {
                              return std::string(info.param.name);
                          });
 
-TEST(DecodeErrors, InvalidAndTruncated) {
+TEST(relocator, DecodeInvalidAndTruncated) {
     Insn insn;
     const uint8_t push_es[] = {0x06};                   // invalid in 64-bit mode
     const uint8_t lock_nop[] = {0xf0, 0x90};            // lock without a memory operand
@@ -476,7 +486,7 @@ TEST(DecodeErrors, InvalidAndTruncated) {
     EXPECT_EQ(decode(0x1000, rip_load, sizeof(rip_load), &insn), 0);
 }
 
-TEST(DecodeErrors, ReadsOnlyTheFirstInstruction) {
+TEST(relocator, DecodeReadsOnlyTheFirstInstruction) {
     const uint8_t two[] = {0x90, 0xc3, 0xcc, 0xcc};
     Insn insn;
     ASSERT_EQ(decode(0x1000, two, sizeof(two), &insn), 0);
@@ -485,7 +495,7 @@ TEST(DecodeErrors, ReadsOnlyTheFirstInstruction) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Exec: run relocated copies
+// relocator_exec: run relocated copies
 // ---------------------------------------------------------------------------------------
 
 constexpr size_t kPageSize = 0x1000;
@@ -545,7 +555,7 @@ struct Outcome {
     std::string what; // otherwise, what happened
 };
 
-class Exec : public ::testing::Test {
+class relocator_exec : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
         orig_ = static_cast<uint8_t *>(mmap(nullptr, kOrigSize, PROT_READ | PROT_WRITE | PROT_EXEC,
@@ -636,14 +646,14 @@ protected:
     static uint8_t *far_;
 };
 
-uint8_t *Exec::orig_ = nullptr;
-uint8_t *Exec::near_ = nullptr;
-uint8_t *Exec::far_ = nullptr;
+uint8_t *relocator_exec::orig_ = nullptr;
+uint8_t *relocator_exec::near_ = nullptr;
+uint8_t *relocator_exec::far_ = nullptr;
 
 // All rip-relative displacements below point at orig+0x800 (kDataOffset):
 // disp = 0x800 - (offset of the instruction + its length).
 
-TEST_F(Exec, MovLoadRip) {
+TEST_F(relocator_exec, MovLoadRip) {
     const Program p{{
                         0x48, 0x8b, 0x05, 0xf9, 0x07, 0x00, 0x00, // 0: mov 0x7f9(%rip),%rax  <- probe
                         0xc3,                                     // 7: ret
@@ -653,7 +663,7 @@ TEST_F(Exec, MovLoadRip) {
     expect_result(p, 0, 0, 0, 0x1122334455667788, [] { data()[0] = 0x1122334455667788; });
 }
 
-TEST_F(Exec, MovStoreRip) {
+TEST_F(relocator_exec, MovStoreRip) {
     const Program p{{
                         0x48, 0x89, 0x3d, 0xf9, 0x07, 0x00, 0x00, // 0: mov %rdi,0x7f9(%rip)  <- probe
                         0x48, 0x89, 0xf8,                         // 7: mov %rdi,%rax
@@ -670,7 +680,7 @@ TEST_F(Exec, MovStoreRip) {
     }
 }
 
-TEST_F(Exec, LeaRip) {
+TEST_F(relocator_exec, LeaRip) {
     const Program p{{
                         0x48, 0x8d, 0x05, 0xf9, 0x07, 0x00, 0x00, // 0: lea 0x7f9(%rip),%rax  <- probe
                         0xc3,                                     // 7: ret
@@ -680,7 +690,7 @@ TEST_F(Exec, LeaRip) {
     expect_result(p, 0, 0, 0, orig_addr(kDataOffset));
 }
 
-TEST_F(Exec, CmpRipSetsFlags) {
+TEST_F(relocator_exec, CmpRipSetsFlags) {
     const Program p{{
                         0x48, 0x39, 0x3d, 0xf9, 0x07, 0x00, 0x00, // 0: cmp %rdi,0x7f9(%rip)  <- probe
                         0x0f, 0x94, 0xc0,                         // 7: sete %al
@@ -694,7 +704,7 @@ TEST_F(Exec, CmpRipSetsFlags) {
     expect_result(p, 78, 0, 0, 0, setup);
 }
 
-TEST_F(Exec, MovapsRip) {
+TEST_F(relocator_exec, MovapsRip) {
     const Program p{{
                         0x0f, 0x28, 0x05, 0xf9, 0x07, 0x00, 0x00, // 0: movaps 0x7f9(%rip),%xmm0 <- probe
                         0x66, 0x48, 0x0f, 0x7e, 0xc0,             // 7: movq %xmm0,%rax
@@ -710,7 +720,7 @@ TEST_F(Exec, MovapsRip) {
 
 // The far form goes through push/movabs/pop of a scratch register: flags and that
 // register must come out unchanged.
-TEST_F(Exec, FlagsSurviveRipLoad) {
+TEST_F(relocator_exec, FlagsSurviveRipLoad) {
     const Program p{{
                         0x48, 0x8b, 0x0d, 0xf9, 0x07, 0x00, 0x00, // 0: mov 0x7f9(%rip),%rcx  <- probe
                         0x9c,                                     // 7: pushfq
@@ -734,7 +744,7 @@ TEST_F(Exec, FlagsSurviveRipLoad) {
     expect_result(p, 0x8000000000000000, 1, 0, 0x5000, setup);
 }
 
-TEST_F(Exec, ScratchRegisterSurvivesRipLoad) {
+TEST_F(relocator_exec, ScratchRegisterSurvivesRipLoad) {
     const Program p{{
                         0x48, 0x8b, 0x0d, 0xf9, 0x07, 0x00, 0x00, // 0: mov 0x7f9(%rip),%rcx  <- probe
                         0xc3,                                     // 7: ret (rax from the prologue)
@@ -747,7 +757,7 @@ TEST_F(Exec, ScratchRegisterSurvivesRipLoad) {
 }
 
 // A pattern written below rsp (the red zone) before the copy runs is intact after.
-TEST_F(Exec, RedZoneSurvivesRipStore) {
+TEST_F(relocator_exec, RedZoneSurvivesRipStore) {
     std::vector<uint8_t> prologue;
     for (int k = 1; k <= 16; ++k) { // mov %rdi,-8k(%rsp) for the whole 128-byte red zone
         const uint8_t b[] = {0x48, 0x89, 0x7c, 0x24, static_cast<uint8_t>(-8 * k)};
@@ -776,7 +786,7 @@ TEST_F(Exec, RedZoneSurvivesRipStore) {
     }
 }
 
-TEST_F(Exec, JmpRel8) {
+TEST_F(relocator_exec, JmpRel8) {
     const Program p{{
                         0xeb, 0x0e,                   // 0: jmp 0x10  <- probe
                         0xb8, 0x01, 0x00, 0x00, 0x00, // 2: mov $1,%eax
@@ -790,7 +800,7 @@ TEST_F(Exec, JmpRel8) {
     expect_result(p, 0, 0, 0, 42);
 }
 
-TEST_F(Exec, JccRel8) {
+TEST_F(relocator_exec, JccRel8) {
     // je / jl after `cmp %rsi,%rdi`: 2 when taken, 1 when not.
     for (uint8_t opcode : {0x74 /* je */, 0x7c /* jl */}) {
         SCOPED_TRACE(opcode == 0x74 ? "je" : "jl");
@@ -811,7 +821,7 @@ TEST_F(Exec, JccRel8) {
     }
 }
 
-TEST_F(Exec, JccRel32) {
+TEST_F(relocator_exec, JccRel32) {
     const Program p{{
                         0x0f, 0x82, 0x06, 0x00, 0x00, 0x00, // 0: jb 0xc  <- probe
                         0xb8, 0x01, 0x00, 0x00, 0x00,       // 6: mov $1,%eax
@@ -839,13 +849,13 @@ Program rcx_branch(uint8_t opcode) {
                    {0x48, 0x89, 0xf9}}; // mov %rdi,%rcx
 }
 
-TEST_F(Exec, Loop) {
+TEST_F(relocator_exec, Loop) {
     const Program p = rcx_branch(0xe2);
     expect_result(p, 5, 0, 0, 4);                             // rcx 5 -> 4: taken
     expect_result(p, 1, 0, 0, static_cast<uint64_t>(-1));     // rcx 1 -> 0: falls through
 }
 
-TEST_F(Exec, Jrcxz) {
+TEST_F(relocator_exec, Jrcxz) {
     const Program p = rcx_branch(0xe3);
     expect_result(p, 0, 0, 0, 0);                             // rcx == 0: taken
     expect_result(p, 3, 0, 0, static_cast<uint64_t>(-1));     // falls through
@@ -860,7 +870,7 @@ std::vector<uint8_t> with_callee_at_0x30(std::vector<uint8_t> code) {
     return code;
 }
 
-TEST_F(Exec, CallRel32PushesOriginalReturnAddress) {
+TEST_F(relocator_exec, CallRel32PushesOriginalReturnAddress) {
     const Program p{with_callee_at_0x30({
                         0xe8, 0x2b, 0x00, 0x00, 0x00, // 0: call 0x30  <- probe
                         0xc3,                         // 5: ret
@@ -870,7 +880,7 @@ TEST_F(Exec, CallRel32PushesOriginalReturnAddress) {
     expect_result(p, 0, 0, 0, orig_addr(5));
 }
 
-TEST_F(Exec, CallRipPushesOriginalReturnAddress) {
+TEST_F(relocator_exec, CallRipPushesOriginalReturnAddress) {
     const Program p{with_callee_at_0x30({
                         0xff, 0x15, 0xfa, 0x07, 0x00, 0x00, // 0: call *0x7fa(%rip)  <- probe
                         0xc3,                               // 6: ret
@@ -880,7 +890,7 @@ TEST_F(Exec, CallRipPushesOriginalReturnAddress) {
     expect_result(p, 0, 0, 0, orig_addr(6), [] { data()[0] = orig_addr(0x30); });
 }
 
-TEST_F(Exec, CallRspReadsTargetAboveThePush) {
+TEST_F(relocator_exec, CallRspReadsTargetAboveThePush) {
     const Program p{with_callee_at_0x30({
                         0xff, 0x14, 0x24, // 0: call *(%rsp)  <- probe
                         0x59,             // 3: pop %rcx
@@ -891,7 +901,7 @@ TEST_F(Exec, CallRspReadsTargetAboveThePush) {
     expect_result(p, orig_addr(0x30), 0, 0, orig_addr(3));
 }
 
-TEST_F(Exec, CallRegister) {
+TEST_F(relocator_exec, CallRegister) {
     const Program p{with_callee_at_0x30({
                         0x41, 0xff, 0xd3, // 0: call *%r11  <- probe
                         0xc3,             // 3: ret
@@ -902,7 +912,7 @@ TEST_F(Exec, CallRegister) {
 }
 
 // The callee sees its caller's red zone (below the return address) as the caller left it.
-TEST_F(Exec, CallRipKeepsCallerRedZone) {
+TEST_F(relocator_exec, CallRipKeepsCallerRedZone) {
     std::vector<uint8_t> prologue;
     for (int k = 2; k <= 16; ++k) { // mov %rdi,-8k(%rsp): all of the red zone below the slot
         const uint8_t b[] = {0x48, 0x89, 0x7c, 0x24, static_cast<uint8_t>(-8 * k)};
@@ -936,7 +946,7 @@ TEST_F(Exec, CallRipKeepsCallerRedZone) {
     }
 }
 
-TEST_F(Exec, JmpRip) {
+TEST_F(relocator_exec, JmpRip) {
     std::vector<uint8_t> code = {
         0xff, 0x25, 0xfa, 0x07, 0x00, 0x00, // 0: jmp *0x7fa(%rip)  <- probe
     };
@@ -946,7 +956,7 @@ TEST_F(Exec, JmpRip) {
     expect_result(Program{code, 0, {}}, 0, 0, 0, 42, [] { data()[0] = orig_addr(0x30); });
 }
 
-TEST_F(Exec, SyscallSetsOriginalRcx) {
+TEST_F(relocator_exec, SyscallSetsOriginalRcx) {
     const Program p{{
                         0x0f, 0x05,       // 0: syscall  <- probe
                         0x48, 0x89, 0xc8, // 2: mov %rcx,%rax
@@ -957,7 +967,7 @@ TEST_F(Exec, SyscallSetsOriginalRcx) {
     expect_result(p, 0, 0, 0, orig_addr(2));
 }
 
-TEST_F(Exec, EmitJmpReachesOriginal) {
+TEST_F(relocator_exec, EmitJmpReachesOriginal) {
     const uint8_t ret42[] = {0xb8, 0x2a, 0x00, 0x00, 0x00, 0xc3}; // mov $42,%eax; ret
     std::memcpy(orig_, ret42, sizeof(ret42));
     for (uint8_t *page : {near_, far_}) {

@@ -1,0 +1,32 @@
+#include "arch/x86_64/trampoline.hpp"
+
+#include "arch/x86_64/insn.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace ukp::arch {
+
+int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) {
+    // lea -0x80(%rsp),%rsp: steps over the red zone without touching the flags.
+    static constexpr uint8_t kSkipRedZone[] = {0x48, 0x8d, 0x64, 0x24, 0x80};
+    constexpr size_t kPushLen = 6; // push qword ptr [rip + disp32]
+    size_t at = sizeof kSkipRedZone;
+    if (cap < at + kPushLen) return -ENOSPC;
+    std::memcpy(out, kSkipRedZone, at);
+    const size_t push_at = at;
+    at += kPushLen;
+    const int jmp = emit_jmp(dest + at, reinterpret_cast<uint64_t>(&ukp_post_trampoline), out + at, cap - at);
+    if (jmp < 0) return jmp;
+    at += static_cast<size_t>(jmp);
+    if (cap < at + sizeof context) return -ENOSPC;
+    // The pushed value is a literal after the code, addressed relative to the push's end.
+    const auto disp = static_cast<int32_t>(at - (push_at + kPushLen));
+    out[push_at] = 0xff;
+    out[push_at + 1] = 0x35;
+    std::memcpy(out + push_at + 2, &disp, sizeof disp);
+    std::memcpy(out + at, &context, sizeof context);
+    return static_cast<int>(at + sizeof context);
+}
+
+} // namespace ukp::arch
