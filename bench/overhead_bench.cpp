@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <unistd.h>
 
 extern "C" __attribute__((noinline)) int ukb_target(int x) {
     // One ordinary instruction before the ret: the probe goes on `lea 1(%rdi),%eax`.
@@ -65,6 +66,7 @@ BENCHMARK(BM_Kprobe_b);
 // Keeps each benchmark's time per iteration to print ratios after the run.
 class RatioReporter : public benchmark::ConsoleReporter {
 public:
+    RatioReporter() : ConsoleReporter(isatty(STDOUT_FILENO) ? OO_ColorTabular : OO_Tabular) {}
     std::map<std::string, double> ns;
     void ReportRuns(const std::vector<Run> &runs) override {
         for (const Run &r : runs)
