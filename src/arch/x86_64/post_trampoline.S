@@ -36,6 +36,51 @@
 #define RESUME 168  /* scratch: new sp - 136, where the return address is put */
 #define FRAME 176   /* pt_regs (168) + scratch, a multiple of 16 */
 
+// Saves the FPU/SSE/AVX/... state below %rsp (64-byte aligned), leaving %rsp at the
+// save area, 16-byte aligned for a call. Clobbers rax, rdx and the flags: call it only
+// after those are saved. XSAVE when the OS enabled it (the size is ukp_xsave_size, from
+// CPUID leaf 0xD), else FXSAVE (x87 and SSE).
+        .macro  SAVE_EXTENDED_STATE
+        mov     ukp_xsave_size(%rip), %rax
+        test    %rax, %rax
+        jz      .Lfx_save\@
+        sub     %rax, %rsp
+        and     $-64, %rsp
+        // XRSTOR faults on garbage in the reserved part of the XSAVE header: clear it.
+        xor     %eax, %eax
+        mov     %rax, 512(%rsp)
+        mov     %rax, 520(%rsp)
+        mov     %rax, 528(%rsp)
+        mov     %rax, 536(%rsp)
+        mov     %rax, 544(%rsp)
+        mov     %rax, 552(%rsp)
+        mov     %rax, 560(%rsp)
+        mov     %rax, 568(%rsp)
+        mov     $-1, %eax
+        mov     $-1, %edx
+        xsave   (%rsp)
+        jmp     .Lsaved\@
+.Lfx_save\@:
+        sub     $512, %rsp
+        and     $-16, %rsp
+        fxsave  (%rsp)
+.Lsaved\@:
+        .endm
+
+// Restores what SAVE_EXTENDED_STATE saved at (%rsp). Clobbers rax, rdx and the flags.
+        .macro  RESTORE_EXTENDED_STATE
+        mov     ukp_xsave_size(%rip), %rax
+        test    %rax, %rax
+        jz      .Lfx_restore\@
+        mov     $-1, %eax
+        mov     $-1, %edx
+        xrstor  (%rsp)
+        jmp     .Lrestored\@
+.Lfx_restore\@:
+        fxrstor (%rsp)
+.Lrestored\@:
+        .endm
+
         .text
         .globl  ukp_post_trampoline
         .hidden ukp_post_trampoline
@@ -74,8 +119,11 @@ ukp_post_trampoline:
         mov     FRAME(%rsp), %rdi       // Point *
         mov     %rsp, %rsi              // struct pt_regs *
         mov     %rsp, %rbx              // callee-saved: the frame, across the call
-        and     $-16, %rsp              // the program's rsp had any 8-byte alignment
+        // The handlers, and the C code around them, use vector registers the program
+        // may hold live values in (arguments in xmm0-7, results in xmm0).
+        SAVE_EXTENDED_STATE
         call    ukp_post_dispatch
+        RESTORE_EXTENDED_STATE
         mov     %rbx, %rsp
 
         mov     RSP(%rsp), %rax         // new sp, as the handlers left it

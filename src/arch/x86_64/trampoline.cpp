@@ -3,7 +3,26 @@
 #include "arch/x86_64/insn.hpp"
 
 #include <cerrno>
+#include <cpuid.h>
 #include <cstring>
+
+// Bytes XSAVE needs for the state components the OS enabled, or 0 where XSAVE is not
+// enabled (the trampolines then use FXSAVE). Read by the trampolines' assembly.
+extern "C" {
+__attribute__((visibility("hidden"))) uint64_t ukp_xsave_size = 0;
+}
+
+namespace {
+
+__attribute__((constructor)) void measure_extended_state() {
+    unsigned eax, ebx, ecx, edx;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) return;
+    // Leaf 0xD, sub-leaf 0: ebx = size of the XSAVE area for the features in XCR0.
+    if (__get_cpuid_count(0xd, 0, &eax, &ebx, &ecx, &edx) == 0 || ebx < 576) return;
+    ukp_xsave_size = (ebx + 63) & ~63u;
+}
+
+} // namespace
 
 namespace ukp::arch {
 
