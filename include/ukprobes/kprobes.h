@@ -13,6 +13,8 @@
 #ifndef UKPROBES_KPROBES_H
 #define UKPROBES_KPROBES_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -102,6 +104,76 @@ int register_kprobes(struct kprobe **kps, int num);
 void unregister_kprobes(struct kprobe **kps, int num);
 int disable_kprobe(struct kprobe *p);
 int enable_kprobe(struct kprobe *p);
+
+/*
+ * Return probes (kretprobes.rst, "Return Probes"). A kretprobe sits at the entry of a
+ * function (kp.symbol_name or kp.addr, offset 0): on entry it takes an instance from its
+ * pool of maxactive, saves the return address in it and replaces it with a trampoline;
+ * when the function returns, handler runs with the return-value registers, then the
+ * program continues at the real return address.
+ */
+struct kretprobe_instance;
+typedef int (*kretprobe_handler_t)(struct kretprobe_instance *ri, struct pt_regs *regs);
+
+struct kretprobe {
+	struct kprobe kp;
+	/* Called when the function returns; its return value is ignored. */
+	kretprobe_handler_t handler;
+	/* Called on entry; a non-zero return leaves this call unprobed (no handler call). */
+	kretprobe_handler_t entry_handler;
+	/* Instances allocated at registration: calls in flight at once, all threads.
+	 * <= 0: the kernel's default, max(10, 2 * number of CPUs). */
+	int maxactive;
+	/* Entries that found no free instance (their return is not probed). */
+	int nmissed;
+	/* Bytes of private data per instance (ri->data), shared by entry and return handler. */
+	size_t data_size;
+	/* ukprobes: instances released without their handler because their frame was left
+	 * without returning (a C++ exception, longjmp, thread exit or cancellation). */
+	unsigned long ukp_unwound;
+	/* Owned by ukprobes while registered; leave zero. */
+	void *ukp_private;
+};
+
+struct kretprobe_instance {
+	struct kretprobe *rp;      /* the probe (see get_kretprobe()) */
+	kprobe_opcode_t *ret_addr; /* the real return address */
+	int task;                  /* the thread id (gettid()) of the call */
+	void *fp;                  /* where the return address is on the stack */
+	char data[];               /* rp->data_size bytes */
+};
+
+static inline struct kretprobe *get_kretprobe(struct kretprobe_instance *ri) { return ri->rp; }
+
+/* The function's return value, in a return handler (rax on x86-64). */
+#define regs_return_value(regs) ((regs)->ax)
+
+int register_kretprobe(struct kretprobe *rp);
+void unregister_kretprobe(struct kretprobe *rp);
+int register_kretprobes(struct kretprobe **rps, int num);
+void unregister_kretprobes(struct kretprobe **rps, int num);
+int disable_kretprobe(struct kretprobe *rp);
+int enable_kretprobe(struct kretprobe *rp);
+
+/*
+ * Jprobes (kprobes.txt, "Jprobe"), removed from the kernel in 4.15 but kept here: the
+ * handler entry has the probed function's prototype, runs on entry with the same
+ * arguments (registers, and a copy of the top of the stack restored afterwards), and
+ * must end with jprobe_return(); the function then runs with its original arguments.
+ */
+struct jprobe {
+	struct kprobe kp;
+	void *entry; /* the handler: same prototype as the probed function */
+};
+
+#define JPROBE_ENTRY(pentry) ((void *)(pentry))
+
+int register_jprobe(struct jprobe *jp);
+void unregister_jprobe(struct jprobe *jp);
+int register_jprobes(struct jprobe **jps, int num);
+void unregister_jprobes(struct jprobe **jps, int num);
+/* Ends a jprobe handler: never returns to its caller. */
+void jprobe_return(void) __attribute__((noreturn));
 
 /*
  * NOKPROBE_SYMBOL(fn): puts a function of the program on the blacklist, so that no

@@ -58,6 +58,10 @@ struct ThreadState {
     bool recovery_armed;    // a handler is running under `recovery`
     ukp_recovery recovery;  // where a faulting handler is abandoned to
     int fault_trapnr;       // trap number of that fault
+    // The hit whose pre_handlers run, for handlers that need more than pt_regs (jprobes).
+    ucontext_t *hit_context;
+    Point *hit_point;
+    uint32_t hit_position;  // the running handler's probe's position in the point's list
 };
 ThreadState &thread_state();
 
@@ -68,6 +72,12 @@ extern std::atomic<bool> g_kprobes_enabled;
 // (recording what it finds as the program's). 0 or -errno.
 int install_signal_handlers();
 
+// Goes on with a hit whose chain a jprobe interrupted: the pre_handlers after `after`,
+// then the instruction and the post_handlers (jprobe.cpp calls it from jprobe_return).
+void resume_hit(Point *pt, ucontext_t *uc, pt_regs &regs, const kprobe *after);
+// Whether trap_addr is jprobe_return()'s breakpoint; if so, handles it (jprobe.cpp).
+bool on_jprobe_return(uint64_t trap_addr, ucontext_t *uc);
+
 // Hit path entry points, called from the signal handlers.
 void on_breakpoint(siginfo_t *info, ucontext_t *uc);
 bool on_fault(int sig, siginfo_t *info, ucontext_t *uc); // true if it was ours
@@ -76,6 +86,20 @@ bool on_fault(int sig, siginfo_t *info, ucontext_t *uc); // true if it was ours
 // default action. `uc` is the context the program should see; `replayable` says that
 // resuming `uc` re-executes the program's own faulting instruction.
 void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayable = false);
+
+// Runs fn(arg) as a handler of p: a fault inside it abandons it and returns -1.
+int call_guarded(kprobe *p, int (*fn)(void *), void *arg);
+
+// The thread id of the calling thread, cached per thread.
+int current_tid();
+
+// Registry services for the other probe types (registry.cpp).
+bool is_registered(const kprobe *p);
+// Resolves p's address as register_kprobe() would; *entry says whether it is the first
+// instruction of a function.
+int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry);
+// 'k', 'r' or 'j' for kprobes/list (kretprobe.cpp).
+char probe_type(const kprobe *p);
 
 // kprobes/list text, and the kprobes/enabled knob (registry.cpp).
 std::string list_text();

@@ -149,19 +149,24 @@ namespace {
 
 // Runs one user handler under a recovery point. A fault inside it abandons it (the
 // fault handler in on_fault() resumes here with 1), counts a miss, and asks the probe's
-// fault_handler. Returns the handler's result, or -1 if it faulted.
+// fault_handler. Returns the handler's result, or -1 if it faulted. Nests: a guarded
+// call inside a guarded call (a kretprobe's entry_handler) keeps the outer one armed.
 template <typename Call>
 __attribute__((noinline)) int run_guarded(kprobe *p, Call call) {
     ThreadState &ts = t_state;
+    const bool outer_armed = ts.recovery_armed;
+    const ukp_recovery outer = ts.recovery;
     ts.recovery_armed = true;
+    int r;
     if (ukp_recovery_save(&ts.recovery) == 0) {
-        const int r = call();
-        ts.recovery_armed = false;
-        return r;
+        r = call();
+    } else {
+        count_missed(p);
+        r = -1;
     }
-    ts.recovery_armed = false;
-    count_missed(p);
-    return -1;
+    ts.recovery = outer;
+    ts.recovery_armed = outer_armed;
+    return r;
 }
 
 // A handler faulted: asks p->fault_handler, itself guarded. If it does not return 1,
@@ -254,33 +259,21 @@ bool any_post_handler(const ProbeList *list) {
     return false;
 }
 
-void probe_hit(Point *pt, ucontext_t *uc) {
+// Runs the pre_handlers of list from position `first` on, then the probed instruction
+// and the post_handlers, and sets the context to resume. regs->ip is the probe address
+// plus one, as on the kernel's x86 int3 path. Called inside a read section.
+void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
     ThreadState &ts = t_state;
-    const unsigned idx = read_lock();
-    const ProbeList *list = pt->list.load(std::memory_order_acquire);
-    bool fault = false;
-    uint64_t fault_addr = 0;
-
-    if (ts.depth > 0 || list == nullptr || !g_kprobes_enabled.load(std::memory_order_relaxed)) {
-        // A probe hit from inside a handler: its handlers do not run (seed 001).
-        if (ts.depth > 0 && list != nullptr)
-            for (uint32_t i = 0; i < list->count; ++i)
-                if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
-        read_unlock(idx);
-        if (!execute_unprobed(pt, uc, &fault_addr)) emulation_faulted(pt, uc, fault_addr);
-        return;
-    }
-
-    pt_regs regs;
-    arch::regs_from_context(uc, &regs);
-    regs.ip = pt->addr + 1; // as on the kernel's x86 int3 path
-    const pt_regs at_hit = regs;
+    const uint64_t hit_ip = pt->addr + 1;
     ++ts.depth;
     bool redirected = false;
-    for (uint32_t i = 0; i < list->count && !redirected; ++i) {
+    ts.hit_context = uc;
+    for (uint32_t i = first; i < list->count && !redirected; ++i) {
         kprobe *p = list->probes[i];
         if (probe_disabled(p) || p->pre_handler == nullptr) continue;
         const pt_regs before = regs;
+        ts.hit_point = pt;
+        ts.hit_position = i;
         const int r = run_guarded(p, [&] { return p->pre_handler(p, &regs); });
         if (r < 0) {
             handler_faulted(p, &regs, before);
@@ -288,9 +281,12 @@ void probe_hit(Point *pt, ucontext_t *uc) {
         }
         // "Changing Execution Path": a non-zero return resumes at regs->ip. A non-zero
         // return that left ip alone would resume inside the int3; run the instruction.
-        if (r != 0 && regs.ip != at_hit.ip) redirected = true;
+        if (r != 0 && regs.ip != hit_ip) redirected = true;
     }
+    ts.hit_context = nullptr;
 
+    uint64_t fault_addr = 0;
+    bool fault = false;
     if (!redirected) {
         const bool post = any_post_handler(list);
         regs.ip = pt->addr;
@@ -304,19 +300,53 @@ void probe_hit(Point *pt, ucontext_t *uc) {
         }
     }
     --ts.depth;
-    read_unlock(idx);
-    if (fault) {
-        arch::regs_to_context(&regs, uc);
-        emulation_faulted(pt, uc, fault_addr);
+    arch::regs_to_context(&regs, uc);
+    if (fault) emulation_faulted(pt, uc, fault_addr);
+}
+
+void probe_hit(Point *pt, ucontext_t *uc) {
+    ThreadState &ts = t_state;
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    if (ts.depth > 0 || list == nullptr || !g_kprobes_enabled.load(std::memory_order_relaxed)) {
+        // A probe hit from inside a handler: its handlers do not run (seed 001).
+        if (ts.depth > 0 && list != nullptr)
+            for (uint32_t i = 0; i < list->count; ++i)
+                if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
+        read_unlock(idx);
+        uint64_t fault_addr = 0;
+        if (!execute_unprobed(pt, uc, &fault_addr)) emulation_faulted(pt, uc, fault_addr);
         return;
     }
-    arch::regs_to_context(&regs, uc);
+    pt_regs regs;
+    arch::regs_from_context(uc, &regs);
+    regs.ip = pt->addr + 1;
+    run_hit(pt, list, uc, regs, 0);
+    read_unlock(idx);
 }
 
 } // namespace
 
+void resume_hit(Point *pt, ucontext_t *uc, pt_regs &regs, const kprobe *after) {
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    if (list == nullptr) {
+        read_unlock(idx);
+        arch::regs_to_context(&regs, uc);
+        uint64_t fault_addr = 0;
+        if (!execute_unprobed(pt, uc, &fault_addr)) emulation_faulted(pt, uc, fault_addr);
+        return;
+    }
+    uint32_t first = 0;
+    for (uint32_t i = 0; i < list->count; ++i)
+        if (list->probes[i] == after) first = i + 1;
+    run_hit(pt, list, uc, regs, first);
+    read_unlock(idx);
+}
+
 void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
     const uint64_t trap_addr = arch::context_ip(uc) - 1;
+    if (info->si_code == SI_KERNEL && on_jprobe_return(trap_addr, uc)) return;
     // Only int3 traps (SI_KERNEL on x86-64) are candidates; single-steps and raise() are not.
     Point *pt = info->si_code == SI_KERNEL ? find_site(trap_addr) : nullptr;
     if (pt == nullptr) {
@@ -324,6 +354,10 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
         return;
     }
     probe_hit(pt, uc);
+}
+
+int call_guarded(kprobe *p, int (*fn)(void *), void *arg) {
+    return run_guarded(p, [&] { return fn(arg); });
 }
 
 } // namespace ukp::core

@@ -51,6 +51,10 @@ constexpr const char *kAgentFunctions[] = {
     "register_kprobe",  "unregister_kprobe", "register_kprobes", "unregister_kprobes",
     "enable_kprobe",    "disable_kprobe",    "sigaction",        "__sigaction",
     "signal",           "bsd_signal",        "sysv_signal",      "__sysv_signal",
+    "register_kretprobe", "unregister_kretprobe", "register_kretprobes", "unregister_kretprobes",
+    "enable_kretprobe", "disable_kretprobe", "register_jprobe", "unregister_jprobe",
+    "register_jprobes", "unregister_jprobes", "jprobe_return", "__cxa_begin_catch",
+    "longjmp", "_longjmp", "siglongjmp", "__longjmp_chk", "backtrace", "_Unwind_Backtrace",
     "__restore_rt", // libc's sigreturn trampoline: every hit returns through it
 };
 
@@ -58,10 +62,12 @@ bool agent_symbol(const sym::Object &obj, const std::string &name) {
     if (name.rfind("_ZN3ukp", 0) == 0 || name.rfind("ukp_", 0) == 0) return true;
     for (const char *f : kAgentFunctions) {
         if (name != f) continue;
-        // sigaction and friends are ours only where we define them, not in libc.
-        if (std::string_view(f).find("sig") != std::string_view::npos && obj.name.rfind("libc.so", 0) == 0)
-            return std::string_view(f) == "__restore_rt";
-        return true;
+        // The interposed libc/libstdc++/libgcc functions are ours only where we define
+        // them; in their own libraries they are ordinary functions (libc's __restore_rt
+        // excepted: every hit returns through it).
+        if (std::string_view(f) == "__restore_rt") return obj.name.rfind("libc.so", 0) == 0;
+        return obj.name.rfind("libc.so", 0) != 0 && obj.name.rfind("libstdc++.so", 0) != 0 &&
+               obj.name.rfind("libgcc_s.so", 0) != 0;
     }
     return false;
 }
@@ -305,6 +311,21 @@ int set_disabled(kprobe *p, bool disabled) {
 
 } // namespace
 
+bool is_registered(const kprobe *p) {
+    std::lock_guard lock(g_mutex);
+    return g_registered.count(p) != 0;
+}
+
+int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry) {
+    std::lock_guard lock(g_mutex);
+    if (int err = ensure_initialized(); err != 0) return err;
+    if (int err = resolve_address(p, addr); err != 0) return err;
+    const sym::Object *obj = g_symbols->object_at(*addr);
+    const sym::Symbol *fn = obj != nullptr ? obj->function_at(*addr) : nullptr;
+    *entry = fn != nullptr && fn->value == *addr;
+    return 0;
+}
+
 std::string list_text() {
     std::lock_guard lock(g_mutex);
     std::string out;
@@ -316,7 +337,7 @@ std::string list_text() {
             const std::string where = pt->symbol.empty()
                                           ? fmt::format("0x{:x}", addr)
                                           : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset);
-            out += fmt::format("{:016x}  k  {}  {} {}{}{}\n", addr, where, pt->object_name,
+            out += fmt::format("{:016x}  {}  {}  {} {}{}{}\n", addr, probe_type(p), where, pt->object_name,
                                gone ? "[GONE]" : "",
                                (p->flags & KPROBE_FLAG_DISABLED) && !gone ? "[DISABLED]" : "",
                                (p->flags & KPROBE_FLAG_OPTIMIZED) ? "[OPTIMIZED]" : "");

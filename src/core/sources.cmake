@@ -1,4 +1,7 @@
 list(APPEND UKP_SOURCES
   core/hit.cpp
+  core/jprobe.cpp
+  core/kretprobe.cpp
   core/registry.cpp
-  core/signals.cpp)
+  core/signals.cpp
+  core/unwind.cpp)

@@ -164,6 +164,13 @@ uint64_t alloc_slot(uint64_t near) {
     return start;
 }
 
+uint64_t alloc_code(size_t size) {
+    void *p = mmap(nullptr, size, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? 0 : reinterpret_cast<uint64_t>(p);
+}
+
+void free_code(uint64_t addr, size_t size) { munmap(reinterpret_cast<void *>(addr), size); }
+
 uint64_t slot_containing(uint64_t addr) {
     const size_t n = g_chunk_count.load(std::memory_order_acquire);
     for (size_t i = 0; i < n; ++i) {

@@ -36,6 +36,11 @@ uint64_t alloc_slot(uint64_t near);
 // The slot containing addr if addr lies in one of ours, else 0. Async-signal-safe.
 uint64_t slot_containing(uint64_t addr);
 
+// Executable memory at any address, for code reached by absolute jumps (return stubs).
+// Written with write(); 0 on failure.
+uint64_t alloc_code(size_t size);
+void free_code(uint64_t addr, size_t size);
+
 // Whether [addr, addr + n) lies in memory ukprobes mapped for code. Async-signal-safe.
 bool is_agent_code(uint64_t addr);
 

@@ -4,4 +4,4 @@ list(APPEND UKP_SOURCES
   arch/x86_64/regs.cpp
   arch/x86_64/safe_access.S
   arch/x86_64/trampoline.cpp
-  arch/x86_64/post_trampoline.S)
+  arch/x86_64/trampolines.S)

@@ -26,6 +26,17 @@ __attribute__((constructor)) void measure_extended_state() {
 
 namespace ukp::arch {
 
+void emit_ret_stub(uint64_t literal, uint8_t *out) {
+    // call *8(%rip): pushes dest + 7, the address of the literal, and calls through the
+    // second literal, so the stub works at any distance from the trampoline.
+    static constexpr uint8_t kCode[] = {0x90, 0xff, 0x15, 0x08, 0x00, 0x00, 0x00};
+    const auto trampoline = reinterpret_cast<uint64_t>(&ukp_kretprobe_trampoline);
+    std::memset(out, 0xcc, kRetStubSize);
+    std::memcpy(out, kCode, sizeof kCode);
+    std::memcpy(out + 7, &literal, sizeof literal);
+    std::memcpy(out + 15, &trampoline, sizeof trampoline);
+}
+
 int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) {
     // lea -0x80(%rsp),%rsp: steps over the red zone without touching the flags.
     static constexpr uint8_t kSkipRedZone[] = {0x48, 0x8d, 0x64, 0x24, 0x80};

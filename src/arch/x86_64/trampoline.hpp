@@ -5,8 +5,10 @@
 #include <cstdint>
 
 extern "C" {
-// post_trampoline.S: saves a pt_regs, calls ukp_post_dispatch(point, regs), resumes.
+// trampolines.S: saves a pt_regs, calls ukp_post_dispatch(point, regs), resumes.
 void ukp_post_trampoline();
+// trampolines.S: where a kretprobe instance's stub goes when its function returns.
+void ukp_kretprobe_trampoline();
 }
 
 namespace ukp::arch {
@@ -15,5 +17,13 @@ namespace ukp::arch {
 // jmp ukp_post_trampoline — the tail of a copy whose post_handlers run in user mode.
 // Returns the bytes emitted or -ENOSPC.
 int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap);
+
+// A kretprobe instance's return stub, kRetStubSize bytes at `dest`:
+//     nop ; call *trampoline(%rip) ; .quad literal ; .quad ukp_kretprobe_trampoline
+// A hijacked return address is dest + kRetStubEntry. The nop makes the byte before the
+// entry part of the stub, where unwinders look up a return address's frame.
+inline constexpr size_t kRetStubSize = 32;
+inline constexpr size_t kRetStubEntry = 1;
+void emit_ret_stub(uint64_t literal, uint8_t *out);
 
 } // namespace ukp::arch

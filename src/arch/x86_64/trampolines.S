@@ -1,0 +1,217 @@
+// Trampolines: code the program reaches without a trap, which saves its registers in a
+// struct pt_regs, calls into the agent, and resumes the program with the registers as
+// the handlers left them, ip and sp included.
+//
+// Both enter with one word pushed below the program's stack: a context for the C
+// dispatcher. Resuming writes nothing into the program's red zone and nothing below the
+// stack pointer in force at that moment (where a signal frame could land): the return
+// address goes 136 bytes below the new sp, rsp is set to point at it in one instruction,
+// and `ret $128` pops it and steps over the red zone.
+
+#define R15 0
+#define R14 8
+#define R13 16
+#define R12 24
+#define RBP 32
+#define RBX 40
+#define R11 48
+#define R10 56
+#define R9 64
+#define R8 72
+#define RAX 80
+#define RCX 88
+#define RDX 96
+#define RSI 104
+#define RDI 112
+#define ORIG_AX 120
+#define RIP 128
+#define CS 136
+#define EFLAGS 144
+#define RSP 152
+#define SS 160
+#define RESUME 168  /* scratch: new sp - 136, where the return address is put */
+#define FRAME 176   /* pt_regs (168) + scratch, a multiple of 16 */
+
+// Saves the FPU/SSE/AVX/... state below %rsp (64-byte aligned), leaving %rsp at the
+// save area, 16-byte aligned for a call. Clobbers rax, rdx and the flags: call it only
+// after those are saved. XSAVE when the OS enabled it (the size is ukp_xsave_size, from
+// CPUID leaf 0xD), else FXSAVE (x87 and SSE).
+        .macro  SAVE_EXTENDED_STATE
+        mov     ukp_xsave_size(%rip), %rax
+        test    %rax, %rax
+        jz      .Lfx_save\@
+        sub     %rax, %rsp
+        and     $-64, %rsp
+        // XRSTOR faults on garbage in the reserved part of the XSAVE header: clear it.
+        xor     %eax, %eax
+        mov     %rax, 512(%rsp)
+        mov     %rax, 520(%rsp)
+        mov     %rax, 528(%rsp)
+        mov     %rax, 536(%rsp)
+        mov     %rax, 544(%rsp)
+        mov     %rax, 552(%rsp)
+        mov     %rax, 560(%rsp)
+        mov     %rax, 568(%rsp)
+        mov     $-1, %eax
+        mov     $-1, %edx
+        xsave   (%rsp)
+        jmp     .Lsaved\@
+.Lfx_save\@:
+        sub     $512, %rsp
+        and     $-16, %rsp
+        fxsave  (%rsp)
+.Lsaved\@:
+        .endm
+
+// Restores what SAVE_EXTENDED_STATE saved at (%rsp). Clobbers rax, rdx and the flags.
+        .macro  RESTORE_EXTENDED_STATE
+        mov     ukp_xsave_size(%rip), %rax
+        test    %rax, %rax
+        jz      .Lfx_restore\@
+        mov     $-1, %eax
+        mov     $-1, %edx
+        xrstor  (%rsp)
+        jmp     .Lrestored\@
+.Lfx_restore\@:
+        fxrstor (%rsp)
+.Lrestored\@:
+        .endm
+
+
+// Saves the general registers and flags into a pt_regs frame at %rsp - FRAME, leaving
+// %rsp there. \prog_sp is the program's stack pointer's distance from %rsp on entry.
+        .macro  SAVE_PT_REGS prog_sp
+        lea     -FRAME(%rsp), %rsp      // lea, not sub: the flags are not saved yet
+        .cfi_adjust_cfa_offset FRAME
+        mov     %r15, R15(%rsp)
+        mov     %r14, R14(%rsp)
+        mov     %r13, R13(%rsp)
+        mov     %r12, R12(%rsp)
+        mov     %rbp, RBP(%rsp)
+        mov     %rbx, RBX(%rsp)
+        mov     %r11, R11(%rsp)
+        mov     %r10, R10(%rsp)
+        mov     %r9, R9(%rsp)
+        mov     %r8, R8(%rsp)
+        mov     %rax, RAX(%rsp)
+        mov     %rcx, RCX(%rsp)
+        mov     %rdx, RDX(%rsp)
+        mov     %rsi, RSI(%rsp)
+        mov     %rdi, RDI(%rsp)
+        movq    $-1, ORIG_AX(%rsp)
+        pushfq
+        .cfi_adjust_cfa_offset 8
+        popq    EFLAGS(%rsp)
+        .cfi_adjust_cfa_offset -8
+        lea     FRAME+\prog_sp(%rsp), %rax
+        mov     %rax, RSP(%rsp)
+        mov     %cs, %eax
+        mov     %rax, CS(%rsp)
+        mov     %ss, %eax
+        mov     %rax, SS(%rsp)
+        movq    $0, RIP(%rsp)           // the dispatcher fills in where to resume
+        cld                             // the ABI's promise to the C code we call
+        .endm
+
+// Calls \fn(context, regs) with the extended state saved around it: the handlers, and
+// the C code around them, use vector registers the program may hold live values in
+// (arguments in xmm0-7, results in xmm0). rbx keeps the frame across the call.
+        .macro  CALL_DISPATCH fn
+        mov     FRAME(%rsp), %rdi       // the context pushed on entry
+        mov     %rsp, %rsi              // struct pt_regs *
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        SAVE_EXTENDED_STATE
+        call    \fn
+        RESTORE_EXTENDED_STATE
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        .endm
+
+// Resumes the program from the pt_regs frame at %rsp.
+        .macro  RESUME_PT_REGS
+        mov     RSP(%rsp), %rax         // new sp, as the handlers left it
+        lea     -136(%rax), %rax
+        mov     %rax, RESUME(%rsp)
+        mov     RIP(%rsp), %rcx
+        mov     %rcx, (%rax)            // the return address, just below the red zone
+        pushq   EFLAGS(%rsp)
+        popfq
+        mov     R15(%rsp), %r15
+        mov     R14(%rsp), %r14
+        mov     R13(%rsp), %r13
+        mov     R12(%rsp), %r12
+        mov     RBP(%rsp), %rbp
+        mov     RBX(%rsp), %rbx
+        mov     R11(%rsp), %r11
+        mov     R10(%rsp), %r10
+        mov     R9(%rsp), %r9
+        mov     R8(%rsp), %r8
+        mov     RAX(%rsp), %rax
+        mov     RCX(%rsp), %rcx
+        mov     RDX(%rsp), %rdx
+        mov     RSI(%rsp), %rsi
+        mov     RDI(%rsp), %rdi
+        mov     RESUME(%rsp), %rsp
+        ret     $128
+        .endm
+
+        .text
+
+// The post-handler trampoline: where a probed instruction's out-of-line copy goes when a
+// post_handler must run, instead of trapping a second time. The copy ends with
+//     lea -128(%rsp),%rsp ; push <Point *> ; jmp ukp_post_trampoline
+// so on entry (%rsp) = the Point, 8..135(%rsp) = the program's red zone (untouched), and
+// the program's stack pointer is %rsp + 136.
+        .globl  ukp_post_trampoline
+        .hidden ukp_post_trampoline
+        .type   ukp_post_trampoline, @function
+        .p2align 4
+ukp_post_trampoline:
+        .cfi_startproc
+        .cfi_undefined rip              // where it returns to is decided by the handlers
+        SAVE_PT_REGS 136
+        CALL_DISPATCH ukp_post_dispatch
+        RESUME_PT_REGS
+        .cfi_endproc
+        .size   ukp_post_trampoline, .-ukp_post_trampoline
+
+// The return trampoline of kretprobes. A hijacked return address points at an
+// instance's stub in its pool's sled:   call ukp_kretprobe_trampoline ; .quad &ret_addr
+// so on entry (%rsp) = the address of that literal, and the program's stack pointer,
+// after its function returned, is %rsp + 8. Below it is dead: the caller made a call,
+// so it keeps nothing in its red zone.
+        .globl  ukp_kretprobe_trampoline
+        .hidden ukp_kretprobe_trampoline
+        .type   ukp_kretprobe_trampoline, @function
+        .p2align 4
+ukp_kretprobe_trampoline:
+        .cfi_startproc
+        .cfi_def_cfa rsp, 8
+        // For unwinders (a backtrace taken in a return handler), this frame returns to
+        // the instance's ret_addr: *(*(*(CFA - 8))), valid wherever the CFA lives.
+        // DW_CFA_val_expression(rip, 5 bytes: lit8 minus deref deref deref)
+        .cfi_escape 0x16, 0x10, 0x05, 0x38, 0x1c, 0x06, 0x06, 0x06
+        SAVE_PT_REGS 8
+        CALL_DISPATCH ukp_kretprobe_dispatch
+        RESUME_PT_REGS
+        .cfi_endproc
+        .size   ukp_kretprobe_trampoline, .-ukp_kretprobe_trampoline
+
+// void jprobe_return(void): ends a jprobe handler. Its int3 is recognised by the agent's
+// SIGTRAP handler, which restores the probed function's registers and stack and lets
+// it run; control never comes back here.
+        .globl  jprobe_return
+        .type   jprobe_return, @function
+        .p2align 4
+jprobe_return:
+        .cfi_startproc
+        .globl  ukp_jprobe_return_trap
+        .hidden ukp_jprobe_return_trap
+ukp_jprobe_return_trap:
+        int3
+        ud2
+        .cfi_endproc
+        .size   jprobe_return, .-jprobe_return
+
+        .section .note.GNU-stack,"",@progbits

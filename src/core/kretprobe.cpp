@@ -1,0 +1,479 @@
+// Return probes (kprobes.rst, "Return Probes").
+//
+// On entry the return address is saved in an instance and replaced by the address of
+// that instance's stub in its pool's sled; the stub calls the return trampoline, which
+// runs the handler and resumes at the real return address. The stub tells which
+// instance returned, so pairing needs no search; DWARF CFI registered for the sled lets
+// unwinders (C++ exceptions, backtraces) walk through a hijacked frame to its real
+// caller. Frames left without returning (exceptions, longjmp, thread exit) release their
+// instances as soon as that is known (unwind.cpp), and at the latest when a frame below
+// them on the stack returns.
+#include "core/core.hpp"
+
+#include "arch/x86_64/trampoline.hpp"
+#include "core/kretprobe.hpp"
+#include "text/text.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <mutex>
+#include <new>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <vector>
+
+extern "C" {
+// libgcc's registry of run-time DWARF unwind information (as JIT compilers use it).
+void __register_frame(void *begin);
+void __deregister_frame(void *begin);
+}
+
+namespace ukp::core {
+
+namespace {
+
+thread_local RetInstance *t_ret_head __attribute__((tls_model("initial-exec")));
+thread_local int t_tid __attribute__((tls_model("initial-exec")));
+thread_local bool t_exit_hooked __attribute__((tls_model("initial-exec")));
+
+pthread_key_t g_exit_key;
+std::once_flag g_exit_key_once;
+std::mutex g_pools_mutex;
+std::vector<RetPool *> g_dead_pools; // unregistered, waiting for their last instance
+
+// Sled ranges, for filtering stubs out of backtraces: append-only, read without a lock.
+constexpr size_t kMaxSleds = 4096;
+uint64_t g_sled_start[kMaxSleds], g_sled_end[kMaxSleds];
+std::atomic<size_t> g_sled_count{0};
+
+uint64_t stub_entry(const RetPool *pool, uint32_t index) {
+    return pool->sled + index * arch::kRetStubSize + arch::kRetStubEntry;
+}
+
+RetInstance *pool_pop(RetPool *pool) {
+    uint64_t head = pool->free_head.load(std::memory_order_acquire);
+    for (;;) {
+        const auto top = static_cast<uint32_t>(head);
+        if (top == 0) return nullptr;
+        const uint32_t next = pool->next_free[top - 1].load(std::memory_order_relaxed);
+        // The tag in the high half changes on every update, so a stale `next` (the top
+        // was popped and pushed back meanwhile) makes the exchange fail.
+        const uint64_t desired = ((head >> 32) + 1) << 32 | next;
+        if (pool->free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel))
+            break;
+    }
+    RetInstance *ri = pool->at(static_cast<uint32_t>(head) - 1);
+    pool->in_use.fetch_add(1, std::memory_order_relaxed);
+    ri->state.store(RetInstance::kLive, std::memory_order_relaxed);
+    return ri;
+}
+
+void pool_push(RetInstance *ri) {
+    RetPool *pool = ri->pool;
+    ri->state.store(RetInstance::kFree, std::memory_order_relaxed);
+    uint64_t head = pool->free_head.load(std::memory_order_relaxed);
+    for (;;) {
+        pool->next_free[ri->index].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
+        const uint64_t desired = ((head >> 32) + 1) << 32 | (ri->index + 1);
+        if (pool->free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel))
+            break;
+    }
+    pool->in_use.fetch_sub(1, std::memory_order_release);
+}
+
+void count_unwound(RetInstance *ri) {
+    // The user's struct may be gone after unregister: count only while it is ours.
+    if (kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire); rp != nullptr)
+        __atomic_fetch_add(&rp->ukp_unwound, 1, __ATOMIC_RELAXED);
+}
+
+void exit_hook(void *) {
+    // The thread is exiting: none of its probed frames will return.
+    release_frames_below(~0ull);
+}
+
+void ensure_exit_hook() {
+    if (t_exit_hooked) return;
+    t_exit_hooked = true;
+    pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
+}
+
+int kretprobe_pre(kprobe *p, pt_regs *regs);
+
+struct EntryCall {
+    kretprobe *rp;
+    kretprobe_instance *ri;
+    pt_regs *regs;
+};
+int call_entry_handler(void *arg) {
+    auto *c = static_cast<EntryCall *>(arg);
+    return c->rp->entry_handler(c->ri, c->regs);
+}
+
+int kretprobe_pre(kprobe *p, pt_regs *regs) {
+    auto *rp = reinterpret_cast<kretprobe *>(p); // kp is the first member
+    auto *pool = static_cast<RetPool *>(rp->ukp_private);
+    if (pool == nullptr) return 0;
+    RetInstance *ri = pool_pop(pool);
+    if (ri == nullptr) {
+        __atomic_fetch_add(&rp->nmissed, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    auto *slot = reinterpret_cast<uint64_t *>(regs->sp);
+    uint64_t ret;
+    if (ukp_safe_copy(&ret, slot, sizeof ret) != 0) {
+        pool_push(ri);
+        return 0;
+    }
+    ri->pub.rp = rp;
+    ri->pub.ret_addr = reinterpret_cast<kprobe_opcode_t *>(ret);
+    ri->pub.task = current_tid();
+    ri->pub.fp = slot;
+    if (rp->entry_handler != nullptr) {
+        EntryCall call{rp, &ri->pub, regs};
+        // Non-zero: leave this call alone. A fault: the same, and the instance goes back.
+        if (call_guarded(p, call_entry_handler, &call) != 0) {
+            pool_push(ri);
+            return 0;
+        }
+    }
+    const uint64_t stub = stub_entry(pool, ri->index);
+    if (ukp_safe_copy(slot, &stub, sizeof stub) != 0) {
+        pool_push(ri);
+        return 0;
+    }
+    ri->next = t_ret_head;
+    t_ret_head = ri;
+    ensure_exit_hook();
+    return 0;
+}
+
+// Takes ri out of this thread's list, releasing as unwound the instances whose frames
+// must be gone: newer ones deeper on the stack (they never returned), and older ones at
+// or below ri's frame (their frames were left, and ri's call reused the stack). Returns
+// false if ri is not in this thread's list.
+bool take_from_list(RetInstance *ri) {
+    const auto *fp = static_cast<const char *>(ri->pub.fp);
+    RetInstance **link = &t_ret_head;
+    bool found = false;
+    while (*link != nullptr) {
+        RetInstance *cur = *link;
+        const auto *cur_fp = static_cast<const char *>(cur->pub.fp);
+        if (cur == ri) {
+            *link = cur->next;
+            found = true;
+            continue;
+        }
+        const bool returned_elsewhere = cur->state.load(std::memory_order_acquire) == RetInstance::kReturnedElsewhere;
+        const bool dead = found ? cur_fp <= fp : cur_fp < fp;
+        if (returned_elsewhere || dead) {
+            *link = cur->next;
+            if (!returned_elsewhere) count_unwound(cur);
+            pool_push(cur);
+            continue;
+        }
+        // Below ri, the first frame above it is live, and so is everything older.
+        if (found) break;
+        link = &cur->next;
+    }
+    return found;
+}
+
+// Writes the agent's complaint without allocating: "kretprobe BUG!: ..." as the kernel.
+void report_bug(const RetInstance *ri, uint64_t sp) {
+    char buf[160];
+    size_t n = 0;
+    const auto put = [&](const char *s) {
+        while (*s != '\0' && n < sizeof buf) buf[n++] = *s++;
+    };
+    const auto hex = [&](uint64_t v) {
+        put("0x");
+        char digits[16];
+        int k = 0;
+        do {
+            digits[k++] = "0123456789abcdef"[v & 15];
+            v >>= 4;
+        } while (v != 0);
+        while (k > 0 && n < sizeof buf) buf[n++] = digits[--k];
+    };
+    put("ukprobes: kretprobe BUG!: Processing kretprobe instance ");
+    hex(reinterpret_cast<uint64_t>(ri));
+    put(" @ ");
+    hex(sp);
+    put(": the instance was not in flight; resuming at its last return address\n");
+    (void)!write(STDERR_FILENO, buf, n);
+}
+
+struct ReturnCall {
+    kretprobe *rp;
+    kretprobe_instance *ri;
+    pt_regs *regs;
+};
+int call_return_handler(void *arg) {
+    auto *c = static_cast<ReturnCall *>(arg);
+    return c->rp->handler(c->ri, c->regs);
+}
+
+std::vector<uint8_t> sled_eh_frame(RetPool *pool) {
+    std::vector<uint8_t> out;
+    const auto u8 = [&](uint8_t v) { out.push_back(v); };
+    const auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); };
+    const auto u64 = [&](uint64_t v) { for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); };
+    const auto pad = [&](size_t start) {
+        while ((out.size() - start) % 8 != 4) u8(0); // DW_CFA_nop up to the next length word
+    };
+    const auto set_len = [&](size_t at) {
+        const auto len = static_cast<uint32_t>(out.size() - at - 4);
+        std::memcpy(out.data() + at, &len, 4);
+    };
+    // CIE: version 1, "zR", code align 1, data align -8, return address column 16,
+    // FDE addresses as absolute 8-byte pointers.
+    const size_t cie = out.size();
+    u32(0);
+    u32(0);
+    for (uint8_t b : std::initializer_list<uint8_t>{1, 'z', 'R', 0, 1, 0x78, 16, 1, 0x00}) u8(b);
+    pad(cie);
+    set_len(cie);
+    // FDE over the whole sled: at each stub the caller's sp is rsp itself (the function
+    // has returned) and the return address is that instance's ret_addr. The CFA is put
+    // 8 above sp, and sp given its own rule: unwinders identify a frame by its CFA, and
+    // the stub's frame must not look like its caller's (libgcc asserts in phase 2 of an
+    // exception when a frame without personality has the handler frame's identity).
+    const size_t fde = out.size();
+    u32(0);
+    u32(static_cast<uint32_t>(out.size() - cie)); // CIE pointer: back to the CIE
+    u64(pool->sled);
+    u64(pool->count * arch::kRetStubSize);
+    u8(0); // no augmentation data
+    // DW_CFA_def_cfa rsp, 8; DW_CFA_val_offset rsp, CFA + 1 * -8
+    for (uint8_t b : std::initializer_list<uint8_t>{0x0c, 7, 8, 0x14, 7, 1}) u8(b);
+    for (uint32_t i = 0; i < pool->count; ++i) {
+        if (i > 0) u8(0x40 | arch::kRetStubSize); // DW_CFA_advance_loc
+        // DW_CFA_val_expression(rip, {DW_OP_addr &ret_addr; DW_OP_deref})
+        for (uint8_t b : std::initializer_list<uint8_t>{0x16, 16, 10, 0x03}) u8(b);
+        u64(reinterpret_cast<uint64_t>(&pool->at(i)->pub.ret_addr));
+        u8(0x06);
+    }
+    pad(fde);
+    set_len(fde);
+    u32(0); // end of the section
+    return out;
+}
+
+void free_pool(RetPool *pool) {
+    if (!pool->eh_frame.empty()) __deregister_frame(pool->eh_frame.data());
+    text::free_code(pool->sled, pool->sled_size);
+    std::free(pool->mem);
+    delete[] pool->next_free;
+    delete pool;
+}
+
+RetPool *make_pool(kretprobe *rp) {
+    int maxactive = rp->maxactive;
+    if (maxactive <= 0) maxactive = std::max(10, 2 * static_cast<int>(sysconf(_SC_NPROCESSORS_CONF)));
+    auto *pool = new (std::nothrow) RetPool;
+    if (pool == nullptr) return nullptr;
+    pool->count = static_cast<uint32_t>(maxactive);
+    pool->stride = (sizeof(RetInstance) + rp->data_size + 15) & ~size_t{15};
+    pool->mem = static_cast<uint8_t *>(std::calloc(pool->count, pool->stride));
+    pool->next_free = new (std::nothrow) std::atomic<uint32_t>[pool->count];
+    pool->sled_size = (pool->count * arch::kRetStubSize + 4095) & ~size_t{4095};
+    pool->sled = text::alloc_code(pool->sled_size);
+    if (pool->mem == nullptr || pool->next_free == nullptr || pool->sled == 0) {
+        free_pool(pool);
+        return nullptr;
+    }
+    std::vector<uint8_t> code(pool->count * arch::kRetStubSize);
+    for (uint32_t i = 0; i < pool->count; ++i) {
+        RetInstance *ri = pool->at(i);
+        new (ri) RetInstance{};
+        ri->pool = pool;
+        ri->index = i;
+        pool->next_free[i].store(i + 1 < pool->count ? i + 2 : 0, std::memory_order_relaxed);
+        arch::emit_ret_stub(reinterpret_cast<uint64_t>(&ri->pub.ret_addr), &code[i * arch::kRetStubSize]);
+    }
+    pool->free_head.store(1, std::memory_order_relaxed); // index 0 on top, tag 0
+    if (text::write(pool->sled, code.data(), code.size()) != 0) {
+        free_pool(pool);
+        return nullptr;
+    }
+    pool->eh_frame = sled_eh_frame(pool);
+    __register_frame(pool->eh_frame.data());
+    pool->rp.store(rp, std::memory_order_release);
+    const size_t n = g_sled_count.load(std::memory_order_relaxed);
+    if (n < kMaxSleds) {
+        g_sled_start[n] = pool->sled;
+        g_sled_end[n] = pool->sled + pool->count * arch::kRetStubSize;
+        g_sled_count.store(n + 1, std::memory_order_release);
+    }
+    return pool;
+}
+
+// Frees the pools of unregistered kretprobes whose last instance came back.
+void reap_dead_pools() {
+    std::vector<RetPool *> ready;
+    {
+        std::lock_guard lock(g_pools_mutex);
+        auto it = std::partition(g_dead_pools.begin(), g_dead_pools.end(), [](RetPool *p) {
+            return p->in_use.load(std::memory_order_acquire) != 0;
+        });
+        ready.assign(it, g_dead_pools.end());
+        g_dead_pools.erase(it, g_dead_pools.end());
+    }
+    if (ready.empty()) return;
+    // A trampoline that just released the last instance may still be reading its pool.
+    if (!synchronize()) {
+        std::lock_guard lock(g_pools_mutex);
+        g_dead_pools.insert(g_dead_pools.end(), ready.begin(), ready.end());
+        return;
+    }
+    for (RetPool *p : ready) free_pool(p);
+}
+
+} // namespace
+
+int current_tid() {
+    if (t_tid == 0) t_tid = static_cast<int>(syscall(SYS_gettid)); // once per thread
+    return t_tid;
+}
+
+void release_frames_below(uint64_t sp) {
+    ThreadState &ts = thread_state();
+    ++ts.depth; // a signal handler's probe hits must not touch the list meanwhile
+    RetInstance **link = &t_ret_head;
+    while (*link != nullptr) {
+        RetInstance *cur = *link;
+        if (reinterpret_cast<uint64_t>(cur->pub.fp) < sp ||
+            cur->state.load(std::memory_order_acquire) == RetInstance::kReturnedElsewhere) {
+            *link = cur->next;
+            if (cur->state.load(std::memory_order_relaxed) == RetInstance::kLive) count_unwound(cur);
+            pool_push(cur);
+        } else {
+            link = &cur->next;
+        }
+    }
+    --ts.depth;
+}
+
+bool in_return_stub(uint64_t addr) {
+    const size_t n = g_sled_count.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; ++i)
+        if (addr >= g_sled_start[i] && addr < g_sled_end[i]) return true;
+    return false;
+}
+
+char probe_type(const kprobe *p) {
+    if (p->pre_handler == kretprobe_pre) return 'r';
+    if (is_jprobe(p)) return 'j';
+    return 'k';
+}
+
+} // namespace ukp::core
+
+using namespace ukp::core;
+
+// Called by ukp_kretprobe_trampoline when a probed function returned into a stub.
+extern "C" __attribute__((used)) void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs) {
+    ThreadState &ts = thread_state();
+    ++ts.depth;
+    const unsigned idx = read_lock();
+    auto *ri = reinterpret_cast<RetInstance *>(reinterpret_cast<char *>(*literal) -
+                                               offsetof(RetInstance, pub) -
+                                               offsetof(kretprobe_instance, ret_addr));
+    regs->ip = reinterpret_cast<uint64_t>(ri->pub.ret_addr);
+    int expected = RetInstance::kLive;
+    const bool ours = take_from_list(ri);
+    if (!ours && !ri->state.compare_exchange_strong(expected, RetInstance::kReturnedElsewhere)) {
+        // Not in flight any more: the frame returned twice, or was taken for unwound.
+        report_bug(ri, regs->sp);
+    } else {
+        kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire);
+        if (rp != nullptr && rp->handler != nullptr) {
+            ReturnCall call{rp, &ri->pub, regs};
+            call_guarded(&rp->kp, call_return_handler, &call);
+        }
+        // Another thread's instance (its stack moved here) goes back when that thread
+        // next walks its list; ours goes back now.
+        if (ours) pool_push(ri);
+    }
+    read_unlock(idx);
+    --ts.depth;
+}
+
+extern "C" {
+
+int register_kretprobe(struct kretprobe *rp) {
+    if (rp == nullptr || rp->data_size > (1u << 20)) return -EINVAL;
+    if (is_registered(&rp->kp)) return -EINVAL;
+    uint64_t addr = 0;
+    bool entry = false;
+    if (int err = resolve_probe(&rp->kp, &addr, &entry); err != 0) return err;
+    if (!entry) return -EINVAL; // a return probe goes on the first instruction of a function
+    reap_dead_pools();
+    std::call_once(g_exit_key_once, [] { pthread_key_create(&g_exit_key, exit_hook); });
+    RetPool *pool = make_pool(rp);
+    if (pool == nullptr) return -ENOMEM;
+    rp->nmissed = 0;
+    rp->ukp_unwound = 0;
+    rp->ukp_private = pool;
+    rp->kp.pre_handler = kretprobe_pre;
+    rp->kp.post_handler = nullptr;
+    if (int err = register_kprobe(&rp->kp); err != 0) {
+        rp->ukp_private = nullptr;
+        free_pool(pool);
+        return err;
+    }
+    return 0;
+}
+
+void unregister_kretprobes(struct kretprobe **rps, int num) {
+    if (rps == nullptr || num <= 0) return;
+    std::vector<kprobe *> kps;
+    std::vector<RetPool *> pools;
+    for (int i = 0; i < num; ++i) {
+        if (rps[i] == nullptr) continue;
+        kps.push_back(&rps[i]->kp);
+        if (!is_registered(&rps[i]->kp)) continue;
+        auto *pool = static_cast<RetPool *>(rps[i]->ukp_private);
+        // Returns still in flight land at their real address; no handler runs for them.
+        if (pool != nullptr) {
+            pool->rp.store(nullptr, std::memory_order_release);
+            pools.push_back(pool);
+        }
+    }
+    // One grace period for all: afterwards neither entry nor return handlers run.
+    unregister_kprobes(kps.data(), static_cast<int>(kps.size()));
+    for (int i = 0; i < num; ++i)
+        if (rps[i] != nullptr && std::find(pools.begin(), pools.end(), rps[i]->ukp_private) != pools.end())
+            rps[i]->ukp_private = nullptr;
+    {
+        std::lock_guard lock(g_pools_mutex);
+        g_dead_pools.insert(g_dead_pools.end(), pools.begin(), pools.end());
+    }
+    reap_dead_pools();
+}
+
+void unregister_kretprobe(struct kretprobe *rp) { unregister_kretprobes(&rp, 1); }
+
+int register_kretprobes(struct kretprobe **rps, int num) {
+    if (rps == nullptr || num <= 0) return -EINVAL;
+    for (int i = 0; i < num; ++i) {
+        const int err = rps[i] == nullptr ? -EINVAL : register_kretprobe(rps[i]);
+        if (err != 0) {
+            if (i > 0) unregister_kretprobes(rps, i);
+            return err;
+        }
+    }
+    return 0;
+}
+
+int disable_kretprobe(struct kretprobe *rp) { return rp == nullptr ? -EINVAL : disable_kprobe(&rp->kp); }
+
+int enable_kretprobe(struct kretprobe *rp) { return rp == nullptr ? -EINVAL : enable_kprobe(&rp->kp); }
+
+} // extern "C"

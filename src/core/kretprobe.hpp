@@ -1,0 +1,52 @@
+// Return-probe instances, shared by kretprobe.cpp and the unwinding hooks (unwind.cpp).
+#pragma once
+
+#include "core/core.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace ukp::core {
+
+struct RetPool;
+
+// One call in flight. Lives in its pool's array; `pub` is what handlers see and must
+// stay last: rp->data_size bytes of ri->data follow it.
+struct RetInstance {
+    enum State : int { kFree, kLive, kReturnedElsewhere };
+    RetInstance *next = nullptr; // the owning thread's list, most recent first
+    RetPool *pool = nullptr;
+    uint32_t index = 0;          // in the pool; its stub is the index-th of the sled
+    std::atomic<int> state{kFree}; // kReturnedElsewhere: its frame returned on another
+                                   // thread; the owner releases it when it walks its list
+    kretprobe_instance pub{};
+};
+
+struct RetPool {
+    std::atomic<kretprobe *> rp{nullptr}; // null once unregistered: no handler runs
+    uint32_t count = 0;                   // maxactive
+    size_t stride = 0;                    // bytes per instance, data included
+    uint8_t *mem = nullptr;               // the instances
+    uint64_t sled = 0;                    // count return stubs
+    size_t sled_size = 0;
+    std::vector<uint8_t> eh_frame;        // the sled's CIE and FDE, registered with libgcc
+    // Lock-free free list: (tag << 32) | (index + 1) of the top, 0 when empty.
+    std::atomic<uint64_t> free_head{0};
+    std::atomic<uint32_t> *next_free = nullptr; // per instance: index + 1 of the next free
+    std::atomic<int> in_use{0};
+
+    RetInstance *at(uint32_t i) { return reinterpret_cast<RetInstance *>(mem + i * stride); }
+};
+
+// Releases, as unwound, this thread's instances whose frames lie below sp (the frame's
+// return-address slot is lower): called when those frames are known to be gone.
+void release_frames_below(uint64_t sp);
+
+// Whether addr lies in a return stub (for taking stubs out of backtraces).
+bool in_return_stub(uint64_t addr);
+
+// jprobe.cpp
+bool is_jprobe(const kprobe *p);
+
+} // namespace ukp::core

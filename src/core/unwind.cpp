@@ -1,0 +1,134 @@
+// Leaving frames without returning, and looking at them: the hooks that keep return
+// probes correct and invisible.
+//
+// - C++ exceptions unwind through a hijacked frame by themselves: the return stubs carry
+//   DWARF CFI (kretprobe.cpp). When a handler is entered (__cxa_begin_catch), the frames
+//   below the catching frame are gone: their instances are released at once.
+// - longjmp/siglongjmp: the frames below the target stack pointer are gone.
+// - backtrace()/_Unwind_Backtrace: a hijacked frame shows its real caller, after one
+//   extra frame for the stub itself, which these hooks leave out.
+#include "core/core.hpp"
+#include "core/kretprobe.hpp"
+
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <setjmp.h>
+#include <unwind.h>
+
+namespace ukp::core {
+
+namespace {
+
+template <typename Fn>
+Fn lookup(const char *name, const char *library) {
+    void *fn = dlsym(RTLD_NEXT, name);
+    if (fn == nullptr) {
+        // The agent was loaded after the library (a dependency of a preloaded module).
+        if (void *h = dlopen(library, RTLD_LAZY | RTLD_NOLOAD); h != nullptr) {
+            fn = dlsym(h, name);
+            dlclose(h);
+        }
+    }
+    return reinterpret_cast<Fn>(fn);
+}
+
+using BeginCatchFn = void *(*)(void *);
+using LongjmpFn = void (*)(struct __jmp_buf_tag *, int);
+using BacktraceFn = int (*)(void **, int);
+using UnwindBacktraceFn = _Unwind_Reason_Code (*)(_Unwind_Trace_Fn, void *);
+
+BeginCatchFn g_begin_catch;
+LongjmpFn g_longjmp, g__longjmp, g_siglongjmp, g_longjmp_chk;
+BacktraceFn g_backtrace;
+UnwindBacktraceFn g_unwind_backtrace;
+
+// Resolved before main: longjmp is often called from signal handlers, dlsym is not safe there.
+__attribute__((constructor(101))) void resolve_hooks() {
+    g_begin_catch = lookup<BeginCatchFn>("__cxa_begin_catch", "libstdc++.so.6");
+    g_longjmp = lookup<LongjmpFn>("longjmp", "libc.so.6");
+    g__longjmp = lookup<LongjmpFn>("_longjmp", "libc.so.6");
+    g_siglongjmp = lookup<LongjmpFn>("siglongjmp", "libc.so.6");
+    g_longjmp_chk = lookup<LongjmpFn>("__longjmp_chk", "libc.so.6");
+    g_backtrace = lookup<BacktraceFn>("backtrace", "libc.so.6");
+    g_unwind_backtrace = lookup<UnwindBacktraceFn>("_Unwind_Backtrace", "libgcc_s.so.1");
+}
+
+// The stack pointer a glibc jmp_buf restores: saved at index 6, mangled with the
+// thread's pointer guard (PTR_MANGLE: xor with %fs:0x30, then rotate left by 17).
+uint64_t jmp_buf_sp(const struct __jmp_buf_tag *env) {
+    const auto mangled = static_cast<uint64_t>(env->__jmpbuf[6]);
+    uint64_t guard;
+    asm("mov %%fs:0x30, %0" : "=r"(guard));
+    const uint64_t rotated = (mangled >> 17) | (mangled << 47);
+    return rotated ^ guard;
+}
+
+[[noreturn]] void jump(LongjmpFn real, struct __jmp_buf_tag *env, int val) {
+    release_frames_below(jmp_buf_sp(env));
+    real(env, val);
+    __builtin_unreachable();
+}
+
+struct TraceFilter {
+    _Unwind_Trace_Fn fn;
+    void *arg;
+    bool skipped_wrapper; // the first frame is our _Unwind_Backtrace, not the caller's
+};
+
+_Unwind_Reason_Code skip_stubs(struct _Unwind_Context *ctx, void *arg) {
+    auto *f = static_cast<TraceFilter *>(arg);
+    if (!f->skipped_wrapper) {
+        f->skipped_wrapper = true;
+        return _URC_NO_REASON;
+    }
+    if (in_return_stub(_Unwind_GetIP(ctx))) return _URC_NO_REASON;
+    return f->fn(ctx, f->arg);
+}
+
+} // namespace
+
+} // namespace ukp::core
+
+using namespace ukp::core;
+
+extern "C" {
+
+__attribute__((visibility("default"))) void *__cxa_begin_catch(void *exception) noexcept {
+    // Our CFA is the catching frame's stack pointer: every frame below it was unwound.
+    release_frames_below(reinterpret_cast<uint64_t>(__builtin_dwarf_cfa()));
+    return g_begin_catch(exception);
+}
+
+__attribute__((visibility("default"), noreturn)) void longjmp(struct __jmp_buf_tag env[1], int val) {
+    jump(g_longjmp, env, val);
+}
+__attribute__((visibility("default"), noreturn)) void _longjmp(struct __jmp_buf_tag env[1], int val) {
+    jump(g__longjmp, env, val);
+}
+__attribute__((visibility("default"), noreturn)) void siglongjmp(struct __jmp_buf_tag env[1], int val) {
+    jump(g_siglongjmp, env, val);
+}
+__attribute__((visibility("default"), noreturn)) void __longjmp_chk(struct __jmp_buf_tag env[1], int val) {
+    jump(g_longjmp_chk, env, val);
+}
+
+__attribute__((visibility("default"), noinline)) int backtrace(void **buffer, int size) {
+    if (size <= 0) return g_backtrace(buffer, size);
+    // Room for the stub frames that are left out.
+    constexpr int kMax = 1024;
+    void *frames[kMax];
+    const int n = g_backtrace(frames, size + 65 < kMax ? size + 65 : kMax);
+    int out = 0;
+    // frames[0] is this wrapper; the program's backtrace starts at its caller.
+    for (int i = 1; i < n && out < size; ++i)
+        if (!in_return_stub(reinterpret_cast<uint64_t>(frames[i]))) buffer[out++] = frames[i];
+    return out;
+}
+
+__attribute__((visibility("default"), noinline)) _Unwind_Reason_Code _Unwind_Backtrace(_Unwind_Trace_Fn fn,
+                                                                                     void *arg) {
+    TraceFilter filter{fn, arg, false};
+    return g_unwind_backtrace(skip_stubs, &filter);
+}
+
+} // extern "C"
