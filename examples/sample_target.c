@@ -1,10 +1,14 @@
 /*
  * sample_target: a small program for the examples to probe. It "serves" a few requests,
- * each through handle_request(), which checksums the request text.
+ * each through handle_request(), which looks the path up and checksums it; unknown
+ * paths fail with -ENOENT.
  */
+#include <errno.h>
 #include <stdio.h>
-#include <string.h>
 #include <stdlib.h>
+#include <string.h>
+
+static const char *const known[] = { "/index.html", "/api/users", "/favicon.ico" };
 
 __attribute__((noinline)) unsigned checksum(const char *data, size_t len)
 {
@@ -16,18 +20,25 @@ __attribute__((noinline)) unsigned checksum(const char *data, size_t len)
 
 __attribute__((noinline)) int handle_request(int id, const char *path)
 {
-	unsigned sum = checksum(path, strlen(path));
-	printf("sample_target: request %d %s -> %08x\n", id, path, sum);
-	return (int)(sum & 0xff);
+	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+		if (strcmp(path, known[i]) == 0) {
+			unsigned sum = checksum(path, strlen(path));
+			printf("sample_target: request %d %s -> %08x\n", id, path, sum);
+			return (int)(sum & 0xff);
+		}
+	}
+	printf("sample_target: request %d %s -> not found\n", id, path);
+	return -ENOENT;
 }
 
 int main(int argc, char **argv)
 {
-	static const char *paths[] = { "/index.html", "/api/users", "/favicon.ico" };
-	int rounds = argc > 1 ? atoi(argv[1]) : 3;
-	int total = 0;
+	static const char *const paths[] = { "/index.html", "/missing", "/api/users", "/favicon.ico" };
+	int rounds = argc > 1 ? atoi(argv[1]) : 4;
+	int served = 0;
 	for (int i = 0; i < rounds; i++)
-		total += handle_request(i, paths[i % 3]);
-	printf("sample_target: served %d requests (total %d)\n", rounds, total);
+		if (handle_request(i, paths[i % 4]) >= 0)
+			served++;
+	printf("sample_target: served %d of %d requests\n", served, rounds);
 	return 0;
 }

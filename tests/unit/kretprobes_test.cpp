@@ -642,6 +642,39 @@ TEST_F(KretprobesUnwindTest, ThrownExceptionsDoNotLeakInstances) {
     unregister_kretprobe(&rp);
 }
 
+TEST_F(KretprobesUnwindTest, ExceptionThroughProbedAndMissedFrames) {
+    // maxactive 3: of 11 frames, the outermost 3 hold instances and 8 are missed.
+    kretprobe rp = make_rp("ukr_dive", 3);
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    for (int round = 1; round <= 3; ++round) {
+        SCOPED_TRACE(round);
+        const int missed_before = 16 * (round - 1);
+        const unsigned long unwound_before = 4ul * static_cast<unsigned long>(round - 1);
+        int value = 0;
+        EXPECT_TRUE(throw_through(10, &value));
+        EXPECT_EQ(value, 7);
+        EXPECT_EQ(rp.nmissed, missed_before + 8);
+        EXPECT_EQ(ukr_dive(2, -1, 0), 2);
+        EXPECT_EQ(rp.nmissed, missed_before + 8) << "the 3 instances came back";
+        EXPECT_EQ(rp.ukp_unwound, unwound_before + 3);
+        // Caught in the middle, at frame 9: frames 10 and 9 hold instances and return;
+        // frame 8, which held the third, is skipped.
+        g_nevents = 0;
+        t_caught_at = -1;
+        EXPECT_EQ(ukr_dive(10, 9, 1), 1000 + 7 + 1);
+        EXPECT_EQ(t_caught_at, 9);
+        ASSERT_EQ(g_nevents, 2);
+        EXPECT_EQ(g_events[0].data.arg, 9);
+        EXPECT_EQ(g_events[1].data.arg, 10);
+        EXPECT_EQ(rp.nmissed, missed_before + 16);
+        EXPECT_EQ(ukr_dive(2, -1, 0), 2);
+        EXPECT_EQ(rp.nmissed, missed_before + 16);
+        EXPECT_EQ(rp.ukp_unwound, unwound_before + 4);
+    }
+    EXPECT_EQ(g_ctor, g_dtor);
+    unregister_kretprobe(&rp);
+}
+
 TEST_F(KretprobesUnwindTest, ExceptionsOnManyThreads) {
     constexpr int kThreads = 4, kRounds = 100, kDepth = 20;
     kretprobe rp = make_rp("ukr_dive", kThreads * (kDepth + 1));
@@ -795,6 +828,61 @@ TEST_F(KretprobesTest, LongjmpToATargetInsideProbedRecursion) {
         }
         unregister_kretprobe(&rp);
     }
+}
+
+// siglongjmp out of a signal handler that interrupted a probed function: the common way
+// of leaving a frame without returning in C programs.
+sigjmp_buf g_sig_jb;
+void jump_from_handler(int) { siglongjmp(g_sig_jb, 9); }
+
+} // namespace
+
+extern "C" NOIPA int ukr_raise_at_bottom(int depth) {
+    int r;
+    if (depth == 0) {
+        raise(SIGUSR1);
+        r = -1;
+    } else {
+        r = ukr_raise_at_bottom(depth - 1);
+    }
+    OPAQUE(r);
+    return r + 1;
+}
+
+namespace {
+
+NOIPA int raise_and_jump(int depth) {
+    switch (sigsetjmp(g_sig_jb, 1)) {
+    case 0: {
+        int r = ukr_raise_at_bottom(depth);
+        OPAQUE(r);
+        return -1000 - r;
+    }
+    case 9: return 9;
+    default: return -1;
+    }
+}
+
+TEST_F(KretprobesTest, SiglongjmpFromASignalHandlerOutOfProbedFrames) {
+    struct sigaction act {}, old {};
+    act.sa_handler = jump_from_handler;
+    sigemptyset(&act.sa_mask);
+    ASSERT_EQ(sigaction(SIGUSR1, &act, &old), 0);
+    constexpr int kMax = 4, kIterations = 200;
+    kretprobe rp = make_rp("ukr_raise_at_bottom", kMax);
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    int arrived = 0;
+    for (int i = 0; i < kIterations; ++i)
+        if (raise_and_jump(3) == 9) ++arrived;
+    EXPECT_EQ(arrived, kIterations);
+    sigset_t now;
+    ASSERT_EQ(pthread_sigmask(SIG_SETMASK, nullptr, &now), 0);
+    EXPECT_FALSE(sigismember(&now, SIGUSR1)) << "siglongjmp restored the mask";
+    EXPECT_EQ(rp.nmissed, 0);
+    EXPECT_EQ(g_nevents, 0);
+    EXPECT_EQ(rp.ukp_unwound, 4ul * kIterations);
+    unregister_kretprobe(&rp);
+    ASSERT_EQ(sigaction(SIGUSR1, &old, nullptr), 0);
 }
 
 // ---- backtraces through hijacked frames ----------------------------------------------------
