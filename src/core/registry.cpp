@@ -245,9 +245,15 @@ int ensure_initialized() {
     return 0;
 }
 
+// An unqualified name means the program's function, not the agent's interposer of it
+// ("sigaction", "longjmp", "backtrace", ...).
+bool agent_definition(const sym::Object &obj, const sym::Symbol &symbol) {
+    return is_agent_object(obj) || agent_symbol(obj, symbol.name);
+}
+
 int resolve_address(const kprobe *p, uint64_t *addr) {
     if ((p->symbol_name != nullptr) == (p->addr != nullptr)) return -EINVAL;
-    if (p->symbol_name != nullptr) return g_symbols->resolve(p->symbol_name, p->offset, addr);
+    if (p->symbol_name != nullptr) return g_symbols->resolve(p->symbol_name, p->offset, addr, agent_definition);
     *addr = reinterpret_cast<uint64_t>(p->addr) + p->offset;
     return 0;
 }

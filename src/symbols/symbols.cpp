@@ -741,7 +741,7 @@ uint64_t ifunc_implementation(const Object &o, const std::string &name)
 
 } // namespace
 
-int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr) const
+int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip) const
 {
     if (!addr)
         return -EINVAL;
@@ -776,12 +776,20 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr) co
         }
         return -ENOENT;
     }
+    auto try_unqualified = [&](const Object &o) {
+        if (skip) {
+            const Symbol *s = o.find(name);
+            if (s && skip(o, *s))
+                return false;
+        }
+        return try_object(o);
+    };
     for (const auto &o : objects_) {
-        if (o->main_program && try_object(*o))
+        if (o->main_program && try_unqualified(*o))
             return 0;
     }
     for (const auto &o : objects_) {
-        if (!o->main_program && try_object(*o))
+        if (!o->main_program && try_unqualified(*o))
             return 0;
     }
     return -ENOENT;

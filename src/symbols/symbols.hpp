@@ -93,7 +93,10 @@ public:
     // With no MOD, the main program is searched first, then the others in load order.
     // MOD is matched against Object::name, or against the full path. MOD ends at the
     // first single ':' outside brackets: "ns::f" and "f[abi:cxx11]()" have no MOD.
-    int resolve(std::string_view spec, uint64_t offset, uint64_t *addr) const;
+    // `skip`, when given, passes over definitions an unqualified name should not find
+    // (the agent's own interposers of libc functions); "MOD:sym" is never skipped.
+    using SkipFn = bool (*)(const Object &, const Symbol &);
+    int resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip = nullptr) const;
 
     // For list output: "sym+0xoff" and the object's name for an address.
     struct Location {

@@ -3,7 +3,6 @@
 // and floating-point registers, and arguments on the stack), ends with jprobe_return(),
 // and the function then runs with its ORIGINAL arguments, even when the handler changed
 // its own copies, the argument registers, the stack arguments or the vector registers.
-#include <cstddef> // size_t, before <ukprobes/kprobes.h> (which does not include <stddef.h>)
 #include <ukprobes/kprobes.h>
 
 #include "asm_functions.h"

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <fstream>
 #include <regex>
 #include <string>
@@ -196,6 +197,18 @@ TEST_F(KprobesTest, Blacklist) {
     restorer.symbol_name = "libc.so.6:__restore_rt";
     const int r = register_kprobe(&restorer);
     EXPECT_TRUE(r == -EINVAL || r == -ENOENT) << r;
+}
+
+TEST_F(KprobesTest, UnqualifiedNamesSkipTheAgentsInterposers) {
+    // The agent defines sigaction (to keep its place); "sigaction" still means libc's.
+    kprobe kp{};
+    kp.symbol_name = "sigaction";
+    kp.pre_handler = record_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    Dl_info info{};
+    ASSERT_NE(dladdr(reinterpret_cast<void *>(kp.addr), &info), 0);
+    EXPECT_NE(std::string(info.dli_fname).find("libc.so"), std::string::npos) << info.dli_fname;
+    unregister_kprobe(&kp);
 }
 
 TEST_F(KprobesTest, UnregisteringAnUnknownProbeClearsItsAddr) {

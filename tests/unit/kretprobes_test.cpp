@@ -4,7 +4,6 @@
 // program that leaves probed frames without returning (C++ exceptions, longjmp,
 // pthread_exit, pthread_cancel) or walks its own stack (backtrace, _Unwind_Backtrace)
 // behaving exactly as without probes.
-#include <cstddef> // size_t, before <ukprobes/kprobes.h> (which does not include <stddef.h>)
 #include <ukprobes/kprobes.h>
 
 #include "asm_functions.h"
@@ -1017,6 +1016,7 @@ TEST_F(KretprobesTest, UnregisterWhileAThreadIsInsideTheFunction) {
     while (g_block_inside.load() == 0) usleep(200);
     EXPECT_EQ(g_nentries, 6);
     unregister_kretprobe(&rp);
+    EXPECT_EQ(list(), "") << "unregistered, even with an instance still pending";
     const int events_at_unregister = g_nevents;
     EXPECT_EQ(events_at_unregister, 0);
     g_block_release = 1;
