@@ -92,4 +92,41 @@ TEST(CppApi, FaultLambda) {
     EXPECT_EQ(trap, 14);
 }
 
+__attribute__((noinline)) int cpp_divide(int a, int b) {
+    asm volatile("" ::: "memory");
+    return b == 0 ? -1 : a / b;
+}
+
+TEST(CppApi, KretprobeLambdasWithPrivateData) {
+    std::atomic<int> failures{0};
+    int last = 0;
+    {
+        auto rp = ukp::Kretprobe::at(
+            reinterpret_cast<const void *>(&cpp_divide),
+            {
+                .entry = [](kretprobe_instance &ri, pt_regs &regs) {
+                    *reinterpret_cast<long *>(ri.data) = static_cast<long>(regs.si); // the divisor
+                    return 0;
+                },
+                .ret = [&](kretprobe_instance &ri, pt_regs &regs) {
+                    last = static_cast<int>(regs_return_value(&regs));
+                    if (*reinterpret_cast<long *>(ri.data) == 0) ++failures;
+                },
+            },
+            {.maxactive = 4, .data_size = sizeof(long)});
+        ASSERT_TRUE(rp) << rp.error();
+        EXPECT_EQ(cpp_divide(10, 2), 5);
+        EXPECT_EQ(last, 5);
+        EXPECT_EQ(cpp_divide(10, 0), -1);
+        EXPECT_EQ(last, -1);
+        EXPECT_EQ(failures, 1);
+        EXPECT_EQ(rp.nmissed(), 0);
+    }
+    EXPECT_EQ(list(), "");
+    EXPECT_EQ(cpp_divide(9, 3), 3);
+    EXPECT_EQ(last, -1) << "unregistered by the destructor";
+    auto missing = ukp::Kretprobe::at("no_such_symbol_here", {});
+    EXPECT_EQ(missing.error(), -ENOENT);
+}
+
 } // namespace
