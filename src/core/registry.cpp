@@ -72,11 +72,21 @@ bool agent_symbol(const sym::Object &obj, const std::string &name) {
     return false;
 }
 
-bool is_agent_object(const sym::Object &obj) {
+// The agent's own object, found once: dladdr() takes the dynamic linker's lock, which
+// the link-map hook runs under.
+uint64_t g_agent_base = 0;
+bool g_agent_is_main = false;
+__attribute__((constructor(102))) void find_agent_object() {
     Dl_info info{};
-    if (dladdr(reinterpret_cast<const void *>(&register_kprobe), &info) == 0) return false;
-    return !obj.main_program && reinterpret_cast<uint64_t>(info.dli_fbase) == obj.bias &&
-           info.dli_fname != nullptr && obj.path == info.dli_fname;
+    if (dladdr(reinterpret_cast<const void *>(&register_kprobe), &info) == 0) return;
+    g_agent_base = reinterpret_cast<uint64_t>(info.dli_fbase);
+    Dl_info main_info{};
+    g_agent_is_main = dladdr(reinterpret_cast<const void *>(dlsym(RTLD_DEFAULT, "main")), &main_info) != 0 &&
+                      main_info.dli_fbase == info.dli_fbase;
+}
+
+bool is_agent_object(const sym::Object &obj) {
+    return !obj.main_program && !g_agent_is_main && g_agent_base != 0 && obj.bias == g_agent_base;
 }
 
 bool is_blacklisted(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr) {

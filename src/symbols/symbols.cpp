@@ -729,19 +729,33 @@ const Object *Registry::object_at(uint64_t addr) const
 
 namespace {
 
-uint64_t ifunc_implementation(const Object &o, const std::string &name)
+// Calls an ifunc's resolver, as the dynamic linker does on x86-64 (elf_ifunc_invoke:
+// no arguments; the resolvers read the CPU features the loader set up). Not dlsym():
+// it takes the loader's lock, which the agent's link-map hook runs under.
+uint64_t ifunc_implementation(const Symbol &s)
 {
-    void *handle = dlopen(o.main_program ? nullptr : o.path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
-    if (!handle)
-        return 0;
-    void *impl = dlsym(handle, name.c_str());
-    dlclose(handle);
-    return reinterpret_cast<uint64_t>(impl);
+    auto resolver = reinterpret_cast<uint64_t (*)()>(s.value);
+    return resolver();
 }
 
 } // namespace
 
-int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip) const
+std::string_view Registry::module_of(std::string_view spec)
+{
+    const size_t colon = module_separator(spec);
+    return colon == npos ? std::string_view() : spec.substr(0, colon);
+}
+
+bool Registry::has_module(std::string_view module) const
+{
+    for (const auto &o : objects_)
+        if (o->name == module || o->path == module)
+            return true;
+    return false;
+}
+
+int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip,
+                      bool call_resolvers) const
 {
     if (!addr)
         return -EINVAL;
@@ -756,15 +770,18 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, Sk
     if (name.empty())
         return -EINVAL;
 
+    int ifunc_error = 0;
     auto try_object = [&](const Object &o) {
         const Symbol *s = o.find(name);
         if (!s)
             return false;
         *addr = s->value + offset;
         // An ifunc's symbol value is its resolver; the code that runs is what the
-        // resolver chose, which the dynamic linker tells through dlsym().
+        // resolver chooses.
         if (s->ifunc) {
-            if (uint64_t impl = ifunc_implementation(o, s->name); impl != 0)
+            if (!call_resolvers)
+                ifunc_error = -EAGAIN;
+            else if (uint64_t impl = ifunc_implementation(*s); impl != 0)
                 *addr = impl + offset;
         }
         return true;
@@ -772,7 +789,7 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, Sk
     if (!module.empty()) {
         for (const auto &o : objects_) {
             if ((o->name == module || o->path == module) && try_object(*o))
-                return 0;
+                return ifunc_error;
         }
         return -ENOENT;
     }
@@ -786,11 +803,11 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, Sk
     };
     for (const auto &o : objects_) {
         if (o->main_program && try_unqualified(*o))
-            return 0;
+            return ifunc_error;
     }
     for (const auto &o : objects_) {
         if (!o->main_program && try_unqualified(*o))
-            return 0;
+            return ifunc_error;
     }
     return -ENOENT;
 }

@@ -95,8 +95,16 @@ public:
     // first single ':' outside brackets: "ns::f" and "f[abi:cxx11]()" have no MOD.
     // `skip`, when given, passes over definitions an unqualified name should not find
     // (the agent's own interposers of libc functions); "MOD:sym" is never skipped.
+    // `call_resolvers` false: an ifunc symbol gives -EAGAIN instead of calling its
+    // resolver (for objects mapped but not yet relocated by the dynamic linker).
     using SkipFn = bool (*)(const Object &, const Symbol &);
-    int resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip = nullptr) const;
+    int resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip = nullptr,
+                bool call_resolvers = true) const;
+
+    // The MOD of "MOD:sym" ("" when there is none), and whether an object of that name
+    // or path is loaded.
+    static std::string_view module_of(std::string_view spec);
+    bool has_module(std::string_view module) const;
 
     // For list output: "sym+0xoff" and the object's name for an address.
     struct Location {
