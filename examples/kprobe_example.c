@@ -72,7 +72,10 @@ __attribute__((constructor)) static void kprobe_init(void)
 		say("register_kprobe failed, returned %d\n", ret);
 		return;
 	}
-	say("Planted kprobe at %p\n", (void *)kp.addr);
+	if (kp.addr)
+		say("Planted kprobe at %p\n", (void *)kp.addr);
+	else
+		say("Planted kprobe on %s: armed when its object is loaded\n", kp.symbol_name);
 }
 
 __attribute__((destructor)) static void kprobe_exit(void)

@@ -308,7 +308,9 @@ void probe_hit(Point *pt, ucontext_t *uc) {
     ThreadState &ts = t_state;
     const unsigned idx = read_lock();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
-    if (ts.depth > 0 || list == nullptr || !g_kprobes_enabled.load(std::memory_order_relaxed)) {
+    // (The kprobes/enabled knob works by disarming: a hit on a point disarmed meanwhile
+    // still runs its handlers, as a hit already in flight does in the kernel.)
+    if (ts.depth > 0 || list == nullptr) {
         // A probe hit from inside a handler: its handlers do not run (seed 001).
         if (ts.depth > 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)

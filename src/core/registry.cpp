@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <link.h>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +29,11 @@ namespace {
 std::mutex g_mutex;
 sym::Registry *g_symbols = nullptr;              // created on first use
 std::map<uint64_t, Point *> g_points;            // every point ever prepared, by address
+// Registered probes and their points; null for a probe whose object is not loaded.
 std::unordered_map<const kprobe *, Point *> g_registered;
+// Lists retired where no grace period can be waited for (inside a hit): freed after the
+// next one.
+std::vector<ProbeList *> g_deferred_lists;
 
 // ---- blacklist -------------------------------------------------------------------------
 
@@ -55,39 +60,25 @@ constexpr const char *kAgentFunctions[] = {
     "enable_kretprobe", "disable_kretprobe", "register_jprobe", "unregister_jprobe",
     "register_jprobes", "unregister_jprobes", "jprobe_return", "__cxa_begin_catch",
     "longjmp", "_longjmp", "siglongjmp", "__longjmp_chk", "backtrace", "_Unwind_Backtrace",
-    "__restore_rt", // libc's sigreturn trampoline: every hit returns through it
 };
 
+// Whether obj holds the agent's code: libukprobes.so, or the program it is linked into.
+bool holds_agent(const sym::Object &obj) {
+    return obj.contains_exec(reinterpret_cast<uint64_t>(&register_kprobe));
+}
+
 bool agent_symbol(const sym::Object &obj, const std::string &name) {
+    if (name == "__restore_rt") return obj.name.rfind("libc.so", 0) == 0;
+    // Within the agent's object only: other objects may name things ukp_* or sigaction.
+    if (!holds_agent(obj)) return false;
     if (name.rfind("_ZN3ukp", 0) == 0 || name.rfind("ukp_", 0) == 0) return true;
-    for (const char *f : kAgentFunctions) {
-        if (name != f) continue;
-        // The interposed libc/libstdc++/libgcc functions are ours only where we define
-        // them; in their own libraries they are ordinary functions (libc's __restore_rt
-        // excepted: every hit returns through it).
-        if (std::string_view(f) == "__restore_rt") return obj.name.rfind("libc.so", 0) == 0;
-        return obj.name.rfind("libc.so", 0) != 0 && obj.name.rfind("libstdc++.so", 0) != 0 &&
-               obj.name.rfind("libgcc_s.so", 0) != 0;
-    }
+    for (const char *f : kAgentFunctions)
+        if (name == f) return true;
     return false;
 }
 
-// The agent's own object, found once: dladdr() takes the dynamic linker's lock, which
-// the link-map hook runs under.
-uint64_t g_agent_base = 0;
-bool g_agent_is_main = false;
-__attribute__((constructor(102))) void find_agent_object() {
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<const void *>(&register_kprobe), &info) == 0) return;
-    g_agent_base = reinterpret_cast<uint64_t>(info.dli_fbase);
-    Dl_info main_info{};
-    g_agent_is_main = dladdr(reinterpret_cast<const void *>(dlsym(RTLD_DEFAULT, "main")), &main_info) != 0 &&
-                      main_info.dli_fbase == info.dli_fbase;
-}
-
-bool is_agent_object(const sym::Object &obj) {
-    return !obj.main_program && !g_agent_is_main && g_agent_base != 0 && obj.bias == g_agent_base;
-}
+// The whole of libukprobes.so is the agent's; a program it is linked into is not.
+bool is_agent_object(const sym::Object &obj) { return !obj.main_program && holds_agent(obj); }
 
 bool is_blacklisted(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr) {
     if (is_agent_object(obj)) return true;
@@ -197,11 +188,16 @@ int prepare_point(uint64_t addr, Point **out) {
     return 0;
 }
 
+extern kprobe g_link_map_probe;
+
 bool wants_arming(const Point *pt) {
-    if (!g_kprobes_enabled.load(std::memory_order_relaxed)) return false;
     const ProbeList *list = pt->list.load(std::memory_order_relaxed);
-    for (uint32_t i = 0; list != nullptr && i < list->count; ++i)
-        if (!probe_disabled(list->probes[i])) return true;
+    const bool enabled = g_kprobes_enabled.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
+        // The agent's own link-map hook is not subject to the kprobes/enabled knob.
+        if (list->probes[i] == &g_link_map_probe) return true;
+        if (enabled && !probe_disabled(list->probes[i])) return true;
+    }
     return false;
 }
 
@@ -246,12 +242,107 @@ void free_retired(std::vector<ProbeList *> &retired) {
     retired.clear();
 }
 
+// ---- objects that come and go -------------------------------------------------------------
+
+// The agent's probe on the dynamic linker's r_brk (_dl_debug_state), which the loader
+// calls after mapping new objects and before running their constructors, and after
+// unmapping objects (r_state RT_CONSISTENT both times), as debuggers use it.
+kprobe g_link_map_probe;
+bool g_link_map_hooked = false;
+void sync_objects_locked();
+int attach_to_point(kprobe *p, uint64_t addr);
+bool agent_definition(const sym::Object &obj, const sym::Symbol &symbol);
+
+// The loader's r_debug, from the main program's DT_DEBUG entry, as debuggers find it.
+// Not `_r_debug`: a program's copy relocation of it is a snapshot from startup.
+r_debug *g_loader_debug = nullptr;
+
+int find_loader_debug(dl_phdr_info *info, size_t, void *) {
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
+        const auto *dyn = reinterpret_cast<const ElfW(Dyn) *>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+        for (; dyn->d_tag != DT_NULL; ++dyn)
+            if (dyn->d_tag == DT_DEBUG && dyn->d_un.d_ptr != 0)
+                g_loader_debug = reinterpret_cast<r_debug *>(dyn->d_un.d_ptr);
+    }
+    return 1; // the first object is the main program
+}
+
+int on_link_map_event(kprobe *, pt_regs *) {
+    if (g_loader_debug->r_state != r_debug::RT_CONSISTENT) return 0;
+    std::lock_guard lock(g_mutex);
+    sync_objects_locked();
+    return 0;
+}
+
+// An object was unloaded: its points go (their memory is gone with it; a late hit on
+// the address finds no point), and their probes stay registered as [GONE].
+void retire_points_of(const sym::Object &gone) {
+    for (auto it = g_points.begin(); it != g_points.end();) {
+        Point *pt = it->second;
+        if (!gone.contains_exec(it->first)) {
+            ++it;
+            continue;
+        }
+        pt->armed = false; // the int3 went with the mapping
+        insert_site(it->first, nullptr);
+        if (ProbeList *list = pt->list.exchange(nullptr, std::memory_order_acq_rel); list != nullptr) {
+            for (uint32_t i = 0; i < list->count; ++i) {
+                kprobe *p = list->probes[i];
+                __atomic_or_fetch(&p->flags, KPROBE_FLAG_GONE, __ATOMIC_RELAXED);
+                p->ukp_private = nullptr;
+                g_registered[p] = nullptr;
+            }
+            // Freed after a grace period, which cannot be waited for from inside a hit.
+            g_deferred_lists.push_back(list);
+        }
+        // The Point itself is kept: a hit that began before may still be reading it.
+        it = g_points.erase(it);
+    }
+}
+
+// Re-reads the loaded objects; retires the points of unloaded ones; arms the probes
+// waiting for objects that are now loaded.
+void sync_objects_locked() {
+    std::vector<std::shared_ptr<const sym::Object>> before = g_symbols->objects();
+    g_symbols->refresh();
+    const auto &after = g_symbols->objects();
+    for (const auto &old : before) {
+        const bool still = std::any_of(after.begin(), after.end(), [&](const auto &o) {
+            return o->path == old->path && o->bias == old->bias;
+        });
+        if (!still) retire_points_of(*old);
+    }
+    std::vector<kprobe *> waiting;
+    for (const auto &[p, pt] : g_registered)
+        if (pt == nullptr && p->symbol_name != nullptr) waiting.push_back(const_cast<kprobe *>(p));
+    for (kprobe *p : waiting) {
+        uint64_t addr = 0;
+        // New objects are not relocated yet when the loader calls us: no ifunc resolver
+        // may run; such a probe waits for the next change of the link map.
+        if (g_symbols->resolve(p->symbol_name, p->offset, &addr, agent_definition, false) != 0) continue;
+        attach_to_point(p, addr); // a probe that cannot go there stays [GONE]
+    }
+}
+
+void hook_link_map_locked() {
+    if (g_link_map_hooked) return;
+    g_link_map_hooked = true;
+    dl_iterate_phdr(find_loader_debug, nullptr);
+    if (g_loader_debug == nullptr) g_loader_debug = &_r_debug; // a main program without DT_DEBUG
+    if (g_loader_debug->r_brk == 0) return;
+    g_link_map_probe.addr = reinterpret_cast<kprobe_opcode_t *>(g_loader_debug->r_brk);
+    g_link_map_probe.pre_handler = on_link_map_event;
+    if (attach_to_point(&g_link_map_probe, g_loader_debug->r_brk) != 0) g_link_map_probe.addr = nullptr;
+}
+
 int ensure_initialized() {
     if (int err = install_signal_handlers(); err != 0) return err;
     if (int err = text::init(); err != 0) return err;
     if (g_symbols == nullptr) g_symbols = new (std::nothrow) sym::Registry();
     if (g_symbols == nullptr) return -ENOMEM;
     g_symbols->refresh();
+    hook_link_map_locked();
     return 0;
 }
 
@@ -268,14 +359,11 @@ int resolve_address(const kprobe *p, uint64_t *addr) {
     return 0;
 }
 
-int register_locked(kprobe *p) {
-    if (g_registered.count(p) != 0) return -EINVAL; // already registered
-    if (int err = ensure_initialized(); err != 0) return err;
-    uint64_t addr = 0;
-    if (int err = resolve_address(p, &addr); err != 0) return err;
+// Puts p on the point at addr (preparing it if needed) and arms it. 0 or -errno, with
+// nothing changed on failure.
+int attach_to_point(kprobe *p, uint64_t addr) {
     Point *pt = nullptr;
     if (int err = prepare_point(addr, &pt); err != 0) return err;
-
     ProbeList *list = make_list(pt->list.load(std::memory_order_relaxed), nullptr, p);
     if (list == nullptr) return -ENOMEM;
     p->addr = reinterpret_cast<kprobe_opcode_t *>(addr);
@@ -290,9 +378,32 @@ int register_locked(kprobe *p) {
         p->ukp_private = nullptr;
         return err;
     }
-    g_registered.emplace(p, pt);
+    g_registered[p] = pt;
     free_retired(retired);
     return 0;
+}
+
+// "MOD:sym" whose MOD is not loaded: accepted, armed when MOD is loaded (as the kernel
+// arms probe events on a module when it loads).
+bool may_wait_for_object(const kprobe *p) {
+    if (p->symbol_name == nullptr || p->addr != nullptr) return false;
+    const std::string_view module = sym::Registry::module_of(p->symbol_name);
+    return !module.empty() && !g_symbols->has_module(module);
+}
+
+int register_locked(kprobe *p) {
+    if (g_registered.count(p) != 0) return -EINVAL; // already registered
+    if (int err = ensure_initialized(); err != 0) return err;
+    uint64_t addr = 0;
+    const int err = resolve_address(p, &addr);
+    if (err == -ENOENT && may_wait_for_object(p)) {
+        p->flags |= KPROBE_FLAG_GONE;
+        p->ukp_private = nullptr;
+        g_registered.emplace(p, nullptr);
+        return 0;
+    }
+    if (err != 0) return err;
+    return attach_to_point(p, addr);
 }
 
 // Takes p off its point; the caller waits for the grace period before p may be reused.
@@ -304,9 +415,10 @@ bool unregister_locked(kprobe *p, std::vector<ProbeList *> &retired) {
     }
     Point *pt = it->second;
     g_registered.erase(it);
+    p->ukp_private = nullptr;
+    if (pt == nullptr) return true; // its object is not loaded: nothing is armed
     publish_list(pt, make_list(pt->list.load(std::memory_order_relaxed), p, nullptr), retired);
     update_arming(pt); // a failed write leaves the int3 in: a hit with no list just runs the copy
-    p->ukp_private = nullptr;
     return true;
 }
 
@@ -345,19 +457,28 @@ int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry) {
 std::string list_text() {
     std::lock_guard lock(g_mutex);
     std::string out;
+    const auto row = [&](uint64_t addr, const kprobe *p, const std::string &where, const std::string &object) {
+        const bool gone = p->flags & KPROBE_FLAG_GONE;
+        out += fmt::format("{:016x}  {}  {}  {} {}{}{}\n", addr, probe_type(p), where, object, gone ? "[GONE]" : "",
+                           (p->flags & KPROBE_FLAG_DISABLED) && !gone ? "[DISABLED]" : "",
+                           (p->flags & KPROBE_FLAG_OPTIMIZED) ? "[OPTIMIZED]" : "");
+    };
     for (const auto &[addr, pt] : g_points) {
         const ProbeList *list = pt->list.load(std::memory_order_relaxed);
         for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
-            const kprobe *p = list->probes[i];
-            const bool gone = p->flags & KPROBE_FLAG_GONE;
-            const std::string where = pt->symbol.empty()
-                                          ? fmt::format("0x{:x}", addr)
-                                          : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset);
-            out += fmt::format("{:016x}  {}  {}  {} {}{}{}\n", addr, probe_type(p), where, pt->object_name,
-                               gone ? "[GONE]" : "",
-                               (p->flags & KPROBE_FLAG_DISABLED) && !gone ? "[DISABLED]" : "",
-                               (p->flags & KPROBE_FLAG_OPTIMIZED) ? "[OPTIMIZED]" : "");
+            if (list->probes[i] == &g_link_map_probe) continue; // the agent's own
+            row(addr, list->probes[i],
+                pt->symbol.empty() ? fmt::format("0x{:x}", addr) : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset),
+                pt->object_name);
         }
+    }
+    // Probes whose object is not loaded: the address they had (0 if never loaded).
+    for (const auto &[p, pt] : g_registered) {
+        if (pt != nullptr) continue;
+        const std::string_view spec = p->symbol_name != nullptr ? p->symbol_name : "";
+        const std::string_view module = sym::Registry::module_of(spec);
+        const std::string_view name = module.empty() ? spec : spec.substr(module.size() + 1);
+        row(reinterpret_cast<uint64_t>(p->addr), p, fmt::format("{}+0x{:x}", name, p->offset), std::string(module));
     }
     return out;
 }
@@ -393,9 +514,16 @@ void unregister_kprobes(struct kprobe **kps, int num) {
         std::lock_guard lock(g_mutex);
         for (int i = 0; i < num; ++i)
             if (kps[i] != nullptr) unregister_locked(kps[i], retired);
+        // Lists retired earlier inside a hit are as safe to free after this grace period.
+        retired.insert(retired.end(), g_deferred_lists.begin(), g_deferred_lists.end());
+        g_deferred_lists.clear();
     }
     // One grace period for the whole batch: afterwards no handler of these probes runs.
-    if (!synchronize()) return;
+    if (!synchronize()) {
+        std::lock_guard lock(g_mutex);
+        g_deferred_lists.insert(g_deferred_lists.end(), retired.begin(), retired.end());
+        return;
+    }
     for (ProbeList *l : retired) std::free(l);
 }
 
