@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite.
+# Installs what is missing, builds, and runs the whole test suite: once as built for
+# users, then again under AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+
+echo
+echo "== the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUKP_WERROR=ON \
+  -DUKP_SANITIZE=address,undefined -DUKP_BENCH=OFF >/dev/null
+cmake --build build-asan
+# The stress test's 8 x 1M calls would take minutes under the sanitizers.
+UKP_STRESS_CALLS=100000 ctest --test-dir build-asan --output-on-failure -j "$(nproc)"

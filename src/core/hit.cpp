@@ -8,6 +8,7 @@
 #include "text/text.hpp"
 
 #include <cerrno>
+#include <vector>
 #include <ctime>
 #include <sched.h>
 
@@ -40,6 +41,12 @@ struct Table {
 };
 
 std::atomic<Table *> g_table{nullptr};
+// Tables replaced by bigger ones: kept, since a hit may still be walking one; their sizes
+// add up to less than the current table's.
+std::vector<Table *> &outgrown_tables() {
+    static auto *value = new std::vector<Table *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
 
 size_t hash_addr(uint64_t a) { return static_cast<size_t>((a * 0x9e3779b97f4a7c15ull) >> 17); }
 
@@ -99,6 +106,7 @@ void insert_site(uint64_t addr, Point *p) {
             }
         }
         g_table.store(bigger, std::memory_order_release);
+        if (t != nullptr) outgrown_tables().push_back(t);
         t = bigger;
     }
     put(t, addr, p);

@@ -47,8 +47,15 @@ std::atomic<uint64_t> g_free_head{0}; // (tag << 32) | (index + 1)
 thread_local JprobeContext *t_jprobe __attribute__((tls_model("initial-exec")));
 
 std::mutex g_mutex;
-std::set<uint64_t> g_addresses;       // functions with a jprobe: at most one each
-std::set<const kprobe *> g_jprobes;
+// Functions with a jprobe: at most one each.
+std::set<uint64_t> &addresses() {
+    static auto *value = new std::set<uint64_t>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
+std::set<const kprobe *> &jprobes() {
+    static auto *value = new std::set<const kprobe *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
 
 JprobeContext *pop_context() {
     uint64_t head = g_free_head.load(std::memory_order_acquire);
@@ -160,12 +167,12 @@ int register_jprobe(struct jprobe *jp) {
     if (!entry) return -EINVAL; // a jprobe goes on the first instruction of a function
     std::lock_guard lock(g_mutex);
     if (int err = init_contexts(); err != 0) return err;
-    if (g_addresses.count(addr) != 0) return -EBUSY;
+    if (addresses().count(addr) != 0) return -EBUSY;
     jp->kp.pre_handler = setjmp_pre_handler;
     jp->kp.post_handler = nullptr;
     if (int err = register_kprobe(&jp->kp); err != 0) return err;
-    g_addresses.insert(addr);
-    g_jprobes.insert(&jp->kp);
+    addresses().insert(addr);
+    jprobes().insert(&jp->kp);
     return 0;
 }
 
@@ -177,8 +184,8 @@ void unregister_jprobes(struct jprobe **jps, int num) {
         for (int i = 0; i < num; ++i) {
             if (jps[i] == nullptr) continue;
             kps.push_back(&jps[i]->kp);
-            if (g_jprobes.erase(&jps[i]->kp) != 0)
-                g_addresses.erase(reinterpret_cast<uint64_t>(jps[i]->kp.addr));
+            if (jprobes().erase(&jps[i]->kp) != 0)
+                addresses().erase(reinterpret_cast<uint64_t>(jps[i]->kp.addr));
         }
     }
     unregister_kprobes(kps.data(), static_cast<int>(kps.size()));

@@ -44,7 +44,11 @@ thread_local bool t_exit_hooked __attribute__((tls_model("initial-exec")));
 pthread_key_t g_exit_key;
 std::once_flag g_exit_key_once;
 std::mutex g_pools_mutex;
-std::vector<RetPool *> g_dead_pools; // unregistered, waiting for their last instance
+// Unregistered pools, waiting for their last instance.
+std::vector<RetPool *> &dead_pools() {
+    static auto *value = new std::vector<RetPool *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
 
 // Sled ranges, for filtering stubs out of backtraces: append-only, read without a lock.
 constexpr size_t kMaxSleds = 4096;
@@ -319,17 +323,17 @@ void reap_dead_pools() {
     std::vector<RetPool *> ready;
     {
         std::lock_guard lock(g_pools_mutex);
-        auto it = std::partition(g_dead_pools.begin(), g_dead_pools.end(), [](RetPool *p) {
+        auto it = std::partition(dead_pools().begin(), dead_pools().end(), [](RetPool *p) {
             return p->in_use.load(std::memory_order_acquire) != 0;
         });
-        ready.assign(it, g_dead_pools.end());
-        g_dead_pools.erase(it, g_dead_pools.end());
+        ready.assign(it, dead_pools().end());
+        dead_pools().erase(it, dead_pools().end());
     }
     if (ready.empty()) return;
     // A trampoline that just released the last instance may still be reading its pool.
     if (!synchronize()) {
         std::lock_guard lock(g_pools_mutex);
-        g_dead_pools.insert(g_dead_pools.end(), ready.begin(), ready.end());
+        dead_pools().insert(dead_pools().end(), ready.begin(), ready.end());
         return;
     }
     for (RetPool *p : ready) free_pool(p);
@@ -382,8 +386,10 @@ extern "C" __attribute__((used)) void ukp_kretprobe_dispatch(const uint64_t *lit
     ThreadState &ts = thread_state();
     ++ts.depth;
     const unsigned idx = read_lock();
-    auto *ri = reinterpret_cast<RetInstance *>(reinterpret_cast<char *>(*literal) -
-                                               offsetof(RetInstance, pub) -
+    // The literal sits at an odd offset in its stub: read it without assuming alignment.
+    uint64_t ret_addr_field;
+    __builtin_memcpy(&ret_addr_field, literal, sizeof ret_addr_field);
+    auto *ri = reinterpret_cast<RetInstance *>(ret_addr_field - offsetof(RetInstance, pub) -
                                                offsetof(kretprobe_instance, ret_addr));
     regs->ip = reinterpret_cast<uint64_t>(ri->pub.ret_addr);
     int expected = RetInstance::kLive;
@@ -453,7 +459,7 @@ void unregister_kretprobes(struct kretprobe **rps, int num) {
             rps[i]->ukp_private = nullptr;
     {
         std::lock_guard lock(g_pools_mutex);
-        g_dead_pools.insert(g_dead_pools.end(), pools.begin(), pools.end());
+        dead_pools().insert(dead_pools().end(), pools.begin(), pools.end());
     }
     reap_dead_pools();
 }

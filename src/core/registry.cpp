@@ -28,12 +28,27 @@ namespace {
 
 std::mutex g_mutex;
 sym::Registry *g_symbols = nullptr;              // created on first use
-std::map<uint64_t, Point *> g_points;            // every point ever prepared, by address
+// Every point prepared, by address.
+std::map<uint64_t, Point *> &points() {
+    static auto *value = new std::map<uint64_t, Point *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
+// Points of unloaded objects, kept for late hits.
+std::vector<Point *> &retired_points() {
+    static auto *value = new std::vector<Point *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
 // Registered probes and their points; null for a probe whose object is not loaded.
-std::unordered_map<const kprobe *, Point *> g_registered;
+std::unordered_map<const kprobe *, Point *> &registered() {
+    static auto *value = new std::unordered_map<const kprobe *, Point *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
 // Lists retired where no grace period can be waited for (inside a hit): freed after the
 // next one.
-std::vector<ProbeList *> g_deferred_lists;
+std::vector<ProbeList *> &deferred_lists() {
+    static auto *value = new std::vector<ProbeList *>(); // never destroyed: probes outlive static destructors
+    return *value;
+}
 
 // ---- blacklist -------------------------------------------------------------------------
 
@@ -98,7 +113,7 @@ bool is_blacklisted(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr
 // Reads code as it was before any probe: the bytes under our int3s are put back.
 int read_original(uint64_t addr, uint8_t *buf, size_t n) {
     if (ukp_safe_copy(buf, reinterpret_cast<const void *>(addr), n) != 0) return -EFAULT;
-    for (auto it = g_points.lower_bound(addr); it != g_points.end() && it->first < addr + n; ++it)
+    for (auto it = points().lower_bound(addr); it != points().end() && it->first < addr + n; ++it)
         if (it->second->armed) buf[it->first - addr] = it->second->orig_byte;
     return 0;
 }
@@ -162,7 +177,7 @@ int build_slot(Point *pt) {
 }
 
 int prepare_point(uint64_t addr, Point **out) {
-    if (auto it = g_points.find(addr); it != g_points.end()) {
+    if (auto it = points().find(addr); it != points().end()) {
         *out = it->second;
         return 0;
     }
@@ -182,7 +197,7 @@ int prepare_point(uint64_t addr, Point **out) {
         pt->symbol_offset = loc.offset;
     }
     Point *p = pt.release();
-    g_points.emplace(addr, p);
+    points().emplace(addr, p);
     insert_site(addr, p);
     *out = p;
     return 0;
@@ -278,7 +293,7 @@ int on_link_map_event(kprobe *, pt_regs *) {
 // An object was unloaded: its points go (their memory is gone with it; a late hit on
 // the address finds no point), and their probes stay registered as [GONE].
 void retire_points_of(const sym::Object &gone) {
-    for (auto it = g_points.begin(); it != g_points.end();) {
+    for (auto it = points().begin(); it != points().end();) {
         Point *pt = it->second;
         if (!gone.contains_exec(it->first)) {
             ++it;
@@ -291,13 +306,14 @@ void retire_points_of(const sym::Object &gone) {
                 kprobe *p = list->probes[i];
                 __atomic_or_fetch(&p->flags, KPROBE_FLAG_GONE, __ATOMIC_RELAXED);
                 p->ukp_private = nullptr;
-                g_registered[p] = nullptr;
+                registered()[p] = nullptr;
             }
             // Freed after a grace period, which cannot be waited for from inside a hit.
-            g_deferred_lists.push_back(list);
+            deferred_lists().push_back(list);
         }
         // The Point itself is kept: a hit that began before may still be reading it.
-        it = g_points.erase(it);
+        retired_points().push_back(pt);
+        it = points().erase(it);
     }
 }
 
@@ -314,7 +330,7 @@ void sync_objects_locked() {
         if (!still) retire_points_of(*old);
     }
     std::vector<kprobe *> waiting;
-    for (const auto &[p, pt] : g_registered)
+    for (const auto &[p, pt] : registered())
         if (pt == nullptr && p->symbol_name != nullptr) waiting.push_back(const_cast<kprobe *>(p));
     for (kprobe *p : waiting) {
         uint64_t addr = 0;
@@ -378,7 +394,7 @@ int attach_to_point(kprobe *p, uint64_t addr) {
         p->ukp_private = nullptr;
         return err;
     }
-    g_registered[p] = pt;
+    registered()[p] = pt;
     free_retired(retired);
     return 0;
 }
@@ -392,14 +408,14 @@ bool may_wait_for_object(const kprobe *p) {
 }
 
 int register_locked(kprobe *p) {
-    if (g_registered.count(p) != 0) return -EINVAL; // already registered
+    if (registered().count(p) != 0) return -EINVAL; // already registered
     if (int err = ensure_initialized(); err != 0) return err;
     uint64_t addr = 0;
     const int err = resolve_address(p, &addr);
     if (err == -ENOENT && may_wait_for_object(p)) {
         p->flags |= KPROBE_FLAG_GONE;
         p->ukp_private = nullptr;
-        g_registered.emplace(p, nullptr);
+        registered().emplace(p, nullptr);
         return 0;
     }
     if (err != 0) return err;
@@ -408,13 +424,13 @@ int register_locked(kprobe *p) {
 
 // Takes p off its point; the caller waits for the grace period before p may be reused.
 bool unregister_locked(kprobe *p, std::vector<ProbeList *> &retired) {
-    auto it = g_registered.find(p);
-    if (it == g_registered.end()) {
+    auto it = registered().find(p);
+    if (it == registered().end()) {
         p->addr = nullptr; // as the kernel does for a probe it does not know
         return false;
     }
     Point *pt = it->second;
-    g_registered.erase(it);
+    registered().erase(it);
     p->ukp_private = nullptr;
     if (pt == nullptr) return true; // its object is not loaded: nothing is armed
     publish_list(pt, make_list(pt->list.load(std::memory_order_relaxed), p, nullptr), retired);
@@ -424,8 +440,8 @@ bool unregister_locked(kprobe *p, std::vector<ProbeList *> &retired) {
 
 int set_disabled(kprobe *p, bool disabled) {
     std::lock_guard lock(g_mutex);
-    auto it = g_registered.find(p);
-    if (it == g_registered.end()) return -EINVAL;
+    auto it = registered().find(p);
+    if (it == registered().end()) return -EINVAL;
     if (p->flags & KPROBE_FLAG_GONE) return -EINVAL;
     const unsigned before = p->flags;
     if (disabled)
@@ -441,7 +457,7 @@ int set_disabled(kprobe *p, bool disabled) {
 
 bool is_registered(const kprobe *p) {
     std::lock_guard lock(g_mutex);
-    return g_registered.count(p) != 0;
+    return registered().count(p) != 0;
 }
 
 int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry) {
@@ -463,7 +479,7 @@ std::string list_text() {
                            (p->flags & KPROBE_FLAG_DISABLED) && !gone ? "[DISABLED]" : "",
                            (p->flags & KPROBE_FLAG_OPTIMIZED) ? "[OPTIMIZED]" : "");
     };
-    for (const auto &[addr, pt] : g_points) {
+    for (const auto &[addr, pt] : points()) {
         const ProbeList *list = pt->list.load(std::memory_order_relaxed);
         for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
             if (list->probes[i] == &g_link_map_probe) continue; // the agent's own
@@ -473,7 +489,7 @@ std::string list_text() {
         }
     }
     // Probes whose object is not loaded: the address they had (0 if never loaded).
-    for (const auto &[p, pt] : g_registered) {
+    for (const auto &[p, pt] : registered()) {
         if (pt != nullptr) continue;
         const std::string_view spec = p->symbol_name != nullptr ? p->symbol_name : "";
         const std::string_view module = sym::Registry::module_of(spec);
@@ -488,7 +504,7 @@ int set_enabled(bool on) {
     if (g_kprobes_enabled.load() == on) return 0;
     g_kprobes_enabled.store(on);
     int result = 0;
-    for (auto &[addr, pt] : g_points)
+    for (auto &[addr, pt] : points())
         if (int err = update_arming(pt); err != 0 && result == 0) result = err;
     return result;
 }
@@ -515,13 +531,13 @@ void unregister_kprobes(struct kprobe **kps, int num) {
         for (int i = 0; i < num; ++i)
             if (kps[i] != nullptr) unregister_locked(kps[i], retired);
         // Lists retired earlier inside a hit are as safe to free after this grace period.
-        retired.insert(retired.end(), g_deferred_lists.begin(), g_deferred_lists.end());
-        g_deferred_lists.clear();
+        retired.insert(retired.end(), deferred_lists().begin(), deferred_lists().end());
+        deferred_lists().clear();
     }
     // One grace period for the whole batch: afterwards no handler of these probes runs.
     if (!synchronize()) {
         std::lock_guard lock(g_mutex);
-        g_deferred_lists.insert(g_deferred_lists.end(), retired.begin(), retired.end());
+        deferred_lists().insert(deferred_lists().end(), retired.begin(), retired.end());
         return;
     }
     for (ProbeList *l : retired) std::free(l);

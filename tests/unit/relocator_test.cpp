@@ -588,7 +588,7 @@ protected:
     static Fn install(const Program &p, uint8_t *slot_page) {
         std::memcpy(orig_, p.code.data(), p.code.size());
         std::memset(slot_page, 0xcc, kPageSize);
-        std::memcpy(slot_page, p.prologue.data(), p.prologue.size());
+        if (!p.prologue.empty()) std::memcpy(slot_page, p.prologue.data(), p.prologue.size());
         Insn insn;
         const uint64_t at = orig_addr(p.probe);
         EXPECT_EQ(decode(at, orig_ + p.probe, p.code.size() - p.probe, &insn), 0);

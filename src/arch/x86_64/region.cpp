@@ -1,0 +1,765 @@
+// analyze_function(), check_region(), landing_pads(), ElfImage: where a jump may go.
+#include "arch/x86_64/region.hpp"
+
+#include "arch/x86_64/insn.hpp"
+
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+namespace ukp::arch {
+namespace {
+
+constexpr size_t kJmpRel32Size = 5;
+// How far back (in instructions) the jump table matcher looks for the pieces of a pattern.
+constexpr size_t kPatternWindow = 24;
+// A bounds check that allows more entries than this is not believed.
+constexpr uint64_t kMaxTableEntries = 1u << 16;
+
+ZydisRegister gpr64(ZydisRegister r) {
+    if (r == ZYDIS_REGISTER_NONE) return r;
+    return ZydisRegisterGetLargestEnclosing(ZYDIS_MACHINE_MODE_LONG_64, r);
+}
+
+// Whether `in` writes any part of the 64-bit register r (explicitly or implicitly).
+bool writes(const Insn &in, ZydisRegister r) {
+    for (int i = 0; i < in.zi.operand_count; ++i) {
+        const ZydisDecodedOperand &op = in.ops[i];
+        if (op.type == ZYDIS_OPERAND_TYPE_REGISTER && (op.actions & ZYDIS_OPERAND_ACTION_MASK_WRITE) &&
+            gpr64(op.reg.value) == r) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool is_reg(const ZydisDecodedOperand &op) { return op.type == ZYDIS_OPERAND_TYPE_REGISTER; }
+
+// The last instruction before index `before` in `w` that writes r, or -1 (also when an
+// instruction in between transfers control, which ends the straight-line window).
+int last_writer(const std::vector<Insn> &w, int before, ZydisRegister r) {
+    for (int i = before - 1; i >= 0; --i) {
+        if (writes(w[i], r)) return i;
+        if (w[i].flow != Flow::kSequential && w[i].flow != Flow::kCondJump) return -1;
+    }
+    return -1;
+}
+
+// The entry count of a table indexed by `index`, from the bounds check before w[before]:
+// `cmp $n, idx` then ja/jae/jbe/jb, with only register copies of idx in between. 0 if none.
+uint64_t table_bound(const std::vector<Insn> &w, int before, ZydisRegister index) {
+    ZydisRegister tracked = index;
+    for (int i = before - 1; i >= 0; --i) {
+        const Insn &in = w[i];
+        const ZydisMnemonic m = in.zi.mnemonic;
+        if (m == ZYDIS_MNEMONIC_CMP && in.zi.operand_count_visible == 2 && is_reg(in.ops[0]) &&
+            gpr64(in.ops[0].reg.value) == tracked && in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE &&
+            static_cast<size_t>(i + 1) < w.size()) {
+            const uint64_t mask = in.zi.operand_width >= 64 ? ~0ull : (1ull << in.zi.operand_width) - 1;
+            const uint64_t n = in.ops[1].imm.value.u & mask;
+            if (n >= kMaxTableEntries) return 0;
+            switch (w[i + 1].zi.mnemonic) {
+            case ZYDIS_MNEMONIC_JNBE: // ja default: entries 0..n
+            case ZYDIS_MNEMONIC_JBE:  // jbe table: entries 0..n
+                return n + 1;
+            case ZYDIS_MNEMONIC_JNB: // jae default: entries 0..n-1
+            case ZYDIS_MNEMONIC_JB:
+                return n;
+            default:
+                return 0;
+            }
+        }
+        if (in.flow != Flow::kSequential && in.flow != Flow::kCondJump) return 0;
+        if (!writes(in, tracked)) continue;
+        // Register copies and zero-extensions keep the value: follow the source.
+        if ((m == ZYDIS_MNEMONIC_MOV || m == ZYDIS_MNEMONIC_MOVZX) && in.zi.operand_count_visible == 2 &&
+            is_reg(in.ops[0]) && is_reg(in.ops[1])) {
+            tracked = gpr64(in.ops[1].reg.value);
+            continue;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+// Reads n bytes at addr from the function's own bytes if they hold them, else via read.
+bool read_data(const FunctionMap &f, const ReadFn &read, uint64_t addr, void *out, size_t n) {
+    if (addr >= f.start && addr - f.start <= f.code.size() && n <= f.code.size() - (addr - f.start)) {
+        std::memcpy(out, f.code.data() + (addr - f.start), n);
+        return true;
+    }
+    return read ? read(addr, out, n) : false;
+}
+
+// Recognizes the jump table (if any) that the indirect jmp w.back() dispatches through.
+void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const ReadFn &read,
+                      IndirectJump &ij) {
+    const int last = static_cast<int>(w.size()) - 1;
+    const Insn &jmp = w[last];
+    const ZydisDecodedOperand &target = jmp.ops[0];
+    ZydisRegister index = ZYDIS_REGISTER_NONE;
+    int bound_from = last;
+    unsigned entry_size = 0;
+
+    if (target.type == ZYDIS_OPERAND_TYPE_MEMORY) {
+        if (target.mem.base == ZYDIS_REGISTER_RIP) {
+            ij.kind = IndirectJump::Kind::kRipMemory;
+            return;
+        }
+        // jmp *T(,%rI,8)
+        if (target.mem.base != ZYDIS_REGISTER_NONE || target.mem.scale != 8 ||
+            target.mem.index == ZYDIS_REGISTER_NONE || target.mem.segment != ZYDIS_REGISTER_DS) {
+            return;
+        }
+        ij.kind = IndirectJump::Kind::kTableAbs64;
+        ij.table = static_cast<uint64_t>(target.mem.disp.value);
+        index = gpr64(target.mem.index);
+        entry_size = 8;
+    } else if (is_reg(target)) {
+        // lea T(%rip),%rB; movslq (%rB,%rI,4),%rM; add %rA,%rZ; jmp *%rZ  ({rA,rZ} = {rB,rM})
+        const ZydisRegister rz = gpr64(target.reg.value);
+        const int add = last_writer(w, last, rz);
+        if (add < 0 || w[add].zi.mnemonic != ZYDIS_MNEMONIC_ADD || !is_reg(w[add].ops[1]) ||
+            w[add].zi.operand_width != 64) {
+            return;
+        }
+        const ZydisRegister ra = gpr64(w[add].ops[1].reg.value);
+        // Whichever of the two add operands a movslq loaded is the entry; the other the base.
+        for (const auto &[rm, rb] : {std::pair{rz, ra}, std::pair{ra, rz}}) {
+            const int mov = last_writer(w, add, rm);
+            if (mov < 0 || w[mov].zi.mnemonic != ZYDIS_MNEMONIC_MOVSXD) continue;
+            const ZydisDecodedOperand &src = w[mov].ops[1];
+            if (src.type != ZYDIS_OPERAND_TYPE_MEMORY || gpr64(src.mem.base) != rb || src.mem.scale != 4 ||
+                src.mem.disp.value != 0 || src.mem.index == ZYDIS_REGISTER_NONE) {
+                continue;
+            }
+            // The base must still hold the lea's value at the add.
+            const int lea = last_writer(w, mov, rb);
+            if (lea < 0 || w[lea].zi.mnemonic != ZYDIS_MNEMONIC_LEA || !w[lea].rip_relative) continue;
+            if (last_writer(w, add, rb) != lea) continue;
+            ij.kind = IndirectJump::Kind::kTableRel32;
+            ij.table = w[lea].rip_target;
+            index = gpr64(src.mem.index);
+            bound_from = mov;
+            entry_size = 4;
+            break;
+        }
+        if (entry_size == 0) return;
+    } else {
+        return;
+    }
+
+    const uint64_t n = table_bound(w, bound_from, index);
+    if (n == 0) return; // a table we cannot size: unresolved
+    ij.entries = static_cast<uint32_t>(n);
+    std::vector<uint8_t> raw(n * entry_size);
+    if (!read_data(f, read, ij.table, raw.data(), raw.size())) return;
+    ij.targets.reserve(n);
+    for (uint64_t i = 0; i < n; ++i) {
+        if (entry_size == 4) {
+            int32_t e;
+            std::memcpy(&e, raw.data() + i * 4, 4);
+            ij.targets.push_back(ij.table + static_cast<uint64_t>(static_cast<int64_t>(e)));
+        } else {
+            uint64_t e;
+            std::memcpy(&e, raw.data() + i * 8, 8);
+            ij.targets.push_back(e);
+        }
+    }
+    ij.resolved = true;
+}
+
+bool in_function(const FunctionMap &f, uint64_t a) { return a >= f.start && a - f.start < f.size; }
+
+FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const ReadFn &read) {
+    FunctionMap f;
+    f.start = start;
+    f.size = size;
+    f.code.assign(code, code + size);
+    std::vector<Insn> window; // the last kPatternWindow instructions, oldest first
+    window.reserve(kPatternWindow + 1);
+
+    size_t off = 0;
+    while (off < size) {
+        Insn in;
+        const size_t left = size - off;
+        int rc;
+        if (left >= sizeof(in.bytes)) {
+            rc = decode(start + off, code + off, left, &in);
+        } else {
+            // Zero-padded, so that an instruction cut by the end decodes and shows its length.
+            uint8_t tmp[sizeof(in.bytes)] = {};
+            std::memcpy(tmp, code + off, left);
+            rc = decode(start + off, tmp, sizeof(tmp), &in);
+            if (rc == 0 && in.len > left) {
+                f.ran_past_end = true;
+                f.decode_fail_addr = start + off;
+                break;
+            }
+        }
+        if (rc != 0) {
+            f.decode_failed = true;
+            f.decode_fail_addr = start + off;
+            break;
+        }
+        f.insns.push_back(in.addr);
+        if (window.size() == kPatternWindow) window.erase(window.begin());
+        window.push_back(in);
+
+        switch (in.flow) {
+        case Flow::kJump:
+        case Flow::kCondJump:
+        case Flow::kCall:
+            if (in_function(f, in.target)) f.branch_targets.push_back(in.target);
+            break;
+        case Flow::kIndirectJump: {
+            IndirectJump ij;
+            ij.addr = in.addr;
+            match_jump_table(window, f, read, ij);
+            for (uint64_t t : ij.targets) {
+                if (in_function(f, t)) f.branch_targets.push_back(t);
+            }
+            f.indirect_jumps.push_back(std::move(ij));
+            break;
+        }
+        default:
+            break;
+        }
+        off += in.len;
+    }
+    std::sort(f.branch_targets.begin(), f.branch_targets.end());
+    f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()),
+                           f.branch_targets.end());
+    return f;
+}
+
+// A destination near addr (same 2 GiB) and one far from it (1 TiB away) for relocate().
+uint64_t near_dest(uint64_t addr) { return addr < (1ull << 46) ? addr + 0x10000 : addr - 0x10000; }
+uint64_t far_dest(uint64_t addr) { return addr < (1ull << 46) ? addr + (1ull << 40) : addr - (1ull << 40); }
+
+bool any_in(const std::vector<uint64_t> &sorted, uint64_t lo, uint64_t hi) {
+    auto it = std::upper_bound(sorted.begin(), sorted.end(), lo);
+    return it != sorted.end() && *it < hi;
+}
+
+} // namespace
+
+bool FunctionMap::has_unresolved_indirect_jump() const {
+    for (const IndirectJump &ij : indirect_jumps) {
+        if (!ij.resolved) return true;
+    }
+    return false;
+}
+
+bool FunctionMap::is_boundary(uint64_t addr) const {
+    return std::binary_search(insns.begin(), insns.end(), addr);
+}
+
+FunctionMap analyze_function(uint64_t start, const uint8_t *code, size_t size, const ReadFn &read) {
+    try {
+        if (code == nullptr && size != 0) throw std::bad_alloc();
+        return analyze(start, code, size, read);
+    } catch (...) {
+        // Out of memory, or a throwing read callback: nothing here is trustworthy.
+        FunctionMap f;
+        f.start = start;
+        f.size = size;
+        f.decode_failed = true;
+        f.decode_fail_addr = start;
+        return f;
+    }
+}
+
+const char *reason_name(Reason r) {
+    switch (r) {
+    case Reason::kOk: return "ok";
+    case Reason::kNotInstructionBoundary: return "not-instruction-boundary";
+    case Reason::kRegionPastFunctionEnd: return "region-past-function-end";
+    case Reason::kNotRelocatable: return "not-relocatable";
+    case Reason::kJumpIntoRegion: return "jump-into-region";
+    case Reason::kIndirectJump: return "indirect-jump";
+    case Reason::kCallInRegion: return "call-in-region";
+    case Reason::kCrossesControlFlowEnd: return "crosses-control-flow-end";
+    case Reason::kDecodeFailed: return "decode-failed";
+    case Reason::kTooSmallFunction: return "too-small-function";
+    case Reason::kCount_: break;
+    }
+    return "unknown";
+}
+
+OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vector<uint64_t> &extra_entries,
+                           size_t jump_len) {
+    OptimizeCheck c;
+    auto fail = [&c](Reason r) {
+        if (c.reasons == 0) c.reason = r;
+        c.reasons |= 1u << static_cast<unsigned>(r);
+    };
+    try {
+        if (!f.reliable()) fail(Reason::kDecodeFailed);
+        if (jump_len == 0) jump_len = kJmpRel32Size;
+        if (f.size < jump_len) fail(Reason::kTooSmallFunction);
+        if (!in_function(f, addr) || !f.is_boundary(addr)) {
+            if (f.reliable()) fail(Reason::kNotInstructionBoundary);
+            return c;
+        }
+        // The DCR: whole instructions from addr until 5 bytes are covered.
+        auto it = std::lower_bound(f.insns.begin(), f.insns.end(), addr);
+        uint64_t end = addr;
+        bool past_end = false;
+        for (; end - addr < jump_len; ++it) {
+            if (it == f.insns.end()) {
+                past_end = true;
+                break;
+            }
+            c.insns.push_back(*it);
+            const uint64_t next = (it + 1 == f.insns.end()) ? f.start + f.size : *(it + 1);
+            end = next;
+        }
+        if (past_end || end - f.start > f.size) {
+            if (f.size >= jump_len) fail(Reason::kRegionPastFunctionEnd);
+            c.dcr_len = 0;
+            return c;
+        }
+        c.dcr_len = end - addr;
+
+        uint8_t buf[kMaxRelocatedSize];
+        bool relocatable = true;
+        for (size_t i = 0; i < c.insns.size(); ++i) {
+            const uint64_t a = c.insns[i];
+            Insn in;
+            if (decode(a, f.code.data() + (a - f.start), f.size - (a - f.start), &in) != 0) {
+                fail(Reason::kDecodeFailed);
+                return c;
+            }
+            const bool last = i + 1 == c.insns.size();
+            if (!last) {
+                // A return address inside the DCR would point into the middle of the jmp.
+                if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall) fail(Reason::kCallInRegion);
+                // After ret/jmp, the next DCR bytes are reached only by jumps we may not see.
+                if (in.flow == Flow::kRet || in.flow == Flow::kJump || in.flow == Flow::kIndirectJump) {
+                    fail(Reason::kCrossesControlFlowEnd);
+                }
+            }
+            if (in.flow == Flow::kUnsupported ||
+                relocate(in, near_dest(a), buf, sizeof(buf), Exit::kNone) < 0 ||
+                relocate(in, far_dest(a), buf, sizeof(buf), Exit::kNone) < 0) {
+                relocatable = false;
+            }
+        }
+        if (!relocatable) fail(Reason::kNotRelocatable);
+
+        bool into = any_in(f.branch_targets, addr, end);
+        for (uint64_t e : extra_entries) into = into || (e > addr && e < end);
+        // Resolved tables' targets outside the function are not in branch_targets.
+        if (into) fail(Reason::kJumpIntoRegion);
+        if (f.has_unresolved_indirect_jump()) fail(Reason::kIndirectJump);
+    } catch (...) {
+        fail(Reason::kDecodeFailed); // allocation failure
+    }
+    c.ok = c.reasons == 0;
+    if (c.ok) c.reason = Reason::kOk;
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------
+// Landing pads
+// ---------------------------------------------------------------------------------------
+namespace {
+
+// DW_EH_PE_* (LSB "Linux Standard Base Core Specification", .eh_frame pointer encodings).
+constexpr uint8_t kPeOmit = 0xff;
+constexpr uint8_t kPeAbsptr = 0x00, kPeUleb128 = 0x01, kPeUdata2 = 0x02, kPeUdata4 = 0x03,
+                  kPeUdata8 = 0x04, kPeSleb128 = 0x09, kPeSdata2 = 0x0a, kPeSdata4 = 0x0b,
+                  kPeSdata8 = 0x0c;
+constexpr uint8_t kPePcrel = 0x10, kPeDatarel = 0x30;
+constexpr uint8_t kPeIndirect = 0x80;
+// Sanity limits: no real table comes near them; a corrupt one stops here.
+constexpr uint64_t kMaxFdeCount = 1u << 24;
+constexpr uint64_t kMaxCallSiteTable = 1u << 20;
+constexpr uint64_t kLsdaWindow = 1u << 24;
+
+// A bounds-checked reader over [pos, end) through a ReadFn; the first failure sticks.
+class Cursor {
+public:
+    Cursor(const ReadFn &read, uint64_t pos, uint64_t end) : read_(read), pos_(pos), end_(end) {}
+    uint64_t pos() const { return pos_; }
+    int error() const { return error_; }
+    const char *what() const { return what_; }
+    void fail(int err, const char *what) {
+        if (error_ == 0) {
+            error_ = err;
+            what_ = what;
+        }
+    }
+    bool get(void *out, size_t n) {
+        if (error_ != 0) return false;
+        if (pos_ > end_ || n > end_ - pos_) {
+            fail(-EPROTO, "record runs past its end");
+            return false;
+        }
+        if (!read_(pos_, out, n)) {
+            fail(-EFAULT, "unreadable address");
+            return false;
+        }
+        pos_ += n;
+        return true;
+    }
+    template <class T> T get() {
+        T v{};
+        get(&v, sizeof(v));
+        return v;
+    }
+    uint64_t uleb() {
+        uint64_t v = 0;
+        for (unsigned shift = 0; shift < 64; shift += 7) {
+            const uint8_t b = get<uint8_t>();
+            if (error_ != 0) return 0;
+            v |= static_cast<uint64_t>(b & 0x7f) << shift;
+            if (!(b & 0x80)) return v;
+        }
+        fail(-EPROTO, "LEB128 longer than 64 bits");
+        return 0;
+    }
+    int64_t sleb() {
+        int64_t v = 0;
+        for (unsigned shift = 0; shift < 64; shift += 7) {
+            const uint8_t b = get<uint8_t>();
+            if (error_ != 0) return 0;
+            v |= static_cast<int64_t>(static_cast<uint64_t>(b & 0x7f) << shift);
+            if (!(b & 0x80)) {
+                if (shift + 7 < 64 && (b & 0x40)) v |= -(static_cast<int64_t>(1) << (shift + 7));
+                return v;
+            }
+        }
+        fail(-EPROTO, "LEB128 longer than 64 bits");
+        return 0;
+    }
+    // A DW_EH_PE-encoded pointer. `datarel` is the DW_EH_PE_datarel base (0: not allowed).
+    // A raw 0 stays 0 (a null pointer), as libgcc reads it.
+    uint64_t pointer(uint8_t enc, uint64_t datarel = 0) {
+        const uint64_t field = pos_;
+        uint64_t v = 0;
+        switch (enc & 0x0f) {
+        case kPeAbsptr: v = get<uint64_t>(); break;
+        case kPeUleb128: v = uleb(); break;
+        case kPeUdata2: v = get<uint16_t>(); break;
+        case kPeUdata4: v = get<uint32_t>(); break;
+        case kPeUdata8: v = get<uint64_t>(); break;
+        case kPeSleb128: v = static_cast<uint64_t>(sleb()); break;
+        case kPeSdata2: v = static_cast<uint64_t>(static_cast<int64_t>(get<int16_t>())); break;
+        case kPeSdata4: v = static_cast<uint64_t>(static_cast<int64_t>(get<int32_t>())); break;
+        case kPeSdata8: v = get<uint64_t>(); break;
+        default: fail(-EPROTO, "unknown pointer encoding format"); return 0;
+        }
+        if (error_ != 0 || v == 0) return v;
+        switch (enc & 0x70) {
+        case 0: break;
+        case kPePcrel: v += field; break;
+        case kPeDatarel:
+            if (datarel == 0) {
+                fail(-EPROTO, "datarel pointer where no data base is defined");
+                return 0;
+            }
+            v += datarel;
+            break;
+        default: fail(-EPROTO, "unsupported pointer encoding base (textrel/funcrel/aligned)"); return 0;
+        }
+        if (enc & kPeIndirect) {
+            uint64_t p = 0;
+            if (!read_(v, &p, sizeof(p))) {
+                fail(-EFAULT, "unreadable indirect pointer");
+                return 0;
+            }
+            v = p;
+        }
+        return v;
+    }
+    // Only the size of an encoding: for pc_range, which has the FDE encoding's format but
+    // no base.
+    uint64_t value(uint8_t enc) { return pointer(static_cast<uint8_t>(enc & 0x0f)); }
+    void skip(uint64_t n) {
+        if (error_ == 0 && (pos_ > end_ || n > end_ - pos_)) fail(-EPROTO, "record runs past its end");
+        else pos_ += n;
+    }
+
+private:
+    const ReadFn &read_;
+    uint64_t pos_, end_;
+    int error_ = 0;
+    const char *what_ = nullptr;
+};
+
+// Reads a CIE/FDE length field; sets *body (first byte after it) and *end.
+bool record_bounds(Cursor &c, uint64_t *end) {
+    uint64_t len = c.get<uint32_t>();
+    if (len == 0xffffffffu) len = c.get<uint64_t>();
+    if (c.error() != 0) return false;
+    if (len == 0) {
+        c.fail(-EPROTO, "zero-length record (terminator) where an FDE was expected");
+        return false;
+    }
+    *end = c.pos() + len;
+    return true;
+}
+
+struct CieInfo {
+    uint8_t fde_enc = kPeAbsptr;
+    uint8_t lsda_enc = kPeOmit;
+    bool has_z = false;
+};
+
+int parse_cie(const ReadFn &read, uint64_t cie, CieInfo *out, std::string *why) {
+    Cursor c(read, cie, ~0ull);
+    uint64_t end = 0;
+    if (!record_bounds(c, &end)) {
+        if (why) *why = std::string(c.what()) + " in CIE";
+        return c.error();
+    }
+    Cursor b(read, c.pos(), end);
+    if (b.get<uint32_t>() != 0 && b.error() == 0) b.fail(-EPROTO, "CIE pointer of an FDE leads to no CIE");
+    const uint8_t version = b.get<uint8_t>();
+    if (b.error() == 0 && version != 1 && version != 3) b.fail(-EPROTO, "CIE version not 1 or 3");
+    char aug[16];
+    size_t n = 0;
+    while (b.error() == 0) {
+        const char ch = static_cast<char>(b.get<uint8_t>());
+        if (b.error() != 0 || ch == '\0') break;
+        if (n + 1 >= sizeof(aug)) {
+            b.fail(-EPROTO, "CIE augmentation string too long");
+            break;
+        }
+        aug[n++] = ch;
+    }
+    aug[n] = '\0';
+    b.uleb(); // code alignment
+    b.sleb(); // data alignment
+    if (version == 1) b.get<uint8_t>();
+    else b.uleb(); // return address register
+    if (b.error() == 0 && n > 0) {
+        if (aug[0] != 'z') {
+            b.fail(-EPROTO, "CIE augmentation without 'z'");
+        } else {
+            out->has_z = true;
+            b.uleb(); // augmentation data length
+            for (size_t i = 1; i < n && b.error() == 0; ++i) {
+                switch (aug[i]) {
+                case 'P': { // personality routine: skipped
+                    const uint8_t enc = b.get<uint8_t>();
+                    b.value(enc);
+                    break;
+                }
+                case 'L': out->lsda_enc = b.get<uint8_t>(); break;
+                case 'R': out->fde_enc = b.get<uint8_t>(); break;
+                case 'S': case 'B': case 'G': break; // no data
+                default: b.fail(-EPROTO, "unknown CIE augmentation character"); break;
+                }
+            }
+        }
+    }
+    if (b.error() == 0) return 0;
+    if (why) *why = std::string(b.what()) + " in CIE";
+    return b.error();
+}
+
+// Appends the landing pads of the LSDA at `lsda` of a function starting at `region_start`.
+int parse_lsda(const ReadFn &read, uint64_t lsda, uint64_t region_start, std::vector<uint64_t> *pads,
+               std::string *why) {
+    Cursor c(read, lsda, lsda + kLsdaWindow);
+    uint64_t lpstart = region_start;
+    const uint8_t lpstart_enc = c.get<uint8_t>();
+    if (lpstart_enc != kPeOmit) lpstart = c.pointer(lpstart_enc);
+    const uint8_t ttype_enc = c.get<uint8_t>();
+    if (ttype_enc != kPeOmit) c.uleb(); // offset of the type table: not needed
+    const uint8_t cs_enc = c.get<uint8_t>();
+    if (c.error() == 0 && (cs_enc & 0x70) != 0) c.fail(-EPROTO, "call-site encoding with a base");
+    const uint64_t cs_len = c.uleb();
+    if (c.error() == 0 && cs_len > kMaxCallSiteTable) c.fail(-EPROTO, "call-site table too long");
+    if (c.error() == 0) {
+        const uint64_t cs_end = c.pos() + cs_len;
+        Cursor t(read, c.pos(), cs_end);
+        while (t.error() == 0 && t.pos() < cs_end) {
+            t.value(cs_enc); // call-site start
+            t.value(cs_enc); // call-site length
+            const uint64_t lp = t.value(cs_enc);
+            t.uleb(); // action
+            if (t.error() == 0 && lp != 0) pads->push_back(lpstart + lp);
+        }
+        if (t.error() == 0) return 0;
+        if (why) *why = std::string(t.what()) + " in LSDA call-site table";
+        return t.error();
+    }
+    if (why) *why = std::string(c.what()) + " in LSDA header";
+    return c.error();
+}
+
+} // namespace
+
+int landing_pads(uint64_t eh_frame_hdr, uint64_t lo, uint64_t hi, const ReadFn &read,
+                 std::vector<uint64_t> *pads, std::string *error) {
+    std::string why;
+    auto done = [&](int rc, const std::string &what, uint64_t at) {
+        if (rc != 0 && error != nullptr) {
+            char buf[32];
+            std::snprintf(buf, sizeof(buf), " at 0x%llx", static_cast<unsigned long long>(at));
+            *error = what + buf;
+        }
+        return rc;
+    };
+    if (eh_frame_hdr == 0) return done(-ENOENT, "no .eh_frame_hdr (PT_GNU_EH_FRAME)", 0);
+    if (!read || pads == nullptr) return done(-EINVAL, "no reader or output", 0);
+    try {
+        Cursor h(read, eh_frame_hdr, ~0ull);
+        const uint8_t version = h.get<uint8_t>();
+        const uint8_t eh_frame_ptr_enc = h.get<uint8_t>();
+        const uint8_t fde_count_enc = h.get<uint8_t>();
+        const uint8_t table_enc = h.get<uint8_t>();
+        if (h.error() != 0) return done(h.error(), std::string(h.what()) + " in .eh_frame_hdr", h.pos());
+        if (version != 1) return done(-EPROTO, ".eh_frame_hdr version not 1", eh_frame_hdr);
+        h.pointer(eh_frame_ptr_enc, eh_frame_hdr);
+        if (fde_count_enc == kPeOmit || table_enc != (kPeDatarel | kPeSdata4)) {
+            return done(-EPROTO, ".eh_frame_hdr without a datarel|sdata4 search table", eh_frame_hdr);
+        }
+        const uint64_t count = h.pointer(fde_count_enc, eh_frame_hdr);
+        if (h.error() != 0) return done(h.error(), std::string(h.what()) + " in .eh_frame_hdr", h.pos());
+        if (count > kMaxFdeCount) return done(-EPROTO, ".eh_frame_hdr FDE count implausible", eh_frame_hdr);
+        const uint64_t table = h.pos();
+
+        auto entry = [&](uint64_t i, uint64_t *loc, uint64_t *fde) {
+            int32_t e[2];
+            if (!read(table + i * 8, e, sizeof(e))) return false;
+            *loc = eh_frame_hdr + static_cast<uint64_t>(static_cast<int64_t>(e[0]));
+            *fde = eh_frame_hdr + static_cast<uint64_t>(static_cast<int64_t>(e[1]));
+            return true;
+        };
+        // The last entry with initial location <= lo: the FDE that may cover lo.
+        uint64_t first = 0, l = 0, r = count;
+        while (l < r) {
+            const uint64_t m = l + (r - l) / 2;
+            uint64_t loc, fde;
+            if (!entry(m, &loc, &fde)) return done(-EFAULT, "unreadable .eh_frame_hdr table", table + m * 8);
+            if (loc <= lo) {
+                first = m;
+                l = m + 1;
+            } else {
+                r = m;
+            }
+        }
+        for (uint64_t i = first; i < count; ++i) {
+            uint64_t loc, fde;
+            if (!entry(i, &loc, &fde)) return done(-EFAULT, "unreadable .eh_frame_hdr table", table + i * 8);
+            if (loc >= hi) break;
+            // The FDE: length, CIE pointer, pc_begin, pc_range, augmentation data (LSDA).
+            Cursor c(read, fde, ~0ull);
+            uint64_t end = 0;
+            if (!record_bounds(c, &end)) return done(c.error(), std::string(c.what()) + " in FDE", fde);
+            Cursor b(read, c.pos(), end);
+            const uint64_t cie_field = b.pos();
+            const uint32_t cie_off = b.get<uint32_t>();
+            if (b.error() == 0 && (cie_off == 0 || cie_off > cie_field)) {
+                b.fail(-EPROTO, "FDE with a bad CIE pointer");
+            }
+            if (b.error() != 0) return done(b.error(), std::string(b.what()) + " in FDE", fde);
+            CieInfo cie;
+            if (int rc = parse_cie(read, cie_field - cie_off, &cie, &why); rc != 0) {
+                return done(rc, why + " (of FDE)", cie_field - cie_off);
+            }
+            const uint64_t pc_begin = b.pointer(cie.fde_enc);
+            const uint64_t pc_range = b.value(cie.fde_enc);
+            if (b.error() == 0 && pc_begin != loc) b.fail(-EPROTO, "FDE pc_begin differs from .eh_frame_hdr");
+            uint64_t lsda = 0;
+            if (cie.has_z) {
+                const uint64_t aug_len = b.uleb();
+                const uint64_t aug_start = b.pos();
+                if (cie.lsda_enc != kPeOmit) lsda = b.pointer(cie.lsda_enc);
+                if (b.error() == 0 && b.pos() - aug_start > aug_len) b.fail(-EPROTO, "FDE augmentation overrun");
+            }
+            if (b.error() != 0) return done(b.error(), std::string(b.what()) + " in FDE", fde);
+            if (pc_begin + pc_range <= lo || lsda == 0) continue;
+            if (int rc = parse_lsda(read, lsda, pc_begin, pads, &why); rc != 0) return done(rc, why, lsda);
+        }
+        return 0;
+    } catch (...) {
+        return done(-ENOMEM, "out of memory", eh_frame_hdr);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ElfImage
+// ---------------------------------------------------------------------------------------
+
+std::unique_ptr<ElfImage> ElfImage::open(const std::string &path, uint64_t bias, std::string *error) {
+    auto fail = [&](const std::string &why) -> std::unique_ptr<ElfImage> {
+        if (error != nullptr) *error = path + ": " + why;
+        return nullptr;
+    };
+    try {
+        if (elf_version(EV_CURRENT) == EV_NONE) return fail("libelf initialization failed");
+        std::unique_ptr<ElfImage> img(new ElfImage());
+        img->bias_ = bias;
+        img->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (img->fd_ < 0) return fail(std::strerror(errno));
+        Elf *elf = elf_begin(img->fd_, ELF_C_READ_MMAP, nullptr);
+        img->elf_ = elf;
+        if (elf == nullptr || elf_kind(elf) != ELF_K_ELF) return fail("not an ELF file");
+        if (gelf_getclass(elf) != ELFCLASS64) return fail("not a 64-bit ELF file");
+        img->file_ = reinterpret_cast<const uint8_t *>(elf_rawfile(elf, &img->file_size_));
+        if (img->file_ == nullptr) return fail(std::string("cannot map: ") + elf_errmsg(-1));
+        size_t phnum = 0;
+        if (elf_getphdrnum(elf, &phnum) != 0) return fail("no program headers");
+        for (size_t i = 0; i < phnum; ++i) {
+            GElf_Phdr ph;
+            if (!gelf_getphdr(elf, static_cast<int>(i), &ph)) return fail("unreadable program header");
+            if (ph.p_type == PT_LOAD) {
+                if (ph.p_offset > img->file_size_ || ph.p_filesz > img->file_size_ - ph.p_offset ||
+                    ph.p_filesz > ph.p_memsz) {
+                    return fail("PT_LOAD segment outside the file");
+                }
+                img->segments_.push_back({ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_offset});
+            } else if (ph.p_type == PT_GNU_EH_FRAME) {
+                img->eh_frame_hdr_ = bias + ph.p_vaddr;
+            }
+        }
+        return img;
+    } catch (...) {
+        return fail("out of memory");
+    }
+}
+
+ElfImage::~ElfImage() {
+    if (elf_ != nullptr) elf_end(static_cast<Elf *>(elf_));
+    if (fd_ >= 0) ::close(fd_);
+}
+
+bool ElfImage::read(uint64_t addr, void *out, size_t n) const {
+    const uint64_t vaddr = addr - bias_;
+    for (const Segment &s : segments_) {
+        if (vaddr < s.vaddr || vaddr - s.vaddr > s.memsz || n > s.memsz - (vaddr - s.vaddr)) continue;
+        const uint64_t at = vaddr - s.vaddr;
+        const uint64_t from_file = at >= s.filesz ? 0 : std::min<uint64_t>(n, s.filesz - at);
+        if (from_file != 0) std::memcpy(out, file_ + s.offset + at, from_file);
+        std::memset(static_cast<uint8_t *>(out) + from_file, 0, n - from_file);
+        return true;
+    }
+    return false;
+}
+
+const uint8_t *ElfImage::bytes(uint64_t addr, size_t n) const {
+    const uint64_t vaddr = addr - bias_;
+    for (const Segment &s : segments_) {
+        if (vaddr < s.vaddr || vaddr - s.vaddr > s.filesz || n > s.filesz - (vaddr - s.vaddr)) continue;
+        return file_ + s.offset + (vaddr - s.vaddr);
+    }
+    return nullptr;
+}
+
+ReadFn ElfImage::reader() const {
+    return [this](uint64_t addr, void *out, size_t n) { return read(addr, out, n); };
+}
+
+} // namespace ukp::arch

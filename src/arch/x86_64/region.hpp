@@ -1,0 +1,157 @@
+// Where a 5-byte `jmp rel32` may replace code: whole-function analysis (instruction
+// boundaries, branch targets, jump tables) and the optprobe safety check of the seeds
+// ("How Does Jump Optimization Work?"): the DCR (Detoured Code Region, the whole
+// instructions the jump overwrites) must be relocatable, lie within one function, and
+// no jump may land in its JTPR (Jump Target Prohibition Region, (addr, addr + DCR)).
+//
+// Also the C++ exception landing pads of a function (.eh_frame_hdr -> FDE -> LSDA call-site
+// table), which are jump targets the code does not show.
+//
+// Pure analysis of bytes: nothing here patches or reads the process. Memory other than the
+// function's own bytes (jump tables in .rodata, unwind tables) is read through a callback.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ukp::arch {
+
+// Reads n bytes at (run-time or file) address addr into out; false if they are not
+// readable. Must not throw.
+using ReadFn = std::function<bool(uint64_t addr, void *out, size_t n)>;
+
+// An indirect `jmp r/m` found in a function.
+struct IndirectJump {
+    enum class Kind : uint8_t {
+        kUnknown,      // jmp *%reg or jmp *mem that matches no pattern below
+        kRipMemory,    // jmp *disp(%rip): a tail call through a GOT slot or function pointer
+        kTableRel32,   // lea T(%rip),%rX; movslq (%rX,%rI,4),%rY; add %rX,%rY; jmp *%rY
+        kTableAbs64,   // jmp *T(,%rI,8)
+    };
+    uint64_t addr = 0;     // of the jmp instruction
+    Kind kind = Kind::kUnknown;
+    uint64_t table = 0;    // kTable*: the table's address
+    uint32_t entries = 0;  // kTable*: entry count from the bounds check (cmp $n, idx; ja)
+    bool resolved = false; // kTable*: bound found and every entry read; targets below
+    std::vector<uint64_t> targets; // resolved entries (inside the function or not)
+};
+
+// The result of a linear-sweep decode of one function [start, start + size).
+struct FunctionMap {
+    uint64_t start = 0;
+    uint64_t size = 0;
+    std::vector<uint8_t> code;    // the function's bytes (check_region re-decodes from them)
+    std::vector<uint64_t> insns;  // instruction addresses, ascending
+    // Addresses inside the function that a direct jmp/jcc/loop/jrcxz/call or a resolved
+    // jump table entry goes to; sorted, unique.
+    std::vector<uint64_t> branch_targets;
+    std::vector<IndirectJump> indirect_jumps;
+    // Decoding hit bytes that are no valid instruction (decode_fail_addr), or the last
+    // instruction runs past start + size: boundaries and targets are not to be trusted.
+    bool decode_failed = false;
+    bool ran_past_end = false;
+    uint64_t decode_fail_addr = 0;
+
+    bool reliable() const { return !decode_failed && !ran_past_end; }
+    // Some indirect jump is not a resolved jump table.
+    bool has_unresolved_indirect_jump() const;
+    bool is_boundary(uint64_t addr) const;
+};
+
+// Decodes [start, start + size) from `code` (which holds the function's bytes). `read`,
+// when given, reads jump tables outside `code` (.rodata); tables inside `code` are read
+// from it. Never throws (an allocation failure gives decode_failed).
+FunctionMap analyze_function(uint64_t start, const uint8_t *code, size_t size,
+                             const ReadFn &read = {});
+
+enum class Reason : uint8_t {
+    kOk,
+    kNotInstructionBoundary, // addr is outside the function or not where an instruction starts
+    kRegionPastFunctionEnd,  // the whole instructions covering 5 bytes end past the function
+    kNotRelocatable,         // an instruction in the DCR cannot run elsewhere (int3, far, ...)
+    kJumpIntoRegion,         // a branch, jump table entry or extra entry lands in (addr, addr+DCR)
+    kIndirectJump,           // the function has an indirect jump that is no resolved table
+    kCallInRegion,           // a call before the last DCR instruction: it returns into the jmp
+    kCrossesControlFlowEnd,  // ret/jmp before the last DCR instruction: what follows is unseen
+    kDecodeFailed,           // the function does not decode cleanly (data, bad size)
+    kTooSmallFunction,       // the function is shorter than the 5-byte jump
+    kCount_,
+};
+
+const char *reason_name(Reason r);
+
+// The jump-optimization verdict for a probe at addr.
+struct OptimizeCheck {
+    bool ok = false;
+    Reason reason = Reason::kNotInstructionBoundary; // the first failed check, kOk if ok
+    uint64_t dcr_len = 0;        // bytes of whole instructions the jump replaces (0 if unknown)
+    std::vector<uint64_t> insns; // addresses of the DCR's instructions
+    uint32_t reasons = 0;        // bit (1 << Reason) for every failed check, for statistics
+};
+
+// The safety check for a jump at addr in the function `f`. `extra_entries` are further
+// addresses execution may arrive at (exception landing pads, other symbols' entries).
+// Checks, in order of the reported reason: decodability, size, boundary, DCR within the
+// function, no ret/jmp and no call before the last DCR instruction, each instruction
+// relocatable near (< 2 GiB) and far (> 4 GiB) from addr, no target in (addr, addr + DCR),
+// no unresolved indirect jump in the function.
+// `jump_len` is the size of the jump that replaces the DCR: 5 (jmp rel32); 2 asks what a
+// jmp rel8 to a nearby trampoline would need.
+OptimizeCheck check_region(const FunctionMap &f, uint64_t addr,
+                           const std::vector<uint64_t> &extra_entries, size_t jump_len = 5);
+
+// ---------------------------------------------------------------------------------------
+// Exception landing pads
+// ---------------------------------------------------------------------------------------
+
+// Landing pads of the FDEs that cover any of [lo, hi), found through the binary search
+// table of the .eh_frame_hdr at `eh_frame_hdr` (PT_GNU_EH_FRAME); appended to *pads
+// (absolute addresses; they may lie outside [lo, hi), in a .cold part). Addresses are as
+// `read` sees them: run-time ones, or file vaddrs + bias with the pointers in the tables
+// pc-relative (as GCC and clang emit them; absolute pointers would need relocations).
+// Returns 0 (also when no FDE covers the range: no unwind info, no pads), or
+//   -ENOENT   eh_frame_hdr is 0 (the object has no PT_GNU_EH_FRAME)
+//   -EFAULT   a read failed (a pointer leads outside the readable image)
+//   -EPROTO   a malformed or unsupported table (version, encoding, augmentation, length);
+//             *error says which and where.
+// The caller treats a function whose pads are unknown as unsafe.
+int landing_pads(uint64_t eh_frame_hdr, uint64_t lo, uint64_t hi, const ReadFn &read,
+                 std::vector<uint64_t> *pads, std::string *error = nullptr);
+
+// An ELF file's loadable bytes by address (p_vaddr + bias), read through libelf: what a
+// file-based analysis (ukp-coverage) reads code, .rodata and unwind tables from.
+class ElfImage {
+public:
+    // Null on failure, with *error saying why.
+    static std::unique_ptr<ElfImage> open(const std::string &path, uint64_t bias,
+                                          std::string *error = nullptr);
+    ~ElfImage();
+    ElfImage(const ElfImage &) = delete;
+    ElfImage &operator=(const ElfImage &) = delete;
+
+    // Bytes of PT_LOAD segments; the part of a segment beyond p_filesz reads as zeros.
+    bool read(uint64_t addr, void *out, size_t n) const;
+    // A pointer to n file-backed bytes at addr, or null.
+    const uint8_t *bytes(uint64_t addr, size_t n) const;
+    ReadFn reader() const;
+    uint64_t eh_frame_hdr() const { return eh_frame_hdr_; } // 0 if none
+
+private:
+    struct Segment {
+        uint64_t vaddr, filesz, memsz, offset;
+    };
+    ElfImage() = default;
+    int fd_ = -1;
+    void *elf_ = nullptr; // Elf *
+    const uint8_t *file_ = nullptr;
+    size_t file_size_ = 0;
+    uint64_t bias_ = 0;
+    uint64_t eh_frame_hdr_ = 0;
+    std::vector<Segment> segments_;
+};
+
+} // namespace ukp::arch
