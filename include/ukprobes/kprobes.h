@@ -200,6 +200,17 @@ void ukp_blacklist_add(const void *addr, const char *name);
  *   off disarms every probe; turning it on re-arms every probe not disabled on its own.
  */
 char *ukp_kprobes_list(void);
+
+/*
+ * What the child of a fork() does with the probes. UKP_FORK_KEEP (the default): the
+ * child keeps every probe armed, with the same handlers, as the code it inherited.
+ * UKP_FORK_REMOVE: at fork, the child's code is restored and no handler runs in it (its
+ * probes are left registered, disarmed, as with ukp_set_kprobes_enabled(0)). A vfork()
+ * child shares the parent's memory and is never changed. Returns 0 or -EINVAL.
+ */
+#define UKP_FORK_KEEP 0
+#define UKP_FORK_REMOVE 1
+int ukp_set_fork_policy(int policy);
 int ukp_kprobes_enabled(void);
 int ukp_set_kprobes_enabled(int on);
 

@@ -67,6 +67,8 @@ ThreadState &thread_state();
 
 // Global knobs (kprobes/enabled).
 extern std::atomic<bool> g_kprobes_enabled;
+// Set in a child of fork() under UKP_FORK_REMOVE: no handler runs there any more.
+extern std::atomic<bool> g_handlers_silenced;
 
 // Installs the agent's signal handlers, or puts them back if something displaced them
 // (recording what it finds as the program's). 0 or -errno.

@@ -15,6 +15,7 @@
 namespace ukp::core {
 
 std::atomic<bool> g_kprobes_enabled{true};
+std::atomic<bool> g_handlers_silenced{false};
 
 // ---- per-thread state ----------------------------------------------------------------
 
@@ -318,7 +319,7 @@ void probe_hit(Point *pt, ucontext_t *uc) {
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     // (The kprobes/enabled knob works by disarming: a hit on a point disarmed meanwhile
     // still runs its handlers, as a hit already in flight does in the kernel.)
-    if (ts.depth > 0 || list == nullptr) {
+    if (ts.depth > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
         // A probe hit from inside a handler: its handlers do not run (seed 001).
         if (ts.depth > 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)

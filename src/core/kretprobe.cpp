@@ -399,7 +399,7 @@ extern "C" __attribute__((used)) void ukp_kretprobe_dispatch(const uint64_t *lit
         report_bug(ri, regs->sp);
     } else {
         kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire);
-        if (rp != nullptr && rp->handler != nullptr) {
+        if (rp != nullptr && rp->handler != nullptr && !g_handlers_silenced.load(std::memory_order_relaxed)) {
             ReturnCall call{rp, &ri->pub, regs};
             call_guarded(&rp->kp, call_return_handler, &call);
         }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <link.h>
+#include <pthread.h>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -341,6 +342,28 @@ void sync_objects_locked() {
     }
 }
 
+// ---- fork ----------------------------------------------------------------------------------
+
+std::atomic<int> g_fork_policy{UKP_FORK_KEEP};
+bool g_fork_hooked = false;
+
+// Around fork(): the registry mutex is taken so that the child never inherits it held by
+// a thread that does not exist there.
+void before_fork() { g_mutex.lock(); }
+void after_fork_parent() { g_mutex.unlock(); }
+void after_fork_child() {
+    if (g_fork_policy.load() == UKP_FORK_REMOVE) {
+        g_kprobes_enabled.store(false);
+        g_handlers_silenced.store(true);
+        for (auto &[addr, pt] : points()) {
+            if (!pt->armed) continue;
+            // The child's own copy of the page: the parent keeps its int3.
+            if (text::poke_byte(addr, pt->orig_byte) == 0) pt->armed = false;
+        }
+    }
+    g_mutex.unlock();
+}
+
 void hook_link_map_locked() {
     if (g_link_map_hooked) return;
     g_link_map_hooked = true;
@@ -359,6 +382,10 @@ int ensure_initialized() {
     if (g_symbols == nullptr) return -ENOMEM;
     g_symbols->refresh();
     hook_link_map_locked();
+    if (!g_fork_hooked) {
+        g_fork_hooked = true;
+        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    }
     return 0;
 }
 
@@ -578,6 +605,12 @@ char *ukp_kprobes_list(void) {
 }
 
 int ukp_kprobes_enabled(void) { return g_kprobes_enabled.load() ? 1 : 0; }
+
+int ukp_set_fork_policy(int policy) {
+    if (policy != UKP_FORK_KEEP && policy != UKP_FORK_REMOVE) return -EINVAL;
+    g_fork_policy.store(policy);
+    return 0;
+}
 
 int ukp_set_kprobes_enabled(int on) { return set_enabled(on != 0); }
 

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <linux/membarrier.h>
 #include <mutex>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -29,8 +30,7 @@ struct Chunk {
 std::mutex g_mutex; // guards everything below except the published chunk array
 int g_mem_fd = -1;
 pid_t g_mem_pid = 0;
-bool g_sync_core = false;
-bool g_membarrier = false;
+bool g_sync_core = false; // membarrier SYNC_CORE registered for this process
 
 // Published chunk starts, read by signal handlers without a lock: entries are written
 // before g_chunk_count is raised and never change afterwards.
@@ -41,12 +41,14 @@ std::vector<Chunk> g_chunks; // the same chunks, with their fill level
 long membarrier(int cmd) { return syscall(__NR_membarrier, cmd, 0, 0); }
 
 int open_mem_locked() {
-    // After fork() an inherited descriptor still designates the parent's memory.
+    // After fork() an inherited descriptor still designates the parent's memory, and the
+    // membarrier registration (per address space) did not come along.
     if (g_mem_fd >= 0 && g_mem_pid == getpid()) return 0;
     if (g_mem_fd >= 0) close(g_mem_fd);
     g_mem_fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     if (g_mem_fd < 0) return -errno;
     g_mem_pid = getpid();
+    g_sync_core = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
     return 0;
 }
 
@@ -105,14 +107,17 @@ uint64_t map_chunk_near(uint64_t near) {
 
 } // namespace
 
+// The mutex is held across fork() so that a child never inherits it locked by a thread
+// that does not exist there. Registered before the core's handlers: the prepare
+// handlers run in reverse order, so the core's lock is taken first, as in normal code.
+void lock_for_fork() { g_mutex.lock(); }
+void unlock_after_fork() { g_mutex.unlock(); }
+std::once_flag g_fork_once;
+
 int init() {
+    std::call_once(g_fork_once, [] { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); });
     std::lock_guard lock(g_mutex);
-    if (int err = open_mem_locked(); err != 0) return err;
-    if (!g_membarrier) {
-        g_membarrier = true;
-        g_sync_core = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
-    }
-    return 0;
+    return open_mem_locked();
 }
 
 int write(uint64_t addr, const void *data, size_t n) {
@@ -134,6 +139,10 @@ int write(uint64_t addr, const void *data, size_t n) {
 }
 
 void sync_cores() {
+    {
+        std::lock_guard lock(g_mutex);
+        open_mem_locked(); // registers membarrier again in a child of fork()
+    }
     // Without SYNC_CORE (kernels before 4.16), the write through /proc/self/mem is still
     // a kernel entry and exit on this core; other cores see the byte change atomically.
     if (g_sync_core) membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);

@@ -51,41 +51,103 @@ int last_writer(const std::vector<Insn> &w, int before, ZydisRegister r) {
     return -1;
 }
 
-// The entry count of a table indexed by `index`, from the bounds check before w[before]:
-// `cmp $n, idx` then ja/jae/jbe/jb, with only register copies of idx in between. 0 if none.
+bool same_memory(const ZydisDecodedOperand &a, const ZydisDecodedOperand &b) {
+    return a.type == ZYDIS_OPERAND_TYPE_MEMORY && b.type == ZYDIS_OPERAND_TYPE_MEMORY &&
+           a.mem.base == b.mem.base && a.mem.index == b.mem.index && a.mem.scale == b.mem.scale &&
+           a.mem.disp.value == b.mem.disp.value && a.mem.segment == b.mem.segment && a.size == b.size;
+}
+
+// For `cmp $n, x` at w[i]: the entry count the following ja/jae/jbe/jb (after any
+// flag-preserving moves) admits, or 0.
+uint64_t bound_of_cmp(const std::vector<Insn> &w, size_t i) {
+    const Insn &cmp = w[i];
+    const uint64_t mask = cmp.zi.operand_width >= 64 ? ~0ull : (1ull << cmp.zi.operand_width) - 1;
+    const uint64_t n = cmp.ops[1].imm.value.u & mask;
+    if (n >= kMaxTableEntries) return 0;
+    for (size_t j = i + 1; j < w.size(); ++j) {
+        switch (w[j].zi.mnemonic) {
+        case ZYDIS_MNEMONIC_JNBE: // ja default: entries 0..n
+        case ZYDIS_MNEMONIC_JBE:  // jbe table: entries 0..n
+            return n + 1;
+        case ZYDIS_MNEMONIC_JNB: // jae default: entries 0..n-1
+        case ZYDIS_MNEMONIC_JB:
+            return n;
+        case ZYDIS_MNEMONIC_MOV:
+        case ZYDIS_MNEMONIC_MOVZX:
+        case ZYDIS_MNEMONIC_LEA:
+            continue; // leave the flags alone
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
+bool is_cmp_imm(const Insn &in) {
+    return in.zi.mnemonic == ZYDIS_MNEMONIC_CMP && in.zi.operand_count_visible == 2 &&
+           in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE;
+}
+
+// The entry count of a table indexed by `index` at w[before], from the bounds check
+// before it: `cmp $n, x` then ja/jae/jbe/jb, where x holds the index's value: the index
+// register, a register copied into it, or the memory it was loaded from. A byte
+// zero-extended into the index bounds it to 256 when no cmp is found. 0 if unknown.
 uint64_t table_bound(const std::vector<Insn> &w, int before, ZydisRegister index) {
-    ZydisRegister tracked = index;
+    ZydisRegister reg = index;          // holds the index value here (or NONE: `mem` does)
+    const ZydisDecodedOperand *mem = nullptr;
+    uint64_t fallback = 0;
+    // `cmp $n, r` seen on another register: good if r is later found copied into `reg`
+    // with no write to r in between.
+    struct Pending {
+        ZydisRegister reg;
+        uint64_t n;
+    };
+    std::vector<Pending> pending;
     for (int i = before - 1; i >= 0; --i) {
         const Insn &in = w[i];
         const ZydisMnemonic m = in.zi.mnemonic;
-        if (m == ZYDIS_MNEMONIC_CMP && in.zi.operand_count_visible == 2 && is_reg(in.ops[0]) &&
-            gpr64(in.ops[0].reg.value) == tracked && in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE &&
-            static_cast<size_t>(i + 1) < w.size()) {
-            const uint64_t mask = in.zi.operand_width >= 64 ? ~0ull : (1ull << in.zi.operand_width) - 1;
-            const uint64_t n = in.ops[1].imm.value.u & mask;
-            if (n >= kMaxTableEntries) return 0;
-            switch (w[i + 1].zi.mnemonic) {
-            case ZYDIS_MNEMONIC_JNBE: // ja default: entries 0..n
-            case ZYDIS_MNEMONIC_JBE:  // jbe table: entries 0..n
-                return n + 1;
-            case ZYDIS_MNEMONIC_JNB: // jae default: entries 0..n-1
-            case ZYDIS_MNEMONIC_JB:
-                return n;
-            default:
-                return 0;
+        if (is_cmp_imm(in)) {
+            const ZydisDecodedOperand &x = in.ops[0];
+            const bool hit = (reg != ZYDIS_REGISTER_NONE && is_reg(x) && gpr64(x.reg.value) == reg) ||
+                             (mem != nullptr && same_memory(x, *mem));
+            if (hit) {
+                const uint64_t n = bound_of_cmp(w, static_cast<size_t>(i));
+                return n != 0 ? n : fallback;
             }
-        }
-        if (in.flow != Flow::kSequential && in.flow != Flow::kCondJump) return 0;
-        if (!writes(in, tracked)) continue;
-        // Register copies and zero-extensions keep the value: follow the source.
-        if ((m == ZYDIS_MNEMONIC_MOV || m == ZYDIS_MNEMONIC_MOVZX) && in.zi.operand_count_visible == 2 &&
-            is_reg(in.ops[0]) && is_reg(in.ops[1])) {
-            tracked = gpr64(in.ops[1].reg.value);
+            if (is_reg(x)) {
+                if (uint64_t n = bound_of_cmp(w, static_cast<size_t>(i)); n != 0) {
+                    pending.push_back({gpr64(x.reg.value), n});
+                }
+            }
             continue;
         }
-        return 0;
+        if (in.flow != Flow::kSequential && in.flow != Flow::kCondJump) return fallback;
+        const bool copy = (m == ZYDIS_MNEMONIC_MOV || m == ZYDIS_MNEMONIC_MOVZX) &&
+                          in.zi.operand_count_visible == 2 && is_reg(in.ops[0]);
+        if (reg != ZYDIS_REGISTER_NONE && writes(in, reg)) {
+            if (copy && is_reg(in.ops[1])) {
+                const ZydisRegister src = gpr64(in.ops[1].reg.value);
+                for (const Pending &p : pending) {
+                    if (p.reg == src) return p.n;
+                }
+                reg = src;
+                continue;
+            }
+            if (copy && in.ops[1].type == ZYDIS_OPERAND_TYPE_MEMORY) {
+                if (m == ZYDIS_MNEMONIC_MOVZX && in.ops[1].size == 8) fallback = 256;
+                reg = ZYDIS_REGISTER_NONE;
+                mem = &in.ops[1];
+                continue;
+            }
+            return fallback;
+        }
+        if (mem != nullptr && ((mem->mem.base != ZYDIS_REGISTER_NONE && writes(in, gpr64(mem->mem.base))) ||
+                               (mem->mem.index != ZYDIS_REGISTER_NONE && writes(in, gpr64(mem->mem.index))))) {
+            return fallback;
+        }
+        std::erase_if(pending, [&](const Pending &p) { return writes(in, p.reg); });
     }
-    return 0;
+    return fallback;
 }
 
 // Reads n bytes at addr from the function's own bytes if they hold them, else via read.

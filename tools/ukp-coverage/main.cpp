@@ -1,0 +1,297 @@
+// ukp-coverage: how many function entries (and instruction boundaries) of ELF files a
+// 5-byte jmp could probe, per the jump-optimization safety check (arch/x86_64/region.hpp),
+// and why the others cannot; plus estimates of what other patching tactics would reach.
+//
+//   ukp-coverage [--entries-only] [--list] OBJECT...
+//
+// Addresses are file vaddrs (bias 0); code, jump tables and unwind tables come from the
+// file's PT_LOAD segments.
+#include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/region.hpp"
+#include "symbols/symbols.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ukp::arch::check_region;
+using ukp::arch::FunctionMap;
+using ukp::arch::IndirectJump;
+using ukp::arch::OptimizeCheck;
+using ukp::arch::Reason;
+using ukp::arch::reason_name;
+
+constexpr size_t kReasons = static_cast<size_t>(Reason::kCount_);
+
+// Tool-level verdicts beside the Reason enum: the function could not be analyzed at all.
+enum Extra { kLandingPadsUnknown, kCodeUnreadable, kExtraCount };
+const char *const kExtraNames[] = {"landing-pads-unknown", "code-unreadable"};
+
+bool only(const OptimizeCheck &c, uint32_t mask) { return c.reasons != 0 && (c.reasons & ~mask) == 0; }
+uint32_t bit(Reason r) { return 1u << static_cast<unsigned>(r); }
+
+struct Counts {
+    uint64_t sites = 0, ok = 0;
+    std::array<uint64_t, kReasons> first{};  // by first failed check
+    std::array<uint64_t, kReasons> any{};    // by every failed check
+    std::array<uint64_t, kReasons> sole{};   // functions failing this check only
+    std::array<uint64_t, kExtraCount> extra{};
+
+    void add(const OptimizeCheck &c) {
+        ++sites;
+        if (c.ok) {
+            ++ok;
+            return;
+        }
+        ++first[static_cast<size_t>(c.reason)];
+        for (size_t r = 0; r < kReasons; ++r) {
+            if (c.reasons & (1u << r)) ++any[r];
+        }
+        if ((c.reasons & (c.reasons - 1)) == 0) ++sole[static_cast<size_t>(c.reason)];
+    }
+};
+
+// What other tactics would add, over entries that fail the rel32 check.
+struct Tactics {
+    uint64_t trust_rip_jumps = 0;      // indirect-jump only, all unresolved are jmp *x(%rip)
+    uint64_t trust_tail_jumps = 0;     // indirect-jump only, none is an unsized table
+    uint64_t short_jump = 0;           // a jmp rel8 DCR passes and >= 5 padding bytes in reach
+    uint64_t first_insn_reloc = 0;     // the first instruction alone relocates (punning base)
+    std::array<uint64_t, 16> first_len{}; // length of the first instruction of failing entries
+    uint64_t with_pads = 0, pads = 0;   // functions with landing pads (or inner entries), pads
+    uint64_t unsized_tables = 0, tables = 0, rip_jumps = 0, unknown_jumps = 0;
+};
+
+double pct(uint64_t a, uint64_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; }
+
+// Padding (int3 / nop bytes) around [start, end): bytes of it within jmp rel8 reach of
+// `from` (the end of a 2-byte jmp) that form a run of >= 5 bytes.
+bool padding_in_reach(const ukp::arch::ElfImage &img, uint64_t from, uint64_t lo, uint64_t hi) {
+    // lo/hi: the free gap [lo, hi) between neighbouring functions.
+    if (hi <= lo || hi - lo < 5) return false;
+    std::vector<uint8_t> gap(hi - lo);
+    if (!img.read(lo, gap.data(), gap.size())) return false;
+    // A run of 5 filler bytes whose start is within [-128, 127] of `from`.
+    size_t run = 0;
+    for (size_t i = 0; i < gap.size(); ++i) {
+        const uint8_t b = gap[i];
+        const bool filler = b == 0xcc || b == 0x90 || b == 0x00;
+        run = filler ? run + 1 : 0;
+        if (run >= 5) {
+            const int64_t d = static_cast<int64_t>(lo + i - 4 - from);
+            if (d >= -128 && d <= 127) return true;
+        }
+    }
+    return false;
+}
+
+struct Options {
+    bool entries_only = false;
+    bool list = false;
+    bool jumps = false;
+};
+
+int run_object(const std::string &path, const Options &opt) {
+    auto obj = ukp::sym::load_object(path, 0);
+    if (!obj) {
+        fmt::print(stderr, "ukp-coverage: {}: cannot read ELF symbols\n", path);
+        return 1;
+    }
+    std::string err;
+    auto img = ukp::arch::ElfImage::open(path, 0, &err);
+    if (!img) {
+        fmt::print(stderr, "ukp-coverage: {}\n", err);
+        return 1;
+    }
+    const ukp::arch::ReadFn read = img->reader();
+
+    // Function symbols, one per address (the preferred name comes first at an address).
+    std::vector<const ukp::sym::Symbol *> funcs;
+    std::vector<uint64_t> all_starts; // any symbol: entries other code may jump to
+    size_t func_symbols = 0;
+    for (const ukp::sym::Symbol &s : obj->symbols) {
+        all_starts.push_back(s.value);
+        if (!s.function || s.size == 0) continue;
+        ++func_symbols;
+        if (!funcs.empty() && funcs.back()->value == s.value) continue;
+        funcs.push_back(&s);
+    }
+    std::sort(all_starts.begin(), all_starts.end());
+    all_starts.erase(std::unique(all_starts.begin(), all_starts.end()), all_starts.end());
+
+    Counts entries, boundaries;
+    Tactics t;
+    std::vector<std::string> listing, jumps;
+    for (size_t fi = 0; fi < funcs.size(); ++fi) {
+        const ukp::sym::Symbol &s = *funcs[fi];
+        const uint64_t start = s.value, end = s.value + s.size;
+        const uint8_t *code = img->bytes(start, s.size);
+        if (code == nullptr) {
+            ++entries.sites;
+            ++entries.extra[kCodeUnreadable];
+            if (opt.list) listing.push_back(fmt::format("{:#x} {} {}", start, s.name, kExtraNames[kCodeUnreadable]));
+            continue;
+        }
+        const FunctionMap f = ukp::arch::analyze_function(start, code, s.size, read);
+        std::vector<uint64_t> extra;
+        std::string why;
+        const int lp = ukp::arch::landing_pads(img->eh_frame_hdr(), start, end, read, &extra, &why);
+        if (lp != 0) {
+            ++entries.sites;
+            ++entries.extra[kLandingPadsUnknown];
+            if (opt.list) {
+                listing.push_back(fmt::format("{:#x} {} {} ({})", start, s.name,
+                                              kExtraNames[kLandingPadsUnknown], why));
+            }
+            continue;
+        }
+        t.pads += extra.size();
+        t.with_pads += !extra.empty();
+        // Other symbols inside this one are entries too (asm labels, nested aliases).
+        for (auto it = std::upper_bound(all_starts.begin(), all_starts.end(), start);
+             it != all_starts.end() && *it < end; ++it) {
+            extra.push_back(*it);
+        }
+        for (const IndirectJump &ij : f.indirect_jumps) {
+            if (opt.jumps) {
+                static const char *const kinds[] = {"unknown", "rip-memory", "table-rel32", "table-abs64"};
+                jumps.push_back(fmt::format("{:#x} in {}+{:#x}: {} table={:#x} entries={} {}", ij.addr, s.name,
+                                            ij.addr - start, kinds[static_cast<int>(ij.kind)], ij.table,
+                                            ij.entries, ij.resolved ? "resolved" : "unresolved"));
+            }
+            switch (ij.kind) {
+            case IndirectJump::Kind::kTableRel32:
+            case IndirectJump::Kind::kTableAbs64:
+                ++t.tables;
+                if (!ij.resolved) ++t.unsized_tables;
+                break;
+            case IndirectJump::Kind::kRipMemory: ++t.rip_jumps; break;
+            case IndirectJump::Kind::kUnknown: ++t.unknown_jumps; break;
+            }
+        }
+
+        const OptimizeCheck c = check_region(f, start, extra);
+        entries.add(c);
+        if (!c.ok) {
+            if (opt.list) {
+                std::string reasons;
+                for (size_t r = 0; r < kReasons; ++r) {
+                    if (c.reasons & (1u << r)) {
+                        reasons += reasons.empty() ? "" : ",";
+                        reasons += reason_name(static_cast<Reason>(r));
+                    }
+                }
+                listing.push_back(fmt::format("{:#x} {} {}", start, s.name, reasons));
+            }
+            // Tactic estimates.
+            if (only(c, bit(Reason::kIndirectJump))) {
+                bool all_rip = true, no_table = true;
+                for (const IndirectJump &ij : f.indirect_jumps) {
+                    if (ij.resolved) continue;
+                    all_rip = all_rip && ij.kind == IndirectJump::Kind::kRipMemory;
+                    no_table = no_table && (ij.kind == IndirectJump::Kind::kRipMemory ||
+                                            ij.kind == IndirectJump::Kind::kUnknown);
+                }
+                t.trust_rip_jumps += all_rip;
+                t.trust_tail_jumps += no_table;
+            }
+            const OptimizeCheck c2 = check_region(f, start, extra, 2);
+            if (c2.ok) {
+                // The free gap before this function (after the previous one) and after it.
+                const uint64_t prev_end = fi > 0 ? funcs[fi - 1]->value + funcs[fi - 1]->size : start;
+                const uint64_t next_start = fi + 1 < funcs.size() ? funcs[fi + 1]->value : end;
+                const uint64_t from = start + 2;
+                if ((prev_end < start && padding_in_reach(*img, from, prev_end, start)) ||
+                    (next_start > end && padding_in_reach(*img, from, end, next_start))) {
+                    ++t.short_jump;
+                }
+            }
+            if (f.reliable() && !f.insns.empty()) {
+                ukp::arch::Insn in;
+                if (ukp::arch::decode(start, code, s.size, &in) == 0) {
+                    ++t.first_len[std::min<size_t>(in.len, 15)];
+                    uint8_t buf[ukp::arch::kMaxRelocatedSize];
+                    if (in.flow != ukp::arch::Flow::kUnsupported &&
+                        ukp::arch::relocate(in, start + (1ull << 40), buf, sizeof(buf),
+                                            ukp::arch::Exit::kNone) >= 0) {
+                        ++t.first_insn_reloc;
+                    }
+                }
+            }
+        }
+        if (!opt.entries_only && f.reliable()) {
+            for (uint64_t a : f.insns) boundaries.add(check_region(f, a, extra));
+        }
+    }
+
+    fmt::print("{}: {} function symbols, {} distinct entries\n", path, func_symbols, entries.sites);
+    fmt::print("  entries optimizable (jmp rel32): {} of {} = {:.1f}%\n", entries.ok, entries.sites,
+               pct(entries.ok, entries.sites));
+    fmt::print("  not optimizable, by first failed check / by any failed check / as the only one:\n");
+    for (size_t r = 1; r < kReasons; ++r) {
+        if (entries.any[r] == 0) continue;
+        fmt::print("    {:<26} {:>6} {:>5.1f}%   {:>6}   {:>6}\n", reason_name(static_cast<Reason>(r)),
+                   entries.first[r], pct(entries.first[r], entries.sites), entries.any[r], entries.sole[r]);
+    }
+    for (size_t e = 0; e < kExtraCount; ++e) {
+        if (entries.extra[e] == 0) continue;
+        fmt::print("    {:<26} {:>6} {:>5.1f}%\n", kExtraNames[e], entries.extra[e],
+                   pct(entries.extra[e], entries.sites));
+    }
+    fmt::print("  exception landing pads: {} in {} functions\n", t.pads, t.with_pads);
+    fmt::print("  indirect jumps: {} jump tables ({} unsized), {} jmp *x(%rip), {} other\n", t.tables,
+               t.unsized_tables, t.rip_jumps, t.unknown_jumps);
+    const uint64_t failing = entries.sites - entries.ok;
+    fmt::print("  tactics, entries they would add (of {} failing):\n", failing);
+    fmt::print("    trust jmp *x(%rip) as tail calls:          +{}\n", t.trust_rip_jumps);
+    fmt::print("    trust every non-table indirect jmp:        +{}\n", t.trust_tail_jumps);
+    fmt::print("    jmp rel8 to a trampoline in >=5 padding:   +{}\n", t.short_jump);
+    fmt::print("    first instruction relocatable (punning):   {}; first-insn length histogram:",
+               t.first_insn_reloc);
+    for (size_t l = 1; l < t.first_len.size(); ++l) {
+        if (t.first_len[l]) fmt::print(" {}:{}", l, t.first_len[l]);
+    }
+    fmt::print("\n");
+    if (!opt.entries_only) {
+        fmt::print("  every instruction boundary: {} of {} = {:.1f}% optimizable\n", boundaries.ok,
+                   boundaries.sites, pct(boundaries.ok, boundaries.sites));
+        for (size_t r = 1; r < kReasons; ++r) {
+            if (boundaries.first[r] == 0) continue;
+            fmt::print("    {:<26} {:>8} {:>5.1f}%\n", reason_name(static_cast<Reason>(r)), boundaries.first[r],
+                       pct(boundaries.first[r], boundaries.sites));
+        }
+    }
+    if (opt.jumps) {
+        fmt::print("  indirect jumps:\n");
+        for (const std::string &l : jumps) fmt::print("    {}\n", l);
+    }
+    if (opt.list) {
+        fmt::print("  not optimizable:\n");
+        for (const std::string &l : listing) fmt::print("    {}\n", l);
+    }
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    CLI::App app{"Jump-optimization coverage of function entries in ELF objects"};
+    Options opt;
+    std::vector<std::string> objects;
+    app.add_flag("--entries-only", opt.entries_only, "Check function entries only, not every instruction");
+    app.add_flag("--list", opt.list, "List the entries that cannot be optimized, with every reason");
+    app.add_flag("--jumps", opt.jumps, "List every indirect jump: kind, table, entries");
+    app.add_option("OBJECT", objects, "ELF files (executables, shared libraries)")->required();
+    CLI11_PARSE(app, argc, argv);
+    int rc = 0;
+    for (const std::string &o : objects) rc |= run_object(o, opt);
+    return rc;
+}
