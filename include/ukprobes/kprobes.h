@@ -208,6 +208,15 @@ char *ukp_kprobes_list(void);
  * probes are left registered, disarmed, as with ukp_set_kprobes_enabled(0)). A vfork()
  * child shares the parent's memory and is never changed. Returns 0 or -EINVAL.
  */
+/*
+ * Compares the executable code of every loaded object with its file on disk and counts
+ * the bytes that differ, leaving out the bytes of armed probes (their int3). 0 means the
+ * code is exactly what the files say, probes aside. If report is not NULL, *report gets
+ * a malloc()ed text, one line per differing run: "ADDRESS  OBJECT+0xOFFSET  n bytes".
+ * Returns the count, or a negative errno.
+ */
+int ukp_verify(char **report);
+
 #define UKP_FORK_KEEP 0
 #define UKP_FORK_REMOVE 1
 int ukp_set_fork_policy(int policy);

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <signal.h>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ukp::core {
 
@@ -102,6 +104,9 @@ bool is_registered(const kprobe *p);
 int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry);
 // 'k', 'r' or 'j' for kprobes/list (kretprobe.cpp).
 char probe_type(const kprobe *p);
+
+// The addresses and original bytes of the armed int3s, for ukp_verify (registry.cpp).
+std::vector<std::pair<uint64_t, uint8_t>> armed_bytes();
 
 // kprobes/list text, and the kprobes/enabled knob (registry.cpp).
 std::string list_text();

@@ -497,6 +497,14 @@ int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry) {
     return 0;
 }
 
+std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {
+    std::lock_guard lock(g_mutex);
+    std::vector<std::pair<uint64_t, uint8_t>> out;
+    for (const auto &[addr, pt] : points())
+        if (pt->armed) out.emplace_back(addr, pt->orig_byte);
+    return out;
+}
+
 std::string list_text() {
     std::lock_guard lock(g_mutex);
     std::string out;

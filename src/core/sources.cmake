@@ -4,4 +4,5 @@ list(APPEND UKP_SOURCES
   core/kretprobe.cpp
   core/registry.cpp
   core/signals.cpp
-  core/unwind.cpp)
+  core/unwind.cpp
+  core/verify.cpp)

@@ -96,7 +96,12 @@ protected:
         g_rec.post = 0;
         ASSERT_EQ(ukp_kprobes_enabled(), 1);
     }
-    void TearDown() override { EXPECT_EQ(list(), "") << "a test left probes registered"; }
+    void TearDown() override {
+        EXPECT_EQ(list(), "") << "a test left probes registered";
+        char *report = nullptr;
+        EXPECT_EQ(ukp_verify(&report), 0) << "code differs from the files:\n" << report;
+        std::free(report);
+    }
 };
 
 TEST_F(KprobesTest, PreAndPostHandlersSeeTheKernelsRegisterConvention) {
@@ -415,6 +420,33 @@ TEST_F(KprobesTest, BatchRegistrationUndoesOnFailure) {
     kprobe *ok[] = {&good, &good2};
     ASSERT_EQ(register_kprobes(ok, 2), 0);
     unregister_kprobes(ok, 2);
+}
+
+TEST_F(KprobesTest, VerifyCountsOnlyBytesNoProbeOwns) {
+    kprobe kp{};
+    kp.symbol_name = "ukt_add";
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukp_verify(nullptr), 0) << "an armed probe's int3 is its own";
+    unregister_kprobe(&kp);
+    // A change nobody owns: write a byte of a function through /proc/self/mem.
+    const auto *fn = reinterpret_cast<const uint8_t *>(&ukt_forty_two);
+    const uint8_t original = fn[0];
+    const uint8_t changed = static_cast<uint8_t>(original ^ 0x01);
+    FILE *mem = std::fopen("/proc/self/mem", "r+b");
+    ASSERT_NE(mem, nullptr);
+    auto poke = [&](uint8_t b) {
+        std::fseek(mem, static_cast<long>(reinterpret_cast<uintptr_t>(fn)), SEEK_SET);
+        std::fwrite(&b, 1, 1, mem);
+        std::fflush(mem);
+    };
+    poke(changed);
+    char *report = nullptr;
+    EXPECT_EQ(ukp_verify(&report), 1);
+    EXPECT_NE(std::string(report).find("kprobes_test+0x"), std::string::npos) << report;
+    std::free(report);
+    poke(original);
+    std::fclose(mem);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
 }
 
 TEST_F(KprobesTest, CodeIsByteIdenticalToTheFileAfterUnregister) {
