@@ -558,11 +558,15 @@ struct Outcome {
 class relocator_exec : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        orig_ = static_cast<uint8_t *>(mmap(nullptr, kOrigSize, PROT_READ | PROT_WRITE | PROT_EXEC,
+        // The near page is carved out of the same mapping, 16 pages past the original code:
+        // searching the address space for a free page nearby fails when it is crowded
+        // (AddressSanitizer's shadow mappings).
+        orig_ = static_cast<uint8_t *>(mmap(nullptr, kOrigSize + 17 * kPageSize, PROT_READ | PROT_WRITE | PROT_EXEC,
                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
         if (orig_ == MAP_FAILED) orig_ = nullptr;
         if (orig_ == nullptr) return;
-        near_ = map_rwx_around(orig_, 16 * kPageSize, kPageSize);
+        munmap(orig_ + kOrigSize, 16 * kPageSize); // a gap between the two
+        near_ = orig_ + kOrigSize + 16 * kPageSize;
         far_ = map_rwx_around(orig_, 8 * kGiB, kPageSize);
     }
     static void TearDownTestSuite() {

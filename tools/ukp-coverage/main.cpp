@@ -63,6 +63,7 @@ struct Counts {
 struct Tactics {
     uint64_t trust_rip_jumps = 0;      // indirect-jump only, all unresolved are jmp *x(%rip)
     uint64_t trust_tail_jumps = 0;     // indirect-jump only, none is an unsized table
+    uint64_t into_padding = 0;         // too small / past the end, but padding after it completes 5 bytes
     uint64_t short_jump = 0;           // a jmp rel8 DCR passes and >= 5 padding bytes in reach
     uint64_t first_insn_reloc = 0;     // the first instruction alone relocates (punning base)
     std::array<uint64_t, 16> first_len{}; // length of the first instruction of failing entries
@@ -91,6 +92,22 @@ bool padding_in_reach(const ukp::arch::ElfImage &img, uint64_t from, uint64_t lo
         }
     }
     return false;
+}
+
+// Bytes of whole nop/int3 instructions from `from` on, before `limit`: alignment padding
+// no code reaches, which a jump may overwrite.
+uint64_t filler_after(const ukp::arch::ElfImage &img, uint64_t from, uint64_t limit) {
+    uint64_t at = from;
+    while (at < limit) {
+        uint8_t buf[15] = {};
+        const size_t n = std::min<uint64_t>(sizeof(buf), limit - at);
+        if (!img.read(at, buf, n)) break;
+        ukp::arch::Insn in;
+        if (ukp::arch::decode(at, buf, n, &in) != 0) break;
+        if (in.zi.mnemonic != ZYDIS_MNEMONIC_NOP && in.zi.mnemonic != ZYDIS_MNEMONIC_INT3) break;
+        at += in.len;
+    }
+    return at - from;
 }
 
 struct Options {
@@ -203,11 +220,16 @@ int run_object(const std::string &path, const Options &opt) {
                 t.trust_rip_jumps += all_rip;
                 t.trust_tail_jumps += no_table;
             }
+            const uint64_t next_start = fi + 1 < funcs.size() ? funcs[fi + 1]->value : end;
+            if (only(c, bit(Reason::kTooSmallFunction) | bit(Reason::kRegionPastFunctionEnd)) &&
+                check_region(f, start, extra, s.size).ok &&
+                filler_after(*img, end, std::min(next_start, start + 64)) >= 5 - std::min<uint64_t>(s.size, 5)) {
+                ++t.into_padding;
+            }
             const OptimizeCheck c2 = check_region(f, start, extra, 2);
             if (c2.ok) {
                 // The free gap before this function (after the previous one) and after it.
                 const uint64_t prev_end = fi > 0 ? funcs[fi - 1]->value + funcs[fi - 1]->size : start;
-                const uint64_t next_start = fi + 1 < funcs.size() ? funcs[fi + 1]->value : end;
                 const uint64_t from = start + 2;
                 if ((prev_end < start && padding_in_reach(*img, from, prev_end, start)) ||
                     (next_start > end && padding_in_reach(*img, from, end, next_start))) {
@@ -253,6 +275,7 @@ int run_object(const std::string &path, const Options &opt) {
     fmt::print("  tactics, entries they would add (of {} failing):\n", failing);
     fmt::print("    trust jmp *x(%rip) as tail calls:          +{}\n", t.trust_rip_jumps);
     fmt::print("    trust every non-table indirect jmp:        +{}\n", t.trust_tail_jumps);
+    fmt::print("    DCR runs on into the padding after the end: +{}\n", t.into_padding);
     fmt::print("    jmp rel8 to a trampoline in >=5 padding:   +{}\n", t.short_jump);
     fmt::print("    first instruction relocatable (punning):   {}; first-insn length histogram:",
                t.first_insn_reloc);

@@ -370,36 +370,34 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
             if (f.reliable()) fail(Reason::kNotInstructionBoundary);
             return c;
         }
-        // The DCR: whole instructions from addr until 5 bytes are covered.
-        auto it = std::lower_bound(f.insns.begin(), f.insns.end(), addr);
+        // The DCR: whole instructions from addr until jump_len bytes are covered.
+        std::vector<Insn> dcr;
         uint64_t end = addr;
-        bool past_end = false;
-        for (; end - addr < jump_len; ++it) {
-            if (it == f.insns.end()) {
-                past_end = true;
-                break;
+        while (end - addr < jump_len) {
+            const uint64_t off = end - f.start;
+            Insn in;
+            if (off >= f.size || !f.is_boundary(end)) {
+                // Past the function, or into bytes the sweep never decoded.
+                if (!f.reliable()) return c;
+                if (f.size >= jump_len) fail(Reason::kRegionPastFunctionEnd);
+                c.insns.clear();
+                return c;
             }
-            c.insns.push_back(*it);
-            const uint64_t next = (it + 1 == f.insns.end()) ? f.start + f.size : *(it + 1);
-            end = next;
-        }
-        if (past_end || end - f.start > f.size) {
-            if (f.size >= jump_len) fail(Reason::kRegionPastFunctionEnd);
-            c.dcr_len = 0;
-            return c;
+            if (decode(end, f.code.data() + off, f.size - off, &in) != 0 || in.len > f.size - off) {
+                fail(Reason::kDecodeFailed);
+                return c;
+            }
+            c.insns.push_back(end);
+            dcr.push_back(in);
+            end += in.len;
         }
         c.dcr_len = end - addr;
 
         uint8_t buf[kMaxRelocatedSize];
         bool relocatable = true;
-        for (size_t i = 0; i < c.insns.size(); ++i) {
-            const uint64_t a = c.insns[i];
-            Insn in;
-            if (decode(a, f.code.data() + (a - f.start), f.size - (a - f.start), &in) != 0) {
-                fail(Reason::kDecodeFailed);
-                return c;
-            }
-            const bool last = i + 1 == c.insns.size();
+        for (size_t i = 0; i < dcr.size(); ++i) {
+            const Insn &in = dcr[i];
+            const bool last = i + 1 == dcr.size();
             if (!last) {
                 // A return address inside the DCR would point into the middle of the jmp.
                 if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall) fail(Reason::kCallInRegion);
@@ -409,8 +407,8 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
                 }
             }
             if (in.flow == Flow::kUnsupported ||
-                relocate(in, near_dest(a), buf, sizeof(buf), Exit::kNone) < 0 ||
-                relocate(in, far_dest(a), buf, sizeof(buf), Exit::kNone) < 0) {
+                relocate(in, near_dest(in.addr), buf, sizeof(buf), Exit::kNone) < 0 ||
+                relocate(in, far_dest(in.addr), buf, sizeof(buf), Exit::kNone) < 0) {
                 relocatable = false;
             }
         }

@@ -1,0 +1,383 @@
+// Tests of the jump-optimization safety check (src/arch/x86_64/region.hpp). Every test
+// name contains "region" (ctest -R region):
+//  - region/RegionCase.*: small functions as hex bytes, a probe offset, the expected
+//    verdict (reason, DCR length, DCR instruction count), as a table.
+//  - region.*: jump table resolution, landing pads of a real try/catch, error paths,
+//    and a sweep over every function entry of this test binary.
+#include "arch/x86_64/region.hpp"
+#include "symbols/symbols.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ukp::arch::analyze_function;
+using ukp::arch::check_region;
+using ukp::arch::FunctionMap;
+using ukp::arch::IndirectJump;
+using ukp::arch::OptimizeCheck;
+using ukp::arch::Reason;
+using ukp::arch::reason_name;
+
+// "48 8b | 05" -> {0x48, 0x8b, 0x05}; spaces and '|' (instruction boundaries) only separate.
+std::vector<uint8_t> unhex(const char *s) {
+    std::vector<uint8_t> out;
+    unsigned byte = 0;
+    int digits = 0;
+    for (; *s != '\0'; ++s) {
+        const char c = *s;
+        int v = -1;
+        if (c >= '0' && c <= '9') v = c - '0';
+        if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+        if (v < 0) {
+            EXPECT_TRUE(c == ' ' || c == '|') << "bad hex character '" << c << "'";
+            continue;
+        }
+        byte = byte * 16 + static_cast<unsigned>(v);
+        if (++digits == 2) {
+            out.push_back(static_cast<uint8_t>(byte));
+            byte = digits = 0;
+        }
+    }
+    EXPECT_EQ(digits, 0) << "odd hex digit count";
+    return out;
+}
+
+// Where the functions of the table live: far from everything, so that relocation to a
+// near and a far buffer are both exercised for real. Jump tables sit at kTable.
+constexpr uint64_t kStart = 0x7f00'0000'1000;
+constexpr uint64_t kTable = kStart + 0x100;
+
+struct RegionSpec {
+    const char *name;
+    const char *code;         // the function, instruction by instruction
+    uint64_t probe;           // offset of the probe in it
+    Reason reason;            // expected first failed check (kOk: optimizable)
+    uint64_t dcr_len;         // expected DCR length (0: not checked)
+    size_t dcr_insns;         // expected DCR instruction count (0: not checked)
+    std::vector<int32_t> table = {};      // int32 entries readable at kTable (rel32 tables)
+    std::vector<uint64_t> extra = {};     // extra entries, as offsets from kStart
+    bool abs_table = false;               // the entries are 8-byte absolute addresses
+};
+
+// Entries of a rel32 table are offsets from kTable: "kStart + off" is off - 0x100.
+constexpr int32_t to(uint64_t off) { return static_cast<int32_t>(off) - 0x100; }
+
+const RegionSpec kCases[] = {
+    // --- optimizable ---
+    {"FirstInsnLong", "48 8b 05 00 01 00 00 | c3", 0, Reason::kOk, 7, 1},     // mov 0x100(%rip),%rax
+    {"MovImmIsFive", "b8 01 00 00 00 | c3", 0, Reason::kOk, 5, 1},            // mov $1,%eax
+    {"PushesAndMov", "55 | 53 | 41 54 | 48 89 e5 | 5d | 5b | 41 5c | c3", 0, Reason::kOk, 7, 4},
+    {"Endbr64Push", "f3 0f 1e fa | 55 | 48 89 e5 | 5d | c3", 0, Reason::kOk, 5, 2},
+    {"LoopToProbeItself", "31 c0 | 83 c0 01 | 83 f8 0a | 7c f6 | c3", 0, Reason::kOk, 5, 2},
+    {"JccInRegionRelocates", "85 ff | 74 05 | b8 01 00 00 00 | c3", 0, Reason::kOk, 9, 3},
+    {"DirectCallLast", "53 | e8 00 10 00 00 | 5b | c3", 0, Reason::kOk, 6, 2},
+    {"IndirectCallLast", "31 c0 | 89 c7 | ff d0 | c3", 0, Reason::kOk, 6, 3},
+    {"RetLast", "31 c0 | 89 c7 | c3 | 90 90", 0, Reason::kOk, 5, 3},
+    {"ProbeMidFunction", "55 | 48 89 e5 | 48 83 ec 10 | c9 | c3", 4, Reason::kOk, 5, 2},
+    {"SyscallRelocates", "0f 05 | 48 89 c7 | c3", 0, Reason::kOk, 5, 2},
+    {"JumpAfterRegion", "31 c0 | 83 c0 01 | 83 f8 0a | 7c fb | c3", 0, Reason::kOk, 5, 2}, // jl to 5
+    // --- jump table: cmp $2,%edi; ja ret; lea T(%rip),%rax; movslq (%rax,%rdi,4),%rdx;
+    //     add %rax,%rdx; jmp *%rdx; ret (at 21). Targets resolved from kTable. ---
+    {"JumpTableOutsideRegion", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
+     0, Reason::kOk, 5, 2, {to(21), to(21), to(5)}},
+    {"JumpTableIntoRegion", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
+     0, Reason::kJumpIntoRegion, 5, 2, {to(21), to(3), to(21)}},
+    {"JumpTableUnreadable", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
+     0, Reason::kIndirectJump, 5, 2},
+    // notrack jmp *%rdx, and the index copied after the bounds check (mov %edi,%ecx).
+    {"JumpTableNotrackCopiedIndex",
+     "83 ff 02 | 77 13 | 89 f9 | 48 8d 05 f2 00 00 00 | 48 63 14 88 | 48 01 c2 | 3e ff e2 | c3", 0,
+     Reason::kJumpIntoRegion, 5, 2, {to(24), to(24), to(1)}},
+    // No bounds check: the table cannot be sized.
+    {"JumpTableUnbounded", "48 8d 05 f9 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3", 0,
+     Reason::kIndirectJump, 7, 1, {to(16)}},
+    // cmp $1,%edi; ja ret; jmp *T(,%rdi,8); ret (at 12)
+    {"AbsJumpTableUnreadable", "83 ff 01 | 77 07 | ff 24 fd 00 11 00 00 | c3", 0, Reason::kIndirectJump, 5, 2},
+    // --- not optimizable ---
+    {"JccBackIntoRegion", "31 c0 | ff c0 | 83 f8 0a | 7c f9 | c3", 0, Reason::kJumpIntoRegion, 7, 3},
+    {"LandingPadInRegion", "31 c0 | 48 89 c7 | e8 00 10 00 00 | c3", 0, Reason::kJumpIntoRegion, 5, 2, {}, {2}},
+    {"OtherSymbolInRegion", "31 c0 | 89 c7 | c3 | 90 90", 0, Reason::kJumpIntoRegion, 5, 3, {}, {4}},
+    {"UnresolvableJmpRax", "48 8b 07 | 48 83 c0 08 | ff e0", 0, Reason::kIndirectJump, 7, 2},
+    {"TailCallThroughGot", "48 89 f8 | 48 89 f2 | ff 25 00 01 00 00", 0, Reason::kIndirectJump, 6, 2},
+    {"RegionPastEnd", "48 89 f8 | 48 01 f0 | c3", 3, Reason::kRegionPastFunctionEnd, 0, 0},
+    {"IndirectCallNotLast", "31 c0 | ff d0 | 90 | c3", 0, Reason::kCallInRegion, 5, 3},
+    {"RetInside", "31 c0 | c3 | b8 01 00 00 00 | c3", 0, Reason::kCrossesControlFlowEnd, 8, 3},
+    {"JmpInside", "31 c0 | eb 05 | b8 01 00 00 00 | c3", 0, Reason::kCrossesControlFlowEnd, 9, 3},
+    {"Int3InRegion", "cc | 48 89 e5 | 48 89 ec | c3", 0, Reason::kNotRelocatable, 7, 3},
+    {"FarRipPushNotRelocatable", "ff 35 00 01 00 00 | c3", 0, Reason::kNotRelocatable, 6, 1},
+    {"CallRspNotRelocatable", "48 89 e0 | ff d4 | c3", 0, Reason::kNotRelocatable, 5, 2},
+    {"NotBoundary", "48 89 e5 | 48 89 ec | c3", 1, Reason::kNotInstructionBoundary, 0, 0},
+    {"OutsideFunction", "48 89 e5 | 48 89 ec | c3", 7, Reason::kNotInstructionBoundary, 0, 0},
+    {"InvalidBytes", "48 89 e5 | 48 89 ec | 06 | c3", 0, Reason::kDecodeFailed, 6, 2},
+    {"TruncatedLastInsn", "48 89 e5 | 48 89 ec | 48 8b", 0, Reason::kDecodeFailed, 6, 2},
+    {"TooSmall", "31 c0 | c3", 0, Reason::kTooSmallFunction, 0, 0},
+    {"TooSmallRet", "c3", 0, Reason::kTooSmallFunction, 0, 0},
+};
+
+class RegionCase : public ::testing::TestWithParam<RegionSpec> {};
+
+TEST_P(RegionCase, Verdict) {
+    const RegionSpec &tc = GetParam();
+    const std::vector<uint8_t> code = unhex(tc.code);
+    std::vector<uint8_t> table;
+    for (int32_t e : tc.table) {
+        if (tc.abs_table) {
+            const uint64_t a = kStart + static_cast<uint64_t>(e + 0x100);
+            table.insert(table.end(), reinterpret_cast<const uint8_t *>(&a), reinterpret_cast<const uint8_t *>(&a) + 8);
+        } else {
+            table.insert(table.end(), reinterpret_cast<const uint8_t *>(&e), reinterpret_cast<const uint8_t *>(&e) + 4);
+        }
+    }
+    const ukp::arch::ReadFn read = [&table](uint64_t addr, void *out, size_t n) {
+        if (addr < kTable || addr - kTable > table.size() || n > table.size() - (addr - kTable)) return false;
+        std::memcpy(out, table.data() + (addr - kTable), n);
+        return true;
+    };
+    const FunctionMap f = analyze_function(kStart, code.data(), code.size(), read);
+    std::vector<uint64_t> extra;
+    for (uint64_t e : tc.extra) extra.push_back(kStart + e);
+    const OptimizeCheck c = check_region(f, kStart + tc.probe, extra);
+    EXPECT_EQ(c.ok, tc.reason == Reason::kOk);
+    EXPECT_STREQ(reason_name(c.reason), reason_name(tc.reason));
+    if (tc.dcr_len != 0) {
+        EXPECT_EQ(c.dcr_len, tc.dcr_len);
+    }
+    if (tc.dcr_insns != 0) {
+        EXPECT_EQ(c.insns.size(), tc.dcr_insns);
+    }
+    if (c.ok) {
+        EXPECT_EQ(c.reasons, 0u);
+    } else {
+        EXPECT_TRUE(c.reasons & (1u << static_cast<unsigned>(c.reason)));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(region, RegionCase, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<RegionSpec> &i) { return std::string(i.param.name); });
+
+// ---------------------------------------------------------------------------------------
+
+TEST(region, AnalyzeRecordsBoundariesTargetsAndTables) {
+    const std::vector<uint8_t> code =
+        unhex("83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3");
+    const int32_t entries[] = {to(21), to(5), to(16)};
+    const ukp::arch::ReadFn read = [&](uint64_t addr, void *out, size_t n) {
+        if (addr != kTable || n != sizeof(entries)) return false;
+        std::memcpy(out, entries, n);
+        return true;
+    };
+    const FunctionMap f = analyze_function(kStart, code.data(), code.size(), read);
+    ASSERT_TRUE(f.reliable());
+    const std::vector<uint64_t> insns = {kStart, kStart + 3, kStart + 5, kStart + 12, kStart + 16,
+                                         kStart + 19, kStart + 21};
+    EXPECT_EQ(f.insns, insns);
+    ASSERT_EQ(f.indirect_jumps.size(), 1u);
+    const IndirectJump &ij = f.indirect_jumps[0];
+    EXPECT_EQ(ij.kind, IndirectJump::Kind::kTableRel32);
+    EXPECT_EQ(ij.table, kTable);
+    EXPECT_EQ(ij.entries, 3u);
+    EXPECT_TRUE(ij.resolved);
+    const std::vector<uint64_t> targets = {kStart + 5, kStart + 16, kStart + 21};
+    EXPECT_EQ(f.branch_targets, targets); // ja -> 21, the table -> 21, 5, 16
+    EXPECT_FALSE(f.has_unresolved_indirect_jump());
+}
+
+TEST(region, AbsoluteJumpTableResolved) {
+    // cmp $1,%edi; ja ret; jmp *T(,%rdi,8); ret, with T = 0x1100 (absolute, non-PIE style)
+    const uint64_t start = 0x1000;
+    const std::vector<uint8_t> code = unhex("83 ff 01 | 77 07 | ff 24 fd 00 11 00 00 | c3");
+    const uint64_t entries[] = {start + 12, start + 3};
+    const ukp::arch::ReadFn read = [&](uint64_t addr, void *out, size_t n) {
+        if (addr != 0x1100 || n != sizeof(entries)) return false;
+        std::memcpy(out, entries, n);
+        return true;
+    };
+    const FunctionMap f = analyze_function(start, code.data(), code.size(), read);
+    ASSERT_EQ(f.indirect_jumps.size(), 1u);
+    EXPECT_EQ(f.indirect_jumps[0].kind, IndirectJump::Kind::kTableAbs64);
+    EXPECT_TRUE(f.indirect_jumps[0].resolved);
+    EXPECT_EQ(check_region(f, start, {}).reason, Reason::kJumpIntoRegion); // entry 1 -> start + 3
+}
+
+TEST(region, ByteIndexBoundsTableTo256) {
+    // movzbl (%rsi),%edi; lea T(%rip),%rax; movslq (%rax,%rdi,4),%rdx; add %rax,%rdx; jmp *%rdx
+    const std::vector<uint8_t> code = unhex("0f b6 3e | 48 8d 05 f6 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2");
+    size_t asked = 0;
+    const ukp::arch::ReadFn read = [&](uint64_t, void *out, size_t n) {
+        asked = n;
+        std::memset(out, 0, n);
+        return true;
+    };
+    const FunctionMap f = analyze_function(kStart, code.data(), code.size(), read);
+    ASSERT_EQ(f.indirect_jumps.size(), 1u);
+    EXPECT_TRUE(f.indirect_jumps[0].resolved);
+    EXPECT_EQ(f.indirect_jumps[0].entries, 256u);
+    EXPECT_EQ(asked, 256u * 4);
+}
+
+TEST(region, ReasonNamesAreDistinct) {
+    std::map<std::string, int> seen;
+    for (unsigned r = 0; r < static_cast<unsigned>(Reason::kCount_); ++r) {
+        EXPECT_EQ(seen[reason_name(static_cast<Reason>(r))]++, 0) << r;
+        EXPECT_STRNE(reason_name(static_cast<Reason>(r)), "unknown");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Landing pads
+// ---------------------------------------------------------------------------------------
+
+TEST(region, LandingPadsErrors) {
+    std::vector<uint64_t> pads;
+    std::string why;
+    const ukp::arch::ReadFn none = [](uint64_t, void *, size_t) { return false; };
+    EXPECT_EQ(ukp::arch::landing_pads(0, 0x1000, 0x2000, none, &pads, &why), -ENOENT);
+    EXPECT_EQ(ukp::arch::landing_pads(0x5000, 0x1000, 0x2000, none, &pads, &why), -EFAULT);
+    EXPECT_NE(why.find("0x5000"), std::string::npos) << why;
+    // Version 2 of .eh_frame_hdr does not exist.
+    const uint8_t bad_version[] = {2, 0x1b, 0x03, 0x3b, 0, 0, 0, 0, 0, 0, 0, 0};
+    const ukp::arch::ReadFn read = [&](uint64_t addr, void *out, size_t n) {
+        if (addr < 0x5000 || addr - 0x5000 + n > sizeof(bad_version)) return false;
+        std::memcpy(out, bad_version + (addr - 0x5000), n);
+        return true;
+    };
+    EXPECT_EQ(ukp::arch::landing_pads(0x5000, 0x1000, 0x2000, read, &pads, &why), -EPROTO);
+    EXPECT_NE(why.find("version"), std::string::npos) << why;
+    EXPECT_TRUE(pads.empty());
+}
+
+// The main program: its object, and its ELF image at the run-time bias.
+struct Self {
+    std::shared_ptr<const ukp::sym::Object> obj;
+    std::unique_ptr<ukp::arch::ElfImage> img;
+};
+
+Self self() {
+    static ukp::sym::Registry reg;
+    if (reg.objects().empty()) reg.refresh();
+    Self s;
+    for (const auto &o : reg.objects()) {
+        if (o->main_program) s.obj = o;
+    }
+    if (s.obj) {
+        std::string err;
+        s.img = ukp::arch::ElfImage::open(s.obj->path, s.obj->bias, &err);
+        EXPECT_TRUE(s.img) << err;
+    }
+    return s;
+}
+
+} // namespace
+
+// A function with a try/catch whose landing pad stays in the function's own section
+// (no .cold split), so that the pad lies inside [value, value + size).
+extern "C" __attribute__((noinline)) int ukp_region_might_throw(int x) {
+    if (x > 100) throw std::runtime_error("too big");
+    return x;
+}
+
+extern "C" __attribute__((noinline, optimize("no-reorder-blocks-and-partition"))) int
+ukp_region_catches(int x) {
+    try {
+        return ukp_region_might_throw(x) + 1;
+    } catch (const std::exception &) {
+        return -1;
+    }
+}
+
+namespace {
+
+TEST(region, LandingPadOfTryCatchIsInsideTheFunction) {
+    volatile int big = 1000;
+    EXPECT_EQ(ukp_region_catches(big), -1); // the pad really runs
+    EXPECT_EQ(ukp_region_catches(1), 2);
+
+    Self s = self();
+    ASSERT_TRUE(s.obj && s.img);
+    ASSERT_NE(s.img->eh_frame_hdr(), 0u);
+    const ukp::sym::Symbol *fn = s.obj->find("ukp_region_catches");
+    ASSERT_NE(fn, nullptr);
+    ASSERT_GT(fn->size, 0u);
+    std::vector<uint64_t> pads;
+    std::string why;
+    ASSERT_EQ(ukp::arch::landing_pads(s.img->eh_frame_hdr(), fn->value, fn->value + fn->size, s.img->reader(),
+                                      &pads, &why),
+              0)
+        << why;
+    ASSERT_FALSE(pads.empty());
+    for (uint64_t p : pads) {
+        EXPECT_GT(p, fn->value) << std::hex << p;
+        EXPECT_LT(p, fn->value + fn->size) << std::hex << p;
+    }
+    // A function without try/catch has none.
+    const ukp::sym::Symbol *plain = s.obj->find("ukp_region_might_throw");
+    ASSERT_NE(plain, nullptr);
+    std::vector<uint64_t> none;
+    EXPECT_EQ(ukp::arch::landing_pads(s.img->eh_frame_hdr(), plain->value, plain->value + plain->size,
+                                      s.img->reader(), &none, &why),
+              0)
+        << why;
+    EXPECT_TRUE(none.empty());
+
+    // A landing pad moved into the DCR would forbid the jump.
+    const FunctionMap f = analyze_function(fn->value, reinterpret_cast<const uint8_t *>(fn->value), fn->size,
+                                           s.img->reader());
+    const OptimizeCheck c = check_region(f, fn->value, pads);
+    if (c.ok) {
+        EXPECT_EQ(check_region(f, fn->value, {fn->value + 1}).reason, Reason::kJumpIntoRegion);
+    }
+}
+
+TEST(region, EveryEntryOfThisBinary) {
+    Self s = self();
+    ASSERT_TRUE(s.obj && s.img);
+    size_t total = 0, ok = 0, pad_errors = 0;
+    std::map<std::string, size_t> by_reason;
+    uint64_t last = 0;
+    for (const ukp::sym::Symbol &sym : s.obj->symbols) {
+        if (!sym.function || sym.size == 0 || sym.value == last || !s.obj->contains_exec(sym.value) ||
+            !s.obj->contains_exec(sym.value + sym.size - 1)) {
+            continue;
+        }
+        last = sym.value;
+        // Code from the file: identical to memory here, and safe to read past the symbol.
+        const uint8_t *code = s.img->bytes(sym.value, sym.size);
+        ASSERT_NE(code, nullptr) << sym.name;
+        const FunctionMap f = analyze_function(sym.value, code, sym.size, s.img->reader());
+        std::vector<uint64_t> pads;
+        std::string why;
+        if (ukp::arch::landing_pads(s.img->eh_frame_hdr(), sym.value, sym.value + sym.size, s.img->reader(),
+                                    &pads, &why) != 0) {
+            ++pad_errors;
+            ADD_FAILURE() << sym.name << ": " << why;
+            continue;
+        }
+        const OptimizeCheck c = check_region(f, sym.value, pads);
+        ++total;
+        ok += c.ok;
+        ++by_reason[reason_name(c.reason)];
+        if (c.ok) {
+            EXPECT_GE(c.dcr_len, 5u) << sym.name;
+            EXPECT_LE(c.dcr_len, 5u + 14u) << sym.name;
+            EXPECT_EQ(c.insns.front(), sym.value) << sym.name;
+        }
+    }
+    std::string dist;
+    for (const auto &[r, n] : by_reason) dist += r + "=" + std::to_string(n) + " ";
+    RecordProperty("distribution", dist);
+    std::printf("region: %zu entries, %zu optimizable: %s\n", total, ok, dist.c_str());
+    EXPECT_GT(total, 500u);
+    EXPECT_GT(ok * 2, total) << dist;
+    EXPECT_EQ(pad_errors, 0u);
+}
+
+} // namespace
