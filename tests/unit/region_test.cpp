@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_hex.h"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -27,29 +29,6 @@ using ukp::arch::OptimizeCheck;
 using ukp::arch::Reason;
 using ukp::arch::reason_name;
 
-// "48 8b | 05" -> {0x48, 0x8b, 0x05}; spaces and '|' (instruction boundaries) only separate.
-std::vector<uint8_t> unhex(const char *s) {
-    std::vector<uint8_t> out;
-    unsigned byte = 0;
-    int digits = 0;
-    for (; *s != '\0'; ++s) {
-        const char c = *s;
-        int v = -1;
-        if (c >= '0' && c <= '9') v = c - '0';
-        if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-        if (v < 0) {
-            EXPECT_TRUE(c == ' ' || c == '|') << "bad hex character '" << c << "'";
-            continue;
-        }
-        byte = byte * 16 + static_cast<unsigned>(v);
-        if (++digits == 2) {
-            out.push_back(static_cast<uint8_t>(byte));
-            byte = digits = 0;
-        }
-    }
-    EXPECT_EQ(digits, 0) << "odd hex digit count";
-    return out;
-}
 
 // Where the functions of the table live: far from everything, so that relocation to a
 // near and a far buffer are both exercised for real. Jump tables sit at kTable.

@@ -8,6 +8,8 @@
 #include "arch/x86_64/insn.hpp"
 
 #include <gtest/gtest.h>
+
+#include "test_hex.h"
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,32 +34,6 @@ using ukp::arch::Insn;
 using ukp::arch::kMaxRelocatedSize;
 using ukp::arch::relocate;
 
-// "48 8b | 05" -> {0x48, 0x8b, 0x05}; spaces and '|' only separate.
-std::vector<uint8_t> unhex(const char *s) {
-    std::vector<uint8_t> out;
-    unsigned byte = 0;
-    int digits = 0;
-    for (; *s != '\0'; ++s) {
-        const char c = *s;
-        int v = -1;
-        if (c >= '0' && c <= '9') v = c - '0';
-        if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-        if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-        if (v < 0) {
-            EXPECT_TRUE(c == ' ' || c == '|') << "bad hex character '" << c << "'";
-            EXPECT_EQ(digits, 0) << "odd hex digit count";
-            continue;
-        }
-        byte = byte * 16 + static_cast<unsigned>(v);
-        if (++digits == 2) {
-            out.push_back(static_cast<uint8_t>(byte));
-            byte = 0;
-            digits = 0;
-        }
-    }
-    EXPECT_EQ(digits, 0) << "odd hex digit count";
-    return out;
-}
 
 std::string hex(const uint8_t *p, size_t n) {
     std::string s;
