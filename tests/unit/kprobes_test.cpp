@@ -186,6 +186,10 @@ TEST_F(KprobesTest, ErrorsOfRegistration) {
     on_heap.addr = reinterpret_cast<kprobe_opcode_t *>(heap.data());
     EXPECT_EQ(register_kprobe(&on_heap), -EILSEQ);
 
+    kprobe on_int3{};
+    on_int3.symbol_name = "ukpt_int3"; // its first instruction is the program's own int3
+    EXPECT_EQ(register_kprobe(&on_int3), -EOPNOTSUPP) << "cannot run anywhere but where it is";
+
     kprobe once{};
     once.symbol_name = "ukt_add";
     ASSERT_EQ(register_kprobe(&once), 0);
