@@ -11,6 +11,7 @@ packages=(
   libfuse3-dev           # tracefs-shaped mount
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
+  libunwind8             # tests: another unwinder through kretprobed frames
 )
 missing=()
 for p in "${packages[@]}"; do

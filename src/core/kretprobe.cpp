@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <initializer_list>
 #include <mutex>
 #include <new>
@@ -223,7 +224,61 @@ int call_return_handler(void *arg) {
     return c->rp->handler(c->ri, c->regs);
 }
 
-std::vector<uint8_t> sled_eh_frame(RetPool *pool) {
+// libunwind's dynamic unwind-information registry (libunwind-dynamic.h of libunwind 1.6,
+// Debian 12's), mirrored here
+// so that the agent needs neither its headers nor its library: used when the program
+// has libunwind loaded, whose unwinder does not read libgcc's registry.
+struct UnwDynTableInfo {
+    uint64_t name_ptr;
+    uint64_t segbase;    // the search table's offsets are from here
+    uint64_t table_len;  // in 8-byte words
+    const int32_t *table_data;
+};
+struct UnwDynInfo {
+    UnwDynInfo *next, *prev;
+    uint64_t start_ip, end_ip, gp;
+    // UNW_INFO_FORMAT_REMOTE_TABLE = 2: an .eh_frame_hdr-style search table read through
+    // the address space's accessors (local here); FORMAT_TABLE (1) means .debug_frame.
+    int32_t format;
+    int32_t pad;
+    uint64_t load_offset; // ELF load offset (libunwind 1.6's layout; 0 here)
+    union {
+        UnwDynTableInfo ti;
+        uint64_t space[8];
+    } u;
+};
+using UnwRegisterFn = void (*)(UnwDynInfo *);
+constexpr const char kStubName[] = "ukprobes_return_stub";
+
+void register_with_libunwind(RetPool *pool, uint64_t fde_addr) {
+    auto reg = reinterpret_cast<UnwRegisterFn>(dlsym(RTLD_DEFAULT, "_U_dyn_register"));
+    if (reg == nullptr) return;
+    auto *info = new (std::nothrow) UnwDynInfo{};
+    if (info == nullptr) return;
+    pool->unw_table[0] = 0; // the sled starts at segbase
+    pool->unw_table[1] = static_cast<int32_t>(fde_addr - pool->sled);
+    info->start_ip = pool->sled;
+    info->end_ip = pool->sled + pool->count * arch::kRetStubSize;
+    info->format = 2;
+    info->u.ti = {reinterpret_cast<uint64_t>(kStubName), pool->sled, 1, pool->unw_table};
+    reg(info);
+    pool->unw_info = info;
+}
+
+void unregister_from_libunwind(RetPool *pool) {
+    if (pool->unw_info == nullptr) return;
+    if (auto cancel = reinterpret_cast<UnwRegisterFn>(dlsym(RTLD_DEFAULT, "_U_dyn_cancel")); cancel != nullptr)
+        cancel(static_cast<UnwDynInfo *>(pool->unw_info));
+    delete static_cast<UnwDynInfo *>(pool->unw_info);
+    pool->unw_info = nullptr;
+}
+
+// Which unwinder a copy of the sled's unwind information is for.
+enum class Unwinder { kLibgcc, kLibunwind };
+
+// The sled's unwind information as an .eh_frame section; *fde_at receives the FDE's
+// offset in it.
+std::vector<uint8_t> sled_eh_frame(RetPool *pool, Unwinder unwinder, size_t *fde_at) {
     std::vector<uint8_t> out;
     const auto u8 = [&](uint8_t v) { out.push_back(v); };
     const auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); };
@@ -243,6 +298,7 @@ std::vector<uint8_t> sled_eh_frame(RetPool *pool) {
     for (uint8_t b : std::initializer_list<uint8_t>{1, 'z', 'R', 0, 1, 0x78, 16, 1, 0x00}) u8(b);
     pad(cie);
     set_len(cie);
+    *fde_at = out.size();
     // FDE over the whole sled: at each stub the caller's sp is rsp itself (the function
     // has returned) and the return address is that instance's ret_addr. The CFA is put
     // 8 above sp, and sp given its own rule: unwinders identify a frame by its CFA, and
@@ -254,8 +310,14 @@ std::vector<uint8_t> sled_eh_frame(RetPool *pool) {
     u64(pool->sled);
     u64(pool->count * arch::kRetStubSize);
     u8(0); // no augmentation data
-    // DW_CFA_def_cfa rsp, 8; DW_CFA_val_offset rsp, CFA + 1 * -8
-    for (uint8_t b : std::initializer_list<uint8_t>{0x0c, 7, 8, 0x14, 7, 1}) u8(b);
+    if (unwinder == Unwinder::kLibgcc) {
+        // DW_CFA_def_cfa rsp, 8; DW_CFA_val_offset rsp, CFA + 1 * -8
+        for (uint8_t b : std::initializer_list<uint8_t>{0x0c, 7, 8, 0x14, 7, 1}) u8(b);
+    } else {
+        // libunwind takes the caller's sp to be the CFA whatever the rules say, and has no
+        // frame-identity check to trip: DW_CFA_def_cfa rsp, 0.
+        for (uint8_t b : std::initializer_list<uint8_t>{0x0c, 7, 0}) u8(b);
+    }
     for (uint32_t i = 0; i < pool->count; ++i) {
         if (i > 0) u8(0x40 | arch::kRetStubSize); // DW_CFA_advance_loc
         // DW_CFA_val_expression(rip, {DW_OP_addr &ret_addr; DW_OP_deref})
@@ -270,6 +332,7 @@ std::vector<uint8_t> sled_eh_frame(RetPool *pool) {
 }
 
 void free_pool(RetPool *pool) {
+    unregister_from_libunwind(pool);
     if (!pool->eh_frame.empty()) __deregister_frame(pool->eh_frame.data());
     text::free_code(pool->sled, pool->sled_size);
     std::free(pool->mem);
@@ -286,7 +349,10 @@ RetPool *make_pool(kretprobe *rp) {
     pool->stride = (sizeof(RetInstance) + rp->data_size + 15) & ~size_t{15};
     pool->mem = static_cast<uint8_t *>(std::calloc(pool->count, pool->stride));
     pool->next_free = new (std::nothrow) std::atomic<uint32_t>[pool->count];
-    pool->sled_size = (pool->count * arch::kRetStubSize + 4095) & ~size_t{4095};
+    // The stubs, then a copy of their unwind information within 32-bit offsets of them
+    // (for libunwind's search table): about 14 bytes a stub plus headers.
+    const size_t stubs = pool->count * arch::kRetStubSize;
+    pool->sled_size = (stubs + pool->count * 16 + 128 + 4095) & ~size_t{4095};
     pool->sled = text::alloc_code(pool->sled_size);
     if (pool->mem == nullptr || pool->next_free == nullptr || pool->sled == 0) {
         free_pool(pool);
@@ -306,8 +372,14 @@ RetPool *make_pool(kretprobe *rp) {
         free_pool(pool);
         return nullptr;
     }
-    pool->eh_frame = sled_eh_frame(pool);
+    size_t fde_at = 0;
+    pool->eh_frame = sled_eh_frame(pool, Unwinder::kLibgcc, &fde_at);
     __register_frame(pool->eh_frame.data());
+    const std::vector<uint8_t> for_libunwind = sled_eh_frame(pool, Unwinder::kLibunwind, &fde_at);
+    const uint64_t frame_copy = pool->sled + stubs;
+    if (stubs + for_libunwind.size() <= pool->sled_size &&
+        text::write(frame_copy, for_libunwind.data(), for_libunwind.size()) == 0)
+        register_with_libunwind(pool, frame_copy + fde_at);
     pool->rp.store(rp, std::memory_order_release);
     const size_t n = g_sled_count.load(std::memory_order_relaxed);
     if (n < kMaxSleds) {

@@ -31,6 +31,8 @@ struct RetPool {
     uint64_t sled = 0;                    // count return stubs
     size_t sled_size = 0;
     std::vector<uint8_t> eh_frame;        // the sled's CIE and FDE, registered with libgcc
+    void *unw_info = nullptr;             // the same, registered with libunwind if loaded
+    alignas(8) int32_t unw_table[2] = {}; // its one-entry search table: {ip offset, FDE offset}
     // Lock-free free list: (tag << 32) | (index + 1) of the top, 0 when empty.
     std::atomic<uint64_t> free_head{0};
     std::atomic<uint32_t> *next_free = nullptr; // per instance: index + 1 of the next free
