@@ -4,6 +4,7 @@
 #include <ukprobes/kprobes.h>
 
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
 
 #include <atomic>
@@ -28,7 +29,7 @@ struct ProbeList {
 // long after the last probe is gone, and a late int3 hit must still find it.
 struct Point {
     uint64_t addr = 0;
-    arch::Insn insn;          // the original instruction
+    arch::BranchInsn insn;    // the original instruction, as far as emulating it needs
     uint8_t orig_byte = 0;    // what the int3 replaced
     uint64_t slot = 0;        // out-of-line slot (text::kSlotSize bytes), 0 for branches
     uint64_t boosted = 0;     // copy that runs the instruction and jumps back

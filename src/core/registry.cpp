@@ -148,8 +148,8 @@ int decode_at_boundary(const sym::Object &obj, const sym::Symbol *fn, uint64_t a
 
 // Builds the out-of-line copies: [Point*][pad][boosted copy][post copy]. The boosted
 // copy jumps back after the instruction; the post copy goes on to the post trampoline.
-int build_slot(Point *pt) {
-    const arch::Flow flow = pt->insn.flow;
+int build_slot(Point *pt, const arch::Insn &insn) {
+    const arch::Flow flow = insn.flow;
     if (flow == arch::Flow::kUnsupported) return -EOPNOTSUPP;
     if (flow != arch::Flow::kSequential && flow != arch::Flow::kSyscall)
         return 0; // branches are emulated on the hit path: no copy to run
@@ -159,12 +159,12 @@ int build_slot(Point *pt) {
     std::memset(code, 0xcc, sizeof code);
     std::memcpy(code, &pt, sizeof pt);
     size_t at = 16;
-    int n = arch::relocate(pt->insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack);
+    int n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack);
     if (n < 0) return n;
     const uint64_t boosted = slot + at;
     at += static_cast<size_t>(n);
     const uint64_t post = slot + at;
-    n = arch::relocate(pt->insn, post, code + at, sizeof code - at, arch::Exit::kNone);
+    n = arch::relocate(insn, post, code + at, sizeof code - at, arch::Exit::kNone);
     if (n < 0) return n;
     at += static_cast<size_t>(n);
     n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt), code + at, sizeof code - at);
@@ -188,9 +188,11 @@ int prepare_point(uint64_t addr, Point **out) {
     if (is_blacklisted(*obj, fn, addr)) return -EINVAL;
     auto pt = std::make_unique<Point>();
     pt->addr = addr;
-    if (int err = decode_at_boundary(*obj, fn, addr, &pt->insn); err != 0) return err;
+    arch::Insn insn; // the whole decode is needed only here
+    if (int err = decode_at_boundary(*obj, fn, addr, &insn); err != 0) return err;
     if (read_original(addr, &pt->orig_byte, 1) != 0) return -EILSEQ;
-    if (int err = build_slot(pt.get()); err != 0) return err;
+    if (int err = build_slot(pt.get(), insn); err != 0) return err;
+    pt->insn = arch::summarize(insn);
     const sym::Registry::Location loc = g_symbols->locate(addr);
     pt->object_name = obj->name;
     if (loc.symbol != nullptr) {

@@ -62,11 +62,11 @@ bool condition_holds(ZydisMnemonic m, uint64_t f) {
 }
 
 // Decrements rcx (or ecx with a 0x67 prefix) for loop*, and says whether the branch is taken.
-bool count_register_branch(const Insn &insn, pt_regs *r) {
-    const bool addr32 = insn.zi.address_width == 32;
+bool count_register_branch(const BranchInsn &insn, pt_regs *r) {
+    const bool addr32 = insn.address_width == 32;
     const uint64_t mask = addr32 ? 0xffffffffull : ~0ull;
     const bool zf = r->flags & kFlagZF;
-    switch (insn.zi.mnemonic) {
+    switch (insn.mnemonic) {
     case ZYDIS_MNEMONIC_JRCXZ: return (r->cx & mask) == 0;
     case ZYDIS_MNEMONIC_JECXZ: return (r->cx & 0xffffffffull) == 0;
     default: break;
@@ -74,7 +74,7 @@ bool count_register_branch(const Insn &insn, pt_regs *r) {
     const uint64_t count = (r->cx - 1) & mask;
     // A 32-bit write zero-extends, as the CPU does for loop with a 0x67 prefix.
     r->cx = count;
-    switch (insn.zi.mnemonic) {
+    switch (insn.mnemonic) {
     case ZYDIS_MNEMONIC_LOOP: return count != 0;
     case ZYDIS_MNEMONIC_LOOPE: return count != 0 && zf;
     case ZYDIS_MNEMONIC_LOOPNE: return count != 0 && !zf;
@@ -83,37 +83,35 @@ bool count_register_branch(const Insn &insn, pt_regs *r) {
 }
 
 // The value of the r/m operand of an indirect call or jump.
-int read_branch_operand(const Insn &insn, const pt_regs *regs, uint64_t *out, uint64_t *fault_addr) {
-    const ZydisDecodedOperand &op = insn.ops[0];
+int read_branch_operand(const BranchInsn &insn, const pt_regs *regs, uint64_t *out, uint64_t *fault_addr) {
     pt_regs copy = *regs;
-    if (op.type == ZYDIS_OPERAND_TYPE_REGISTER) {
-        unsigned long *reg = gpr(&copy, op.reg.value);
+    if (!insn.operand_is_memory) {
+        unsigned long *reg = gpr(&copy, insn.reg);
         if (reg == nullptr) return -EFAULT;
         *out = *reg;
         return 0;
     }
-    if (op.type != ZYDIS_OPERAND_TYPE_MEMORY) return -EFAULT;
-    uint64_t ea = static_cast<uint64_t>(op.mem.disp.value);
-    if (op.mem.base == ZYDIS_REGISTER_RIP) {
+    uint64_t ea = static_cast<uint64_t>(insn.disp);
+    if (insn.base == ZYDIS_REGISTER_RIP) {
         ea += insn.addr + insn.len;
-    } else if (op.mem.base != ZYDIS_REGISTER_NONE) {
-        unsigned long *base = gpr(&copy, op.mem.base);
+    } else if (insn.base != ZYDIS_REGISTER_NONE) {
+        unsigned long *base = gpr(&copy, insn.base);
         if (base == nullptr) return -EFAULT;
         ea += *base;
     }
-    if (op.mem.index != ZYDIS_REGISTER_NONE) {
-        unsigned long *index = gpr(&copy, op.mem.index);
+    if (insn.index != ZYDIS_REGISTER_NONE) {
+        unsigned long *index = gpr(&copy, insn.index);
         if (index == nullptr) return -EFAULT;
-        ea += *index * op.mem.scale;
+        ea += *index * insn.scale;
     }
-    if (insn.zi.address_width == 32) ea &= 0xffffffffull;
+    if (insn.address_width == 32) ea &= 0xffffffffull;
     *fault_addr = ea;
-    if (op.mem.segment == ZYDIS_REGISTER_FS) return ukp_safe_load_seg64(ea, 0, out);
-    if (op.mem.segment == ZYDIS_REGISTER_GS) return ukp_safe_load_seg64(ea, 1, out);
+    if (insn.segment == ZYDIS_REGISTER_FS) return ukp_safe_load_seg64(ea, 0, out);
+    if (insn.segment == ZYDIS_REGISTER_GS) return ukp_safe_load_seg64(ea, 1, out);
     return ukp_safe_copy(out, reinterpret_cast<const void *>(ea), sizeof *out);
 }
 
-int push_return_address(const Insn &insn, pt_regs *regs, uint64_t *fault_addr) {
+int push_return_address(const BranchInsn &insn, pt_regs *regs, uint64_t *fault_addr) {
     const uint64_t ret = insn.addr + insn.len;
     const uint64_t sp = regs->sp - 8;
     *fault_addr = sp;
@@ -201,7 +199,33 @@ uint64_t fixup_for(uint64_t rip) {
     return 0;
 }
 
-int emulate_branch(const Insn &insn, pt_regs *regs, uint64_t *fault_addr) {
+BranchInsn summarize(const Insn &insn) {
+    BranchInsn b;
+    b.addr = insn.addr;
+    b.len = insn.len;
+    b.flow = insn.flow;
+    b.target = insn.target;
+    b.mnemonic = insn.zi.mnemonic;
+    b.address_width = static_cast<uint8_t>(insn.zi.address_width);
+    const ZydisDecodedOperand &op = insn.ops[0];
+    if (insn.flow == Flow::kRet && insn.zi.operand_count_visible > 0 && op.type == ZYDIS_OPERAND_TYPE_IMMEDIATE)
+        b.ret_pop = static_cast<uint16_t>(op.imm.value.u);
+    if (insn.flow == Flow::kIndirectJump || insn.flow == Flow::kIndirectCall) {
+        b.operand_is_memory = op.type == ZYDIS_OPERAND_TYPE_MEMORY;
+        if (b.operand_is_memory) {
+            b.base = op.mem.base;
+            b.index = op.mem.index;
+            b.scale = op.mem.scale;
+            b.disp = op.mem.disp.value;
+            b.segment = op.mem.segment;
+        } else {
+            b.reg = op.reg.value;
+        }
+    }
+    return b;
+}
+
+int emulate_branch(const BranchInsn &insn, pt_regs *regs, uint64_t *fault_addr) {
     const uint64_t next = insn.addr + insn.len;
     switch (insn.flow) {
     case Flow::kJump:
@@ -209,13 +233,13 @@ int emulate_branch(const Insn &insn, pt_regs *regs, uint64_t *fault_addr) {
         return 0;
     case Flow::kCondJump: {
         bool taken;
-        switch (insn.zi.mnemonic) {
+        switch (insn.mnemonic) {
         case ZYDIS_MNEMONIC_LOOP:
         case ZYDIS_MNEMONIC_LOOPE:
         case ZYDIS_MNEMONIC_LOOPNE:
         case ZYDIS_MNEMONIC_JRCXZ:
         case ZYDIS_MNEMONIC_JECXZ: taken = count_register_branch(insn, regs); break;
-        default: taken = condition_holds(insn.zi.mnemonic, regs->flags); break;
+        default: taken = condition_holds(insn.mnemonic, regs->flags); break;
         }
         regs->ip = taken ? insn.target : next;
         return 0;
@@ -239,10 +263,7 @@ int emulate_branch(const Insn &insn, pt_regs *regs, uint64_t *fault_addr) {
         *fault_addr = regs->sp;
         if (ukp_safe_copy(&target, reinterpret_cast<const void *>(regs->sp), sizeof target) != 0)
             return -EFAULT;
-        uint64_t pop = 8;
-        if (insn.zi.operand_count_visible > 0 && insn.ops[0].type == ZYDIS_OPERAND_TYPE_IMMEDIATE)
-            pop += insn.ops[0].imm.value.u;
-        regs->sp += pop;
+        regs->sp += 8 + insn.ret_pop;
         regs->ip = target;
         return 0;
     }

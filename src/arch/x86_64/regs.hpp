@@ -26,11 +26,31 @@ void set_context_ip(ucontext_t *uc, uint64_t ip);
 // ukp_recovery_save() returning `value`.
 void resume_at_recovery(ucontext_t *uc, const ukp_recovery &r, int value);
 
+// What emulate_branch() needs of an instruction: kept per probe point instead of the
+// whole decoded instruction (which is 1.2 KB with its operands).
+struct BranchInsn {
+    uint64_t addr = 0;
+    uint64_t target = 0;        // kJump, kCondJump, kCall
+    int64_t disp = 0;           // indirect memory operand's displacement
+    uint16_t ret_pop = 0;       // ret imm16
+    uint8_t len = 0;
+    uint8_t address_width = 64; // 32 with a 0x67 prefix (loop/jrcxz count, effective address)
+    uint8_t scale = 0;
+    bool operand_is_memory = false;
+    Flow flow = Flow::kSequential;
+    ZydisMnemonic mnemonic = ZYDIS_MNEMONIC_INVALID;
+    ZydisRegister reg = ZYDIS_REGISTER_NONE; // `jmp *%reg`, or else the memory operand's:
+    ZydisRegister base = ZYDIS_REGISTER_NONE;
+    ZydisRegister index = ZYDIS_REGISTER_NONE;
+    ZydisRegister segment = ZYDIS_REGISTER_NONE;
+};
+BranchInsn summarize(const Insn &insn);
+
 // Performs a branch instruction (any flow but kSequential/kSyscall/kUnsupported) on
 // regs: updates ip, sp, rcx and the stack as the CPU would, using fault-safe accesses.
 // Returns 0, or -EFAULT with regs and memory unchanged if a stack or operand access
 // would fault. regs->ip is ignored on entry (insn.addr is where the branch is).
 // *fault_addr receives the address whose access faulted.
-int emulate_branch(const Insn &insn, pt_regs *regs, uint64_t *fault_addr);
+int emulate_branch(const BranchInsn &insn, pt_regs *regs, uint64_t *fault_addr);
 
 } // namespace ukp::arch
