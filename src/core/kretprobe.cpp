@@ -160,12 +160,15 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
 
 // Takes ri out of this thread's list, releasing as unwound the instances whose frames
 // must be gone: newer ones deeper on the stack (they never returned), and older ones at
-// or below ri's frame (their frames were left, and ri's call reused the stack). Returns
-// false if ri is not in this thread's list.
+// or below ri's frame (their frames were left, and ri's call reused the stack) - except
+// the chain of older instances of the same call: several kretprobes on one function
+// hijack the same slot, each saving the previous one's stub as its return address.
+// Returns false if ri is not in this thread's list.
 bool take_from_list(RetInstance *ri) {
     const auto *fp = static_cast<const char *>(ri->pub.fp);
     RetInstance **link = &t_ret_head;
     bool found = false;
+    const RetInstance *chain = ri; // the newest instance of ri's call seen so far
     while (*link != nullptr) {
         RetInstance *cur = *link;
         const auto *cur_fp = static_cast<const char *>(cur->pub.fp);
@@ -175,7 +178,10 @@ bool take_from_list(RetInstance *ri) {
             continue;
         }
         const bool returned_elsewhere = cur->state.load(std::memory_order_acquire) == RetInstance::kReturnedElsewhere;
-        const bool dead = found ? cur_fp <= fp : cur_fp < fp;
+        const bool same_call = found && cur_fp == fp &&
+                               reinterpret_cast<uint64_t>(chain->pub.ret_addr) == stub_entry(cur->pool, cur->index);
+        if (same_call) chain = cur;
+        const bool dead = found ? (cur_fp < fp || (cur_fp == fp && !same_call)) : cur_fp < fp;
         if (returned_elsewhere || dead) {
             *link = cur->next;
             if (!returned_elsewhere) count_unwound(cur);

@@ -1215,3 +1215,39 @@ TEST_F(KretprobesThreadExitTest, PthreadExitAndCancelInsideProbedFrames) {
 }
 
 } // namespace
+
+// Two kretprobes on one function hijack the same return-address slot, one after the
+// other: the second saves the first one's stub as its return address. Both handlers run,
+// in LIFO order, and neither instance is taken for unwound (found by the stress test).
+namespace {
+std::vector<int> g_two_order;
+int two_first(kretprobe_instance *, pt_regs *) {
+    g_two_order.push_back(1);
+    return 0;
+}
+int two_second(kretprobe_instance *, pt_regs *) {
+    g_two_order.push_back(2);
+    return 0;
+}
+} // namespace
+
+extern "C" __attribute__((noinline)) int ukr_two_probes(int x) {
+    asm volatile("" ::: "memory");
+    return x * 5;
+}
+
+TEST(KretprobesTwo, TwoKretprobesOnOneFunction) {
+    kretprobe first{}, second{};
+    first.kp.symbol_name = second.kp.symbol_name = "ukr_two_probes";
+    first.handler = two_first;
+    second.handler = two_second;
+    ASSERT_EQ(register_kretprobe(&first), 0);
+    ASSERT_EQ(register_kretprobe(&second), 0);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(ukr_two_probes(i), 5 * i);
+    EXPECT_EQ(g_two_order, (std::vector<int>{2, 1, 2, 1, 2, 1}));
+    EXPECT_EQ(first.ukp_unwound, 0u);
+    EXPECT_EQ(second.ukp_unwound, 0u);
+    EXPECT_EQ(first.nmissed, 0);
+    unregister_kretprobe(&second);
+    unregister_kretprobe(&first);
+}
