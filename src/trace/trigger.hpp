@@ -1,0 +1,79 @@
+// Event triggers: the `trigger` file of an event (traceon, traceoff, stacktrace, snapshot,
+// enable_event, disable_event, hist), and the `hist` file.
+//
+// Concurrency: writers (write(), off the hot path) serialize on a mutex, build a new
+// immutable list of the active triggers and publish it with one atomic store. fire()
+// loads the current list and runs it without a lock. Lists and triggers that a writer
+// replaces are retired, never freed while the TriggerSet lives, so a reader still inside
+// an old list is safe; memory grows only with the number of trigger writes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trace/filter.hpp"
+#include "trace/record.hpp"
+
+struct pt_regs; // include/ukprobes/kprobes.h
+
+namespace ukp::trace {
+
+// What triggers act on, implemented by trace-def's events.
+struct TriggerHost {
+    virtual ~TriggerHost() = default;
+    virtual void set_tracing_on(bool on) = 0;
+    // The tracing_on state: traceon/traceoff with a count only count hits that change it,
+    // as the kernel's do.
+    virtual bool tracing_is_on() const = 0;
+    virtual void take_snapshot() = 0;
+    // For enable_event/disable_event: the target event's enable flag, looked up when the
+    // trigger is written (null if there is no such event); flipped on the hot path.
+    virtual std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) = 0;
+    // stacktrace: records the user stack of the hit.
+    virtual void record_stacktrace(const struct pt_regs &regs) = 0;
+};
+
+// Address -> "symbol+0xoff" for hist keys with .sym/.sym-offset; empty means unknown
+// (printed as hex). Set by the owner of the events.
+using Symbolizer = std::function<std::string(uint64_t addr, bool with_offset)>;
+
+struct Trigger;   // one installed trigger, defined in trigger.cpp
+struct TriggerList; // an immutable published list, defined in trigger.cpp
+
+// The triggers of one event: what its `trigger` file holds, and its hist tables.
+class TriggerSet {
+public:
+    TriggerSet();
+    ~TriggerSet();
+    TriggerSet(const TriggerSet &) = delete;
+    TriggerSet &operator=(const TriggerSet &) = delete;
+
+    // "traceon[:N] [if FILTER]", "!traceon", "hist:keys=...", ... as the kernel's trigger
+    // file takes them; 0, or -EINVAL (-ENOENT, -EEXIST as the kernel) with *err (message
+    // and position) on a bad one.
+    int write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host,
+              FilterError *err);
+    std::string text() const;      // the trigger file's content
+    std::string hist_text() const; // the hist file's content (the kernel's format)
+    // Hot path, after the record is written: runs every trigger whose filter matches.
+    void fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept;
+    bool empty() const noexcept;
+
+    // For hist keys with .sym/.sym-offset; set by the owner of the events.
+    void set_symbolizer(Symbolizer sym);
+
+private:
+    mutable std::mutex mu_;                        // serializes writers and readers of text
+    std::atomic<const TriggerList *> cur_{nullptr}; // what fire() runs; null when empty
+    std::vector<std::unique_ptr<Trigger>> triggers_; // installed and retired, never freed early
+    std::vector<std::unique_ptr<TriggerList>> lists_; // published and retired lists
+    Symbolizer sym_;                                // for .sym keys; empty prints hex
+};
+
+} // namespace ukp::trace
