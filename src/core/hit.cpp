@@ -237,7 +237,13 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     // Faults in the first instruction of a copy are the original's, register for
     // register: show the program the original address. (A program handler that returns
     // without changing rip retries the instruction, through the probe, like the CPU would.)
-    if (real_ip == pt->boosted || real_ip == pt->post) arch::set_context_ip(uc, pt->addr);
+    if (real_ip == pt->boosted || real_ip == pt->post) {
+        arch::set_context_ip(uc, pt->addr);
+        // SIGILL, SIGFPE and a fetch fault name the instruction itself in si_addr: the
+        // program must see its own instruction there too, not the agent's copy.
+        if (reinterpret_cast<uint64_t>(info->si_addr) == real_ip)
+            info->si_addr = reinterpret_cast<void *>(pt->addr);
+    }
     deliver_to_program(sig, info, uc);
 }
 
