@@ -169,6 +169,7 @@ bool take_from_list(RetInstance *ri) {
     RetInstance **link = &t_ret_head;
     bool found = false;
     const RetInstance *chain = ri; // the newest instance of ri's call seen so far
+    const uint32_t stack = stack_of(reinterpret_cast<uint64_t>(fp));
     while (*link != nullptr) {
         RetInstance *cur = *link;
         const auto *cur_fp = static_cast<const char *>(cur->pub.fp);
@@ -181,7 +182,9 @@ bool take_from_list(RetInstance *ri) {
         const bool same_call = found && cur_fp == fp &&
                                reinterpret_cast<uint64_t>(chain->pub.ret_addr) == stub_entry(cur->pool, cur->index);
         if (same_call) chain = cur;
-        const bool dead = found ? (cur_fp < fp || (cur_fp == fp && !same_call)) : cur_fp < fp;
+        // Frames on another stack (a suspended coroutine, a signal stack) are not comparable.
+        const bool comparable = stack_of(reinterpret_cast<uint64_t>(cur_fp)) == stack;
+        const bool dead = comparable && (found ? (cur_fp < fp || (cur_fp == fp && !same_call)) : cur_fp < fp);
         if (returned_elsewhere || dead) {
             *link = cur->next;
             if (!returned_elsewhere) count_unwound(cur);
@@ -427,10 +430,13 @@ int current_tid() {
 void release_frames_below(uint64_t sp) {
     ThreadState &ts = thread_state();
     ++ts.depth; // a signal handler's probe hits must not touch the list meanwhile
+    const bool all = sp == ~0ull;
+    const uint32_t stack = all ? 0 : stack_of(sp);
     RetInstance **link = &t_ret_head;
     while (*link != nullptr) {
         RetInstance *cur = *link;
-        if (reinterpret_cast<uint64_t>(cur->pub.fp) < sp ||
+        const auto cur_fp = reinterpret_cast<uint64_t>(cur->pub.fp);
+        if (all || (cur_fp < sp && stack_of(cur_fp) == stack) ||
             cur->state.load(std::memory_order_acquire) == RetInstance::kReturnedElsewhere) {
             *link = cur->next;
             if (cur->state.load(std::memory_order_relaxed) == RetInstance::kLive) count_unwound(cur);

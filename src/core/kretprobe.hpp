@@ -41,12 +41,21 @@ struct RetPool {
     RetInstance *at(uint32_t i) { return reinterpret_cast<RetInstance *>(mem + i * stride); }
 };
 
-// Releases, as unwound, this thread's instances whose frames lie below sp (the frame's
-// return-address slot is lower): called when those frames are known to be gone.
+// Releases, as unwound, this thread's instances whose frames lie below sp on sp's stack
+// (the frame's return-address slot is lower): called when those frames are known to be
+// gone. sp == ~0 releases every instance of the thread (it is exiting).
 void release_frames_below(uint64_t sp);
 
 // Whether addr lies in a return stub (for taking stubs out of backtraces).
 bool in_return_stub(uint64_t addr);
+
+// Stacks other than the threads' own (unwind.cpp): coroutine stacks entered with
+// swapcontext/setcontext, signal stacks set with sigaltstack. Frame addresses say which
+// frame is deeper only within one stack, so the rules that release abandoned frames
+// compare frames of the same stack only. Lock-free and async-signal-safe.
+void note_stack(uint64_t lo, uint64_t size);
+// 1 + the index of the known stack containing addr, or 0: a thread's own stack.
+uint32_t stack_of(uint64_t addr);
 
 // jprobe.cpp
 bool is_jprobe(const kprobe *p);

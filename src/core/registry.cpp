@@ -76,6 +76,7 @@ constexpr const char *kAgentFunctions[] = {
     "enable_kretprobe", "disable_kretprobe", "register_jprobe", "unregister_jprobe",
     "register_jprobes", "unregister_jprobes", "jprobe_return", "__cxa_begin_catch",
     "longjmp", "_longjmp", "siglongjmp", "__longjmp_chk", "backtrace", "_Unwind_Backtrace",
+    "swapcontext", "setcontext", "sigaltstack",
 };
 
 // Whether obj holds the agent's code: libukprobes.so, or the program it is linked into.

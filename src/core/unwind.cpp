@@ -7,12 +7,18 @@
 // - longjmp/siglongjmp: the frames below the target stack pointer are gone.
 // - backtrace()/_Unwind_Backtrace: a hijacked frame shows its real caller, after one
 //   extra frame for the stub itself, which these hooks leave out.
+// - swapcontext/setcontext/sigaltstack: the stacks a thread runs on besides its own, so
+//   that frames are compared (deeper, gone) only with frames of the same stack.
 #include "core/core.hpp"
 #include "core/kretprobe.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <setjmp.h>
+#include <ucontext.h>
 #include <unwind.h>
 
 namespace ukp::core {
@@ -36,11 +42,17 @@ using BeginCatchFn = void *(*)(void *);
 using LongjmpFn = void (*)(struct __jmp_buf_tag *, int);
 using BacktraceFn = int (*)(void **, int);
 using UnwindBacktraceFn = _Unwind_Reason_Code (*)(_Unwind_Trace_Fn, void *);
+using SwapcontextFn = int (*)(ucontext_t *, const ucontext_t *);
+using SetcontextFn = int (*)(const ucontext_t *);
+using SigaltstackFn = int (*)(const stack_t *, stack_t *);
 
 BeginCatchFn g_begin_catch;
 LongjmpFn g_longjmp, g__longjmp, g_siglongjmp, g_longjmp_chk;
 BacktraceFn g_backtrace;
 UnwindBacktraceFn g_unwind_backtrace;
+SwapcontextFn g_swapcontext;
+SetcontextFn g_setcontext;
+SigaltstackFn g_sigaltstack;
 
 // Resolved before main: longjmp is often called from signal handlers, dlsym is not safe there.
 __attribute__((constructor(101))) void resolve_hooks() {
@@ -51,6 +63,25 @@ __attribute__((constructor(101))) void resolve_hooks() {
     g_longjmp_chk = lookup<LongjmpFn>("__longjmp_chk", "libc.so.6");
     g_backtrace = lookup<BacktraceFn>("backtrace", "libc.so.6");
     g_unwind_backtrace = lookup<UnwindBacktraceFn>("_Unwind_Backtrace", "libgcc_s.so.1");
+    g_swapcontext = lookup<SwapcontextFn>("swapcontext", "libc.so.6");
+    g_setcontext = lookup<SetcontextFn>("setcontext", "libc.so.6");
+    g_sigaltstack = lookup<SigaltstackFn>("sigaltstack", "libc.so.6");
+}
+
+// The known stacks. Entries are added, or grown in place, never removed: a stack that is
+// freed and its memory reused for something else only makes fewer frames comparable.
+// When the table is full, further stacks count as the threads' own (the one-stack rules).
+constexpr uint32_t kMaxStacks = 1024;
+struct KnownStack {
+    std::atomic<uint64_t> lo{0}; // 0 while the entry is being claimed
+    std::atomic<uint64_t> hi{0};
+};
+KnownStack g_stacks[kMaxStacks];
+std::atomic<uint32_t> g_stack_count{0};
+
+void note_context_stack(const ucontext_t *ucp) {
+    if (ucp != nullptr && ucp->uc_stack.ss_sp != nullptr && ucp->uc_stack.ss_size > 0)
+        note_stack(reinterpret_cast<uint64_t>(ucp->uc_stack.ss_sp), ucp->uc_stack.ss_size);
 }
 
 // The stack pointer a glibc jmp_buf restores: saved at index 6, mangled with the
@@ -86,6 +117,30 @@ _Unwind_Reason_Code skip_stubs(struct _Unwind_Context *ctx, void *arg) {
 }
 
 } // namespace
+
+void note_stack(uint64_t lo, uint64_t size) {
+    const uint64_t hi = lo + size;
+    const uint32_t n = std::min(g_stack_count.load(std::memory_order_acquire), kMaxStacks);
+    for (uint32_t i = 0; i < n; ++i) {
+        if (g_stacks[i].lo.load(std::memory_order_acquire) != lo) continue;
+        uint64_t old = g_stacks[i].hi.load(std::memory_order_relaxed);
+        while (old < hi && !g_stacks[i].hi.compare_exchange_weak(old, hi)) {}
+        return;
+    }
+    const uint32_t i = g_stack_count.fetch_add(1, std::memory_order_acq_rel);
+    if (i >= kMaxStacks) return;
+    g_stacks[i].hi.store(hi, std::memory_order_relaxed);
+    g_stacks[i].lo.store(lo, std::memory_order_release);
+}
+
+uint32_t stack_of(uint64_t addr) {
+    const uint32_t n = std::min(g_stack_count.load(std::memory_order_acquire), kMaxStacks);
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint64_t lo = g_stacks[i].lo.load(std::memory_order_acquire);
+        if (lo != 0 && addr >= lo && addr < g_stacks[i].hi.load(std::memory_order_relaxed)) return i + 1;
+    }
+    return 0;
+}
 
 } // namespace ukp::core
 
@@ -129,6 +184,21 @@ __attribute__((visibility("default"), noinline)) _Unwind_Reason_Code _Unwind_Bac
                                                                                      void *arg) {
     TraceFilter filter{fn, arg, false};
     return g_unwind_backtrace(skip_stubs, &filter);
+}
+
+// A context made with makecontext() runs on the stack it names: learn it before the switch.
+__attribute__((visibility("default"))) int swapcontext(ucontext_t *oucp, const ucontext_t *ucp) {
+    note_context_stack(ucp);
+    return g_swapcontext(oucp, ucp);
+}
+__attribute__((visibility("default"))) int setcontext(const ucontext_t *ucp) {
+    note_context_stack(ucp);
+    return g_setcontext(ucp);
+}
+__attribute__((visibility("default"))) int sigaltstack(const stack_t *ss, stack_t *old) {
+    if (ss != nullptr && (ss->ss_flags & SS_DISABLE) == 0 && ss->ss_sp != nullptr)
+        note_stack(reinterpret_cast<uint64_t>(ss->ss_sp), ss->ss_size);
+    return g_sigaltstack(ss, old);
 }
 
 } // extern "C"
