@@ -18,7 +18,9 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <setjmp.h>
+#include <sys/syscall.h>
 #include <ucontext.h>
+#include <unistd.h>
 #include <unwind.h>
 
 namespace ukp::core {
@@ -44,7 +46,6 @@ using BacktraceFn = int (*)(void **, int);
 using UnwindBacktraceFn = _Unwind_Reason_Code (*)(_Unwind_Trace_Fn, void *);
 using SwapcontextFn = int (*)(ucontext_t *, const ucontext_t *);
 using SetcontextFn = int (*)(const ucontext_t *);
-using SigaltstackFn = int (*)(const stack_t *, stack_t *);
 
 BeginCatchFn g_begin_catch;
 LongjmpFn g_longjmp, g__longjmp, g_siglongjmp, g_longjmp_chk;
@@ -52,7 +53,6 @@ BacktraceFn g_backtrace;
 UnwindBacktraceFn g_unwind_backtrace;
 SwapcontextFn g_swapcontext;
 SetcontextFn g_setcontext;
-SigaltstackFn g_sigaltstack;
 
 // Resolved before main: longjmp is often called from signal handlers, dlsym is not safe there.
 __attribute__((constructor(101))) void resolve_hooks() {
@@ -65,7 +65,6 @@ __attribute__((constructor(101))) void resolve_hooks() {
     g_unwind_backtrace = lookup<UnwindBacktraceFn>("_Unwind_Backtrace", "libgcc_s.so.1");
     g_swapcontext = lookup<SwapcontextFn>("swapcontext", "libc.so.6");
     g_setcontext = lookup<SetcontextFn>("setcontext", "libc.so.6");
-    g_sigaltstack = lookup<SigaltstackFn>("sigaltstack", "libc.so.6");
 }
 
 // The known stacks. Entries are added, or grown in place, never removed: a stack that is
@@ -187,18 +186,23 @@ __attribute__((visibility("default"), noinline)) _Unwind_Reason_Code _Unwind_Bac
 }
 
 // A context made with makecontext() runs on the stack it names: learn it before the switch.
+// These may run before the agent's constructors (a sanitizer runtime sets up its signal
+// stack first): resolve on first use when needed.
 __attribute__((visibility("default"))) int swapcontext(ucontext_t *oucp, const ucontext_t *ucp) {
     note_context_stack(ucp);
+    if (g_swapcontext == nullptr) g_swapcontext = lookup<SwapcontextFn>("swapcontext", "libc.so.6");
     return g_swapcontext(oucp, ucp);
 }
 __attribute__((visibility("default"))) int setcontext(const ucontext_t *ucp) {
     note_context_stack(ucp);
+    if (g_setcontext == nullptr) g_setcontext = lookup<SetcontextFn>("setcontext", "libc.so.6");
     return g_setcontext(ucp);
 }
+// libc's sigaltstack is the bare system call: make it directly, nothing to resolve.
 __attribute__((visibility("default"))) int sigaltstack(const stack_t *ss, stack_t *old) {
     if (ss != nullptr && (ss->ss_flags & SS_DISABLE) == 0 && ss->ss_sp != nullptr)
         note_stack(reinterpret_cast<uint64_t>(ss->ss_sp), ss->ss_size);
-    return g_sigaltstack(ss, old);
+    return static_cast<int>(syscall(SYS_sigaltstack, ss, old));
 }
 
 } // extern "C"
