@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trace/filter.hpp"
+#include "trace/hist.hpp"
 #include "trace/record.hpp"
 
 struct pt_regs; // include/ukprobes/kprobes.h
@@ -38,10 +39,6 @@ struct TriggerHost {
     // stacktrace: records the user stack of the hit.
     virtual void record_stacktrace(const struct pt_regs &regs) = 0;
 };
-
-// Address -> "symbol+0xoff" for hist keys with .sym/.sym-offset; empty means unknown
-// (printed as hex). Set by the owner of the events.
-using Symbolizer = std::function<std::string(uint64_t addr, bool with_offset)>;
 
 struct Trigger;   // one installed trigger, defined in trigger.cpp
 struct TriggerList; // an immutable published list, defined in trigger.cpp
