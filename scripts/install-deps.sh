@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libunwind8             # tests: another unwinder through kretprobed frames
+  clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes
 )
 missing=()
 for p in "${packages[@]}"; do

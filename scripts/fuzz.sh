@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz/ with clang (in build-fuzz/, apart from the
+# GCC build) and runs each for a bounded time, starting from its corpus in
+# tests/fuzz/corpus/<target>/. UKP_FUZZ_SECONDS (default 30) is the time per target.
+# Inputs that crash or show a mismatch are kept in build-fuzz/artifacts/. New corpus
+# entries go to a scratch directory: the repository's corpus only changes by hand.
+# Also checks that relocate_fuzz's seeds catch a relocator that copies bytes verbatim.
+# Exits non-zero if any target failed; the last line is "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+seconds=${UKP_FUZZ_SECONDS:-30}
+build=build-fuzz
+
+targets=()
+for f in tests/fuzz/*_fuzz.cpp; do
+  targets+=("$(basename "$f" .cpp)")
+done
+
+if ! CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DUKP_FUZZ=ON -DUKP_TESTS=OFF -DUKP_BENCH=OFF >/dev/null ||
+   ! nice -n 10 cmake --build "$build" --target "${targets[@]}"; then
+  echo "fuzz: build failed"
+  echo "0 passed, ${#targets[@]} failed"
+  exit 1
+fi
+
+artifacts=$build/artifacts
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+mkdir -p "$artifacts"
+passed=0
+failed=0
+
+# run NAME LOG CMD...: counts the target as passed when CMD succeeds.
+run() {
+  local name=$1 log=$2
+  shift 2
+  if "$@" >"$log" 2>&1; then
+    echo "fuzz: $name: ok ($(grep -Eo '^(#[0-9]+|Done [0-9]+ runs)' "$log" | tail -1 | tr -d '#') executions)"
+    passed=$((passed + 1))
+  else
+    echo "fuzz: $name: FAILED (log: $log)"
+    grep -E 'relocate_fuzz:|_fuzz: |ERROR|SUMMARY|Test unit written' "$log" | head -20
+    failed=$((failed + 1))
+  fi
+}
+
+for t in "${targets[@]}"; do
+  corpus=tests/fuzz/corpus/$t
+  mkdir -p "$corpus" "$scratch/$t"
+  run "$t" "$artifacts/$t.log" nice -n 10 "$build/tests/fuzz/$t" \
+    -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$artifacts/$t-" "$scratch/$t" "$corpus"
+done
+
+# The relocator fuzzer must be able to fail: with relocate() replaced by a verbatim copy,
+# its seeds (RIP-relative operands, branches) must show a mismatch.
+log=$artifacts/relocate_fuzz-naive.log
+if UKP_RELOCATE_FUZZ_NAIVE=1 nice -n 10 "$build/tests/fuzz/relocate_fuzz" -runs=0 \
+    -artifact_prefix="$scratch/naive-" tests/fuzz/corpus/relocate_fuzz >"$log" 2>&1; then
+  echo "fuzz: relocate_fuzz (naive relocator): FAILED: no mismatch found (log: $log)"
+  failed=$((failed + 1))
+elif grep -q '^relocate_fuzz: .*; instruction:' "$log"; then
+  echo "fuzz: relocate_fuzz (naive relocator): ok (caught: $(grep -m1 '^relocate_fuzz: .*; instruction:' "$log"))"
+  passed=$((passed + 1))
+else
+  echo "fuzz: relocate_fuzz (naive relocator): FAILED: ended without a mismatch report (log: $log)"
+  failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Writes the hand-made seed inputs of the fuzz targets into tests/fuzz/corpus/<target>/
+(seed-*). Run from anywhere; the minimized inputs of fuzzing runs sit next to them."""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def out(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data)
+
+
+# relocate_fuzz: [opts][15 insn bytes][16 selectors][16 x u64][u16 flags][16 x xmm][stack]
+# opts: bits 0-1 exit (0 jump back, 1 none, 2 trap), 2-3 where the original sits in its
+# page, 4-5 which near destination, 6 far destination below, 7 copy near a page end.
+INSNS = {
+    "mov_rbp_rsp": "48 89 e5",
+    "ud2": "0f 0b",
+    "endbr64": "f3 0f 1e fa",
+    "mov_load_rip": "48 8b 05 00 01 00 00",
+    "mov_store_rip": "48 89 05 00 01 00 00",
+    "mov_load_rip_back": "48 8b 05 f0 ff ff ff",
+    "cmp_imm_rip": "83 3d 00 01 00 00 05",
+    "lea_rip": "48 8d 05 00 01 00 00",
+    "lea_rip32": "8d 05 00 01 00 00",
+    "lea_rip_r9": "4c 8d 0d 00 01 00 00",
+    "movaps_rip": "0f 28 05 00 01 00 00",
+    "vmovdqa_rip": "c5 fd 6f 05 00 01 00 00",
+    "push_rip": "ff 35 00 01 00 00",
+    "mov_ah_rip": "8a 25 00 01 00 00",
+    "cmpxchg_rip": "48 0f b1 0d 00 01 00 00",
+    "lock_add_rip": "f0 48 01 05 00 01 00 00",
+    "jb_rel32": "0f 82 00 01 00 00",
+    "jg_rel32": "0f 8f 00 01 00 00",
+    "je_rel8": "74 10",
+    "jne_back": "75 e0",
+    "jecxz": "67 e3 10",
+    "jrcxz": "e3 10",
+    "loop": "e2 10",
+    "call_rel32": "e8 00 01 00 00",
+    "jmp_rel32": "e9 00 01 00 00",
+    "jmp_rel8": "eb 10",
+    "bnd_jmp": "f2 e9 00 01 00 00",
+    "call_rip": "ff 15 00 01 00 00",
+    "notrack_call_rip": "3e ff 15 00 01 00 00",
+    "jmp_rip": "ff 25 00 01 00 00",
+    "call_rax": "ff d0",
+    "call_r11": "41 ff d3",
+    "jmp_rax": "ff e0",
+    "call_rsp_ptr": "ff 14 24",
+    "call_rsp_disp8": "ff 54 24 08",
+    "call_rsp_redzone": "ff 54 24 f8",
+    "ret": "c3",
+    "ret_imm16": "c2 10 00",
+    "bnd_ret": "f2 c3",
+    "push_rbp": "55",
+    "pop_rbx": "5b",
+    "rep_movsb": "f3 a4",
+    "div_rcx": "48 f7 f1",
+    "mov_rax_ptr": "48 8b 00",
+    "add_rsp": "48 83 c4 08",
+    "pushfq": "9c",
+    "xchg_rsp_ptr": "48 87 04 24",
+}
+
+
+def reloc_input(opts, insn, stack=b"", rax_sel=0, flags=0):
+    b = bytes([opts]) + bytes.fromhex(insn).ljust(15, b"\x90")
+    sel = bytes([rax_sel]) + bytes([0, 0, 0, 0, 0, 0, 0] + [1] * 8)
+    regs = b"".join(struct.pack("<Q", 0x100 + 0x40 * i) for i in range(16))
+    xmm = bytes(range(256))
+    return b + sel + regs + struct.pack("<H", flags) + xmm + stack
+
+
+# A return address / call target at rsp that lands in the int3s around the original.
+TO_INT3S = struct.pack("<Q", 0x2000_0000_0000 + 0x1800)
+for i, (name, insn) in enumerate(sorted(INSNS.items())):
+    out("relocate_fuzz", name, reloc_input(0, insn, TO_INT3S))
+    # Other placements and exits: far copy below, page-crossing original, Exit::kNone/kTrap.
+    out("relocate_fuzz", name + "-b", reloc_input(0x40 | 0x08 | (1 + i % 2) | ((i % 4) << 4) | (0x80 if i % 3 == 0 else 0),
+                                                  insn, TO_INT3S, rax_sel=3, flags=0x8d5 if i % 2 else 0x400))
+
+
+# region_fuzz: [opts][extra entry offset][rodata length][stride][code ... rodata]
+FUNCS = {
+    # push rbp; mov rbp,rsp; mov eax,edi; add eax,1; pop rbp; ret
+    "prologue": "55 48 89 e5 89 f8 83 c0 01 5d c3",
+    # cmp edi,3; ja default; lea rdx,[rip+T]; movsxd rax,[rdx+rdi*4]; add rax,rdx; jmp rax;
+    # 4 cases; default: ret; rodata T (4 x rel32) right behind the code.
+    "jump_table": "83 ff 03 77 1c 48 8d 15 1a 00 00 00 48 63 04 ba 48 01 d0 ff e0 "
+                  "b8 01 00 00 00 c3 b8 02 00 00 00 c3 31 c0 c3 90 "
+                  "e7 ff ff ff ed ff ff ff f3 ff ff ff f3 ff ff ff",
+    # a loop with a backward jcc into the middle of the first 5 bytes
+    "loop": "31 c0 01 f8 ff cf 75 fa c3",
+    # call in the first bytes, tail jmp through rip
+    "call_tail": "e8 00 00 00 00 48 83 c4 08 ff 25 00 00 00 00",
+    "truncated": "48 8b 05 00 01",
+}
+for name, code in FUNCS.items():
+    b = bytes.fromhex(code)
+    rodata = 16 if name == "jump_table" else 0
+    out("region_fuzz", name, bytes([2, 3, rodata, 1]) + b)
+    out("region_fuzz", name + "-jmp8", bytes([7, 1, rodata, 3]) + b)
