@@ -1,0 +1,222 @@
+#include "trace/output.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace ukp::trace {
+
+namespace {
+
+// ftrace's trace_entry flag bits (kernel/trace/trace.h).
+constexpr uint8_t kIrqsOff = 0x01, kNeedReschedLazy = 0x02, kNeedResched = 0x04, kHardirq = 0x08,
+                  kSoftirq = 0x10, kPreemptResched = 0x20, kNmi = 0x40, kBhOff = 0x80;
+
+// The five latency columns, as trace_print_lat_fmt prints them on 6.18.
+void lat_fmt(uint8_t flags, uint8_t pc, char out[6]) {
+    const bool bh_off = flags & kBhOff;
+    out[0] = (flags & kIrqsOff) && bh_off ? 'D' : (flags & kIrqsOff) ? 'd' : bh_off ? 'b' : '.';
+    switch (flags & (kNeedResched | kNeedReschedLazy | kPreemptResched)) {
+    case kNeedResched | kNeedReschedLazy | kPreemptResched: out[1] = 'B'; break;
+    case kNeedResched | kPreemptResched: out[1] = 'N'; break;
+    case kNeedReschedLazy | kPreemptResched: out[1] = 'L'; break;
+    case kNeedResched | kNeedReschedLazy: out[1] = 'b'; break;
+    case kNeedResched: out[1] = 'n'; break;
+    case kPreemptResched: out[1] = 'p'; break;
+    case kNeedReschedLazy: out[1] = 'l'; break;
+    default: out[1] = '.'; break;
+    }
+    const bool nmi = flags & kNmi, hard = flags & kHardirq, soft = flags & kSoftirq;
+    out[2] = nmi && hard ? 'Z' : nmi ? 'z' : hard && soft ? 'H' : hard ? 'h' : soft ? 's' : '.';
+    static const char hex[] = "0123456789abcdef";
+    out[3] = (pc & 0xf) ? hex[pc & 0xf] : '.';
+    out[4] = (pc & 0xf0) ? hex[pc >> 4] : '.';
+    out[5] = 0;
+}
+
+// Names of threads, looked up once per read.
+class Names {
+public:
+    explicit Names(const RingView &v) : v_(v) {
+        const RingHeader *h = v.header();
+        pid_ = h != nullptr ? h->pid : getpid();
+    }
+    const std::string &of(int32_t tid) {
+        auto it = cache_.find(tid);
+        if (it == cache_.end()) it = cache_.emplace(tid, ring_thread_name(v_, pid_, tid)).first;
+        return it->second;
+    }
+
+private:
+    RingView v_;
+    int32_t pid_;
+    std::unordered_map<int32_t, std::string> cache_;
+};
+
+void append_entry(const RingEntry &e, Names &names, const EventPrinter &print, std::string &out) {
+    if (e.lost_before != 0) out += lost_events_line(e.cpu, e.lost_before);
+    CommonHeader c{};
+    if (e.rec.size() >= kCommonSize) std::memcpy(&c, e.rec.data(), kCommonSize);
+    out += trace_line_prefix(names.of(c.pid), c.pid, e.cpu, c.flags, c.preempt_count, e.ts);
+    print(e.rec.data(), static_cast<uint32_t>(e.rec.size()), out);
+    out += '\n';
+}
+
+std::string snapshot_help(bool allocated) {
+    std::string s = allocated ? "#\n# * Snapshot is allocated *\n#\n" : "#\n# * Snapshot is freed *\n#\n";
+    s += "# Snapshot commands:\n"
+         "# echo 0 > snapshot : Clears and frees snapshot buffer\n"
+         "# echo 1 > snapshot : Allocates snapshot buffer, if not already allocated.\n"
+         "#                      Takes a snapshot of the main buffer.\n"
+         "# echo 2 > snapshot : Clears snapshot buffer (but does not allocate or free)\n"
+         "#                      (Doesn't have to be '2' works with any number that\n"
+         "#                       is not a '0' or '1')\n";
+    return s;
+}
+
+std::mutex g_pipe_mu;      // one trace_pipe reader at a time
+std::string g_pipe_left;   // the rest of a line that did not fit the last read
+
+} // namespace
+
+int online_cpus() {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::string trace_header(uint64_t entries, uint64_t written, int cpus) {
+    char line[128];
+    std::snprintf(line, sizeof line, "# entries-in-buffer/entries-written: %llu/%llu   #P:%d\n",
+                  static_cast<unsigned long long>(entries), static_cast<unsigned long long>(written), cpus);
+    std::string s = "# tracer: nop\n#\n";
+    s += line;
+    s += "#\n"
+         "#                                _-----=> irqs-off/BH-disabled\n"
+         "#                               / _----=> need-resched\n"
+         "#                              | / _---=> hardirq/softirq\n"
+         "#                              || / _--=> preempt-depth\n"
+         "#                              ||| / _-=> migrate-disable\n"
+         "#                              |||| /     delay\n"
+         "#           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION\n"
+         "#              | |         |   |||||     |         |\n";
+    return s;
+}
+
+std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
+                              uint8_t preempt_count, uint64_t ts_ns) {
+    char lat[6];
+    lat_fmt(flags, preempt_count, lat);
+    const uint64_t usecs = (ts_ns + 500) / 1000; // ftrace's ns2usecs rounds
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%16s-%-7d [%03u] %s %5llu.%06llu: ", comm.c_str(), pid, cpu, lat,
+                  static_cast<unsigned long long>(usecs / 1000000),
+                  static_cast<unsigned long long>(usecs % 1000000));
+    return buf;
+}
+
+std::string lost_events_line(uint32_t cpu, uint64_t lost) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "CPU:%u [LOST %llu EVENTS]\n", cpu, static_cast<unsigned long long>(lost));
+    return buf;
+}
+
+std::string trace_text_of(const RingView &v, const EventPrinter &print) {
+    RingCounts counts;
+    const std::vector<RingEntry> entries = ring_collect(v, &counts);
+    std::string out = trace_header(counts.entries, counts.written, online_cpus());
+    Names names(v);
+    for (const RingEntry &e : entries) append_entry(e, names, print, out);
+    return out;
+}
+
+std::string snapshot_text_of(const RingView &v, bool allocated, const EventPrinter &print) {
+    RingCounts counts;
+    const std::vector<RingEntry> entries = allocated ? ring_collect(v, &counts) : std::vector<RingEntry>{};
+    if (entries.empty()) return "# tracer: nop\n#\n" + snapshot_help(allocated);
+    std::string out = trace_header(counts.entries, counts.written, online_cpus());
+    Names names(v);
+    for (const RingEntry &e : entries) append_entry(e, names, print, out);
+    return out;
+}
+
+std::string trace_text(const EventPrinter &print) {
+    // Records are copied under the lock and printed after it: a printer may call back.
+    std::vector<RingEntry> entries;
+    RingCounts counts;
+    RingView view;
+    with_ring_views([&](const RingView &main, const RingView &) {
+        entries = ring_collect(main, &counts);
+        view = main;
+    });
+    std::string out = trace_header(counts.entries, counts.written, online_cpus());
+    Names names(view); // regions stay mapped for the process's life
+    for (const RingEntry &e : entries) append_entry(e, names, print, out);
+    return out;
+}
+
+std::string snapshot_text(const EventPrinter &print) {
+    std::vector<RingEntry> entries;
+    RingCounts counts;
+    RingView view;
+    bool allocated = false;
+    with_ring_views([&](const RingView &, const RingView &snap) {
+        allocated = snap.base != nullptr;
+        if (allocated) entries = ring_collect(snap, &counts);
+        view = snap;
+    });
+    if (entries.empty()) return "# tracer: nop\n#\n" + snapshot_help(allocated);
+    std::string out = trace_header(counts.entries, counts.written, online_cpus());
+    Names names(view);
+    for (const RingEntry &e : entries) append_entry(e, names, print, out);
+    return out;
+}
+
+std::string trace_pipe_read(const EventPrinter &print, int timeout_ms, size_t max_bytes) {
+    std::lock_guard pipe_lock(g_pipe_mu);
+    std::string out;
+    if (max_bytes == 0) return out;
+    if (!g_pipe_left.empty()) {
+        out = g_pipe_left.substr(0, max_bytes);
+        g_pipe_left.erase(0, out.size());
+        return out;
+    }
+    // Polling: the writer may not make the system call a wakeup needs.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        bool ready = false;
+        with_ring_views([&](const RingView &main, const RingView &) { ready = ring_has_data(main); });
+        if (ready) break;
+        if (std::chrono::steady_clock::now() >= deadline) return out;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    RingView view;
+    with_ring_views([&](const RingView &main, const RingView &) { view = main; });
+    Names names(view);
+    std::string line;
+    for (;;) {
+        RingEntry e;
+        bool got = false;
+        with_ring_views([&](const RingView &main, const RingView &) { got = ring_consume(main, &e); });
+        if (!got) break;
+        line.clear();
+        append_entry(e, names, print, line);
+        if (out.size() + line.size() > max_bytes) {
+            if (out.empty()) {
+                out = line.substr(0, max_bytes);
+                g_pipe_left = line.substr(max_bytes);
+            } else {
+                g_pipe_left = line;
+            }
+            break;
+        }
+        out += line;
+    }
+    return out;
+}
+
+} // namespace ukp::trace

@@ -1,0 +1,43 @@
+// The trace text: ftrace's `trace`, `trace_pipe` and `snapshot` files, byte for byte as
+// this machine's kernel prints them (Linux 6.18, the nop tracer, default options).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "trace/ring.hpp"
+
+namespace ukp::trace {
+
+// Prints one event's part of a trace line after "TIMESTAMP: " — "EVENT: (SYM+OFF/SIZE) a=1"
+// — given its record; supplied by trace-def's events. No newline: the caller adds it.
+using EventPrinter = std::function<void(const uint8_t *rec, uint32_t size, std::string &out)>;
+
+// The trace file: non-consuming, with the header.
+std::string trace_text(const EventPrinter &);
+// trace_pipe: consuming; blocks up to timeout_ms for the first record (polling: a writer
+// cannot wake a reader without a system call); no header. At most max_bytes are
+// returned; a line that does not fit is kept for the next read, as in ftrace.
+std::string trace_pipe_read(const EventPrinter &, int timeout_ms, size_t max_bytes);
+// The snapshot file: the snapshot's records with the header, or ftrace's help text
+// when it is empty or not allocated.
+std::string snapshot_text(const EventPrinter &);
+
+// The same for a region mapped by a reader in another process (the CLI).
+std::string trace_text_of(const RingView &, const EventPrinter &);
+std::string snapshot_text_of(const RingView &, bool allocated, const EventPrinter &);
+
+// Pieces, exposed for tests and other readers.
+// "# tracer: nop" ... the column legend, with the entries line.
+std::string trace_header(uint64_t entries, uint64_t written, int cpus);
+// "            TASK-PID     [CPU] FLAGS  SECS.USECS: " for one record.
+std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
+                              uint8_t preempt_count, uint64_t ts_ns);
+// "CPU:N [LOST M EVENTS]\n"
+std::string lost_events_line(uint32_t cpu, uint64_t lost);
+// The number of online CPUs, as "#P:" shows it.
+int online_cpus();
+
+} // namespace ukp::trace

@@ -1,0 +1,664 @@
+#include "trace/ring.hpp"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+namespace ukp::trace {
+
+namespace {
+
+constexpr uint64_t kDefaultKb = 1408; // ftrace's default per-CPU size
+constexpr uint32_t kDefaultSlots = 256;
+constexpr uint32_t kRecHdr = sizeof(RecordHeader);
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A mapped region. Never unmapped while the process lives: a writer that loaded the old
+// region just before it was replaced may still write into it (harmlessly).
+struct Region {
+    int fd = -1;
+    uint8_t *base = nullptr;
+    size_t size = 0;
+    uint64_t cap = 0;  // data bytes per slot
+    uint32_t gen = 0;
+    RingHeader *hdr() const { return reinterpret_cast<RingHeader *>(base); }
+    SlotHeader *slot(uint32_t i) const {
+        return reinterpret_cast<SlotHeader *>(base + hdr()->header_size + i * hdr()->slot_stride);
+    }
+    uint8_t *data(uint32_t i) const { return reinterpret_cast<uint8_t *>(slot(i)) + sizeof(SlotHeader); }
+    RingView view() const { return RingView{base, size}; }
+};
+
+std::mutex g_mu;                    // control operations and in-process readers
+std::atomic<Region *> g_main{nullptr};
+Region *g_snap = nullptr;           // under g_mu
+std::atomic<bool> g_on{true};
+uint64_t g_kb = kDefaultKb;         // under g_mu
+uint32_t g_slots = kDefaultSlots;   // under g_mu
+std::atomic<uint32_t> g_gen{0};
+pthread_key_t g_exit_key;
+bool g_key_made = false;            // under g_mu
+bool g_atfork_done = false;         // under g_mu
+
+// Per-thread writer state (initial-exec TLS: no allocation on first use).
+struct Writer {
+    SlotHeader *slot;      // this thread's buffer in the region of generation `gen`
+    uint8_t *data;
+    uint64_t cap;
+    uint32_t gen;
+    bool busy;             // between reserve and commit: a nested reserve is refused
+    bool hooked;           // the thread-exit destructor is registered
+    bool exited;           // past the thread-exit destructor: no more records
+    RecordHeader *pend;    // the reserved record
+    uint64_t pend_pos;     // its position
+    uint32_t pend_size;    // bytes reserved for it
+};
+thread_local Writer t_w __attribute__((tls_model("initial-exec")));
+
+Region *make_region(uint64_t kb, uint32_t slots) {
+    const uint64_t cap = std::max<uint64_t>(align_up(kb * 1024, 4096), 4096);
+    const uint64_t header_size = align_up(sizeof(RingHeader), 64);
+    const uint64_t stride = align_up(sizeof(SlotHeader) + cap, 4096);
+    const uint64_t total = align_up(header_size + slots * stride, 4096);
+    const int fd = static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC));
+    if (fd < 0) return nullptr;
+    if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
+        close(fd);
+        return nullptr;
+    }
+    // MAP_NORESERVE: pages are backed as buffers fill, not all at once.
+    void *p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return nullptr;
+    }
+    auto *r = new (std::nothrow) Region;
+    if (r == nullptr) {
+        munmap(p, total);
+        close(fd);
+        return nullptr;
+    }
+    r->fd = fd;
+    r->base = static_cast<uint8_t *>(p);
+    r->size = total;
+    r->cap = cap;
+    r->gen = g_gen.fetch_add(1) + 1;
+    RingHeader *h = r->hdr(); // the memfd starts zeroed: atomics read as 0
+    h->magic = kRingMagic;
+    h->version = kRingVersion;
+    h->header_size = static_cast<uint32_t>(header_size);
+    h->slot_count = slots;
+    h->slot_header_size = sizeof(SlotHeader);
+    h->slot_stride = stride;
+    h->data_size = cap;
+    h->pid = getpid();
+    h->generation = r->gen;
+    return r;
+}
+
+// Unbacks a replaced region's memory; its mapping stays (see Region).
+void retire_region(Region *r) {
+    if (r == nullptr) return;
+    // Stragglers that were between reserve and commit finish first (bounded wait).
+    for (int spin = 0; spin < 2000; ++spin) {
+        bool idle = true;
+        for (uint32_t i = 0; i < r->hdr()->slot_count && idle; ++i)
+            idle = r->slot(i)->busy.load(std::memory_order_acquire) == 0;
+        if (idle) break;
+        usleep(50);
+    }
+    const size_t keep = r->hdr()->header_size;
+    madvise(r->base + align_up(keep, 4096), r->size - align_up(keep, 4096), MADV_REMOVE);
+    close(r->fd);
+    r->fd = -1;
+}
+
+// Waits until no writer is inside `r` (it is no longer the main region).
+void wait_writers(Region *r) {
+    for (int spin = 0; spin < 2000; ++spin) {
+        bool idle = true;
+        for (uint32_t i = 0; i < r->hdr()->slot_count && idle; ++i)
+            idle = r->slot(i)->busy.load(std::memory_order_acquire) == 0;
+        if (idle) return;
+        usleep(50);
+    }
+}
+
+void thread_exit(void *) {
+    Writer &w = t_w;
+    Region *r = g_main.load(std::memory_order_acquire);
+    if (w.slot != nullptr && r != nullptr && w.gen == r->gen) {
+        // Keep the thread's name for readers (ftrace's saved_cmdlines).
+        char name[16] = {};
+        prctl(PR_GET_NAME, name, 0, 0, 0);
+        RingHeader *h = r->hdr();
+        CommEntry &e = h->comms[h->comm_next.fetch_add(1, std::memory_order_relaxed) % kCommSlots];
+        e.tid.store(0, std::memory_order_relaxed);
+        std::memcpy(e.comm, name, sizeof e.comm);
+        e.comm[15] = 0;
+        e.tid.store(static_cast<int32_t>(syscall(SYS_gettid)), std::memory_order_release);
+        w.slot->owner.store(0, std::memory_order_release);
+    }
+    w.slot = nullptr;
+    w.exited = true;
+}
+
+void after_fork_child() {
+    // The child must not write into the parent's buffers (shared memory): new ones.
+    Region *r = g_main.load(std::memory_order_relaxed);
+    if (r == nullptr) return;
+    const RingHeader *h = r->hdr();
+    Region *fresh = make_region(h->data_size / 1024, h->slot_count);
+    g_main.store(fresh, std::memory_order_release);
+    g_snap = nullptr;
+    t_w.slot = nullptr;
+}
+
+int init_locked() {
+    if (!g_key_made) {
+        if (pthread_key_create(&g_exit_key, thread_exit) != 0) return -EAGAIN;
+        g_key_made = true;
+    }
+    if (!g_atfork_done) {
+        pthread_atfork(nullptr, nullptr, after_fork_child);
+        g_atfork_done = true;
+    }
+    if (g_main.load(std::memory_order_relaxed) == nullptr) {
+        Region *r = make_region(g_kb, g_slots);
+        if (r == nullptr) return -ENOMEM;
+        g_main.store(r, std::memory_order_release);
+    }
+    return 0;
+}
+
+SlotHeader *claim(Region *r, uint32_t *index) {
+    const uint32_t n = r->hdr()->slot_count;
+    for (uint32_t i = 0; i < n; ++i) {
+        SlotHeader *s = r->slot(i);
+        uint32_t expected = 0;
+        if (s->owner.load(std::memory_order_relaxed) == 0 &&
+            s->owner.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+            *index = i;
+            return s;
+        }
+    }
+    return nullptr;
+}
+
+void count_drop(SlotHeader *s) {
+    s->dropped.fetch_add(1, std::memory_order_relaxed);
+    s->dropped_pending.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); // vDSO: no system call
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+} // namespace
+
+// ---- Hot path ----
+
+uint8_t *ring_reserve(uint32_t size) {
+    if (!g_on.load(std::memory_order_relaxed)) return nullptr;
+    Writer &w = t_w;
+    if (w.busy) {
+        // A probe hit in a signal handler that interrupted this thread's own record.
+        Region *r = g_main.load(std::memory_order_acquire);
+        if (w.slot != nullptr && r != nullptr && w.gen == r->gen) count_drop(w.slot);
+        else if (r != nullptr) r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
+        return nullptr;
+    }
+    w.busy = true;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    Region *r = g_main.load(std::memory_order_acquire);
+    if (r == nullptr) {
+        w.busy = false;
+        return nullptr;
+    }
+    if (w.slot == nullptr || w.gen != r->gen) {
+        uint32_t index = 0;
+        SlotHeader *s = w.exited ? nullptr : claim(r, &index);
+        if (s == nullptr) {
+            r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
+            w.busy = false;
+            return nullptr;
+        }
+        w.slot = s;
+        w.data = r->data(index);
+        w.cap = r->cap;
+        w.gen = r->gen;
+        if (!w.hooked) {
+            w.hooked = true;
+            // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
+            // descriptor: no allocation.
+            pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
+        }
+    }
+    SlotHeader *s = w.slot;
+    s->busy.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    const uint64_t need = align_up(kRecHdr + size, 8);
+    const uint64_t cap = w.cap;
+    const uint64_t h = s->head.load(std::memory_order_relaxed);
+    const uint64_t off = h % cap;
+    const uint64_t pad = off + need > cap ? cap - off : 0;
+    if (size > kMaxRecordSize || pad + need > cap) {
+        count_drop(s);
+        s->busy.store(0, std::memory_order_release);
+        w.busy = false;
+        return nullptr;
+    }
+    const uint64_t end = h + pad + need;
+    // Overwrite mode: evict the oldest records until the new one fits.
+    uint64_t t = s->tail.load(std::memory_order_acquire);
+    while (end - t > cap) {
+        const auto *old = reinterpret_cast<const RecordHeader *>(w.data + t % cap);
+        const uint64_t len = old->len;
+        if (len < 8 || len % 8 != 0 || t + len > h) { // cannot happen unless memory was scribbled on
+            count_drop(s);
+            s->busy.store(0, std::memory_order_release);
+            w.busy = false;
+            return nullptr;
+        }
+        const uint16_t kind = old->kind;
+        if (s->tail.compare_exchange_weak(t, t + len, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            if (kind == kRecordKind)
+                s->overrun.store(s->overrun.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+            t += len;
+        }
+    }
+    // Published before the data is overwritten: a reader that copied bytes this write
+    // touches sees the new reserve_end afterwards and drops its copy (x86 keeps stores
+    // in order; the fence keeps the compiler from moving the data stores up).
+    s->reserve_end.store(end, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (pad != 0) {
+        auto *p = reinterpret_cast<RecordHeader *>(w.data + off);
+        p->len = static_cast<uint16_t>(pad);
+        p->kind = kPadKind;
+    }
+    auto *rh = reinterpret_cast<RecordHeader *>(w.data + (h + pad) % cap);
+    const int cpu = sched_getcpu(); // rseq or the vDSO's getcpu: no system call
+    rh->cpu = static_cast<uint16_t>(cpu < 0 ? 0 : cpu);
+    rh->kind = kRecordKind;
+    rh->reserved = 0;
+    rh->ts = now_ns();
+    w.pend = rh;
+    w.pend_pos = h + pad;
+    w.pend_size = size;
+    return reinterpret_cast<uint8_t *>(rh) + kRecHdr;
+}
+
+void ring_commit(uint8_t *rec, uint32_t used) {
+    Writer &w = t_w;
+    if (!w.busy || w.slot == nullptr || rec != reinterpret_cast<uint8_t *>(w.pend) + kRecHdr) return;
+    SlotHeader *s = w.slot;
+    if (used != 0) {
+        used = std::min(used, w.pend_size);
+        RecordHeader *rh = w.pend;
+        rh->len = static_cast<uint16_t>(align_up(kRecHdr + used, 8));
+        rh->size = static_cast<uint16_t>(used);
+        uint32_t lost = s->dropped_pending.load(std::memory_order_relaxed);
+        if (lost != 0) lost = s->dropped_pending.exchange(0, std::memory_order_relaxed);
+        rh->dropped_before = lost;
+        if (used >= kCommonSize) {
+            int32_t pid;
+            std::memcpy(&pid, rec + 4, 4);
+            if (s->tid.load(std::memory_order_relaxed) != pid) s->tid.store(pid, std::memory_order_relaxed);
+        }
+        s->head.store(w.pend_pos + rh->len, std::memory_order_release);
+    }
+    s->busy.store(0, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    w.busy = false;
+}
+
+// ---- Control ----
+
+int ring_init() {
+    std::lock_guard lock(g_mu);
+    return init_locked();
+}
+
+bool tracing_on() { return g_on.load(std::memory_order_relaxed); }
+void set_tracing_on(bool on) { g_on.store(on, std::memory_order_relaxed); }
+
+uint64_t buffer_size_kb() {
+    std::lock_guard lock(g_mu);
+    return g_kb;
+}
+
+namespace {
+int replace_main_locked(uint64_t kb, uint32_t slots) {
+    if (int err = init_locked(); err != 0) return err;
+    Region *fresh = make_region(kb, slots);
+    if (fresh == nullptr) return -ENOMEM;
+    Region *old = g_main.exchange(fresh, std::memory_order_acq_rel);
+    g_kb = kb;
+    g_slots = slots;
+    retire_region(old);
+    if (g_snap != nullptr) { // the snapshot must match the main buffers' geometry
+        retire_region(g_snap);
+        g_snap = nullptr;
+    }
+    return 0;
+}
+} // namespace
+
+int set_buffer_size_kb(uint64_t kb) {
+    if (kb == 0 || kb > (1ull << 22)) return -EINVAL;
+    std::lock_guard lock(g_mu);
+    return replace_main_locked(kb, g_slots);
+}
+
+uint32_t ring_slot_count() {
+    std::lock_guard lock(g_mu);
+    return g_slots;
+}
+
+int set_ring_slot_count(uint32_t n) {
+    if (n == 0 || n > 65536) return -EINVAL;
+    std::lock_guard lock(g_mu);
+    return replace_main_locked(g_kb, n);
+}
+
+void ring_clear() {
+    std::lock_guard lock(g_mu);
+    if (Region *r = g_main.load(std::memory_order_acquire)) ring_clear_view(r->view());
+}
+
+int snapshot_take() {
+    std::lock_guard lock(g_mu);
+    if (int err = init_locked(); err != 0) return err;
+    Region *main = g_main.load(std::memory_order_acquire);
+    if (g_snap == nullptr) {
+        g_snap = make_region(main->cap / 1024, main->hdr()->slot_count);
+        if (g_snap == nullptr) return -ENOMEM;
+    }
+    // The spare becomes the main buffers; its slots are free for the threads to claim.
+    Region *spare = g_snap;
+    for (uint32_t i = 0; i < spare->hdr()->slot_count; ++i)
+        spare->slot(i)->owner.store(0, std::memory_order_relaxed);
+    g_main.store(spare, std::memory_order_release);
+    wait_writers(main);
+    g_snap = main;
+    return 0;
+}
+
+void snapshot_clear() {
+    std::lock_guard lock(g_mu);
+    if (g_snap != nullptr) ring_clear_view(g_snap->view());
+}
+
+void snapshot_free() {
+    std::lock_guard lock(g_mu);
+    retire_region(g_snap);
+    g_snap = nullptr;
+}
+
+bool snapshot_allocated() {
+    std::lock_guard lock(g_mu);
+    return g_snap != nullptr;
+}
+
+int ring_memfd(size_t *size) {
+    std::lock_guard lock(g_mu);
+    if (init_locked() != 0) return -1;
+    Region *r = g_main.load(std::memory_order_acquire);
+    if (size != nullptr) *size = r->size;
+    return r->fd;
+}
+
+int snapshot_memfd(size_t *size) {
+    std::lock_guard lock(g_mu);
+    if (g_snap == nullptr) return -1;
+    if (size != nullptr) *size = g_snap->size;
+    return g_snap->fd;
+}
+
+void ring_lock_views() {
+    g_mu.lock();
+    init_locked();
+}
+void ring_unlock_views() { g_mu.unlock(); }
+
+RingView ring_main_view() {
+    Region *r = g_main.load(std::memory_order_acquire);
+    return r != nullptr ? r->view() : RingView{};
+}
+
+RingView ring_snapshot_view() { return g_snap != nullptr ? g_snap->view() : RingView{}; }
+
+// ---- Reading ----
+
+const RingHeader *RingView::header() const {
+    if (base == nullptr || size < sizeof(RingHeader)) return nullptr;
+    const auto *h = reinterpret_cast<const RingHeader *>(base);
+    if (h->magic != kRingMagic || h->version != kRingVersion) return nullptr;
+    if (h->header_size < sizeof(RingHeader) || h->slot_header_size != sizeof(SlotHeader)) return nullptr;
+    if (h->data_size == 0 || h->data_size % 8 != 0 || h->slot_stride < sizeof(SlotHeader) + h->data_size) return nullptr;
+    if (h->header_size + uint64_t(h->slot_count) * h->slot_stride > size) return nullptr;
+    return h;
+}
+
+SlotHeader *RingView::slot(uint32_t i) const {
+    const RingHeader *h = header();
+    return reinterpret_cast<SlotHeader *>(const_cast<uint8_t *>(base) + h->header_size + i * h->slot_stride);
+}
+
+const uint8_t *RingView::data(uint32_t i) const {
+    return reinterpret_cast<const uint8_t *>(slot(i)) + sizeof(SlotHeader);
+}
+
+namespace {
+
+// Copies positions [from, to) of a slot's data into out (they are at most cap bytes).
+void copy_span(const uint8_t *data, uint64_t cap, uint64_t from, uint64_t to, uint8_t *out) {
+    uint64_t n = to - from, off = from % cap;
+    const uint64_t first = std::min(n, cap - off);
+    std::memcpy(out, data + off, first);
+    if (n > first) std::memcpy(out + first, data, n - first);
+}
+
+bool sane(const RecordHeader &rh, uint64_t pos, uint64_t head) {
+    if (rh.len < 8 || rh.len % 8 != 0 || pos + rh.len > head) return false;
+    if (rh.kind == kPadKind) return true;
+    return rh.kind == kRecordKind && rh.len >= kRecHdr && kRecHdr + rh.size <= rh.len;
+}
+
+} // namespace
+
+std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
+    std::vector<RingEntry> out;
+    RingCounts c;
+    const RingHeader *h = v.header();
+    if (h == nullptr) {
+        if (counts != nullptr) *counts = c;
+        return out;
+    }
+    const uint64_t cap = h->data_size;
+    std::vector<uint8_t> buf;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        c.overrun += s->overrun.load(std::memory_order_acquire) - s->overrun_base;
+        c.lost += s->dropped.load(std::memory_order_acquire) - s->dropped_base;
+        const uint64_t head = s->head.load(std::memory_order_acquire);
+        const uint64_t t0 = s->tail.load(std::memory_order_acquire);
+        if (head == t0 || head - t0 > cap) continue;
+        buf.resize(head - t0);
+        copy_span(v.data(i), cap, t0, head, buf.data());
+        std::atomic_thread_fence(std::memory_order_acquire);
+        // reserve_end before tail: the writer moves tail past what it evicts before it
+        // publishes reserve_end, so this tail bounds every byte the copy may have torn.
+        const uint64_t re = s->reserve_end.load(std::memory_order_acquire);
+        const uint64_t t2 = s->tail.load(std::memory_order_acquire);
+        const uint64_t start = std::max(t0, t2);
+        const uint64_t torn_below = re > cap ? re - cap : 0;
+        for (uint64_t p = start; p < head;) {
+            RecordHeader rh;
+            std::memcpy(&rh, buf.data() + (p - t0), kRecHdr <= head - p ? kRecHdr : 8);
+            if (!sane(rh, p, head)) break;
+            if (rh.kind == kRecordKind && p >= torn_below) {
+                RingEntry e;
+                e.ts = rh.ts;
+                e.cpu = rh.cpu;
+                e.slot = i;
+                e.lost_before = rh.dropped_before;
+                const uint8_t *r = buf.data() + (p - t0) + kRecHdr;
+                e.rec.assign(r, r + rh.size);
+                out.push_back(std::move(e));
+            }
+            p += rh.len;
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const RingEntry &a, const RingEntry &b) { return a.ts < b.ts; });
+    c.lost += h->lost_no_slot.load(std::memory_order_acquire) - h->lost_no_slot_base;
+    c.entries = out.size();
+    c.written = c.entries + c.overrun + c.lost;
+    if (counts != nullptr) *counts = c;
+    return out;
+}
+
+namespace {
+
+// The oldest record of slot i, copied, with its position; false when the slot is empty.
+// Skips pad records (consuming them).
+bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint8_t> *rec, uint64_t *pos) {
+    const RingHeader *h = v.header();
+    const uint64_t cap = h->data_size;
+    SlotHeader *s = v.slot(i);
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        const uint64_t head = s->head.load(std::memory_order_acquire);
+        uint64_t t = s->tail.load(std::memory_order_acquire);
+        if (t == head || head - t > cap) return false;
+        const uint8_t *at = v.data(i) + t % cap;
+        std::memcpy(rh, at, std::min<uint64_t>(kRecHdr, cap - t % cap));
+        if (rh->kind == kRecordKind && rh->len >= kRecHdr && rh->size <= rh->len - kRecHdr &&
+            t % cap + rh->len <= cap)
+            rec->assign(at + kRecHdr, at + kRecHdr + rh->size);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        const uint64_t re = s->reserve_end.load(std::memory_order_acquire);
+        if ((re > cap && t < re - cap) || !sane(*rh, t, head) || t % cap + rh->len > cap) continue; // overwritten meanwhile
+        if (rh->kind == kPadKind) {
+            s->tail.compare_exchange_strong(t, t + rh->len, std::memory_order_acq_rel);
+            continue;
+        }
+        *pos = t;
+        return true;
+    }
+    return false;
+}
+
+} // namespace
+
+bool ring_consume(const RingView &v, RingEntry *out) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return false;
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        bool found = false;
+        uint32_t best = 0;
+        uint64_t best_ts = 0, best_pos = 0;
+        RecordHeader best_rh{};
+        std::vector<uint8_t> best_rec, rec;
+        for (uint32_t i = 0; i < h->slot_count; ++i) {
+            SlotHeader *s = v.slot(i);
+            if (s->head.load(std::memory_order_acquire) == s->tail.load(std::memory_order_acquire)) continue;
+            RecordHeader rh;
+            uint64_t pos;
+            if (!peek_slot(v, i, &rh, &rec, &pos)) continue;
+            if (!found || rh.ts < best_ts) {
+                found = true;
+                best = i;
+                best_ts = rh.ts;
+                best_pos = pos;
+                best_rh = rh;
+                best_rec.swap(rec);
+            }
+        }
+        if (!found) return false;
+        SlotHeader *s = v.slot(best);
+        const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
+        uint64_t expected = best_pos;
+        if (!s->tail.compare_exchange_strong(expected, best_pos + best_rh.len, std::memory_order_acq_rel))
+            continue; // the writer overwrote it meanwhile: counted as an overrun
+        const uint64_t seen = std::max(s->overrun_seen, s->overrun_base);
+        out->lost_before = (overrun > seen ? overrun - seen : 0) + best_rh.dropped_before;
+        s->overrun_seen = std::max(seen, overrun);
+        out->ts = best_rh.ts;
+        out->cpu = best_rh.cpu;
+        out->slot = best;
+        out->rec.swap(best_rec);
+        return true;
+    }
+    return false;
+}
+
+bool ring_has_data(const RingView &v) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return false;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        if (s->head.load(std::memory_order_acquire) != s->tail.load(std::memory_order_acquire)) return true;
+    }
+    return false;
+}
+
+void ring_clear_view(const RingView &v) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        uint64_t t = s->tail.load(std::memory_order_acquire);
+        for (;;) {
+            const uint64_t head = s->head.load(std::memory_order_acquire);
+            if (t >= head || s->tail.compare_exchange_weak(t, head, std::memory_order_acq_rel)) break;
+        }
+        s->overrun_base = s->overrun.load(std::memory_order_acquire);
+        s->overrun_seen = s->overrun_base;
+        s->dropped_base = s->dropped.load(std::memory_order_acquire);
+        s->dropped_pending.store(0, std::memory_order_relaxed);
+    }
+    auto *mh = const_cast<RingHeader *>(h);
+    mh->lost_no_slot_base = h->lost_no_slot.load(std::memory_order_acquire);
+}
+
+std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid) {
+    if (tid == 0) return "<idle>";
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/task/%d/comm", pid, tid);
+    if (FILE *f = std::fopen(path, "re")) {
+        char name[64] = {};
+        const bool ok = std::fgets(name, sizeof name, f) != nullptr;
+        std::fclose(f);
+        if (ok) {
+            std::string s(name);
+            if (!s.empty() && s.back() == '\n') s.pop_back();
+            return s;
+        }
+    }
+    if (const RingHeader *h = v.header()) {
+        const uint32_t next = h->comm_next.load(std::memory_order_acquire);
+        for (uint32_t k = 0; k < kCommSlots; ++k) { // newest first
+            const CommEntry &e = h->comms[(next - 1 - k) % kCommSlots];
+            if (e.tid.load(std::memory_order_acquire) == tid) return std::string(e.comm, strnlen(e.comm, 16));
+        }
+    }
+    return "<...>";
+}
+
+} // namespace ukp::trace

@@ -1,0 +1,188 @@
+// The trace ring buffer: binary records in shared memory (a memfd), one buffer per
+// thread, written lock-free by probe hits and read by the trace files here or by a
+// reader in another process that maps the memfd (docs/tracer-internals.md).
+//
+// The memfd holds a RingHeader, then slot_count slots, each a SlotHeader followed by
+// data_size bytes of records. Everything in it is positions and sizes, no pointers, so
+// any process can map it anywhere. A record in a slot is a RecordHeader followed by the
+// record of record.hpp (common_type first), padded to 8 bytes.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trace/record.hpp"
+
+namespace ukp::trace {
+
+// ---- Hot path (a probe hit, in the calling thread's context) ----
+
+// Lock-free, no allocation, no system call. Reserves room for a record of `size` bytes
+// (<= kMaxRecordSize); null when there is no room (the loss is counted and shown by
+// the reader, never silent) or tracing is off (not counted, as in ftrace). A nested call
+// on the same thread (a probe hit in a signal handler that interrupted this thread
+// between its reserve and commit) is refused and counted as lost.
+uint8_t *ring_reserve(uint32_t size);
+// Publishes the record reserved at `rec`, `used` bytes of it (used <= size reserved);
+// used == 0 discards it (a filter said no). Must follow every non-null ring_reserve.
+void ring_commit(uint8_t *rec, uint32_t used);
+
+// ---- Control (the tracefs files; not for the hot path) ----
+
+// Maps the shared region (idempotent). Call when the tracer starts: a thread's first
+// record must find the region mapped. 0 or -errno. The other functions call it too.
+int ring_init();
+bool tracing_on();
+void set_tracing_on(bool on);
+// Size of each per-thread buffer in KiB (the buffer_size_kb file). Setting it replaces
+// the buffers (their records are dropped, as a resize may in ftrace). 0 or -errno.
+uint64_t buffer_size_kb();
+int set_buffer_size_kb(uint64_t kb);
+// Number of per-thread buffers (threads that can record at once). Replaces the buffers.
+uint32_t ring_slot_count();
+int set_ring_slot_count(uint32_t n);
+// Empties the buffers and resets their counters (writing to the trace file).
+void ring_clear();
+
+// The snapshot file: ftrace's semantics. take: allocate the spare buffers if needed and
+// swap them with the main ones (writing 1); clear: empty the snapshot (any other
+// number); free: release it (writing 0). 0 or -errno.
+int snapshot_take();
+void snapshot_clear();
+void snapshot_free();
+bool snapshot_allocated();
+
+// ---- The shared layout, for a reader in another process ----
+
+inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
+inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
+
+// A thread's name, saved when it exits (the reader's saved_cmdlines).
+struct CommEntry {
+    std::atomic<int32_t> tid;  // 0 while being written
+    char comm[16];             // NUL-terminated
+};
+
+// At offset 0 of the memfd.
+struct RingHeader {
+    uint64_t magic;              // kRingMagic
+    uint32_t version;            // kRingVersion
+    uint32_t header_size;        // sizeof(RingHeader): where slot 0 begins
+    uint32_t slot_count;         // number of per-thread buffers
+    uint32_t slot_header_size;   // sizeof(SlotHeader): where a slot's data begins
+    uint64_t slot_stride;        // bytes from one slot to the next
+    uint64_t data_size;          // bytes of records a slot holds (a multiple of 8)
+    int32_t pid;                 // the traced process (for /proc/PID/task/TID/comm)
+    uint32_t generation;         // distinct per region of this process
+    std::atomic<uint64_t> lost_no_slot;  // records refused: every buffer in use
+    uint64_t lost_no_slot_base;          // reader-owned: lost_no_slot at the last clear
+    std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommSlots)
+    uint32_t reserved;
+    CommEntry comms[kCommSlots];
+};
+
+// One per-thread buffer. Positions are byte counts since the buffer was created; a
+// position p lives at data offset p % data_size. Records never wrap: a pad record fills
+// the end of the data area when the next record does not fit.
+struct alignas(64) SlotHeader {
+    std::atomic<uint32_t> owner;        // 0 free, 1 claimed by a thread (CAS)
+    std::atomic<int32_t> tid;           // common_pid of the last committed record
+    std::atomic<uint32_t> busy;         // 1 between reserve and commit (writer-owned)
+    uint32_t reserved0;
+    std::atomic<uint64_t> head;         // end of the last committed record (writer-owned)
+    std::atomic<uint64_t> reserve_end;  // end of the room being written: data at positions
+                                        // below reserve_end - data_size may be overwritten
+    std::atomic<uint64_t> overrun;      // records overwritten (evicted) by the writer
+    std::atomic<uint64_t> dropped;      // records refused (nested, too large)
+    std::atomic<uint32_t> dropped_pending; // refused since the last commit: goes into the
+                                        // next record's dropped_before
+    uint32_t reserved1;
+    alignas(64) std::atomic<uint64_t> tail; // oldest unconsumed record: moved by the writer
+                                        // (eviction) and by a consuming reader (CAS)
+    alignas(64) uint64_t overrun_base;  // reader-owned: overrun at the last clear
+    uint64_t dropped_base;              // reader-owned: dropped at the last clear
+    uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported
+};
+
+// In front of each record in a slot.
+struct RecordHeader {
+    uint16_t len;            // bytes of header + record + padding (a multiple of 8)
+    uint16_t kind;           // kRecordKind or kPadKind
+    uint16_t size;           // bytes of the record (what ring_commit was given)
+    uint16_t cpu;            // sched_getcpu() at the hit
+    uint32_t dropped_before; // records this thread lost just before this one
+    uint32_t reserved;
+    uint64_t ts;             // CLOCK_MONOTONIC, nanoseconds
+};
+static_assert(sizeof(RecordHeader) == 24);
+inline constexpr uint16_t kRecordKind = 1, kPadKind = 2;
+
+// A mapped region (ours, or one an outside reader mapped from the memfd).
+struct RingView {
+    const uint8_t *base = nullptr;
+    size_t size = 0;
+    // The header when the view holds a valid region of this version, else null.
+    const RingHeader *header() const;
+    SlotHeader *slot(uint32_t i) const; // readers move tail and their own fields
+    const uint8_t *data(uint32_t i) const;
+};
+
+// The memfd of the main buffers and of the snapshot (-1 when none) and their sizes, for
+// a reader in another process; changes when the buffers are replaced (resize, snapshot).
+int ring_memfd(size_t *size);
+int snapshot_memfd(size_t *size);
+
+// ---- Reading (output.cpp and outside readers) ----
+
+// One record copied out of a buffer.
+struct RingEntry {
+    uint64_t ts = 0;
+    uint32_t cpu = 0;
+    uint32_t slot = 0;
+    uint64_t lost_before = 0; // events lost just before this one in its buffer
+    std::vector<uint8_t> rec; // the record (common_type first), `size` bytes
+};
+
+struct RingCounts {
+    uint64_t entries = 0;   // records in the buffers (entries-in-buffer)
+    uint64_t written = 0;   // entries + overwritten + lost since the last clear
+    uint64_t overrun = 0;   // overwritten since the last clear
+    uint64_t lost = 0;      // refused since the last clear (nesting, size, no buffer)
+};
+
+// Every valid record of the view in timestamp order, without consuming them. A record
+// torn by a concurrent writer is left out (the writer counted it as overwritten).
+// lost_before holds the refused records only (ftrace's trace file shows overruns in
+// its header, not as LOST lines).
+std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts);
+// Consumes the oldest record of the view into *out (lost_before: overwritten and refused
+// records before it). False when the buffers are empty. One consumer at a time.
+bool ring_consume(const RingView &v, RingEntry *out);
+// Whether the view has an unconsumed record.
+bool ring_has_data(const RingView &v);
+// Empties the buffers of a view and resets its counters (a reader can do it too).
+void ring_clear_view(const RingView &v);
+
+// Runs fn with the views of the main and snapshot buffers while they cannot be
+// replaced (in-process readers).
+template <typename Fn> void with_ring_views(Fn &&fn);
+void ring_lock_views();
+void ring_unlock_views();
+RingView ring_main_view();     // only between ring_lock_views and ring_unlock_views
+RingView ring_snapshot_view(); // idem; empty when no snapshot is allocated
+
+template <typename Fn> void with_ring_views(Fn &&fn) {
+    ring_lock_views();
+    fn(ring_main_view(), ring_snapshot_view());
+    ring_unlock_views();
+}
+
+// The name of thread `tid` of process `pid` as the reader shows it: a saved name of
+// an exited thread from the view, else /proc, else "<...>" (ftrace's unknown).
+std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid);
+
+} // namespace ukp::trace

@@ -1,0 +1,513 @@
+// The trace ring buffer: exact counts under concurrent writers, overwrite and loss
+// accounting, records never torn under concurrent readers, a reader in another process.
+#include <gtest/gtest.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "trace/ring.hpp"
+
+namespace ukp::trace {
+namespace {
+
+int32_t gettid_() { return static_cast<int32_t>(syscall(SYS_gettid)); }
+
+// A test record: the common header, the writer's index and sequence number, then bytes
+// that depend on both (a torn record shows as a pattern mismatch).
+uint32_t payload_size(uint32_t seq) { return kCommonSize + 8 + seq % 61; }
+
+bool write_record(uint32_t writer, uint32_t seq) {
+    const uint32_t size = payload_size(seq);
+    uint8_t *rec = ring_reserve(size);
+    if (rec == nullptr) return false;
+    CommonHeader c{7, 0, 0, gettid_()};
+    std::memcpy(rec, &c, sizeof c);
+    std::memcpy(rec + 8, &writer, 4);
+    std::memcpy(rec + 12, &seq, 4);
+    for (uint32_t k = 16; k < size; ++k) rec[k] = static_cast<uint8_t>(seq * 31 + writer * 7 + k);
+    ring_commit(rec, size);
+    return true;
+}
+
+// Decodes and checks a test record; false if it is torn or malformed.
+bool check_record(const std::vector<uint8_t> &rec, uint32_t *writer, uint32_t *seq) {
+    if (rec.size() < 16) return false;
+    std::memcpy(writer, rec.data() + 8, 4);
+    std::memcpy(seq, rec.data() + 12, 4);
+    if (rec.size() != payload_size(*seq)) return false;
+    uint16_t type;
+    std::memcpy(&type, rec.data(), 2);
+    if (type != 7) return false;
+    for (uint32_t k = 16; k < rec.size(); ++k)
+        if (rec[k] != static_cast<uint8_t>(*seq * 31 + *writer * 7 + k)) return false;
+    return true;
+}
+
+std::vector<RingEntry> collect(RingCounts *c) {
+    std::vector<RingEntry> out;
+    with_ring_views([&](const RingView &main, const RingView &) { out = ring_collect(main, c); });
+    return out;
+}
+
+bool consume(RingEntry *e) {
+    bool got = false;
+    with_ring_views([&](const RingView &main, const RingView &) { got = ring_consume(main, e); });
+    return got;
+}
+
+class RingTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(ring_init(), 0);
+        set_tracing_on(true);
+        snapshot_free();
+        ASSERT_EQ(set_ring_slot_count(64), 0);
+        ASSERT_EQ(set_buffer_size_kb(1408), 0);
+    }
+};
+
+TEST_F(RingTest, RecordsComeBackInOrderWithTheirHeader) {
+    const uint64_t before = [] { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ull + t.tv_nsec; }();
+    for (uint32_t i = 0; i < 100; ++i) ASSERT_TRUE(write_record(0, i));
+    const uint64_t after = [] { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ull + t.tv_nsec; }();
+    RingCounts c;
+    auto entries = collect(&c);
+    ASSERT_EQ(entries.size(), 100u);
+    EXPECT_EQ(c.entries, 100u);
+    EXPECT_EQ(c.written, 100u);
+    EXPECT_EQ(c.overrun, 0u);
+    EXPECT_EQ(c.lost, 0u);
+    const int ncpu = static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+    for (uint32_t i = 0; i < 100; ++i) {
+        uint32_t w, seq;
+        ASSERT_TRUE(check_record(entries[i].rec, &w, &seq)) << i;
+        EXPECT_EQ(seq, i);
+        EXPECT_GE(entries[i].ts, before);
+        EXPECT_LE(entries[i].ts, after);
+        if (i > 0) {
+            EXPECT_GE(entries[i].ts, entries[i - 1].ts);
+        }
+        EXPECT_LT(static_cast<int>(entries[i].cpu), ncpu);
+        EXPECT_EQ(entries[i].lost_before, 0u);
+    }
+}
+
+TEST_F(RingTest, DiscardedAndShortenedRecords) {
+    uint8_t *a = ring_reserve(100);
+    ASSERT_NE(a, nullptr);
+    ring_commit(a, 0); // a filter said no
+    ASSERT_TRUE(write_record(0, 5));
+    uint8_t *b = ring_reserve(1000);
+    ASSERT_NE(b, nullptr);
+    CommonHeader c{7, 0, 0, gettid_()};
+    std::memcpy(b, &c, 8);
+    uint32_t w = 0, seq = 6;
+    std::memcpy(b + 8, &w, 4);
+    std::memcpy(b + 12, &seq, 4);
+    for (uint32_t k = 16; k < payload_size(6); ++k) b[k] = static_cast<uint8_t>(seq * 31 + k);
+    ring_commit(b, payload_size(6)); // used < reserved
+    RingCounts counts;
+    auto e = collect(&counts);
+    ASSERT_EQ(e.size(), 2u);
+    uint32_t ww, s;
+    EXPECT_TRUE(check_record(e[0].rec, &ww, &s));
+    EXPECT_EQ(s, 5u);
+    EXPECT_TRUE(check_record(e[1].rec, &ww, &s));
+    EXPECT_EQ(s, 6u);
+    EXPECT_EQ(counts.written, 2u);
+}
+
+TEST_F(RingTest, TooLargeRecordIsRefusedAndCounted) {
+    EXPECT_EQ(ring_reserve(kMaxRecordSize + 1), nullptr);
+    ASSERT_TRUE(write_record(0, 1));
+    RingCounts c;
+    auto e = collect(&c);
+    ASSERT_EQ(e.size(), 1u);
+    EXPECT_EQ(c.lost, 1u);
+    EXPECT_EQ(c.written, 2u);
+    EXPECT_EQ(e[0].lost_before, 1u); // shown before the next record of that thread
+}
+
+TEST_F(RingTest, TracingOffRecordsNothingAndCountsNothing) {
+    set_tracing_on(false);
+    EXPECT_FALSE(tracing_on());
+    EXPECT_EQ(ring_reserve(32), nullptr);
+    set_tracing_on(true);
+    RingCounts c;
+    EXPECT_TRUE(collect(&c).empty());
+    EXPECT_EQ(c.written, 0u);
+}
+
+TEST_F(RingTest, ConcurrentWritersExactCounts) {
+    constexpr uint32_t kThreads = 16, kPer = 20000;
+    ASSERT_EQ(set_buffer_size_kb(4096), 0);
+    std::atomic<uint32_t> refused{0};
+    std::vector<std::thread> ts;
+    for (uint32_t t = 0; t < kThreads; ++t)
+        ts.emplace_back([t, &refused] {
+            for (uint32_t i = 0; i < kPer; ++i)
+                if (!write_record(t, i)) refused.fetch_add(1);
+        });
+    for (auto &t : ts) t.join();
+    EXPECT_EQ(refused.load(), 0u);
+    RingCounts c;
+    auto e = collect(&c);
+    ASSERT_EQ(e.size(), size_t(kThreads) * kPer);
+    EXPECT_EQ(c.written, uint64_t(kThreads) * kPer);
+    std::vector<uint32_t> next(kThreads, 0);
+    for (const auto &x : e) {
+        uint32_t w, seq;
+        ASSERT_TRUE(check_record(x.rec, &w, &seq));
+        ASSERT_LT(w, kThreads);
+        ASSERT_EQ(seq, next[w]) << "writer " << w;
+        ++next[w];
+    }
+    for (uint32_t t = 0; t < kThreads; ++t) EXPECT_EQ(next[t], kPer);
+}
+
+TEST_F(RingTest, OverwriteKeepsTheNewestAndCountsTheRest) {
+    ASSERT_EQ(set_buffer_size_kb(8), 0);
+    constexpr uint32_t kN = 10000;
+    for (uint32_t i = 0; i < kN; ++i) ASSERT_TRUE(write_record(0, i));
+    RingCounts c;
+    auto e = collect(&c);
+    ASSERT_FALSE(e.empty());
+    EXPECT_LT(e.size(), kN);
+    EXPECT_EQ(c.entries + c.overrun, kN);
+    EXPECT_EQ(c.written, kN);
+    EXPECT_EQ(c.lost, 0u);
+    for (size_t i = 0; i < e.size(); ++i) {
+        uint32_t w, seq;
+        ASSERT_TRUE(check_record(e[i].rec, &w, &seq));
+        EXPECT_EQ(seq, kN - e.size() + i); // the newest, contiguous
+    }
+    // trace_pipe reports the overwritten ones before the first record it reads.
+    RingEntry first;
+    ASSERT_TRUE(consume(&first));
+    EXPECT_EQ(first.lost_before, c.overrun);
+    RingEntry second;
+    ASSERT_TRUE(consume(&second));
+    EXPECT_EQ(second.lost_before, 0u);
+}
+
+TEST_F(RingTest, ConcurrentReadersNeverSeeTornRecords) {
+    ASSERT_EQ(set_buffer_size_kb(16), 0); // small: the writers lap the readers constantly
+    constexpr uint32_t kThreads = 4, kPer = 200000;
+    std::atomic<bool> done{false};
+    std::atomic<uint64_t> checked{0}, bad{0};
+    std::thread reader([&] {
+        while (!done.load()) {
+            RingCounts c;
+            for (const auto &x : collect(&c)) {
+                uint32_t w, seq;
+                if (!check_record(x.rec, &w, &seq)) bad.fetch_add(1);
+                checked.fetch_add(1);
+            }
+        }
+    });
+    // A consumer too: every record it takes is whole; taken + lost + left == written.
+    std::atomic<uint64_t> consumed{0}, reported_lost{0};
+    std::thread consumer([&] {
+        while (!done.load()) {
+            RingEntry e;
+            if (consume(&e)) {
+                uint32_t w, seq;
+                if (!check_record(e.rec, &w, &seq)) bad.fetch_add(1);
+                consumed.fetch_add(1);
+                reported_lost.fetch_add(e.lost_before);
+            }
+        }
+    });
+    std::vector<std::thread> ts;
+    for (uint32_t t = 0; t < kThreads; ++t)
+        ts.emplace_back([t] {
+            for (uint32_t i = 0; i < kPer; ++i) write_record(t, i);
+        });
+    for (auto &t : ts) t.join();
+    done = true;
+    reader.join();
+    consumer.join();
+    EXPECT_EQ(bad.load(), 0u);
+    EXPECT_GT(checked.load(), 0u);
+    EXPECT_GT(consumed.load(), 0u);
+    RingCounts c;
+    auto left = collect(&c);
+    // Drain what is left, collecting the last loss reports.
+    RingEntry e;
+    uint64_t drained = 0;
+    while (consume(&e)) {
+        ++drained;
+        reported_lost.fetch_add(e.lost_before);
+    }
+    EXPECT_EQ(drained, left.size());
+    EXPECT_EQ(c.overrun + consumed.load() + drained, uint64_t(kThreads) * kPer);
+    // Losses after the last record of a buffer have no record to be shown before.
+    EXPECT_LE(reported_lost.load(), c.overrun);
+}
+
+// A probe hit in a signal handler that interrupts the thread between reserve and commit.
+std::atomic<int> g_nested_result{-1};
+void nested_handler(int) {
+    uint8_t *r = ring_reserve(32);
+    g_nested_result = r == nullptr ? 0 : 1;
+    if (r != nullptr) ring_commit(r, 0);
+}
+
+TEST_F(RingTest, NestedReservationInASignalHandlerIsRefusedAndCounted) {
+    struct sigaction sa = {}, old = {};
+    sa.sa_handler = nested_handler;
+    sigaction(SIGUSR1, &sa, &old);
+    ASSERT_TRUE(write_record(0, 0));
+    const uint32_t size = payload_size(1);
+    uint8_t *rec = ring_reserve(size);
+    ASSERT_NE(rec, nullptr);
+    pthread_kill(pthread_self(), SIGUSR1); // delivered before pthread_kill returns
+    EXPECT_EQ(g_nested_result.load(), 0);
+    CommonHeader c{7, 0, 0, gettid_()};
+    std::memcpy(rec, &c, 8);
+    uint32_t w = 0, seq = 1;
+    std::memcpy(rec + 8, &w, 4);
+    std::memcpy(rec + 12, &seq, 4);
+    for (uint32_t k = 16; k < size; ++k) rec[k] = static_cast<uint8_t>(seq * 31 + k);
+    ring_commit(rec, size);
+    // Outside the window the handler records normally.
+    pthread_kill(pthread_self(), SIGUSR1);
+    EXPECT_EQ(g_nested_result.load(), 1);
+    sigaction(SIGUSR1, &old, nullptr);
+    RingCounts counts;
+    auto e = collect(&counts);
+    ASSERT_EQ(e.size(), 2u);
+    EXPECT_EQ(counts.lost, 1u);
+    EXPECT_EQ(counts.written, 3u);
+    EXPECT_EQ(e[1].lost_before, 1u);
+}
+
+TEST_F(RingTest, ThreadsBeyondTheBuffersAreCountedAndBuffersComeBackAtExit) {
+    ASSERT_EQ(set_ring_slot_count(2), 0);
+    std::atomic<int> stage{0};
+    auto holder = [&](uint32_t id) {
+        write_record(id, 0);
+        stage.fetch_add(1);
+        while (stage.load() < 10) std::this_thread::yield();
+    };
+    std::thread a(holder, 1), b(holder, 2);
+    while (stage.load() < 2) std::this_thread::yield();
+    bool third = true;
+    std::thread c([&] { third = write_record(3, 0); });
+    c.join();
+    EXPECT_FALSE(third);
+    RingCounts counts;
+    collect(&counts);
+    EXPECT_EQ(counts.lost, 1u);
+    EXPECT_EQ(counts.written, 3u);
+    stage = 10;
+    a.join();
+    b.join();
+    // Their buffers were released at exit: new threads record, one after the other.
+    for (uint32_t i = 0; i < 5; ++i) {
+        bool ok = false;
+        std::thread t([&] { ok = write_record(10 + i, 0); });
+        t.join();
+        EXPECT_TRUE(ok) << i;
+    }
+    auto e = collect(&counts);
+    EXPECT_EQ(e.size(), 7u); // the old records stay in the reused buffers
+    EXPECT_EQ(counts.lost, 1u);
+}
+
+TEST_F(RingTest, ExitedThreadKeepsItsName) {
+    int32_t tid = 0;
+    std::thread t([&] {
+        pthread_setname_np(pthread_self(), "ring-worker");
+        tid = gettid_();
+        write_record(0, 0);
+    });
+    t.join();
+    std::string name;
+    with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), tid); });
+    EXPECT_EQ(name, "ring-worker");
+    with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), gettid_()); });
+    char own[16] = {};
+    pthread_getname_np(pthread_self(), own, sizeof own);
+    EXPECT_EQ(name, own);
+    with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), 0x7ffffff0); });
+    EXPECT_EQ(name, "<...>");
+}
+
+TEST_F(RingTest, ClearEmptiesAndResetsCounts) {
+    ASSERT_EQ(set_buffer_size_kb(8), 0);
+    for (uint32_t i = 0; i < 1000; ++i) write_record(0, i);
+    ring_clear();
+    RingCounts c;
+    EXPECT_TRUE(collect(&c).empty());
+    EXPECT_EQ(c.written, 0u);
+    EXPECT_EQ(c.overrun, 0u);
+    write_record(0, 5000);
+    auto e = collect(&c);
+    ASSERT_EQ(e.size(), 1u);
+    EXPECT_EQ(c.written, 1u);
+    RingEntry x;
+    ASSERT_TRUE(consume(&x));
+    EXPECT_EQ(x.lost_before, 0u); // overruns before the clear are not reported
+}
+
+TEST_F(RingTest, ConsumingEmptiesAndTheCountsFollowTheKernel) {
+    for (uint32_t i = 0; i < 10; ++i) write_record(0, i);
+    RingEntry e;
+    for (uint32_t i = 0; i < 4; ++i) {
+        ASSERT_TRUE(consume(&e));
+        uint32_t w, seq;
+        ASSERT_TRUE(check_record(e.rec, &w, &seq));
+        EXPECT_EQ(seq, i);
+    }
+    RingCounts c;
+    EXPECT_EQ(collect(&c).size(), 6u);
+    EXPECT_EQ(c.entries, 6u);
+    EXPECT_EQ(c.written, 6u); // as ftrace: read entries leave entries-written too
+}
+
+TEST_F(RingTest, SnapshotSwapsTheBuffers) {
+    EXPECT_FALSE(snapshot_allocated());
+    for (uint32_t i = 0; i < 5; ++i) write_record(0, i);
+    ASSERT_EQ(snapshot_take(), 0);
+    EXPECT_TRUE(snapshot_allocated());
+    for (uint32_t i = 5; i < 8; ++i) write_record(0, i);
+    std::vector<RingEntry> main, snap;
+    with_ring_views([&](const RingView &m, const RingView &s) {
+        main = ring_collect(m, nullptr);
+        snap = ring_collect(s, nullptr);
+    });
+    ASSERT_EQ(snap.size(), 5u);
+    ASSERT_EQ(main.size(), 3u);
+    uint32_t w, seq;
+    ASSERT_TRUE(check_record(snap[4].rec, &w, &seq));
+    EXPECT_EQ(seq, 4u);
+    ASSERT_TRUE(check_record(main[0].rec, &w, &seq));
+    EXPECT_EQ(seq, 5u);
+    size_t sz = 0;
+    EXPECT_GE(snapshot_memfd(&sz), 0);
+    snapshot_clear();
+    with_ring_views([&](const RingView &, const RingView &s) { snap = ring_collect(s, nullptr); });
+    EXPECT_TRUE(snap.empty());
+    EXPECT_TRUE(snapshot_allocated());
+    snapshot_free();
+    EXPECT_FALSE(snapshot_allocated());
+    EXPECT_EQ(snapshot_memfd(&sz), -1);
+}
+
+TEST_F(RingTest, BufferSizeKb) {
+    ASSERT_EQ(set_buffer_size_kb(101), 0);
+    EXPECT_EQ(buffer_size_kb(), 101u);
+    EXPECT_EQ(set_buffer_size_kb(0), -EINVAL);
+    size_t size = 0;
+    ASSERT_GE(ring_memfd(&size), 0);
+    with_ring_views([&](const RingView &m, const RingView &) {
+        ASSERT_NE(m.header(), nullptr);
+        EXPECT_EQ(m.header()->data_size, 26u * 4096); // 101 KiB rounded up to pages
+        EXPECT_EQ(m.size, size);
+    });
+}
+
+// The CLI's case: another process receives the memfd over a unix socket, maps it and
+// reads the records itself.
+TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
+    for (uint32_t i = 0; i < 500; ++i) write_record(3, i);
+    std::vector<RingEntry> ours = collect(nullptr);
+    ASSERT_EQ(ours.size(), 500u);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    size_t size = 0;
+    const int fd = ring_memfd(&size);
+    ASSERT_GE(fd, 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        close(sv[0]);
+        char byte;
+        char ctl[CMSG_SPACE(sizeof(int))];
+        iovec iov{&byte, 1};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl;
+        msg.msg_controllen = sizeof ctl;
+        if (recvmsg(sv[1], &msg, 0) != 1) _exit(10);
+        cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        if (cm == nullptr || cm->cmsg_type != SCM_RIGHTS) _exit(11);
+        int got;
+        std::memcpy(&got, CMSG_DATA(cm), sizeof got);
+        void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, got, 0);
+        if (p == MAP_FAILED) _exit(12);
+        RingView v{static_cast<const uint8_t *>(p), size};
+        if (v.header() == nullptr) _exit(13);
+        RingCounts c;
+        auto e = ring_collect(v, &c);
+        if (e.size() != 500 || c.written != 500) _exit(14);
+        for (uint32_t i = 0; i < 500; ++i) {
+            uint32_t w, seq;
+            if (!check_record(e[i].rec, &w, &seq) || seq != i || w != 3) _exit(15);
+        }
+        // It consumes the first 100: the parent sees them gone.
+        for (int i = 0; i < 100; ++i) {
+            RingEntry x;
+            if (!ring_consume(v, &x)) _exit(16);
+        }
+        _exit(0);
+    }
+    close(sv[1]);
+    char byte = 'x';
+    char ctl[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&byte, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl;
+    msg.msg_controllen = sizeof ctl;
+    cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    ASSERT_EQ(sendmsg(sv[0], &msg, 0), 1);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    close(sv[0]);
+    RingCounts c;
+    auto left = collect(&c);
+    ASSERT_EQ(left.size(), 400u);
+    uint32_t w, seq;
+    ASSERT_TRUE(check_record(left[0].rec, &w, &seq));
+    EXPECT_EQ(seq, 100u);
+}
+
+TEST_F(RingTest, AForkedChildWritesIntoItsOwnBuffers) {
+    write_record(0, 1);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        for (uint32_t i = 0; i < 50; ++i) write_record(1, i);
+        RingCounts c;
+        auto e = collect(&c);
+        _exit(e.size() == 50 ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_EQ(collect(nullptr).size(), 1u); // the parent's buffers are untouched
+}
+
+} // namespace
+} // namespace ukp::trace
