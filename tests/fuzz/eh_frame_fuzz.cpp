@@ -54,6 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::vector<uint64_t> pads = {kSentinel};
     std::string error;
     const int rc = ukp::arch::landing_pads(hdr, lo, hi, read, &pads, &error);
+    if (std::getenv("UKP_FUZZ_VERBOSE") != nullptr) {
+        std::fprintf(stderr, "eh_frame_fuzz: rc %d, %zu pads, %s\n", rc, pads.size() - 1, error.c_str());
+    }
     CHECK(rc == 0 || rc == -ENOENT || rc == -EFAULT || rc == -EPROTO);
     CHECK((rc == -ENOENT) == (hdr == 0));
     CHECK(rc == 0 || !error.empty());

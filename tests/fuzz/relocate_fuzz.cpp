@@ -326,7 +326,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.lay.orig = kOrigBase + kOrigOffsets[(opts >> 2) & 3];
     if (decode(c.lay.orig, in + 1, 15, &c.insn) != 0) return 0;
     const Insn &insn = c.insn;
-    uint8_t out[kMaxRelocatedSize + 16];
+    uint8_t out[kMaxRelocatedSize + 16]; // for the error-path checks
     if (insn.flow == Flow::kUnsupported) {
         if (relocate(insn, c.lay.orig + 0x10000, out, sizeof(out), Exit::kJumpBack) != -EOPNOTSUPP) {
             finding("relocate() accepted an unsupported instruction", insn.bytes, insn.len);
@@ -413,6 +413,51 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         spec.cpu.rip = original ? c.lay.orig : dest;
     };
 
+    // The copies first: no run at all when neither destination gets one.
+    struct Copy {
+        uint64_t dest;
+        int n;
+        int trap_offset;
+        uint8_t bytes[kMaxRelocatedSize + 16];
+    };
+    Copy copies[2];
+    int ncopies = 0;
+    for (uint64_t dest : c.dests) {
+        bool clash = false;
+        for (const Page &p : c.lay.pages) {
+            clash = clash || overlaps(p.addr, p.addr + kPageSize, page_of(dest), page_of(dest) + 2 * kPageSize);
+        }
+        if (clash) continue;
+        Copy &k = copies[ncopies];
+        k.dest = dest;
+        k.trap_offset = -2;
+        std::memset(k.bytes, 0xa5, sizeof(k.bytes));
+        k.n = relocate(insn, dest, k.bytes, kMaxRelocatedSize, exit, &k.trap_offset);
+        if (naive() && k.n > 0) k.n = naive_copy(insn, dest, exit, k.bytes, &k.trap_offset);
+        if (k.n == -EOPNOTSUPP) {
+            if (k.trap_offset != -1) finding("trap_offset not reset on failure", insn.bytes, insn.len);
+            continue;
+        }
+        if (k.n <= 0) {
+            char what[64];
+            std::snprintf(what, sizeof(what), "relocate() returned %d", k.n);
+            finding(what, insn.bytes, insn.len);
+        }
+        if (static_cast<size_t>(k.n) > kMaxRelocatedSize) {
+            finding("output longer than kMaxRelocatedSize", insn.bytes, insn.len);
+        }
+        if (exit == Exit::kTrap ? (k.trap_offset < 0 || k.trap_offset >= k.n || k.bytes[k.trap_offset] != 0xcc)
+                                : k.trap_offset != -1) {
+            finding("bad trap_offset", insn.bytes, insn.len);
+        }
+        uint8_t small[kMaxRelocatedSize];
+        if (!naive() && relocate(insn, dest, small, static_cast<size_t>(k.n) - 1, exit) != -ENOSPC) {
+            finding("a buffer one byte short did not give -ENOSPC", insn.bytes, insn.len);
+        }
+        ++ncopies;
+    }
+    if (ncopies == 0) return 0;
+
     // The original run: the instruction at orig.
     auto write_orig = [&](const uint8_t *bytes) {
         for (size_t i = 0; i < insn.len; ++i) {
@@ -439,57 +484,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         write_orig(int3s);
     }
 
-    for (uint64_t dest : c.dests) {
-        bool clash = false;
-        for (const Page &p : c.lay.pages) {
-            clash = clash || overlaps(p.addr, p.addr + kPageSize, page_of(dest), page_of(dest) + 2 * kPageSize);
-        }
-        if (clash) continue;
-        int trap_offset = -2;
-        std::memset(out, 0xa5, sizeof(out));
-        int n = relocate(insn, dest, out, kMaxRelocatedSize, exit, &trap_offset);
-        if (naive() && n > 0) n = naive_copy(insn, dest, exit, out, &trap_offset);
-        if (n == -EOPNOTSUPP) {
-            if (trap_offset != -1) finding("trap_offset not reset on failure", insn.bytes, insn.len);
-            continue;
-        }
-        if (n <= 0) {
-            char what[64];
-            std::snprintf(what, sizeof(what), "relocate() returned %d", n);
-            finding(what, insn.bytes, insn.len);
-        }
-        if (static_cast<size_t>(n) > kMaxRelocatedSize) finding("output longer than kMaxRelocatedSize", insn.bytes, insn.len);
-        if (exit == Exit::kTrap ? (trap_offset < 0 || trap_offset >= n || out[trap_offset] != 0xcc) : trap_offset != -1) {
-            finding("bad trap_offset", insn.bytes, insn.len);
-        }
-        uint8_t small[kMaxRelocatedSize];
-        if (!naive() && relocate(insn, dest, small, static_cast<size_t>(n) - 1, exit) != -ENOSPC) {
-            finding("a buffer one byte short did not give -ENOSPC", insn.bytes, insn.len);
-        }
-
+    for (int i = 0; i < ncopies; ++i) {
+        const Copy &k = copies[i];
         // The copy, then (Exit::kNone) a jump to where the original falls through to.
         uint8_t code[2 * kPageSize];
         std::memset(code, 0xcc, sizeof(code));
-        const size_t at = dest - page_of(dest);
-        std::memcpy(code + at, out, static_cast<size_t>(n));
+        const size_t at = k.dest - page_of(k.dest);
+        std::memcpy(code + at, k.bytes, static_cast<size_t>(k.n));
         if (exit == Exit::kNone) {
-            emit_jmp(dest + static_cast<uint64_t>(n), c.lay.orig + insn.len, code + at + n, 14);
+            emit_jmp(k.dest + static_cast<uint64_t>(k.n), c.lay.orig + insn.len, code + at + k.n, 14);
         }
-        spec_for(spec, false, code, code + kPageSize, dest);
+        spec_for(spec, false, code, code + kPageSize, k.dest);
         if (!ukp::fuzz::run_in_child(spec, &rk)) return 0;
         if (rk.kind == RunResult::kTimeout || rk.kind == RunResult::kSetupFailed) continue;
         if (verbose()) {
             std::fprintf(stderr, "relocate_fuzz: insn len %d flow %d dest 0x%" PRIx64 " copy %d bytes\n", insn.len,
-                         static_cast<int>(insn.flow), dest, n);
+                         static_cast<int>(insn.flow), k.dest, k.n);
             print_result("original", ro);
             print_result("copy", rk);
         }
         char buf[160];
-        const char *diff = compare(c, ro, rk, dest, n, exit == Exit::kTrap ? trap_offset : -1, buf, sizeof(buf));
+        const char *diff =
+            compare(c, ro, rk, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, buf, sizeof(buf));
         if (diff != nullptr) {
-            std::fprintf(stderr, "relocate_fuzz: orig 0x%" PRIx64 " dest 0x%" PRIx64 " exit %d copy:", c.lay.orig, dest,
-                         static_cast<int>(exit));
-            for (int i = 0; i < n; ++i) std::fprintf(stderr, " %02x", out[i]);
+            std::fprintf(stderr, "relocate_fuzz: orig 0x%" PRIx64 " dest 0x%" PRIx64 " exit %d copy:", c.lay.orig,
+                         k.dest, static_cast<int>(exit));
+            for (int j = 0; j < k.n; ++j) std::fprintf(stderr, " %02x", k.bytes[j]);
             std::fprintf(stderr, "\n");
             print_result("original", ro);
             print_result("copy", rk);

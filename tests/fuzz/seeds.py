@@ -105,3 +105,58 @@ for name, code in FUNCS.items():
     rodata = 16 if name == "jump_table" else 0
     out("region_fuzz", name, bytes([2, 3, rodata, 1]) + b)
     out("region_fuzz", name + "-jmp8", bytes([7, 1, rodata, 3]) + b)
+
+
+# eh_frame_fuzz: [i32 lo - base][u16 hi - lo][u16 .eh_frame_hdr offset][image from base]
+# The image: a real C++ program's .eh_frame_hdr, .eh_frame and .gcc_except_table (a
+# function with landing pads), cut from the file as laid out in memory.
+def elf_sections(path):
+    data = open(path, "rb").read()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = hdrs[shstrndx]
+    names = data[strtab[4]:strtab[4] + strtab[5]]
+    secs = {}
+    for h in hdrs:
+        name = names[h[0]:names.index(b"\0", h[0])].decode()
+        secs[name] = (h[3], h[4], h[5])  # addr, offset, size
+    return data, secs
+
+
+def eh_frame_seed():
+    import subprocess
+    import tempfile
+    src = r"""
+#include <stdexcept>
+#include <string>
+__attribute__((noinline)) void thrower(int x) { if (x > 3) throw std::runtime_error("x"); }
+__attribute__((noinline)) int pads(int x) {
+    std::string a(x, 'a');
+    try { thrower(x); } catch (const std::exception &) { return 1; }
+    std::string b(x, 'b');
+    thrower(x + 1);
+    return static_cast<int>(a.size() + b.size());
+}
+int main(int argc, char **) { return pads(argc); }
+"""
+    with tempfile.TemporaryDirectory() as d:
+        open(d + "/p.cpp", "w").write(src)
+        subprocess.run(["g++", "-O2", "-fPIE", "-pie", "-o", d + "/p", d + "/p.cpp"], check=True)
+        syms = subprocess.run(["nm", "-S", d + "/p"], check=True, capture_output=True, text=True).stdout
+        data, secs = elf_sections(d + "/p")
+    pads_at, pads_size = next((int(l.split()[0], 16), int(l.split()[1], 16))
+                              for l in syms.splitlines() if l.endswith(" _Z4padsi"))
+    base = secs[".eh_frame_hdr"][0]
+    end_sec = secs.get(".gcc_except_table", secs[".eh_frame"])
+    end = end_sec[0] + end_sec[2]
+    # Same segment: file offsets follow addresses.
+    off = secs[".eh_frame_hdr"][1]
+    image = data[off:off + (end - base)]
+    head = struct.pack("<iHH", pads_at - base, pads_size, 0)
+    out("eh_frame_fuzz", "gxx-pads", head + image)
+    out("eh_frame_fuzz", "gxx-no-hdr", struct.pack("<iHH", pads_at - base, pads_size, 0xFFFF) + image)
+    out("eh_frame_fuzz", "gxx-whole", struct.pack("<iHH", -0x10000, 0xFFFF, 0) + image)
+
+
+eh_frame_seed()
