@@ -1,0 +1,502 @@
+// The agent side of the control socket: one thread, started by ukp_control_start() (the
+// injector calls it after dlopen) or at load when UKP_CONTROL=1. It serves the debugfs
+// files of the core and hands every other path to the trace layer's file API. Off every
+// hot path: it takes no lock a probe hit takes.
+#include "control/control.hpp"
+#include "control/protocol.hpp"
+
+#include <ukprobes/kprobes.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <mutex>
+#include <poll.h>
+#include <pthread.h>
+#include <string>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <vector>
+
+// The trace layer's file API (include/ukprobes/trace.h, being written beside this). Weak:
+// until the trace layer defines them, its paths answer -ENOENT. *out is malloc()ed.
+extern "C" int ukp_trace_read(const char *path, char **out) __attribute__((weak));
+extern "C" int ukp_trace_write(const char *path, const char *text) __attribute__((weak));
+extern "C" int ukp_trace_append(const char *path, const char *text) __attribute__((weak));
+
+namespace ukp::control {
+
+namespace {
+
+// What one controller changed, undone when it detaches or disappears.
+struct Connection {
+    int fd = -1;
+    std::vector<std::string> events; // "GRP/EVENT" defined through this connection
+    int saved_enabled = -1;          // kprobes/enabled before its first write here, or -1
+    int saved_optimization = -1;     // kprobes/optimization likewise
+    bool session = false;            // Op::kSession: its additions go when it closes
+};
+
+std::mutex g_start_mu;             // serializes start and stop requests from the program
+std::atomic<bool> g_stopping{false}; // the thread is on its way out (after detach)
+bool g_thread_valid = false;       // g_thread is joinable; under g_start_mu
+pthread_t g_thread;
+int g_listen_fd = -1;              // owned by the thread once it runs
+int g_wake_fd[2] = {-1, -1};       // a byte here makes the thread stop (ukp_control_stop)
+std::string g_socket_path;
+
+constexpr int kIoTimeoutSeconds = 10; // a controller that stalls mid-request is dropped
+
+bool read_full(int fd, void *buf, size_t n) {
+    auto *p = static_cast<char *>(buf);
+    while (n > 0) {
+        const ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+    }
+    return true;
+}
+
+bool send_reply(int fd, int32_t status, const std::string &payload, int pass_fd = -1) {
+    ReplyHeader h{kMagic, kVersion, 0, status, static_cast<uint32_t>(payload.size())};
+    if (pass_fd >= 0) h.flags |= kReplyFd;
+    iovec iov[2] = {{&h, sizeof h}, {const_cast<char *>(payload.data()), payload.size()}};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = payload.empty() ? 1 : 2;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (pass_fd >= 0) {
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    size_t total = sizeof h + payload.size();
+    ssize_t n;
+    do n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return false;
+    // The rest of a long payload, without the descriptor.
+    size_t sent = static_cast<size_t>(n);
+    while (sent < total) {
+        const size_t off = sent - sizeof h;
+        if (sent < sizeof h) return false; // the header always fits a socket buffer
+        n = send(fd, payload.data() + off, payload.size() - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        sent += static_cast<size_t>(n);
+    }
+    return true;
+}
+
+// Trace paths: a definition file whose additions are tracked per connection.
+bool is_definitions_file(const std::string &path) {
+    return path == "kprobe_events" || path == "dynamic_events" || path == "uprobe_events";
+}
+
+// "p:GRP/EVENT ..." -> "GRP/EVENT" for every probe line of a definitions file's text.
+std::vector<std::string> event_names(const std::string &text) {
+    std::vector<std::string> names;
+    size_t pos = 0;
+    while (pos < text.size()) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string::npos) end = text.size();
+        const std::string line = text.substr(pos, end - pos);
+        pos = end + 1;
+        const size_t word_end = line.find_first_of(" \t");
+        const std::string word = line.substr(0, word_end);
+        const size_t colon = word.find(':');
+        if (colon == std::string::npos || colon + 1 >= word.size()) continue;
+        names.push_back(word.substr(colon + 1));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+int trace_read(const std::string &path, std::string *out) {
+    if (ukp_trace_read == nullptr) return -ENOENT;
+    char *text = nullptr;
+    const int rc = ukp_trace_read(path.c_str(), &text);
+    if (rc >= 0 && text != nullptr) *out = text;
+    free(text);
+    return rc < 0 ? rc : 0;
+}
+
+// The last entry of error_log (it starts with '['), for the reply to a failed write.
+std::string last_error() {
+    std::string log;
+    if (trace_read("error_log", &log) != 0 || log.empty()) return {};
+    size_t start = log.rfind("\n[");
+    start = start == std::string::npos ? 0 : start + 1;
+    return log.substr(start);
+}
+
+class Server {
+public:
+    explicit Server(int listen_fd) : listen_fd_(listen_fd) {}
+    void run();
+
+private:
+    // Returns false when the connection must be closed (framing error or I/O failure).
+    bool serve_one(size_t index);
+    int32_t handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload,
+                   std::string *reply);
+    int32_t handle_read(const std::string &path, std::string *reply);
+    int32_t handle_write(Connection &c, const std::string &path, const std::string &payload, bool append,
+                         std::string *reply);
+    void forget_events(const std::vector<std::string> &removed);
+    void undo(Connection &c);
+    void close_connection(size_t index);
+
+    int listen_fd_;
+    std::vector<Connection> conns_;
+    // The additions of one-shot connections (no Op::kSession): they outlive the
+    // connection and go at Op::kDetach or when the thread stops.
+    Connection shared_;
+    bool stop_ = false;
+};
+
+void Server::run() {
+    std::vector<pollfd> fds;
+    while (!stop_) {
+        fds.clear();
+        fds.push_back({listen_fd_, POLLIN, 0});
+        fds.push_back({g_wake_fd[0], POLLIN, 0});
+        for (const Connection &c : conns_) fds.push_back({c.fd, POLLIN, 0});
+        if (poll(fds.data(), fds.size(), -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (fds[1].revents != 0) break;
+        for (size_t i = conns_.size(); i-- > 0;) {
+            if (fds[i + 2].revents == 0) continue;
+            if (!serve_one(i)) close_connection(i);
+            if (stop_) break;
+        }
+        if (stop_ || (fds[0].revents & POLLIN) == 0) continue;
+        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+            (cred.uid != geteuid() && cred.uid != 0)) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "peer uid %u is neither the process's uid %u nor root", cred.uid,
+                     static_cast<unsigned>(geteuid()));
+            send_reply(fd, -EACCES, msg);
+            close(fd);
+            continue;
+        }
+        const timeval tv{kIoTimeoutSeconds, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        conns_.push_back({fd, {}, -1, -1, false});
+    }
+    // Stopping: every controller loses what it added.
+    while (!conns_.empty()) close_connection(conns_.size() - 1);
+    undo(shared_);
+}
+
+bool Server::serve_one(size_t index) {
+    RequestHeader h{};
+    if (!read_full(conns_[index].fd, &h, sizeof h)) return false;
+    if (h.magic != kMagic) return false;
+    if (h.version != kVersion) {
+        send_reply(conns_[index].fd, -EPROTONOSUPPORT,
+                   "protocol version " + std::to_string(h.version) + " not supported; the agent speaks " +
+                       std::to_string(kVersion));
+        return false;
+    }
+    if (h.path_len > kMaxPath || h.payload_len > kMaxPayload) {
+        send_reply(conns_[index].fd, -EMSGSIZE, "request too large");
+        return false;
+    }
+    std::string path(h.path_len, '\0'), payload(h.payload_len, '\0');
+    if (!read_full(conns_[index].fd, path.data(), path.size())) return false;
+    if (!read_full(conns_[index].fd, payload.data(), payload.size())) return false;
+    std::string reply;
+    const int32_t status = handle(conns_[index], h.op, path, payload, &reply);
+    if (!send_reply(conns_[index].fd, status, reply)) return false;
+    return !stop_;
+}
+
+int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload,
+                       std::string *reply) {
+    const bool needs_path = op == uint16_t(Op::kRead) || op == uint16_t(Op::kWrite) ||
+                            op == uint16_t(Op::kAppend) || op == uint16_t(Op::kOpenFd);
+    if (needs_path) {
+        if (path.empty() || path.front() == '/' || path.find('\0') != std::string::npos ||
+            path.find("..") != std::string::npos) {
+            *reply = "bad path '" + path + "': give a path relative to the tracing directory";
+            return -EINVAL;
+        }
+    }
+    if (payload.find('\0') != std::string::npos) {
+        *reply = "the text contains a NUL byte";
+        return -EINVAL;
+    }
+    switch (static_cast<Op>(op)) {
+    case Op::kPing:
+        *reply = "ukprobes protocol " + std::to_string(kVersion) + " pid " + std::to_string(getpid());
+        return 0;
+    case Op::kSession:
+        // What this connection already added moves with it (none, as a rule: it is the first request).
+        c.session = true;
+        return 0;
+    case Op::kRead: return handle_read(path, reply);
+    case Op::kWrite: return handle_write(c.session ? c : shared_, path, payload, false, reply);
+    case Op::kAppend: return handle_write(c.session ? c : shared_, path, payload, true, reply);
+    case Op::kVerify: {
+        char *report = nullptr;
+        const int n = ukp_verify(&report);
+        if (report != nullptr) *reply = report;
+        free(report);
+        return n;
+    }
+    case Op::kDetach: {
+        undo(c);
+        undo(shared_);
+        // Unlinked before the reply: a controller that attaches right after finds no socket
+        // and starts a new thread (ukp_control_start waits for this one).
+        g_stopping.store(true);
+        unlink(g_socket_path.c_str());
+        stop_ = true;
+        return 0;
+    }
+    case Op::kOpenFd:
+        *reply = "no descriptor is served at '" + path + "' (ring buffers are not shared yet)";
+        return -ENOENT;
+    }
+    *reply = "unknown operation " + std::to_string(op);
+    return -EOPNOTSUPP;
+}
+
+int32_t Server::handle_read(const std::string &path, std::string *reply) {
+    if (path == "kprobes/list") {
+        char *text = ukp_kprobes_list();
+        if (text == nullptr) return -errno;
+        *reply = text;
+        free(text);
+        return 0;
+    }
+    if (path == "kprobes/enabled") {
+        *reply = ukp_kprobes_enabled() ? "1\n" : "0\n";
+        return 0;
+    }
+    if (path == "kprobes/optimization") {
+        *reply = ukp_kprobes_optimization() ? "1\n" : "0\n";
+        return 0;
+    }
+    const int rc = trace_read(path, reply);
+    if (rc == -ENOENT && ukp_trace_read == nullptr) *reply = "no such file: " + path + " (the tracer is not built in)";
+    return rc;
+}
+
+// "0"/"1" with optional surrounding white space, as the kernel's knobs take them.
+int parse_flag(const std::string &text) {
+    size_t a = text.find_first_not_of(" \t\n");
+    size_t b = text.find_last_not_of(" \t\n");
+    if (a == std::string::npos || a != b) return -1;
+    return text[a] == '0' ? 0 : text[a] == '1' ? 1 : -1;
+}
+
+int32_t Server::handle_write(Connection &c, const std::string &path, const std::string &payload, bool append,
+                             std::string *reply) {
+    if (path == "kprobes/enabled" || path == "kprobes/optimization") {
+        const int on = parse_flag(payload);
+        if (on < 0) {
+            *reply = path + ": write 0 or 1";
+            return -EINVAL;
+        }
+        const bool enabled = path == "kprobes/enabled";
+        int &saved = enabled ? c.saved_enabled : c.saved_optimization;
+        const int before = enabled ? ukp_kprobes_enabled() : ukp_kprobes_optimization();
+        const int rc = enabled ? ukp_set_kprobes_enabled(on) : ukp_set_kprobes_optimization(on);
+        if (rc == 0 && saved < 0) saved = before;
+        return rc;
+    }
+    if (path == "kprobes/list") {
+        *reply = "kprobes/list is read-only";
+        return -EACCES;
+    }
+    if (ukp_trace_write == nullptr || ukp_trace_append == nullptr) {
+        *reply = "no such file: " + path + " (the tracer is not built in)";
+        return -ENOENT;
+    }
+    const bool defs = is_definitions_file(path);
+    std::string before_text, after_text;
+    if (defs) trace_read(path, &before_text);
+    const int rc = append ? ukp_trace_append(path.c_str(), payload.c_str())
+                          : ukp_trace_write(path.c_str(), payload.c_str());
+    if (rc < 0) {
+        *reply = last_error();
+        return rc;
+    }
+    if (defs && trace_read(path, &after_text) == 0) {
+        // Which events this write created or removed: a definition without a name gets
+        // one from the tracer, so compare the file before and after.
+        const std::vector<std::string> before = event_names(before_text), after = event_names(after_text);
+        std::vector<std::string> added, removed;
+        std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(added));
+        std::set_difference(before.begin(), before.end(), after.begin(), after.end(),
+                            std::back_inserter(removed));
+        forget_events(removed);
+        c.events.insert(c.events.end(), added.begin(), added.end());
+    }
+    return rc;
+}
+
+void Server::forget_events(const std::vector<std::string> &removed) {
+    const auto gone = [&](const std::string &e) { return std::binary_search(removed.begin(), removed.end(), e); };
+    for (Connection &c : conns_) std::erase_if(c.events, gone);
+    std::erase_if(shared_.events, gone);
+}
+
+void Server::undo(Connection &c) {
+    if (ukp_trace_write != nullptr && ukp_trace_append != nullptr) {
+        for (auto it = c.events.rbegin(); it != c.events.rend(); ++it) {
+            // The tracer refuses to remove an enabled event, as the kernel does.
+            ukp_trace_write(("events/" + *it + "/enable").c_str(), "0");
+            ukp_trace_append("kprobe_events", ("-:" + *it).c_str());
+        }
+        std::vector<std::string> gone = c.events;
+        std::sort(gone.begin(), gone.end());
+        c.events.clear();
+        forget_events(gone);
+    }
+    if (c.saved_enabled >= 0) ukp_set_kprobes_enabled(c.saved_enabled);
+    if (c.saved_optimization >= 0) ukp_set_kprobes_optimization(c.saved_optimization);
+    c.saved_enabled = c.saved_optimization = -1;
+}
+
+void Server::close_connection(size_t index) {
+    if (conns_[index].session) undo(conns_[index]);
+    close(conns_[index].fd);
+    conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void *thread_main(void *) {
+    Server server(g_listen_fd);
+    server.run();
+    if (!g_stopping.load()) unlink(g_socket_path.c_str());
+    close(g_listen_fd);
+    g_listen_fd = -1;
+    g_stopping.store(true);
+    return nullptr;
+}
+
+// The user's socket directory, made if missing, and refused unless it is a real
+// directory of this user that nobody else can enter.
+int open_socket_dir(const std::string &dir) {
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return -errno;
+    const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno == ELOOP || errno == ENOTDIR ? -ENOTDIR : -errno;
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        close(fd);
+        return -EPERM;
+    }
+    return fd;
+}
+
+int start_locked() {
+    if (g_thread_valid) {
+        if (!g_stopping.load()) return 0;
+        pthread_join(g_thread, nullptr);
+        g_thread_valid = false;
+    }
+    g_stopping.store(false);
+    const std::string dir = socket_dir(geteuid());
+    const int dir_fd = open_socket_dir(dir);
+    if (dir_fd < 0) return dir_fd;
+    close(dir_fd);
+    g_socket_path = socket_path(geteuid(), getpid());
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (g_socket_path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;
+    memcpy(addr.sun_path, g_socket_path.c_str(), g_socket_path.size() + 1);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    unlink(g_socket_path.c_str()); // a stale socket of an earlier process with this pid
+    if (bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(fd, 8) != 0) {
+        const int err = -errno;
+        close(fd);
+        return err;
+    }
+    if (g_wake_fd[0] < 0 && pipe2(g_wake_fd, O_CLOEXEC) != 0) {
+        const int err = -errno;
+        close(fd);
+        unlink(g_socket_path.c_str());
+        return err;
+    }
+    g_listen_fd = fd;
+    // The thread starts with every asynchronous signal blocked, so it never takes one
+    // meant for the program. Synchronous faults stay open: the fault-safe reads of
+    // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.
+    sigset_t all, old;
+    sigfillset(&all);
+    for (int sig : {SIGSEGV, SIGBUS, SIGTRAP, SIGILL, SIGFPE}) sigdelset(&all, sig);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    const int rc = pthread_create(&g_thread, nullptr, thread_main, nullptr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (rc != 0) {
+        close(fd);
+        g_listen_fd = -1;
+        unlink(g_socket_path.c_str());
+        return -rc;
+    }
+    pthread_setname_np(g_thread, "ukp-control");
+    g_thread_valid = true;
+    return 0;
+}
+
+} // namespace
+
+int start() {
+    std::lock_guard lock(g_start_mu);
+    return start_locked();
+}
+
+int stop() {
+    std::lock_guard lock(g_start_mu);
+    if (!g_thread_valid) return 0;
+    const char byte = 1;
+    if (!g_stopping.load() && write(g_wake_fd[1], &byte, 1) != 1) return -errno;
+    pthread_join(g_thread, nullptr);
+    g_thread_valid = false;
+    char drain[16];
+    while (true) {
+        pollfd p{g_wake_fd[0], POLLIN, 0};
+        if (poll(&p, 1, 0) != 1 || read(g_wake_fd[0], drain, sizeof drain) <= 0) break;
+    }
+    return 0;
+}
+
+namespace {
+// UKP_CONTROL=1 in the environment starts the thread when the agent is loaded.
+__attribute__((constructor)) void start_from_environment() {
+    const char *v = getenv("UKP_CONTROL");
+    if (v != nullptr && strcmp(v, "1") == 0) {
+        if (const int rc = start(); rc != 0)
+            fprintf(stderr, "ukprobes: control socket not started: %s\n", strerror(-rc));
+    }
+}
+} // namespace
+
+} // namespace ukp::control
+
+extern "C" int ukp_control_start(void) { return ukp::control::start(); }
+extern "C" int ukp_control_stop(void) { return ukp::control::stop(); }

@@ -1,0 +1,82 @@
+// The control socket's wire format, shared by the agent (control.cpp) and the CLI.
+// Header-only and free of agent state so that the controller can use it without linking
+// the agent. docs/cli.md, "Protocol", describes the same thing for people.
+//
+// One request, one reply, in order, over a SOCK_STREAM unix socket. All integers are
+// little-endian (host order on x86-64).
+//
+//   request: RequestHeader, then path_len bytes of path, then payload_len bytes of payload
+//   reply:   ReplyHeader,   then payload_len bytes of payload; when flags has kReplyFd,
+//            one file descriptor rides with the header's bytes as SCM_RIGHTS.
+#ifndef UKP_CONTROL_PROTOCOL_HPP
+#define UKP_CONTROL_PROTOCOL_HPP
+
+#include <cstdint>
+#include <string>
+
+namespace ukp::control {
+
+constexpr uint32_t kMagic = 0x434b5055; // "UPKC" as bytes on the wire: 'U' 'P' 'K' 'C'
+constexpr uint16_t kVersion = 1;
+constexpr uint32_t kMaxPath = 4096;
+constexpr uint32_t kMaxPayload = 64u << 20;
+
+enum class Op : uint16_t {
+    kPing = 1,   // reply payload: "ukprobes PROTOCOL VERSION pid PID"
+    kRead = 2,   // path -> file text
+    kWrite = 3,  // path, payload: replace (a write with O_TRUNC)
+    kAppend = 4, // path, payload: append (>>)
+    kDetach = 5, // undo this session's and the one-shot controllers' additions; stop the thread
+    kVerify = 6, // status: differing code bytes (>= 0) or -errno; payload: ukp_verify()'s report
+    kOpenFd = 7, // path -> a file descriptor by SCM_RIGHTS (trace ring buffers; none served yet)
+    // Makes this connection a session: what it adds from now on (events defined, knobs
+    // changed) is undone when it closes, even without kDetach (a killed controller).
+    // Without it, additions belong to all one-shot controllers together and stay until
+    // a kDetach.
+    kSession = 8,
+};
+
+constexpr uint16_t kReplyFd = 1; // ReplyHeader::flags: a descriptor rides with the header
+
+struct RequestHeader {
+    uint32_t magic;       // kMagic
+    uint16_t version;     // kVersion of the sender
+    uint16_t op;          // Op
+    uint32_t path_len;    // <= kMaxPath
+    uint32_t payload_len; // <= kMaxPayload
+};
+
+struct ReplyHeader {
+    uint32_t magic;       // kMagic
+    uint16_t version;     // kVersion of the agent
+    uint16_t flags;       // kReplyFd
+    int32_t status;       // >= 0 success (op-specific value), < 0 a negative errno
+    uint32_t payload_len; // on error: a message for people, may be empty
+};
+
+static_assert(sizeof(RequestHeader) == 16 && sizeof(ReplyHeader) == 16);
+
+// Where the agent of process `pid` running as `uid` listens. The directory is the user's
+// own (mode 0700); the agent refuses to use it otherwise.
+inline std::string socket_dir(unsigned uid) { return "/tmp/ukprobes-" + std::to_string(uid); }
+inline std::string socket_path(unsigned uid, int pid) {
+    return socket_dir(uid) + "/" + std::to_string(pid) + ".sock";
+}
+
+inline const char *op_name(uint16_t op) {
+    switch (static_cast<Op>(op)) {
+    case Op::kPing: return "ping";
+    case Op::kRead: return "read";
+    case Op::kWrite: return "write";
+    case Op::kAppend: return "append";
+    case Op::kDetach: return "detach";
+    case Op::kVerify: return "verify";
+    case Op::kOpenFd: return "openfd";
+    case Op::kSession: return "session";
+    }
+    return "?";
+}
+
+} // namespace ukp::control
+
+#endif

@@ -1,0 +1,2 @@
+list(APPEND UKP_SOURCES
+  control/control.cpp)

@@ -1,0 +1,120 @@
+#include "client.hpp"
+
+#include <fmt/core.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+namespace ukprobe {
+
+using namespace ukp::control;
+
+long process_euid(int pid) {
+    std::ifstream in(fmt::format("/proc/{}/status", pid));
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("Uid:", 0) != 0) continue;
+        long real = -1, effective = -1;
+        if (sscanf(line.c_str(), "Uid: %ld %ld", &real, &effective) == 2) return effective;
+    }
+    return -1;
+}
+
+Client::~Client() {
+    if (fd_ >= 0) close(fd_);
+}
+
+int Client::connect(int pid, std::string *why) {
+    const long uid = process_euid(pid);
+    if (uid < 0) {
+        *why = fmt::format("no process {}", pid);
+        return -ESRCH;
+    }
+    const std::string path = socket_path(static_cast<unsigned>(uid), pid);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return -errno;
+    if (::connect(fd_, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
+        const int err = errno;
+        close(fd_);
+        fd_ = -1;
+        if (err == ENOENT || err == ECONNREFUSED)
+            *why = fmt::format("no agent listens in process {} ({}); run `ukprobe attach {}` first", pid, path, pid);
+        else
+            *why = fmt::format("cannot connect to {}: {}", path, strerror(err));
+        return -err;
+    }
+    return 0;
+}
+
+namespace {
+
+void write_all(int fd, const void *buf, size_t n) {
+    auto *p = static_cast<const char *>(buf);
+    while (n > 0) {
+        const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
+        p += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+void read_all(int fd, void *buf, size_t n) {
+    auto *p = static_cast<char *>(buf);
+    while (n > 0) {
+        const ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) throw std::runtime_error("the agent closed the connection");
+        if (r < 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
+        p += r;
+        n -= static_cast<size_t>(r);
+    }
+}
+
+} // namespace
+
+Reply Client::request(Op op, const std::string &path, const std::string &payload) {
+    if (fd_ < 0) throw std::runtime_error("not connected");
+    const RequestHeader h{kMagic, kVersion, static_cast<uint16_t>(op), static_cast<uint32_t>(path.size()),
+                          static_cast<uint32_t>(payload.size())};
+    write_all(fd_, &h, sizeof h);
+    write_all(fd_, path.data(), path.size());
+    write_all(fd_, payload.data(), payload.size());
+
+    ReplyHeader rh{};
+    Reply reply;
+    // The header comes with recvmsg: a descriptor may ride with its bytes.
+    iovec iov{&rh, sizeof rh};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n;
+    do n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) throw std::runtime_error("the agent closed the connection");
+    if (n < 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
+    for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&reply.fd, CMSG_DATA(c), sizeof(int));
+    if (static_cast<size_t>(n) < sizeof rh) read_all(fd_, reinterpret_cast<char *>(&rh) + n, sizeof rh - static_cast<size_t>(n));
+    if (rh.magic != kMagic) throw std::runtime_error("the agent's reply is not of this protocol");
+    if (rh.payload_len > kMaxPayload) throw std::runtime_error("the agent's reply is too large");
+    reply.status = rh.status;
+    reply.payload.resize(rh.payload_len);
+    read_all(fd_, reply.payload.data(), reply.payload.size());
+    return reply;
+}
+
+} // namespace ukprobe

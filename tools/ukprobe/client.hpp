@@ -1,0 +1,36 @@
+// The controller's end of the control socket (src/control/protocol.hpp).
+#pragma once
+
+#include "control/protocol.hpp"
+
+#include <string>
+
+namespace ukprobe {
+
+struct Reply {
+    int status = 0;      // >= 0 success, < 0 a negative errno from the agent
+    std::string payload; // the text, or on error the agent's message
+    int fd = -1;         // a descriptor passed with the reply, or -1
+};
+
+class Client {
+public:
+    Client() = default;
+    Client(const Client &) = delete;
+    Client &operator=(const Client &) = delete;
+    ~Client();
+
+    // Connects to the agent in process `pid`. 0, or a negative errno with *why filled in.
+    int connect(int pid, std::string *why);
+    // Sends one request and waits for its reply. Throws std::runtime_error when the
+    // connection breaks.
+    Reply request(ukp::control::Op op, const std::string &path = {}, const std::string &payload = {});
+
+private:
+    int fd_ = -1;
+};
+
+// The uid whose socket directory serves `pid` (its effective uid), or -1.
+long process_euid(int pid);
+
+} // namespace ukprobe

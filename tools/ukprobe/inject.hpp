@@ -1,0 +1,21 @@
+// Loading the agent into a running process with ptrace (`ukprobe attach`).
+#pragma once
+
+#include <string>
+
+namespace ukprobe {
+
+struct InjectResult {
+    int tid = 0;           // the thread that ran the calls
+    double pause_ms = 0;   // that thread's stop: from PTRACE_INTERRUPT to PTRACE_DETACH
+    double calls_ms = 0;   // of which running dlopen, dlsym and ukp_control_start
+    bool was_in_syscall = false; // it was blocked in a system call (restarted after)
+};
+
+// Loads `agent` (an absolute path) into process `pid` with dlopen(RTLD_NOW) and calls its
+// ukp_control_start(). The thread used is stopped only for the calls; its registers,
+// extended state and the stack bytes used are restored exactly. Throws
+// std::runtime_error with the cause (a refusal names the policy and what to do).
+InjectResult inject_agent(int pid, const std::string &agent);
+
+} // namespace ukprobe

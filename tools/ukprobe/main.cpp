@@ -1,0 +1,222 @@
+// ukprobe: the controller. Loads the agent into a running process (attach) and drives it
+// over its control socket. docs/cli.md is the reference.
+#include "client.hpp"
+#include "inject.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <stdexcept>
+#include <unistd.h>
+
+using ukp::control::Op;
+
+namespace {
+
+struct Options {
+    int pid = 0;
+    bool verbose = false;
+    std::string agent;
+    std::string path, text;
+};
+
+// The agent to inject: --agent, $UKP_AGENT, the build tree's, or ../lib beside ukprobe.
+std::string find_agent(const std::string &given) {
+    std::vector<std::string> candidates;
+    if (!given.empty()) candidates.push_back(given);
+    else {
+        if (const char *env = getenv("UKP_AGENT"); env != nullptr && *env != 0) candidates.push_back(env);
+#ifdef UKP_AGENT_BUILD_PATH
+        candidates.push_back(UKP_AGENT_BUILD_PATH);
+#endif
+        char exe[PATH_MAX];
+        const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+            std::string dir(exe, static_cast<size_t>(n));
+            dir = dir.substr(0, dir.rfind('/'));
+            candidates.push_back(dir + "/../lib/libukprobes.so");
+        }
+    }
+    for (const std::string &c : candidates) {
+        char real[PATH_MAX];
+        if (realpath(c.c_str(), real) != nullptr && access(real, R_OK) == 0) return real;
+    }
+    throw std::runtime_error(fmt::format("cannot find libukprobes.so (tried {}); give --agent PATH or set UKP_AGENT",
+                                         fmt::join(candidates, ", ")));
+}
+
+[[noreturn]] void fail(const std::string &msg) { throw std::runtime_error(msg); }
+
+void require_pid(const Options &o) {
+    if (o.pid <= 0) fail("which process? give -p PID");
+}
+
+// A request on a fresh connection; a refusal by the agent becomes an error with its message.
+ukprobe::Reply ask(const Options &o, ukprobe::Client &c, Op op, const std::string &path = {},
+                   const std::string &payload = {}) {
+    ukprobe::Reply r = c.request(op, path, payload);
+    if (r.status < 0) {
+        std::string what = ukp::control::op_name(static_cast<uint16_t>(op));
+        if (!path.empty()) what += " " + path;
+        std::string msg = fmt::format("{} in process {}: {}", what, o.pid, strerror(-r.status));
+        if (!r.payload.empty()) msg += "\n" + r.payload;
+        while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+        fail(msg);
+    }
+    return r;
+}
+
+void connect_or_fail(const Options &o, ukprobe::Client &c) {
+    std::string why;
+    if (c.connect(o.pid, &why) != 0) fail(why);
+}
+
+int cmd_attach(const Options &o) {
+    require_pid(o);
+    {
+        ukprobe::Client c;
+        std::string why;
+        if (c.connect(o.pid, &why) == 0) {
+            const ukprobe::Reply r = c.request(Op::kPing);
+            if (r.status >= 0) {
+                fmt::print("process {}: agent already attached, reused\n", o.pid);
+                if (o.verbose) fmt::print("{}\n", r.payload);
+                return 0;
+            }
+        }
+    }
+    const std::string agent = find_agent(o.agent);
+    const ukprobe::InjectResult res = ukprobe::inject_agent(o.pid, agent);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    const ukprobe::Reply r = ask(o, c, Op::kPing);
+    fmt::print("process {}: agent attached\n", o.pid);
+    if (o.verbose) {
+        fmt::print("agent: {}\n", agent);
+        fmt::print("thread {} paused {:.3f} ms (calls {:.3f} ms){}\n", res.tid, res.pause_ms, res.calls_ms,
+                   res.was_in_syscall ? ", its system call restarted" : "");
+        fmt::print("{}\n", r.payload);
+    }
+    return 0;
+}
+
+int cmd_simple(const Options &o, Op op, const std::string &path = {}, const std::string &payload = {}) {
+    require_pid(o);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    const ukprobe::Reply r = ask(o, c, op, path, payload);
+    if (op == Op::kVerify) {
+        fmt::print("{}", r.payload);
+        if (r.status > 0) {
+            fmt::print(stderr, "ukprobe: process {}: {} code bytes differ from their files\n", o.pid, r.status);
+            return 1;
+        }
+        fmt::print("process {}: code matches its files\n", o.pid);
+        return 0;
+    }
+    if (op == Op::kDetach) {
+        fmt::print("process {}: detached\n", o.pid);
+        return 0;
+    }
+    fmt::print("{}", r.payload);
+    if (op == Op::kPing && (r.payload.empty() || r.payload.back() != '\n')) fmt::print("\n");
+    return 0;
+}
+
+// One connection for many commands, read from stdin one per line ("read PATH",
+// "write PATH TEXT", "append PATH TEXT", "list", "verify", "ping", "detach"). What it adds
+// is removed when it ends, however it ends.
+int cmd_session(const Options &o) {
+    require_pid(o);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    ask(o, c, Op::kSession);
+    int failed = 0;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        const size_t sp1 = line.find(' ');
+        const std::string verb = line.substr(0, sp1);
+        const std::string rest = sp1 == std::string::npos ? "" : line.substr(sp1 + 1);
+        const size_t sp2 = rest.find(' ');
+        const std::string path = rest.substr(0, sp2), text = sp2 == std::string::npos ? "" : rest.substr(sp2 + 1);
+        try {
+            if (verb.empty() || verb[0] == '#') continue;
+            if (verb == "ping") fmt::print("{}\n", ask(o, c, Op::kPing).payload);
+            else if (verb == "read") fmt::print("{}", ask(o, c, Op::kRead, path).payload);
+            else if (verb == "list") fmt::print("{}", ask(o, c, Op::kRead, "kprobes/list").payload);
+            else if (verb == "write") ask(o, c, Op::kWrite, path, text);
+            else if (verb == "append") ask(o, c, Op::kAppend, path, text);
+            else if (verb == "verify") {
+                const ukprobe::Reply r = ask(o, c, Op::kVerify);
+                fmt::print("{}verify: {} bytes differ\n", r.payload, r.status);
+                failed += r.status > 0;
+            } else if (verb == "detach") {
+                ask(o, c, Op::kDetach);
+                fmt::print("process {}: detached\n", o.pid);
+                break;
+            } else
+                fail(fmt::format("unknown command '{}' (ping, read, write, append, list, verify, detach)", verb));
+        } catch (const std::runtime_error &e) {
+            fmt::print(stderr, "ukprobe: {}\n", e.what());
+            ++failed;
+        }
+        fflush(stdout);
+    }
+    return failed ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    CLI::App app{"ukprobe: Kprobes for user space, outside the process"};
+    app.require_subcommand(1);
+    Options o;
+    app.add_option("-p,--pid", o.pid, "the process");
+    app.add_flag("-v,--verbose", o.verbose, "say more (attach: the pause the target saw)");
+    app.add_option("--agent", o.agent, "libukprobes.so to load (attach)");
+
+    auto *attach = app.add_subcommand("attach", "load the agent into a running process and start its control thread");
+    attach->add_option("PID", o.pid, "the process");
+    auto *ping = app.add_subcommand("ping", "check that the agent answers");
+    auto *read = app.add_subcommand("read", "print a file of the agent (kprobes/list, trace, ...)");
+    read->add_option("PATH", o.path)->required();
+    auto *write = app.add_subcommand("write", "replace a file's content (as `echo TEXT > FILE`)");
+    write->add_option("PATH", o.path)->required();
+    write->add_option("TEXT", o.text)->required();
+    auto *append = app.add_subcommand("append", "append to a file (as `echo TEXT >> FILE`)");
+    append->add_option("PATH", o.path)->required();
+    append->add_option("TEXT", o.text)->required();
+    auto *list = app.add_subcommand("list", "the registered probes (kprobes/list)");
+    auto *verify = app.add_subcommand("verify", "compare the process's code with its files, probes aside");
+    auto *detach = app.add_subcommand("detach", "remove what this controller added and stop the control thread");
+    auto *session = app.add_subcommand("session", "run commands read from stdin over one connection; what they "
+                                                  "add is removed when it ends");
+    for (CLI::App *sub : {attach, ping, read, write, append, list, verify, detach, session}) sub->fallthrough();
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        return app.exit(e);
+    }
+    try {
+        if (*attach) return cmd_attach(o);
+        if (*ping) return cmd_simple(o, Op::kPing);
+        if (*read) return cmd_simple(o, Op::kRead, o.path);
+        if (*write) return cmd_simple(o, Op::kWrite, o.path, o.text);
+        if (*append) return cmd_simple(o, Op::kAppend, o.path, o.text);
+        if (*list) return cmd_simple(o, Op::kRead, "kprobes/list");
+        if (*verify) return cmd_simple(o, Op::kVerify);
+        if (*detach) return cmd_simple(o, Op::kDetach);
+        if (*session) return cmd_session(o);
+    } catch (const std::exception &e) {
+        fmt::print(stderr, "ukprobe: {}\n", e.what());
+        return 1;
+    }
+    return 1;
+}
