@@ -21,6 +21,29 @@ __attribute__((returns_twice)) int ukp_recovery_save(struct ukp_recovery *r);
 
 namespace ukp::arch {
 
+// Copies the NUL-terminated string at src into dst (room for `room` bytes, room >= 1),
+// always NUL-terminating dst. Returns the bytes stored including the NUL (the string is
+// cut at room - 1 bytes), or -EFAULT when src is unreadable before its end. Reads src a
+// page at a time through ukp_safe_copy: a byte past the NUL is only read when it lies in
+// a page the string already touched, so no fault is raised that the string itself would
+// not raise. No allocation, no system call.
+inline int safe_strncpy(char *dst, const char *src, uint32_t room) {
+    constexpr uint64_t kPage = 4096;
+    uint32_t done = 0;
+    while (done + 1 < room) {
+        const uint64_t at = reinterpret_cast<uint64_t>(src) + done;
+        uint64_t chunk = kPage - (at & (kPage - 1));
+        if (chunk > room - 1 - done) chunk = room - 1 - done;
+        if (ukp_safe_copy(dst + done, src + done, chunk) != 0) return -14; // -EFAULT
+        for (uint64_t i = 0; i < chunk; ++i) {
+            if (dst[done + i] == '\0') return static_cast<int>(done + i + 1);
+        }
+        done += static_cast<uint32_t>(chunk);
+    }
+    dst[done] = '\0';
+    return static_cast<int>(done + 1);
+}
+
 // If `rip` is one of the fault-safe access instructions, the address to resume at
 // (the fixup, which returns -EFAULT); else 0.
 uint64_t fixup_for(uint64_t rip);

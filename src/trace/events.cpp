@@ -1,0 +1,878 @@
+#include "trace/events.hpp"
+
+#include <ukprobes/kprobes.h>
+
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "arch/x86_64/safe_access.hpp"
+#include "symbols/symbols.hpp"
+#include "trace/filter.hpp"
+#include "trace/output.hpp"
+#include "trace/ring.hpp"
+#include "trace/trigger.hpp"
+
+namespace ukp::trace {
+
+namespace {
+
+constexpr uint16_t kFirstEventId = 2000;       // dynamic event ids, after the static ones
+constexpr uint16_t kStackEventId = 12;         // the kernel's TRACE_USER_STACK
+constexpr uint32_t kScratchSize = 1024;        // a record built when the ring takes none
+constexpr int kMaxUserStack = 16;              // frames a stacktrace trigger records
+
+// The thread's id and name, read once per thread (the name as it was at the first hit).
+struct ThreadInfo {
+    int32_t tid;
+    char comm[16];
+};
+thread_local ThreadInfo t_info __attribute__((tls_model("initial-exec")));
+
+const ThreadInfo &this_thread() {
+    if (t_info.tid == 0) {
+        prctl(PR_GET_NAME, t_info.comm, 0, 0, 0);
+        t_info.comm[15] = '\0';
+        t_info.tid = static_cast<int32_t>(syscall(SYS_gettid));
+    }
+    return t_info;
+}
+
+class ProbePoint;
+class Event;
+
+// What a kprobe hit leads to: standard layout, the kretprobe (and its kprobe) first.
+struct Hook {
+    struct kretprobe rp;
+    ProbePoint *point;
+};
+
+class ProbePoint {
+public:
+    Hook hook{};
+    Event *event = nullptr;
+    ProbeDef def;           // as defined, for the kprobe_events file
+    std::string symbol;     // kept alive for hook.rp.kp.symbol_name
+    bool registered = false;
+};
+
+// The probes and records of one event.
+class Event {
+public:
+    std::string group, name;
+    uint16_t id = 0;
+    bool is_return = false;
+    std::vector<FetchProgram> progs;
+    std::vector<std::string> arg_names, arg_types; // for comparing definitions
+    std::vector<uint16_t> entry_args;             // $argN saved at entry (return probes)
+    std::vector<Field> fields;                    // common fields first, as the format file
+    std::string print_fmt;
+    uint32_t fixed_size = 0;
+    uint32_t reserve_size = 0;
+    std::unique_ptr<SymbolTable> symbols;         // for symstr arguments
+    std::vector<std::unique_ptr<ProbePoint>> points;
+
+    std::atomic<bool> enabled{false};    // the enable file (and enable_event triggers)
+    bool trigger_target = false;         // an enable_event/disable_event trigger names it
+    std::atomic<uint64_t> hits{0};
+    std::atomic<uint64_t> faults{0};     // hits whose fetches read a bad address
+    std::atomic<const Filter *> filter{nullptr};
+    std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
+    TriggerSet triggers;
+
+    void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept;
+    uint64_t misses() const;
+    bool armed_wanted() const { return enabled.load() || trigger_target || !triggers.empty(); }
+};
+
+void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
+    CommonHeader h{id, 0, 0, tid};
+    __builtin_memcpy(rec, &h, sizeof h);
+}
+
+void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
+    hits.fetch_add(1, std::memory_order_relaxed);
+    const bool record = enabled.load(std::memory_order_acquire);
+    if (!record && triggers.empty()) return;
+    const ThreadInfo &me = this_thread();
+    uint8_t *rec = record && tracing_on() ? ring_reserve(reserve_size) : nullptr;
+    alignas(8) uint8_t scratch[kScratchSize];
+    uint8_t *buf = rec;
+    uint32_t cap = reserve_size;
+    if (rec == nullptr) {
+        // Without a place in the ring the triggers still see the record (traceon must
+        // work while tracing is off).
+        if (triggers.empty() || fixed_size > kScratchSize) return;
+        buf = scratch;
+        cap = std::min(reserve_size, kScratchSize);
+    }
+    put_header(buf, id, me.tid);
+    uint64_t probe[2] = {ip, ret_addr};
+    __builtin_memcpy(buf + kCommonSize, probe, is_return ? 16 : 8);
+    HitContext ctx{regs, entry, ret_addr, me.comm};
+    uint32_t nfault = 0;
+    const uint32_t used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(),
+                                    buf, fixed_size, cap, &nfault);
+    if (nfault != 0) faults.fetch_add(1, std::memory_order_relaxed);
+    if (rec != nullptr) {
+        const Filter *f = filter.load(std::memory_order_acquire);
+        const bool match = f == nullptr || f->match(rec, used, me.comm);
+        ring_commit(rec, match ? used : 0);
+    }
+    if (!triggers.empty()) triggers.fire(buf, used, me.comm, *regs);
+}
+
+uint64_t Event::misses() const {
+    uint64_t n = faults.load(std::memory_order_relaxed);
+    for (const auto &p : points) {
+        n += p->hook.rp.kp.nmissed;
+        if (is_return) n += static_cast<uint64_t>(p->hook.rp.nmissed);
+    }
+    return n;
+}
+
+// The hit handlers: a probe reaches its event through its kprobe, with no lookup.
+int on_kprobe(struct kprobe *kp, struct pt_regs *regs) {
+    Hook *h = reinterpret_cast<Hook *>(kp);
+    h->point->event->hit(regs, nullptr, regs->ip, 0);
+    return 0;
+}
+
+uint64_t entry_value(const pt_regs *regs, uint16_t n) {
+    static constexpr int kArgRegs[6] = {14, 13, 12, 11, 9, 8}; // di si dx cx r8 r9
+    if (n < 6) return reinterpret_cast<const unsigned long *>(regs)[kArgRegs[n]];
+    uint64_t v = 0;
+    if (ukp_safe_copy(&v, reinterpret_cast<const void *>(regs->sp + 8ull * (n - 5)), 8) != 0) return 0;
+    return v;
+}
+
+int on_entry(struct kretprobe_instance *ri, struct pt_regs *regs) {
+    Hook *h = reinterpret_cast<Hook *>(ri->rp);
+    Event *e = h->point->event;
+    if (!e->enabled.load(std::memory_order_relaxed) && e->triggers.empty()) return 1;
+    auto *saved = reinterpret_cast<uint64_t *>(ri->data);
+    for (size_t i = 0; i < e->entry_args.size(); ++i) saved[i] = entry_value(regs, e->entry_args[i]);
+    return 0;
+}
+
+int on_return(struct kretprobe_instance *ri, struct pt_regs *regs) {
+    Hook *h = reinterpret_cast<Hook *>(ri->rp);
+    h->point->event->hit(regs, reinterpret_cast<const uint64_t *>(ri->data),
+                         reinterpret_cast<uint64_t>(h->point->hook.rp.kp.addr),
+                         reinterpret_cast<uint64_t>(ri->ret_addr));
+    return 0;
+}
+
+// --- printing --------------------------------------------------------------------------
+
+std::string print_fmt_of(const Event &e) {
+    std::string fmt = e.is_return ? "(%lx <- %lx)" : "(%lx)";
+    std::string args = e.is_return ? "REC->__probe_func, REC->__probe_ret_ip" : "REC->__probe_ip";
+    for (size_t i = 0; i < e.progs.size(); ++i) {
+        const ArgType &t = e.progs[i].type;
+        const std::string &n = e.arg_names[i];
+        std::string one;
+        switch (t.kind) {
+        case Kind::kUnsigned: one = t.size == 8 ? "%Lu" : "%u"; break;
+        case Kind::kSigned: one = t.size == 8 ? "%Ld" : "%d"; break;
+        case Kind::kHex: one = t.size == 8 ? "0x%Lx" : "0x%x"; break;
+        case Kind::kChar: one = "'%c'"; break;
+        case Kind::kSymbol: one = "%pS"; break;
+        case Kind::kString:
+        case Kind::kSymStr: one = "\\\"%s\\\""; break;
+        }
+        const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
+        fmt += " " + n + "=";
+        if (t.array_len == 0) {
+            fmt += one;
+            args += str ? ", __get_str(" + n + ")" : ", REC->" + n;
+        } else {
+            fmt += "{";
+            for (uint32_t k = 0; k < t.array_len; ++k) {
+                fmt += (k ? "," : "") + one;
+                const std::string el = n + "[" + std::to_string(k) + "]";
+                args += str ? ", __get_str(" + el + ")" : ", REC->" + el;
+            }
+            fmt += "}";
+        }
+    }
+    return "\"" + fmt + "\", " + args;
+}
+
+std::string format_text(const Event &e) {
+    std::string s = "name: " + e.name + "\nID: " + std::to_string(e.id) + "\nformat:\n";
+    bool common = true;
+    char buf[512];
+    for (const Field &f : e.fields) {
+        if (common && !f.common) {
+            s += "\n";
+            common = false;
+        }
+        const bool str = f.print == Print::kString;
+        std::string decl = f.c_type + " " + f.name;
+        uint32_t size = f.size;
+        if (f.array_len > 0) {
+            size = f.size * f.array_len;
+            if (!str) decl += "[]";
+        }
+        std::snprintf(buf, sizeof buf, "\tfield:%s;\toffset:%u;\tsize:%u;\tsigned:%d;\n", decl.c_str(),
+                      f.offset, size, f.is_signed ? 1 : 0);
+        s += buf;
+    }
+    s += "\nprint fmt: " + e.print_fmt + "\n";
+    return s;
+}
+
+// --- the tracer ------------------------------------------------------------------------
+
+// Symbols and mappings of the process, for the parser.
+class ProcessResolver : public Resolver {
+public:
+    sym::Registry symbols;
+
+    int resolve_code(std::string_view spec, uint64_t offset, uint64_t *addr) override {
+        return symbols.resolve(spec, offset, addr);
+    }
+    int resolve_data(std::string_view spec, uint64_t *addr) override { return symbols.resolve(spec, 0, addr); }
+    int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr) override {
+        char real[PATH_MAX];
+        const std::string p(path);
+        const bool have_real = realpath(p.c_str(), real) != nullptr;
+        std::ifstream maps("/proc/self/maps");
+        std::string line;
+        bool seen = false;
+        while (std::getline(maps, line)) {
+            unsigned long long lo = 0, hi = 0, off = 0;
+            char perms[8] = {0};
+            int name_at = 0;
+            if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %n", &lo, &hi, perms, &off, &name_at) < 4 ||
+                name_at <= 0)
+                continue;
+            const std::string file = line.substr(static_cast<size_t>(name_at));
+            if (file != p && !(have_real && file == real)) continue;
+            seen = true;
+            if (offset >= off && offset < off + (hi - lo)) {
+                *addr = lo + (offset - off);
+                return 0;
+            }
+        }
+        return seen ? -ERANGE : -ENOENT;
+    }
+    bool function_entry(uint64_t addr) override {
+        const sym::Registry::Location loc = symbols.locate(addr);
+        return loc.symbol != nullptr && loc.symbol->function && loc.symbol->value == addr;
+    }
+};
+
+class Tracer : public TriggerHost {
+public:
+    std::mutex mu;  // definitions, enabling, file reads
+    ProcessResolver resolver;
+    std::vector<std::unique_ptr<Event>> events;    // in definition order
+    std::vector<std::unique_ptr<Event>> graveyard; // removed: records and hits may still name them
+    std::map<uint16_t, Event *> by_id;             // live and removed, for printing
+    uint16_t next_id = kFirstEventId;
+    ErrorLog errors;
+
+    Event *find(std::string_view group, std::string_view name) {
+        for (auto &e : events)
+            if (e->name == name && (group.empty() || e->group == group)) return e.get();
+        return nullptr;
+    }
+    int define(std::string_view line, char separator, bool enable);
+    int remove(Event *e);
+    int set_enabled(Event *e, bool on);
+    void arm(Event *e);
+
+    // TriggerHost
+    void set_tracing_on(bool on) override { ukp::trace::set_tracing_on(on); }
+    bool tracing_is_on() const override { return ukp::trace::tracing_on(); }
+    void take_snapshot() override { snapshot_take(); }
+    std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) override {
+        // Called from a trigger write, with mu held by the file API.
+        Event *e = find(system, event);
+        if (e == nullptr) return nullptr;
+        e->trigger_target = true;
+        arm(e);
+        return &e->enabled;
+    }
+    void record_stacktrace(const struct pt_regs &regs) override;
+};
+
+Tracer &tracer() {
+    static Tracer *t = new Tracer; // never destroyed: probes may fire during exit
+    return *t;
+}
+
+void Tracer::record_stacktrace(const struct pt_regs &regs) {
+    // The user stack by the frame-pointer chain, every read fault-safe.
+    constexpr uint32_t kSize = kCommonSize + 8 * kMaxUserStack;
+    uint8_t *rec = tracing_on() ? ring_reserve(kSize) : nullptr;
+    if (rec == nullptr) return;
+    put_header(rec, kStackEventId, this_thread().tid);
+    uint64_t frames[kMaxUserStack] = {};
+    frames[0] = regs.ip;
+    uint64_t fp = regs.bp;
+    int n = 1;
+    uint64_t ret = 0;
+    // At a function's first instruction the caller's return address is at (%sp).
+    if (ukp_safe_copy(&ret, reinterpret_cast<const void *>(regs.sp), 8) == 0) frames[n++] = ret;
+    while (n < kMaxUserStack && fp != 0) {
+        uint64_t pair[2];
+        if (ukp_safe_copy(pair, reinterpret_cast<const void *>(fp), 16) != 0 || pair[1] == 0) break;
+        if (pair[1] != frames[n - 1]) frames[n++] = pair[1];
+        if (pair[0] <= fp) break;
+        fp = pair[0];
+    }
+    __builtin_memcpy(rec + kCommonSize, frames, sizeof frames);
+    ring_commit(rec, kCommonSize + 8u * static_cast<uint32_t>(n));
+}
+
+std::string type_key(const ArgType &t) {
+    return std::to_string(int(t.kind)) + "/" + std::to_string(t.size) + "/" + std::to_string(t.array_len) + "/" +
+           t.name;
+}
+
+bool same_point(const ProbeDef &a, const ProbeDef &b) {
+    return a.addr == b.addr && a.is_return == b.is_return;
+}
+
+void Tracer::arm(Event *e) {
+    for (auto &p : e->points) {
+        if (!p->registered) continue;
+        if (e->armed_wanted()) {
+            if (e->is_return) enable_kretprobe(&p->hook.rp); else enable_kprobe(&p->hook.rp.kp);
+        } else {
+            if (e->is_return) disable_kretprobe(&p->hook.rp); else disable_kprobe(&p->hook.rp.kp);
+        }
+    }
+}
+
+int Tracer::define(std::string_view line, char separator, bool enable) {
+    resolver.symbols.refresh();
+    auto def = std::make_unique<ProbeDef>();
+    ProbeError err;
+    int r = parse_definition(line, resolver, def.get(), &err, separator);
+    if (r != 0) {
+        if (err.logged) errors.add("trace_kprobe", def->command, err);
+        return r;
+    }
+    auto log = [&](Err e, int word, int off) {
+        // Position of word `word` in the command.
+        int pos = 0, w = 0;
+        for (size_t i = 0; i < def->command.size() && w < word; ++i)
+            if (def->command[i] == ' ') { ++w; pos = int(i) + 1; }
+        errors.add("trace_kprobe", def->command, ProbeError{e, pos + off, true});
+    };
+    if (def->remove) {
+        Event *e = find(def->group, def->event);
+        if (e == nullptr) return -ENOENT;
+        return remove(e);
+    }
+    Event *e = find(def->group, def->event);
+    std::unique_ptr<Event> fresh;
+    if (e != nullptr) {
+        // Another probe point under an existing event: its arguments must agree.
+        if (e->is_return != def->is_return) { log(Err::DIFF_PROBE_TYPE, 0, 0); return -EEXIST; }
+        const size_t na = e->arg_names.size(), nb = def->args.size();
+        for (size_t i = 0; i < std::max(na, nb); ++i) {
+            if (i >= na || i >= nb || e->arg_names[i] != def->args[i].name ||
+                e->arg_types[i] != type_key(def->args[i].prog.type)) {
+                log(Err::DIFF_ARG_TYPE, int(i) + 2, 0);
+                return -EEXIST;
+            }
+        }
+        for (auto &p : e->points)
+            if (same_point(p->def, *def)) { log(Err::SAME_PROBE, 0, 0); return -EEXIST; }
+    } else {
+        for (auto &o : events)
+            if (o->name == def->event && o->group != def->group) {
+                // Event names are unique across groups in ukprobes' flat id space too.
+            }
+        fresh = std::make_unique<Event>();
+        e = fresh.get();
+        e->group = def->group;
+        e->name = def->event;
+        e->is_return = def->is_return;
+        e->entry_args = def->entry_args;
+        for (auto &a : def->args) {
+            e->progs.push_back(a.prog);
+            e->arg_names.push_back(a.name);
+            e->arg_types.push_back(type_key(a.prog.type));
+        }
+        e->fields = common_fields();
+        const uint32_t base = kCommonSize + (e->is_return ? 16u : 8u);
+        if (e->is_return) {
+            e->fields.push_back({"__probe_func", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
+            e->fields.push_back({"__probe_ret_ip", "unsigned long", kCommonSize + 8, 8, false, Print::kHex, 0, false});
+        } else {
+            e->fields.push_back({"__probe_ip", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
+        }
+        e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
+        if (e->fixed_size > kMaxRecordSize) { log(Err::EVENT_TOO_BIG, 0, 0); return -E2BIG; }
+        uint32_t nstr = 0;
+        bool symstr = false;
+        for (auto &p : e->progs) {
+            if (p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr)
+                nstr += p.type.array_len > 0 ? p.type.array_len : 1;
+            symstr |= p.type.kind == Kind::kSymStr;
+        }
+        e->reserve_size = std::min<uint32_t>(kMaxRecordSize, e->fixed_size + nstr * kMaxStringLen);
+        if (symstr) {
+            auto t = std::make_unique<SymbolTable>();
+            for (const auto &obj : resolver.symbols.objects())
+                for (const sym::Symbol &s : obj->symbols) {
+                    if (s.value == 0) continue;
+                    t->entries.push_back({s.value, s.size, static_cast<uint32_t>(t->names.size())});
+                    t->names += s.name;
+                    t->names += '\0';
+                }
+            std::stable_sort(t->entries.begin(), t->entries.end(),
+                             [](const auto &a, const auto &b) { return a.start < b.start; });
+            e->symbols = std::move(t);
+        }
+        e->print_fmt = print_fmt_of(*e);
+        e->triggers.set_symbolizer([](uint64_t a, bool off) { return symbolize(a, off); });
+    }
+
+    auto point = std::make_unique<ProbePoint>();
+    point->event = e;
+    point->hook.point = point.get();
+    kprobe &kp = point->hook.rp.kp;
+    if (def->where == Where::kSymbol) {
+        point->symbol = def->symbol;
+        kp.symbol_name = point->symbol.c_str();
+        kp.offset = static_cast<unsigned>(def->offset);
+    } else {
+        kp.addr = reinterpret_cast<kprobe_opcode_t *>(def->addr);
+    }
+    kp.flags = KPROBE_FLAG_DISABLED;
+    if (def->is_return) {
+        point->hook.rp.handler = on_return;
+        point->hook.rp.entry_handler = on_entry;
+        point->hook.rp.maxactive = def->maxactive;
+        point->hook.rp.data_size = 8 * std::max<size_t>(1, def->entry_args.size());
+        r = register_kretprobe(&point->hook.rp);
+    } else {
+        kp.pre_handler = on_kprobe;
+        r = register_kprobe(&kp);
+    }
+    if (r != 0) {
+        if (r == -EILSEQ) log(Err::BAD_INSN_BNDRY, 1, 0);
+        else if (r == -ENOENT) log(Err::BAD_PROBE_ADDR, 1, 0);
+        else if (r != -ENOMEM && r != -EEXIST) log(Err::FAIL_REG_PROBE, 1, 0);
+        return r;
+    }
+    point->registered = true;
+    point->def = std::move(*def);
+    e->points.push_back(std::move(point));
+    if (fresh) {
+        if (next_id == UINT16_MAX) { log(Err::FAIL_REG_PROBE, 0, 0); return -ENOSPC; }
+        fresh->id = next_id++;
+        by_id[fresh->id] = fresh.get();
+        events.push_back(std::move(fresh));
+    }
+    if (enable) e->enabled.store(true);
+    arm(e);
+    return 0;
+}
+
+int Tracer::remove(Event *e) {
+    if (e->enabled.load() || !e->triggers.empty()) return -EBUSY;
+    for (auto &p : e->points) {
+        if (!p->registered) continue;
+        if (e->is_return) unregister_kretprobe(&p->hook.rp); else unregister_kprobe(&p->hook.rp.kp);
+        p->registered = false;
+    }
+    auto it = std::find_if(events.begin(), events.end(), [&](auto &x) { return x.get() == e; });
+    graveyard.push_back(std::move(*it));
+    events.erase(it);
+    return 0;
+}
+
+int Tracer::set_enabled(Event *e, bool on) {
+    e->enabled.store(on);
+    arm(e);
+    return 0;
+}
+
+// --- values ----------------------------------------------------------------------------
+
+} // namespace
+
+std::string symbolize(uint64_t addr, bool with_size) {
+    // Callers hold no lock of the tracer's: the registry is only read here.
+    static std::mutex mu;
+    static sym::Registry *reg = new sym::Registry;
+    std::lock_guard lock(mu);
+    sym::Registry::Location loc = reg->locate(addr);
+    if (loc.object == nullptr) {
+        reg->refresh();
+        loc = reg->locate(addr);
+    }
+    char buf[64];
+    if (loc.symbol == nullptr || (loc.symbol->size != 0 && addr - loc.symbol->value >= loc.symbol->size)) {
+        std::snprintf(buf, sizeof buf, "0x%" PRIx64, addr);
+        return buf;
+    }
+    std::string s = loc.symbol->name;
+    if (with_size) {
+        std::snprintf(buf, sizeof buf, "+0x%" PRIx64 "/0x%" PRIx64, addr - loc.symbol->value, loc.symbol->size);
+        s += buf;
+    }
+    return s;
+}
+
+void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32_t index, std::string &out) {
+    char buf[32];
+    switch (f.print) {
+    case Print::kString: {
+        uint32_t len = 0;
+        const char *s = load_string(rec, size, f, &len, index);
+        if (s == nullptr) {
+            out += "(fault)";
+        } else {
+            out += '"';
+            out.append(s, strnlen(s, len));
+            out += '"';
+        }
+        return;
+    }
+    case Print::kUnsigned: {
+        const uint64_t v = load_integer(rec, f, index);
+        std::snprintf(buf, sizeof buf, "%" PRIu64, v);
+        break;
+    }
+    case Print::kSigned: {
+        const uint64_t v = load_integer(rec, f, index);
+        std::snprintf(buf, sizeof buf, "%" PRId64, static_cast<int64_t>(v));
+        break;
+    }
+    case Print::kHex: {
+        std::snprintf(buf, sizeof buf, "0x%" PRIx64, load_integer(rec, f, index));
+        break;
+    }
+    case Print::kChar:
+        std::snprintf(buf, sizeof buf, "'%c'", static_cast<char>(load_integer(rec, f, index)));
+        break;
+    case Print::kSymbol:
+        out += symbolize(load_integer(rec, f, index), true);
+        return;
+    }
+    out += buf;
+}
+
+void print_event(const uint8_t *rec, uint32_t size, std::string &out) {
+    if (size < kCommonSize) return;
+    CommonHeader h;
+    std::memcpy(&h, rec, sizeof h);
+    if (h.type == kStackEventId) {
+        out += "<user stack trace>";
+        for (uint32_t off = kCommonSize; off + 8 <= size; off += 8) {
+            uint64_t a;
+            std::memcpy(&a, rec + off, 8);
+            out += "\n => " + symbolize(a, true);
+        }
+        return;
+    }
+    Tracer &t = tracer();
+    std::vector<Field> fields;
+    std::string name;
+    bool is_return = false;
+    {
+        std::lock_guard lock(t.mu);
+        auto it = t.by_id.find(h.type);
+        if (it == t.by_id.end()) {
+            out += "Unknown event " + std::to_string(h.type);
+            return;
+        }
+        fields = it->second->fields;
+        name = it->second->name;
+        is_return = it->second->is_return;
+    }
+    out += name + ": (";
+    uint64_t a = 0, b = 0;
+    if (size >= kCommonSize + 8) std::memcpy(&a, rec + kCommonSize, 8);
+    if (is_return && size >= kCommonSize + 16) std::memcpy(&b, rec + kCommonSize + 8, 8);
+    if (is_return) out += symbolize(b, true) + " <- " + symbolize(a, false);
+    else out += symbolize(a, true);
+    out += ")";
+    const size_t first = is_return ? 6 : 5; // after the common and the probe's own fields
+    for (size_t i = first; i < fields.size(); ++i) {
+        const Field &f = fields[i];
+        const uint32_t n = f.array_len > 0 ? f.array_len : 1;
+        if (f.offset + f.size * n > size) break;
+        out += " " + f.name + "=";
+        if (f.array_len > 0) out += "{";
+        for (uint32_t k = 0; k < n; ++k) {
+            if (k) out += ",";
+            print_field_value(rec, size, f, k, out);
+        }
+        if (f.array_len > 0) out += "}";
+    }
+}
+
+std::vector<Field> event_fields(std::string_view group, std::string_view event) {
+    Tracer &t = tracer();
+    std::lock_guard lock(t.mu);
+    Event *e = t.find(group, event);
+    return e != nullptr ? e->fields : std::vector<Field>{};
+}
+
+// --- files -----------------------------------------------------------------------------
+
+namespace {
+
+std::string strip(std::string_view s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    return std::string(s);
+}
+
+// Lines of a definitions file, comments removed.
+int write_definitions(Tracer &t, std::string_view text, bool truncate) {
+    if (truncate) {
+        for (auto &e : t.events)
+            if (e->enabled.load() || !e->triggers.empty()) return -EBUSY;
+        while (!t.events.empty()) t.remove(t.events.back().get());
+    }
+    size_t start = 0;
+    while (start <= text.size()) {
+        size_t nl = text.find('\n', start);
+        if (nl == std::string_view::npos) nl = text.size();
+        std::string_view line = text.substr(start, nl - start);
+        const size_t hash = line.find('#');
+        if (hash != std::string_view::npos) line = line.substr(0, hash);
+        const std::string l = strip(line);
+        if (!l.empty()) {
+            if (int r = t.define(l, ' ', false); r != 0) return r;
+        }
+        start = nl + 1;
+    }
+    return 0;
+}
+
+std::string definitions_text(Tracer &t) {
+    std::string s;
+    for (auto &e : t.events)
+        for (auto &p : e->points) s += p->def.show() + "\n";
+    return s;
+}
+
+std::string profile_text(Tracer &t) {
+    std::string s;
+    char buf[128];
+    for (auto &e : t.events) {
+        std::snprintf(buf, sizeof buf, "  %-44s %15" PRIu64 " %15" PRIu64 "\n", e->name.c_str(), e->hits.load(),
+                      e->misses());
+        s += buf;
+    }
+    return s;
+}
+
+struct EventPath {
+    std::string group, event, file; // event empty: events/GRP/file; group empty: events/file
+};
+
+bool split_event_path(std::string_view path, EventPath *p) {
+    if (path.substr(0, 7) != "events/") return false;
+    std::vector<std::string> parts;
+    std::string_view rest = path.substr(7);
+    while (!rest.empty()) {
+        const size_t slash = rest.find('/');
+        parts.emplace_back(rest.substr(0, slash));
+        if (slash == std::string_view::npos) break;
+        rest = rest.substr(slash + 1);
+    }
+    if (parts.size() == 1) { p->file = parts[0]; return true; }
+    if (parts.size() == 2) { p->group = parts[0]; p->file = parts[1]; return true; }
+    if (parts.size() == 3) { p->group = parts[0]; p->event = parts[1]; p->file = parts[2]; return true; }
+    return false;
+}
+
+std::string normalize(std::string_view path) {
+    while (!path.empty() && path.front() == '/') path.remove_prefix(1);
+    for (std::string_view root : {"sys/kernel/tracing/", "sys/kernel/debug/tracing/"})
+        if (path.substr(0, root.size()) == root) path.remove_prefix(root.size());
+    return std::string(path);
+}
+
+int event_file(Tracer &t, const EventPath &p, std::string_view text, bool write, std::string *out) {
+    std::vector<Event *> targets;
+    for (auto &e : t.events)
+        if ((p.group.empty() || e->group == p.group) && (p.event.empty() || e->name == p.event))
+            targets.push_back(e.get());
+    if (!p.group.empty() && targets.empty()) return -ENOENT;
+    if (p.file == "enable") {
+        if (!write) {
+            bool any_on = false, any_off = false;
+            for (Event *e : targets) (e->enabled.load() ? any_on : any_off) = true;
+            *out = any_on && any_off ? "X\n" : any_on ? "1\n" : "0\n";
+            return 0;
+        }
+        const std::string v = strip(text);
+        if (v != "0" && v != "1") return -EINVAL;
+        for (Event *e : targets) t.set_enabled(e, v == "1");
+        return 0;
+    }
+    if (p.event.empty()) return -ENOENT;
+    Event *e = targets.front();
+    if (p.file == "id") {
+        if (write) return -EACCES;
+        *out = std::to_string(e->id) + "\n";
+        return 0;
+    }
+    if (p.file == "format") {
+        if (write) return -EACCES;
+        *out = format_text(*e);
+        return 0;
+    }
+    if (p.file == "filter") {
+        if (!write) {
+            const Filter *f = e->filter.load();
+            *out = f != nullptr ? f->text() + "\n" : "none\n";
+            return 0;
+        }
+        const std::string v = strip(text);
+        if (v.empty() || v == "0") {
+            e->filter.store(nullptr);
+            return 0;
+        }
+        FilterError err;
+        std::unique_ptr<Filter> f = compile_filter(v, e->fields, &err);
+        if (f == nullptr) {
+            t.errors.add_text("event filter parse error", v, err.message, err.pos);
+            return -EINVAL;
+        }
+        e->filter.store(f.get());
+        e->filters.push_back(std::move(f));
+        return 0;
+    }
+    if (p.file == "trigger") {
+        if (!write) {
+            *out = e->triggers.text();
+            return 0;
+        }
+        FilterError err;
+        const int r = e->triggers.write(strip(text), e->fields, t, &err);
+        if (r != 0 && !err.message.empty()) t.errors.add_text("event trigger parse error", strip(text), err.message, err.pos);
+        t.arm(e);
+        return r;
+    }
+    if (p.file == "hist") {
+        if (write) return -EACCES;
+        *out = e->triggers.hist_text();
+        return 0;
+    }
+    return -ENOENT;
+}
+
+int file_op(std::string_view raw_path, std::string_view text, int mode, std::string *out) {
+    // mode: 0 read, 1 truncating write, 2 append
+    Tracer &t = tracer();
+    const std::string path = normalize(raw_path);
+    const bool write = mode != 0;
+    if (path == "trace" || path == "trace_pipe" || path == "snapshot") {
+        if (path == "trace") {
+            if (write) { ring_clear(); return 0; }
+            *out = trace_text(print_event);
+            return 0;
+        }
+        if (path == "trace_pipe") {
+            if (write) return -EACCES;
+            *out = trace_pipe_read(print_event, 0, 1 << 20);
+            return 0;
+        }
+        if (!write) { *out = snapshot_text(print_event); return 0; }
+        const std::string v = strip(text);
+        if (v == "0") snapshot_free();
+        else if (v == "1") return snapshot_take();
+        else if (v == "2") snapshot_clear();
+        else return -EINVAL;
+        return 0;
+    }
+    std::lock_guard lock(t.mu);
+    if (path == "kprobe_events" || path == "dynamic_events") {
+        if (!write) { *out = definitions_text(t); return 0; }
+        return write_definitions(t, text, mode == 1);
+    }
+    if (path == "kprobe_profile") {
+        if (write) return -EACCES;
+        *out = profile_text(t);
+        return 0;
+    }
+    if (path == "error_log") {
+        if (write) { t.errors.clear(); return 0; }
+        *out = t.errors.text();
+        return 0;
+    }
+    if (path == "tracing_on") {
+        if (!write) { *out = tracing_on() ? "1\n" : "0\n"; return 0; }
+        const std::string v = strip(text);
+        char *end = nullptr;
+        const long n = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0') return -EINVAL;
+        set_tracing_on(n != 0);
+        return 0;
+    }
+    if (path == "buffer_size_kb") {
+        if (!write) { *out = std::to_string(buffer_size_kb()) + "\n"; return 0; }
+        const std::string v = strip(text);
+        char *end = nullptr;
+        const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0' || n == 0) return -EINVAL;
+        return set_buffer_size_kb(n);
+    }
+    EventPath ep;
+    if (split_event_path(path, &ep)) return event_file(t, ep, text, write, out);
+    return -ENOENT;
+}
+
+} // namespace
+
+int file_read(std::string_view path, std::string *out) {
+    out->clear();
+    return file_op(path, {}, 0, out);
+}
+
+int file_write(std::string_view path, std::string_view text) {
+    std::string ignored;
+    return file_op(path, text, 1, &ignored);
+}
+
+int file_append(std::string_view path, std::string_view text) {
+    std::string ignored;
+    return file_op(path, text, 2, &ignored);
+}
+
+int apply_startup_events(std::string_view spec) {
+    Tracer &t = tracer();
+    std::lock_guard lock(t.mu);
+    int first = 0;
+    size_t start = 0;
+    while (start <= spec.size()) {
+        size_t semi = spec.find(';', start);
+        if (semi == std::string_view::npos) semi = spec.size();
+        const std::string def = strip(spec.substr(start, semi - start));
+        if (!def.empty()) {
+            const int r = t.define(def, ',', true);
+            if (r != 0 && first == 0) first = r;
+        }
+        start = semi + 1;
+    }
+    return first;
+}
+
+} // namespace ukp::trace

@@ -1,0 +1,51 @@
+// Trace events: the registry of kprobe events defined through the kprobe_events
+// language, their probes on the program (through the public kprobes.h API), the hit that
+// fills a record, and the text of every tracefs file the tracer has.
+//
+// Definitions, enabling and file reads take a mutex; a hit takes none (it reaches its
+// event through its kprobe, and reads only what was prepared at definition time).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trace/errors.hpp"
+#include "trace/fetch.hpp"
+#include "trace/parse.hpp"
+#include "trace/record.hpp"
+
+namespace ukp::trace {
+
+
+// The file API: `path` is relative to the tracefs root ("kprobe_events",
+// "events/kprobes/myprobe/enable"). 0 or a negative errno.
+int file_read(std::string_view path, std::string *out);
+// Truncating write (`echo X > file`).
+int file_write(std::string_view path, std::string_view text);
+// Appending write (`echo X >> file`).
+int file_append(std::string_view path, std::string_view text);
+
+// Applies definitions in the process-start form: semicolon-separated definitions,
+// comma-separated words; each event is enabled. 0, or the first error (the rest is
+// still applied, as the kernel does with its boot parameter).
+int apply_startup_events(std::string_view spec);
+
+// Prints one record's event part ("myprobe: (f+0x0/0x2a) a=0x1"), for trace and
+// trace_pipe.
+void print_event(const uint8_t *rec, uint32_t size, std::string &out);
+
+// The text of a value of one field (element `index`), as the trace shows it.
+void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32_t index,
+                       std::string &out);
+
+// For tests: the fields of an event (as its format file lists them), or empty.
+std::vector<Field> event_fields(std::string_view group, std::string_view event);
+
+// "sym+0xoff/0xsize" for an address of the process, "0x..." when no symbol holds it.
+std::string symbolize(uint64_t addr, bool with_size);
+
+} // namespace ukp::trace

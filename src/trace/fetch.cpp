@@ -1,0 +1,242 @@
+#include "trace/fetch.hpp"
+
+#include <ukprobes/kprobes.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "arch/x86_64/safe_access.hpp"
+
+namespace ukp::trace {
+
+namespace {
+
+// The kernel's x86-64 register names, in struct pt_regs order.
+constexpr const char *kRegNames[] = {"r15", "r14", "r13", "r12", "bp", "bx", "r11",
+                                     "r10", "r9",  "r8",  "ax",  "cx", "dx", "si",
+                                     "di",  "orig_ax", "ip", "cs", "flags", "sp", "ss"};
+constexpr int kRegCount = sizeof(kRegNames) / sizeof(kRegNames[0]);
+constexpr int kRegSp = 19, kRegAx = 10;
+// System V AMD64: di, si, dx, cx, r8, r9.
+constexpr int kArgRegs[6] = {14, 13, 12, 11, 9, 8};
+
+inline uint64_t reg_at(const pt_regs *regs, int index) {
+    return reinterpret_cast<const unsigned long *>(regs)[index];
+}
+
+inline bool load64(uint64_t addr, uint64_t *out) {
+    return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), 8) == 0;
+}
+
+// Stores the low `size` bytes of v; constant-size copies, so no call to memcpy.
+inline void put(uint8_t *dst, uint64_t v, uint32_t size) {
+    switch (size) {
+    case 1: { uint8_t x = static_cast<uint8_t>(v); __builtin_memcpy(dst, &x, 1); break; }
+    case 2: { uint16_t x = static_cast<uint16_t>(v); __builtin_memcpy(dst, &x, 2); break; }
+    case 4: { uint32_t x = static_cast<uint32_t>(v); __builtin_memcpy(dst, &x, 4); break; }
+    default: __builtin_memcpy(dst, &v, 8); break;
+    }
+}
+
+inline uint64_t get(const uint8_t *src, uint32_t size) {
+    switch (size) {
+    case 1: return *src;
+    case 2: { uint16_t x; __builtin_memcpy(&x, src, 2); return x; }
+    case 4: { uint32_t x; __builtin_memcpy(&x, src, 4); return x; }
+    default: { uint64_t x; __builtin_memcpy(&x, src, 8); return x; }
+    }
+}
+
+inline uint64_t bitfield(uint64_t v, const ArgType &t) {
+    const unsigned bits = t.size * 8u;
+    v <<= 64 - bits; // the container's bits at the top
+    v <<= bits - (t.bf_width + t.bf_offset);
+    return v >> (64 - t.bf_width);
+}
+
+// Runs the operations; false when a memory read faulted.
+inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *value) {
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < p.nops; ++i) {
+        const FetchOp &op = p.ops[i];
+        switch (op.op) {
+        case Op::kReg: v = reg_at(ctx.regs, op.param); break;
+        case Op::kStack:
+            if (!load64(reg_at(ctx.regs, kRegSp) + 8ull * op.param, &v)) return false;
+            break;
+        case Op::kStackAddr: v = reg_at(ctx.regs, kRegSp); break;
+        case Op::kRetval: v = reg_at(ctx.regs, kRegAx); break;
+        case Op::kRetAddr: v = ctx.ret_addr; break;
+        case Op::kArg:
+            if (op.param < 6) {
+                v = reg_at(ctx.regs, kArgRegs[op.param]);
+            } else if (!load64(reg_at(ctx.regs, kRegSp) + 8ull * (op.param - 5), &v)) {
+                // At entry the return address is at (%sp); the seventh argument above it.
+                return false;
+            }
+            break;
+        case Op::kEntryArg: v = ctx.entry_args != nullptr ? ctx.entry_args[op.param] : 0; break;
+        case Op::kImm: v = static_cast<uint64_t>(op.imm); break;
+        case Op::kComm: v = reinterpret_cast<uint64_t>(ctx.comm); break;
+        case Op::kData: v = reinterpret_cast<uint64_t>(p.data.c_str()); break;
+        case Op::kDeref:
+            if (!load64(v + static_cast<uint64_t>(op.imm), &v)) return false;
+            break;
+        }
+    }
+    *value = v;
+    return true;
+}
+
+// Copies a string into the dynamic area and writes its __data_loc word at `loc`.
+// Returns the bytes used in the dynamic area; a fault stores an empty location.
+inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t cap, uint64_t addr,
+                           bool *fault) {
+    uint32_t room = cap > dyn ? cap - dyn : 0;
+    if (room > kMaxStringLen) room = kMaxStringLen;
+    int n = -EFAULT;
+    if (room > 0 && addr != 0)
+        n = arch::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+    if (n < 0) {
+        *fault = true;
+        put(loc, uint64_t(dyn) & 0xffff, 4); // length 0: the reader prints (fault)
+        return 0;
+    }
+    put(loc, (uint64_t(uint32_t(n)) << 16) | dyn, 4);
+    return static_cast<uint32_t>(n);
+}
+
+} // namespace
+
+int register_index(const char *name, size_t len) {
+    for (int i = 0; i < kRegCount; ++i) {
+        if (std::strlen(kRegNames[i]) == len && std::memcmp(kRegNames[i], name, len) == 0) return i;
+    }
+    return -1;
+}
+
+const char *register_name(int index) { return index >= 0 && index < kRegCount ? kRegNames[index] : "?"; }
+
+uint32_t SymbolTable::format(uint64_t addr, char *out, uint32_t room) const noexcept {
+    // Binary search for the last entry starting at or below addr.
+    size_t lo = 0, hi = entries.size();
+    while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (entries[mid].start <= addr) lo = mid + 1; else hi = mid;
+    }
+    uint32_t n = 0;
+    auto putc = [&](char c) { if (n + 1 < room) out[n++] = c; };
+    auto puthex = [&](uint64_t v) {
+        putc('0'); putc('x');
+        char buf[16]; int k = 0;
+        do { buf[k++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v != 0);
+        while (k > 0) putc(buf[--k]);
+    };
+    if (lo > 0 && addr - entries[lo - 1].start < (entries[lo - 1].size ? entries[lo - 1].size : 1)) {
+        const Entry &e = entries[lo - 1];
+        for (const char *s = names.c_str() + e.name_off; *s != '\0'; ++s) putc(*s);
+        putc('+'); puthex(addr - e.start); putc('/'); puthex(e.size);
+    } else {
+        puthex(addr);
+    }
+    if (room > 0) out[n++] = '\0';
+    return n;
+}
+
+uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names,
+                       uint32_t base, std::vector<Field> *fields) {
+    uint32_t off = base;
+    for (size_t i = 0; i < progs.size(); ++i) {
+        FetchProgram &p = progs[i];
+        const ArgType &t = p.type;
+        p.offset = off;
+        Field f;
+        f.name = names[i];
+        f.offset = off;
+        f.size = t.size;
+        const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
+        const std::string bits = std::to_string(t.size * 8);
+        switch (t.kind) {
+        case Kind::kUnsigned: f.c_type = "u" + bits; f.print = Print::kUnsigned; break;
+        case Kind::kSigned: f.c_type = "s" + bits; f.is_signed = true; f.print = Print::kSigned; break;
+        case Kind::kHex: f.c_type = "u" + bits; f.print = Print::kHex; break;
+        case Kind::kChar: f.c_type = "u8"; f.print = Print::kChar; break;
+        case Kind::kSymbol: f.c_type = "u64"; f.print = Print::kSymbol; break;
+        case Kind::kString:
+        case Kind::kSymStr: f.c_type = "__data_loc char[]"; f.is_signed = true; f.print = Print::kString; break;
+        }
+        if (t.array_len > 0) {
+            f.array_len = t.array_len;
+            if (str) f.c_type += "[" + std::to_string(t.array_len) + "]";
+        }
+        off += t.size * (t.array_len > 0 ? t.array_len : 1);
+        if (fields != nullptr) fields->push_back(std::move(f));
+    }
+    return off;
+}
+
+uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
+                   const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
+                   uint32_t *faults) noexcept {
+    uint32_t dyn = fixed_size;
+    uint32_t nfault = 0;
+    for (uint32_t a = 0; a < nprogs; ++a) {
+        const FetchProgram &p = progs[a];
+        const ArgType &t = p.type;
+        uint8_t *dst = rec + p.offset;
+        const uint32_t count = t.array_len > 0 ? t.array_len : 1;
+        uint64_t v = 0;
+        bool fault = !run_ops(p, ctx, &v);
+        switch (p.store) {
+        case Store::kRaw:
+            put(dst, fault ? 0 : (t.bitfield ? bitfield(v, t) : v), t.size);
+            break;
+        case Store::kMem:
+            for (uint32_t i = 0; i < count; ++i) {
+                uint64_t x = 0;
+                if (!fault) {
+                    uint8_t buf[8];
+                    const uint64_t at = v + static_cast<uint64_t>(p.mem_offset) + uint64_t(i) * t.size;
+                    if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), t.size) == 0) x = get(buf, t.size);
+                    else fault = true;
+                }
+                if (fault) x = 0;
+                put(dst + i * t.size, t.bitfield ? bitfield(x, t) : x, t.size);
+            }
+            break;
+        case Store::kString: {
+            const uint64_t at = p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v;
+            if (fault) put(dst, dyn & 0xffff, 4);
+            else dyn += put_string(rec, dst, dyn, cap, at, &fault);
+            break;
+        }
+        case Store::kStringArray:
+            for (uint32_t i = 0; i < count; ++i) {
+                uint64_t ptr = 0;
+                bool f = fault;
+                if (!f && !load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) f = true;
+                if (f) put(dst + 4 * i, dyn & 0xffff, 4);
+                else dyn += put_string(rec, dst + 4 * i, dyn, cap, ptr, &f);
+                if (f) fault = true;
+            }
+            break;
+        case Store::kSymStr: {
+            if (fault || symbols == nullptr || cap <= dyn) {
+                put(dst, dyn & 0xffff, 4);
+                break;
+            }
+            uint32_t room = cap - dyn;
+            if (room > kMaxStringLen) room = kMaxStringLen;
+            const uint32_t n = symbols->format(v, reinterpret_cast<char *>(rec + dyn), room);
+            put(dst, (uint64_t(n) << 16) | dyn, 4);
+            dyn += n;
+            break;
+        }
+        }
+        if (fault) ++nfault;
+    }
+    *faults = nfault;
+    return dyn;
+}
+
+} // namespace ukp::trace

@@ -1,0 +1,128 @@
+// Fetch programs: each argument of a probe definition compiled to a short, bounded list
+// of operations (the kernel's struct fetch_insn), and the code a hit runs to fill a
+// record from them. The hit side allocates nothing, takes no lock, makes no system call:
+// every memory read goes through the fault-safe copy of arch/x86_64/safe_access.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trace/record.hpp"
+
+struct pt_regs; // include/ukprobes/kprobes.h
+
+namespace ukp::trace {
+
+inline constexpr int kMaxFetchOps = 16;     // the kernel's FETCH_INSN_MAX
+inline constexpr int kMaxArgs = 128;        // MAX_TRACE_ARGS
+inline constexpr int kMaxArrayLen = 64;     // MAX_ARRAY_LEN
+inline constexpr int kMaxEntryArgs = 16;    // $argN values a return probe saves at entry
+inline constexpr uint32_t kMaxStringLen = 1024; // bytes a string field keeps, NUL included
+
+// The value kinds of seed 004's types.
+enum class Kind : uint8_t {
+    kUnsigned, // uN, and bitfields
+    kSigned,   // sN
+    kHex,      // xN, and the default type
+    kChar,     // char
+    kString,   // string, ustring (a __data_loc word and the bytes in the dynamic area)
+    kSymbol,   // symbol: an address printed sym+off
+    kSymStr,   // symstr: the address turned into "sym+off/size" at the hit
+};
+
+// A fetch argument's type.
+struct ArgType {
+    Kind kind = Kind::kHex;
+    uint8_t size = 8;        // bytes of one element in the record (4 for strings)
+    bool user = false;       // ustring
+    bool bitfield = false;
+    uint8_t bf_width = 0;    // b<width>@<offset>/<container>
+    uint8_t bf_offset = 0;
+    uint8_t array_len = 0;   // [N]; 0: a scalar
+    std::string name;        // as written ("x16", "string", "b3@2/32"); "" for the default
+};
+
+enum class Op : uint8_t {
+    kReg,       // value = the register at `param` (index in struct pt_regs)
+    kStack,     // value = the `param`th word of the stack
+    kStackAddr, // value = the stack pointer
+    kRetval,    // value = the return value register
+    kRetAddr,   // value = the return address (return probes; seed 003's `ra`)
+    kArg,       // value = the `param`th (0-based) System V argument at function entry
+    kEntryArg,  // value = the `param`th value saved at entry (return probes)
+    kImm,       // value = imm
+    kComm,      // value = address of the thread's name
+    kData,      // value = address of an immediate string (imm: its index in the program)
+    kDeref,     // value = the 8 bytes at value + imm
+};
+
+struct FetchOp {
+    Op op;
+    bool user = false; // +uOFFS(...): a user-space dereference (the same read here)
+    uint16_t param = 0;
+    int64_t imm = 0;
+};
+
+// How the last stage stores the value into the record.
+enum class Store : uint8_t {
+    kRaw,    // the value itself, cut to the type's size
+    kMem,    // read the type's size at value + mem_offset
+    kString, // copy the string at value (+ mem_offset when `deref_string`)
+    kStringArray, // array_len pointers at value + mem_offset, each a string
+    kSymStr, // value is an address; stored as "sym+0xoff/0xsize"
+};
+
+// One compiled argument.
+struct FetchProgram {
+    FetchOp ops[kMaxFetchOps];
+    uint8_t nops = 0;
+    Store store = Store::kRaw;
+    bool deref_string = false; // kString: the address is value + mem_offset
+    int64_t mem_offset = 0;    // offset of the final load (kMem, kString, kStringArray)
+    ArgType type;
+    uint32_t offset = 0;       // of the field in the record
+    std::string data;          // kData: the immediate string
+};
+
+// What a hit gives the fetch programs.
+struct HitContext {
+    const struct pt_regs *regs;
+    const uint64_t *entry_args = nullptr; // return probes: $argN values saved at entry
+    uint64_t ret_addr = 0;                // return probes: where the function returns to
+    const char *comm = nullptr;           // the thread's name, NUL-terminated
+};
+
+// Symbol lookup for symstr at the hit: an immutable table built when the event is defined.
+struct SymbolTable {
+    struct Entry {
+        uint64_t start, size;
+        uint32_t name_off; // into names
+    };
+    std::vector<Entry> entries; // sorted by start
+    std::string names;          // NUL-separated
+    // Writes "sym+0xoff/0xsize" (or "0xADDR") into out (room bytes); returns the length
+    // written including the NUL. No allocation.
+    uint32_t format(uint64_t addr, char *out, uint32_t room) const noexcept;
+};
+
+// The fields of a probe's arguments, starting at `base` (after __probe_ip or
+// __probe_func/__probe_ret_ip), packed, as the record and the format file lay them out.
+// Fills each program's offset; returns the size of the fixed part of the record.
+uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names,
+                       uint32_t base, std::vector<Field> *fields);
+
+// Runs the programs and writes the argument fields (and the dynamic string data after
+// the fixed part, at `fixed_size`) into rec, which has room for `cap` bytes. Returns the
+// bytes used; *faults counts the arguments whose memory could not be read (their field
+// gets the kernel's fault form: 0 for integers, an empty __data_loc for strings).
+uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
+                   const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
+                   uint32_t *faults) noexcept;
+
+// The index in struct pt_regs of a register named as the kernel's x86-64 regs_query_
+// register_offset accepts it ("ax", "r8", "flags", ...), or -1.
+int register_index(const char *name, size_t len);
+const char *register_name(int index);
+
+} // namespace ukp::trace

@@ -1,0 +1,618 @@
+#include "trace/parse.hpp"
+
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace ukp::trace {
+
+namespace {
+
+// kstrtoull(s, base 0): the whole string, an optional leading '+'.
+bool to_u64(std::string_view s, uint64_t *out, int base = 0) {
+    if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+    if (s.empty() || !std::isxdigit(static_cast<unsigned char>(s[0]))) return false;
+    std::string buf(s);
+    char *end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(buf.c_str(), &end, base);
+    if (errno != 0 || *end != '\0') return false;
+    *out = v;
+    return true;
+}
+
+// kstrtol(s, base 0).
+bool to_s64(std::string_view s, int64_t *out) {
+    bool neg = false;
+    if (!s.empty() && s[0] == '-') { neg = true; s.remove_prefix(1); }
+    else if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+    uint64_t v = 0;
+    if (!to_u64(s, &v) || (s.size() > 0 && s[0] == '+')) return false;
+    if (v > (neg ? uint64_t(INT64_MAX) + 1 : uint64_t(INT64_MAX))) return false;
+    *out = neg ? static_cast<int64_t>(0 - v) : static_cast<int64_t>(v);
+    return true;
+}
+
+bool is_good_system_name(std::string_view s) {
+    for (char c : s)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+    return true;
+}
+
+// Kernel-style event name sanitizing: anything but [A-Za-z0-9_] becomes '_'.
+std::string sanitize(std::string s) {
+    for (char &c : s)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
+    if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0]))) s[0] = '_';
+    return s;
+}
+
+std::vector<std::string> split_words(std::string_view line, char separator) {
+    std::vector<std::string> words;
+    size_t i = 0;
+    auto is_sep = [&](char c) { return separator == ' ' ? (c == ' ' || c == '\t') : c == separator; };
+    while (i < line.size()) {
+        while (i < line.size() && is_sep(line[i])) ++i;
+        const size_t start = i;
+        while (i < line.size() && !is_sep(line[i])) ++i;
+        if (i > start) words.emplace_back(line.substr(start, i - start));
+    }
+    return words;
+}
+
+const std::string_view kReservedFields[] = {"common_type", "common_flags", "common_preempt_count",
+                                            "common_pid", "common_tgid", "__probe_ip",
+                                            "__probe_ret_ip", "__probe_func"};
+
+// The parse of one argument, as the kernel's traceprobe_parse_probe_arg.
+class ArgParser {
+public:
+    ArgParser(ProbeDef &def, Resolver &res, ProbeError *err, bool fentry, int base)
+        : def_(def), res_(res), err_(err), fentry_(fentry), base_(base) {}
+
+    int parse(std::string_view word, int index);
+
+private:
+    int fail(Err e, int off) {
+        err_->err = e;
+        err_->pos = base_ + off;
+        return -EINVAL;
+    }
+    int push(FetchOp op, int err_off) {
+        if (ops_.size() >= size_t(kMaxFetchOps - 1)) return fail(Err::TOO_MANY_OPS, err_off);
+        ops_.push_back(op);
+        return 0;
+    }
+    int parse_arg(std::string_view arg);
+    int parse_vars(std::string_view arg);
+    int parse_legacy(std::string_view arg, bool *matched);
+    int entry_arg(uint16_t n, int err_off);
+    bool find_type(std::string_view t, ArgType *type, bool *vfs);
+
+    ProbeDef &def_;
+    Resolver &res_;
+    ProbeError *err_;
+    bool fentry_;           // the probe is at a function's entry
+    int base_;              // position of this word in the command
+    int offset_ = 0;        // the kernel's ctx->offset, within the word
+    std::vector<FetchOp> ops_;
+    std::string data_;      // an immediate string
+};
+
+int ArgParser::entry_arg(uint16_t n, int err_off) {
+    for (size_t i = 0; i < def_.entry_args.size(); ++i)
+        if (def_.entry_args[i] == n) return push({Op::kEntryArg, false, uint16_t(i), 0}, err_off);
+    if (def_.entry_args.size() >= size_t(kMaxEntryArgs)) return fail(Err::TOO_MANY_EARGS, err_off);
+    def_.entry_args.push_back(n);
+    return push({Op::kEntryArg, false, uint16_t(def_.entry_args.size() - 1), 0}, err_off);
+}
+
+int ArgParser::parse_vars(std::string_view arg) {
+    constexpr uint64_t kMaxStackParam = 4096 / 8 - 1; // PARAM_MAX_STACK
+    Err e = Err::BAD_VAR;
+    if (arg == "retval") {
+        if (def_.is_return) return push({Op::kRetval}, offset_);
+        return fail(Err::RETVAL_ON_PROBE, offset_);
+    }
+    if (arg.substr(0, 5) == "stack") {
+        std::string_view rest = arg.substr(5);
+        if (rest.empty()) return push({Op::kStackAddr}, offset_);
+        uint64_t n = 0;
+        if (std::isdigit(static_cast<unsigned char>(rest[0])) && to_u64(rest, &n, 10)) {
+            if (n > kMaxStackParam) return fail(Err::BAD_STACK_NUM, offset_);
+            return push({Op::kStack, false, uint16_t(n), 0}, offset_);
+        }
+        return fail(e, offset_);
+    }
+    if (arg == "comm" || arg == "COMM") return push({Op::kComm}, offset_);
+    if (arg.substr(0, 3) == "arg") {
+        uint64_t n = 0;
+        if (!to_u64(arg.substr(3), &n, 10)) return fail(e, offset_);
+        if (n == 0 || n > kMaxStackParam) return fail(Err::BAD_ARG_NUM, offset_);
+        if (fentry_) return push({Op::kArg, false, uint16_t(n - 1), 0}, offset_);
+        if (def_.is_return) return entry_arg(uint16_t(n - 1), offset_);
+        return fail(Err::NOFENTRY_ARGS, offset_);
+    }
+    return fail(e, offset_);
+}
+
+// Seed 003's first syntax: aN, rv, ra, sN, sa.
+int ArgParser::parse_legacy(std::string_view arg, bool *matched) {
+    *matched = true;
+    uint64_t n = 0;
+    if (arg == "rv") {
+        if (!def_.is_return) return fail(Err::RETVAL_ON_PROBE, offset_);
+        return push({Op::kRetval}, offset_);
+    }
+    if (arg == "ra") {
+        if (!def_.is_return) return fail(Err::RETVAL_ON_PROBE, offset_);
+        return push({Op::kRetAddr}, offset_);
+    }
+    if (arg == "sa") return push({Op::kStackAddr}, offset_);
+    if (arg.size() > 1 && arg[0] == 's' && to_u64(arg.substr(1), &n, 10)) {
+        if (n > 4096 / 8 - 1) return fail(Err::BAD_STACK_NUM, offset_);
+        return push({Op::kStack, false, uint16_t(n), 0}, offset_);
+    }
+    if (arg.size() > 1 && arg[0] == 'a' && to_u64(arg.substr(1), &n, 10)) {
+        if (n >= 4096 / 8 - 1) return fail(Err::BAD_ARG_NUM, offset_);
+        if (def_.is_return) return entry_arg(uint16_t(n), offset_);
+        return push({Op::kArg, false, uint16_t(n), 0}, offset_); // seed 003: anywhere, best effort
+    }
+    *matched = false;
+    return 0;
+}
+
+int ArgParser::parse_arg(std::string_view arg) {
+    if (arg.empty()) return fail(Err::BAD_FETCH_ARG, offset_);
+    switch (arg[0]) {
+    case '$':
+        return parse_vars(arg.substr(1));
+    case '%': {
+        const int r = register_index(arg.data() + 1, arg.size() - 1);
+        if (r < 0) return fail(Err::BAD_REG_NAME, offset_);
+        return push({Op::kReg, false, uint16_t(r), 0}, offset_);
+    }
+    case '@': {
+        uint64_t addr = 0;
+        if (arg.size() > 1 && std::isdigit(static_cast<unsigned char>(arg[1]))) {
+            if (!to_u64(arg.substr(1), &addr)) return fail(Err::BAD_MEM_ADDR, offset_);
+        } else if (arg.size() > 1 && arg[1] == '+') {
+            // A file offset in the probed file: only with the PATH:OFFSET form.
+            if (def_.where != Where::kFile) return fail(Err::FILE_ON_KPROBE, offset_);
+            int64_t off = 0;
+            if (!to_s64(arg.substr(2), &off) || off < 0) return fail(Err::BAD_FILE_OFFS, offset_);
+            if (res_.resolve_file_offset(def_.path, uint64_t(off), &addr) != 0)
+                return fail(Err::BAD_FILE_OFFS, offset_);
+        } else {
+            std::string sym(arg.substr(1));
+            int64_t off = 0;
+            const size_t colon = sym.rfind(':');
+            const size_t pm = sym.find_first_of("+-", colon == std::string::npos ? 0 : colon + 1);
+            if (pm != std::string::npos) {
+                if (!to_s64(std::string_view(sym).substr(pm), &off)) return fail(Err::BAD_MEM_ADDR, offset_);
+                sym.resize(pm);
+            }
+            if (sym.empty() || res_.resolve_data(sym, &addr) != 0) return fail(Err::BAD_MEM_ADDR, offset_);
+            addr += static_cast<uint64_t>(off);
+        }
+        if (int r = push({Op::kImm, false, 0, static_cast<int64_t>(addr)}, offset_)) return r;
+        return push({Op::kDeref, false, 0, 0}, offset_);
+    }
+    case '+':
+    case '-': {
+        // Mirrors the kernel's in-place rewriting, so that carets land where its do.
+        std::string a(arg);
+        bool user = false;
+        size_t p = 0;
+        if (a.size() > 1 && a[1] == 'u') {
+            user = true;
+            a[1] = a[0];
+            p = 1;
+        }
+        if (a[p] == '+') ++p;
+        std::string_view s = std::string_view(a).substr(p);
+        const size_t open = s.find('(');
+        if (open == std::string_view::npos) return fail(Err::DEREF_NEED_BRACE, offset_);
+        int64_t off = 0;
+        if (!to_s64(s.substr(0, open), &off)) return fail(Err::BAD_DEREF_OFFS, offset_);
+        offset_ += int(open + 1) + (s[0] != '-' ? 1 : 0);
+        std::string_view inner = s.substr(open + 1);
+        const size_t close = inner.rfind(')');
+        if (close == std::string_view::npos) return fail(Err::DEREF_OPEN_BRACE, offset_ + int(inner.size()));
+        const int cur = offset_;
+        if (int r = parse_arg(inner.substr(0, close))) return r;
+        offset_ = cur;
+        if (ops_.back().op == Op::kComm || ops_.back().op == Op::kData)
+            return fail(Err::COMM_CANT_DEREF, offset_);
+        return push({Op::kDeref, user, 0, off}, offset_);
+    }
+    case '\\':
+        if (arg.size() > 1 && arg[1] == '"') {
+            std::string_view s = arg.substr(2);
+            if (s.empty() || s.back() != '"') return fail(Err::IMMSTR_NO_CLOSE, offset_ + 2 + int(s.size()));
+            data_ = std::string(s.substr(0, s.size() - 1));
+            return push({Op::kData}, offset_);
+        } else {
+            std::string_view s = arg.substr(1);
+            uint64_t v = 0;
+            int64_t sv = 0;
+            bool ok = false;
+            if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0]))) ok = to_u64(s, &v);
+            else if (!s.empty() && s[0] == '-') { ok = to_s64(s, &sv); v = uint64_t(sv); }
+            else if (!s.empty() && s[0] == '+') { ok = to_s64(s.substr(1), &sv); v = uint64_t(sv); }
+            if (!ok) return fail(Err::BAD_IMM, offset_ + 1);
+            return push({Op::kImm, false, 0, static_cast<int64_t>(v)}, offset_);
+        }
+    default:
+        if (std::isalpha(static_cast<unsigned char>(arg[0])) || arg[0] == '_') {
+            bool matched = false;
+            if (int r = parse_legacy(arg, &matched)) return r;
+            if (matched) return 0;
+            return fail(Err::NOSUP_BTFARG, offset_);
+        }
+        return fail(Err::BAD_FETCH_ARG, offset_);
+    }
+}
+
+bool ArgParser::find_type(std::string_view t, ArgType *type, bool *vfs) {
+    *vfs = false;
+    type->name = std::string(t);
+    if (t.empty()) return false;
+    if (t == "%pd" || t == "%pD") {
+        *vfs = true;
+        return false;
+    }
+    auto bits_of = [](std::string_view s, uint8_t *size) {
+        if (s == "8") *size = 1;
+        else if (s == "16") *size = 2;
+        else if (s == "32") *size = 4;
+        else if (s == "64") *size = 8;
+        else return false;
+        return true;
+    };
+    if (t[0] == 'u' || t[0] == 's' || t[0] == 'x') {
+        if (t == "string" || t == "symbol" || t == "symstr" || t == "ustring") {
+            // handled below
+        } else {
+            type->kind = t[0] == 'u' ? Kind::kUnsigned : t[0] == 's' ? Kind::kSigned : Kind::kHex;
+            return bits_of(t.substr(1), &type->size);
+        }
+    }
+    if (t == "char") { type->kind = Kind::kChar; type->size = 1; return true; }
+    if (t == "string" || t == "ustring") {
+        type->kind = Kind::kString;
+        type->size = 4;
+        type->user = t[0] == 'u';
+        return true;
+    }
+    if (t == "symbol") { type->kind = Kind::kSymbol; type->size = 8; return true; }
+    if (t == "symstr") { type->kind = Kind::kSymStr; type->size = 4; return true; }
+    if (t[0] == 'b') {
+        const size_t slash = t.rfind('/');
+        uint64_t c = 0;
+        if (slash == std::string_view::npos || !to_u64(t.substr(slash + 1), &c)) return false;
+        type->kind = Kind::kUnsigned;
+        type->bitfield = true;
+        return bits_of(std::to_string(c), &type->size);
+    }
+    return false;
+}
+
+int ArgParser::parse(std::string_view word, int index) {
+    ArgDef ad;
+    std::string_view body = word;
+    const size_t eq = word.find('=');
+    if (eq != std::string_view::npos) {
+        if (eq > kMaxArgNameLen) return fail(Err::ARG_NAME_TOO_LONG, 0);
+        if (eq == 0) return fail(Err::NO_ARG_NAME, 0);
+        ad.name = std::string(word.substr(0, eq));
+        body = word.substr(eq + 1);
+    } else {
+        ad.name = "arg" + std::to_string(index + 1);
+    }
+    if (!is_good_name(ad.name)) return fail(Err::BAD_ARG_NAME, 0);
+    for (std::string_view r : kReservedFields)
+        if (ad.name == r) return fail(Err::USED_ARG_NAME, 0);
+    for (const ArgDef &o : def_.args)
+        if (o.name == ad.name) return fail(Err::USED_ARG_NAME, 0);
+    offset_ = int(body.data() - word.data());
+    const int body_at = offset_;
+    if (body.size() > kMaxArgStrLen) return fail(Err::ARG_TOO_LONG, offset_);
+    if (body.empty()) return fail(Err::NO_ARG_BODY, offset_);
+    ad.text = std::string(body);
+
+    // FETCHARG[:TYPE[[N]]]; an immediate string may hold ':' itself.
+    std::string_view arg = body, t;
+    bool has_type = false;
+    size_t colon = std::string_view::npos;
+    if (body.size() > 1 && body[0] == '\\' && body[1] == '"') {
+        const size_t q = body.rfind('"');
+        if (q > 1) colon = body.find(':', q);
+    } else {
+        colon = body.find(':');
+    }
+    if (colon != std::string_view::npos) {
+        arg = body.substr(0, colon);
+        t = body.substr(colon + 1);
+        has_type = true;
+    }
+    const int t_off = has_type ? body_at + int(colon + 1) : 0; // offset + (t - arg)
+    ArgType type;
+    if (has_type) {
+        const size_t lb = t.find('[');
+        if (lb != std::string_view::npos) {
+            std::string_view n = t.substr(lb + 1);
+            const size_t rb = n.find(']');
+            const int n_off = t_off + int(lb + 1);
+            if (rb == std::string_view::npos) return fail(Err::ARRAY_NO_CLOSE, n_off + int(n.size()));
+            if (rb + 1 != n.size()) return fail(Err::BAD_ARRAY_SUFFIX, n_off + int(rb + 1));
+            uint64_t cnt = 0;
+            if (!to_u64(n.substr(0, rb), &cnt) || cnt == 0) return fail(Err::BAD_ARRAY_NUM, n_off);
+            if (cnt > uint64_t(kMaxArrayLen)) return fail(Err::ARRAY_TOO_BIG, n_off);
+            type.array_len = uint8_t(cnt);
+            t = t.substr(0, lb);
+        }
+    }
+    const bool special = arg == "$comm" || arg == "$COMM" || arg.substr(0, 2) == "\\\"";
+    if (special) {
+        if (type.array_len > 0 || (has_type && t != "string")) return fail(Err::NEED_STRING_TYPE, t_off);
+        type.kind = Kind::kString;
+        type.size = 4;
+        type.name = has_type ? "string" : "";
+    } else if (has_type) {
+        const uint8_t cnt = type.array_len;
+        bool vfs = false;
+        if (!find_type(t, &type, &vfs)) return fail(vfs ? Err::NO_VFS_TYPE : Err::BAD_TYPE, t_off);
+        type.array_len = cnt;
+    }
+
+    if (int r = parse_arg(arg)) return r;
+
+    FetchProgram &p = ad.prog;
+    const Op last = ops_.back().op;
+    const bool str = type.kind == Kind::kString || type.kind == Kind::kSymStr;
+    if (str) {
+        if (type.kind == Kind::kSymStr) {
+            if (last != Op::kReg && last != Op::kStack && last != Op::kRetval && last != Op::kArg &&
+                last != Op::kEntryArg && last != Op::kDeref)
+                return fail(Err::BAD_SYMSTRING, t_off);
+            p.store = Store::kSymStr;
+        } else {
+            if (last != Op::kDeref && last != Op::kImm && last != Op::kComm && last != Op::kData)
+                return fail(Err::BAD_STRING, t_off);
+            if (last == Op::kDeref) {
+                p.mem_offset = ops_.back().imm;
+                ops_.pop_back();
+                p.deref_string = true;
+            }
+            p.store = type.array_len > 0 ? Store::kStringArray : Store::kString;
+        }
+    } else if (last == Op::kDeref) {
+        p.mem_offset = ops_.back().imm;
+        ops_.pop_back();
+        p.store = Store::kMem;
+    } else {
+        p.store = Store::kRaw;
+    }
+    if (type.bitfield) {
+        // b<width>@<offset>/<container>
+        std::string_view b = t.substr(1);
+        const size_t at = b.find('@'), slash = b.rfind('/');
+        uint64_t bw = 0, bo = 0;
+        if (at == std::string_view::npos || slash == std::string_view::npos || slash < at ||
+            !to_u64(b.substr(0, at), &bw) || bw == 0 || !to_u64(b.substr(at + 1, slash - at - 1), &bo) ||
+            bw + bo > uint64_t(type.size) * 8)
+            return fail(Err::BAD_BITFIELD, t_off);
+        type.bf_width = uint8_t(bw);
+        type.bf_offset = uint8_t(bo);
+    }
+    if (type.array_len > 0 && p.store != Store::kMem && p.store != Store::kString &&
+        p.store != Store::kStringArray)
+        return fail(Err::BAD_STRING, t_off);
+    if (type.array_len > 0 && p.store == Store::kString) {
+        // string[N] on an immediate address: N pointers stored there.
+        p.store = Store::kStringArray;
+    }
+    for (size_t i = 0; i < ops_.size(); ++i) p.ops[i] = ops_[i];
+    p.nops = uint8_t(ops_.size());
+    p.type = type;
+    p.data = data_;
+    def_.args.push_back(std::move(ad));
+    return 0;
+}
+
+// Splits "GRP/EVENT" (or "GRP.EVENT"); offset: where it starts in the command.
+int parse_event_name(std::string_view s, ProbeDef *def, bool *named, ProbeError *err, int offset) {
+    auto fail = [&](Err e, int pos) { err->err = e; err->pos = pos; return -EINVAL; };
+    size_t slash = s.find('/');
+    if (slash == std::string_view::npos) slash = s.find('.');
+    if (slash != std::string_view::npos) {
+        if (slash == 0) return fail(Err::NO_GROUP_NAME, offset);
+        if (slash + 1 > kMaxEventNameLen) return fail(Err::GROUP_TOO_LONG, offset);
+        std::string_view g = s.substr(0, slash);
+        if (!is_good_system_name(g)) return fail(Err::BAD_GROUP_NAME, offset);
+        def->group = std::string(g);
+        offset += int(slash + 1);
+        s = s.substr(slash + 1);
+    }
+    if (s.empty()) {
+        if (slash != std::string_view::npos) { *named = false; return 0; }
+        return fail(Err::NO_EVENT_NAME, offset);
+    }
+    if (s.size() >= kMaxEventNameLen) return fail(Err::EVENT_TOO_LONG, offset);
+    if (!is_good_name(s)) return fail(Err::BAD_EVENT_NAME, offset);
+    def->event = std::string(s);
+    *named = true;
+    return 0;
+}
+
+} // namespace
+
+bool is_good_name(std::string_view s) {
+    if (s.empty() || (!std::isalpha(static_cast<unsigned char>(s[0])) && s[0] != '_')) return false;
+    for (char c : s)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+    return true;
+}
+
+std::string ProbeDef::location_text() const {
+    char buf[64];
+    switch (where) {
+    case Where::kAddress:
+        std::snprintf(buf, sizeof buf, "0x%" PRIx64, addr);
+        return buf;
+    case Where::kFile:
+        std::snprintf(buf, sizeof buf, ":0x%016" PRIx64, offset);
+        return path + buf;
+    case Where::kSymbol:
+        break;
+    }
+    if (offset != 0) return symbol + "+" + std::to_string(offset);
+    return symbol;
+}
+
+std::string ProbeDef::show() const {
+    std::string s(1, is_return ? 'r' : 'p');
+    if (is_return && maxactive > 0) s += std::to_string(maxactive);
+    s += ":" + group + "/" + event + " " + location_text();
+    for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
+    return s;
+}
+
+int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err,
+                     char separator) {
+    *def = ProbeDef{};
+    std::vector<std::string> argv = split_words(line, separator);
+    for (size_t i = 0; i < argv.size(); ++i) def->command += (i ? " " : "") + argv[i];
+    std::vector<int> word_at(argv.size(), 0);
+    for (size_t i = 1; i < argv.size(); ++i) word_at[i] = word_at[i - 1] + int(argv[i - 1].size()) + 1;
+    auto fail = [&](Err e, size_t word, int off) {
+        err->err = e;
+        err->pos = word_at[word] + off;
+        err->logged = true;
+        return -EINVAL;
+    };
+    err->logged = false; // a line that is no definition at all leaves no log entry
+    if (argv.empty()) return -EINVAL;
+    const std::string &a0 = argv[0];
+
+    if (a0[0] == '-') {
+        // "-:[GRP/]EVENT": the caller looks the event up.
+        if (a0.size() < 2 || a0[1] != ':') return -EINVAL;
+        bool named = false;
+        def->remove = true;
+        if (parse_event_name(std::string_view(a0).substr(2), def, &named, err, 2) != 0 || !named) {
+            err->logged = false;
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (a0[0] != 'p' && a0[0] != 'r') return -EINVAL;
+    if (argv.size() < 2) return -EINVAL;
+    def->is_return = a0[0] == 'r';
+    const size_t colon = a0.find(':', 1);
+    if (a0.size() > 1 && std::isdigit(static_cast<unsigned char>(a0[1]))) {
+        if (!def->is_return) return fail(Err::BAD_MAXACT_TYPE, 0, 1);
+        const std::string_view num = std::string_view(a0).substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
+        if (num.size() > kMaxEventNameLen - 1) return fail(Err::BAD_MAXACT, 0, 1);
+        uint64_t n = 0;
+        if (!to_u64(num, &n) || n == 0) return fail(Err::BAD_MAXACT, 0, 1);
+        if (n > uint64_t(kMaxActive)) return fail(Err::MAXACT_TOO_BIG, 0, 1);
+        def->maxactive = int(n);
+    } else if (a0.size() > 1 && colon != 1) {
+        return -EINVAL; // "px ...": not a command the kernel knows
+    }
+
+    // The probe point.
+    const std::string &a1 = argv[1];
+    bool fentry = false;
+    uint64_t addr = 0;
+    if (to_u64(a1, &addr) && a1[0] != '+') {
+        def->where = Where::kAddress;
+        def->addr = addr;
+        fentry = resolver.function_entry(addr);
+        if (def->is_return && !fentry) return fail(Err::BAD_RETPROBE, 1, 0);
+    } else if (a1.find('/') != std::string::npos && a1.find(':') != std::string::npos) {
+        // The kernel's uprobe_events form: PATH:OFFSET[%return].
+        std::string spec = a1;
+        const size_t pct = spec.find('%');
+        if (pct != std::string::npos) {
+            if (spec.substr(pct) != "%return") return fail(Err::BAD_ADDR_SUFFIX, 1, int(pct));
+            def->is_return = true;
+            spec.resize(pct);
+        }
+        const size_t c = spec.rfind(':');
+        def->where = Where::kFile;
+        def->path = spec.substr(0, c);
+        uint64_t off = 0;
+        if (!to_u64(std::string_view(spec).substr(c + 1), &off)) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));
+        def->offset = off;
+        const int r = resolver.resolve_file_offset(def->path, off, &def->addr);
+        if (r == -ENOENT) return fail(Err::FILE_NOT_FOUND, 1, 0);
+        if (r != 0) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));
+        fentry = resolver.function_entry(def->addr);
+    } else {
+        std::string sym = a1;
+        const size_t pct = sym.find('%');
+        if (pct != std::string::npos) {
+            if (sym.substr(pct) != "%return") return fail(Err::BAD_ADDR_SUFFIX, 1, int(pct));
+            sym.resize(pct);
+            def->is_return = true;
+        }
+        // SYM+offs: the offset follows the module's ':' ("ld-linux-x86-64.so.2:f+4").
+        const size_t mcolon = sym.find(':');
+        const size_t pm = sym.find_first_of("+-", mcolon == std::string::npos ? 0 : mcolon + 1);
+        int64_t off = 0;
+        if (pm != std::string::npos) {
+            if (!to_s64(std::string_view(sym).substr(pm), &off)) return fail(Err::BAD_PROBE_ADDR, 1, 0);
+            sym.resize(pm);
+        }
+        if (off < 0 || off > int64_t(UINT32_MAX) || sym.empty()) return fail(Err::BAD_PROBE_ADDR, 1, 0);
+        def->where = Where::kSymbol;
+        def->symbol = sym;
+        def->offset = uint64_t(off);
+        if (resolver.resolve_code(sym, def->offset, &def->addr) != 0) return fail(Err::BAD_PROBE_ADDR, 1, 0);
+        if (def->is_return && off != 0) return fail(Err::BAD_RETPROBE, 1, 0);
+        fentry = off == 0;
+    }
+    if (def->is_return) fentry = false;
+
+    bool named = false;
+    if (colon != std::string::npos) {
+        if (parse_event_name(std::string_view(a0).substr(colon + 1), def, &named, err, int(colon + 1)) != 0) {
+            err->logged = true;
+            return -EINVAL;
+        }
+    }
+    if (!named) {
+        char buf[kMaxEventNameLen];
+        const char t = def->is_return ? 'r' : 'p';
+        if (def->where == Where::kSymbol) {
+            std::snprintf(buf, sizeof buf, "%c_%s_%" PRIu64, t, def->symbol.c_str(), def->offset);
+        } else if (def->where == Where::kAddress) {
+            std::snprintf(buf, sizeof buf, "%c_0x%" PRIx64, t, def->addr);
+        } else {
+            // As the kernel's uprobe tracer: the file's base name up to its first . - or _.
+            std::string base = def->path.substr(def->path.rfind('/') + 1);
+            base = base.substr(0, base.find_first_of(".-_"));
+            std::snprintf(buf, sizeof buf, "%c_%s_0x%" PRIx64, t, base.c_str(), def->offset);
+        }
+        def->event = sanitize(buf);
+    }
+
+    const size_t nargs = argv.size() - 2;
+    if (nargs > size_t(kMaxArgs)) return fail(Err::TOO_MANY_ARGS, 2, 0);
+    for (size_t i = 0; i < nargs; ++i) {
+        ArgParser ap(*def, resolver, err, fentry, word_at[i + 2]);
+        if (ap.parse(argv[i + 2], int(i)) != 0) {
+            err->logged = true;
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+} // namespace ukp::trace

@@ -1,0 +1,81 @@
+// The kprobe_events language: one definition line -> a probe definition with compiled
+// fetch programs, or the kernel's error identifier and caret position.
+//
+//   p[:[GRP/][EVENT]] [MOD:]SYM[+offs]|MEMADDR|PATH:OFFSET [FETCHARGS]
+//   r[MAXACTIVE][:[GRP/][EVENT]] [MOD:]SYM[+0]|PATH:OFFSET [FETCHARGS]
+//   p[:[GRP/][EVENT]] [MOD:]SYM[+0]%return [FETCHARGS]
+//   -:[GRP/][EVENT]
+//
+// plus seed 003's first syntax for arguments (aN, rv, ra, sN, sa).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trace/errors.hpp"
+#include "trace/fetch.hpp"
+
+namespace ukp::trace {
+
+inline constexpr size_t kMaxEventNameLen = 64; // MAX_EVENT_NAME_LEN
+inline constexpr size_t kMaxArgNameLen = 32;   // MAX_ARG_NAME_LEN
+inline constexpr size_t kMaxArgStrLen = 63;    // MAX_ARGSTR_LEN
+inline constexpr int kMaxActive = 4096;        // KRETPROBE_MAXACTIVE_MAX
+inline constexpr const char *kDefaultGroup = "kprobes";
+
+// What the parser asks of the process: symbols and mappings.
+struct Resolver {
+    virtual ~Resolver() = default;
+    // "sym" or "MOD:sym" + offset -> address; 0 or -ENOENT (-EINVAL for a bad spec).
+    virtual int resolve_code(std::string_view spec, uint64_t offset, uint64_t *addr) = 0;
+    // A data symbol "sym" or "MOD:sym" -> its address; 0 or -ENOENT.
+    virtual int resolve_data(std::string_view spec, uint64_t *addr) = 0;
+    // A file and an offset in it -> the address it is mapped at; 0, -ENOENT (no such
+    // file mapped), -ERANGE (the offset is not mapped).
+    virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr) = 0;
+    // Whether addr is the first instruction of a function.
+    virtual bool function_entry(uint64_t addr) = 0;
+};
+
+// One argument of a definition.
+struct ArgDef {
+    std::string name; // given with NAME=, else argN (N counted from 1)
+    std::string text; // the expression as written, kept for the kprobe_events file
+    FetchProgram prog;
+};
+
+enum class Where : uint8_t { kSymbol, kAddress, kFile };
+
+struct ProbeDef {
+    bool remove = false;      // "-:[GRP/]EVENT"
+    bool is_return = false;
+    int maxactive = 0;        // r<N>: 0 for the default
+    std::string group = kDefaultGroup;
+    std::string event;        // generated when not given
+    Where where = Where::kSymbol;
+    std::string symbol;       // kSymbol: "sym" or "MOD:sym"
+    uint64_t offset = 0;      // kSymbol: +offs; kFile: the file offset
+    std::string path;         // kFile
+    uint64_t addr = 0;        // resolved address of the probe point
+    std::vector<ArgDef> args;
+    std::vector<uint16_t> entry_args; // $argN (0-based) a return probe saves at entry
+    std::string command;      // the words joined by single spaces, as error_log shows it
+    // The location as the kprobe_events file shows it ("do_sys_open", "f+4", "0x...",
+    // "/bin/prog:0x0000000000001139").
+    std::string location_text() const;
+    // The full line as the kprobe_events file shows it.
+    std::string show() const;
+};
+
+// Parses one line (no newline, comments already removed). `args` splits the words: the
+// kprobe_events form uses blanks, the process-start form commas. 0, or -EINVAL with
+// *err filled in; -ENOENT for a "-:" of no event is left to the caller (it cannot know).
+int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err,
+                     char separator = ' ');
+
+// Whether a name follows the C identifier rule (the kernel's is_good_name).
+bool is_good_name(std::string_view s);
+
+} // namespace ukp::trace
