@@ -144,6 +144,18 @@ std::string snapshot_text_of(const RingView &v, bool allocated, const EventPrint
     return out;
 }
 
+std::string trace_pipe_text_of(const RingView &v, const EventPrinter &print, size_t max_bytes) {
+    std::string out, line;
+    Names names(v);
+    RingEntry e;
+    while (out.size() < max_bytes && ring_consume(v, &e)) {
+        line.clear();
+        append_entry(e, names, print, line);
+        out += line;
+    }
+    return out;
+}
+
 std::string trace_text(const EventPrinter &print) {
     // Records are copied under the lock and printed after it: a printer may call back.
     std::vector<RingEntry> entries;

@@ -28,6 +28,9 @@ std::string snapshot_text(const EventPrinter &);
 // The same for a region mapped by a reader in another process (the CLI).
 std::string trace_text_of(const RingView &, const EventPrinter &);
 std::string snapshot_text_of(const RingView &, bool allocated, const EventPrinter &);
+// trace_pipe without waiting: consumes records of the view while the text is shorter
+// than max_bytes (whole lines: the last one may end past max_bytes).
+std::string trace_pipe_text_of(const RingView &, const EventPrinter &, size_t max_bytes);
 
 // Pieces, exposed for tests and other readers.
 // "# tracer: nop" ... the column legend, with the entries line.

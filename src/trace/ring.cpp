@@ -44,7 +44,7 @@ struct Region {
 
 std::mutex g_mu;                    // control operations and in-process readers
 std::atomic<Region *> g_main{nullptr};
-Region *g_snap = nullptr;           // under g_mu
+std::atomic<Region *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
 std::atomic<bool> g_on{true};
 uint64_t g_kb = kDefaultKb;         // under g_mu
 uint32_t g_slots = kDefaultSlots;   // under g_mu
@@ -109,24 +109,8 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     return r;
 }
 
-// Unbacks a replaced region's memory; its mapping stays (see Region).
-void retire_region(Region *r) {
-    if (r == nullptr) return;
-    // Stragglers that were between reserve and commit finish first (bounded wait).
-    for (int spin = 0; spin < 2000; ++spin) {
-        bool idle = true;
-        for (uint32_t i = 0; i < r->hdr()->slot_count && idle; ++i)
-            idle = r->slot(i)->busy.load(std::memory_order_acquire) == 0;
-        if (idle) break;
-        usleep(50);
-    }
-    const size_t keep = r->hdr()->header_size;
-    madvise(r->base + align_up(keep, 4096), r->size - align_up(keep, 4096), MADV_REMOVE);
-    close(r->fd);
-    r->fd = -1;
-}
-
-// Waits until no writer is inside `r` (it is no longer the main region).
+// Waits (boundedly) until no writer is between reserve and commit in `r`, which is no
+// longer the main region.
 void wait_writers(Region *r) {
     for (int spin = 0; spin < 2000; ++spin) {
         bool idle = true;
@@ -135,6 +119,16 @@ void wait_writers(Region *r) {
         if (idle) return;
         usleep(50);
     }
+}
+
+// Unbacks a replaced region's memory; its mapping stays (see Region).
+void retire_region(Region *r) {
+    if (r == nullptr) return;
+    wait_writers(r);
+    const uint64_t keep = align_up(r->hdr()->header_size, 4096);
+    madvise(r->base + keep, r->size - keep, MADV_REMOVE);
+    close(r->fd);
+    r->fd = -1;
 }
 
 void thread_exit(void *) {
@@ -163,7 +157,7 @@ void after_fork_child() {
     const RingHeader *h = r->hdr();
     Region *fresh = make_region(h->data_size / 1024, h->slot_count);
     g_main.store(fresh, std::memory_order_release);
-    g_snap = nullptr;
+    g_snap.store(nullptr, std::memory_order_relaxed);
     t_w.slot = nullptr;
 }
 
@@ -344,18 +338,20 @@ uint64_t buffer_size_kb() {
 }
 
 namespace {
+void lock_swap();
+void unlock_swap();
 int replace_main_locked(uint64_t kb, uint32_t slots) {
     if (int err = init_locked(); err != 0) return err;
     Region *fresh = make_region(kb, slots);
     if (fresh == nullptr) return -ENOMEM;
+    lock_swap();
     Region *old = g_main.exchange(fresh, std::memory_order_acq_rel);
+    Region *snap = g_snap.exchange(nullptr, std::memory_order_acq_rel); // must match the new geometry
+    unlock_swap();
     g_kb = kb;
     g_slots = slots;
     retire_region(old);
-    if (g_snap != nullptr) { // the snapshot must match the main buffers' geometry
-        retire_region(g_snap);
-        g_snap = nullptr;
-    }
+    retire_region(snap);
     return 0;
 }
 } // namespace
@@ -382,39 +378,73 @@ void ring_clear() {
     if (Region *r = g_main.load(std::memory_order_acquire)) ring_clear_view(r->view());
 }
 
-int snapshot_take() {
-    std::lock_guard lock(g_mu);
+namespace {
+// Held while the main and snapshot regions change places (also from a probe hit).
+std::atomic<bool> g_swap_busy{false};
+bool try_lock_swap() {
+    bool expected = false;
+    return g_swap_busy.compare_exchange_strong(expected, true, std::memory_order_acquire);
+}
+void lock_swap() {
+    while (!try_lock_swap()) sched_yield();
+}
+void unlock_swap() { g_swap_busy.store(false, std::memory_order_release); }
+
+int snapshot_alloc_locked() {
     if (int err = init_locked(); err != 0) return err;
+    if (g_snap.load(std::memory_order_acquire) != nullptr) return 0;
     Region *main = g_main.load(std::memory_order_acquire);
-    if (g_snap == nullptr) {
-        g_snap = make_region(main->cap / 1024, main->hdr()->slot_count);
-        if (g_snap == nullptr) return -ENOMEM;
+    Region *spare = make_region(main->cap / 1024, main->hdr()->slot_count);
+    if (spare == nullptr) return -ENOMEM;
+    g_snap.store(spare, std::memory_order_release);
+    return 0;
+}
+} // namespace
+
+int snapshot_alloc() {
+    std::lock_guard lock(g_mu);
+    return snapshot_alloc_locked();
+}
+
+bool snapshot_swap() {
+    if (!try_lock_swap()) return false;
+    Region *spare = g_snap.load(std::memory_order_acquire);
+    Region *main = g_main.load(std::memory_order_acquire);
+    if (spare == nullptr || main == nullptr) {
+        unlock_swap();
+        return false;
     }
-    // The spare becomes the main buffers; its slots are free for the threads to claim.
-    Region *spare = g_snap;
+    // The spare's buffers are free for the threads to claim again; writers still in the
+    // old main finish their record there (it becomes part of the snapshot).
     for (uint32_t i = 0; i < spare->hdr()->slot_count; ++i)
         spare->slot(i)->owner.store(0, std::memory_order_relaxed);
     g_main.store(spare, std::memory_order_release);
-    wait_writers(main);
-    g_snap = main;
+    g_snap.store(main, std::memory_order_release);
+    unlock_swap();
+    return true;
+}
+
+int snapshot_take() {
+    std::lock_guard lock(g_mu);
+    if (int err = snapshot_alloc_locked(); err != 0) return err;
+    while (!snapshot_swap()) sched_yield(); // a probe hit's swap is under way
     return 0;
 }
 
 void snapshot_clear() {
     std::lock_guard lock(g_mu);
-    if (g_snap != nullptr) ring_clear_view(g_snap->view());
+    if (Region *r = g_snap.load(std::memory_order_acquire)) ring_clear_view(r->view());
 }
 
 void snapshot_free() {
     std::lock_guard lock(g_mu);
-    retire_region(g_snap);
-    g_snap = nullptr;
+    lock_swap();
+    Region *r = g_snap.exchange(nullptr, std::memory_order_acq_rel);
+    unlock_swap();
+    retire_region(r);
 }
 
-bool snapshot_allocated() {
-    std::lock_guard lock(g_mu);
-    return g_snap != nullptr;
-}
+bool snapshot_allocated() { return g_snap.load(std::memory_order_acquire) != nullptr; }
 
 int ring_memfd(size_t *size) {
     std::lock_guard lock(g_mu);
@@ -426,9 +456,10 @@ int ring_memfd(size_t *size) {
 
 int snapshot_memfd(size_t *size) {
     std::lock_guard lock(g_mu);
-    if (g_snap == nullptr) return -1;
-    if (size != nullptr) *size = g_snap->size;
-    return g_snap->fd;
+    Region *r = g_snap.load(std::memory_order_acquire);
+    if (r == nullptr) return -1;
+    if (size != nullptr) *size = r->size;
+    return r->fd;
 }
 
 void ring_lock_views() {
@@ -442,7 +473,10 @@ RingView ring_main_view() {
     return r != nullptr ? r->view() : RingView{};
 }
 
-RingView ring_snapshot_view() { return g_snap != nullptr ? g_snap->view() : RingView{}; }
+RingView ring_snapshot_view() {
+    Region *r = g_snap.load(std::memory_order_acquire);
+    return r != nullptr ? r->view() : RingView{};
+}
 
 // ---- Reading ----
 

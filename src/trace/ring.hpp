@@ -51,6 +51,11 @@ void ring_clear();
 // swap them with the main ones (writing 1); clear: empty the snapshot (any other
 // number); free: release it (writing 0). 0 or -errno.
 int snapshot_take();
+// For the snapshot trigger: allocate the spare when the trigger is set (control side),
+// then swap from the probe hit (lock-free, no system call; false, doing nothing, when
+// no spare is allocated or another swap is under way).
+int snapshot_alloc();
+bool snapshot_swap();
 void snapshot_clear();
 void snapshot_free();
 bool snapshot_allocated();
