@@ -223,6 +223,20 @@ int ukp_set_fork_policy(int policy);
 int ukp_kprobes_enabled(void);
 int ukp_set_kprobes_enabled(int on);
 
+/*
+ * Jump optimization, the kernel's debug.kprobes_optimization sysctl. On (the default), a
+ * background optimizer replaces the int3 of a probe point with a 5-byte jmp to a detour
+ * when the point's probes have no post_handler and no jprobe, all are enabled, no other
+ * probe lies in the replaced region and the region passes the safety checks; kprobes/list
+ * shows such probes [OPTIMIZED]. ukp_set_kprobes_optimization(0) puts every int3 back
+ * before it returns; (1) lets the optimizer at them again. Returns 0 or -errno.
+ * ukp_optimizer_flush() returns once the optimizer has been through the work queued
+ * before the call.
+ */
+int ukp_set_kprobes_optimization(int on);
+int ukp_kprobes_optimization(void);
+void ukp_optimizer_flush(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,7 @@
 
 #include <ukprobes/kprobes.h>
 
+#include "arch/x86_64/detour.hpp"
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
@@ -10,6 +11,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <signal.h>
 #include <string>
 #include <utility>
@@ -36,6 +39,18 @@ struct Point {
     uint64_t post = 0;        // copy that runs the instruction, then the post trampoline
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
     bool armed = false;       // int3 in place; changed under the registry mutex
+    // Jump optimization (optimizer.cpp). The detour is built when the point is prepared,
+    // if the region check passes, and kept for the life of the process.
+    uint64_t detour = 0;        // its slot (text::kSlotSize bytes, the Point * first), or 0
+    uint64_t detour_code = 0;   // the detour's entry (detour + 16)
+    arch::DetourLayout layout;  // where the relocated region is in it
+    uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)
+    // The detour's relocated region while the breakpoint path runs it instead of the
+    // first instruction alone (so no thread ever enters the region past its first byte);
+    // 0 once another probe went inside the region, for good.
+    std::atomic<uint64_t> dcr_copy{0};
+    bool optimized = false;     // the jmp is in place; changed under the registry mutex
+    bool queued = false;        // waiting for the optimizer; under the registry mutex
     std::string object_name;  // for kprobes/list
     std::string symbol;       // "sym", for kprobes/list
     uint64_t symbol_offset = 0;
@@ -67,6 +82,37 @@ struct ThreadState {
     uint32_t hit_position;  // the running handler's probe's position in the point's list
 };
 ThreadState &thread_state();
+
+// ---- jump optimization (optimizer.cpp) ------------------------------------------------
+// All but the last two are called with the registry mutex held.
+
+// Builds pt's detour if a jump may replace the region at pt->addr in fn
+// [fn_start, fn_start + fn_size) of the object loaded at `bias`; no error if not.
+void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
+                 const std::vector<uint64_t> &other_symbols);
+// pt's probes, arming or the knobs changed: unoptimizes it if it no longer qualifies,
+// queues it for the optimizer if it does. With `disarming`, it is about to lose its int3.
+void opt_update(Point *pt, bool disarming = false);
+// A point is about to be armed at addr: no optimized region or region copy may cover it.
+void opt_before_arming(uint64_t addr);
+// Puts the region's bytes back (int3 at the first byte). 0 or -errno.
+int opt_unoptimize(Point *pt);
+// The code of an optimized region, original bytes in place, for read_original.
+void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);
+// After fork() in the child: the optimizer thread did not come along.
+void opt_after_fork_child();
+// Where a thread that reached `ip` (inside pt's region) goes on, in the relocated copy;
+// ip itself when the breakpoint path does not run the copy. Async-signal-safe.
+uint64_t into_copy(const Point *pt, uint64_t ip);
+// The original address of the region instruction whose copy starts at ip, or 0.
+uint64_t copy_to_original(const Point *pt, uint64_t ip);
+
+// Registry services for the optimizer (registry.cpp).
+std::mutex &registry_mutex();
+std::map<uint64_t, Point *> &all_points();
+int read_original_code(uint64_t addr, uint8_t *buf, size_t n);
+
+extern std::atomic<bool> g_opt_enabled; // debug.kprobes_optimization
 
 // Global knobs (kprobes/enabled).
 extern std::atomic<bool> g_kprobes_enabled;

@@ -195,6 +195,10 @@ void handler_faulted(kprobe *p, pt_regs *regs, const pt_regs &at_hit) {
 // (recursion, disabled or unregistered probes, a late hit on a removed int3).
 // Returns false if a branch's emulation faulted (*fault_addr says where).
 bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
+    if (const uint64_t copy = pt->dcr_copy.load(std::memory_order_acquire); copy != 0) {
+        arch::set_context_ip(uc, copy);
+        return true;
+    }
     if (pt->slot != 0) {
         arch::set_context_ip(uc, pt->boosted);
         return true;
@@ -202,6 +206,7 @@ bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
     pt_regs regs;
     arch::regs_from_context(uc, &regs);
     if (arch::emulate_branch(pt->insn, &regs, fault_addr) != 0) return false;
+    regs.ip = into_copy(pt, regs.ip);
     arch::regs_to_context(&regs, uc);
     return true;
 }
@@ -237,12 +242,14 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     // Faults in the first instruction of a copy are the original's, register for
     // register: show the program the original address. (A program handler that returns
     // without changing rip retries the instruction, through the probe, like the CPU would.)
-    if (real_ip == pt->boosted || real_ip == pt->post) {
-        arch::set_context_ip(uc, pt->addr);
+    uint64_t orig = real_ip == pt->boosted || real_ip == pt->post ? pt->addr : 0;
+    if (orig == 0) orig = copy_to_original(pt, real_ip); // an instruction of a relocated region
+    if (orig != 0) {
+        arch::set_context_ip(uc, orig);
         // SIGILL, SIGFPE and a fetch fault name the instruction itself in si_addr: the
         // program must see its own instruction there too, not the agent's copy.
         if (reinterpret_cast<uint64_t>(info->si_addr) == real_ip)
-            info->si_addr = reinterpret_cast<void *>(pt->addr);
+            info->si_addr = reinterpret_cast<void *>(orig);
     }
     deliver_to_program(sig, info, uc);
 }
@@ -274,13 +281,11 @@ bool any_post_handler(const ProbeList *list) {
     return false;
 }
 
-// Runs the pre_handlers of list from position `first` on, then the probed instruction
-// and the post_handlers, and sets the context to resume. regs->ip is the probe address
-// plus one, as on the kernel's x86 int3 path. Called inside a read section.
-void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
+// Runs the pre_handlers of list from position `first` on; true if one asked to resume
+// at the regs->ip it set. regs->ip is the probe address plus one on entry.
+bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
     ThreadState &ts = t_state;
     const uint64_t hit_ip = pt->addr + 1;
-    ++ts.depth;
     bool redirected = false;
     ts.hit_context = uc;
     for (uint32_t i = first; i < list->count && !redirected; ++i) {
@@ -299,19 +304,31 @@ void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, ui
         if (r != 0 && regs.ip != hit_ip) redirected = true;
     }
     ts.hit_context = nullptr;
+    return redirected;
+}
+
+// Runs the pre_handlers of list from position `first` on, then the probed instruction
+// and the post_handlers, and sets the context to resume. regs->ip is the probe address
+// plus one, as on the kernel's x86 int3 path. Called inside a read section.
+void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
+    ThreadState &ts = t_state;
+    ++ts.depth;
+    const bool redirected = run_pre_handlers(pt, list, uc, regs, first);
 
     uint64_t fault_addr = 0;
     bool fault = false;
     if (!redirected) {
         const bool post = any_post_handler(list);
         regs.ip = pt->addr;
+        const uint64_t copy = pt->dcr_copy.load(std::memory_order_acquire);
         if (pt->slot != 0) {
             // The copy runs after sigreturn; a post copy goes on to the post trampoline.
-            regs.ip = post ? pt->post : pt->boosted;
+            regs.ip = post ? pt->post : copy != 0 ? copy : pt->boosted;
         } else if (arch::emulate_branch(pt->insn, &regs, &fault_addr) != 0) {
             fault = true;
-        } else if (post) {
-            run_post_handlers(list, &regs);
+        } else {
+            if (post) run_post_handlers(list, &regs);
+            regs.ip = into_copy(pt, regs.ip);
         }
     }
     --ts.depth;
@@ -383,7 +400,8 @@ int call_guarded(kprobe *p, int (*fn)(void *), void *arg) {
 // instruction: runs the post_handlers in user mode, with no second trap.
 extern "C" __attribute__((used)) void ukp_post_dispatch(ukp::core::Point *pt, pt_regs *regs) {
     using namespace ukp::core;
-    regs->ip = pt->addr + pt->insn.len; // the copy ran; show the original's next address
+    const uint64_t next = pt->addr + pt->insn.len;
+    regs->ip = next; // the copy ran; show the original's next address
     ThreadState &ts = thread_state();
     const unsigned idx = read_lock();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
@@ -392,6 +410,49 @@ extern "C" __attribute__((used)) void ukp_post_dispatch(ukp::core::Point *pt, pt
         run_post_handlers(list, regs);
         --ts.depth;
     }
+    // Decided last: the optimizer relies on no thread entering the region past its
+    // first byte once the point runs its relocated copy.
+    if (regs->ip == next) regs->ip = into_copy(pt, next);
+    read_unlock(idx);
+}
+
+// Called by ukp_optprobe_trampoline when an optimized probe's jump was taken: the
+// breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
+// as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
+extern "C" __attribute__((used)) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs) {
+    using namespace ukp::core;
+    ThreadState &ts = thread_state();
+    const uint64_t copy = pt->detour_code + pt->layout.copy;
+    const unsigned idx = read_lock();
+    const ProbeList *list = pt->list.load(std::memory_order_acquire);
+    if (ts.depth > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
+        if (ts.depth > 0 && list != nullptr)
+            for (uint32_t i = 0; i < list->count; ++i)
+                if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
+        read_unlock(idx);
+        regs->ip = copy;
+        return;
+    }
+    regs->ip = pt->addr + 1;
+    ++ts.depth;
+    const bool redirected = run_pre_handlers(pt, list, nullptr, *regs, 0);
+    if (!redirected) {
+        regs->ip = copy;
+        // A post_handler arrived while the jump was still in place: the first instruction
+        // and the post_handlers run as on the breakpoint path.
+        if (any_post_handler(list)) {
+            uint64_t fault_addr = 0;
+            if (pt->slot != 0) {
+                regs->ip = pt->post;
+            } else if (ukp::arch::emulate_branch(pt->insn, regs, &fault_addr) == 0) {
+                run_post_handlers(list, regs);
+                regs->ip = into_copy(pt, regs->ip);
+            } else {
+                regs->ip = copy; // the copy faults the same way, as the program would
+            }
+        }
+    }
+    --ts.depth;
     read_unlock(idx);
 }
 

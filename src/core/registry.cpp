@@ -117,6 +117,7 @@ int read_original(uint64_t addr, uint8_t *buf, size_t n) {
     if (ukp_safe_copy(buf, reinterpret_cast<const void *>(addr), n) != 0) return -EFAULT;
     for (auto it = points().lower_bound(addr); it != points().end() && it->first < addr + n; ++it)
         if (it->second->armed) buf[it->first - addr] = it->second->orig_byte;
+    opt_overlay(addr, buf, n);
     return 0;
 }
 
@@ -194,6 +195,15 @@ int prepare_point(uint64_t addr, Point **out) {
     if (read_original(addr, &pt->orig_byte, 1) != 0) return -EILSEQ;
     if (int err = build_slot(pt.get(), insn); err != 0) return err;
     pt->insn = arch::summarize(insn);
+    if (fn != nullptr && fn->size > 0) {
+        // Other symbols inside the function are entries too (asm labels, aliases).
+        std::vector<uint64_t> inner;
+        const auto &syms = obj->symbols;
+        auto it = std::upper_bound(syms.begin(), syms.end(), fn->value,
+                                   [](uint64_t v, const sym::Symbol &s) { return v < s.value; });
+        for (; it != syms.end() && it->value < fn->value + fn->size; ++it) inner.push_back(it->value);
+        opt_prepare(pt.get(), fn->value, fn->size, obj->bias, inner);
+    }
     const sym::Registry::Location loc = g_symbols->locate(addr);
     pt->object_name = obj->name;
     if (loc.symbol != nullptr) {
@@ -223,9 +233,17 @@ bool wants_arming(const Point *pt) {
 // Puts the int3 in or takes it out, as the point's probes and the global knob say.
 int update_arming(Point *pt) {
     const bool want = wants_arming(pt);
-    if (want == pt->armed) return 0;
+    if (want == pt->armed) {
+        opt_update(pt);
+        return 0;
+    }
+    if (want) opt_before_arming(pt->addr);
+    if (!want && pt->optimized) {
+        if (int err = opt_unoptimize(pt); err != 0) return err;
+    }
     const int err = text::poke_byte(pt->addr, want ? uint8_t{BREAKPOINT_INSTRUCTION} : pt->orig_byte);
     if (err == 0) pt->armed = want;
+    opt_update(pt);
     return err;
 }
 
@@ -304,6 +322,7 @@ void retire_points_of(const sym::Object &gone) {
             continue;
         }
         pt->armed = false; // the int3 went with the mapping
+        pt->optimized = false;
         insert_site(it->first, nullptr);
         if (ProbeList *list = pt->list.exchange(nullptr, std::memory_order_acq_rel); list != nullptr) {
             for (uint32_t i = 0; i < list->count; ++i) {
@@ -359,11 +378,13 @@ void after_fork_child() {
         g_kprobes_enabled.store(false);
         g_handlers_silenced.store(true);
         for (auto &[addr, pt] : points()) {
+            if (pt->optimized && opt_unoptimize(pt) != 0) continue;
             if (!pt->armed) continue;
             // The child's own copy of the page: the parent keeps its int3.
             if (text::poke_byte(addr, pt->orig_byte) == 0) pt->armed = false;
         }
     }
+    opt_after_fork_child();
     g_mutex.unlock();
 }
 
@@ -485,6 +506,11 @@ int set_disabled(kprobe *p, bool disabled) {
 
 } // namespace
 
+std::mutex &registry_mutex() { return g_mutex; }
+bool is_agent_probe(const kprobe *p) { return p == &g_link_map_probe; }
+std::map<uint64_t, Point *> &all_points() { return points(); }
+int read_original_code(uint64_t addr, uint8_t *buf, size_t n) { return read_original(addr, buf, n); }
+
 bool is_registered(const kprobe *p) {
     std::lock_guard lock(g_mutex);
     return registered().count(p) != 0;
@@ -503,8 +529,14 @@ int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry) {
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {
     std::lock_guard lock(g_mutex);
     std::vector<std::pair<uint64_t, uint8_t>> out;
-    for (const auto &[addr, pt] : points())
-        if (pt->armed) out.emplace_back(addr, pt->orig_byte);
+    for (const auto &[addr, pt] : points()) {
+        if (pt->optimized) {
+            // An optimized point owns its whole region (the jmp and what follows it).
+            for (size_t i = 0; i < pt->layout.dcr_len; ++i) out.emplace_back(addr + i, pt->dcr_orig[i]);
+        } else if (pt->armed) {
+            out.emplace_back(addr, pt->orig_byte);
+        }
+    }
     return out;
 }
 

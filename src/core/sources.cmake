@@ -2,6 +2,7 @@ list(APPEND UKP_SOURCES
   core/hit.cpp
   core/jprobe.cpp
   core/kretprobe.cpp
+  core/optimizer.cpp
   core/registry.cpp
   core/signals.cpp
   core/unwind.cpp

@@ -176,6 +176,24 @@ ukp_post_trampoline:
         .cfi_endproc
         .size   ukp_post_trampoline, .-ukp_post_trampoline
 
+// The optimized-probe trampoline: where a detour (detour.hpp) goes after
+//     lea -128(%rsp),%rsp ; push <Point *>
+// so on entry, as for the post trampoline, (%rsp) = the Point and the program's stack
+// pointer at the probe is %rsp + 136. The dispatcher sets regs->ip to the relocated
+// region (or to where a pre_handler sent the thread).
+        .globl  ukp_optprobe_trampoline
+        .hidden ukp_optprobe_trampoline
+        .type   ukp_optprobe_trampoline, @function
+        .p2align 4
+ukp_optprobe_trampoline:
+        .cfi_startproc
+        .cfi_undefined rip
+        SAVE_PT_REGS 136
+        CALL_DISPATCH ukp_optprobe_dispatch
+        RESUME_PT_REGS
+        .cfi_endproc
+        .size   ukp_optprobe_trampoline, .-ukp_optprobe_trampoline
+
 // The return trampoline of kretprobes. A hijacked return address points at an
 // instance's stub in its pool's sled:   call ukp_kretprobe_trampoline ; .quad &ret_addr
 // so on entry (%rsp) = the address of that literal, and the program's stack pointer,

@@ -1,0 +1,82 @@
+#include "arch/x86_64/detour.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace ukp::arch {
+
+namespace {
+// lea -0x80(%rsp),%rsp
+constexpr uint8_t kSkipRedZone[] = {0x48, 0x8d, 0x64, 0x24, 0x80};
+constexpr size_t kPushLen = 6; // push qword ptr [rip + disp32]
+} // namespace
+
+bool encode_jmp_rel32(uint64_t from, uint64_t to, uint8_t out[5]) {
+    const int64_t rel = static_cast<int64_t>(to - (from + 5));
+    if (rel < INT32_MIN || rel > INT32_MAX) return false;
+    const auto rel32 = static_cast<int32_t>(rel);
+    out[0] = 0xe9;
+    std::memcpy(out + 1, &rel32, sizeof rel32);
+    return true;
+}
+
+int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint8_t *out, size_t cap,
+                DetourLayout *layout) {
+    if (n == 0 || n > kMaxDcrInsns) return -EINVAL;
+    DetourLayout l;
+    const uint64_t probe = dcr[0].addr;
+    size_t at = sizeof kSkipRedZone;
+    if (cap < at + kPushLen) return -ENOSPC;
+    std::memcpy(out, kSkipRedZone, at);
+    const size_t push_at = at;
+    at += kPushLen;
+    int r = emit_jmp(dest + at, reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline), out + at, cap - at);
+    if (r < 0) return r;
+    at += static_cast<size_t>(r);
+    l.copy = static_cast<uint16_t>(at);
+    uint64_t next = probe;
+    for (size_t i = 0; i < n; ++i) {
+        if (dcr[i].addr != next) return -EINVAL;
+        if (dcr[i].flow == Flow::kUnsupported) return -EOPNOTSUPP;
+        l.orig_offset[i] = static_cast<uint8_t>(next - probe);
+        l.copy_offset[i] = static_cast<uint16_t>(at);
+        r = relocate(dcr[i], dest + at, out + at, cap - at, Exit::kNone);
+        if (r < 0) return r;
+        at += static_cast<size_t>(r);
+        next += dcr[i].len;
+    }
+    // Fall-through and untaken branches go back after the region (a relocated call
+    // pushes the original return address, which is there too).
+    r = emit_jmp(dest + at, next, out + at, cap - at);
+    if (r < 0) return r;
+    at += static_cast<size_t>(r);
+    const size_t code_end = at;
+    at = (at + 7) & ~size_t{7};
+    if (cap < at + sizeof context) return -ENOSPC;
+    std::memset(out + code_end, 0xcc, at - code_end);
+    const auto disp = static_cast<int32_t>(at - (push_at + kPushLen));
+    out[push_at] = 0xff;
+    out[push_at + 1] = 0x35;
+    std::memcpy(out + push_at + 2, &disp, sizeof disp);
+    std::memcpy(out + at, &context, sizeof context);
+    at += sizeof context;
+    l.size = static_cast<uint16_t>(at);
+    l.count = static_cast<uint8_t>(n);
+    l.dcr_len = static_cast<uint8_t>(next - probe);
+    *layout = l;
+    return 0;
+}
+
+uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t orig) {
+    for (size_t i = 0; i < layout.count; ++i)
+        if (probe_addr + layout.orig_offset[i] == orig) return dest + layout.copy_offset[i];
+    return 0;
+}
+
+uint64_t detour_orig_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t copy_addr) {
+    for (size_t i = 0; i < layout.count; ++i)
+        if (dest + layout.copy_offset[i] == copy_addr) return probe_addr + layout.orig_offset[i];
+    return 0;
+}
+
+} // namespace ukp::arch

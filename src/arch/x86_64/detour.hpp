@@ -1,0 +1,64 @@
+// Detour buffers of optimized probes: where the 5-byte `jmp rel32` that replaces a probed
+// region (the DCR) leads.
+//
+//     lea -128(%rsp),%rsp          step over the program's red zone (flags untouched)
+//     push context(%rip)           the probe point, for the dispatcher
+//     jmp ukp_optprobe_trampoline  saves pt_regs, calls ukp_optprobe_dispatch, resumes at
+//                                  regs->ip with the registers as the handlers left them
+//   copy:
+//     <the DCR's instructions, relocated>
+//     jmp addr + dcr_len
+//   context: .quad <context>
+//
+// The dispatcher resumes at `copy` (or wherever a handler sent the thread). The copy is
+// also what the breakpoint path runs once a detour exists, and where a thread found inside
+// the DCR is moved to: each DCR instruction's copy starts at a known offset.
+//
+// Pure code generation, tested on byte buffers.
+#pragma once
+
+#include "arch/x86_64/insn.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+// trampolines.S: entered with the context pushed below the red zone.
+void ukp_optprobe_trampoline();
+}
+
+namespace ukp::arch {
+
+// At most this many instructions in a DCR (each is >= 1 byte; 5 bytes are covered).
+inline constexpr size_t kMaxDcrInsns = 5;
+
+// Where the parts of an emitted detour are, as offsets from its start.
+struct DetourLayout {
+    uint16_t size = 0;                     // bytes emitted
+    uint16_t copy = 0;                     // the relocated DCR
+    uint8_t count = 0;                     // instructions in the DCR
+    uint8_t dcr_len = 0;                   // bytes the DCR covers at the probe address
+    uint8_t orig_offset[kMaxDcrInsns] = {}; // each instruction's offset in the DCR
+    uint16_t copy_offset[kMaxDcrInsns] = {}; // where its relocated copy starts
+};
+
+// Emits the detour for the DCR `dcr[0..n)` (consecutive instructions, dcr[0].addr the
+// probe address) into out[0, cap), to run at address `dest`; `context` is the word the
+// trampoline hands to the dispatcher. Returns 0 and fills *layout, or
+//   -EINVAL    n is 0 or above kMaxDcrInsns, or the instructions are not consecutive
+//   -ENOSPC    cap too small
+//   -EOPNOTSUPP an instruction cannot be relocated
+int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint8_t *out, size_t cap,
+                DetourLayout *layout);
+
+// The address in the detour at `dest` where execution that reached `orig` (the start of a
+// DCR instruction, probe address included) goes on; 0 if orig starts no DCR instruction.
+uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t orig);
+
+// The original address of the DCR instruction whose copy starts at `copy_addr`; 0 if none.
+uint64_t detour_orig_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t copy_addr);
+
+// The 5 bytes of `jmp rel32` at `from` to `to`; false if out of rel32 reach.
+bool encode_jmp_rel32(uint64_t from, uint64_t to, uint8_t out[5]);
+
+} // namespace ukp::arch

@@ -1,0 +1,459 @@
+// Jump optimization: replacing a probe's int3 with a 5-byte jmp to its detour.
+//
+// A point whose region passes the safety check (arch/x86_64/region.hpp) gets its detour
+// when it is prepared, and from then on the breakpoint path runs the detour's relocated
+// region instead of the first instruction alone: no thread enters the region past its
+// first byte any more. What remains are threads that were already there (preempted in
+// the original code). The optimizer, a background thread started with the first
+// candidate (as the kernel's optimizing workqueue), moves those out: it signals every
+// thread that may be running or stopped inside a region, and each moves its own
+// instruction pointer into the matching place in the relocated copy. Then it writes
+// the jmp (bytes 1..4 under the int3, serialize, byte 0, serialize: DESIGN.md).
+//
+// Unoptimizing needs no such care: the int3 goes back over the jmp's first byte, then
+// the rest of the region; a thread inside the detour returns after the region, into
+// original code. Detours are never freed.
+#include "core/core.hpp"
+
+#include "arch/x86_64/detour.hpp"
+#include "arch/x86_64/region.hpp"
+#include "core/kretprobe.hpp"
+#include "text/text.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <dirent.h>
+#include <fcntl.h>
+#include <link.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace ukp::core {
+
+std::atomic<bool> g_opt_enabled{true};
+
+bool is_agent_probe(const kprobe *p); // registry.cpp
+
+namespace {
+
+constexpr size_t kDetourOffset = 16; // the slot starts with the Point *, for on_fault()
+// The signal that asks a thread to leave the regions about to be replaced.
+int stop_signal() { return SIGRTMAX - 2; }
+constexpr size_t kMaxBatch = 1024;
+// How long the optimizer waits for threads to answer before trying again later.
+constexpr long kStopTimeoutNs = 200l * 1000 * 1000;
+
+// ---- the optimizer thread's state (under the registry mutex) ----
+std::vector<Point *> &pending() {
+    static auto *value = new std::vector<Point *>(); // never destroyed: the thread outlives static destructors
+    return *value;
+}
+std::condition_variable &work_cv() {
+    static auto *value = new std::condition_variable();
+    return *value;
+}
+std::condition_variable &done_cv() {
+    static auto *value = new std::condition_variable();
+    return *value;
+}
+bool g_thread_started = false;
+uint64_t g_requested = 0; // work items queued so far
+uint64_t g_handled = 0;   // work items the optimizer has been through
+bool g_busy = false;      // a pass is running (the mutex is dropped while threads answer)
+bool g_stop_broken = false; // the program took over the stop signal: no more optimizing
+bool g_handler_installed = false;
+
+// ---- what the stop signal's handler reads (lock-free) ----
+Point *g_stop_points[kMaxBatch];
+std::atomic<size_t> g_stop_count{0};
+std::atomic<int> g_stop_gen{0};
+std::atomic<int> g_acks{0};
+
+bool in_region(const Point *pt, uint64_t ip) { return ip > pt->addr && ip < pt->addr + pt->layout.dcr_len; }
+
+void stop_handler(int, siginfo_t *info, void *ctx) {
+    const int saved_errno = errno;
+    auto *uc = static_cast<ucontext_t *>(ctx);
+    const uint64_t ip = arch::context_ip(uc);
+    const size_t n = g_stop_count.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n && i < kMaxBatch; ++i) {
+        const Point *pt = g_stop_points[i];
+        if (pt == nullptr || !in_region(pt, ip)) continue;
+        if (const uint64_t to = into_copy(pt, ip); to != ip) arch::set_context_ip(uc, to);
+    }
+    if (info->si_code == SI_QUEUE && info->si_value.sival_int == g_stop_gen.load(std::memory_order_acquire))
+        g_acks.fetch_add(1, std::memory_order_release);
+    errno = saved_errno;
+}
+
+bool ensure_stop_handler() {
+    struct sigaction cur {};
+    if (g_handler_installed) {
+        if (sigaction(stop_signal(), nullptr, &cur) != 0) return false;
+        if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == stop_handler) return true;
+        g_stop_broken = true; // the program installed its own handler: leave the signal to it
+        return false;
+    }
+    if (sigaction(stop_signal(), nullptr, &cur) != 0) return false;
+    if (cur.sa_handler != SIG_DFL) {
+        g_stop_broken = true;
+        return false;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = stop_handler;
+    sigemptyset(&act.sa_mask);
+    act.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    if (sigaction(stop_signal(), &act, nullptr) != 0) return false;
+    g_handler_installed = true;
+    return true;
+}
+
+// Where thread tid is, from /proc/self/task/TID/syscall: false if it may be running
+// (or the file cannot be read), else *pc is its user instruction pointer.
+bool stopped_at(int tid, uint64_t *pc) {
+    char path[64], text[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0) return false;
+    text[n] = '\0';
+    if (strncmp(text, "running", 7) == 0) return false;
+    // "nr arg1 .. arg6 sp pc" in a system call, "-1 sp pc" otherwise: pc is last.
+    const char *last = strrchr(text, ' ');
+    if (last == nullptr) return false;
+    *pc = strtoull(last + 1, nullptr, 16);
+    return true;
+}
+
+// Makes sure no thread is inside (past the first byte of) the regions of batch[0..n):
+// signals the threads that run, or stand inside one, and waits for their answer.
+// 0, or -EAGAIN when some thread did not answer in time. Called without the mutex.
+int move_threads_out(Point *const *batch, size_t n) {
+    g_stop_count.store(0, std::memory_order_release);
+    for (size_t i = 0; i < n; ++i) g_stop_points[i] = batch[i];
+    g_stop_count.store(n, std::memory_order_release);
+    const int gen = g_stop_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
+    g_acks.store(0, std::memory_order_release);
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == nullptr) return -errno;
+    const int self = static_cast<int>(syscall(SYS_gettid));
+    const pid_t pid = getpid();
+    int sent = 0;
+    while (dirent *e = readdir(dir)) {
+        const int tid = atoi(e->d_name);
+        if (tid <= 0 || tid == self) continue;
+        uint64_t pc = 0;
+        if (stopped_at(tid, &pc)) {
+            bool inside = false;
+            for (size_t i = 0; i < n; ++i) inside = inside || in_region(batch[i], pc);
+            // Blocked or preempted outside every region: it cannot get into one any more.
+            if (!inside) continue;
+        }
+        siginfo_t info{};
+        info.si_signo = stop_signal();
+        info.si_code = SI_QUEUE;
+        info.si_pid = pid;
+        info.si_uid = getuid();
+        info.si_value.sival_int = gen;
+        if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, stop_signal(), &info) == 0) ++sent;
+    }
+    closedir(dir);
+    timespec start{};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (g_acks.load(std::memory_order_acquire) < sent) {
+        timespec now{};
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - start.tv_sec) * 1000000000l + (now.tv_nsec - start.tv_nsec) > kStopTimeoutNs)
+            return -EAGAIN; // a thread that blocks the signal, or exited meanwhile
+        sched_yield();
+    }
+    return 0;
+}
+
+bool other_point_inside(const Point *pt, uint64_t addr, size_t len) {
+    auto &pts = all_points();
+    for (auto it = pts.upper_bound(addr); it != pts.end() && it->first < addr + len; ++it)
+        if (it->second != pt && (it->second->armed || it->second->list.load(std::memory_order_relaxed) != nullptr))
+            return true;
+    return false;
+}
+
+bool qualifies(const Point *pt) {
+    if (!g_opt_enabled.load(std::memory_order_relaxed) || g_stop_broken) return false;
+    if (!pt->armed || pt->dcr_copy.load(std::memory_order_relaxed) == 0) return false;
+    if (!g_kprobes_enabled.load(std::memory_order_relaxed) || g_handlers_silenced.load(std::memory_order_relaxed))
+        return false;
+    const ProbeList *list = pt->list.load(std::memory_order_relaxed);
+    if (list == nullptr) return false;
+    for (uint32_t i = 0; i < list->count; ++i) {
+        const kprobe *p = list->probes[i];
+        // A post_handler keeps the breakpoint path; a jprobe needs the signal context.
+        if (probe_disabled(p) || p->post_handler != nullptr || is_jprobe(p) || is_agent_probe(p)) return false;
+    }
+    return !other_point_inside(pt, pt->addr, pt->layout.dcr_len);
+}
+
+void set_flags(const Point *pt) {
+    const ProbeList *list = pt->list.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
+        kprobe *p = list->probes[i];
+        if (pt->optimized)
+            __atomic_or_fetch(&p->flags, KPROBE_FLAG_OPTIMIZED, __ATOMIC_RELAXED);
+        else
+            __atomic_and_fetch(&p->flags, ~static_cast<unsigned>(KPROBE_FLAG_OPTIMIZED), __ATOMIC_RELAXED);
+    }
+}
+
+// Writes the jmps of batch[0..n) (whose int3s are in place): the tails, then the heads.
+void write_jumps(Point *const *batch, size_t n) {
+    std::vector<bool> ok(n, false);
+    for (size_t i = 0; i < n; ++i) {
+        uint8_t jmp[5];
+        Point *pt = batch[i];
+        if (!arch::encode_jmp_rel32(pt->addr, pt->detour_code, jmp)) continue;
+        ok[i] = text::write(pt->addr + 1, jmp + 1, 4) == 0;
+    }
+    // Every core must see the tails before any can see the jmp's first byte.
+    text::sync_cores();
+    for (size_t i = 0; i < n; ++i) {
+        if (!ok[i]) continue;
+        Point *pt = batch[i];
+        const uint8_t e9 = 0xe9;
+        if (text::write(pt->addr, &e9, 1) == 0) {
+            pt->optimized = true;
+            set_flags(pt);
+        }
+    }
+    text::sync_cores();
+}
+
+void worker() {
+    // Asynchronous signals are the program's threads' business; the traps and faults of
+    // probes it hits (in libc) must stay deliverable, or the kernel kills the process.
+    sigset_t async;
+    sigfillset(&async);
+    for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) sigdelset(&async, sig);
+    pthread_sigmask(SIG_BLOCK, &async, nullptr);
+    std::unique_lock lock(registry_mutex());
+    for (;;) {
+        work_cv().wait(lock, [] { return !pending().empty(); });
+        const uint64_t target = g_requested;
+        std::vector<Point *> batch;
+        for (Point *pt : pending()) {
+            pt->queued = false;
+            auto it = all_points().find(pt->addr);
+            if (it == all_points().end() || it->second != pt) continue; // its object is gone
+            if (!pt->optimized && qualifies(pt) && batch.size() < kMaxBatch) batch.push_back(pt);
+        }
+        pending().clear();
+        bool retry = false;
+        if (!batch.empty() && ensure_stop_handler()) {
+            g_busy = true;
+            lock.unlock();
+            const int err = move_threads_out(batch.data(), batch.size());
+            lock.lock();
+            g_busy = false;
+            if (err == 0) {
+                // The registry may have changed while the threads answered: check again.
+                std::vector<Point *> still;
+                for (Point *pt : batch) {
+                    auto it = all_points().find(pt->addr);
+                    if (it != all_points().end() && it->second == pt && !pt->optimized && qualifies(pt))
+                        still.push_back(pt);
+                }
+                write_jumps(still.data(), still.size());
+            } else {
+                retry = true;
+            }
+        }
+        g_handled = target;
+        done_cv().notify_all();
+        if (retry) {
+            lock.unlock();
+            const timespec pause{0, 20 * 1000 * 1000};
+            nanosleep(&pause, nullptr);
+            lock.lock();
+            for (Point *pt : batch) {
+                if (!pt->queued) {
+                    pt->queued = true;
+                    pending().push_back(pt);
+                }
+            }
+        }
+    }
+}
+
+void enqueue(Point *pt) {
+    if (pt->queued) return;
+    pt->queued = true;
+    pending().push_back(pt);
+    ++g_requested;
+    if (!g_thread_started) {
+        g_thread_started = true;
+        // Detached: it lives as long as the process (probes outlive static destructors).
+        std::thread(worker).detach();
+    }
+    work_cv().notify_one();
+}
+
+struct EhLookup {
+    uint64_t bias;
+    uint64_t hdr;
+};
+
+int find_eh_frame_hdr(dl_phdr_info *info, size_t, void *data) {
+    auto *l = static_cast<EhLookup *>(data);
+    if (info->dlpi_addr != l->bias) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i)
+        if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) l->hdr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+    return l->hdr != 0;
+}
+
+} // namespace
+
+void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
+                 const std::vector<uint64_t> &other_symbols) {
+    if (fn_size > (64u << 20)) return;
+    std::vector<uint8_t> code(fn_size);
+    if (read_original_code(fn_start, code.data(), code.size()) != 0) return;
+    const arch::ReadFn read = [](uint64_t addr, void *out, size_t n) {
+        return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), n) == 0;
+    };
+    const arch::FunctionMap f = arch::analyze_function(fn_start, code.data(), code.size(), read);
+    EhLookup eh{bias, 0};
+    dl_iterate_phdr(find_eh_frame_hdr, &eh);
+    std::vector<uint64_t> extra = other_symbols;
+    // Landing pads unknown: a jump into the region cannot be ruled out.
+    if (arch::landing_pads(eh.hdr, fn_start, fn_start + fn_size, read, &extra) != 0) return;
+    const arch::OptimizeCheck c = arch::check_region(f, pt->addr, extra);
+    if (!c.ok || c.insns.size() > arch::kMaxDcrInsns || c.dcr_len > sizeof pt->dcr_orig) return;
+    arch::Insn dcr[arch::kMaxDcrInsns];
+    for (size_t i = 0; i < c.insns.size(); ++i) {
+        const uint64_t off = c.insns[i] - fn_start;
+        if (arch::decode(c.insns[i], code.data() + off, code.size() - off, &dcr[i]) != 0) return;
+    }
+    const uint64_t slot = text::alloc_slot(pt->addr);
+    if (slot == 0) return;
+    uint8_t buf[text::kSlotSize];
+    std::memset(buf, 0xcc, sizeof buf);
+    std::memcpy(buf, &pt, sizeof pt);
+    arch::DetourLayout layout;
+    if (arch::emit_detour(slot + kDetourOffset, reinterpret_cast<uint64_t>(pt), dcr, c.insns.size(),
+                          buf + kDetourOffset, sizeof buf - kDetourOffset, &layout) != 0)
+        return;
+    uint8_t jmp[5];
+    if (!arch::encode_jmp_rel32(pt->addr, slot + kDetourOffset, jmp)) return; // slot out of reach
+    if (text::write(slot, buf, kDetourOffset + layout.size) != 0) return;
+    pt->detour = slot;
+    pt->detour_code = slot + kDetourOffset;
+    pt->layout = layout;
+    std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);
+    // With another probe inside the region, the breakpoint path must reach it.
+    if (!other_point_inside(pt, pt->addr, layout.dcr_len))
+        pt->dcr_copy.store(pt->detour_code + layout.copy, std::memory_order_release);
+}
+
+void opt_update(Point *pt, bool) {
+    const bool q = qualifies(pt);
+    if (pt->optimized && !q) opt_unoptimize(pt);
+    else if (!pt->optimized && q) enqueue(pt);
+    set_flags(pt);
+}
+
+void opt_before_arming(uint64_t addr) {
+    auto &pts = all_points();
+    for (auto it = pts.lower_bound(addr >= 16 ? addr - 15 : 0); it != pts.end() && it->first < addr; ++it) {
+        Point *pt = it->second;
+        if (pt->detour == 0 || !in_region(pt, addr)) continue;
+        if (pt->optimized) opt_unoptimize(pt);
+        // For good: going back to the copy would need every thread out of the region again.
+        pt->dcr_copy.store(0, std::memory_order_release);
+    }
+}
+
+int opt_unoptimize(Point *pt) {
+    if (!pt->optimized) return 0;
+    // The int3 first: from then on no thread takes the jmp, and none is inside its bytes.
+    if (int err = text::poke_byte(pt->addr, BREAKPOINT_INSTRUCTION); err != 0) return err;
+    if (int err = text::write(pt->addr + 1, pt->dcr_orig + 1, 4); err != 0) return err;
+    text::sync_cores();
+    pt->optimized = false;
+    set_flags(pt);
+    return 0;
+}
+
+void opt_overlay(uint64_t addr, uint8_t *buf, size_t n) {
+    auto &pts = all_points();
+    for (auto it = pts.lower_bound(addr >= 16 ? addr - 15 : 0); it != pts.end() && it->first < addr + n; ++it) {
+        const Point *pt = it->second;
+        if (!pt->optimized) continue;
+        for (size_t i = 1; i < 5; ++i) { // byte 0 is the armed int3's, put back by the caller
+            const uint64_t a = pt->addr + i;
+            if (a >= addr && a < addr + n) buf[a - addr] = pt->dcr_orig[i];
+        }
+        if (pt->addr >= addr && pt->addr < addr + n) buf[pt->addr - addr] = pt->dcr_orig[0];
+    }
+}
+
+void opt_after_fork_child() {
+    g_thread_started = false;
+    g_busy = false;
+    pending().clear();
+    for (auto &[addr, pt] : all_points()) pt->queued = false;
+    g_handled = g_requested;
+}
+
+uint64_t into_copy(const Point *pt, uint64_t ip) {
+    if (pt->dcr_copy.load(std::memory_order_acquire) == 0 || !in_region(pt, ip)) return ip;
+    const uint64_t to = arch::detour_copy_of(pt->layout, pt->detour_code, pt->addr, ip);
+    return to != 0 ? to : ip;
+}
+
+uint64_t copy_to_original(const Point *pt, uint64_t ip) {
+    if (pt->detour == 0) return 0;
+    return arch::detour_orig_of(pt->layout, pt->detour_code, pt->addr, ip);
+}
+
+int set_optimization(bool on) {
+    std::lock_guard lock(registry_mutex());
+    g_opt_enabled.store(on);
+    int result = 0;
+    for (auto &[addr, pt] : all_points()) {
+        if (!on && pt->optimized) {
+            if (int err = opt_unoptimize(pt); err != 0 && result == 0) result = err;
+        }
+        opt_update(pt);
+    }
+    return result;
+}
+
+void optimizer_flush() {
+    std::unique_lock lock(registry_mutex());
+    if (!g_thread_started) return;
+    const uint64_t target = g_requested;
+    done_cv().wait(lock, [&] { return g_handled >= target && !g_busy; });
+}
+
+} // namespace ukp::core
+
+extern "C" {
+
+int ukp_set_kprobes_optimization(int on) { return ukp::core::set_optimization(on != 0); }
+
+int ukp_kprobes_optimization(void) { return ukp::core::g_opt_enabled.load() ? 1 : 0; }
+
+void ukp_optimizer_flush(void) { ukp::core::optimizer_flush(); }
+
+} // extern "C"

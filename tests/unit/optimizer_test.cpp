@@ -1,0 +1,334 @@
+// Jump optimization: probes that qualify get a 5-byte jmp to a detour instead of their
+// int3 (src/core/optimizer.cpp), and behave exactly as on the breakpoint path.
+#include <ukprobes/kprobes.h>
+
+#include "opt_functions_decl.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+extern "C" {
+struct ukpt_sweep_fn {
+    const char *name;
+    void *fn;
+    long (*drive)(long seed);
+};
+__attribute__((weak)) const ukpt_sweep_fn *ukpt_sweep_table_O0(size_t *n);
+__attribute__((weak)) const ukpt_sweep_fn *ukpt_sweep_table_O2(size_t *n);
+__attribute__((weak)) const ukpt_sweep_fn *ukpt_sweep_table_Os(size_t *n);
+}
+
+namespace {
+
+std::atomic<long> g_hits{0};
+int count_pre(kprobe *, pt_regs *) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+}
+void empty_post(kprobe *, pt_regs *, unsigned long) {}
+
+uint8_t first_byte(const void *addr) { return *static_cast<const volatile uint8_t *>(addr); }
+bool optimized(const kprobe &kp) { return (kp.flags & KPROBE_FLAG_OPTIMIZED) != 0; }
+
+std::string list_text() {
+    char *t = ukp_kprobes_list();
+    std::string s = t != nullptr ? t : "";
+    std::free(t);
+    return s;
+}
+
+class OptimizerTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+        g_hits = 0;
+    }
+};
+
+TEST_F(OptimizerTest, APreHandlerProbeIsOptimizedAndStillHit) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    EXPECT_TRUE(optimized(kp));
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_NE(list_text().find("[OPTIMIZED]"), std::string::npos) << list_text();
+    for (long i = 0; i < 100; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_hits.load(), 100);
+    // Every byte of the region is the probe's: verify finds nothing else changed.
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    unregister_kprobe(&kp);
+    EXPECT_NE(first_byte(reinterpret_cast<void *>(&ukpt_opt_work)), 0xe9);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    EXPECT_EQ(ukpt_opt_work(5), (6 * 3) ^ 5);
+    EXPECT_EQ(g_hits.load(), 100);
+}
+
+TEST_F(OptimizerTest, TheKnobUnoptimizesAllAndBack) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp));
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    EXPECT_EQ(ukp_kprobes_optimization(), 0);
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
+    EXPECT_FALSE(optimized(kp));
+    EXPECT_EQ(list_text().find("[OPTIMIZED]"), std::string::npos);
+    EXPECT_EQ(ukpt_opt_work(1), 6 ^ 1);
+    EXPECT_EQ(g_hits.load(), 1);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_TRUE(optimized(kp));
+    EXPECT_EQ(ukpt_opt_work(1), 6 ^ 1);
+    EXPECT_EQ(g_hits.load(), 2);
+    unregister_kprobe(&kp);
+}
+
+TEST_F(OptimizerTest, PostHandlersDisablingAndKprobesEnabledUnoptimize) {
+    kprobe kp{}, post{};
+    kp.symbol_name = post.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    post.post_handler = empty_post;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_EQ(first_byte(kp.addr), 0xe9);
+    // A post_handler keeps the breakpoint path.
+    ASSERT_EQ(register_kprobe(&post), 0);
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
+    EXPECT_FALSE(optimized(kp));
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
+    EXPECT_EQ(ukpt_opt_work(2), 9 ^ 2);
+    EXPECT_EQ(g_hits.load(), 1);
+    unregister_kprobe(&post);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    // Disabled: no int3, no jmp; enabled again: optimized again.
+    ASSERT_EQ(disable_kprobe(&kp), 0);
+    EXPECT_EQ(first_byte(kp.addr), 0x48); // lea's REX prefix
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    ASSERT_EQ(enable_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    ASSERT_EQ(ukp_set_kprobes_enabled(0), 0);
+    EXPECT_EQ(first_byte(kp.addr), 0x48);
+    ASSERT_EQ(ukp_set_kprobes_enabled(1), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_EQ(ukpt_opt_work(2), 9 ^ 2);
+    EXPECT_EQ(g_hits.load(), 2);
+    unregister_kprobe(&kp);
+}
+
+TEST_F(OptimizerTest, AProbeInsideTheRegionUnoptimizesIt) {
+    kprobe kp{}, inner{};
+    kp.symbol_name = inner.symbol_name = "ukpt_opt_inner";
+    inner.offset = 4; // the imul, inside the 8-byte region (lea + imul)
+    kp.pre_handler = inner.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_EQ(first_byte(kp.addr), 0xe9);
+    ASSERT_EQ(register_kprobe(&inner), 0);
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
+    EXPECT_EQ(first_byte(inner.addr), 0xcc);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
+    EXPECT_EQ(ukpt_opt_inner(3), 12 ^ 3);
+    EXPECT_EQ(g_hits.load(), 2); // both probes ran
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    // Not optimized again once the inner probe is gone (the breakpoint path now runs the
+    // first instruction alone; going back would need every thread out of the region).
+    unregister_kprobe(&inner);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
+    EXPECT_EQ(ukpt_opt_inner(3), 12 ^ 3);
+    EXPECT_EQ(g_hits.load(), 3);
+    unregister_kprobe(&kp);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+}
+
+long replacement(long x) { return -x; }
+
+int redirect_pre(kprobe *, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->ip = reinterpret_cast<unsigned long>(&replacement);
+    return 1;
+}
+
+TEST_F(OptimizerTest, APreHandlerChangingIpIsHonoured) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = redirect_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_EQ(ukpt_opt_work(7), -7);
+    EXPECT_EQ(g_hits.load(), 1);
+    unregister_kprobe(&kp);
+    EXPECT_EQ(ukpt_opt_work(7), (8 * 3) ^ 7);
+}
+
+int stack_hungry_pre(kprobe *, pt_regs *regs) {
+    // Writes a lot of stack, as a handler may: the red zone below regs->sp must survive.
+    volatile char scratch[4096];
+    for (size_t i = 0; i < sizeof scratch; ++i) scratch[i] = static_cast<char>(i);
+    g_hits.fetch_add(1 + scratch[100] - 100, std::memory_order_relaxed);
+    regs->r11 = 0; // a scratch register the function does not read
+    return 0;
+}
+
+TEST_F(OptimizerTest, ALeafKeepsItsRedZone) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_red_zone";
+    kp.offset = 14;
+    kp.pre_handler = stack_hungry_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp)) << list_text();
+    for (long x : {0l, 1l, 12345l, -9l}) EXPECT_EQ(ukpt_opt_red_zone(x), 2 * x + 0x5a5a5a5a);
+    EXPECT_EQ(g_hits.load(), 4);
+    unregister_kprobe(&kp);
+}
+
+std::atomic<long> g_ret_sum{0};
+int ret_handler(kretprobe_instance *, pt_regs *regs) {
+    g_ret_sum.fetch_add(static_cast<long>(regs_return_value(regs)), std::memory_order_relaxed);
+    return 0;
+}
+
+TEST_F(OptimizerTest, AKretprobeOnAnOptimizedEntryTakesNoTrap) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_opt_work";
+    rp.handler = ret_handler;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(rp.kp.addr), 0xe9);
+    EXPECT_TRUE(optimized(rp.kp));
+    g_ret_sum = 0;
+    long expect = 0;
+    for (long i = 0; i < 50; ++i) {
+        expect += ((i + 1) * 3) ^ i;
+        ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    }
+    EXPECT_EQ(g_ret_sum.load(), expect);
+    EXPECT_EQ(rp.nmissed, 0);
+    unregister_kretprobe(&rp);
+}
+
+// A thread blocked in read(2) inside the region (its instruction pointer just after the
+// syscall, 4 bytes into the 5 the jump replaces) is moved into the relocated copy: when
+// it wakes up it goes on correctly, where it would otherwise run the jmp's displacement.
+TEST_F(OptimizerTest, AThreadInsideTheRegionIsMovedOut) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    char got = 0;
+    std::atomic<long> result{-100};
+    std::thread reader([&] { result = ukpt_opt_read(fds[0], &got, 1); });
+    usleep(100 * 1000); // blocked in the read by now
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_read";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_EQ(result.load(), -100); // still blocked: the signal restarted its read
+    ASSERT_EQ(write(fds[1], "x", 1), 1);
+    reader.join();
+    EXPECT_EQ(result.load(), 1);
+    EXPECT_EQ(got, 'x');
+    // And through the jump.
+    ASSERT_EQ(write(fds[1], "y", 1), 1);
+    EXPECT_EQ(ukpt_opt_read(fds[0], &got, 1), 1);
+    EXPECT_EQ(got, 'y');
+    EXPECT_EQ(g_hits.load(), 1);
+    unregister_kprobe(&kp);
+    close(fds[0]);
+    close(fds[1]);
+}
+
+// 8 threads call the probed function in a loop while the probe goes from int3 to jmp and
+// back thousands of times: every call gives the right result and is counted once.
+TEST_F(OptimizerTest, HotLoopWhileOptimizingAndUnoptimizing) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    std::atomic<bool> stop{false};
+    std::atomic<long> calls{0}, wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+        threads.emplace_back([&, t] {
+            long n = 0;
+            for (long i = t; !stop.load(std::memory_order_relaxed); ++i, ++n)
+                if (ukpt_opt_work(i) != (((i + 1) * 3) ^ i)) wrong.fetch_add(1);
+            calls.fetch_add(n);
+        });
+    }
+    int optimized_rounds = 0;
+    for (int round = 0; round < 2000; ++round) {
+        ASSERT_EQ(ukp_set_kprobes_optimization(round % 2), 0);
+        ukp_optimizer_flush();
+        if (first_byte(kp.addr) == 0xe9) ++optimized_rounds;
+    }
+    stop = true;
+    for (auto &th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(g_hits.load(), calls.load());
+    EXPECT_GT(optimized_rounds, 900);
+    unregister_kprobe(&kp);
+    ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+}
+
+// Every function entry of the sweep functions (-O0, -O2, -Os): optimized where the checks
+// allow, and the drivers' results unchanged, with every entry hit.
+TEST_F(OptimizerTest, SweepFunctionEntriesOptimizedBehaveTheSame) {
+    const ukpt_sweep_fn *(*tables[])(size_t *) = {ukpt_sweep_table_O0, ukpt_sweep_table_O2, ukpt_sweep_table_Os};
+    size_t total = 0, opt = 0;
+    for (auto table : tables) {
+        ASSERT_NE(table, nullptr) << "ukp_sweep_functions not linked";
+        size_t n = 0;
+        const ukpt_sweep_fn *fns = table(&n);
+        std::vector<long> expected;
+        for (size_t i = 0; i < n; ++i)
+            for (long seed : {1l, 2l, 5l}) expected.push_back(fns[i].drive(seed));
+        std::vector<kprobe> kps(n);
+        for (size_t i = 0; i < n; ++i) {
+            kps[i].addr = static_cast<kprobe_opcode_t *>(fns[i].fn);
+            kps[i].pre_handler = count_pre;
+            ASSERT_EQ(register_kprobe(&kps[i]), 0) << fns[i].name;
+        }
+        ukp_optimizer_flush();
+        for (size_t i = 0; i < n; ++i) {
+            ++total;
+            if (optimized(kps[i])) {
+                ++opt;
+                EXPECT_EQ(first_byte(kps[i].addr), 0xe9) << fns[i].name;
+            }
+        }
+        g_hits = 0;
+        size_t k = 0;
+        for (size_t i = 0; i < n; ++i)
+            for (long seed : {1l, 2l, 5l}) EXPECT_EQ(fns[i].drive(seed), expected[k++]) << fns[i].name;
+        EXPECT_GE(g_hits.load(), static_cast<long>(3 * n)); // each entry at least once per drive
+        for (auto &kp : kps) unregister_kprobe(&kp);
+        EXPECT_EQ(ukp_verify(nullptr), 0);
+    }
+    std::printf("sweep entries optimized: %zu of %zu\n", opt, total);
+    EXPECT_GE(opt * 10, total * 8); // most entries pass the checks
+}
+
+} // namespace
