@@ -4,13 +4,17 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -491,6 +495,61 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
     uint32_t w, seq;
     ASSERT_TRUE(check_record(left[0].rec, &w, &seq));
     EXPECT_EQ(seq, 100u);
+}
+
+// Lets the calling thread make write and exit only; any other system call kills the
+// process. (Strict mode would also disable rdtsc, which the vDSO's clock_gettime uses.)
+bool allow_only_write_and_exit() {
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_write, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// The hot path makes no system call, a thread's first record included: a thread that
+// may only write and exit records 1000 events.
+TEST_F(RingTest, NoSystemCallOnTheHotPathEvenForAThreadsFirstRecord) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        std::thread t([&] {
+            const int out = fds[1];
+            if (!allow_only_write_and_exit()) syscall(SYS_exit, 0);
+            uint32_t ok = 0;
+            for (uint32_t i = 0; i < 1000; ++i) {
+                uint8_t *rec = ring_reserve(payload_size(i));
+                if (rec == nullptr) continue;
+                CommonHeader c{7, 0, 0, 1};
+                std::memcpy(rec, &c, sizeof c);
+                std::memcpy(rec + 8, &ok, 4);
+                std::memcpy(rec + 12, &i, 4);
+                ring_commit(rec, payload_size(i));
+                ++ok;
+            }
+            ssize_t n = write(out, &ok, sizeof ok);
+            (void)n;
+            syscall(SYS_exit, 0); // only the thread: glibc's exit path would make other calls
+        });
+        t.join();
+        _exit(0);
+    }
+    close(fds[1]);
+    uint32_t ok = 0;
+    const ssize_t n = read(fds[0], &ok, sizeof ok);
+    close(fds[0]);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    EXPECT_EQ(n, static_cast<ssize_t>(sizeof ok));
+    EXPECT_EQ(ok, 1000u);
 }
 
 TEST_F(RingTest, AForkedChildWritesIntoItsOwnBuffers) {
