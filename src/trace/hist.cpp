@@ -417,18 +417,21 @@ std::string HistTrigger::show(const Symbolizer &sym) const {
         std::memcpy(&v, e.key + c.key_off, 8);
         return v;
     };
+    // As the kernel's tracing_map_cmp_*: strings, or numbers by the field's signedness.
+    auto cmp_key = [&](const Entry &a, const Entry &b, const Column &c) -> int {
+        if (c.is_string)
+            return strncmp(reinterpret_cast<const char *>(a.key + c.key_off),
+                           reinterpret_cast<const char *>(b.key + c.key_off), kMaxStringKey);
+        const uint64_t x = key_u64(a, c), y = key_u64(b, c);
+        if (c.is_signed) return int64_t(x) < int64_t(y) ? -1 : int64_t(x) > int64_t(y);
+        return x < y ? -1 : x > y;
+    };
     auto cmp_sort = [&](const Entry &a, const Entry &b, const SortKey &sk) -> int {
         if (!sk.is_key) {
             const size_t i = sk.column < 0 ? 0 : size_t(sk.column);
             return a.sums[i] < b.sums[i] ? -1 : a.sums[i] > b.sums[i];
         }
-        const Column &c = keys_[size_t(sk.column)];
-        if (c.is_string)
-            return strncmp(reinterpret_cast<const char *>(a.key + c.key_off),
-                           reinterpret_cast<const char *>(b.key + c.key_off), kMaxStringKey);
-        const uint64_t x = key_u64(a, c), y = key_u64(b, c);
-        if (c.is_signed && c.modifier.empty()) return int64_t(x) < int64_t(y) ? -1 : int64_t(x) > int64_t(y);
-        return x < y ? -1 : x > y;
+        return cmp_key(a, b, keys_[size_t(sk.column)]);
     };
     std::sort(entries.begin(), entries.end(), [&](const Entry &a, const Entry &b) {
         for (const SortKey &sk : sort_) {
@@ -436,7 +439,9 @@ std::string HistTrigger::show(const Symbolizer &sym) const {
             if (sk.descending) r = -r;
             if (r) return r < 0;
         }
-        return std::memcmp(a.key, b.key, key_bytes_) < 0; // a stable order for ties
+        for (const Column &c : keys_) // ties: by the keys, for a stable order
+            if (const int r = cmp_key(a, b, c)) return r < 0;
+        return false;
     });
 
     char buf[512];

@@ -1,0 +1,207 @@
+// Hist triggers: the hist file against golden text (the kernel's format), drops when the
+// table is full, pause/cont/clear, .sym through the symbolizer, and 8 threads updating one
+// table with exact totals.
+#include "trace/trigger.hpp"
+
+#include <ukprobes/kprobes.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace ukp::trace {
+namespace {
+
+class NullHost : public TriggerHost {
+public:
+    void set_tracing_on(bool) override {}
+    bool tracing_is_on() const override { return true; }
+    void take_snapshot() override {}
+    std::atomic<bool> *event_enable_flag(std::string_view, std::string_view) override { return nullptr; }
+    void record_stacktrace(const struct pt_regs &) override {}
+};
+
+std::vector<Field> test_fields() {
+    std::vector<Field> f = common_fields();
+    f.push_back({"__probe_ip", "unsigned long", 8, 8, false, Print::kHex});
+    f.push_back({"a", "s64", 16, 8, true, Print::kSigned});
+    f.push_back({"b", "u32", 24, 4, false, Print::kUnsigned});
+    f.push_back({"s", "__data_loc char[]", 28, 4, true, Print::kString});
+    return f;
+}
+
+std::vector<uint8_t> record(int32_t pid, uint64_t ip, int64_t a, uint32_t b, const std::string &s) {
+    std::vector<uint8_t> r(32 + s.size() + 1, 0);
+    std::memcpy(r.data() + 4, &pid, 4);
+    std::memcpy(r.data() + 8, &ip, 8);
+    std::memcpy(r.data() + 16, &a, 8);
+    std::memcpy(r.data() + 24, &b, 4);
+    const uint32_t loc = 32u | uint32_t(s.size() + 1) << 16;
+    std::memcpy(r.data() + 28, &loc, 4);
+    std::memcpy(r.data() + 32, s.data(), s.size());
+    return r;
+}
+
+// The golden file's text. With UKP_REBASE=1 in the environment, `actual` is written
+// there first (review the diff before committing it).
+std::string golden(const std::string &name, const std::string &actual) {
+    const std::string path = std::string(UKP_FILTER_DATA) + "/" + name;
+    if (getenv("UKP_REBASE")) std::ofstream(path) << actual;
+    std::ifstream in(path);
+    EXPECT_TRUE(in) << name;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+struct Fixture {
+    NullHost host;
+    TriggerSet set;
+    std::vector<Field> fields = test_fields();
+    pt_regs regs{};
+    void fire(int32_t pid, uint64_t ip, int64_t a, uint32_t b, const std::string &s, const char *comm = "worker") {
+        const auto r = record(pid, ip, a, b, s);
+        set.fire(r.data(), uint32_t(r.size()), comm, regs);
+    }
+};
+
+void feed(Fixture &f) {
+    f.fire(10, 0x401000, 1, 100, "hello", "main");
+    f.fire(10, 0x401000, 1, 50, "hello", "main");
+    f.fire(11, 0x401010, -3, 7, "world", "worker");
+    f.fire(12, 0x402000, 1000, 1, "hello", "other");
+    f.fire(10, 0x401000, 1, 25, "x", "main");
+}
+
+TEST(Hist, GoldenKeysValuesSort) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=a:vals=b:sort=b.descending", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=s,common_pid.execname:values=hitcount,a.hex if b > 1", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=b.log2,a.hex:sort=a", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=b.buckets=10:size=200", f.fields, f.host, nullptr), 0);
+    feed(f);
+    EXPECT_EQ(f.set.text(), golden("hist_basic.trigger", f.set.text()));
+    EXPECT_EQ(f.set.hist_text(), golden("hist_basic.hist", f.set.hist_text()));
+}
+
+TEST(Hist, SymbolKeysUseTheSymbolizer) {
+    Fixture f;
+    f.set.set_symbolizer([](uint64_t addr, bool off) -> std::string {
+        if (addr >= 0x401000 && addr < 0x401100)
+            return off ? "main+0x" + std::to_string(addr - 0x401000) + "/0x100" : "main";
+        return "";
+    });
+    ASSERT_EQ(f.set.write("hist:keys=__probe_ip.sym", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=__probe_ip.sym-offset:sort=__probe_ip", f.fields, f.host, nullptr), 0);
+    feed(f);
+    EXPECT_EQ(f.set.hist_text(), golden("hist_sym.hist", f.set.hist_text()));
+}
+
+TEST(Hist, FullTableCountsDrops) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=a:size=100", f.fields, f.host, nullptr), 0); // rounds up to 128
+    for (int i = 0; i < 300; i++) f.fire(1, 0, i % 200, 0, "");
+    const std::string text = f.set.hist_text();
+    EXPECT_NE(text.find("# trigger info: hist:keys=a:vals=hitcount:sort=hitcount:size=128 [active]\n"), std::string::npos);
+    EXPECT_NE(text.find("\nTotals:\n    Hits: 300\n    Entries: 128\n"), std::string::npos) << text;
+    // Keys 0..199 then 0..99 again: the first 128 distinct keys (0..127) get elements;
+    // every hit of 128..199 is a drop.
+    size_t entries_hits = 0;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+        const size_t p = line.find("hitcount:");
+        if (line.starts_with("{ ") && p != std::string::npos) entries_hits += std::stoul(line.substr(p + 9));
+    }
+    const size_t d = text.find("Dropped: ");
+    ASSERT_NE(d, std::string::npos);
+    EXPECT_EQ(entries_hits + std::stoul(text.substr(d + 9)), 300u) << "every hit is counted or dropped";
+    EXPECT_EQ(entries_hits, 128u + 100u); // keys 0..99 (first seen first) each hit twice
+}
+
+TEST(Hist, PauseContinueClear) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=b", f.fields, f.host, nullptr), 0);
+    FilterError err;
+    EXPECT_EQ(f.set.write("hist:keys=b", f.fields, f.host, &err), -EEXIST);
+    EXPECT_EQ(err.message, "Hist trigger already exists");
+    EXPECT_EQ(f.set.write("hist:keys=a:cont", f.fields, f.host, &err), -ENOENT);
+    EXPECT_EQ(err.message, "Can't clear or continue a nonexistent hist trigger");
+    f.fire(1, 0, 0, 5, "");
+    ASSERT_EQ(f.set.write("hist:keys=b:pause", f.fields, f.host, nullptr), 0);
+    EXPECT_EQ(f.set.text(), "hist:keys=b:vals=hitcount:sort=hitcount:size=2048 [paused]\n");
+    f.fire(1, 0, 0, 5, "");
+    EXPECT_NE(f.set.hist_text().find("{ b:          5 } hitcount:          1\n"), std::string::npos);
+    ASSERT_EQ(f.set.write("hist:keys=b:cont", f.fields, f.host, nullptr), 0);
+    f.fire(1, 0, 0, 5, "");
+    EXPECT_NE(f.set.hist_text().find("{ b:          5 } hitcount:          2\n"), std::string::npos);
+    ASSERT_EQ(f.set.write("hist:keys=b:clear", f.fields, f.host, nullptr), 0);
+    EXPECT_NE(f.set.hist_text().find("\nTotals:\n    Hits: 0\n    Entries: 0\n    Dropped: 0\n"), std::string::npos);
+    f.fire(1, 0, 0, 6, "");
+    EXPECT_NE(f.set.hist_text().find("{ b:          6 } hitcount:          1\n"), std::string::npos);
+    ASSERT_EQ(f.set.write("!hist:keys=b", f.fields, f.host, nullptr), 0);
+    EXPECT_TRUE(f.set.empty());
+    EXPECT_EQ(f.set.hist_text(), "");
+}
+
+TEST(Hist, BadSpecsAreRejectedWithTheKernelsMessages) {
+    Fixture f;
+    struct Case { const char *text; const char *message; int pos; };
+    const Case cases[] = {
+        {"hist:keys=nosuch", "Couldn't find field", 10},
+        {"hist:keys=a.bogus", "Invalid field modifier", 12},
+        {"hist:keys=a:sort=b", "Sort field must be a key or a val", 17},
+        {"hist:keys=a:sort=a.up", "Invalid sort modifier", 19},
+        {"hist:keys=a:sort=a,hitcount,a", "Too many sort fields (Max = 2)", 17},
+        {"hist:keys=a:vals=s", "String type can not be an operand in expression", 17},
+        {"hist:keys=a:size=64", "Invalid size (128..131072 entries)", 17},
+        {"hist:keys=a if nosuch == 1", "Field not found", 15 + 7},
+    };
+    for (const Case &c : cases) {
+        FilterError err{"", -1};
+        EXPECT_EQ(f.set.write(c.text, f.fields, f.host, &err), -EINVAL) << c.text;
+        EXPECT_EQ(err.message, c.message) << c.text;
+        EXPECT_EQ(err.pos, c.pos) << c.text;
+    }
+    EXPECT_TRUE(f.set.empty());
+}
+
+TEST(Hist, EightThreadsExactTotals) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=b:vals=a:size=4096", f.fields, f.host, nullptr), 0);
+    constexpr int kThreads = 8, kPerThread = 200000, kKeys = 1000;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; t++)
+        threads.emplace_back([&, t] {
+            std::vector<std::vector<uint8_t>> recs;
+            for (int k = 0; k < kKeys; k++) recs.push_back(record(t, 0, t + 1, uint32_t(k), ""));
+            pt_regs regs{};
+            for (int i = 0; i < kPerThread; i++) {
+                const auto &r = recs[size_t((i * 7 + t) % kKeys)];
+                f.set.fire(r.data(), uint32_t(r.size()), "w", regs);
+            }
+        });
+    for (auto &t : threads) t.join();
+    const std::string text = f.set.hist_text();
+    std::istringstream in(text);
+    std::string line;
+    uint64_t hits = 0, sum_a = 0, entries = 0;
+    while (std::getline(in, line)) {
+        if (!line.starts_with("{ ")) continue;
+        entries++;
+        hits += std::stoull(line.substr(line.find("hitcount:") + 9));
+        sum_a += std::stoull(line.substr(line.find("  a:") + 4));
+    }
+    EXPECT_EQ(entries, uint64_t(kKeys));
+    EXPECT_EQ(hits, uint64_t(kThreads) * kPerThread);
+    uint64_t want_a = 0;
+    for (int t = 0; t < kThreads; t++) want_a += uint64_t(t + 1) * kPerThread;
+    EXPECT_EQ(sum_a, want_a);
+    EXPECT_NE(text.find("Totals:\n    Hits: 1600000\n    Entries: 1000\n    Dropped: 0\n"), std::string::npos);
+}
+
+} // namespace
+} // namespace ukp::trace
