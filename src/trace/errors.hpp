@@ -30,7 +30,7 @@ namespace ukp::trace {
     C(RETVAL_ON_PROBE, "$retval is not available on probe")                                \
     C(BAD_STACK_NUM, "Invalid stack number")                                               \
     C(BAD_ARG_NUM, "Invalid argument number")                                              \
-    C(BAD_VAR, "Invalid $-valiable specified")                                             \
+    C(BAD_VAR, "Invalid $-variable specified")                                             \
     C(BAD_REG_NAME, "Invalid register name")                                               \
     C(BAD_MEM_ADDR, "Invalid memory address")                                              \
     C(BAD_IMM, "Invalid immediate value")                                                  \
