@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -116,26 +118,104 @@ void no_return() { raw_exit(4); }
     ukp_fuzz_enter(&spec.cpu, g_xsave_init);
 }
 
+// What the fuzzer process and the zygote share: the spec with its page contents, and the
+// report of the last run.
+struct Shared {
+    RunResult result;
+    RunSpec spec;
+    uint8_t content[kMaxPages][kPageSize];
+};
+Shared *g_sh = nullptr;
+int g_cmd = -1;    // fuzzer -> zygote: one byte per run
+int g_status = -1; // zygote -> fuzzer: the run's wait status
+
+// Whole reads and writes, through signals (libFuzzer's timers interrupt them).
+bool read_full(int fd, void *buf, size_t n) {
+    auto *p = static_cast<uint8_t *>(buf);
+    while (n > 0) {
+        const ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+    }
+    return true;
+}
+
+bool write_full(int fd, const void *buf, size_t n) {
+    const auto *p = static_cast<const uint8_t *>(buf);
+    while (n > 0) {
+        const ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+    }
+    return true;
+}
+
+// The zygote, forked once while the fuzzer process is still small, forks the runs: a
+// fork costs in proportion to the forking process's memory, and the fuzzer's grows.
+[[noreturn]] void zygote(int cmd, int status_fd) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    uint64_t seq;
+    while (read_full(cmd, &seq, sizeof(seq))) {
+        int64_t reply[2] = {static_cast<int64_t>(seq), -1};
+        int status = -1;
+        const pid_t pid = fork();
+        if (pid == 0) child(g_sh->spec);
+        if (pid > 0) {
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+        }
+        reply[1] = status;
+        if (!write_full(status_fd, reply, sizeof(reply))) break;
+    }
+    _exit(0);
+}
+
+bool start_zygote() {
+    void *p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    g_sh = static_cast<Shared *>(p);
+    g_shared = &g_sh->result;
+    std::memset(g_xsave_init, 0, sizeof(g_xsave_init));
+    const uint32_t mxcsr = 0x1f80; // legacy area offset 24; xrstor loads it with SSE
+    std::memcpy(g_xsave_init + 24, &mxcsr, sizeof(mxcsr));
+    int to[2], from[2];
+    if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) return false;
+    const pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        close(to[1]);
+        close(from[0]);
+        zygote(to[0], from[1]);
+    }
+    close(to[0]);
+    close(from[1]);
+    g_cmd = to[1];
+    g_status = from[0];
+    return true;
+}
+
 } // namespace
 
 bool run_in_child(const RunSpec &spec, RunResult *out) {
-    if (g_shared == nullptr) {
-        void *p = mmap(nullptr, sizeof(RunResult), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) return false;
-        g_shared = static_cast<RunResult *>(p);
-        std::memset(g_xsave_init, 0, sizeof(g_xsave_init));
-        const uint32_t mxcsr = 0x1f80; // legacy area offset 24; xrstor loads it with SSE
-        std::memcpy(g_xsave_init + 24, &mxcsr, sizeof(mxcsr));
+    if (g_sh == nullptr && !start_zygote()) return false;
+    if (spec.npages > kMaxPages) return false;
+    g_sh->spec = spec;
+    for (int i = 0; i < spec.npages; ++i) {
+        std::memcpy(g_sh->content[i], spec.pages[i].content, kPageSize);
+        g_sh->spec.pages[i].content = g_sh->content[i];
     }
     g_shared->kind = RunResult::kNoReport;
     g_shared->nsnap = 0;
-    const pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) child(spec);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) return false;
-    }
+    static uint64_t seq = 0;
+    ++seq;
+    int64_t reply[2];
+    if (!write_full(g_cmd, &seq, sizeof(seq)) || !read_full(g_status, reply, sizeof(reply))) return false;
+    if (reply[0] != static_cast<int64_t>(seq) || reply[1] == -1) return false;
+    const int status = static_cast<int>(reply[1]);
     out->kind = g_shared->kind;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 3) out->kind = RunResult::kSetupFailed;
     out->wait_status = status;
