@@ -1,11 +1,13 @@
 // The agent side of the control socket: one thread, started by ukp_control_start() (the
 // injector calls it after dlopen) or at load when UKP_CONTROL=1. It serves the debugfs
-// files of the core and hands every other path to the trace layer's file API. Off every
+// files of the core and hands every other path to the trace layer's file API
+// (<ukprobes/trace.h>). Off every
 // hot path: it takes no lock a probe hit takes.
 #include "control/control.hpp"
 #include "control/protocol.hpp"
 
 #include <ukprobes/kprobes.h>
+#include <ukprobes/trace.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,12 +27,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <vector>
-
-// The trace layer's file API (include/ukprobes/trace.h, being written beside this). Weak:
-// until the trace layer defines them, its paths answer -ENOENT. *out is malloc()ed.
-extern "C" int ukp_trace_read(const char *path, char **out) __attribute__((weak));
-extern "C" int ukp_trace_write(const char *path, const char *text) __attribute__((weak));
-extern "C" int ukp_trace_append(const char *path, const char *text) __attribute__((weak));
 
 namespace ukp::control {
 
@@ -127,7 +123,6 @@ std::vector<std::string> event_names(const std::string &text) {
 }
 
 int trace_read(const std::string &path, std::string *out) {
-    if (ukp_trace_read == nullptr) return -ENOENT;
     char *text = nullptr;
     const int rc = ukp_trace_read(path.c_str(), &text);
     if (rc >= 0 && text != nullptr) *out = text;
@@ -301,7 +296,7 @@ int32_t Server::handle_read(const std::string &path, std::string *reply) {
         return 0;
     }
     const int rc = trace_read(path, reply);
-    if (rc == -ENOENT && ukp_trace_read == nullptr) *reply = "no such file: " + path + " (the tracer is not built in)";
+    if (rc == -ENOENT) *reply = "no such file: " + path;
     return rc;
 }
 
@@ -331,10 +326,6 @@ int32_t Server::handle_write(Connection &c, const std::string &path, const std::
     if (path == "kprobes/list") {
         *reply = "kprobes/list is read-only";
         return -EACCES;
-    }
-    if (ukp_trace_write == nullptr || ukp_trace_append == nullptr) {
-        *reply = "no such file: " + path + " (the tracer is not built in)";
-        return -ENOENT;
     }
     const bool defs = is_definitions_file(path);
     std::string before_text, after_text;
@@ -366,17 +357,15 @@ void Server::forget_events(const std::vector<std::string> &removed) {
 }
 
 void Server::undo(Connection &c) {
-    if (ukp_trace_write != nullptr && ukp_trace_append != nullptr) {
-        for (auto it = c.events.rbegin(); it != c.events.rend(); ++it) {
-            // The tracer refuses to remove an enabled event, as the kernel does.
-            ukp_trace_write(("events/" + *it + "/enable").c_str(), "0");
-            ukp_trace_append("kprobe_events", ("-:" + *it).c_str());
-        }
-        std::vector<std::string> gone = c.events;
-        std::sort(gone.begin(), gone.end());
-        c.events.clear();
-        forget_events(gone);
+    for (auto it = c.events.rbegin(); it != c.events.rend(); ++it) {
+        // The tracer refuses to remove an enabled event, as the kernel does.
+        ukp_trace_write(("events/" + *it + "/enable").c_str(), "0");
+        ukp_trace_append("kprobe_events", ("-:" + *it).c_str());
     }
+    std::vector<std::string> gone = c.events;
+    std::sort(gone.begin(), gone.end());
+    c.events.clear();
+    forget_events(gone);
     if (c.saved_enabled >= 0) ukp_set_kprobes_enabled(c.saved_enabled);
     if (c.saved_optimization >= 0) ukp_set_kprobes_optimization(c.saved_optimization);
     c.saved_enabled = c.saved_optimization = -1;

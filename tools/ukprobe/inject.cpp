@@ -234,23 +234,19 @@ public:
             int status = 0;
             if (waitpid(tid_, &status, __WALL) != tid_) fail(fmt::format("waitpid: {}", strerror(errno)));
             if (WIFEXITED(status) || WIFSIGNALED(status)) fail("the target exited during the injection");
-            if (!WIFSTOPPED(status)) continue;
+            if (!WIFSTOPPED(status) || status >> 16 != 0) continue; // an event or group stop: go on
             const int sig = WSTOPSIG(status);
-            if (status >> 16 != 0) continue; // an event or group stop: go on
             if (sig == SIGSEGV) {
                 user_regs_struct now{};
                 ptrace(PTRACE_GETREGS, tid_, nullptr, &now);
                 if (now.rip == 0) return now.rax;
-                fail(fmt::format("the injected call crashed at {:#x} (SIGSEGV); the target was left as it was "
-                                 "before the call",
-                                 now.rip));
             }
-            // A signal for the program meanwhile: held back, delivered after the restore.
-            pending_.push_back(sig);
+            // Any other signal goes to the program at once, as without a tracer: the
+            // agent's own int3 probes and fault-safe reads raise SIGTRAP and SIGSEGV in
+            // the called code, and their handlers must run.
+            deliver = sig;
         }
     }
-
-    std::vector<int> pending_; // signals that arrived during the calls, in order
 
 private:
     int tid_;
@@ -295,16 +291,15 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         fail(fmt::format("PTRACE_INTERRUPT: {}", strerror(err)));
     }
     Tracee t(tid);
-    // The first stop: the interrupt's, or a signal's that came first (kept for later).
+    // The first stop: the interrupt's. A signal that comes first goes to the program
+    // (an int3 probe's SIGTRAP must reach the agent's handler).
     while (true) {
         int status = 0;
         if (waitpid(tid, &status, __WALL) != tid) fail(fmt::format("waitpid: {}", strerror(errno)));
         if (WIFEXITED(status) || WIFSIGNALED(status)) fail(fmt::format("process {} exited", pid));
         if (WIFSTOPPED(status) && status >> 16 == PTRACE_EVENT_STOP) break;
-        if (WIFSTOPPED(status) && status >> 16 == 0) {
-            t.pending_.push_back(WSTOPSIG(status));
-            ptrace(PTRACE_CONT, tid, nullptr, nullptr);
-        }
+        if (WIFSTOPPED(status))
+            ptrace(PTRACE_CONT, tid, nullptr, reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
     }
 
     user_regs_struct saved{};
@@ -362,10 +357,9 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     if (have_xstate) restored &= ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
     if (have_fp) restored &= ptrace(PTRACE_SETFPREGS, tid, nullptr, &fpregs) == 0;
     restored &= ptrace(PTRACE_SETREGS, tid, nullptr, &saved) == 0;
-    const int first_signal = t.pending_.empty() ? 0 : t.pending_.front();
-    ptrace(PTRACE_DETACH, tid, nullptr, reinterpret_cast<void *>(static_cast<long>(first_signal)));
+    // From the stop of our return trap: its SIGSEGV is dropped.
+    ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
     result.pause_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    for (size_t i = 1; i < t.pending_.size(); ++i) kill(pid, t.pending_[i]);
 
     if (!restored) error += (error.empty() ? "" : "; ") + std::string("the thread's state could not be fully restored");
     if (!error.empty()) fail(error);
