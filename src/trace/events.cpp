@@ -146,7 +146,8 @@ uint64_t Event::misses() const {
 // The hit handlers: a probe reaches its event through its kprobe, with no lookup.
 int on_kprobe(struct kprobe *kp, struct pt_regs *regs) {
     Hook *h = reinterpret_cast<Hook *>(kp);
-    h->point->event->hit(regs, nullptr, regs->ip, 0);
+    // The probe's address, as the kernel records it (regs->ip may already be past the int3).
+    h->point->event->hit(regs, nullptr, reinterpret_cast<uint64_t>(kp->addr), 0);
     return 0;
 }
 
@@ -484,7 +485,7 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         by_id[fresh->id] = fresh.get();
         events.push_back(std::move(fresh));
     }
-    if (enable) e->enabled.store(true);
+    if (enable) return set_enabled(e, true);
     arm(e);
     return 0;
 }
@@ -503,6 +504,9 @@ int Tracer::remove(Event *e) {
 }
 
 int Tracer::set_enabled(Event *e, bool on) {
+    if (on) {
+        if (int r = ring_init(); r != 0) return r;
+    }
     e->enabled.store(on);
     arm(e);
     return 0;
@@ -512,27 +516,46 @@ int Tracer::set_enabled(Event *e, bool on) {
 
 } // namespace
 
+// The symbol holding addr in any object (data symbols too), or null: the nearest sized
+// symbol at or below addr that contains it (a few below are tried: zero-sized labels and
+// local symbols may sit in between).
+static const sym::Symbol *symbol_holding(const sym::Registry &reg, uint64_t addr) {
+    for (const auto &obj : reg.objects()) {
+        const auto &v = obj->symbols;
+        auto it = std::upper_bound(v.begin(), v.end(), addr,
+                                   [](uint64_t a, const sym::Symbol &s) { return a < s.value; });
+        const sym::Symbol *best = nullptr;
+        for (int tries = 0; it != v.begin() && tries < 64; ++tries) {
+            --it;
+            if (it->size != 0 && addr - it->value < it->size) best = &*it; // the first at one address wins
+            if (best != nullptr && it->value != best->value) break;
+        }
+        if (best != nullptr) return best;
+    }
+    return nullptr;
+}
+
 std::string symbolize(uint64_t addr, bool with_size) {
-    // Callers hold no lock of the tracer's: the registry is only read here.
     static std::mutex mu;
-    static sym::Registry *reg = new sym::Registry;
+    static sym::Registry *reg = new sym::Registry; // never destroyed: printers run at exit
     std::lock_guard lock(mu);
-    sym::Registry::Location loc = reg->locate(addr);
-    if (loc.object == nullptr) {
-        reg->refresh();
-        loc = reg->locate(addr);
+    if (reg->objects().empty()) reg->refresh();
+    const sym::Symbol *s = symbol_holding(*reg, addr);
+    if (s == nullptr) {
+        reg->refresh(); // an object loaded since
+        s = symbol_holding(*reg, addr);
     }
     char buf[64];
-    if (loc.symbol == nullptr || (loc.symbol->size != 0 && addr - loc.symbol->value >= loc.symbol->size)) {
+    if (s == nullptr) {
         std::snprintf(buf, sizeof buf, "0x%" PRIx64, addr);
         return buf;
     }
-    std::string s = loc.symbol->name;
+    std::string out = s->name;
     if (with_size) {
-        std::snprintf(buf, sizeof buf, "+0x%" PRIx64 "/0x%" PRIx64, addr - loc.symbol->value, loc.symbol->size);
-        s += buf;
+        std::snprintf(buf, sizeof buf, "+0x%" PRIx64 "/0x%" PRIx64, addr - s->value, s->size);
+        out += buf;
     }
-    return s;
+    return out;
 }
 
 void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32_t index, std::string &out) {
@@ -724,7 +747,8 @@ int event_file(Tracer &t, const EventPath &p, std::string_view text, bool write,
         }
         const std::string v = strip(text);
         if (v != "0" && v != "1") return -EINVAL;
-        for (Event *e : targets) t.set_enabled(e, v == "1");
+        for (Event *e : targets)
+            if (int r = t.set_enabled(e, v == "1"); r != 0) return r;
         return 0;
     }
     if (p.event.empty()) return -ENOENT;

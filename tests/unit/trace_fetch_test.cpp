@@ -1,0 +1,213 @@
+// Every fetcharg and every type against tests/targets/trace_target.c, whose values are
+// known; the format file against the kernel's own (tests/data/trace/format_golden.txt);
+// faults, return probes, $argN past the sixth, and UKP_EVENTS at start-up.
+#include <gtest/gtest.h>
+
+#include <sys/prctl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <ukprobes/trace.h>
+
+#include "trace/events.hpp"
+#include "trace_target.h"
+
+extern char **environ;
+
+using namespace ukp::trace;
+
+namespace {
+
+// Calls through volatile pointers, so that the compiler keeps every call.
+long (*volatile g_record)(struct ttarget_rec *, const char *, int, unsigned long) = ttarget_record;
+long (*volatile g_eight)(long, long, long, long, long, long, long, long) = ttarget_eight;
+long (*volatile g_pointer)(const char *) = ttarget_pointer;
+long (*volatile g_triple)(long) = ttarget_triple;
+
+std::string read(const char *path) {
+    std::string s;
+    EXPECT_EQ(file_read(path, &s), 0) << path;
+    return s;
+}
+
+std::string data_path(const char *name) {
+    std::string here = __FILE__;
+    return here.substr(0, here.rfind('/')) + "/../data/trace/" + name;
+}
+
+// The event part of the trace lines of event `name` ("name: (...) a=1").
+std::vector<std::string> events_in_trace(const std::string &name) {
+    std::vector<std::string> out;
+    std::istringstream in(read("trace"));
+    std::string line;
+    const std::string key = " " + name + ": (";
+    while (std::getline(in, line)) {
+        const size_t at = line.find(key);
+        if (at != std::string::npos && line[0] != '#') out.push_back(line.substr(at + 1));
+    }
+    return out;
+}
+
+std::string comm() {
+    char name[16] = {0};
+    prctl(PR_GET_NAME, name, 0, 0, 0);
+    return name;
+}
+
+class TraceFetch : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(file_write("events/enable", "0"), 0);
+        ASSERT_EQ(file_write("kprobe_events", ""), 0);
+        ASSERT_EQ(file_write("trace", ""), 0);
+        ASSERT_EQ(file_write("tracing_on", "1"), 0);
+    }
+    void TearDown() override {
+        EXPECT_EQ(file_write("events/enable", "0"), 0);
+        EXPECT_EQ(file_write("kprobe_events", ""), 0);
+    }
+};
+
+TEST_F(TraceFetch, EveryTypeAndFetchargAtEntry) {
+    const std::string def =
+        "p:vals ttarget_record neg=+0(%di):s32 flags=+4(%di):x8 bf=+4(%di):b3@2/8 small=+5(%di):u8 "
+        "word=+6(%di):x16 big=+8(%di):s64 name=+0(+16(%di)):string names=+24(%di):string[3] "
+        "letters=+48(%di):char[4] nextneg=+0(+56(%di)):s32 unext=+u0(+u16(+u56(%di))):ustring "
+        "s=+0(%si):string c=%dx:s32 u=%cx:u64 x32=%dx:x32 u16=%dx:u16 s8=%dx:s8 dflt=%cx cm=$comm "
+        "imm=\\42 immneg=\\-1:s8 lit=\\\"lit\" g=@ttarget_counter:s64 gs=@ttarget_greeting:string "
+        "sym=%di:symbol ss=%di:symstr a1=$arg1 a3=$arg3:s16 words=+6(%di):x16[1] ch=+0(+16(%di)):ustring";
+    ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/vals/enable", "1"), 0);
+    EXPECT_EQ(g_record(&ttarget_first, ttarget_greeting, -7, 12345), -5 + 1 - 7 + 12345);
+    const auto lines = events_in_trace("vals");
+    ASSERT_EQ(lines.size(), 1u) << read("trace");
+    char addr[32];
+    snprintf(addr, sizeof addr, "0x%lx", reinterpret_cast<unsigned long>(&ttarget_first));
+    const std::string want = "vals: (" + symbolize(reinterpret_cast<uint64_t>(&ttarget_record), true) +
+                             ") neg=-5 flags=0xb5 bf=5 small=200 word=0xbeef big=-1234567890123 "
+                             "name=\"alpha\" names={\"one\",\"two\",\"three\"} letters={'w','x','y','z'} "
+                             "nextneg=7 unext=\"beta\" s=\"hello\" c=-7 u=12345 x32=0xfffffff9 u16=65529 s8=-7 "
+                             "dflt=0x3039 cm=\"" + comm() + "\" imm=0x2a immneg=-1 lit=\"lit\" g=4242 gs=\"hello\" "
+                             "sym=ttarget_first+0x0/0x40 ss=\"ttarget_first+0x0/0x40\" a1=" + addr +
+                             " a3=-7 words={0xbeef} ch=\"alpha\"";
+    EXPECT_EQ(lines[0], want);
+    EXPECT_NE(read("kprobe_profile").find("vals"), std::string::npos);
+}
+
+TEST_F(TraceFetch, ArgumentsPastTheSixthAndReturnProbes) {
+    ASSERT_EQ(file_write("kprobe_events", "p:eight ttarget_eight $arg1 $arg6 $arg7 $arg8 $stack1:u8"), 0)
+        << read("error_log");
+    ASSERT_EQ(file_append("kprobe_events", "r:eightr ttarget_eight $arg2 a8=$arg8:s64 $retval:s64 old=+0($arg7):u8"), 0)
+        << read("error_log");
+    ASSERT_EQ(file_append("kprobe_events", "r:triple ttarget_triple rv ra a0"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/enable", "1"), 0);
+    EXPECT_EQ(read("events/kprobes/enable"), "1\n");
+    EXPECT_EQ(g_eight(1, 2, 3, 4, 5, 6, 7, -8), 20);
+    EXPECT_EQ(g_triple(14), 42);
+    auto lines = events_in_trace("eight");
+    ASSERT_EQ(lines.size(), 1u) << read("trace");
+    EXPECT_EQ(lines[0], "eight: (" + symbolize(reinterpret_cast<uint64_t>(&ttarget_eight), true) +
+                            ") arg1=0x1 arg2=0x6 arg3=0x7 arg4=0xfffffffffffffff8 arg5=7");
+    lines = events_in_trace("eightr");
+    ASSERT_EQ(lines.size(), 1u);
+    // "(CALLER+OFF/SIZE <- ttarget_eight)"; $arg8 and $arg7 are values saved at entry.
+    EXPECT_NE(lines[0].find(" <- ttarget_eight) arg1=0x2 a8=-8 arg3=20 old="), std::string::npos) << lines[0];
+    lines = events_in_trace("triple");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(" <- ttarget_triple) arg1=0x2a arg2=0x"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find(" arg3=0xe"), std::string::npos) << lines[0];
+}
+
+TEST_F(TraceFetch, BadPointerGivesTheFaultFormAndAMiss) {
+    ASSERT_EQ(file_write("kprobe_events", "p:bad ttarget_pointer s=+0(%di):string v=+0(%di):u32 ok=%di"), 0);
+    ASSERT_EQ(file_write("events/kprobes/bad/enable", "1"), 0);
+    EXPECT_EQ(g_pointer(reinterpret_cast<const char *>(16)), 1);
+    EXPECT_EQ(g_pointer(ttarget_greeting), 1);
+    const auto lines = events_in_trace("bad");
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_NE(lines[0].find(") s=(fault) v=0 ok=0x10"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[1].find(") s=\"hello\" v=1819043176 ok=0x"), std::string::npos) << lines[1];
+    char want[128];
+    snprintf(want, sizeof want, "  %-44s %15d %15d\n", "bad", 2, 1);
+    EXPECT_EQ(read("kprobe_profile"), want);
+}
+
+TEST_F(TraceFetch, NewEventsAreDisabledAndDisabledEventsRecordNothing) {
+    ASSERT_EQ(file_write("kprobe_events", "p:quiet ttarget_triple x=%di"), 0);
+    EXPECT_EQ(read("events/kprobes/quiet/enable"), "0\n");
+    g_triple(1);
+    EXPECT_TRUE(events_in_trace("quiet").empty());
+    ASSERT_EQ(file_write("events/kprobes/quiet/enable", "1"), 0);
+    ASSERT_EQ(file_write("tracing_on", "0"), 0);
+    g_triple(2);
+    ASSERT_EQ(file_write("tracing_on", "1"), 0);
+    g_triple(3);
+    const auto lines = events_in_trace("quiet");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(") x=0x3"), std::string::npos);
+}
+
+TEST_F(TraceFetch, FormatFileAsTheKernelPrintsIt) {
+    std::ifstream in(data_path("format_golden.txt"));
+    std::string line, def, want;
+    while (std::getline(in, line)) {
+        if (line.rfind("# definition: ", 0) == 0) def = line.substr(14);
+        else if (line[0] != '#') want += line + "\n";
+    }
+    ASSERT_FALSE(def.empty());
+    ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+    const std::string id = read("events/kprobes/fmt/id");
+    const size_t at = want.find("@ID@");
+    ASSERT_NE(at, std::string::npos);
+    want.replace(at, 4, id.substr(0, id.size() - 1));
+    EXPECT_EQ(read("events/kprobes/fmt/format"), want);
+}
+
+TEST_F(TraceFetch, CApiReadsAndWrites) {
+    EXPECT_EQ(ukp_trace_write("/sys/kernel/tracing/kprobe_events", "p:capi ttarget_triple"), 0);
+    char *text = nullptr;
+    ASSERT_EQ(ukp_trace_read("kprobe_events", &text), 0);
+    EXPECT_STREQ(text, "p:kprobes/capi ttarget_triple\n");
+    free(text);
+    EXPECT_EQ(ukp_trace_read("events/kprobes/nosuch/id", &text), -ENOENT);
+    EXPECT_EQ(ukp_trace_append("kprobe_events", "p:capi2 ttarget_triple %zz"), -EINVAL);
+}
+
+// Run by StartupVariable in a child whose UKP_EVENTS the agent applied before main.
+TEST(TraceStartupChild, EventsAppliedBeforeMain) {
+    if (getenv("UKP_EVENTS") == nullptr) GTEST_SKIP() << "run by TraceStartup.Variable";
+    EXPECT_EQ(read("kprobe_events"), "p:kprobes/boot ttarget_triple x=%di y=+0(%si):u8\n");
+    EXPECT_EQ(read("events/kprobes/boot/enable"), "1\n");
+    g_triple(5);
+    const auto lines = events_in_trace("boot");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(") x=0x5 y="), std::string::npos);
+}
+
+TEST(TraceStartup, Variable) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ASSERT_GT(n, 0);
+    self[n] = '\0';
+    std::vector<std::string> env = {"UKP_EVENTS=p:boot,ttarget_triple,x=%di,y=+0(%si):u8"};
+    for (char **e = environ; *e != nullptr; ++e)
+        if (strncmp(*e, "UKP_EVENTS=", 11) != 0) env.emplace_back(*e);
+    std::vector<char *> envp;
+    for (auto &s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string filter = "--gtest_filter=TraceStartupChild.*";
+    char *argv[] = {self, filter.data(), nullptr};
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, self, nullptr, nullptr, argv, envp.data()), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+} // namespace
