@@ -65,6 +65,7 @@ bool snapshot_allocated();
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
 inline constexpr uint32_t kRingVersion = 1;
 inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
+inline constexpr uint32_t kClockMonotonicNs = 0, kClockTsc = 1;
 
 // A thread's name, saved when it exits (the reader's saved_cmdlines).
 struct CommEntry {
@@ -86,7 +87,10 @@ struct RingHeader {
     std::atomic<uint64_t> lost_no_slot;  // records refused: every buffer in use
     uint64_t lost_no_slot_base;          // reader-owned: lost_no_slot at the last clear
     std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommSlots)
-    uint32_t reserved;
+    uint32_t clock;              // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
+    uint64_t tsc_ref;            // kClockTsc: a TSC reading taken with...
+    uint64_t mono_ref;           // ...this CLOCK_MONOTONIC time (ns); a reader takes a second
+                                 // pair and converts by interpolation
     CommEntry comms[kCommSlots];
 };
 
@@ -121,7 +125,7 @@ struct RecordHeader {
     uint16_t cpu;            // sched_getcpu() at the hit
     uint32_t dropped_before; // records this thread lost just before this one
     uint32_t reserved;
-    uint64_t ts;             // CLOCK_MONOTONIC, nanoseconds
+    uint64_t ts;             // RingHeader::clock: CLOCK_MONOTONIC ns, or TSC ticks
 };
 static_assert(sizeof(RecordHeader) == 24);
 inline constexpr uint16_t kRecordKind = 1, kPadKind = 2;
@@ -145,7 +149,7 @@ int snapshot_memfd(size_t *size);
 
 // One record copied out of a buffer.
 struct RingEntry {
-    uint64_t ts = 0;
+    uint64_t ts = 0;          // CLOCK_MONOTONIC, nanoseconds
     uint32_t cpu = 0;
     uint32_t slot = 0;
     uint64_t lost_before = 0; // events lost just before this one in its buffer
