@@ -1,0 +1,102 @@
+// Cost of a trace event hit against the bare probe hit, in one run: a direct call of the
+// probed function, a kprobe with an empty pre_handler (`bare`), and kprobe events on the
+// same function recording 0 arguments, 4 register arguments, and 4 arguments of which
+// one is a string and one a dereference. Every event hit writes its record into the ring
+// buffer (tracing on, no filter). Ratios to `bare` are printed at the end.
+#include <ukprobes/kprobes.h>
+#include <ukprobes/trace.h>
+
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+extern "C" __attribute__((noinline)) long utb_target(long a, const char *s, const long *p, long d) {
+    __asm__ volatile("" ::: "memory");
+    return a + d + (s != nullptr) + (p != nullptr);
+}
+
+namespace {
+
+long (*volatile g_target)(long, const char *, const long *, long) = utb_target;
+const char g_text[] = "a string of some thirty bytes.";
+const long g_value = 42;
+
+int empty_pre(kprobe *, pt_regs *) { return 0; }
+
+void run_calls(benchmark::State &state) {
+    long x = 0;
+    for (auto _ : state) benchmark::DoNotOptimize(x += g_target(x, g_text, &g_value, 3));
+}
+
+void BM_DirectCall(benchmark::State &state) { run_calls(state); }
+
+void BM_BareProbe(benchmark::State &state) {
+    kprobe kp{};
+    kp.symbol_name = "utb_target";
+    kp.pre_handler = empty_pre;
+    if (register_kprobe(&kp) != 0) {
+        state.SkipWithError("register_kprobe failed");
+        return;
+    }
+    run_calls(state);
+    unregister_kprobe(&kp);
+}
+
+// One event on utb_target, defined by `line`, enabled for the run.
+void run_event(benchmark::State &state, const char *name, const char *line) {
+    ukp_trace_write("kprobe_events", "");
+    if (ukp_trace_write("kprobe_events", line) != 0) {
+        state.SkipWithError("definition rejected");
+        return;
+    }
+    const std::string enable = std::string("events/kprobes/") + name + "/enable";
+    ukp_trace_write(enable.c_str(), "1");
+    ukp_trace_write("tracing_on", "1");
+    run_calls(state);
+    ukp_trace_write(enable.c_str(), "0");
+    ukp_trace_write("kprobe_events", "");
+    ukp_trace_write("trace", "");
+}
+
+void BM_Event0(benchmark::State &state) { run_event(state, "e0", "p:e0 utb_target"); }
+void BM_Event4Regs(benchmark::State &state) {
+    run_event(state, "e4", "p:e4 utb_target a=%di s=%si p=%dx d=%cx");
+}
+void BM_Event4StringDeref(benchmark::State &state) {
+    run_event(state, "e4s", "p:e4s utb_target a=%di s=+0(%si):string v=+0(%dx):s64 d=%cx");
+}
+
+BENCHMARK(BM_DirectCall);
+BENCHMARK(BM_BareProbe);
+BENCHMARK(BM_Event0);
+BENCHMARK(BM_Event4Regs);
+BENCHMARK(BM_Event4StringDeref);
+
+// Collects the per-iteration times to print the ratios after the usual table.
+class RatioReporter : public benchmark::ConsoleReporter {
+public:
+    std::map<std::string, double> ns;
+    void ReportRuns(const std::vector<Run> &runs) override {
+        for (const Run &r : runs) ns[r.benchmark_name()] = r.GetAdjustedRealTime();
+        ConsoleReporter::ReportRuns(runs);
+    }
+};
+
+} // namespace
+
+int main(int argc, char **argv) {
+    benchmark::Initialize(&argc, argv);
+    RatioReporter rep;
+    benchmark::RunSpecifiedBenchmarks(&rep);
+    const double bare = rep.ns["BM_BareProbe"];
+    if (bare > 0) {
+        std::printf("\nratio to the bare probe hit (direct call subtracted from neither):\n");
+        for (const char *n : {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref"})
+            std::printf("  %-22s %6.2fx\n", n, rep.ns[n] / bare);
+    }
+    benchmark::Shutdown();
+    return 0;
+}
