@@ -1,0 +1,121 @@
+// The event files wired to filters, triggers and the ring: a filter decides what is
+// recorded, a bad filter keeps the old one, triggers act on hits, symstr/seed 003 forms.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+#include "trace/events.hpp"
+#include "trace_target.h"
+
+using namespace ukp::trace;
+
+namespace {
+
+long (*volatile g_triple)(long) = ttarget_triple;
+long (*volatile g_pointer)(const char *) = ttarget_pointer;
+
+std::string read(const char *path) {
+    std::string s;
+    EXPECT_EQ(file_read(path, &s), 0) << path;
+    return s;
+}
+
+size_t count_events(const std::string &name) {
+    std::istringstream in(read("trace"));
+    std::string line;
+    size_t n = 0;
+    while (std::getline(in, line))
+        if (line[0] != '#' && line.find(" " + name + ": (") != std::string::npos) ++n;
+    return n;
+}
+
+class TraceEvents : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(file_write("events/enable", "0"), 0);
+        for (const char *e : {"flt", "other"}) {
+            std::string p = std::string("events/kprobes/") + e + "/trigger";
+            std::string t;
+            if (file_read(p, &t) == 0) file_write(p, "");
+        }
+        ASSERT_EQ(file_write("kprobe_events", ""), 0);
+        ASSERT_EQ(file_write("trace", ""), 0);
+        ASSERT_EQ(file_write("tracing_on", "1"), 0);
+    }
+    void TearDown() override {
+        file_write("tracing_on", "1");
+        file_write("events/enable", "0");
+    }
+};
+
+TEST_F(TraceEvents, FilterDecidesWhatIsRecorded) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    EXPECT_EQ(read("events/kprobes/flt/filter"), "none\n");
+    ASSERT_EQ(file_write("events/kprobes/flt/filter", "x > 10"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    g_triple(5);
+    g_triple(20);
+    g_triple(-3);
+    EXPECT_EQ(count_events("flt"), 1u) << read("trace");
+    EXPECT_NE(read("trace").find("x=20"), std::string::npos);
+    // A bad filter is refused with a message; the old one stays.
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/kprobes/flt/filter", "nosuchfield == 1"), -EINVAL);
+    EXPECT_EQ(read("events/kprobes/flt/filter"), "x > 10\n");
+    EXPECT_FALSE(read("error_log").empty());
+    ASSERT_EQ(file_write("events/kprobes/flt/filter", "0"), 0);
+    g_triple(1);
+    EXPECT_EQ(count_events("flt"), 2u);
+    char want[128];
+    snprintf(want, sizeof want, "  %-44s %15d %15d\n", "flt", 4, 0);
+    EXPECT_EQ(read("kprobe_profile"), want);
+}
+
+TEST_F(TraceEvents, TriggersActOnHits) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_append("kprobe_events", "p:other ttarget_pointer s=+0(%di):string"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "enable_event:kprobes:other if x == 7"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    g_pointer(ttarget_greeting);
+    EXPECT_EQ(count_events("other"), 0u);
+    g_triple(7);
+    EXPECT_EQ(read("events/kprobes/other/enable"), "1\n");
+    g_pointer(ttarget_greeting);
+    EXPECT_EQ(count_events("other"), 1u);
+    EXPECT_NE(read("trace").find("s=\"hello\""), std::string::npos);
+
+    ASSERT_EQ(file_append("events/kprobes/flt/trigger", "traceoff if x == 9"), 0);
+    g_triple(9);
+    EXPECT_EQ(read("tracing_on"), "0\n");
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!traceoff if x == 9"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!enable_event:kprobes:other if x == 7"), 0);
+    ASSERT_EQ(file_write("events/kprobes/other/enable", "0"), 0);
+}
+
+TEST_F(TraceEvents, HistogramFileShowsKeys) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "hist:keys=x"), 0);
+    g_triple(3);
+    g_triple(3);
+    g_triple(4);
+    const std::string hist = read("events/kprobes/flt/hist");
+    EXPECT_NE(hist.find("x:"), std::string::npos) << hist;
+    EXPECT_NE(hist.find("hitcount:          2"), std::string::npos) << hist;
+    // A disabled event with a trigger records nothing in the trace.
+    EXPECT_EQ(count_events("flt"), 0u);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!hist:keys=x"), 0);
+}
+
+TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
+    ASSERT_EQ(file_write("dynamic_events", "p:dyn ttarget_triple"), 0);
+    EXPECT_EQ(read("dynamic_events"), "p:kprobes/dyn ttarget_triple\n");
+    std::string out;
+    EXPECT_EQ(file_read("events/kprobes/dyn/nosuch", &out), -ENOENT);
+    EXPECT_EQ(file_read("nosuch", &out), -ENOENT);
+    EXPECT_EQ(file_write("events/kprobes/dyn/enable", "2"), -EINVAL);
+    EXPECT_EQ(file_append("dynamic_events", "-:dyn"), 0);
+    EXPECT_EQ(read("kprobe_events"), "");
+}
+
+} // namespace
