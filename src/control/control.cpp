@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <fcntl.h>
 #include <mutex>
 #include <poll.h>
@@ -47,7 +48,8 @@ bool g_thread_valid = false;       // g_thread is joinable; under g_start_mu
 pthread_t g_thread;
 int g_listen_fd = -1;              // owned by the thread once it runs
 int g_wake_fd[2] = {-1, -1};       // a byte here makes the thread stop (ukp_control_stop)
-std::string g_socket_path;
+// Where the socket is; plain chars so that the exit-time unlink never meets a destroyed string.
+char g_socket_path[sizeof(sockaddr_un::sun_path)];
 
 constexpr int kIoTimeoutSeconds = 10; // a controller that stalls mid-request is dropped
 
@@ -267,7 +269,7 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
         // Unlinked before the reply: a controller that attaches right after finds no socket
         // and starts a new thread (ukp_control_start waits for this one).
         g_stopping.store(true);
-        unlink(g_socket_path.c_str());
+        unlink(g_socket_path);
         stop_ = true;
         return 0;
     }
@@ -380,7 +382,7 @@ void Server::close_connection(size_t index) {
 void *thread_main(void *) {
     Server server(g_listen_fd);
     server.run();
-    if (!g_stopping.load()) unlink(g_socket_path.c_str());
+    if (!g_stopping.load()) unlink(g_socket_path);
     close(g_listen_fd);
     g_listen_fd = -1;
     g_stopping.store(true);
@@ -401,6 +403,19 @@ int open_socket_dir(const std::string &dir) {
     return fd;
 }
 
+// Sockets of processes that are gone (killed: they could not remove their own).
+void remove_stale_sockets(const std::string &dir) {
+    DIR *d = opendir(dir.c_str());
+    if (d == nullptr) return;
+    while (dirent *e = readdir(d)) {
+        char *end = nullptr;
+        const long pid = strtol(e->d_name, &end, 10);
+        if (pid <= 0 || end == nullptr || strcmp(end, ".sock") != 0) continue;
+        if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+}
+
 int start_locked() {
     if (g_thread_valid) {
         if (!g_stopping.load()) return 0;
@@ -412,14 +427,16 @@ int start_locked() {
     const int dir_fd = open_socket_dir(dir);
     if (dir_fd < 0) return dir_fd;
     close(dir_fd);
-    g_socket_path = socket_path(geteuid(), getpid());
+    remove_stale_sockets(dir);
+    const std::string path = socket_path(geteuid(), getpid());
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    if (g_socket_path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;
-    memcpy(addr.sun_path, g_socket_path.c_str(), g_socket_path.size() + 1);
+    if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    memcpy(g_socket_path, path.c_str(), path.size() + 1);
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -errno;
-    unlink(g_socket_path.c_str()); // a stale socket of an earlier process with this pid
+    unlink(g_socket_path); // a stale socket of an earlier process with this pid
     if (bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(fd, 8) != 0) {
         const int err = -errno;
         close(fd);
@@ -428,7 +445,7 @@ int start_locked() {
     if (g_wake_fd[0] < 0 && pipe2(g_wake_fd, O_CLOEXEC) != 0) {
         const int err = -errno;
         close(fd);
-        unlink(g_socket_path.c_str());
+        unlink(g_socket_path);
         return err;
     }
     g_listen_fd = fd;
@@ -444,7 +461,7 @@ int start_locked() {
     if (rc != 0) {
         close(fd);
         g_listen_fd = -1;
-        unlink(g_socket_path.c_str());
+        unlink(g_socket_path);
         return -rc;
     }
     pthread_setname_np(g_thread, "ukp-control");
@@ -475,6 +492,11 @@ int stop() {
 }
 
 namespace {
+// The socket goes with the process (a controller then reads "no agent", not a refusal).
+__attribute__((destructor)) void remove_socket_at_exit() {
+    if (g_listen_fd >= 0 && g_socket_path[0] != 0) unlink(g_socket_path);
+}
+
 // UKP_CONTROL=1 in the environment starts the thread when the agent is loaded.
 __attribute__((constructor)) void start_from_environment() {
     const char *v = getenv("UKP_CONTROL");

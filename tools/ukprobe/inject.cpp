@@ -302,6 +302,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
             ptrace(PTRACE_CONT, tid, nullptr, reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
     }
 
+    const Clock::time_point stopped = Clock::now();
     user_regs_struct saved{};
     if (ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0) fail(fmt::format("PTRACE_GETREGS: {}", strerror(errno)));
     result.was_in_syscall = static_cast<long long>(saved.orig_rax) >= 0;
@@ -359,7 +360,9 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     restored &= ptrace(PTRACE_SETREGS, tid, nullptr, &saved) == 0;
     // From the stop of our return trap: its SIGSEGV is dropped.
     ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
-    result.pause_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const Clock::time_point t1 = Clock::now();
+    result.pause_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    result.stopped_ms = std::chrono::duration<double, std::milli>(t1 - stopped).count();
 
     if (!restored) error += (error.empty() ? "" : "; ") + std::string("the thread's state could not be fully restored");
     if (!error.empty()) fail(error);

@@ -8,6 +8,7 @@ namespace ukprobe {
 struct InjectResult {
     int tid = 0;           // the thread that ran the calls
     double pause_ms = 0;   // that thread's stop: from PTRACE_INTERRUPT to PTRACE_DETACH
+    double stopped_ms = 0; // of which stopped (from its stop to PTRACE_DETACH)
     double calls_ms = 0;   // of which running dlopen, dlsym and ukp_control_start
     bool was_in_syscall = false; // it was blocked in a system call (restarted after)
 };

@@ -99,7 +99,8 @@ int cmd_attach(const Options &o) {
     fmt::print("process {}: agent attached\n", o.pid);
     if (o.verbose) {
         fmt::print("agent: {}\n", agent);
-        fmt::print("thread {} paused {:.3f} ms (calls {:.3f} ms){}\n", res.tid, res.pause_ms, res.calls_ms,
+        fmt::print("thread {} paused {:.3f} ms from interrupt to detach (stopped {:.3f} ms, calls {:.3f} ms){}\n",
+                   res.tid, res.pause_ms, res.stopped_ms, res.calls_ms,
                    res.was_in_syscall ? ", its system call restarted" : "");
         fmt::print("{}\n", r.payload);
     }
