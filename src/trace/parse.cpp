@@ -504,6 +504,7 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
         if (a0.size() < 2 || a0[1] != ':') return -EINVAL;
         bool named = false;
         def->remove = true;
+        def->group.clear(); // "-:EVENT" names the event in whichever group holds it
         if (parse_event_name(std::string_view(a0).substr(2), def, &named, err, 2) != 0 || !named) {
             err->logged = false;
             return -EINVAL;
