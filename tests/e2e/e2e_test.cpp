@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s\n", e.what());
             return 2;
         }
-        const std::string suite = std::filesystem::path(f).stem().string();
+        const std::string suite = "e2e_" + std::filesystem::path(f).stem().string();
         for (const Record &r : records)
             testing::RegisterTest(suite.c_str(), r.name.c_str(), nullptr, nullptr, r.file.c_str(), r.line,
                                   [r]() -> testing::Test * { return new E2eTest(r); });
