@@ -37,7 +37,9 @@ constexpr struct { const char *text; Op op; } kOps[] = {
     {">=", Op::kGe}, {">", Op::kGt},  {"&", Op::kBand}, {"~", Op::kGlob},
 };
 
-enum class Src : uint8_t { kInt, kString, kComm, kCpu };
+// kNever: an integer field of a size the kernel has no comparison for (an array of 3
+// bytes): accepted, and never matches, whatever the operator.
+enum class Src : uint8_t { kInt, kString, kComm, kCpu, kNever };
 
 } // namespace
 
@@ -170,6 +172,7 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
         const uint64_t v = load_sized(rec + p.offset, p.size, p.is_signed);
         return p.is_signed ? compare<int64_t>(p.op, int64_t(v), int64_t(p.val)) : compare<uint64_t>(p.op, v, p.val);
     }
+    case Src::kNever: return false;
     case Src::kCpu: {
         const int cpu = sched_getcpu(); // glibc reads it from rseq or the vDSO: no system call
         return compare<int64_t>(p.op, cpu, int64_t(p.val));
@@ -402,9 +405,8 @@ private:
             if (num.size() >= 24) return fail_pred(kOperandTooLong, i_);
             if (!parse_number(num, p.is_signed, &p.val)) return fail_pred(kIllegalIntval, vs);
             if (p.src == Src::kInt) {
-                if (p.size != 1 && p.size != 2 && p.size != 4 && p.size != 8)
-                    return fail_pred(kIllegalFieldOp, vs);
-                p.val = truncate(p.val, p.size, p.is_signed);
+                if (p.size != 1 && p.size != 2 && p.size != 4 && p.size != 8) p.src = Src::kNever;
+                else p.val = truncate(p.val, p.size, p.is_signed);
             }
         } else {
             return fail_pred(kInvalidValue, vs);

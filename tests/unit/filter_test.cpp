@@ -23,9 +23,10 @@ std::vector<Field> test_fields() {
     f.push_back({"arr", "u8", 34, 1, false, Print::kUnsigned, 4});
     f.push_back({"c", "u8", 38, 1, false, Print::kChar});
     f.push_back({"cm", "__data_loc char[]", 39, 4, true, Print::kString});
+    f.push_back({"arr3", "u8", 43, 1, false, Print::kUnsigned, 3});
     return f;
 }
-constexpr uint32_t kFixedSize = 43;
+constexpr uint32_t kFixedSize = 46;
 
 struct Record {
     std::vector<uint8_t> bytes;
@@ -61,6 +62,7 @@ Record build(const std::string &spec) {
     put(r.bytes, 32, num("x"), 2);
     put(r.bytes, 34, num("arr"), 4);
     put(r.bytes, 38, num("c"), 1);
+    put(r.bytes, 43, 0, 3);
     for (auto [name, off] : {std::pair{"s", 28u}, std::pair{"cm", 39u}}) {
         const std::string v = str(name);
         const uint32_t loc = uint32_t(r.bytes.size()) | uint32_t(v.size() + 1) << 16;
