@@ -67,7 +67,10 @@ struct Writer {
     bool exited;           // past the thread-exit destructor: no more records
     RecordHeader *pend;    // the reserved record
     uint64_t pend_pos;     // its position
+    uint64_t pend_off;     // its offset in the data area
     uint32_t pend_size;    // bytes reserved for it
+    uint64_t head_off;     // slot->head % cap, kept here to spare a division per record
+                           // (head is written by this thread only)
 };
 thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
@@ -267,6 +270,7 @@ uint8_t *ring_reserve(uint32_t size) {
         w.cap = r->cap;
         w.gen = r->gen;
         w.tsc = r->hdr()->clock == kClockTsc;
+        w.head_off = s->head.load(std::memory_order_relaxed) % r->cap;
         if (!w.hooked) {
             w.hooked = true;
             // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
@@ -280,7 +284,7 @@ uint8_t *ring_reserve(uint32_t size) {
     const uint64_t need = align_up(kRecHdr + size, 8);
     const uint64_t cap = w.cap;
     const uint64_t h = s->head.load(std::memory_order_relaxed);
-    const uint64_t off = h % cap;
+    const uint64_t off = w.head_off;
     const uint64_t pad = off + need > cap ? cap - off : 0;
     if (size > kMaxRecordSize || pad + need > cap) {
         count_drop(s);
@@ -292,7 +296,9 @@ uint8_t *ring_reserve(uint32_t size) {
     // Overwrite mode: evict the oldest records until the new one fits.
     uint64_t t = s->tail.load(std::memory_order_acquire);
     while (end - t > cap) {
-        const auto *old = reinterpret_cast<const RecordHeader *>(w.data + t % cap);
+        const uint64_t back = h - t; // <= cap
+        const uint64_t t_off = off >= back ? off - back : off + cap - back;
+        const auto *old = reinterpret_cast<const RecordHeader *>(w.data + t_off);
         const uint64_t len = old->len;
         if (len < 8 || len % 8 != 0 || t + len > h) { // cannot happen unless memory was scribbled on
             count_drop(s);
@@ -317,7 +323,8 @@ uint8_t *ring_reserve(uint32_t size) {
         p->len = static_cast<uint16_t>(pad);
         p->kind = kPadKind;
     }
-    auto *rh = reinterpret_cast<RecordHeader *>(w.data + (h + pad) % cap);
+    const uint64_t rec_off = pad != 0 ? 0 : off;
+    auto *rh = reinterpret_cast<RecordHeader *>(w.data + rec_off);
     const int cpu = sched_getcpu(); // rseq or the vDSO's getcpu: no system call
     rh->cpu = static_cast<uint16_t>(cpu < 0 ? 0 : cpu);
     rh->kind = kRecordKind;
@@ -325,6 +332,7 @@ uint8_t *ring_reserve(uint32_t size) {
     rh->ts = w.tsc ? __rdtsc() : now_ns();
     w.pend = rh;
     w.pend_pos = h + pad;
+    w.pend_off = rec_off;
     w.pend_size = size;
     return reinterpret_cast<uint8_t *>(rh) + kRecHdr;
 }
@@ -346,6 +354,8 @@ void ring_commit(uint8_t *rec, uint32_t used) {
             std::memcpy(&pid, rec + 4, 4);
             if (s->tid.load(std::memory_order_relaxed) != pid) s->tid.store(pid, std::memory_order_relaxed);
         }
+        const uint64_t next = w.pend_off + rh->len;
+        w.head_off = next == w.cap ? 0 : next;
         s->head.store(w.pend_pos + rh->len, std::memory_order_release);
     }
     s->busy.store(0, std::memory_order_release);

@@ -157,17 +157,22 @@ TEST_F(RingTest, TracingOffRecordsNothingAndCountsNothing) {
 TEST_F(RingTest, ConcurrentWritersExactCounts) {
     constexpr uint32_t kThreads = 16, kPer = 20000;
     ASSERT_EQ(set_buffer_size_kb(4096), 0);
-    std::atomic<uint32_t> refused{0};
+    std::atomic<uint32_t> refused{0}, finished{0};
     std::vector<std::thread> ts;
     for (uint32_t t = 0; t < kThreads; ++t)
-        ts.emplace_back([t, &refused] {
+        ts.emplace_back([t, &refused, &finished] {
             for (uint32_t i = 0; i < kPer; ++i)
                 if (!write_record(t, i)) refused.fetch_add(1);
+            // Stay until all have written: a buffer released at exit would be reused,
+            // and three threads' records would overflow one buffer.
+            finished.fetch_add(1);
+            while (finished.load() < kThreads) std::this_thread::yield();
         });
     for (auto &t : ts) t.join();
     EXPECT_EQ(refused.load(), 0u);
     RingCounts c;
     auto e = collect(&c);
+    EXPECT_EQ(c.overrun, 0u);
     ASSERT_EQ(e.size(), size_t(kThreads) * kPer);
     EXPECT_EQ(c.written, uint64_t(kThreads) * kPer);
     std::vector<uint32_t> next(kThreads, 0);
