@@ -281,6 +281,14 @@ bool any_post_handler(const ProbeList *list) {
     return false;
 }
 
+// A word-by-word copy: the trampolines just stored these words one by one, and wider loads
+// spanning two of those stores would wait for them to retire (store-forwarding stall).
+__attribute__((optimize("no-tree-vectorize"))) void copy_regs(pt_regs *to, const pt_regs *from) {
+    auto *d = reinterpret_cast<unsigned long *>(to);
+    const auto *src = reinterpret_cast<const unsigned long *>(from);
+    for (size_t i = 0; i < sizeof(pt_regs) / sizeof(unsigned long); ++i) d[i] = src[i];
+}
+
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry.
 bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
@@ -291,7 +299,8 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
     for (uint32_t i = first; i < list->count && !redirected; ++i) {
         kprobe *p = list->probes[i];
         if (probe_disabled(p) || p->pre_handler == nullptr) continue;
-        const pt_regs before = regs;
+        pt_regs before;
+        copy_regs(&before, &regs);
         ts.hit_point = pt;
         ts.hit_position = i;
         const int r = run_guarded(p, [&] { return p->pre_handler(p, &regs); });

@@ -5,4 +5,5 @@ long ukpt_opt_red_zone(long x);
 long ukpt_opt_read(int fd, void *buf, long n);
 long ukpt_opt_work(long x);
 long ukpt_opt_inner(long x);
+void ukpt_opt_vectors(const void *in, void *out);
 }

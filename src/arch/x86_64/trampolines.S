@@ -116,14 +116,110 @@
 // Calls \fn(context, regs) with the extended state saved around it: the handlers, and
 // the C code around them, use vector registers the program may hold live values in
 // (arguments in xmm0-7, results in xmm0). rbx keeps the frame across the call.
+//
+// Where the OS enables no state beyond x87, SSE and AVX (ukp_fast_ext, trampoline.cpp),
+// the vector registers (ymm0-15, or xmm0-15 without AVX) and MXCSR are saved by hand,
+// which costs a few ns where XSAVE/XRSTOR cost some 100; the x87 registers are not (C
+// code leaves them alone unless it computes with long double). Elsewhere, XSAVE all.
         .macro  CALL_DISPATCH fn
         mov     FRAME(%rsp), %rdi       // the context pushed on entry
         mov     %rsp, %rsi              // struct pt_regs *
         mov     %rsp, %rbx
         .cfi_def_cfa_register rbx
+        movzbl  ukp_fast_ext(%rip), %r12d // callee-saved: still there after the call
+        test    %r12d, %r12d
+        jz      .Lfull\@
+        sub     $544, %rsp
+        and     $-32, %rsp
+        stmxcsr 512(%rsp)
+        cmp     $2, %r12d
+        jne     .Lsave_xmm\@
+        vmovdqa %ymm0, 0(%rsp)
+        vmovdqa %ymm1, 32(%rsp)
+        vmovdqa %ymm2, 64(%rsp)
+        vmovdqa %ymm3, 96(%rsp)
+        vmovdqa %ymm4, 128(%rsp)
+        vmovdqa %ymm5, 160(%rsp)
+        vmovdqa %ymm6, 192(%rsp)
+        vmovdqa %ymm7, 224(%rsp)
+        vmovdqa %ymm8, 256(%rsp)
+        vmovdqa %ymm9, 288(%rsp)
+        vmovdqa %ymm10, 320(%rsp)
+        vmovdqa %ymm11, 352(%rsp)
+        vmovdqa %ymm12, 384(%rsp)
+        vmovdqa %ymm13, 416(%rsp)
+        vmovdqa %ymm14, 448(%rsp)
+        vmovdqa %ymm15, 480(%rsp)
+        vzeroupper                      // the C code then runs without AVX upper state
+        jmp     .Lsaved\@
+.Lsave_xmm\@:
+        movaps  %xmm0, 0(%rsp)
+        movaps  %xmm1, 32(%rsp)
+        movaps  %xmm2, 64(%rsp)
+        movaps  %xmm3, 96(%rsp)
+        movaps  %xmm4, 128(%rsp)
+        movaps  %xmm5, 160(%rsp)
+        movaps  %xmm6, 192(%rsp)
+        movaps  %xmm7, 224(%rsp)
+        movaps  %xmm8, 256(%rsp)
+        movaps  %xmm9, 288(%rsp)
+        movaps  %xmm10, 320(%rsp)
+        movaps  %xmm11, 352(%rsp)
+        movaps  %xmm12, 384(%rsp)
+        movaps  %xmm13, 416(%rsp)
+        movaps  %xmm14, 448(%rsp)
+        movaps  %xmm15, 480(%rsp)
+.Lsaved\@:
+        call    \fn
+        // LDMXCSR stalls the pipeline: only when the C code changed MXCSR.
+        stmxcsr 520(%rsp)
+        mov     520(%rsp), %eax
+        cmp     512(%rsp), %eax
+        je      .Lsame_mxcsr\@
+        ldmxcsr 512(%rsp)
+.Lsame_mxcsr\@:
+        cmp     $2, %r12d
+        jne     .Lrestore_xmm\@
+        vmovdqa 0(%rsp), %ymm0
+        vmovdqa 32(%rsp), %ymm1
+        vmovdqa 64(%rsp), %ymm2
+        vmovdqa 96(%rsp), %ymm3
+        vmovdqa 128(%rsp), %ymm4
+        vmovdqa 160(%rsp), %ymm5
+        vmovdqa 192(%rsp), %ymm6
+        vmovdqa 224(%rsp), %ymm7
+        vmovdqa 256(%rsp), %ymm8
+        vmovdqa 288(%rsp), %ymm9
+        vmovdqa 320(%rsp), %ymm10
+        vmovdqa 352(%rsp), %ymm11
+        vmovdqa 384(%rsp), %ymm12
+        vmovdqa 416(%rsp), %ymm13
+        vmovdqa 448(%rsp), %ymm14
+        vmovdqa 480(%rsp), %ymm15
+        jmp     .Ldone\@
+.Lrestore_xmm\@:
+        movaps  0(%rsp), %xmm0
+        movaps  32(%rsp), %xmm1
+        movaps  64(%rsp), %xmm2
+        movaps  96(%rsp), %xmm3
+        movaps  128(%rsp), %xmm4
+        movaps  160(%rsp), %xmm5
+        movaps  192(%rsp), %xmm6
+        movaps  224(%rsp), %xmm7
+        movaps  256(%rsp), %xmm8
+        movaps  288(%rsp), %xmm9
+        movaps  320(%rsp), %xmm10
+        movaps  352(%rsp), %xmm11
+        movaps  384(%rsp), %xmm12
+        movaps  416(%rsp), %xmm13
+        movaps  448(%rsp), %xmm14
+        movaps  480(%rsp), %xmm15
+        jmp     .Ldone\@
+.Lfull\@:
         SAVE_EXTENDED_STATE
         call    \fn
         RESTORE_EXTENDED_STATE
+.Ldone\@:
         mov     %rbx, %rsp
         .cfi_def_cfa_register rsp
         .endm
