@@ -266,7 +266,8 @@ const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint6
     if (trap_offset >= 0 && k.sig == SIGTRAP && krip == dest + static_cast<uint64_t>(trap_offset) + 1) {
         krip = c.lay.orig + c.insn.len + 1; // Exit::kTrap's int3 stands for "fell through"
     }
-    const bool orig_faulted_in_insn = orip == c.lay.orig;
+    // (An int3 right before the original also stops with rip == orig.)
+    const bool orig_faulted_in_insn = orip == c.lay.orig && o.gregs[REG_TRAPNO] != 3;
     if (o.sig == SIGSEGV || o.sig == SIGBUS) {
         if (o.addr != k.addr) return "different fault addresses";
         if (o.code != k.code) return "different si_code";

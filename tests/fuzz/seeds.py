@@ -160,3 +160,50 @@ int main(int argc, char **) { return pads(argc); }
 
 
 eh_frame_seed()
+
+
+# trace_parse_fuzz: [option byte: bit 0 = comma-separated words][definition line]
+DEFS = [
+    "p:grp/ev do_work+4 a=%ax b=+8(%sp):u32 c=$arg1 s=+0(%di):string",
+    "p do_work",
+    "r:ev do_work $retval ret=$retval:s32",
+    "r16 do_work%return",
+    "p:ev libc.so.6:malloc size=%di:u64",
+    "p /usr/bin/prog:0x1139 x=@counter:u32 y=@counter+8",
+    "p 0x401000 a0 a1 rv ra s0 sa",
+    "p:g.ev do_work arr=+0(%si):u8[4] st=$stack1 cm=$comm imm=\\\"hi\\\"",
+    "-:grp/ev",
+    "p:bad/ do_work",
+]
+for i, d in enumerate(DEFS):
+    out("trace_parse_fuzz", "def%d" % i, b"\0" + d.encode())
+out("trace_parse_fuzz", "commas", b"\1" + b"p:ev,do_work,a=%ax,b=+8(%sp):u32")
+
+# trace_filter_fuzz: [filter text] NUL [record bytes] (tests/fuzz/trace_fields.hpp)
+FILTERS = [
+    "arg1 == 5",
+    "arg2 < 0 && (c == 'a' || arr[1] > 3)",
+    'name ~ "fo*[a-c]?"',
+    'common_comm == "fuzz" || common_pid != 0',
+    "__probe_ip & 0xff",
+    "!(arg1 >= 10) && arg2 <= -3",
+    "arg1 == 5 &&",
+    "nosuchfield == 1",
+]
+rec = struct.pack("<HBBi", 7, 0, 0, 1234) + struct.pack("<QQi", 0x401000, 5, -4)
+rec += struct.pack("<I", (8 << 16) | 41) + b"a" + struct.pack("<4H", 1, 4, 9, 16) + b"foobar!\0"
+for i, f in enumerate(FILTERS):
+    out("trace_filter_fuzz", "filter%d" % i, f.encode() + b"\0" + rec)
+
+# trace_trigger_fuzz: trigger lines; "@" + bytes fires on a record of those bytes
+TRIGGERS = [
+    "traceon\ntraceoff:3 if arg1 > 5\n@" + "x" * 48 + "\n!traceon",
+    "stacktrace:2\nsnapshot if name ~ \"foo*\"\n@" + "y" * 48,
+    "enable_event:kprobes:other\ndisable_event:kprobes:nosuch\n!enable_event:kprobes:other",
+    "hist:keys=arg1:vals=hitcount:sort=hitcount\n@" + "z" * 48 + "\n@" + "w" * 48 + "\n!hist:keys=arg1",
+    "hist:keys=name,arg2.hex:values=arg1:sort=arg1.descending:size=256 if arg1 != 0\n@" + "v" * 60,
+    "hist:keys=__probe_ip.sym-offset\n@" + "u" * 48,
+    "traceon\ntraceon",
+]
+for i, t in enumerate(TRIGGERS):
+    out("trace_trigger_fuzz", "trig%d" % i, t.encode())
