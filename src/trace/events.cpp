@@ -271,6 +271,10 @@ public:
         }
         return seen ? -ERANGE : -ENOENT;
     }
+    bool module_pending(std::string_view spec) override {
+        const std::string_view m = sym::Registry::module_of(spec);
+        return !m.empty() && !symbols.has_module(m);
+    }
     bool function_entry(uint64_t addr) override {
         const sym::Registry::Location loc = symbols.locate(addr);
         return loc.symbol != nullptr && loc.symbol->function && loc.symbol->value == addr;

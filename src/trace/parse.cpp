@@ -575,7 +575,8 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
         def->where = Where::kSymbol;
         def->symbol = sym;
         def->offset = uint64_t(off);
-        if (resolver.resolve_code(sym, def->offset, &def->addr) != 0) return fail(Err::BAD_PROBE_ADDR, 1, 0);
+        if (resolver.resolve_code(sym, def->offset, &def->addr) != 0 && !resolver.module_pending(sym))
+            return fail(Err::BAD_PROBE_ADDR, 1, 0);
         if (def->is_return && off != 0) return fail(Err::BAD_RETPROBE, 1, 0);
         fentry = off == 0;
     }

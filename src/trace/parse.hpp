@@ -37,6 +37,12 @@ struct Resolver {
     virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr) = 0;
     // Whether addr is the first instruction of a function.
     virtual bool function_entry(uint64_t addr) = 0;
+    // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
+    // the kernel's probes on a module that is not loaded).
+    virtual bool module_pending(std::string_view spec) {
+        (void)spec;
+        return false;
+    }
 };
 
 // One argument of a definition.

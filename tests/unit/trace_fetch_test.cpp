@@ -137,6 +137,42 @@ TEST_F(TraceFetch, BadPointerGivesTheFaultFormAndAMiss) {
     EXPECT_EQ(read("kprobe_profile"), want);
 }
 
+TEST_F(TraceFetch, UprobeFormPathAndFileOffset) {
+    // The file offset of ttarget_triple in this executable, from its mapping.
+    const uint64_t addr = reinterpret_cast<uint64_t>(&ttarget_triple);
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    uint64_t off = 0;
+    while (std::getline(maps, line)) {
+        unsigned long long lo, hi, moff;
+        if (sscanf(line.c_str(), "%llx-%llx %*s %llx", &lo, &hi, &moff) == 3 && addr >= lo && addr < hi)
+            off = addr - lo + moff;
+    }
+    ASSERT_NE(off, 0u);
+    char def[128], shown[128];
+    snprintf(def, sizeof def, "p:up /proc/self/exe:0x%llx x=%%di", static_cast<unsigned long long>(off));
+    snprintf(shown, sizeof shown, "p:kprobes/up /proc/self/exe:0x%016llx x=%%di\n", static_cast<unsigned long long>(off));
+    ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+    EXPECT_EQ(read("kprobe_events"), shown);
+    snprintf(def, sizeof def, "r /proc/self/exe:0x%llx $retval", static_cast<unsigned long long>(off));
+    ASSERT_EQ(file_append("kprobe_events", def), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/enable", "1"), 0);
+    g_triple(11);
+    auto lines = events_in_trace("up");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(") x=0xb"), std::string::npos) << lines[0];
+    char gen[64];
+    snprintf(gen, sizeof gen, "r_exe_0x%llx", static_cast<unsigned long long>(off)); // the given path's base name
+    lines = events_in_trace(gen);
+    ASSERT_EQ(lines.size(), 1u) << read("kprobe_events");
+    EXPECT_NE(lines[0].find(" <- ttarget_triple) arg1=0x21"), std::string::npos) << lines[0];
+}
+
+TEST_F(TraceFetch, ModuleNotLoadedYetIsAccepted) {
+    ASSERT_EQ(file_write("kprobe_events", "p:later libnot_loaded_yet.so:some_function"), 0) << read("error_log");
+    EXPECT_EQ(read("kprobe_events"), "p:kprobes/later libnot_loaded_yet.so:some_function\n");
+}
+
 TEST_F(TraceFetch, NewEventsAreDisabledAndDisabledEventsRecordNothing) {
     ASSERT_EQ(file_write("kprobe_events", "p:quiet ttarget_triple x=%di"), 0);
     EXPECT_EQ(read("events/kprobes/quiet/enable"), "0\n");
