@@ -21,7 +21,8 @@ struct HistTable {
     std::unique_ptr<std::atomic<uint64_t>[]> sums;        // n_elts * n_vals
     std::unique_ptr<char[]> comms;                        // n_elts * 16: .execname
     std::atomic<uint32_t> next_elt{0};                    // elements handed out
-    std::atomic<uint64_t> hits{0}, drops{0};
+    std::atomic<uint64_t> hits{0};  // hits that found or made their element
+    std::atomic<uint64_t> drops{0}; // hits whose new key found the table full
 
     HistTable(uint32_t elts, uint32_t kbytes, uint32_t vals)
         : n_elts(elts), n_buckets(elts * 2), key_bytes(kbytes), n_vals(vals),
@@ -316,7 +317,6 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
 void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) noexcept {
     if (paused_.load(std::memory_order_acquire)) return;
     HistTable *t = table_.load(std::memory_order_acquire);
-    t->hits.fetch_add(1, std::memory_order_relaxed);
     uint8_t key[kMaxKeys * kMaxStringKey];
     std::memset(key, 0, key_bytes_);
     for (const Column &c : keys_) {
@@ -343,6 +343,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
     }
     const int64_t el = t->find_or_insert(key, comm);
     if (el < 0) return;
+    t->hits.fetch_add(1, std::memory_order_relaxed); // the kernel's map->hits leaves drops out
     std::atomic<uint64_t> *sums = &t->sums[size_t(el) * t->n_vals];
     sums[0].fetch_add(1, std::memory_order_relaxed);
     for (size_t i = 1; i < vals_.size(); i++) {
