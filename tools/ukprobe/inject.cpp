@@ -16,6 +16,7 @@
 #include <libelf.h>
 #include <sstream>
 #include <stdexcept>
+#include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/uio.h>
 #include <sys/user.h>
@@ -145,7 +146,8 @@ std::vector<uint64_t> dynamic_symbols(const std::string &path, uint64_t base, co
         for (size_t i = 0; data != nullptr && i < count; ++i) {
             GElf_Sym sym;
             if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr || sym.st_value == 0) continue;
-            if (GELF_ST_TYPE(sym.st_info) != STT_FUNC && GELF_ST_TYPE(sym.st_info) != STT_GNU_IFUNC) continue;
+            // Plain functions only: an IFUNC's symbol is its resolver, not the function.
+            if (GELF_ST_TYPE(sym.st_info) != STT_FUNC) continue;
             const char *name = elf_strptr(elf, sh.sh_link, sym.st_name);
             if (name == nullptr) continue;
             for (size_t k = 0; k < names.size(); ++k)
@@ -185,6 +187,99 @@ int pick_thread(int pid, bool *in_syscall) {
     return pid;
 }
 
+// The loader: a page of code and a page of data mapped into the target. A new thread of
+// the target runs the code, so the interrupted thread stops only for mmap, mprotect and
+// pthread_create, never for dlopen (milliseconds, and locks it might itself hold).
+//
+// Data page (the thread's argument, rbx in the stub):
+constexpr uint64_t kDlopen = 0, kDlsym = 8, kDlerror = 16, kMunmap = 24, kDetach = 32, kSelf = 40, kSnprintf = 48, kUsleep = 96;
+constexpr uint64_t kStatus = 56;  // 0 running; 1 dlopen, 2 dlsym, 3 ukp_control_start failed
+constexpr uint64_t kValue = 64;   // ukp_control_start's result when status is 3
+constexpr uint64_t kBase = 72;    // the mapping, for munmap
+constexpr uint64_t kSize = 80;
+constexpr uint64_t kCookie = 88;  // tells our page from whatever is mapped there later
+constexpr uint64_t kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00, kErrorMax = 0x400;
+constexpr uint64_t kPage = 4096, kLoaderSize = 2 * kPage;
+
+// x86-64 code of the loader thread's start routine (argument: the data page):
+//   usleep(1000)                            so the interrupted thread gets back to its trap
+//                                           (and is released) before dlopen competes for the CPU
+//   pthread_detach(pthread_self());
+//   h = dlopen(path, RTLD_NOW)              or: snprintf(error, max, "%s", dlerror()); status = 1
+//   f = dlsym(h, "ukp_control_start")       or: the same with status = 2
+//   rc = f()                                or, if rc != 0: value = rc; status = 3
+//   on success, tail-call munmap(base, size): it returns into the thread's exit path
+//   and no instruction of the unmapped page runs after it.
+// On failure the pages stay for the controller to read why.
+std::vector<uint8_t> loader_code() {
+    std::vector<uint8_t> c;
+    auto put = [&](std::initializer_list<uint8_t> bytes) { c.insert(c.end(), bytes); };
+    auto call_slot = [&](uint64_t slot) { put({0xff, 0x53, static_cast<uint8_t>(slot)}); }; // call [rbx+slot]
+    auto set_status = [&](uint8_t v) { put({0x48, 0xc7, 0x43, static_cast<uint8_t>(kStatus), v, 0, 0, 0}); };
+    put({0x53});                         // push rbx (aligns the stack for calls)
+    put({0x48, 0x89, 0xfb});             // mov rbx, rdi
+    put({0xbf, 0xe8, 0x03, 0, 0});       // mov edi, 1000
+    call_slot(kUsleep);
+    call_slot(kSelf);
+    put({0x48, 0x89, 0xc7});             // mov rdi, rax
+    call_slot(kDetach);
+    put({0x48, 0x8d, 0xbb, static_cast<uint8_t>(kPath), static_cast<uint8_t>(kPath >> 8), 0, 0}); // lea rdi, [rbx+path]
+    put({0xbe, RTLD_NOW, 0, 0, 0});      // mov esi, RTLD_NOW
+    call_slot(kDlopen);
+    put({0x48, 0x85, 0xc0});             // test rax, rax
+    put({0x74, 0});                      // jz dlopen_failed
+    const size_t jz1 = c.size();
+    put({0x48, 0x89, 0xc7});             // mov rdi, rax
+    put({0x48, 0x8d, 0xb3, static_cast<uint8_t>(kSymbol), static_cast<uint8_t>(kSymbol >> 8), 0, 0}); // lea rsi, [rbx+symbol]
+    call_slot(kDlsym);
+    put({0x48, 0x85, 0xc0});             // test rax, rax
+    put({0x74, 0});                      // jz dlsym_failed
+    const size_t jz2 = c.size();
+    put({0xff, 0xd0});                   // call rax
+    put({0x85, 0xc0});                   // test eax, eax
+    put({0x75, 0});                      // jnz start_failed
+    const size_t jnz3 = c.size();
+    put({0x48, 0x8b, 0x7b, static_cast<uint8_t>(kBase)}); // mov rdi, [rbx+base]
+    put({0x48, 0x8b, 0x73, static_cast<uint8_t>(kSize)}); // mov rsi, [rbx+size]
+    put({0x48, 0x8b, 0x43, static_cast<uint8_t>(kMunmap)}); // mov rax, [rbx+munmap]
+    put({0x5b});                         // pop rbx
+    put({0xff, 0xe0});                   // jmp rax
+    c[jz1 - 1] = static_cast<uint8_t>(c.size() - jz1); // dlopen_failed:
+    put({0xb8, 1, 0, 0, 0});             // mov eax, 1
+    put({0xeb, 0});                      // jmp error
+    const size_t jmp1 = c.size();
+    c[jz2 - 1] = static_cast<uint8_t>(c.size() - jz2); // dlsym_failed:
+    put({0xb8, 2, 0, 0, 0});             // mov eax, 2
+    c[jmp1 - 1] = static_cast<uint8_t>(c.size() - jmp1); // error:
+    put({0x50, 0x50});                   // push rax twice (keeps the alignment)
+    call_slot(kDlerror);
+    put({0x48, 0x85, 0xc0});             // test rax, rax
+    put({0x74, 0});                      // jz no_message
+    const size_t jz4 = c.size();
+    put({0x48, 0x8d, 0xbb, static_cast<uint8_t>(kError), static_cast<uint8_t>(kError >> 8), 0, 0}); // lea rdi, [rbx+error]
+    put({0xbe, static_cast<uint8_t>(kErrorMax), static_cast<uint8_t>(kErrorMax >> 8), 0, 0}); // mov esi, max
+    put({0x48, 0x8d, 0x93, static_cast<uint8_t>(kFormat), static_cast<uint8_t>(kFormat >> 8), 0, 0}); // lea rdx, [rbx+format]
+    put({0x48, 0x89, 0xc1});             // mov rcx, rax
+    put({0x31, 0xc0});                   // xor eax, eax (no vector arguments)
+    call_slot(kSnprintf);
+    c[jz4 - 1] = static_cast<uint8_t>(c.size() - jz4); // no_message:
+    put({0x58, 0x58});                   // pop rax twice
+    put({0x48, 0x89, 0x43, static_cast<uint8_t>(kStatus)}); // mov [rbx+status], rax
+    put({0xeb, 0});                      // jmp out
+    const size_t jmp2 = c.size();
+    c[jnz3 - 1] = static_cast<uint8_t>(c.size() - jnz3); // start_failed:
+    put({0x48, 0x63, 0xc0});             // movsxd rax, eax
+    put({0x48, 0x89, 0x43, static_cast<uint8_t>(kValue)}); // mov [rbx+value], rax
+    set_status(3);
+    c[jmp2 - 1] = static_cast<uint8_t>(c.size() - jmp2); // out:
+    put({0x31, 0xc0});                   // xor eax, eax
+    put({0x5b});                         // pop rbx
+    put({0xc3});                         // ret
+    return c;
+}
+
+enum { kFnDlopen, kFnDlsym, kFnDlerror, kFnMmap, kFnMprotect, kFnMunmap, kFnCreate, kFnDetach, kFnSelf, kFnSnprintf, kFnUsleep };
+
 class Tracee {
 public:
     explicit Tracee(int tid) : tid_(tid) {}
@@ -213,7 +308,8 @@ public:
     // Calls fn(a0, a1) on the stopped thread with `sp` as its stack pointer (16-byte
     // aligned, the return address 0 written at sp - 8 by the caller's layout) and waits
     // for the return to trap at address 0.
-    uint64_t call(const user_regs_struct &saved, uint64_t fn, uint64_t sp, uint64_t a0 = 0, uint64_t a1 = 0) {
+    uint64_t call(const user_regs_struct &saved, uint64_t fn, uint64_t sp, uint64_t a0 = 0, uint64_t a1 = 0,
+                  uint64_t a2 = 0, uint64_t a3 = 0, uint64_t a4 = 0, uint64_t a5 = 0) {
         user_regs_struct r = saved;
         const uint64_t zero = 0;
         write_mem(sp - 8, &zero, sizeof zero);
@@ -221,6 +317,10 @@ public:
         r.rsp = sp - 8;
         r.rdi = a0;
         r.rsi = a1;
+        r.rdx = a2;
+        r.rcx = a3;
+        r.r8 = a4;
+        r.r9 = a5;
         r.rax = 0;
         // No system call in progress: the kernel's restart logic must not move rip.
         r.orig_rax = static_cast<unsigned long long>(-1);
@@ -276,9 +376,15 @@ InjectResult inject_agent(int pid, const std::string &agent) {
                          "agent; start it with `ukprobe run` or link libukprobes",
                          pid));
     }
-    const std::vector<uint64_t> fns = dynamic_symbols(libc->path, libc->start, {"dlopen", "dlsym", "dlerror"});
-    if (fns[0] == 0 || fns[1] == 0 || fns[2] == 0)
-        fail(fmt::format("{} in process {} has no dlopen/dlsym (glibc older than 2.34?)", libc->path, pid));
+    const std::vector<std::string> names = {"dlopen", "dlsym", "dlerror", "mmap", "mprotect", "munmap",
+                                            "pthread_create", "pthread_detach", "pthread_self", "snprintf", "usleep"};
+    const std::vector<uint64_t> fns = dynamic_symbols(libc->path, libc->start, names);
+    for (size_t i = 0; i < names.size(); ++i)
+        if (fns[i] == 0)
+            fail(fmt::format("{} in process {} has no {} (glibc older than 2.34?)", libc->path, pid, names[i]));
+    if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
+    // Tells the loader's data page from a later mapping at the same address.
+    const uint64_t cookie = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 
     bool in_syscall = false;
     const int tid = pick_thread(pid, &in_syscall);
@@ -314,36 +420,56 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     user_fpregs_struct fpregs{};
     const bool have_fp = !have_xstate && ptrace(PTRACE_GETFPREGS, tid, nullptr, &fpregs) == 0;
 
-    // Stack: below the red zone (128 bytes) and a margin, the two strings, then the frame.
-    const std::string sym = "ukp_control_start";
+    // Stack: below the red zone (128 bytes) and a margin, pthread_create's out-parameter,
+    // then the frame.
     const uint64_t top = (saved.rsp - 128 - 256) & ~15ull;
-    const uint64_t path_at = (top - agent.size() - 1) & ~15ull;
-    const uint64_t sym_at = (path_at - sym.size() - 1) & ~15ull;
-    const uint64_t sp = (sym_at - 64) & ~15ull;
+    const uint64_t thread_out = top - 16;
+    const uint64_t sp = (thread_out - 64) & ~15ull;
     const uint64_t low = sp - 8;
     std::vector<uint8_t> saved_stack(top - low);
 
     std::string error;
-    uint64_t handle = 0, start_fn = 0;
-    int64_t start_rc = 0;
+    uint64_t loader = 0;
     const Clock::time_point c0 = Clock::now();
     try {
         t.read_mem(low, saved_stack.data(), saved_stack.size());
-        t.write_mem(path_at, agent.c_str(), agent.size() + 1);
-        t.write_mem(sym_at, sym.c_str(), sym.size() + 1);
-        handle = t.call(saved, fns[0], sp, path_at, RTLD_NOW);
-        if (handle == 0) {
-            const uint64_t msg = t.call(saved, fns[2], sp);
-            error = fmt::format("dlopen in process {} failed: {}", pid, msg ? t.read_string(msg) : "(no message)");
-        } else {
-            start_fn = t.call(saved, fns[1], sp, handle, sym_at);
-            if (start_fn == 0)
-                error = fmt::format("{} has no ukp_control_start: not a ukprobes agent", agent);
-            else
-                start_rc = static_cast<int32_t>(t.call(saved, start_fn, sp));
+        loader = t.call(saved, fns[kFnMmap], sp, 0, kLoaderSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        static_cast<uint64_t>(-1), 0);
+        if (loader == static_cast<uint64_t>(-1) || loader == 0) {
+            loader = 0;
+            fail(fmt::format("mmap in process {} failed", pid));
         }
+        const std::vector<uint8_t> code = loader_code();
+        std::vector<uint8_t> data(kPage, 0);
+        const auto put64 = [&](uint64_t off, uint64_t v) { memcpy(data.data() + off, &v, 8); };
+        put64(kDlopen, fns[kFnDlopen]);
+        put64(kDlsym, fns[kFnDlsym]);
+        put64(kDlerror, fns[kFnDlerror]);
+        put64(kMunmap, fns[kFnMunmap]);
+        put64(kDetach, fns[kFnDetach]);
+        put64(kSelf, fns[kFnSelf]);
+        put64(kSnprintf, fns[kFnSnprintf]);
+        put64(kUsleep, fns[kFnUsleep]);
+        put64(kBase, loader);
+        put64(kSize, kLoaderSize);
+        put64(kCookie, cookie);
+        memcpy(data.data() + kFormat, "%s", 3);
+        memcpy(data.data() + kSymbol, "ukp_control_start", 18);
+        memcpy(data.data() + kPath, agent.c_str(), agent.size() + 1);
+        t.write_mem(loader, code.data(), code.size());
+        t.write_mem(loader + kPage, data.data(), data.size());
+        if (t.call(saved, fns[kFnMprotect], sp, loader, kPage, PROT_READ | PROT_EXEC) != 0)
+            fail(fmt::format("mprotect in process {} failed", pid));
+        const int rc = static_cast<int32_t>(t.call(saved, fns[kFnCreate], sp, thread_out, 0, loader, loader + kPage));
+        if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
     } catch (const std::exception &e) {
         error = e.what();
+        if (loader != 0) {
+            try {
+                t.call(saved, fns[kFnMunmap], sp, loader, kLoaderSize);
+            } catch (const std::exception &) {
+            }
+        }
     }
     result.calls_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
 
@@ -366,13 +492,46 @@ InjectResult inject_agent(int pid, const std::string &agent) {
 
     if (!restored) error += (error.empty() ? "" : "; ") + std::string("the thread's state could not be fully restored");
     if (!error.empty()) fail(error);
-    if (start_rc < 0)
-        fail(fmt::format("the agent loaded, but ukp_control_start() failed in process {}: {}{}", pid,
-                         strerror(static_cast<int>(-start_rc)),
-                         start_rc == -EPERM ? fmt::format(" (check {} : it must be a directory of the process's user "
-                                                          "with mode 0700)",
-                                                          "/tmp/ukprobes-UID")
-                                            : ""));
+
+    // The loader thread runs on its own now: done when its pages are gone (success), or
+    // when its status says why not.
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+    Tracee reader(pid);
+    while (true) {
+        uint64_t head[2] = {0, 0}; // status, value
+        uint64_t seen_cookie = 0;
+        bool ours = true;
+        try {
+            reader.read_mem(loader + kPage + kCookie, &seen_cookie, 8);
+            reader.read_mem(loader + kPage + kStatus, head, sizeof head);
+        } catch (const std::exception &) {
+            ours = false;
+        }
+        if (!ours || seen_cookie != cookie) break;
+        if (head[0] == 1 || head[0] == 2) {
+            char text[kErrorMax + 1] = {};
+            try {
+                reader.read_mem(loader + kPage + kError, text, kErrorMax);
+            } catch (const std::exception &) {
+            }
+            fail(fmt::format("{} in process {} failed: {}", head[0] == 1 ? "dlopen" : "dlsym", pid,
+                             text[0] ? text : "(no message)"));
+        }
+        if (head[0] == 3) {
+            const int rc = static_cast<int>(static_cast<int64_t>(head[1]));
+            fail(fmt::format("the agent loaded, but ukp_control_start() failed in process {}: {}{}", pid,
+                             strerror(-rc),
+                             rc == -EPERM ? " (its socket directory /tmp/ukprobes-UID must be a directory of the "
+                                            "process's user with mode 0700)"
+                                          : ""));
+        }
+        if (Clock::now() > deadline)
+            fail(fmt::format("the agent did not start in process {} within 10 s (its loader thread is stuck in "
+                             "dlopen)",
+                             pid));
+        usleep(500);
+    }
+    result.ready_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     return result;
 }
 

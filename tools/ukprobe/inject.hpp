@@ -9,13 +9,16 @@ struct InjectResult {
     int tid = 0;           // the thread that ran the calls
     double pause_ms = 0;   // that thread's stop: from PTRACE_INTERRUPT to PTRACE_DETACH
     double stopped_ms = 0; // of which stopped (from its stop to PTRACE_DETACH)
-    double calls_ms = 0;   // of which running dlopen, dlsym and ukp_control_start
+    double calls_ms = 0;   // of which running mmap, mprotect and pthread_create in it
+    double ready_ms = 0;   // from PTRACE_INTERRUPT until the loader thread was done
     bool was_in_syscall = false; // it was blocked in a system call (restarted after)
 };
 
 // Loads `agent` (an absolute path) into process `pid` with dlopen(RTLD_NOW) and calls its
-// ukp_control_start(). The thread used is stopped only for the calls; its registers,
-// extended state and the stack bytes used are restored exactly. Throws
+// ukp_control_start(), both on a new thread of the process (the loader), which removes
+// its own code pages when done. The thread interrupted to create the loader is stopped
+// only for mmap, mprotect and pthread_create; its registers, extended state and the
+// stack bytes used are restored exactly. Throws
 // std::runtime_error with the cause (a refusal names the policy and what to do).
 InjectResult inject_agent(int pid, const std::string &agent);
 

@@ -102,6 +102,7 @@ int cmd_attach(const Options &o) {
         fmt::print("thread {} paused {:.3f} ms from interrupt to detach (stopped {:.3f} ms, calls {:.3f} ms){}\n",
                    res.tid, res.pause_ms, res.stopped_ms, res.calls_ms,
                    res.was_in_syscall ? ", its system call restarted" : "");
+        fmt::print("agent ready {:.3f} ms after the interrupt (loaded by a thread of its own)\n", res.ready_ms);
         fmt::print("{}\n", r.payload);
     }
     return 0;
