@@ -38,11 +38,15 @@ struct HistTable {
 
     // The element of `key`, created on first sight; -1 when the table is full (dropped).
     int64_t find_or_insert(const uint8_t *key, const char *comm) noexcept {
-        uint32_t h = 2166136261u;
-        for (uint32_t i = 0; i < key_bytes; i++) h = (h ^ key[i]) * 16777619u;
-        h ^= h >> 15;
-        h *= 0x2c1b3c6du;
-        h ^= h >> 12;
+        // Keys are whole 8-byte words (numbers, zero-padded strings): mix a word at a time.
+        uint64_t acc = 0x9e3779b97f4a7c15ull;
+        for (uint32_t i = 0; i < key_bytes; i += 8) {
+            uint64_t w;
+            std::memcpy(&w, key + i, 8);
+            acc = (acc ^ w) * 0xff51afd7ed558ccdull;
+            acc ^= acc >> 32;
+        }
+        uint32_t h = uint32_t(acc ^ (acc >> 29));
         if (h == 0) h = 1;
         uint32_t idx = h, probes = 0, waits = 0;
         for (;;) {
