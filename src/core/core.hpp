@@ -119,6 +119,10 @@ extern std::atomic<bool> g_kprobes_enabled;
 // Set in a child of fork() under UKP_FORK_REMOVE: no handler runs there any more.
 extern std::atomic<bool> g_handlers_silenced;
 
+// Takes the signals the agent needs delivered (SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL)
+// out of a mask the program asked for: blocked, they would kill the process (sigmask.cpp).
+void strip_agent_signals(sigset_t *set);
+
 // Installs the agent's signal handlers, or puts them back if something displaced them
 // (recording what it finds as the program's). 0 or -errno.
 int install_signal_handlers();

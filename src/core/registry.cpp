@@ -85,7 +85,9 @@ bool holds_agent(const sym::Object &obj) {
 }
 
 bool agent_symbol(const sym::Object &obj, const std::string &name) {
-    if (name == "__restore_rt") return obj.name.rfind("libc.so", 0) == 0;
+    // Every hit returns through __restore_rt, and the trap handler saves errno before its
+    // recursion guard is up: a probe in either would recurse without end.
+    if (name == "__restore_rt" || name == "__errno_location") return obj.name.rfind("libc.so", 0) == 0;
     // Within the agent's object only: other objects may name things ukp_* or sigaction.
     if (!holds_agent(obj)) return false;
     if (name.rfind("_ZN3ukp", 0) == 0 || name.rfind("ukp_", 0) == 0) return true;

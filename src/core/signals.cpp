@@ -159,7 +159,11 @@ void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayabl
     // Run the program's handler with the mask it asked for, as the kernel would have.
     sigset_t mask = uc->uc_sigmask, during;
     sigorset(&mask, &mask, &act.sa_mask);
-    if (!(act.sa_flags & SA_NODEFER)) sigaddset(&mask, sig);
+    // Probes may be hit in the handler: the agent's signals stay deliverable, except the
+    // handler's own signal, blocked as the kernel would block it (a fault inside a fault
+    // handler still ends the process). SIGTRAP never: every probe hit needs it.
+    strip_agent_signals(&mask);
+    if (!(act.sa_flags & SA_NODEFER) && sig != SIGTRAP) sigaddset(&mask, sig);
     pthread_sigmask(SIG_SETMASK, &mask, &during);
     if (act.sa_flags & SA_SIGINFO)
         act.sa_sigaction(sig, info, uc);
@@ -175,6 +179,13 @@ int program_sigaction(int sig, const struct sigaction *act, struct sigaction *ol
     if (g_real_sigaction == nullptr) {
         errno = ENOSYS;
         return -1;
+    }
+    // No handler may block the agent's signals while it runs (a probe hit inside it).
+    struct sigaction stripped;
+    if (act != nullptr) {
+        stripped = *act;
+        strip_agent_signals(&stripped.sa_mask);
+        act = &stripped;
     }
     if (sig <= 0 || sig >= NSIG || !managed(sig) || !g_installed.load(std::memory_order_acquire))
         return g_real_sigaction(sig, act, old);

@@ -5,5 +5,6 @@ list(APPEND UKP_SOURCES
   core/optimizer.cpp
   core/registry.cpp
   core/signals.cpp
+  core/sigmask.cpp
   core/unwind.cpp
   core/verify.cpp)

@@ -1,0 +1,121 @@
+// Programs that block signals: a probe hit (SIGTRAP) or a fault-safe read (SIGSEGV) on a
+// thread that blocks the signal would be turned by the kernel into the default action, the
+// death of the process. The agent keeps its signals deliverable whatever mask the program
+// sets. Each case runs in a child (death test) so that a regression shows as a signal
+// instead of killing the suite.
+#include <ukprobes/kprobes.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <pthread.h>
+#include <unistd.h>
+
+namespace {
+
+extern "C" __attribute__((noinline)) long sigmask_target(long x) {
+    asm volatile("");
+    return 5 * x + 1;
+}
+
+std::atomic<long> g_pre{0}, g_post{0};
+int count_pre(kprobe *, pt_regs *) {
+    ++g_pre;
+    return 0;
+}
+// A post_handler keeps the probe on the breakpoint path (never jump-optimized).
+void count_post(kprobe *, pt_regs *, unsigned long) { ++g_post; }
+
+kprobe g_kp;
+void register_target_probe() {
+    g_kp = kprobe{};
+    g_kp.addr = reinterpret_cast<kprobe_opcode_t *>(&sigmask_target);
+    g_kp.pre_handler = count_pre;
+    g_kp.post_handler = count_post;
+    if (register_kprobe(&g_kp) != 0) _exit(2);
+}
+
+void *blocked_thread(void *) {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, nullptr);
+    return reinterpret_cast<void *>(sigmask_target(3));
+}
+
+// Exit codes: 0 correct; 10+ a wrong value.
+void thread_with_every_signal_blocked() {
+    register_target_probe();
+    pthread_t t;
+    void *result = nullptr;
+    pthread_create(&t, nullptr, blocked_thread, nullptr);
+    pthread_join(t, &result);
+    if (reinterpret_cast<long>(result) != 16) _exit(10);
+    if (g_pre != 1 || g_post != 1) _exit(11);
+    _exit(0);
+}
+
+TEST(SignalMasks, AProbeHitOnAThreadThatBlocksEverySignal) {
+    EXPECT_EXIT(thread_with_every_signal_blocked(), ::testing::ExitedWithCode(0), "");
+}
+
+void sigprocmask_blocks_sigtrap() {
+    register_target_probe();
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTRAP);
+    sigaddset(&set, SIGSEGV);
+    sigaddset(&set, SIGUSR1);
+    if (sigprocmask(SIG_BLOCK, &set, nullptr) != 0) _exit(3);
+    if (sigmask_target(1) != 6) _exit(10);
+    if (g_pre != 1) _exit(11);
+    // What the program blocked besides the agent's signals stays blocked.
+    sigprocmask(SIG_BLOCK, nullptr, &old);
+    if (!sigismember(&old, SIGUSR1)) _exit(12);
+    if (sigismember(&old, SIGTRAP)) _exit(13);
+    _exit(0);
+}
+
+TEST(SignalMasks, SigprocmaskBlockingSigtrap) {
+    EXPECT_EXIT(sigprocmask_blocks_sigtrap(), ::testing::ExitedWithCode(0), "");
+}
+
+std::atomic<long> g_handler_result{0};
+void usr1_full_mask(int) { g_handler_result = sigmask_target(7); }
+
+void probe_hit_in_handler_with_full_mask() {
+    register_target_probe();
+    struct sigaction act {};
+    act.sa_handler = usr1_full_mask;
+    sigfillset(&act.sa_mask);
+    if (sigaction(SIGUSR1, &act, nullptr) != 0) _exit(3);
+    raise(SIGUSR1);
+    if (g_handler_result != 36) _exit(10);
+    if (g_pre != 1 || g_post != 1) _exit(11);
+    _exit(0);
+}
+
+TEST(SignalMasks, AProbeHitInAHandlerWhoseMaskBlocksEverything) {
+    EXPECT_EXIT(probe_hit_in_handler_with_full_mask(), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(SignalMasks, PthreadSigmaskStillReportsErrors) {
+    sigset_t set;
+    sigemptyset(&set);
+    EXPECT_EQ(pthread_sigmask(12345, &set, nullptr), EINVAL);
+    errno = 0;
+    EXPECT_EQ(sigprocmask(12345, &set, nullptr), -1);
+    EXPECT_EQ(errno, EINVAL);
+}
+
+// The trap handler saves errno through libc's __errno_location before its recursion
+// guard is up: a probe there would recurse without end.
+TEST(SignalMasks, ErrnoLocationIsBlacklisted) {
+    kprobe kp{};
+    kp.symbol_name = "libc.so.6:__errno_location";
+    kp.pre_handler = count_pre;
+    EXPECT_EQ(register_kprobe(&kp), -EINVAL);
+}
+
+} // namespace
