@@ -29,6 +29,13 @@ int ukp_trace_read(const char *path, char **out);
 int ukp_trace_write(const char *path, const char *text);
 int ukp_trace_append(const char *path, const char *text);
 
+/*
+ * Consumes trace_pipe: waits up to timeout_ms (0: not at all) for the first record, then
+ * returns at most max_bytes of whole lines in *out (malloc()ed; "" when none came).
+ * ukp_trace_read("trace_pipe") is this call with a wait of one second.
+ */
+int ukp_trace_pipe_read(int timeout_ms, unsigned long max_bytes, char **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -33,6 +33,7 @@ constexpr uint16_t kFirstEventId = 2000;       // dynamic event ids, after the s
 constexpr uint16_t kStackEventId = 12;         // the kernel's TRACE_USER_STACK
 constexpr uint32_t kScratchSize = 1024;        // a record built when the ring takes none
 constexpr int kMaxUserStack = 16;              // frames a stacktrace trigger records
+constexpr int kPipeWaitMs = 1000;              // a trace_pipe read waits this long for a record
 
 // The thread's id and name, read once per thread (the name as it was at the first hit).
 struct ThreadInfo {
@@ -119,8 +120,9 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
         cap = std::min(reserve_size, kScratchSize);
     }
     put_header(buf, id, me.tid);
-    uint64_t probe[2] = {ip, ret_addr};
-    __builtin_memcpy(buf + kCommonSize, probe, is_return ? 16 : 8);
+    // Constant sizes: a call to memcpy here could hit a probe on memcpy.
+    __builtin_memcpy(buf + kCommonSize, &ip, 8);
+    if (is_return) __builtin_memcpy(buf + kCommonSize + 8, &ret_addr, 8);
     HitContext ctx{regs, entry, ret_addr, me.comm};
     uint32_t nfault = 0;
     const uint32_t used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(),
@@ -820,7 +822,7 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
         }
         if (path == "trace_pipe") {
             if (write) return -EACCES;
-            *out = trace_pipe_read(print_event, 0, 1 << 20);
+            *out = trace_pipe_read(print_event, kPipeWaitMs, 1 << 20);
             return 0;
         }
         if (!write) { *out = snapshot_text(print_event); return 0; }
@@ -883,6 +885,10 @@ int file_write(std::string_view path, std::string_view text) {
 int file_append(std::string_view path, std::string_view text) {
     std::string ignored;
     return file_op(path, text, 2, &ignored);
+}
+
+std::string pipe_read(int timeout_ms, size_t max_bytes) {
+    return trace_pipe_read(print_event, timeout_ms, max_bytes);
 }
 
 int apply_startup_events(std::string_view spec) {

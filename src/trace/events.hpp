@@ -29,6 +29,10 @@ int file_write(std::string_view path, std::string_view text);
 // Appending write (`echo X >> file`).
 int file_append(std::string_view path, std::string_view text);
 
+// trace_pipe with the caller's wait: up to timeout_ms for the first record, at most
+// max_bytes of text (whole lines). The file API's read of trace_pipe waits 1 s.
+std::string pipe_read(int timeout_ms, size_t max_bytes);
+
 // Applies definitions in the process-start form: semicolon-separated definitions,
 // comma-separated words; each event is enabled. 0, or the first error (the rest is
 // still applied, as the kernel does with its boot parameter).

@@ -21,6 +21,16 @@ extern "C" int ukp_trace_read(const char *path, char **out) {
     return 0;
 }
 
+extern "C" int ukp_trace_pipe_read(int timeout_ms, unsigned long max_bytes, char **out) {
+    if (out == nullptr || timeout_ms < 0) return -EINVAL;
+    const std::string text = ukp::trace::pipe_read(timeout_ms, max_bytes);
+    char *copy = static_cast<char *>(std::malloc(text.size() + 1));
+    if (copy == nullptr) return -ENOMEM;
+    std::memcpy(copy, text.c_str(), text.size() + 1);
+    *out = copy;
+    return 0;
+}
+
 extern "C" int ukp_trace_write(const char *path, const char *text) {
     if (path == nullptr || text == nullptr) return -EINVAL;
     return ukp::trace::file_write(path, text);

@@ -107,6 +107,16 @@ TEST_F(TraceEvents, HistogramFileShowsKeys) {
     ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!hist:keys=x"), 0);
 }
 
+TEST_F(TraceEvents, TracePipeConsumes) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    g_triple(31);
+    const std::string first = pipe_read(1000, 1 << 20);
+    EXPECT_NE(first.find("flt: ("), std::string::npos) << first;
+    EXPECT_NE(first.find("x=31\n"), std::string::npos) << first;
+    EXPECT_EQ(pipe_read(0, 1 << 20), "");
+}
+
 TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
     ASSERT_EQ(file_write("dynamic_events", "p:dyn ttarget_triple"), 0);
     EXPECT_EQ(read("dynamic_events"), "p:kprobes/dyn ttarget_triple\n");
