@@ -198,7 +198,7 @@ constexpr uint64_t kValue = 64;   // ukp_control_start's result when status is 3
 constexpr uint64_t kBase = 72;    // the mapping, for munmap
 constexpr uint64_t kSize = 80;
 constexpr uint64_t kCookie = 88;  // tells our page from whatever is mapped there later
-constexpr uint64_t kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00, kErrorMax = 0x400;
+constexpr uint64_t kCreateName = 0xc0, kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00, kErrorMax = 0x400;
 constexpr uint64_t kPage = 4096, kLoaderSize = 2 * kPage;
 
 // x86-64 code of the loader thread's start routine (argument: the data page):
@@ -454,13 +454,18 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         put64(kSize, kLoaderSize);
         put64(kCookie, cookie);
         memcpy(data.data() + kFormat, "%s", 3);
+        memcpy(data.data() + kCreateName, "pthread_create", 15);
         memcpy(data.data() + kSymbol, "ukp_control_start", 18);
         memcpy(data.data() + kPath, agent.c_str(), agent.size() + 1);
         t.write_mem(loader, code.data(), code.size());
         t.write_mem(loader + kPage, data.data(), data.size());
         if (t.call(saved, fns[kFnMprotect], sp, loader, kPage, PROT_READ | PROT_EXEC) != 0)
             fail(fmt::format("mprotect in process {} failed", pid));
-        const int rc = static_cast<int32_t>(t.call(saved, fns[kFnCreate], sp, thread_out, 0, loader, loader + kPage));
+        // The program's pthread_create if it interposes one (sanitizers, profilers must
+        // know of every thread), libc's otherwise.
+        uint64_t create = t.call(saved, fns[kFnDlsym], sp, 0 /* RTLD_DEFAULT */, loader + kPage + kCreateName);
+        if (create == 0) create = fns[kFnCreate];
+        const int rc = static_cast<int32_t>(t.call(saved, create, sp, thread_out, 0, loader, loader + kPage));
         if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
     } catch (const std::exception &e) {
         error = e.what();
