@@ -102,4 +102,21 @@
         ret
         .size   ukpt_opt_vec_probe, .-ukpt_opt_vec_probe
 
+// long ukpt_opt_flags(long a, long b): the flags of `cmp b, a` as a probed function sees
+// them after its probed region (ukpt_opt_flags_probe returns its flags).
+        FUNC    ukpt_opt_flags
+        cmp     %rsi, %rdi
+        call    ukpt_opt_flags_probe
+        ret
+        .size   ukpt_opt_flags, .-ukpt_opt_flags
+
+        FUNC    ukpt_opt_flags_probe
+        mov     %rdi, %rdx              // 3 bytes: leaves the flags alone
+        nop
+        nop
+        pushfq
+        pop     %rax
+        ret
+        .size   ukpt_opt_flags_probe, .-ukpt_opt_flags_probe
+
         .section .note.GNU-stack,"",@progbits

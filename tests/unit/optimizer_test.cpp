@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -232,6 +233,29 @@ TEST_F(OptimizerTest, VectorRegistersSurviveTheHandlers) {
         EXPECT_EQ(std::memcmp(in, out, sizeof in), 0) << "round " << round;
     }
     EXPECT_EQ(g_hits.load(), 3);
+    unregister_kprobe(&kp);
+}
+
+int flag_changing_pre(kprobe *, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    // Compares in C code change the real flags; regs->flags is what the program gets.
+    return regs->ax == 12345 ? 1 : 0;
+}
+
+// The arithmetic flags (OF included) and the rest come back as they were.
+TEST_F(OptimizerTest, FlagsSurviveTheHandlers) {
+    const long cases[][2] = {{1, 2}, {2, 1}, {5, 5}, {INT64_MIN, 1}, {INT64_MAX, -1}, {0, 0}, {-1, 1}};
+    std::vector<long> expected;
+    for (const auto &c : cases) expected.push_back(ukpt_opt_flags(c[0], c[1]));
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_flags_probe";
+    kp.pre_handler = flag_changing_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp));
+    for (size_t i = 0; i < std::size(cases); ++i)
+        EXPECT_EQ(ukpt_opt_flags(cases[i][0], cases[i][1]), expected[i]) << i;
+    EXPECT_EQ(g_hits.load(), static_cast<long>(std::size(cases)));
     unregister_kprobe(&kp);
 }
 

@@ -118,9 +118,10 @@
 // (arguments in xmm0-7, results in xmm0). rbx keeps the frame across the call.
 //
 // Where the OS enables no state beyond x87, SSE and AVX (ukp_fast_ext, trampoline.cpp),
-// the vector registers (ymm0-15, or xmm0-15 without AVX) and MXCSR are saved by hand,
-// which costs a few ns where XSAVE/XRSTOR cost some 100; the x87 registers are not (C
-// code leaves them alone unless it computes with long double). Elsewhere, XSAVE all.
+// the vector registers (ymm0-15, or xmm0-15 without AVX) are saved by hand, which costs a
+// few ns where XSAVE/XRSTOR cost some 100 here, and MXCSR (whose sticky exception flags
+// a handler's floating-point math may set). Not saved that way: the x87 registers (C
+// code leaves them alone unless it computes with long double). Elsewhere, XSAVE.
         .macro  CALL_DISPATCH fn
         mov     FRAME(%rsp), %rdi       // the context pushed on entry
         mov     %rsp, %rsi              // struct pt_regs *
@@ -171,7 +172,7 @@
         movaps  %xmm15, 480(%rsp)
 .Lsaved\@:
         call    \fn
-        // LDMXCSR stalls the pipeline: only when the C code changed MXCSR.
+        // LDMXCSR serializes: only when the C code changed MXCSR (its sticky flags).
         stmxcsr 520(%rsp)
         mov     520(%rsp), %eax
         cmp     512(%rsp), %eax
@@ -231,8 +232,26 @@
         mov     %rax, RESUME(%rsp)
         mov     RIP(%rsp), %rcx
         mov     %rcx, (%rax)            // the return address, just below the red zone
+        // POPFQ costs more than all the rest of this; when the flags differ from what the
+        // C code leaves (IF and bit 1 set, DF, TF, AC... clear) in arithmetic bits only,
+        // SAHF sets SF ZF AF PF CF and an ADD sets OF, as the instrumentation tools do.
+        mov     EFLAGS(%rsp), %rax
+        mov     %rax, %rcx
+        and     $~0x8d5, %rcx
+        cmp     $0x202, %rcx
+        jne     .Lpopf\@
+        mov     %rax, %rcx
+        shr     $11, %ecx
+        and     $1, %ecx                // OF
+        mov     %al, %ah                // SF ZF AF PF CF
+        mov     %cl, %al
+        add     $0x7f, %al              // OF = (al == 1)
+        sahf
+        jmp     .Lflags\@
+.Lpopf\@:
         pushq   EFLAGS(%rsp)
         popfq
+.Lflags\@:
         mov     R15(%rsp), %r15
         mov     R14(%rsp), %r14
         mov     R13(%rsp), %r13
