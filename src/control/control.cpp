@@ -50,6 +50,7 @@ int g_listen_fd = -1;              // owned by the thread once it runs
 int g_wake_fd[2] = {-1, -1};       // a byte here makes the thread stop (ukp_control_stop)
 // Where the socket is; plain chars so that the exit-time unlink never meets a destroyed string.
 char g_socket_path[sizeof(sockaddr_un::sun_path)];
+pid_t g_owner = 0; // the process the socket belongs to (a forked child must leave it alone)
 
 constexpr int kIoTimeoutSeconds = 10; // a controller that stalls mid-request is dropped
 
@@ -416,6 +417,19 @@ void remove_stale_sockets(const std::string &dir) {
     closedir(d);
 }
 
+// A forked child has no control thread: forget the parent's, and close its descriptors.
+void forget_in_child() {
+    if (g_listen_fd >= 0) close(g_listen_fd);
+    for (int &fd : g_wake_fd) {
+        if (fd >= 0) close(fd);
+        fd = -1;
+    }
+    g_listen_fd = -1;
+    g_thread_valid = false;
+    g_stopping.store(false);
+    g_socket_path[0] = 0;
+}
+
 int start_locked() {
     if (g_thread_valid) {
         if (!g_stopping.load()) return 0;
@@ -434,6 +448,7 @@ int start_locked() {
     if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;
     memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     memcpy(g_socket_path, path.c_str(), path.size() + 1);
+    g_owner = getpid();
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -errno;
     unlink(g_socket_path); // a stale socket of an earlier process with this pid
@@ -465,6 +480,8 @@ int start_locked() {
         return -rc;
     }
     pthread_setname_np(g_thread, "ukp-control");
+    static bool atfork_registered = false;
+    if (!atfork_registered) atfork_registered = pthread_atfork(nullptr, nullptr, forget_in_child) == 0;
     g_thread_valid = true;
     return 0;
 }
@@ -494,8 +511,9 @@ int stop() {
 namespace {
 // The socket goes with the process (a controller then reads "no agent", not a refusal).
 __attribute__((destructor)) void remove_socket_at_exit() {
-    if (g_listen_fd >= 0 && g_socket_path[0] != 0) unlink(g_socket_path);
+    if (g_listen_fd >= 0 && g_socket_path[0] != 0 && g_owner == getpid()) unlink(g_socket_path);
 }
+
 
 // UKP_CONTROL=1 in the environment starts the thread when the agent is loaded.
 __attribute__((constructor)) void start_from_environment() {
