@@ -39,6 +39,9 @@ namespace ukp::core {
 namespace {
 
 thread_local RetInstance *t_ret_head __attribute__((tls_model("initial-exec")));
+// This thread's kSuspect instances: released by the thread's exit, or by a longjmp or a
+// caught exception past them, or returned to after all.
+thread_local RetInstance *t_suspect_head __attribute__((tls_model("initial-exec")));
 thread_local int t_tid __attribute__((tls_model("initial-exec")));
 thread_local bool t_exit_hooked __attribute__((tls_model("initial-exec")));
 
@@ -185,10 +188,17 @@ bool take_from_list(RetInstance *ri) {
         // Frames on another stack (a suspended coroutine, a signal stack) are not comparable.
         const bool comparable = stack_of(reinterpret_cast<uint64_t>(cur_fp)) == stack;
         const bool dead = comparable && (found ? (cur_fp < fp || (cur_fp == fp && !same_call)) : cur_fp < fp);
-        if (returned_elsewhere || dead) {
+        if (returned_elsewhere) {
             *link = cur->next;
-            if (!returned_elsewhere) count_unwound(cur);
             pool_push(cur);
+            continue;
+        }
+        if (dead) { // a guess: quarantined, not reused, in case its frame returns after all
+            *link = cur->next;
+            count_unwound(cur);
+            cur->state.store(RetInstance::kSuspect, std::memory_order_release);
+            cur->next = t_suspect_head;
+            t_suspect_head = cur;
             continue;
         }
         // Below ri, the first frame above it is live, and so is everything older.
@@ -198,9 +208,25 @@ bool take_from_list(RetInstance *ri) {
     return found;
 }
 
+// Takes ri out of this thread's suspects; false if it is not there.
+bool take_suspect(RetInstance *ri) {
+    for (RetInstance **link = &t_suspect_head; *link != nullptr; link = &(*link)->next) {
+        if (*link != ri) continue;
+        *link = ri->next;
+        return true;
+    }
+    return false;
+}
+
+// The frame of a suspect returned after all: it was not unwound.
+void uncount_unwound(RetInstance *ri) {
+    if (kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire); rp != nullptr)
+        __atomic_fetch_sub(&rp->ukp_unwound, 1, __ATOMIC_RELAXED);
+}
+
 // Writes the agent's complaint without allocating: "kretprobe BUG!: ..." as the kernel.
 void report_bug(const RetInstance *ri, uint64_t sp) {
-    char buf[160];
+    char buf[256];
     size_t n = 0;
     const auto put = [&](const char *s) {
         while (*s != '\0' && n < sizeof buf) buf[n++] = *s++;
@@ -219,7 +245,9 @@ void report_bug(const RetInstance *ri, uint64_t sp) {
     hex(reinterpret_cast<uint64_t>(ri));
     put(" @ ");
     hex(sp);
-    put(": the instance was not in flight; resuming at its last return address\n");
+    put(": the instance was not in flight; resuming at its last return address ");
+    hex(reinterpret_cast<uint64_t>(ri->pub.ret_addr));
+    put("\n");
     (void)!write(STDERR_FILENO, buf, n);
 }
 
@@ -432,6 +460,18 @@ void release_frames_below(uint64_t sp) {
     ++ts.depth; // a signal handler's probe hits must not touch the list meanwhile
     const bool all = sp == ~0ull;
     const uint32_t stack = all ? 0 : stack_of(sp);
+    // Suspects are certainly gone now when they lie below sp (already counted unwound).
+    for (RetInstance **link = &t_suspect_head; *link != nullptr;) {
+        RetInstance *cur = *link;
+        const auto cur_fp = reinterpret_cast<uint64_t>(cur->pub.fp);
+        if (all || (cur_fp < sp && stack_of(cur_fp) == stack) ||
+            cur->state.load(std::memory_order_acquire) == RetInstance::kReturnedElsewhere) {
+            *link = cur->next;
+            pool_push(cur);
+        } else {
+            link = &cur->next;
+        }
+    }
     RetInstance **link = &t_ret_head;
     while (*link != nullptr) {
         RetInstance *cur = *link;
@@ -477,9 +517,16 @@ extern "C" __attribute__((used)) void ukp_kretprobe_dispatch(const uint64_t *lit
                                                offsetof(kretprobe_instance, ret_addr));
     regs->ip = reinterpret_cast<uint64_t>(ri->pub.ret_addr);
     int expected = RetInstance::kLive;
-    const bool ours = take_from_list(ri);
-    if (!ours && !ri->state.compare_exchange_strong(expected, RetInstance::kReturnedElsewhere)) {
-        // Not in flight any more: the frame returned twice, or was taken for unwound.
+    bool ours = take_from_list(ri);
+    bool in_flight = ours || ri->state.compare_exchange_strong(expected, RetInstance::kReturnedElsewhere);
+    if (!in_flight && expected == RetInstance::kSuspect) {
+        // Taken for abandoned, wrongly: its frame was alive on a stack we did not know.
+        ours = take_suspect(ri);
+        in_flight = ours || ri->state.compare_exchange_strong(expected, RetInstance::kReturnedElsewhere);
+        if (in_flight) uncount_unwound(ri);
+    }
+    if (!in_flight) {
+        // Not in flight any more: the frame returned twice, or was released as unwound.
         report_bug(ri, regs->sp);
     } else {
         kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire);

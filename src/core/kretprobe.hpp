@@ -14,7 +14,10 @@ struct RetPool;
 // One call in flight. Lives in its pool's array; `pub` is what handlers see and must
 // stay last: rp->data_size bytes of ri->data follow it.
 struct RetInstance {
-    enum State : int { kFree, kLive, kReturnedElsewhere };
+    // kSuspect: taken for abandoned by a guess from frame addresses (unwound), but kept
+    // out of the free list, so that its stub still leads to the right return address if
+    // its frame returns after all (a stack the agent did not know about).
+    enum State : int { kFree, kLive, kReturnedElsewhere, kSuspect };
     RetInstance *next = nullptr; // the owning thread's list, most recent first
     RetPool *pool = nullptr;
     uint32_t index = 0;          // in the pool; its stub is the index-th of the sled

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <string>
@@ -585,9 +586,14 @@ TEST_F(OddCode, PaddingAfterATinyFunctionIsRefused) {
 } // namespace
 ucontext_t g_main_ctx, g_coro_ctx;
 // The function the coroutine tests probe (outside the unnamed namespace: a C symbol).
+// How coroutines switch: swapcontext (the agent's interposer, which learns the coroutine's
+// stack), or libc's own, unseen, as a coroutine library with switch code of its own.
+using SwapFn = int (*)(ucontext_t *, const ucontext_t *);
+SwapFn g_swap = swapcontext;
+
 extern "C" __attribute__((noinline)) long odd_coro_fn(long x, int yield) {
     const long r = x * 3;
-    if (yield) swapcontext(&g_coro_ctx, &g_main_ctx); // back to main; resumed later
+    if (yield) g_swap(&g_coro_ctx, &g_main_ctx); // back to main; resumed later
     asm volatile("" ::: "memory");
     return r + 1;
 }
@@ -616,10 +622,10 @@ void start_coro(long arg, int yield) {
     g_coro_ctx.uc_stack.ss_size = kCoroStack;
     g_coro_ctx.uc_link = &g_main_ctx;
     makecontext(&g_coro_ctx, coro_entry, 0);
-    swapcontext(&g_main_ctx, &g_coro_ctx);
+    g_swap(&g_main_ctx, &g_coro_ctx);
 }
 
-void resume_coro() { swapcontext(&g_main_ctx, &g_coro_ctx); }
+void resume_coro() { g_swap(&g_main_ctx, &g_coro_ctx); }
 
 bool on_coro_stack(unsigned long sp) {
     const auto lo = reinterpret_cast<unsigned long>(g_coro_stack);
@@ -725,6 +731,23 @@ void coroutine_suspended_child(int maxactive) {
 
 TEST_F(OddCode, KretprobeCoroutineSuspendedWhileMainStackReturnsThroughTheProbe) {
     EXPECT_EXIT(coroutine_suspended_child(4), ::testing::ExitedWithCode(0), "");
+}
+
+// The same, with a switch the agent does not see: the coroutine's stack is unknown, so a
+// return on the main stack takes the coroutine's instance for abandoned (its frame lies
+// lower). The instance is only quarantined, not reused: when the coroutine's frame returns
+// after all, it gets its handler call and its own return address, and is not counted as
+// unwound. (Before, it went back to the free list, was taken by the next call on the main
+// stack, and the coroutine later returned to that call's return address.)
+void unseen_switch_child() {
+    g_swap = reinterpret_cast<SwapFn>(dlsym(RTLD_NEXT, "swapcontext"));
+    if (g_swap == nullptr || g_swap == &swapcontext) _exit(4);
+    g_coro_stack = nullptr; // a fresh stack: the earlier tests' one is known to the agent
+    coroutine_suspended_child(4);
+}
+
+TEST_F(OddCode, KretprobeCoroutineSwitchedByCodeTheAgentDoesNotSee) {
+    EXPECT_EXIT(unseen_switch_child(), ::testing::ExitedWithCode(0), "");
 }
 
 // ---- 7. an instruction that faults on purpose ---------------------------------------------
