@@ -47,6 +47,14 @@ thread_local bool t_exit_hooked __attribute__((tls_model("initial-exec")));
 
 pthread_key_t g_exit_key;
 std::once_flag g_exit_key_once;
+void exit_hook(void *);
+void create_exit_key() {
+    std::call_once(g_exit_key_once, [] { pthread_key_create(&g_exit_key, exit_hook); });
+}
+// At load, before the program's constructors take keys: glibc keeps the values of the
+// first 32 keys in the thread descriptor, so the first pthread_setspecific of a thread,
+// on its first kretprobe hit, allocates nothing.
+__attribute__((constructor(101))) void create_exit_key_early() { create_exit_key(); }
 std::mutex g_pools_mutex;
 // Unregistered pools, waiting for their last instance.
 std::vector<RetPool *> &dead_pools() {
@@ -552,7 +560,7 @@ int register_kretprobe(struct kretprobe *rp) {
     if (int err = resolve_probe(&rp->kp, &addr, &entry); err != 0) return err;
     if (!entry) return -EINVAL; // a return probe goes on the first instruction of a function
     reap_dead_pools();
-    std::call_once(g_exit_key_once, [] { pthread_key_create(&g_exit_key, exit_hook); });
+    create_exit_key();
     RetPool *pool = make_pool(rp);
     if (pool == nullptr) return -ENOMEM;
     rp->nmissed = 0;
