@@ -48,6 +48,7 @@ std::mutex g_mu;                    // control operations and in-process readers
 std::atomic<Region *> g_main{nullptr};
 std::atomic<Region *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
 std::atomic<bool> g_on{true};
+std::atomic<bool> g_swap_busy{false}; // held while main and snapshot change places (also from a hit)
 uint64_t g_kb = kDefaultKb;         // under g_mu
 uint32_t g_slots = kDefaultSlots;   // under g_mu
 std::atomic<uint32_t> g_gen{0};
@@ -160,9 +161,16 @@ void wait_writers(Region *r) {
     }
 }
 
+// Regions replaced so far: kept, as their mappings are (see Region). Under g_mu.
+std::vector<Region *> &retired() {
+    static auto *v = new std::vector<Region *>(); // never destroyed: writers may outlive statics
+    return *v;
+}
+
 // Unbacks a replaced region's memory; its mapping stays (see Region).
 void retire_region(Region *r) {
     if (r == nullptr) return;
+    retired().push_back(r);
     wait_writers(r);
     const uint64_t keep = align_up(r->hdr()->header_size, 4096);
     madvise(r->base + keep, r->size - keep, MADV_REMOVE);
@@ -198,6 +206,9 @@ void after_fork_child() {
     g_main.store(fresh, std::memory_order_release);
     g_snap.store(nullptr, std::memory_order_relaxed);
     t_w.slot = nullptr;
+    // Another thread of the parent may have held them at the fork; it does not exist here.
+    new (&g_mu) std::mutex;
+    g_swap_busy.store(false, std::memory_order_relaxed);
 }
 
 int init_locked() {
@@ -420,8 +431,6 @@ void ring_clear() {
 }
 
 namespace {
-// Held while the main and snapshot regions change places (also from a probe hit).
-std::atomic<bool> g_swap_busy{false};
 bool try_lock_swap() {
     bool expected = false;
     return g_swap_busy.compare_exchange_strong(expected, true, std::memory_order_acquire);
