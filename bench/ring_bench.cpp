@@ -1,10 +1,11 @@
 // The cost of recording: ring_reserve + ring_commit of one record (steady state, the
 // buffer wrapping in overwrite mode), on one thread and on several at once (per-thread
-// buffers: no shared cache line), against its two system-call-free parts, the vDSO's
-// clock_gettime and sched_getcpu.
+// buffers: no shared cache line), against its system-call-free parts: the TSC read
+// (the vDSO's clock_gettime for comparison, which an older version used) and sched_getcpu.
 #include <benchmark/benchmark.h>
 
 #include <sched.h>
+#include <x86intrin.h>
 #include <time.h>
 
 #include <cstring>
@@ -63,6 +64,11 @@ void BM_ClockGettimeMonotonic(benchmark::State &state) {
     }
 }
 BENCHMARK(BM_ClockGettimeMonotonic);
+
+void BM_Rdtsc(benchmark::State &state) {
+    for (auto _ : state) benchmark::DoNotOptimize(__rdtsc());
+}
+BENCHMARK(BM_Rdtsc);
 
 void BM_SchedGetcpu(benchmark::State &state) {
     for (auto _ : state) benchmark::DoNotOptimize(sched_getcpu());
