@@ -174,6 +174,8 @@ DEFS = [
     "p:g.ev do_work arr=+0(%si):u8[4] st=$stack1 cm=$comm imm=\\\"hi\\\"",
     "-:grp/ev",
     "p:bad/ do_work",
+    "p:ev later:func a=%di",
+    "p /usr/lib/x.so:0x10 w=@/usr/lib/x.so:0x2000",
 ]
 for i, d in enumerate(DEFS):
     out("trace_parse_fuzz", "def%d" % i, b"\0" + d.encode())

@@ -61,13 +61,15 @@ struct AnyResolver : ukp::trace::Resolver {
         *addr = 0x600000 + (fnv(spec) & 0xfff8);
         return 0;
     }
-    int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr) override {
+    int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr, char perm) override {
+        if (perm == 'w' && offset < 0x1000) return -ERANGE; // the first page: code only
         if (!plausible_name(path) || path[0] != '/') return -ENOENT; // as /proc/PID/maps names them
         if (offset >= 0x100000) return -ERANGE;
         *addr = 0x500000 + offset;
         return 0;
     }
     bool function_entry(uint64_t addr) override { return (addr & 0xf) == 0; }
+    bool module_pending(std::string_view spec) override { return spec.starts_with("later:"); }
 };
 
 } // namespace
