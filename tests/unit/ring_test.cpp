@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -142,6 +143,44 @@ TEST_F(RingTest, TooLargeRecordIsRefusedAndCounted) {
     EXPECT_EQ(c.lost, 1u);
     EXPECT_EQ(c.written, 2u);
     EXPECT_EQ(e[0].lost_before, 1u); // shown before the next record of that thread
+}
+
+TEST_F(RingTest, LargestRecordsWrapTheBufferIntact) {
+    ASSERT_EQ(set_buffer_size_kb(8), 0); // room for one record of kMaxRecordSize at a time
+    for (uint32_t i = 0; i < 100; ++i) {
+        uint8_t *rec = ring_reserve(kMaxRecordSize);
+        ASSERT_NE(rec, nullptr) << i;
+        CommonHeader c{9, 0, 0, gettid_()};
+        std::memcpy(rec, &c, sizeof c);
+        std::memset(rec + kCommonSize, static_cast<int>(i), kMaxRecordSize - kCommonSize);
+        ring_commit(rec, kMaxRecordSize);
+    }
+    RingCounts c;
+    auto e = collect(&c);
+    ASSERT_EQ(e.size(), 1u);
+    EXPECT_EQ(c.overrun, 99u);
+    ASSERT_EQ(e[0].rec.size(), kMaxRecordSize);
+    for (uint32_t k = kCommonSize; k < kMaxRecordSize; ++k) ASSERT_EQ(e[0].rec[k], 99) << k;
+}
+
+TEST_F(RingTest, TimestampsAreMonotonicClockNanoseconds) {
+    auto mono = [] {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000000000ull + t.tv_nsec;
+    };
+    const uint64_t m0 = mono();
+    ASSERT_TRUE(write_record(0, 0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(write_record(0, 1));
+    const uint64_t m1 = mono();
+    auto e = collect(nullptr);
+    ASSERT_EQ(e.size(), 2u);
+    EXPECT_GE(e[0].ts + 5000, m0);
+    EXPECT_LE(e[1].ts, m1 + 5000);
+    const int64_t gap = static_cast<int64_t>(e[1].ts - e[0].ts);
+    EXPECT_GE(gap, 100000000 - 5000);
+    EXPECT_LE(gap, static_cast<int64_t>(m1 - m0) + 5000);
 }
 
 TEST_F(RingTest, TracingOffRecordsNothingAndCountsNothing) {
