@@ -12,6 +12,9 @@ namespace ukp::trace {
 
 #define UKP_TRACE_ERRORS                                                                   \
     C(FILE_NOT_FOUND, "Failed to find the given file")                                     \
+    C(BAD_REFCNT, "Invalid reference counter offset")                                      \
+    C(REFCNT_OPEN_BRACE, "Reference counter brace is not closed")                          \
+    C(BAD_REFCNT_SUFFIX, "Reference counter has wrong suffix")                             \
     C(BAD_UPROBE_OFFS, "Invalid uprobe offset")                                            \
     C(BAD_MAXACT_TYPE, "Maxactive is only for function exit")                              \
     C(BAD_MAXACT, "Invalid maxactive number")                                              \

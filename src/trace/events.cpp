@@ -67,6 +67,7 @@ public:
     ProbeDef def;           // as defined, for the kprobe_events file
     std::string symbol;     // kept alive for hook.rp.kp.symbol_name
     bool registered = false;
+    bool semaphore_held = false; // this point counts in its SDT semaphore
 };
 
 // The probes and records of one event.
@@ -249,13 +250,14 @@ public:
         return symbols.resolve(spec, offset, addr);
     }
     int resolve_data(std::string_view spec, uint64_t *addr) override { return symbols.resolve(spec, 0, addr); }
-    int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr) override {
+    int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr, char perm) override {
         char real[PATH_MAX];
         const std::string p(path);
         const bool have_real = realpath(p.c_str(), real) != nullptr;
         std::ifstream maps("/proc/self/maps");
         std::string line;
         bool seen = false;
+        uint64_t fallback = 0; // for 'x': a mapping without exec, used if no exec one has it
         while (std::getline(maps, line)) {
             unsigned long long lo = 0, hi = 0, off = 0;
             char perms[8] = {0};
@@ -266,10 +268,18 @@ public:
             const std::string file = line.substr(static_cast<size_t>(name_at));
             if (file != p && !(have_real && file == real)) continue;
             seen = true;
+            const bool perm_ok = perm == 0 || (perm == 'x' && perms[2] == 'x') || (perm == 'w' && perms[1] == 'w');
             if (offset >= off && offset < off + (hi - lo)) {
-                *addr = lo + (offset - off);
-                return 0;
+                if (perm_ok) {
+                    *addr = lo + (offset - off);
+                    return 0;
+                }
+                if (perm == 'x' && fallback == 0) fallback = lo + (offset - off);
             }
+        }
+        if (fallback != 0) {
+            *addr = fallback;
+            return 0;
         }
         return seen ? -ERANGE : -ENOENT;
     }
@@ -357,9 +367,17 @@ bool same_point(const ProbeDef &a, const ProbeDef &b) {
 }
 
 void Tracer::arm(Event *e) {
+    const bool want = e->armed_wanted();
     for (auto &p : e->points) {
         if (!p->registered) continue;
-        if (e->armed_wanted()) {
+        if (p->def.ref_ctr_addr != 0 && p->semaphore_held != want) {
+            // An SDT semaphore counts the tracers attached: the program's guarded probe
+            // sites run only while it is non-zero (the kernel's uprobe ref_ctr_offset).
+            auto *ctr = reinterpret_cast<uint16_t *>(p->def.ref_ctr_addr);
+            __atomic_add_fetch(ctr, want ? 1 : uint16_t(-1), __ATOMIC_RELAXED);
+            p->semaphore_held = want;
+        }
+        if (want) {
             if (e->is_return) enable_kretprobe(&p->hook.rp); else enable_kprobe(&p->hook.rp.kp);
         } else {
             if (e->is_return) disable_kretprobe(&p->hook.rp); else disable_kprobe(&p->hook.rp.kp);
@@ -500,6 +518,10 @@ int Tracer::remove(Event *e) {
     if (e->enabled.load() || !e->triggers.empty()) return -EBUSY;
     for (auto &p : e->points) {
         if (!p->registered) continue;
+        if (p->semaphore_held) {
+            __atomic_sub_fetch(reinterpret_cast<uint16_t *>(p->def.ref_ctr_addr), 1, __ATOMIC_RELAXED);
+            p->semaphore_held = false;
+        }
         if (e->is_return) unregister_kretprobe(&p->hook.rp); else unregister_kprobe(&p->hook.rp.kp);
         p->registered = false;
     }

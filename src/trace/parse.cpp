@@ -466,6 +466,11 @@ std::string ProbeDef::location_text() const {
         return buf;
     case Where::kFile:
         std::snprintf(buf, sizeof buf, ":0x%016" PRIx64, offset);
+        if (ref_ctr_addr != 0) return path + buf + "(0x" + [&] {
+            char r[24];
+            std::snprintf(r, sizeof r, "%" PRIx64, ref_ctr_offset);
+            return std::string(r);
+        }() + ")";
         return path + buf;
     case Where::kSymbol:
         break;
@@ -537,8 +542,17 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
         fentry = resolver.function_entry(addr);
         if (def->is_return && !fentry) return fail(Err::BAD_RETPROBE, 1, 0);
     } else if (a1.find('/') != std::string::npos && a1.find(':') != std::string::npos) {
-        // The kernel's uprobe_events form: PATH:OFFSET[%return].
+        // The kernel's uprobe_events form: PATH:OFFSET[%return][(REF_CTR_OFFSET)].
         std::string spec = a1;
+        const size_t open = spec.find('(');
+        if (open != std::string::npos) {
+            const size_t close = spec.find(')', open);
+            if (close == std::string::npos) return fail(Err::REFCNT_OPEN_BRACE, 1, int(spec.size()));
+            if (close + 1 != spec.size()) return fail(Err::BAD_REFCNT_SUFFIX, 1, int(close + 1));
+            if (!to_u64(std::string_view(spec).substr(open + 1, close - open - 1), &def->ref_ctr_offset))
+                return fail(Err::BAD_REFCNT, 1, int(open + 1));
+            spec.resize(open);
+        }
         const size_t pct = spec.find('%');
         if (pct != std::string::npos) {
             if (spec.substr(pct) != "%return") return fail(Err::BAD_ADDR_SUFFIX, 1, int(pct));
@@ -551,10 +565,13 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
         uint64_t off = 0;
         if (!to_u64(std::string_view(spec).substr(c + 1), &off)) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));
         def->offset = off;
-        const int r = resolver.resolve_file_offset(def->path, off, &def->addr);
+        const int r = resolver.resolve_file_offset(def->path, off, &def->addr, 'x');
         if (r == -ENOENT) return fail(Err::FILE_NOT_FOUND, 1, 0);
         if (r != 0) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));
         fentry = resolver.function_entry(def->addr);
+        if (open != std::string::npos &&
+            resolver.resolve_file_offset(def->path, def->ref_ctr_offset, &def->ref_ctr_addr, 'w') != 0)
+            return fail(Err::BAD_REFCNT, 1, int(open + 1));
     } else {
         std::string sym = a1;
         const size_t pct = sym.find('%');

@@ -33,8 +33,11 @@ struct Resolver {
     // A data symbol "sym" or "MOD:sym" -> its address; 0 or -ENOENT.
     virtual int resolve_data(std::string_view spec, uint64_t *addr) = 0;
     // A file and an offset in it -> the address it is mapped at; 0, -ENOENT (no such
-    // file mapped), -ERANGE (the offset is not mapped).
-    virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr) = 0;
+    // file mapped), -ERANGE (the offset is not mapped, or not with `perm`). One file
+    // offset may be mapped twice (read-only and read-write pages of a segment
+    // boundary): perm 'x' or 'w' picks the executable or writable mapping, 0 any.
+    virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr,
+                                    char perm = 0) = 0;
     // Whether addr is the first instruction of a function.
     virtual bool function_entry(uint64_t addr) = 0;
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
@@ -64,6 +67,8 @@ struct ProbeDef {
     std::string symbol;       // kSymbol: "sym" or "MOD:sym"
     uint64_t offset = 0;      // kSymbol: +offs; kFile: the file offset
     std::string path;         // kFile
+    uint64_t ref_ctr_offset = 0; // kFile: PATH:OFFSET(REF), the file offset of an SDT semaphore
+    uint64_t ref_ctr_addr = 0;   // its address (0: none)
     uint64_t addr = 0;        // resolved address of the probe point
     std::vector<ArgDef> args;
     std::vector<uint16_t> entry_args; // $argN (0-based) a return probe saves at entry

@@ -9,6 +9,8 @@ struct ttarget_rec ttarget_first = {
 };
 const char ttarget_greeting[] = "hello";
 long ttarget_counter = 4242;
+/* In .probes, as SystemTap's SDT semaphores: file-backed data, not .bss. */
+unsigned short ttarget_semaphore __attribute__((used, section(".probes"))) = 0;
 
 __attribute__((noinline, used)) long ttarget_triple(long x) {
     __asm__ volatile("" ::: "memory");

@@ -24,6 +24,7 @@ extern struct ttarget_rec ttarget_first;
 extern struct ttarget_rec ttarget_second;
 extern const char ttarget_greeting[]; /* "hello" */
 extern long ttarget_counter;          /* 4242 */
+extern unsigned short ttarget_semaphore; /* an SDT-style semaphore: 0 until a tracer attaches */
 
 /* Returns its argument times 3. */
 long ttarget_triple(long x);

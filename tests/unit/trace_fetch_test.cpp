@@ -168,6 +168,38 @@ TEST_F(TraceFetch, UprobeFormPathAndFileOffset) {
     EXPECT_NE(lines[0].find(" <- ttarget_triple) arg1=0x21"), std::string::npos) << lines[0];
 }
 
+// The file offset of an address of this executable, from its mapping.
+uint64_t file_offset_of(const void *p) {
+    const uint64_t addr = reinterpret_cast<uint64_t>(p);
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+        unsigned long long lo, hi, moff;
+        if (sscanf(line.c_str(), "%llx-%llx %*s %llx", &lo, &hi, &moff) == 3 && addr >= lo && addr < hi)
+            return addr - lo + moff;
+    }
+    return 0;
+}
+
+TEST_F(TraceFetch, SdtSemaphoreCountsWhileEnabled) {
+    const uint64_t off = file_offset_of(reinterpret_cast<const void *>(&ttarget_triple));
+    const uint64_t ref = file_offset_of(&ttarget_semaphore);
+    ASSERT_NE(off, 0u);
+    ASSERT_NE(ref, 0u);
+    char def[160], shown[160];
+    snprintf(def, sizeof def, "p:sem /proc/self/exe:0x%llx(0x%llx)", static_cast<unsigned long long>(off),
+             static_cast<unsigned long long>(ref));
+    snprintf(shown, sizeof shown, "p:kprobes/sem /proc/self/exe:0x%016llx(0x%llx)\n",
+             static_cast<unsigned long long>(off), static_cast<unsigned long long>(ref));
+    ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+    EXPECT_EQ(read("kprobe_events"), shown);
+    EXPECT_EQ(ttarget_semaphore, 0);
+    ASSERT_EQ(file_write("events/kprobes/sem/enable", "1"), 0);
+    EXPECT_EQ(ttarget_semaphore, 1);
+    ASSERT_EQ(file_write("events/kprobes/sem/enable", "0"), 0);
+    EXPECT_EQ(ttarget_semaphore, 0);
+}
+
 TEST_F(TraceFetch, ModuleNotLoadedYetIsAccepted) {
     ASSERT_EQ(file_write("kprobe_events", "p:later libnot_loaded_yet.so:some_function"), 0) << read("error_log");
     EXPECT_EQ(read("kprobe_events"), "p:kprobes/later libnot_loaded_yet.so:some_function\n");

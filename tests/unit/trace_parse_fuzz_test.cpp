@@ -31,7 +31,7 @@ public:
         *addr = reinterpret_cast<uint64_t>(&ttarget_counter);
         return 0;
     }
-    int resolve_file_offset(std::string_view path, uint64_t, uint64_t *addr) override {
+    int resolve_file_offset(std::string_view path, uint64_t, uint64_t *addr, char) override {
         if (path.empty()) return -ENOENT;
         *addr = reinterpret_cast<uint64_t>(&ttarget_triple);
         return 0;
