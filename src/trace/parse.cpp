@@ -561,6 +561,7 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
         }
         const size_t c = spec.rfind(':');
         def->where = Where::kFile;
+        def->group = kDefaultUprobeGroup; // so that uprobe_events lines and paths work unchanged
         def->path = spec.substr(0, c);
         uint64_t off = 0;
         if (!to_u64(std::string_view(spec).substr(c + 1), &off)) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));

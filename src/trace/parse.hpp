@@ -24,6 +24,8 @@ inline constexpr size_t kMaxArgNameLen = 32;   // MAX_ARG_NAME_LEN
 inline constexpr size_t kMaxArgStrLen = 63;    // MAX_ARGSTR_LEN
 inline constexpr int kMaxActive = 4096;        // KRETPROBE_MAXACTIVE_MAX
 inline constexpr const char *kDefaultGroup = "kprobes";
+// The group of PATH:OFFSET definitions without one, as the kernel's uprobe_events.
+inline constexpr const char *kDefaultUprobeGroup = "uprobes";
 
 // What the parser asks of the process: symbols and mappings.
 struct Resolver {

@@ -151,12 +151,12 @@ TEST_F(TraceFetch, UprobeFormPathAndFileOffset) {
     ASSERT_NE(off, 0u);
     char def[128], shown[128];
     snprintf(def, sizeof def, "p:up /proc/self/exe:0x%llx x=%%di", static_cast<unsigned long long>(off));
-    snprintf(shown, sizeof shown, "p:kprobes/up /proc/self/exe:0x%016llx x=%%di\n", static_cast<unsigned long long>(off));
+    snprintf(shown, sizeof shown, "p:uprobes/up /proc/self/exe:0x%016llx x=%%di\n", static_cast<unsigned long long>(off));
     ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
     EXPECT_EQ(read("kprobe_events"), shown);
     snprintf(def, sizeof def, "r /proc/self/exe:0x%llx $retval", static_cast<unsigned long long>(off));
     ASSERT_EQ(file_append("kprobe_events", def), 0) << read("error_log");
-    ASSERT_EQ(file_write("events/kprobes/enable", "1"), 0);
+    ASSERT_EQ(file_write("events/uprobes/enable", "1"), 0);
     g_triple(11);
     auto lines = events_in_trace("up");
     ASSERT_EQ(lines.size(), 1u);
@@ -189,14 +189,14 @@ TEST_F(TraceFetch, SdtSemaphoreCountsWhileEnabled) {
     char def[160], shown[160];
     snprintf(def, sizeof def, "p:sem /proc/self/exe:0x%llx(0x%llx)", static_cast<unsigned long long>(off),
              static_cast<unsigned long long>(ref));
-    snprintf(shown, sizeof shown, "p:kprobes/sem /proc/self/exe:0x%016llx(0x%llx)\n",
+    snprintf(shown, sizeof shown, "p:uprobes/sem /proc/self/exe:0x%016llx(0x%llx)\n",
              static_cast<unsigned long long>(off), static_cast<unsigned long long>(ref));
     ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
     EXPECT_EQ(read("kprobe_events"), shown);
     EXPECT_EQ(ttarget_semaphore, 0);
-    ASSERT_EQ(file_write("events/kprobes/sem/enable", "1"), 0);
+    ASSERT_EQ(file_write("events/uprobes/sem/enable", "1"), 0);
     EXPECT_EQ(ttarget_semaphore, 1);
-    ASSERT_EQ(file_write("events/kprobes/sem/enable", "0"), 0);
+    ASSERT_EQ(file_write("events/uprobes/sem/enable", "0"), 0);
     EXPECT_EQ(ttarget_semaphore, 0);
 }
 
