@@ -117,6 +117,21 @@ TEST_F(TraceEvents, TracePipeConsumes) {
     EXPECT_EQ(pipe_read(0, 1 << 20), "");
 }
 
+TEST_F(TraceEvents, StacktraceTriggerRecordsTheUserStack) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "stacktrace if x == 77"), 0);
+    g_triple(76);
+    g_triple(77);
+    const std::string trace = read("trace");
+    EXPECT_EQ(count_events("flt"), 2u) << trace;
+    const size_t at = trace.find("<user stack trace>\n => ttarget_triple+0x");
+    ASSERT_NE(at, std::string::npos) << trace;
+    // The next frame is the caller of ttarget_triple: this test's body.
+    EXPECT_NE(trace.find("\n => _ZN", at), std::string::npos) << trace;
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!stacktrace if x == 77"), 0);
+}
+
 TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
     ASSERT_EQ(file_write("dynamic_events", "p:dyn ttarget_triple"), 0);
     EXPECT_EQ(read("dynamic_events"), "p:kprobes/dyn ttarget_triple\n");
