@@ -62,11 +62,11 @@ struct Hook {
 
 class ProbePoint {
 public:
-    Hook hook{};
-    Event *event = nullptr;
+    Hook hook{};            // what the core calls; hook.point is this
+    Event *event = nullptr; // the event the hits are recorded for
     ProbeDef def;           // as defined, for the kprobe_events file
     std::string symbol;     // kept alive for hook.rp.kp.symbol_name
-    bool registered = false;
+    bool registered = false; // hook is registered with the core
     bool semaphore_held = false; // this point counts in its SDT semaphore
 };
 
@@ -74,25 +74,25 @@ public:
 class Event {
 public:
     std::string group, name;
-    uint16_t id = 0;
-    bool is_return = false;
-    std::vector<FetchProgram> progs;
+    uint16_t id = 0;                              // common_type of its records, its id file
+    bool is_return = false;                       // kretprobe: __probe_func, __probe_ret_ip
+    std::vector<FetchProgram> progs;              // one per argument, in order
     std::vector<std::string> arg_names, arg_types; // for comparing definitions
     std::vector<uint16_t> entry_args;             // $argN saved at entry (return probes)
     std::vector<Field> fields;                    // common fields first, as the format file
-    std::string print_fmt;
-    uint32_t fixed_size = 0;
-    uint32_t reserve_size = 0;
+    std::string print_fmt;                        // the format file's print fmt line
+    uint32_t fixed_size = 0;                      // record bytes before the string data
+    uint32_t reserve_size = 0;                    // what a hit reserves: fixed + string room
     std::unique_ptr<SymbolTable> symbols;         // for symstr arguments
-    std::vector<std::unique_ptr<ProbePoint>> points;
+    std::vector<std::unique_ptr<ProbePoint>> points; // one per definition line
 
     std::atomic<bool> enabled{false};    // the enable file (and enable_event triggers)
     bool trigger_target = false;         // an enable_event/disable_event trigger names it
-    std::atomic<uint64_t> hits{0};
+    std::atomic<uint64_t> hits{0};       // kprobe_profile's hits: every armed hit
     std::atomic<uint64_t> faults{0};     // hits whose fetches read a bad address
-    std::atomic<const Filter *> filter{nullptr};
+    std::atomic<const Filter *> filter{nullptr}; // the filter file's; null: all pass
     std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
-    TriggerSet triggers;
+    TriggerSet triggers;                 // the trigger file's
 
     void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept;
     uint64_t misses() const;
