@@ -541,7 +541,10 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
         def->addr = addr;
         fentry = resolver.function_entry(addr);
         if (def->is_return && !fentry) return fail(Err::BAD_RETPROBE, 1, 0);
-    } else if (a1.find('/') != std::string::npos && a1.find(':') != std::string::npos) {
+    } else if (a1.find('/') != std::string::npos && a1.rfind(':') != std::string::npos &&
+               a1.rfind(':') + 1 < a1.size() && std::isdigit(static_cast<unsigned char>(a1[a1.rfind(':') + 1]))) {
+        // PATH:OFFSET (an offset starts with a digit, as the kernel's uprobe parser checks);
+        // "/usr/lib/.../libc.so.6:malloc" stays a MOD:sym spec with MOD as a path.
         // The kernel's uprobe_events form: PATH:OFFSET[%return][(REF_CTR_OFFSET)].
         std::string spec = a1;
         const size_t open = spec.find('(');

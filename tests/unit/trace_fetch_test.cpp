@@ -200,6 +200,21 @@ TEST_F(TraceFetch, SdtSemaphoreCountsWhileEnabled) {
     EXPECT_EQ(ttarget_semaphore, 0);
 }
 
+TEST_F(TraceFetch, ModuleGivenAsAFullPath) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ASSERT_GT(n, 0);
+    self[n] = '\0';
+    const std::string def = std::string("p:bypath ") + self + ":ttarget_triple x=%di";
+    ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+    EXPECT_EQ(read("kprobe_events"), std::string("p:kprobes/bypath ") + self + ":ttarget_triple x=%di\n");
+    ASSERT_EQ(file_write("events/kprobes/bypath/enable", "1"), 0);
+    g_triple(9);
+    const auto lines = events_in_trace("bypath");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(") x=0x9"), std::string::npos);
+}
+
 TEST_F(TraceFetch, ModuleNotLoadedYetIsAccepted) {
     ASSERT_EQ(file_write("kprobe_events", "p:later libnot_loaded_yet.so:some_function"), 0) << read("error_log");
     EXPECT_EQ(read("kprobe_events"), "p:kprobes/later libnot_loaded_yet.so:some_function\n");
