@@ -99,6 +99,35 @@ TEST_F(TraceFetch, EveryTypeAndFetchargAtEntry) {
     EXPECT_NE(read("kprobe_profile").find("vals"), std::string::npos);
 }
 
+TEST_F(TraceFetch, FetchargsFromData) {
+    std::ifstream in(data_path("fetchargs.txt"));
+    std::string line, def = "p:fa ttarget_record", want;
+    char first[32];
+    snprintf(first, sizeof first, "0x%lx", reinterpret_cast<unsigned long>(&ttarget_first));
+    int n = 0;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        const size_t tab = line.find('\t');
+        ASSERT_NE(tab, std::string::npos) << line;
+        std::string value = line.substr(tab + 1);
+        for (auto [key, rep] : {std::pair<std::string, std::string>{"@FIRST@", first}, {"@COMM@", comm()}}) {
+            const size_t at = value.find(key);
+            if (at != std::string::npos) value.replace(at, key.size(), rep);
+        }
+        const std::string name = "v" + std::to_string(n++);
+        def += " " + name + "=" + line.substr(0, tab);
+        want += " " + name + "=" + value;
+    }
+    ASSERT_GT(n, 50);
+    ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/fa/enable", "1"), 0);
+    g_record(&ttarget_first, ttarget_greeting, -7, 12345);
+    const auto lines = events_in_trace("fa");
+    ASSERT_EQ(lines.size(), 1u);
+    const std::string head = "fa: (" + symbolize(reinterpret_cast<uint64_t>(&ttarget_record), true) + ")";
+    EXPECT_EQ(lines[0], head + want);
+}
+
 TEST_F(TraceFetch, ArgumentsPastTheSixthAndReturnProbes) {
     ASSERT_EQ(file_write("kprobe_events", "p:eight ttarget_eight $arg1 $arg6 $arg7 $arg8 $stack1:u8"), 0)
         << read("error_log");
