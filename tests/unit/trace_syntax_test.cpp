@@ -124,6 +124,16 @@ TEST(TraceSyntax, TooManyArguments) {
     EXPECT_NE(log.find(std::string(11 + std::string("p:e ttarget_triple ").size(), ' ') + "^\n"), std::string::npos);
 }
 
+TEST(TraceSyntax, RecordLargerThanTheLimit) {
+    std::string line = "p:big ttarget_triple";
+    for (int i = 0; i < 9; ++i) line += " +0(%di):u64[64]"; // 9 x 512 bytes > 4096
+    ASSERT_EQ(file_write("kprobe_events", ""), 0);
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_NE(file_write("kprobe_events", line), 0);
+    EXPECT_NE(read("error_log").find("error: Event too big (too many fields?)"), std::string::npos);
+    EXPECT_EQ(read("kprobe_events"), "");
+}
+
 TEST(TraceSyntax, ClearingAnEnabledEventIsBusy) {
     ASSERT_EQ(file_write("kprobe_events", "p:busy ttarget_triple"), 0);
     ASSERT_EQ(file_write("events/kprobes/busy/enable", "1"), 0);
