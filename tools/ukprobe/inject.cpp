@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/ptrace.h>
 #include <sys/uio.h>
 #include <sys/user.h>
@@ -193,17 +194,23 @@ int pick_thread(int pid, bool *in_syscall) {
 //
 // Data page (the thread's argument, rbx in the stub):
 constexpr uint64_t kDlopen = 0, kDlsym = 8, kDlerror = 16, kMunmap = 24, kDetach = 32, kSelf = 40, kSnprintf = 48, kUsleep = 96;
-constexpr uint64_t kStatus = 56;  // 0 running; 1 dlopen, 2 dlsym, 3 ukp_control_start failed
+constexpr uint64_t kStatus = 56;  // 0 running; 1 dlopen, 2 dlsym, 3 ukp_control_start failed, 4 no go
 constexpr uint64_t kValue = 64;   // ukp_control_start's result when status is 3
 constexpr uint64_t kBase = 72;    // the mapping, for munmap
 constexpr uint64_t kSize = 80;
 constexpr uint64_t kCookie = 88;  // tells our page from whatever is mapped there later
+constexpr uint64_t kGo = 104;     // set by the controller once the interrupted thread is released
+constexpr uint64_t kWaitLeft = 112; // polls of kGo left before the loader gives up
+constexpr uint64_t kThreadOut = 120; // pthread_create's out-parameter
 constexpr uint64_t kCreateName = 0xc0, kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00, kErrorMax = 0x400;
-constexpr uint64_t kPage = 4096, kLoaderSize = 2 * kPage;
+// The mapping: the loader's code page, its data page, then the stack the interrupted
+// thread's calls run on (never the thread's own: it may be on a small signal stack).
+constexpr uint64_t kPage = 4096, kStackSize = 64 * 1024, kLoaderSize = 2 * kPage + kStackSize;
+constexpr uint32_t kPollMicros = 200, kPolls = 25000; // the loader waits at most 5 s for kGo
 
 // x86-64 code of the loader thread's start routine (argument: the data page):
-//   usleep(1000)                            so the interrupted thread gets back to its trap
-//                                           (and is released) before dlopen competes for the CPU
+//   until go: usleep(200)                   the stack of the interrupted thread's calls is
+//                                           in this mapping: wait until it is released
 //   pthread_detach(pthread_self());
 //   h = dlopen(path, RTLD_NOW)              or: snprintf(error, max, "%s", dlerror()); status = 1
 //   f = dlsym(h, "ukp_control_start")       or: the same with status = 2
@@ -214,68 +221,99 @@ constexpr uint64_t kPage = 4096, kLoaderSize = 2 * kPage;
 std::vector<uint8_t> loader_code() {
     std::vector<uint8_t> c;
     auto put = [&](std::initializer_list<uint8_t> bytes) { c.insert(c.end(), bytes); };
+    auto imm32 = [&](uint32_t v) { put({uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)}); };
     auto call_slot = [&](uint64_t slot) { put({0xff, 0x53, static_cast<uint8_t>(slot)}); }; // call [rbx+slot]
     auto set_status = [&](uint8_t v) { put({0x48, 0xc7, 0x43, static_cast<uint8_t>(kStatus), v, 0, 0, 0}); };
+    auto lea_rbx = [&](uint8_t modrm, uint64_t off) { put({0x48, 0x8d, modrm}); imm32(uint32_t(off)); };
+    // A forward jump with a rel32 to fill in by `land`.
+    auto jump = [&](std::initializer_list<uint8_t> opcode) { put(opcode); imm32(0); return c.size(); };
+    auto land = [&](size_t after) {
+        const uint32_t rel = uint32_t(c.size() - after);
+        memcpy(c.data() + after - 4, &rel, 4);
+    };
     put({0x53});                         // push rbx (aligns the stack for calls)
     put({0x48, 0x89, 0xfb});             // mov rbx, rdi
-    put({0xbf, 0xe8, 0x03, 0, 0});       // mov edi, 1000
+    const size_t wait = c.size();
+    put({0x48, 0x83, 0x7b, uint8_t(kGo), 0x00}); // cmp qword [rbx+go], 0
+    const size_t to_go = jump({0x0f, 0x85});     // jne go
+    put({0x48, 0xff, 0x4b, uint8_t(kWaitLeft)}); // dec qword [rbx+wait_left]
+    const size_t to_timeout = jump({0x0f, 0x84}); // jz timeout
+    put({0xbf}); imm32(kPollMicros);     // mov edi, poll
     call_slot(kUsleep);
+    put({0xe9}); imm32(uint32_t(wait - (c.size() + 4))); // jmp wait
+    land(to_go);
     call_slot(kSelf);
     put({0x48, 0x89, 0xc7});             // mov rdi, rax
     call_slot(kDetach);
-    put({0x48, 0x8d, 0xbb, static_cast<uint8_t>(kPath), static_cast<uint8_t>(kPath >> 8), 0, 0}); // lea rdi, [rbx+path]
+    lea_rbx(0xbb, kPath);                // lea rdi, [rbx+path]
     put({0xbe, RTLD_NOW, 0, 0, 0});      // mov esi, RTLD_NOW
     call_slot(kDlopen);
     put({0x48, 0x85, 0xc0});             // test rax, rax
-    put({0x74, 0});                      // jz dlopen_failed
-    const size_t jz1 = c.size();
+    const size_t to_dlopen_failed = jump({0x0f, 0x84});
     put({0x48, 0x89, 0xc7});             // mov rdi, rax
-    put({0x48, 0x8d, 0xb3, static_cast<uint8_t>(kSymbol), static_cast<uint8_t>(kSymbol >> 8), 0, 0}); // lea rsi, [rbx+symbol]
+    lea_rbx(0xb3, kSymbol);              // lea rsi, [rbx+symbol]
     call_slot(kDlsym);
     put({0x48, 0x85, 0xc0});             // test rax, rax
-    put({0x74, 0});                      // jz dlsym_failed
-    const size_t jz2 = c.size();
+    const size_t to_dlsym_failed = jump({0x0f, 0x84});
     put({0xff, 0xd0});                   // call rax
     put({0x85, 0xc0});                   // test eax, eax
-    put({0x75, 0});                      // jnz start_failed
-    const size_t jnz3 = c.size();
-    put({0x48, 0x8b, 0x7b, static_cast<uint8_t>(kBase)}); // mov rdi, [rbx+base]
-    put({0x48, 0x8b, 0x73, static_cast<uint8_t>(kSize)}); // mov rsi, [rbx+size]
-    put({0x48, 0x8b, 0x43, static_cast<uint8_t>(kMunmap)}); // mov rax, [rbx+munmap]
+    const size_t to_start_failed = jump({0x0f, 0x85});
+    put({0x48, 0x8b, 0x7b, uint8_t(kBase)});   // mov rdi, [rbx+base]
+    put({0x48, 0x8b, 0x73, uint8_t(kSize)});   // mov rsi, [rbx+size]
+    put({0x48, 0x8b, 0x43, uint8_t(kMunmap)}); // mov rax, [rbx+munmap]
     put({0x5b});                         // pop rbx
     put({0xff, 0xe0});                   // jmp rax
-    c[jz1 - 1] = static_cast<uint8_t>(c.size() - jz1); // dlopen_failed:
+    land(to_dlopen_failed);
     put({0xb8, 1, 0, 0, 0});             // mov eax, 1
-    put({0xeb, 0});                      // jmp error
-    const size_t jmp1 = c.size();
-    c[jz2 - 1] = static_cast<uint8_t>(c.size() - jz2); // dlsym_failed:
+    const size_t to_error = jump({0xe9});
+    land(to_dlsym_failed);
     put({0xb8, 2, 0, 0, 0});             // mov eax, 2
-    c[jmp1 - 1] = static_cast<uint8_t>(c.size() - jmp1); // error:
+    land(to_error);
     put({0x50, 0x50});                   // push rax twice (keeps the alignment)
     call_slot(kDlerror);
     put({0x48, 0x85, 0xc0});             // test rax, rax
-    put({0x74, 0});                      // jz no_message
-    const size_t jz4 = c.size();
-    put({0x48, 0x8d, 0xbb, static_cast<uint8_t>(kError), static_cast<uint8_t>(kError >> 8), 0, 0}); // lea rdi, [rbx+error]
-    put({0xbe, static_cast<uint8_t>(kErrorMax), static_cast<uint8_t>(kErrorMax >> 8), 0, 0}); // mov esi, max
-    put({0x48, 0x8d, 0x93, static_cast<uint8_t>(kFormat), static_cast<uint8_t>(kFormat >> 8), 0, 0}); // lea rdx, [rbx+format]
+    const size_t to_no_message = jump({0x0f, 0x84});
+    lea_rbx(0xbb, kError);               // lea rdi, [rbx+error]
+    put({0xbe}); imm32(uint32_t(kErrorMax)); // mov esi, max
+    lea_rbx(0x93, kFormat);              // lea rdx, [rbx+format]
     put({0x48, 0x89, 0xc1});             // mov rcx, rax
     put({0x31, 0xc0});                   // xor eax, eax (no vector arguments)
     call_slot(kSnprintf);
-    c[jz4 - 1] = static_cast<uint8_t>(c.size() - jz4); // no_message:
+    land(to_no_message);
     put({0x58, 0x58});                   // pop rax twice
-    put({0x48, 0x89, 0x43, static_cast<uint8_t>(kStatus)}); // mov [rbx+status], rax
-    put({0xeb, 0});                      // jmp out
-    const size_t jmp2 = c.size();
-    c[jnz3 - 1] = static_cast<uint8_t>(c.size() - jnz3); // start_failed:
+    put({0x48, 0x89, 0x43, uint8_t(kStatus)}); // mov [rbx+status], rax
+    const size_t to_out1 = jump({0xe9});
+    land(to_start_failed);
     put({0x48, 0x63, 0xc0});             // movsxd rax, eax
-    put({0x48, 0x89, 0x43, static_cast<uint8_t>(kValue)}); // mov [rbx+value], rax
+    put({0x48, 0x89, 0x43, uint8_t(kValue)}); // mov [rbx+value], rax
     set_status(3);
-    c[jmp2 - 1] = static_cast<uint8_t>(c.size() - jmp2); // out:
+    const size_t to_out2 = jump({0xe9});
+    land(to_timeout);
+    set_status(4);
+    land(to_out1);
+    land(to_out2);
     put({0x31, 0xc0});                   // xor eax, eax
     put({0x5b});                         // pop rbx
     put({0xc3});                         // ret
     return c;
+}
+
+// A `syscall` instruction (0f 05) in the executable mapping of `path`.
+uint64_t find_syscall_insn(int pid, const std::string &path) {
+    std::ifstream in(fmt::format("/proc/{}/maps", pid));
+    std::string line;
+    while (std::getline(in, line)) {
+        unsigned long long start, end;
+        char perms[8];
+        if (sscanf(line.c_str(), "%llx-%llx %7s", &start, &end, perms) != 3 || perms[2] != 'x') continue;
+        if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path) != 0) continue;
+        std::vector<uint8_t> text(std::min<uint64_t>(end - start, 1u << 20));
+        iovec local{text.data(), text.size()}, remote{reinterpret_cast<void *>(start), text.size()};
+        if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(text.size())) break;
+        for (size_t i = 0; i + 1 < text.size(); ++i)
+            if (text[i] == 0x0f && text[i + 1] == 0x05) return start + i;
+    }
+    fail(fmt::format("no syscall instruction found in {} of process {}", path, pid));
 }
 
 enum { kFnDlopen, kFnDlsym, kFnDlerror, kFnMmap, kFnMprotect, kFnMunmap, kFnCreate, kFnDetach, kFnSelf, kFnSnprintf, kFnUsleep };
@@ -308,6 +346,47 @@ public:
     // Calls fn(a0, a1) on the stopped thread with `sp` as its stack pointer (16-byte
     // aligned, the return address 0 written at sp - 8 by the caller's layout) and waits
     // for the return to trap at address 0.
+    // Makes system call `nr` from the `syscall` instruction at `insn`, stopping at its exit
+    // (PTRACE_SYSCALL): no stack is touched.
+    uint64_t syscall(const user_regs_struct &saved, uint64_t insn, long nr, uint64_t a0, uint64_t a1, uint64_t a2 = 0,
+                     uint64_t a3 = 0, uint64_t a4 = 0, uint64_t a5 = 0) {
+        user_regs_struct r = saved;
+        r.rip = insn;
+        r.rax = static_cast<unsigned long long>(nr);
+        r.rdi = a0;
+        r.rsi = a1;
+        r.rdx = a2;
+        r.r10 = a3;
+        r.r8 = a4;
+        r.r9 = a5;
+        r.orig_rax = static_cast<unsigned long long>(-1);
+        r.eflags &= ~0x100ull;
+        if (ptrace(PTRACE_SETREGS, tid_, nullptr, &r) != 0) fail(fmt::format("PTRACE_SETREGS: {}", strerror(errno)));
+        bool entered = false;
+        int deliver = 0;
+        while (true) {
+            if (ptrace(PTRACE_SYSCALL, tid_, nullptr, reinterpret_cast<void *>(static_cast<long>(deliver))) != 0)
+                fail(fmt::format("PTRACE_SYSCALL: {}", strerror(errno)));
+            deliver = 0;
+            int status = 0;
+            if (waitpid(tid_, &status, __WALL) != tid_) fail(fmt::format("waitpid: {}", strerror(errno)));
+            if (WIFEXITED(status) || WIFSIGNALED(status)) fail("the target exited during the injection");
+            if (!WIFSTOPPED(status) || status >> 16 != 0) continue;
+            if (WSTOPSIG(status) != (SIGTRAP | 0x80)) {
+                deliver = WSTOPSIG(status); // the program's signal, delivered as usual
+                continue;
+            }
+            user_regs_struct now{};
+            ptrace(PTRACE_GETREGS, tid_, nullptr, &now);
+            if (static_cast<long>(now.orig_rax) != nr) continue; // a signal handler's own calls
+            if (!entered) {
+                entered = true;
+                continue;
+            }
+            return now.rax;
+        }
+    }
+
     uint64_t call(const user_regs_struct &saved, uint64_t fn, uint64_t sp, uint64_t a0 = 0, uint64_t a1 = 0,
                   uint64_t a2 = 0, uint64_t a3 = 0, uint64_t a4 = 0, uint64_t a5 = 0) {
         user_regs_struct r = saved;
@@ -383,13 +462,15 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         if (fns[i] == 0)
             fail(fmt::format("{} in process {} has no {} (glibc older than 2.34?)", libc->path, pid, names[i]));
     if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
+    const uint64_t syscall_insn = find_syscall_insn(pid, libc->path);
     // Tells the loader's data page from a later mapping at the same address.
     const uint64_t cookie = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 
     bool in_syscall = false;
     const int tid = pick_thread(pid, &in_syscall);
     result.tid = tid;
-    if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) fail(refusal(pid, errno));
+    if (ptrace(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void *>(PTRACE_O_TRACESYSGOOD)) != 0)
+        fail(refusal(pid, errno));
     const Clock::time_point t0 = Clock::now();
     if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) {
         const int err = errno;
@@ -420,25 +501,18 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     user_fpregs_struct fpregs{};
     const bool have_fp = !have_xstate && ptrace(PTRACE_GETFPREGS, tid, nullptr, &fpregs) == 0;
 
-    // Stack: below the red zone (128 bytes) and a margin, pthread_create's out-parameter,
-    // then the frame.
-    const uint64_t top = (saved.rsp - 128 - 256) & ~15ull;
-    const uint64_t thread_out = top - 16;
-    const uint64_t sp = (thread_out - 64) & ~15ull;
-    const uint64_t low = sp - 8;
-    std::vector<uint8_t> saved_stack(top - low);
-
     std::string error;
     uint64_t loader = 0;
     const Clock::time_point c0 = Clock::now();
     try {
-        t.read_mem(low, saved_stack.data(), saved_stack.size());
-        loader = t.call(saved, fns[kFnMmap], sp, 0, kLoaderSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                        static_cast<uint64_t>(-1), 0);
-        if (loader == static_cast<uint64_t>(-1) || loader == 0) {
+        // The mapping by a bare system call; every call after it runs on its stack.
+        loader = t.syscall(saved, syscall_insn, SYS_mmap, 0, kLoaderSize, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, static_cast<uint64_t>(-1), 0);
+        if (loader > static_cast<uint64_t>(-4096) || loader == 0) {
             loader = 0;
             fail(fmt::format("mmap in process {} failed", pid));
         }
+        const uint64_t sp = loader + kLoaderSize;
         const std::vector<uint8_t> code = loader_code();
         std::vector<uint8_t> data(kPage, 0);
         const auto put64 = [&](uint64_t off, uint64_t v) { memcpy(data.data() + off, &v, 8); };
@@ -453,6 +527,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         put64(kBase, loader);
         put64(kSize, kLoaderSize);
         put64(kCookie, cookie);
+        put64(kWaitLeft, kPolls);
         memcpy(data.data() + kFormat, "%s", 3);
         memcpy(data.data() + kCreateName, "pthread_create", 15);
         memcpy(data.data() + kSymbol, "ukp_control_start", 18);
@@ -465,32 +540,36 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         // know of every thread), libc's otherwise.
         uint64_t create = t.call(saved, fns[kFnDlsym], sp, 0 /* RTLD_DEFAULT */, loader + kPage + kCreateName);
         if (create == 0) create = fns[kFnCreate];
-        const int rc = static_cast<int32_t>(t.call(saved, create, sp, thread_out, 0, loader, loader + kPage));
+        const int rc = static_cast<int32_t>(t.call(saved, create, sp, loader + kPage + kThreadOut, 0, loader,
+                                                   loader + kPage));
         if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
     } catch (const std::exception &e) {
         error = e.what();
         if (loader != 0) {
             try {
-                t.call(saved, fns[kFnMunmap], sp, loader, kLoaderSize);
+                t.syscall(saved, syscall_insn, SYS_munmap, loader, kLoaderSize);
             } catch (const std::exception &) {
             }
         }
     }
     result.calls_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
 
-    // Restore exactly: the stack bytes, the extended state, then the registers (with
-    // orig_rax and rax as they were, so an interrupted system call restarts).
+    // Restore exactly: the extended state, then the registers (with orig_rax and rax as
+    // they were, so an interrupted system call restarts). Its stack was not touched.
     bool restored = true;
-    try {
-        t.write_mem(low, saved_stack.data(), saved_stack.size());
-    } catch (const std::exception &) {
-        restored = false;
-    }
     if (have_xstate) restored &= ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
     if (have_fp) restored &= ptrace(PTRACE_SETFPREGS, tid, nullptr, &fpregs) == 0;
     restored &= ptrace(PTRACE_SETREGS, tid, nullptr, &saved) == 0;
     // From the stop of our return trap: its SIGSEGV is dropped.
     ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+    if (error.empty() && restored) {
+        const uint64_t go = 1;
+        try {
+            Tracee(pid).write_mem(loader + kPage + kGo, &go, sizeof go);
+        } catch (const std::exception &e) {
+            error = e.what();
+        }
+    }
     const Clock::time_point t1 = Clock::now();
     result.pause_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     result.stopped_ms = std::chrono::duration<double, std::milli>(t1 - stopped).count();
@@ -522,6 +601,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
             fail(fmt::format("{} in process {} failed: {}", head[0] == 1 ? "dlopen" : "dlsym", pid,
                              text[0] ? text : "(no message)"));
         }
+        if (head[0] == 4) fail(fmt::format("the loader in process {} gave up waiting for ukprobe", pid));
         if (head[0] == 3) {
             const int rc = static_cast<int>(static_cast<int64_t>(head[1]));
             fail(fmt::format("the agent loaded, but ukp_control_start() failed in process {}: {}{}", pid,
