@@ -2,6 +2,7 @@
 
 #include <ukprobes/kprobes.h>
 
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -328,8 +329,14 @@ public:
     void record_stacktrace(const struct pt_regs &regs) override;
 };
 
+// The child of a fork is a new thread with a new id: forget the parent's.
+void forget_thread_after_fork() { t_info.tid = 0; }
+
 Tracer &tracer() {
-    static Tracer *t = new Tracer; // never destroyed: probes may fire during exit
+    static Tracer *t = [] {
+        pthread_atfork(nullptr, nullptr, forget_thread_after_fork);
+        return new Tracer; // never destroyed: probes may fire during exit
+    }();
     return *t;
 }
 

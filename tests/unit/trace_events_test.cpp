@@ -2,6 +2,9 @@
 // recorded, a bad filter keeps the old one, triggers act on hits, symstr/seed 003 forms.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <sstream>
 #include <string>
 
@@ -130,6 +133,26 @@ TEST_F(TraceEvents, StacktraceTriggerRecordsTheUserStack) {
     // The next frame is the caller of ttarget_triple: this test's body.
     EXPECT_NE(trace.find("\n => _ZN", at), std::string::npos) << trace;
     ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!stacktrace if x == 77"), 0);
+}
+
+TEST_F(TraceEvents, ForkChildRecordsItsOwnThreadId) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    g_triple(1); // the parent's thread id is cached now
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        file_write("trace", "");
+        g_triple(2);
+        std::string t;
+        file_read("trace", &t);
+        const std::string me = "-" + std::to_string(getpid()) + " ";
+        _exit(t.find(me) != std::string::npos && t.find("x=2") != std::string::npos ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
