@@ -7,6 +7,8 @@
 
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "trace/events.hpp"
 #include "trace_target.h"
@@ -153,6 +155,24 @@ TEST_F(TraceEvents, ForkChildRecordsItsOwnThreadId) {
     ASSERT_EQ(waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_F(TraceEvents, ThreadsHitAtOnce) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64 c=$comm"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+        threads.emplace_back([t] {
+            pthread_setname_np(pthread_self(), ("hitter" + std::to_string(t)).c_str());
+            for (int i = 0; i < 500; ++i) g_triple(i);
+        });
+    for (auto &t : threads) t.join();
+    char want[128];
+    snprintf(want, sizeof want, "  %-44s %15d %15d\n", "flt", 2000, 0);
+    EXPECT_EQ(read("kprobe_profile"), want);
+    const std::string trace = read("trace");
+    for (int t = 0; t < 4; ++t)
+        EXPECT_NE(trace.find("x=499 c=\"hitter" + std::to_string(t) + "\""), std::string::npos) << t;
 }
 
 TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
