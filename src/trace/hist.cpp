@@ -154,7 +154,7 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
     int bits = kMapBitsDefault;
     bool have_keys = false;
     for (auto [part, pos] : split(spec, ':', spec_pos)) {
-        auto value_of = [&](std::string_view prefix) { return part.substr(prefix.size()); };
+        auto value_of = [p = part](std::string_view prefix) { return p.substr(prefix.size()); };
         if (part.starts_with("keys=") || part.starts_with("key=")) {
             const size_t eq = part.find('=') + 1;
             keys_str = part.substr(eq);
