@@ -1,0 +1,88 @@
+// Event triggers and histograms (src/trace/trigger.hpp): TriggerSet::write() on arbitrary
+// lines, fire() on arbitrary records.
+//
+// Input: trigger lines separated by '\n'; a line starting with '@' is not written but
+// fires the triggers on a record made of its bytes (trace_fields.hpp).
+// Checks: no crash or out-of-bounds access (ASan), only the documented return codes, a
+// rejected line leaves the trigger and hist files as they were and says why.
+#include "trace/trigger.hpp"
+#include "trace_fields.hpp"
+
+#include <ukprobes/kprobes.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+#define CHECK(cond)                                                                          \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            std::fprintf(stderr, "trace_trigger_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            std::abort();                                                                    \
+        }                                                                                    \
+    } while (0)
+
+struct Host : ukp::trace::TriggerHost {
+    bool on = true;
+    int snapshots = 0, stacks = 0;
+    std::atomic<bool> other{false};
+    void set_tracing_on(bool v) override { on = v; }
+    bool tracing_is_on() const override { return on; }
+    void take_snapshot() override { ++snapshots; }
+    std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) override {
+        return system == "kprobes" && event == "other" ? &other : nullptr;
+    }
+    void record_stacktrace(const struct pt_regs &) override { ++stacks; }
+};
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    using namespace ukp::trace;
+    static const std::vector<Field> fields = ukp::fuzz::probe_fields();
+    Host host;
+    TriggerSet set;
+    set.set_symbolizer([](uint64_t addr, bool with_offset) {
+        return with_offset ? "sym+0x" + std::to_string(addr & 0xff) : std::string("sym");
+    });
+    std::string_view in(reinterpret_cast<const char *>(data), size);
+    int lines = 0;
+    while (!in.empty() && lines++ < 16) {
+        const size_t eol = in.find('\n');
+        const std::string_view line = in.substr(0, eol);
+        in = eol == std::string_view::npos ? std::string_view{} : in.substr(eol + 1);
+        if (!line.empty() && line[0] == '@') {
+            pt_regs regs{};
+            const std::vector<uint8_t> rec =
+                ukp::fuzz::make_record(reinterpret_cast<const uint8_t *>(line.data()) + 1, line.size() - 1);
+            set.fire(rec.data(), static_cast<uint32_t>(rec.size()), "fuzz", regs);
+            continue;
+        }
+        const std::string before = set.text();
+        const std::string hist_before = set.hist_text();
+        const bool was_empty = set.empty();
+        FilterError err;
+        const int rc = set.write(line, fields, host, &err);
+        CHECK(rc == 0 || rc == -EINVAL || rc == -ENOENT || rc == -EEXIST);
+        if (rc != 0) {
+            CHECK(set.text() == before);
+            CHECK(set.hist_text() == hist_before);
+            CHECK(set.empty() == was_empty);
+            CHECK(rc != -EINVAL || !err.message.empty());
+        }
+    }
+    pt_regs regs{};
+    const std::vector<uint8_t> rec = ukp::fuzz::make_record(data, size);
+    set.fire(rec.data(), static_cast<uint32_t>(rec.size()), "fuzz", regs);
+    set.text();
+    set.hist_text();
+    return 0;
+}
