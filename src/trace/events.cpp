@@ -317,7 +317,9 @@ public:
     // TriggerHost
     void set_tracing_on(bool on) override { ukp::trace::set_tracing_on(on); }
     bool tracing_is_on() const override { return ukp::trace::tracing_on(); }
-    void take_snapshot() override { snapshot_take(); }
+    // From a probe hit: the swap is lock-free; the spare was allocated when the trigger
+    // was written.
+    void take_snapshot() override { snapshot_swap(); }
     std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) override {
         // Called from a trigger write, with mu held by the file API.
         Event *e = find(system, event);
@@ -825,8 +827,13 @@ int event_file(Tracer &t, const EventPath &p, std::string_view text, bool write,
             return 0;
         }
         FilterError err;
-        const int r = e->triggers.write(strip(text), e->fields, t, &err);
-        if (r != 0 && !err.message.empty()) t.errors.add_text("event trigger parse error", strip(text), err.message, err.pos);
+        const std::string cmd = strip(text);
+        if (cmd.rfind("snapshot", 0) == 0) {
+            // The snapshot trigger swaps buffers from the hit: the spare must exist first.
+            if (int r = snapshot_alloc(); r != 0) return r;
+        }
+        const int r = e->triggers.write(cmd, e->fields, t, &err);
+        if (r != 0 && !err.message.empty()) t.errors.add_text("event trigger parse error", cmd, err.message, err.pos);
         t.arm(e);
         return r;
     }

@@ -175,6 +175,18 @@ TEST_F(TraceEvents, ThreadsHitAtOnce) {
         EXPECT_NE(trace.find("x=499 c=\"hitter" + std::to_string(t) + "\""), std::string::npos) << t;
 }
 
+TEST_F(TraceEvents, SnapshotTriggerSwapsFromTheHit) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "snapshot if x == 55"), 0);
+    g_triple(54);
+    g_triple(55);
+    const std::string snap = read("snapshot");
+    EXPECT_NE(snap.find("x=54"), std::string::npos) << snap;
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!snapshot if x == 55"), 0);
+    ASSERT_EQ(file_write("snapshot", "0"), 0);
+}
+
 TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
     ASSERT_EQ(file_write("dynamic_events", "p:dyn ttarget_triple"), 0);
     EXPECT_EQ(read("dynamic_events"), "p:kprobes/dyn ttarget_triple\n");
