@@ -37,6 +37,7 @@ struct Point {
     uint64_t slot = 0;        // out-of-line slot (text::kSlotSize bytes), 0 for branches
     uint64_t boosted = 0;     // copy that runs the instruction and jumps back
     uint64_t post = 0;        // copy that runs the instruction, then the post trampoline
+    uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
     bool armed = false;       // int3 in place; changed under the registry mutex
     // Jump optimization (optimizer.cpp). The detour is built when the point is prepared,
@@ -51,6 +52,7 @@ struct Point {
     std::atomic<uint64_t> dcr_copy{0};
     bool optimized = false;     // the jmp is in place; changed under the registry mutex
     bool queued = false;        // waiting for the optimizer; under the registry mutex
+    bool copy_fresh = false;    // dcr_copy came back: threads may still be on the old path in
     std::string object_name;  // for kprobes/list
     std::string symbol;       // "sym", for kprobes/list
     uint64_t symbol_offset = 0;
@@ -113,6 +115,18 @@ std::map<uint64_t, Point *> &all_points();
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n);
 
 extern std::atomic<bool> g_opt_enabled; // debug.kprobes_optimization
+
+// > 0 while this thread runs the agent's signal handler (signals.cpp), whose code lies
+// between __start_ukp_trap_text and __stop_ukp_trap_text.
+extern thread_local int t_in_agent_handler __attribute__((tls_model("initial-exec")));
+
+// Raised each time region copies come back (optimizer.cpp). The hit paths record in
+// t_decision_epoch the value under which they chose where the thread resumes
+// (kNoDecision: none yet in this signal handler), so that the optimizer can tell a thread
+// still bound for an old path from one that will take the copy.
+extern std::atomic<unsigned> g_copy_epoch;
+extern thread_local unsigned t_decision_epoch __attribute__((tls_model("initial-exec")));
+inline constexpr unsigned kNoDecision = ~0u;
 
 // Global knobs (kprobes/enabled).
 extern std::atomic<bool> g_kprobes_enabled;

@@ -16,6 +16,8 @@ namespace ukp::core {
 
 std::atomic<bool> g_kprobes_enabled{true};
 std::atomic<bool> g_handlers_silenced{false};
+std::atomic<unsigned> g_copy_epoch{1};
+thread_local unsigned t_decision_epoch __attribute__((tls_model("initial-exec")));
 
 // ---- per-thread state ----------------------------------------------------------------
 
@@ -195,6 +197,7 @@ void handler_faulted(kprobe *p, pt_regs *regs, const pt_regs &at_hit) {
 // (recursion, disabled or unregistered probes, a late hit on a removed int3).
 // Returns false if a branch's emulation faulted (*fault_addr says where).
 bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
+    t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
     if (const uint64_t copy = pt->dcr_copy.load(std::memory_order_acquire); copy != 0) {
         arch::set_context_ip(uc, copy);
         return true;
@@ -329,6 +332,7 @@ void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, ui
     if (!redirected) {
         const bool post = any_post_handler(list);
         regs.ip = pt->addr;
+        t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
         const uint64_t copy = pt->dcr_copy.load(std::memory_order_acquire);
         if (pt->slot != 0) {
             // The copy runs after sigreturn; a post copy goes on to the post trampoline.
@@ -356,9 +360,10 @@ void probe_hit(Point *pt, ucontext_t *uc) {
         if (ts.depth > 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)
                 if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
-        read_unlock(idx);
         uint64_t fault_addr = 0;
-        if (!execute_unprobed(pt, uc, &fault_addr)) emulation_faulted(pt, uc, fault_addr);
+        const bool ok = execute_unprobed(pt, uc, &fault_addr); // decided inside the section
+        read_unlock(idx);
+        if (!ok) emulation_faulted(pt, uc, fault_addr);
         return;
     }
     pt_regs regs;
@@ -374,10 +379,11 @@ void resume_hit(Point *pt, ucontext_t *uc, pt_regs &regs, const kprobe *after) {
     const unsigned idx = read_lock();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (list == nullptr) {
-        read_unlock(idx);
         arch::regs_to_context(&regs, uc);
         uint64_t fault_addr = 0;
-        if (!execute_unprobed(pt, uc, &fault_addr)) emulation_faulted(pt, uc, fault_addr);
+        const bool ok = execute_unprobed(pt, uc, &fault_addr);
+        read_unlock(idx);
+        if (!ok) emulation_faulted(pt, uc, fault_addr);
         return;
     }
     uint32_t first = 0;
@@ -421,6 +427,7 @@ extern "C" __attribute__((used)) void ukp_post_dispatch(ukp::core::Point *pt, pt
     }
     // Decided last: the optimizer relies on no thread entering the region past its
     // first byte once the point runs its relocated copy.
+    t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
     if (regs->ip == next) regs->ip = into_copy(pt, next);
     read_unlock(idx);
 }

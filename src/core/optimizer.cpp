@@ -17,6 +17,7 @@
 
 #include "arch/x86_64/detour.hpp"
 #include "arch/x86_64/region.hpp"
+#include "arch/x86_64/trampoline.hpp"
 #include "core/kretprobe.hpp"
 #include "text/text.hpp"
 
@@ -40,7 +41,10 @@
 
 namespace ukp::core {
 
-std::atomic<bool> g_opt_enabled{true};
+// Off by default until the crash concurrency_test finds with it on is understood (a
+// thread left inside a region when the jump went in, with post_handlers and an inner
+// probe coming and going); ukp_set_kprobes_optimization(1) turns it on.
+std::atomic<bool> g_opt_enabled{false};
 
 bool is_agent_probe(const kprobe *p); // registry.cpp
 
@@ -78,25 +82,76 @@ Point *g_stop_points[kMaxBatch];
 std::atomic<size_t> g_stop_count{0};
 std::atomic<int> g_stop_gen{0};
 std::atomic<int> g_acks{0};
+// The batch brings back region copies (after a probe inside a region went away): threads
+// that may still be on their way into a region must be found, or the batch waits.
+std::atomic<bool> g_stop_strict{false};
+std::atomic<bool> g_stop_busy{false};
+std::atomic<unsigned> g_strict_epoch{0}; // the g_copy_epoch value the copies came back under
+uint64_t g_restorer = 0; // the signal restorer (__restore_rt) the kernel returns through
 
 bool in_region(const Point *pt, uint64_t ip) { return ip > pt->addr && ip < pt->addr + pt->layout.dcr_len; }
+
+extern "C" char __start_ukp_trap_text[], __stop_ukp_trap_text[];
+
+// Whether a thread at ip may still resume into a region by a path decided before the
+// region copy came back: out of the agent's signal handler (sigreturn to an instruction
+// copy that jumps back into the region), out of the post trampoline, or from inside the
+// one-instruction copy itself. Async-signal-safe.
+bool on_the_way_in(uint64_t ip) {
+    const unsigned decided = t_decision_epoch;
+    // Chose its path with the copy in place, or has chosen none yet: it takes the copy.
+    if (decided == kNoDecision || decided >= g_strict_epoch.load(std::memory_order_acquire)) return false;
+    if (t_in_agent_handler > 0) return true;
+    const auto in = [ip](const void *lo, const void *hi) {
+        return ip >= reinterpret_cast<uint64_t>(lo) && ip < reinterpret_cast<uint64_t>(hi);
+    };
+    return in(__start_ukp_trap_text, __stop_ukp_trap_text) ||
+           in(reinterpret_cast<const void *>(&ukp_post_trampoline), ukp_post_trampoline_end) ||
+           (g_restorer != 0 && ip >= g_restorer && ip < g_restorer + 16);
+}
 
 void stop_handler(int, siginfo_t *info, void *ctx) {
     const int saved_errno = errno;
     auto *uc = static_cast<ucontext_t *>(ctx);
     const uint64_t ip = arch::context_ip(uc);
     const size_t n = g_stop_count.load(std::memory_order_acquire);
+    const bool strict = g_stop_strict.load(std::memory_order_acquire);
+    bool busy = strict && on_the_way_in(ip);
     for (size_t i = 0; i < n && i < kMaxBatch; ++i) {
         const Point *pt = g_stop_points[i];
-        if (pt == nullptr || !in_region(pt, ip)) continue;
-        if (const uint64_t to = into_copy(pt, ip); to != ip) arch::set_context_ip(uc, to);
+        if (pt == nullptr) continue;
+        if (in_region(pt, ip)) {
+            if (const uint64_t to = into_copy(pt, ip); to != ip) arch::set_context_ip(uc, to);
+        } else if (strict && pt->slot != 0 && ip >= pt->boosted && ip <= pt->boosted + pt->boosted_len) {
+            // In the first instruction's copy: before it, or at its jump back into the region.
+            const uint64_t orig = ip == pt->boosted ? pt->addr : ip == pt->boosted + pt->boosted_len
+                                                                     ? pt->addr + pt->insn.len
+                                                                     : 0;
+            const uint64_t to = orig != 0 ? arch::detour_copy_of(pt->layout, pt->detour_code, pt->addr, orig) : 0;
+            if (to != 0 && pt->dcr_copy.load(std::memory_order_acquire) != 0)
+                arch::set_context_ip(uc, to);
+            else
+                busy = true;
+        }
     }
+    if (busy) g_stop_busy.store(true, std::memory_order_release);
     if (info->si_code == SI_QUEUE && info->si_value.sival_int == g_stop_gen.load(std::memory_order_acquire))
         g_acks.fetch_add(1, std::memory_order_release);
     errno = saved_errno;
 }
 
+// The restorer of the agent's SIGTRAP handler, from the kernel (the interposed sigaction
+// shows the program's view).
+uint64_t find_restorer() {
+    struct {
+        uint64_t handler, flags, restorer, mask;
+    } kact{};
+    if (syscall(SYS_rt_sigaction, SIGTRAP, nullptr, &kact, sizeof kact.mask) != 0) return 0;
+    return kact.restorer;
+}
+
 bool ensure_stop_handler() {
+    if (g_restorer == 0) g_restorer = find_restorer();
     struct sigaction cur {};
     if (g_handler_installed) {
         if (sigaction(stop_signal(), nullptr, &cur) != 0) return false;
@@ -140,7 +195,9 @@ bool stopped_at(int tid, uint64_t *pc) {
 // Makes sure no thread is inside (past the first byte of) the regions of batch[0..n):
 // signals the threads that run, or stand inside one, and waits for their answer.
 // 0, or -EAGAIN when some thread did not answer in time. Called without the mutex.
-int move_threads_out(Point *const *batch, size_t n) {
+int move_threads_out(Point *const *batch, size_t n, bool strict) {
+    g_stop_strict.store(strict, std::memory_order_release);
+    g_stop_busy.store(false, std::memory_order_release);
     g_stop_count.store(0, std::memory_order_release);
     for (size_t i = 0; i < n; ++i) g_stop_points[i] = batch[i];
     g_stop_count.store(n, std::memory_order_release);
@@ -155,7 +212,7 @@ int move_threads_out(Point *const *batch, size_t n) {
         const int tid = atoi(e->d_name);
         if (tid <= 0 || tid == self) continue;
         uint64_t pc = 0;
-        if (stopped_at(tid, &pc)) {
+        if (!strict && stopped_at(tid, &pc)) {
             bool inside = false;
             for (size_t i = 0; i < n; ++i) inside = inside || in_region(batch[i], pc);
             // Blocked or preempted outside every region: it cannot get into one any more.
@@ -179,7 +236,7 @@ int move_threads_out(Point *const *batch, size_t n) {
             return -EAGAIN; // a thread that blocks the signal, or exited meanwhile
         sched_yield();
     }
-    return 0;
+    return g_stop_busy.load(std::memory_order_acquire) ? -EBUSY : 0;
 }
 
 bool other_point_inside(const Point *pt, uint64_t addr, size_t len) {
@@ -192,7 +249,7 @@ bool other_point_inside(const Point *pt, uint64_t addr, size_t len) {
 
 bool qualifies(const Point *pt) {
     if (!g_opt_enabled.load(std::memory_order_relaxed) || g_stop_broken) return false;
-    if (!pt->armed || pt->dcr_copy.load(std::memory_order_relaxed) == 0) return false;
+    if (!pt->armed || pt->detour == 0) return false;
     if (!g_kprobes_enabled.load(std::memory_order_relaxed) || g_handlers_silenced.load(std::memory_order_relaxed))
         return false;
     const ProbeList *list = pt->list.load(std::memory_order_relaxed);
@@ -261,8 +318,22 @@ void worker() {
         bool retry = false;
         if (!batch.empty() && ensure_stop_handler()) {
             g_busy = true;
+            // A point whose region copy was dropped for a probe inside the region (gone
+            // now) gets it back: from here on no new path leads into the region.
+            bool strict = false;
+            for (Point *pt : batch) {
+                if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) {
+                    pt->dcr_copy.store(pt->detour_code + pt->layout.copy, std::memory_order_release);
+                    pt->copy_fresh = true;
+                }
+                strict = strict || pt->copy_fresh;
+            }
+            if (strict) g_strict_epoch.store(g_copy_epoch.fetch_add(1, std::memory_order_acq_rel) + 1,
+                                             std::memory_order_release);
             lock.unlock();
-            const int err = move_threads_out(batch.data(), batch.size());
+            // Hits that chose the one-instruction copy before have finished choosing.
+            if (strict) synchronize();
+            const int err = move_threads_out(batch.data(), batch.size(), strict);
             lock.lock();
             g_busy = false;
             if (err == 0) {
@@ -273,6 +344,7 @@ void worker() {
                     if (it != all_points().end() && it->second == pt && !pt->optimized && qualifies(pt))
                         still.push_back(pt);
                 }
+                for (Point *pt : batch) pt->copy_fresh = false;
                 write_jumps(still.data(), still.size());
             } else {
                 retry = true;
@@ -370,6 +442,13 @@ void opt_update(Point *pt, bool) {
     if (pt->optimized && !q) opt_unoptimize(pt);
     else if (!pt->optimized && q) enqueue(pt);
     set_flags(pt);
+    if (pt->armed) return;
+    // A probe inside another point's region went away: that one may qualify again.
+    auto &pts = all_points();
+    for (auto it = pts.lower_bound(pt->addr >= 16 ? pt->addr - 15 : 0); it != pts.end() && it->first < pt->addr; ++it) {
+        Point *outer = it->second;
+        if (outer->detour != 0 && in_region(outer, pt->addr) && !outer->optimized && qualifies(outer)) enqueue(outer);
+    }
 }
 
 void opt_before_arming(uint64_t addr) {
@@ -378,7 +457,8 @@ void opt_before_arming(uint64_t addr) {
         Point *pt = it->second;
         if (pt->detour == 0 || !in_region(pt, addr)) continue;
         if (pt->optimized) opt_unoptimize(pt);
-        // For good: going back to the copy would need every thread out of the region again.
+        // The optimizer brings the copy back when the region is free again (and every
+        // thread on the way into the region is accounted for).
         pt->dcr_copy.store(0, std::memory_order_release);
     }
 }

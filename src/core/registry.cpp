@@ -163,7 +163,10 @@ int build_slot(Point *pt, const arch::Insn &insn) {
     std::memset(code, 0xcc, sizeof code);
     std::memcpy(code, &pt, sizeof pt);
     size_t at = 16;
-    int n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack);
+    int n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kNone);
+    if (n < 0) return n;
+    pt->boosted_len = static_cast<uint8_t>(n);
+    n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack);
     if (n < 0) return n;
     const uint64_t boosted = slot + at;
     at += static_cast<size_t>(n);

@@ -13,6 +13,8 @@
 
 namespace ukp::core {
 
+thread_local int t_in_agent_handler __attribute__((tls_model("initial-exec")));
+
 namespace {
 
 // The signals the agent needs: int3 traps, and the faults of handlers and stepped copies.
@@ -73,13 +75,22 @@ void write_program_action(int sig, const struct sigaction *act) {
     pa.seq.fetch_add(1, std::memory_order_release);
 }
 
-void agent_handler(int sig, siginfo_t *info, void *ctx) {
+// In a section of its own, so that the optimizer can tell a thread on its way out of it
+// (after t_in_agent_handler went back to 0) from one anywhere else.
+__attribute__((section("ukp_trap_text"), noinline)) void agent_handler(int sig, siginfo_t *info, void *ctx) {
     const int saved_errno = errno; // the interrupted code's errno survives us
     auto *uc = static_cast<ucontext_t *>(ctx);
+    ++t_in_agent_handler;
+    // This invocation's choice of where to resume, kept past its end (until sigreturn);
+    // a nested one that chose nothing leaves the outer one's.
+    const unsigned outer_decision = t_decision_epoch;
+    t_decision_epoch = kNoDecision;
     if (sig == SIGTRAP)
         on_breakpoint(info, uc);
     else if (!on_fault(sig, info, uc))
         deliver_to_program(sig, info, uc, /*replayable=*/true);
+    if (t_decision_epoch == kNoDecision) t_decision_epoch = outer_decision;
+    --t_in_agent_handler;
     errno = saved_errno;
 }
 

@@ -7,6 +7,7 @@
 extern "C" {
 // trampolines.S: saves a pt_regs, calls ukp_post_dispatch(point, regs), resumes.
 void ukp_post_trampoline();
+extern char ukp_post_trampoline_end[]; // where its code ends
 // trampolines.S: where a kretprobe instance's stub goes when its function returns.
 void ukp_kretprobe_trampoline();
 }

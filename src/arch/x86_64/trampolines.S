@@ -288,6 +288,9 @@ ukp_post_trampoline:
         SAVE_PT_REGS 136
         CALL_DISPATCH ukp_post_dispatch
         RESUME_PT_REGS
+        .globl  ukp_post_trampoline_end
+        .hidden ukp_post_trampoline_end
+ukp_post_trampoline_end:
         .cfi_endproc
         .size   ukp_post_trampoline, .-ukp_post_trampoline
 
