@@ -370,7 +370,10 @@ public:
             deliver = 0;
             int status = 0;
             if (waitpid(tid_, &status, __WALL) != tid_) fail(fmt::format("waitpid: {}", strerror(errno)));
-            if (WIFEXITED(status) || WIFSIGNALED(status)) fail("the target exited during the injection");
+            if (WIFEXITED(status) || WIFSIGNALED(status))
+                fail(WIFSIGNALED(status) ? fmt::format("the target was killed by {} during the injection (in system call {})",
+                                                       strsignal(WTERMSIG(status)), nr)
+                                         : std::string("the target exited during the injection"));
             if (!WIFSTOPPED(status) || status >> 16 != 0) continue;
             if (WSTOPSIG(status) != (SIGTRAP | 0x80)) {
                 deliver = WSTOPSIG(status); // the program's signal, delivered as usual
@@ -405,14 +408,17 @@ public:
         r.orig_rax = static_cast<unsigned long long>(-1);
         r.eflags &= ~(0x400ull | 0x100ull); // the ABI wants DF clear; no single-stepping
         if (ptrace(PTRACE_SETREGS, tid_, nullptr, &r) != 0) fail(fmt::format("PTRACE_SETREGS: {}", strerror(errno)));
-        int deliver = 0;
+        int deliver = 0, deliver_last = 0;
         while (true) {
             if (ptrace(PTRACE_CONT, tid_, nullptr, reinterpret_cast<void *>(static_cast<long>(deliver))) != 0)
                 fail(fmt::format("PTRACE_CONT: {}", strerror(errno)));
             deliver = 0;
             int status = 0;
             if (waitpid(tid_, &status, __WALL) != tid_) fail(fmt::format("waitpid: {}", strerror(errno)));
-            if (WIFEXITED(status) || WIFSIGNALED(status)) fail("the target exited during the injection");
+            if (WIFEXITED(status) || WIFSIGNALED(status))
+                fail(WIFSIGNALED(status) ? fmt::format("the target was killed by {} during the injection (in a call of {:#x}, last stop by signal {})",
+                                                       strsignal(WTERMSIG(status)), fn, deliver_last)
+                                         : std::string("the target exited during the injection"));
             if (!WIFSTOPPED(status) || status >> 16 != 0) continue; // an event or group stop: go on
             const int sig = WSTOPSIG(status);
             if (sig == SIGSEGV) {
@@ -420,6 +426,7 @@ public:
                 ptrace(PTRACE_GETREGS, tid_, nullptr, &now);
                 if (now.rip == 0) return now.rax;
             }
+            deliver_last = sig;
             // Any other signal goes to the program at once, as without a tracer: the
             // agent's own int3 probes and fault-safe reads raise SIGTRAP and SIGSEGV in
             // the called code, and their handlers must run.
@@ -466,32 +473,59 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     // Tells the loader's data page from a later mapping at the same address.
     const uint64_t cookie = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 
-    bool in_syscall = false;
-    const int tid = pick_thread(pid, &in_syscall);
-    result.tid = tid;
-    if (ptrace(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void *>(PTRACE_O_TRACESYSGOOD)) != 0)
-        fail(refusal(pid, errno));
-    const Clock::time_point t0 = Clock::now();
-    if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) {
-        const int err = errno;
-        ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
-        fail(fmt::format("PTRACE_INTERRUPT: {}", strerror(err)));
-    }
-    Tracee t(tid);
-    // The first stop: the interrupt's. A signal that comes first goes to the program
-    // (an int3 probe's SIGTRAP must reach the agent's handler).
-    while (true) {
-        int status = 0;
-        if (waitpid(tid, &status, __WALL) != tid) fail(fmt::format("waitpid: {}", strerror(errno)));
-        if (WIFEXITED(status) || WIFSIGNALED(status)) fail(fmt::format("process {} exited", pid));
-        if (WIFSTOPPED(status) && status >> 16 == PTRACE_EVENT_STOP) break;
-        if (WIFSTOPPED(status))
-            ptrace(PTRACE_CONT, tid, nullptr, reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
-    }
-
-    const Clock::time_point stopped = Clock::now();
+    // Stopped where the agent's own code or an out-of-line copy of probed code runs, or
+    // with a signal pending, the thread is let go again at once and taken later: the agent knows which threads are
+    // inside its copies by asking them with a signal, and an injected call would answer
+    // for the thread from elsewhere while it still has to return there.
+    const auto safe_point = [&](uint64_t rip) {
+        for (const Mapping &m : read_maps(pid)) {
+            if (rip < m.start || rip >= m.end) continue;
+            if (m.path == "[vdso]") return true;
+            return !m.path.empty() && m.path[0] == '/' && base_name(m.path).rfind("libukprobes", 0) != 0;
+        }
+        return false;
+    };
+    int tid = 0;
+    Clock::time_point t0, stopped;
     user_regs_struct saved{};
-    if (ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0) fail(fmt::format("PTRACE_GETREGS: {}", strerror(errno)));
+    for (int attempt = 0;; ++attempt) {
+        bool in_syscall = false;
+        tid = pick_thread(pid, &in_syscall);
+        if (ptrace(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void *>(PTRACE_O_TRACESYSGOOD)) != 0)
+            fail(refusal(pid, errno));
+        t0 = Clock::now();
+        if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) {
+            const int err = errno;
+            ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+            fail(fmt::format("PTRACE_INTERRUPT: {}", strerror(err)));
+        }
+        // The first stop: the interrupt's. A signal that comes first goes to the program
+        // (an int3 probe's SIGTRAP must reach the agent's handler).
+        while (true) {
+            int status = 0;
+            if (waitpid(tid, &status, __WALL) != tid) fail(fmt::format("waitpid: {}", strerror(errno)));
+            if (WIFEXITED(status) || WIFSIGNALED(status)) fail(fmt::format("process {} exited", pid));
+            if (WIFSTOPPED(status) && status >> 16 == PTRACE_EVENT_STOP) break;
+            if (WIFSTOPPED(status))
+                ptrace(PTRACE_CONT, tid, nullptr,
+                       reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
+        }
+        stopped = Clock::now();
+        if (ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0) fail(fmt::format("PTRACE_GETREGS: {}", strerror(errno)));
+        // A signal already pending for this thread (an int3 probe's SIGTRAP raised just
+        // before the stop) must be delivered with the registers it was raised with.
+        const std::string pending = read_text(fmt::format("/proc/{}/task/{}/status", pid, tid));
+        const size_t at = pending.find("SigPnd:");
+        const bool signal_pending =
+            at != std::string::npos && std::strtoull(pending.c_str() + at + 7, nullptr, 16) != 0;
+        if (!signal_pending && safe_point(saved.rip)) break;
+        ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+        if (attempt == 200)
+            fail(fmt::format("process {}: no thread stopped outside the agent's code in 200 tries", pid));
+        usleep(1000);
+    }
+    result.tid = tid;
+    Tracee t(tid);
     result.was_in_syscall = static_cast<long long>(saved.orig_rax) >= 0;
     // The extended state (x87, SSE, AVX, ...): the called code uses vector registers.
     std::vector<uint8_t> xstate(16384);
