@@ -179,7 +179,6 @@ DEFS = [
 ]
 for i, d in enumerate(DEFS):
     out("trace_parse_fuzz", "def%d" % i, b"\0" + d.encode())
-out("trace_parse_fuzz", "commas", b"\1" + b"p:ev,do_work,a=%ax,b=+8(%sp):u32")
 
 # trace_filter_fuzz: [filter text] NUL [record bytes] (tests/fuzz/trace_fields.hpp)
 FILTERS = [
