@@ -151,10 +151,10 @@ TEST_F(OptimizerTest, AProbeInsideTheRegionUnoptimizesIt) {
     EXPECT_EQ(ukpt_opt_inner(3), 12 ^ 3);
     EXPECT_EQ(g_hits.load(), 2); // both probes ran
     EXPECT_EQ(ukp_verify(nullptr), 0);
-    // Optimized again once the inner probe is gone.
+    // Not optimized again once the inner probe is gone (for now: see optimizer.cpp).
     unregister_kprobe(&inner);
     ukp_optimizer_flush();
-    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_EQ(first_byte(kp.addr), 0xcc);
     EXPECT_EQ(ukpt_opt_inner(3), 12 ^ 3);
     EXPECT_EQ(g_hits.load(), 3);
     unregister_kprobe(&kp);
@@ -349,7 +349,7 @@ TEST_F(OptimizerTest, HotLoopWhileOptimizingAndUnoptimizing) {
 
 // The same while 8 threads run through the region: the inner probe comes and goes, the
 // entry goes from jump to breakpoint (running the first instruction alone, into the
-// region) and back to jump; every call is right and every probe hit counted.
+// region); every call is right and every probe hit counted.
 TEST_F(OptimizerTest, HotLoopWhileAnInnerProbeComesAndGoes) {
     static std::atomic<long> inner_hits{0};
     kprobe kp{};
@@ -387,8 +387,7 @@ TEST_F(OptimizerTest, HotLoopWhileAnInnerProbeComesAndGoes) {
     EXPECT_EQ(wrong.load(), 0);
     EXPECT_EQ(g_hits.load(), calls.load());
     EXPECT_GT(inner_hits.load(), 0);
-    EXPECT_GT(optimized_rounds, 5); // a thread still bound for the old path makes a round wait
-    std::printf("optimized again after %d of 300 rounds\n", optimized_rounds);
+    EXPECT_EQ(optimized_rounds, 0); // the entry stays a breakpoint (see optimizer.cpp)
     unregister_kprobe(&kp);
 }
 
