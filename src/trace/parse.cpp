@@ -53,7 +53,10 @@ std::string sanitize(std::string s) {
 std::vector<std::string> split_words(std::string_view line, char separator) {
     std::vector<std::string> words;
     size_t i = 0;
-    auto is_sep = [&](char c) { return separator == ' ' ? (c == ' ' || c == '\t') : c == separator; };
+    // The kernel reads a C string: a NUL ends the line.
+    line = line.substr(0, line.find('\0'));
+    // The boot-parameter form turns its commas into blanks, as the kernel does: both separate.
+    auto is_sep = [&](char c) { return c == ' ' || c == '\t' || c == separator; };
     while (i < line.size()) {
         while (i < line.size() && is_sep(line[i])) ++i;
         const size_t start = i;
