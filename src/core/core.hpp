@@ -103,6 +103,10 @@ int opt_unoptimize(Point *pt);
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);
 // After fork() in the child: the optimizer thread did not come along.
 void opt_after_fork_child();
+// Starts the optimizer thread if optimization is on and it is not running. Call it only
+// without the registry mutex: pthread_create waits for the dynamic linker's lock, which a
+// dlopen() in another thread holds while its link-map hook waits for the registry mutex.
+void optimizer_start();
 // Where a thread that reached `ip` (inside pt's region) goes on, in the relocated copy;
 // ip itself when the breakpoint path does not run the copy. Async-signal-safe.
 uint64_t into_copy(const Point *pt, uint64_t ip);

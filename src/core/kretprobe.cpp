@@ -554,6 +554,7 @@ extern "C" {
 
 int register_kretprobe(struct kretprobe *rp) {
     if (rp == nullptr || rp->data_size > (1u << 20)) return -EINVAL;
+    optimizer_start(); // never under the registry mutex
     if (is_registered(&rp->kp)) return -EINVAL;
     uint64_t addr = 0;
     bool entry = false;

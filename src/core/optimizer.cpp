@@ -73,7 +73,8 @@ std::condition_variable &done_cv() {
     static auto *value = new std::condition_variable();
     return *value;
 }
-bool g_thread_started = false;
+std::atomic<bool> g_thread_started{false};
+std::atomic<bool> g_thread_starting{false}; // one thread at a time starts it (no mutex: fork)
 uint64_t g_requested = 0; // work items queued so far
 uint64_t g_handled = 0;   // work items the optimizer has been through
 bool g_busy = false;      // a pass is running (the mutex is dropped while threads answer)
@@ -383,11 +384,8 @@ void enqueue(Point *pt) {
     pt->queued = true;
     pending().push_back(pt);
     ++g_requested;
-    if (!g_thread_started) {
-        g_thread_started = true;
-        // Detached: it lives as long as the process (probes outlive static destructors).
-        std::thread(worker).detach();
-    }
+    // The thread is started by optimizer_start(), outside the registry mutex; the work
+    // waits in pending() until then.
     work_cv().notify_one();
 }
 
@@ -500,6 +498,7 @@ void opt_overlay(uint64_t addr, uint8_t *buf, size_t n) {
 
 void opt_after_fork_child() {
     g_thread_started = false;
+    g_thread_starting = false;
     g_busy = false;
     pending().clear();
     for (auto &[addr, pt] : all_points()) pt->queued = false;
@@ -517,7 +516,21 @@ uint64_t copy_to_original(const Point *pt, uint64_t ip) {
     return arch::detour_orig_of(pt->layout, pt->detour_code, pt->addr, ip);
 }
 
+void optimizer_start() {
+    if (!g_opt_enabled.load(std::memory_order_relaxed) || g_thread_started.load(std::memory_order_acquire))
+        return;
+    bool expected = false;
+    if (!g_thread_starting.compare_exchange_strong(expected, true)) return;
+    // Detached: it lives as long as the process (probes outlive static destructors).
+    std::thread(worker).detach();
+    g_thread_started.store(true, std::memory_order_release);
+}
+
 int set_optimization(bool on) {
+    if (on) {
+        g_opt_enabled.store(true);
+        optimizer_start(); // before the registry mutex, see optimizer_start()
+    }
     std::lock_guard lock(registry_mutex());
     g_opt_enabled.store(on);
     int result = 0;

@@ -594,6 +594,7 @@ extern "C" {
 
 int register_kprobe(struct kprobe *p) {
     if (p == nullptr) return -EINVAL;
+    optimizer_start(); // never under g_mutex
     std::lock_guard lock(g_mutex);
     return register_locked(p);
 }
