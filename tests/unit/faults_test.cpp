@@ -129,6 +129,97 @@ TEST_F(FaultTest, FaultInSteppedInstructionHandled) {
     }
 }
 
+// The trap number a fault_handler receives is the x86 one, for each kind of fault in a
+// handler: divide error 0, invalid opcode 6, general protection 13, page fault 14.
+long *volatile kNonCanonical = reinterpret_cast<long *>(0x8000000000000000ul);
+// In assembly, so that no sanitizer check comes first.
+long load_through(long *p) {
+    long v;
+    asm volatile("mov (%1), %0" : "=r"(v) : "r"(p) : "memory");
+    return v;
+}
+struct HandlerFault {
+    const char *name;
+    int (*pre)(kprobe *, pt_regs *);
+    int trapnr;
+};
+const HandlerFault kHandlerFaults[] = {
+    {"divide error",
+     [](kprobe *, pt_regs *) {
+         long q;
+         asm volatile("xor %%ecx, %%ecx\n\tmov $1000, %%eax\n\tcqto\n\tidiv %%rcx" : "=a"(q) : : "rcx", "rdx");
+         return static_cast<int>(q);
+     },
+     0},
+    {"invalid opcode", [](kprobe *, pt_regs *) { asm volatile("ud2"); return 0; }, 6},
+    {"general protection", [](kprobe *, pt_regs *) { return static_cast<int>(load_through(kNonCanonical)); }, 13},
+    {"page fault", [](kprobe *, pt_regs *) { return static_cast<int>(load_through(kBadPointer)); }, 14},
+};
+
+TEST_F(FaultTest, FaultHandlerGetsTheTrapNumberOfEachFault) {
+    for (const HandlerFault &c : kHandlerFaults) {
+        SCOPED_TRACE(c.name);
+        g_faults = 0;
+        g_last_trapnr = -1;
+        kprobe kp{};
+        kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_load_at_mov);
+        kp.pre_handler = c.pre;
+        kp.fault_handler = fault_unhandled;
+        ASSERT_EQ(register_kprobe(&kp), 0);
+        long v = 5;
+        EXPECT_EQ(ukpt_load(&v), 5) << "the program goes on as without the handler";
+        EXPECT_EQ(g_faults, 1);
+        EXPECT_EQ(g_last_trapnr, c.trapnr);
+        EXPECT_EQ(kp.nmissed, 1u);
+        unregister_kprobe(&kp);
+    }
+}
+
+// The probed instruction itself takes a general protection fault (a non-canonical address).
+TEST_F(FaultTest, SteppedInstructionGeneralProtectionIsTrap13) {
+    kprobe kp{};
+    kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_load_at_mov);
+    kp.fault_handler = skip_load;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(ukpt_load(kNonCanonical), -1);
+    EXPECT_EQ(g_last_trapnr, 13);
+    EXPECT_EQ(g_fault_ip, reinterpret_cast<unsigned long>(ukpt_load_at_mov));
+    unregister_kprobe(&kp);
+}
+
+// A SIGSEGV handler the program installed before the agent's first registration is kept
+// as the program's: its own faults still reach it. Runs in a re-executed child, where the
+// agent has not installed anything yet. Exit codes: 0 right; 10+ wrong.
+std::atomic<int> g_early_calls{0};
+void early_segv(int, siginfo_t *, void *ctx) {
+    ++g_early_calls;
+    auto *uc = static_cast<ucontext_t *>(ctx);
+    uc->uc_mcontext.gregs[REG_RAX] = 77;
+    uc->uc_mcontext.gregs[REG_RIP] += 3; // past mov (%rdi),%rax
+}
+void handler_installed_before_the_agent() {
+    struct sigaction act {};
+    act.sa_sigaction = early_segv;
+    act.sa_flags = SA_SIGINFO;
+    sigemptyset(&act.sa_mask);
+    if (sigaction(SIGSEGV, &act, nullptr) != 0) _exit(2);
+    kprobe kp{};
+    kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_branches_at_test);
+    kp.pre_handler = [](kprobe *, pt_regs *) { return 0; };
+    if (register_kprobe(&kp) != 0) _exit(3);
+    if (ukpt_load(kBadPointer) != 77) _exit(10); // the program's own fault, not a probe's
+    if (g_early_calls != 1) _exit(11);
+    struct sigaction now {};
+    sigaction(SIGSEGV, nullptr, &now);
+    if (now.sa_sigaction != early_segv) _exit(12); // the program still sees its handler
+    _exit(0);
+}
+
+TEST(ProgramSignalsEarly, HandlerInstalledBeforeTheAgentKeepsWorking) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe"); // a fresh process: no agent handlers yet
+    EXPECT_EXIT(handler_installed_before_the_agent(), ::testing::ExitedWithCode(0), "");
+}
+
 // A program's own SIGSEGV handler, installed after the probe (through the interposed
 // sigaction), sees the fault exactly where it would without the probe.
 std::atomic<unsigned long> g_program_seen_ip{0};
