@@ -493,7 +493,8 @@ public:
             if (error_ != 0) return 0;
             v |= static_cast<int64_t>(static_cast<uint64_t>(b & 0x7f) << shift);
             if (!(b & 0x80)) {
-                if (shift + 7 < 64 && (b & 0x40)) v |= -(static_cast<int64_t>(1) << (shift + 7));
+                // Sign extension as an unsigned mask: negating 1 << 63 would overflow.
+                if (shift + 7 < 64 && (b & 0x40)) v |= static_cast<int64_t>(~uint64_t{0} << (shift + 7));
                 return v;
             }
         }
