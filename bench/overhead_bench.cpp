@@ -286,6 +286,8 @@ int main(int argc, char **argv) {
         std::printf("  kr / r       = %.2f   (a kprobe beside a kretprobe shares its trap)\n", kr / r);
         std::printf("  j / b        = %.2f   (a jprobe traps twice: entry and jprobe_return)\n", j / b);
         std::printf("  jr / j       = %.2f\n", jr / j);
+        std::printf("  / direct call: r %.0f, kr %.0f, j %.0f, jr %.0f\n", r / call, kr / call, j / call,
+                    jr / call);
         std::printf("  over a direct call: r %.0f ns, kr %.0f ns, j %.0f ns, jr %.0f ns\n", r - call, kr - call,
                     j - call, jr - call);
     }
