@@ -62,6 +62,7 @@ struct Writer {
     uint8_t *data;
     uint64_t cap;
     uint32_t gen;
+    RingHeader *hdr;       // the region's header
     bool tsc;              // the region's clock is the TSC
     bool busy;             // between reserve and commit: a nested reserve is refused
     bool hooked;           // the thread-exit destructor is registered
@@ -104,6 +105,95 @@ void clock_pair(uint64_t *tsc, uint64_t *mono) {
     }
 }
 
+// ---- TSC to CLOCK_MONOTONIC (RingHeader::segments) ----
+
+constexpr uint64_t kFirstSpacingNs = 10'000'000; // the first segment's length
+constexpr uint64_t kLeadNs = 1'000'000;           // a new segment starts this far ahead
+constexpr uint64_t kMaxSlewPpm = 100;             // steering back never exceeds this rate
+
+// The best TSC rate this process has measured (ns per tick times 2^32): a new region's
+// first segment starts with it.
+std::atomic<uint64_t> g_mult{0};
+
+uint64_t ticks_for(uint64_t ns, uint64_t mult) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(ns) << 32) / mult);
+}
+
+uint64_t convert(const ClockSegment &s, uint64_t raw) {
+    const __int128 d = static_cast<__int128>(static_cast<int64_t>(raw - s.tsc0)) * static_cast<__int128>(s.mult);
+    return s.ns0 + static_cast<uint64_t>(static_cast<int64_t>(d >> 32));
+}
+
+uint64_t rate_between(uint64_t t0, uint64_t m0, uint64_t t1, uint64_t m1) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(m1 - m0) << 32) / (t1 - t0));
+}
+
+// A first estimate of the rate: over 200 us of spinning (once per process; the segments
+// refine it within tens of milliseconds).
+uint64_t first_mult() {
+    if (const uint64_t m = g_mult.load(std::memory_order_relaxed); m != 0) return m;
+    uint64_t t0, m0, t1, m1;
+    clock_pair(&t0, &m0);
+    do clock_pair(&t1, &m1);
+    while (m1 - m0 < 200'000 || t1 == t0);
+    const uint64_t m = rate_between(t0, m0, t1, m1);
+    g_mult.store(m, std::memory_order_relaxed);
+    return m;
+}
+
+void clock_start(RingHeader *h) {
+    uint64_t t, m;
+    clock_pair(&t, &m);
+    const uint64_t mult = first_mult();
+    h->clock = kClockTsc;
+    h->clock_mono0 = m;
+    h->segments[0] = ClockSegment{t, m, mult};
+    h->clock_count.store(1, std::memory_order_release);
+    h->clock_next.store(t + ticks_for(kFirstSpacingNs, mult), std::memory_order_release);
+}
+
+// Adds two segments when the next is due: one that steers the conversion back to a
+// freshly taken (TSC, CLOCK_MONOTONIC) pair at no more than kMaxSlewPpm, then one at the
+// rate measured since segments[0]. Both start in the future (kLeadNs), so no record
+// already read falls into them, and each begins where the one before ends: times never
+// jump. Called from a probe hit: lock-free (a busy table is left to the next caller), no
+// allocation, no system call (clock_gettime is the vDSO's).
+void clock_extend(RingHeader *h) {
+    uint32_t idle = 0;
+    if (!h->clock_busy.compare_exchange_strong(idle, 1, std::memory_order_acquire)) return;
+    const uint32_t n = h->clock_count.load(std::memory_order_relaxed);
+    uint64_t tb, mb;
+    clock_pair(&tb, &mb);
+    const ClockSegment first = h->segments[0], last = h->segments[n - 1];
+    if (n + 2 > kClockSegments) {
+        h->clock_next.store(~0ull, std::memory_order_relaxed);
+    } else if (tb >= h->clock_next.load(std::memory_order_relaxed) && tb > first.tsc0 && mb > h->clock_mono0) {
+        const uint64_t rate = rate_between(first.tsc0, h->clock_mono0, tb, mb);
+        ClockSegment steer;
+        steer.tsc0 = tb + ticks_for(kLeadNs, rate);
+        steer.ns0 = convert(last, steer.tsc0);
+        const uint64_t truth = mb + kLeadNs;
+        const uint64_t err = truth > steer.ns0 ? truth - steer.ns0 : steer.ns0 - truth;
+        // Long enough to take err back at kMaxSlewPpm, and at least the first spacing.
+        const uint64_t span_ns = std::max(kFirstSpacingNs, err * (1'000'000 / kMaxSlewPpm));
+        const uint64_t span = ticks_for(span_ns, rate);
+        const __int128 slew = (static_cast<__int128>(err) << 32) / span;
+        steer.mult = truth > steer.ns0 ? rate + static_cast<uint64_t>(slew) : rate - static_cast<uint64_t>(slew);
+        ClockSegment settle;
+        settle.tsc0 = steer.tsc0 + span;
+        settle.ns0 = convert(steer, settle.tsc0);
+        settle.mult = rate;
+        h->segments[n] = steer;
+        h->segments[n + 1] = settle;
+        h->clock_count.store(n + 2, std::memory_order_release);
+        // Spacings double: the rate is measured over ever longer spans.
+        const uint64_t age = settle.tsc0 - first.tsc0;
+        h->clock_next.store(n + 4 <= kClockSegments ? settle.tsc0 + age : ~0ull, std::memory_order_release);
+        g_mult.store(rate, std::memory_order_relaxed);
+    }
+    h->clock_busy.store(0, std::memory_order_release);
+}
+
 Region *make_region(uint64_t kb, uint32_t slots) {
     const uint64_t cap = std::max<uint64_t>(align_up(kb * 1024, 4096), 4096);
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
@@ -142,10 +232,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     h->data_size = cap;
     h->pid = getpid();
     h->generation = r->gen;
-    if (tsc_usable()) {
-        h->clock = kClockTsc;
-        clock_pair(&h->tsc_ref, &h->mono_ref);
-    }
+    if (tsc_usable()) clock_start(h);
     return r;
 }
 
@@ -280,7 +367,8 @@ uint8_t *ring_reserve(uint32_t size) {
         w.data = r->data(index);
         w.cap = r->cap;
         w.gen = r->gen;
-        w.tsc = r->hdr()->clock == kClockTsc;
+        w.hdr = r->hdr();
+        w.tsc = w.hdr->clock == kClockTsc;
         w.head_off = s->head.load(std::memory_order_relaxed) % r->cap;
         if (!w.hooked) {
             w.hooked = true;
@@ -340,7 +428,14 @@ uint8_t *ring_reserve(uint32_t size) {
     rh->cpu = static_cast<uint16_t>(cpu < 0 ? 0 : cpu);
     rh->kind = kRecordKind;
     rh->reserved = 0;
-    rh->ts = w.tsc ? __rdtsc() : now_ns();
+    if (w.tsc) {
+        const uint64_t now = __rdtsc();
+        rh->ts = now;
+        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed)) [[unlikely]]
+            clock_extend(w.hdr);
+    } else {
+        rh->ts = now_ns();
+    }
     w.pend = rh;
     w.pend_pos = h + pad;
     w.pend_off = rec_off;
@@ -559,28 +654,6 @@ void copy_span(const uint8_t *data, uint64_t cap, uint64_t from, uint64_t to, ui
     if (n > first) std::memcpy(out + first, data, n - first);
 }
 
-// Converts record timestamps to CLOCK_MONOTONIC ns: for a TSC region, by interpolation
-// between the region's reference pair and one taken now (the TSC is the same counter in
-// every process of the machine).
-struct TimeConv {
-    bool tsc = false;
-    uint64_t ta = 0, ma = 0, tb = 0, mb = 0;
-    explicit TimeConv(const RingHeader *h) {
-        if (h->clock != kClockTsc) return;
-        tsc = true;
-        ta = h->tsc_ref;
-        ma = h->mono_ref;
-        clock_pair(&tb, &mb);
-    }
-    uint64_t ns(uint64_t raw) const {
-        if (!tsc) return raw;
-        if (tb <= ta) return ma;
-        const __int128 d = static_cast<__int128>(static_cast<int64_t>(raw - ta)) * static_cast<int64_t>(mb - ma) /
-                           static_cast<int64_t>(tb - ta);
-        return ma + static_cast<int64_t>(d);
-    }
-};
-
 bool sane(const RecordHeader &rh, uint64_t pos, uint64_t head) {
     if (rh.len < 8 || rh.len % 8 != 0 || pos + rh.len > head) return false;
     if (rh.kind == kPadKind) return true;
@@ -633,8 +706,7 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
         }
     }
     std::stable_sort(out.begin(), out.end(), [](const RingEntry &a, const RingEntry &b) { return a.ts < b.ts; });
-    const TimeConv conv(h);
-    for (RingEntry &e : out) e.ts = conv.ns(e.ts);
+    for (RingEntry &e : out) e.ts = ring_time_ns(h, e.ts);
     c.lost += h->lost_no_slot.load(std::memory_order_acquire) - h->lost_no_slot_base;
     c.entries = out.size();
     c.written = c.entries + c.overrun + c.lost;
@@ -707,13 +779,22 @@ bool ring_consume(const RingView &v, RingEntry *out) {
         const uint64_t seen = std::max(s->overrun_seen, s->overrun_base);
         out->lost_before = (overrun > seen ? overrun - seen : 0) + best_rh.dropped_before;
         s->overrun_seen = std::max(seen, overrun);
-        out->ts = TimeConv(h).ns(best_rh.ts);
+        out->ts = ring_time_ns(h, best_rh.ts);
         out->cpu = best_rh.cpu;
         out->slot = best;
         out->rec.swap(best_rec);
         return true;
     }
     return false;
+}
+
+uint64_t ring_time_ns(const RingHeader *h, uint64_t raw) {
+    if (h->clock != kClockTsc) return raw;
+    const uint32_t n = std::min(h->clock_count.load(std::memory_order_acquire), kClockSegments);
+    if (n == 0) return raw;
+    uint32_t i = n - 1;
+    while (i > 0 && raw < h->segments[i].tsc0) --i;
+    return convert(h->segments[i], raw);
 }
 
 bool ring_has_data(const RingView &v) {

@@ -63,9 +63,18 @@ bool snapshot_allocated();
 // ---- The shared layout, for a reader in another process ----
 
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;
 inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
 inline constexpr uint32_t kClockMonotonicNs = 0, kClockTsc = 1;
+inline constexpr uint32_t kClockSegments = 64;
+
+// How TSC ticks from tsc0 on become CLOCK_MONOTONIC ns: ns0 + (ticks - tsc0) * mult / 2^32.
+// A segment never changes once published, so a record reads the same every time.
+struct ClockSegment {
+    uint64_t tsc0;
+    uint64_t ns0;
+    uint64_t mult; // ns per tick, times 2^32
+};
 
 // A thread's name, saved when it exits (the reader's saved_cmdlines).
 struct CommEntry {
@@ -88,10 +97,16 @@ struct RingHeader {
     uint64_t lost_no_slot_base;          // reader-owned: lost_no_slot at the last clear
     std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommSlots)
     uint32_t clock;              // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
-    uint64_t tsc_ref;            // kClockTsc: a TSC reading taken with...
-    uint64_t mono_ref;           // ...this CLOCK_MONOTONIC time (ns); a reader takes a second
-                                 // pair and converts by interpolation
     CommEntry comms[kCommSlots];
+    // kClockTsc: the conversion, a table of segments. segments[0] starts at a (TSC,
+    // CLOCK_MONOTONIC) pair taken when the region was made; a writer (or reader) whose
+    // TSC passes clock_next adds one, at spacings that double, measuring the rate since
+    // segments[0] and steering back towards CLOCK_MONOTONIC without a jump.
+    std::atomic<uint32_t> clock_count;   // segments published
+    std::atomic<uint32_t> clock_busy;    // 1 while someone adds one (try-lock: never waited on)
+    std::atomic<uint64_t> clock_next;    // TSC at which the next segment is due (~0: table full)
+    uint64_t clock_mono0;                // CLOCK_MONOTONIC at segments[0].tsc0, as measured
+    ClockSegment segments[kClockSegments];
 };
 
 // One per-thread buffer. Positions are byte counts since the buffer was created; a
@@ -128,6 +143,8 @@ struct RecordHeader {
     uint64_t ts;             // RingHeader::clock: CLOCK_MONOTONIC ns, or TSC ticks
 };
 static_assert(sizeof(RecordHeader) == 24);
+// A record's timestamp in CLOCK_MONOTONIC ns (ring_collect and ring_consume convert).
+uint64_t ring_time_ns(const RingHeader *h, uint64_t raw);
 inline constexpr uint16_t kRecordKind = 1, kPadKind = 2;
 
 // A mapped region (ours, or one an outside reader mapped from the memfd).

@@ -183,6 +183,54 @@ TEST_F(RingTest, TimestampsAreMonotonicClockNanoseconds) {
     EXPECT_LE(gap, static_cast<int64_t>(m1 - m0) + 5000);
 }
 
+// A record shows the same time at every read, however far apart the reads (the TSC
+// conversion is a table that only grows, never a rate re-measured per read), and that
+// time is the CLOCK_MONOTONIC of its writing, while the writes themselves extend the
+// table over a few hundred milliseconds.
+TEST_F(RingTest, TimestampsReadTheSameEveryTimeAndFollowTheClock) {
+    auto mono = [] {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000000000ull + t.tv_nsec;
+    };
+    ASSERT_EQ(set_buffer_size_kb(64), 0); // a fresh region: its table starts now
+    std::vector<std::pair<uint64_t, uint64_t>> windows;
+    const uint64_t start = mono();
+    for (uint32_t i = 0; mono() - start < 300'000'000ull; ++i) {
+        const uint64_t before = mono();
+        ASSERT_TRUE(write_record(0, i));
+        windows.emplace_back(before, mono());
+        std::this_thread::sleep_for(std::chrono::microseconds(2000 + 97 * (i % 13)));
+    }
+    std::vector<uint64_t> first;
+    for (int read = 0; read < 40; ++read) {
+        const auto e = collect(nullptr);
+        ASSERT_EQ(e.size(), windows.size());
+        std::vector<uint64_t> ts;
+        for (const RingEntry &r : e) ts.push_back(r.ts);
+        if (read == 0) {
+            first = ts;
+        } else {
+            ASSERT_EQ(ts, first) << "read " << read;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(700));
+    }
+    for (size_t i = 0; i < first.size(); ++i) {
+        EXPECT_GE(first[i] + 5000, windows[i].first) << i;
+        EXPECT_LE(first[i], windows[i].second + 5000) << i;
+        if (i > 0) {
+            EXPECT_GT(first[i], first[i - 1]) << i;
+        }
+    }
+    uint32_t segments = 0;
+    with_ring_views([&](const RingView &main, const RingView &) {
+        if (main.header()->clock == kClockTsc) segments = main.header()->clock_count.load();
+    });
+    if (segments != 0) {
+        EXPECT_GE(segments, 7u); // 10 ms, then doubling spacings: 3 extensions
+    }
+}
+
 TEST_F(RingTest, TracingOffRecordsNothingAndCountsNothing) {
     set_tracing_on(false);
     EXPECT_FALSE(tracing_on());
