@@ -3,14 +3,15 @@
 // On entry the return address is saved in an instance and replaced by the address of
 // that instance's stub in its pool's sled; the stub calls the return trampoline, which
 // runs the handler and resumes at the real return address. The stub tells which
-// instance returned, so pairing needs no search; DWARF CFI registered for the sled lets
-// unwinders (C++ exceptions, backtraces) walk through a hijacked frame to its real
-// caller. Frames left without returning (exceptions, longjmp, thread exit) release their
+// instance returned, so pairing needs no search; DWARF CFI registered for the sled (with
+// libgcc, libunwind, and debuggers through GDB's JIT interface) lets unwinders (C++
+// exceptions, backtraces, gdb's bt) walk through a hijacked frame to its real caller. Frames left without returning (exceptions, longjmp, thread exit) release their
 // instances as soon as that is known (unwind.cpp), and at the latest when a frame below
 // them on the stack returns.
 #include "core/core.hpp"
 
 #include "arch/x86_64/trampoline.hpp"
+#include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
 #include "text/text.hpp"
 
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <new>
 #include <pthread.h>
+#include <string>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <vector>
@@ -376,7 +378,18 @@ std::vector<uint8_t> sled_eh_frame(RetPool *pool, Unwinder unwinder, size_t *fde
     return out;
 }
 
+// Debuggers (GDB's JIT interface): the sled as code with a name for each stub and the
+// same CFI, so that a debugger stopped below a hijacked frame walks on to its caller.
+void register_with_debuggers(RetPool *pool, const kretprobe *rp) {
+    std::string name = "ukp_kretprobe_stub";
+    if (rp->kp.symbol_name != nullptr) name.append(".").append(rp->kp.symbol_name);
+    std::vector<jit::CodeSymbol> symbols(pool->count);
+    for (uint32_t i = 0; i < pool->count; ++i) symbols[i] = {i * arch::kRetStubSize, arch::kRetStubSize, name};
+    jit::register_code(pool->sled, pool->count * arch::kRetStubSize, symbols, pool->eh_frame);
+}
+
 void free_pool(RetPool *pool) {
+    if (!pool->eh_frame.empty()) jit::unregister_code(pool->sled);
     unregister_from_libunwind(pool);
     if (!pool->eh_frame.empty()) __deregister_frame(pool->eh_frame.data());
     text::free_code(pool->sled, pool->sled_size);
@@ -420,6 +433,7 @@ RetPool *make_pool(kretprobe *rp) {
     size_t fde_at = 0;
     pool->eh_frame = sled_eh_frame(pool, Unwinder::kLibgcc, &fde_at);
     __register_frame(pool->eh_frame.data());
+    register_with_debuggers(pool, rp);
     const std::vector<uint8_t> for_libunwind = sled_eh_frame(pool, Unwinder::kLibunwind, &fde_at);
     const uint64_t frame_copy = pool->sled + stubs;
     if (stubs + for_libunwind.size() <= pool->sled_size &&

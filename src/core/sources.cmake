@@ -1,5 +1,6 @@
 list(APPEND UKP_SOURCES
   core/hit.cpp
+  core/jit_debug.cpp
   core/jprobe.cpp
   core/kretprobe.cpp
   core/optimizer.cpp

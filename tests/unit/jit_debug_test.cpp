@@ -1,0 +1,268 @@
+// A debugger stopped below kretprobed frames walks on to their real callers: the return
+// stubs are described to GDB through its JIT interface (core/jit_debug.cpp), with the
+// CFI that names each instance's saved return address. The test process runs
+// `gdb -batch -p <itself> -ex bt` while it waits, below the probed frames, for gdb to
+// finish, and reads the frames gdb printed.
+#include <ukprobes/kprobes.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fcntl.h>
+#include <fstream>
+#include <regex>
+#include <spawn.h>
+#include <sstream>
+#include <string>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+extern char **environ;
+
+namespace {
+
+struct GdbRun {
+    bool ran = false;
+    std::string output;
+};
+
+std::string find_gdb() {
+    for (const char *dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
+        std::string path = std::string(dir) + "/gdb";
+        if (access(path.c_str(), X_OK) == 0) return path;
+    }
+    return {};
+}
+
+// Runs gdb in batch mode with `what` after the common options, and returns its output.
+GdbRun run_gdb(const std::vector<std::string> &what) {
+    GdbRun run;
+    const std::string gdb = find_gdb();
+    if (gdb.empty()) return run;
+    char out_path[] = "/tmp/ukp_jit_gdb_XXXXXX";
+    const int fd = mkstemp(out_path);
+    if (fd < 0) return run;
+    std::vector<std::string> args = {gdb, "-batch", "-nx", "-q", "-iex", "set debuginfod enabled off"};
+    args.insert(args.end(), what.begin(), what.end());
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fd, 1);
+    posix_spawn_file_actions_adddup2(&actions, fd, 2);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    pid_t child = -1;
+    const int err = posix_spawn(&child, gdb.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fd);
+    if (err == 0) {
+        int status = 0;
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+        run.ran = true;
+        std::ifstream in(out_path);
+        std::stringstream text;
+        text << in.rdbuf();
+        run.output = text.str();
+    }
+    unlink(out_path);
+    if (getenv("UKP_SHOW_GDB") != nullptr) fprintf(stderr, "%s", run.output.c_str());
+    return run;
+}
+
+// In the process that gdb started (the test below): stop at ukj_stop, do not run gdb.
+bool started_by_gdb() { return getenv("UKP_JIT_TEST_UNDER_GDB") != nullptr; }
+
+// gdb attached to this process, its output. Called with the probed frames live.
+GdbRun run_gdb_here() {
+    if (started_by_gdb()) return {};
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); // under Yama's ptrace_scope 1
+    return run_gdb({"-p", std::to_string(getpid()), "-ex", "bt"});
+}
+
+// The function of each frame gdb printed, innermost first ("??" when it knows none).
+std::vector<std::string> frame_functions(const std::string &bt) {
+    static const std::regex frame(R"(^#\d+\s+(?:0x[0-9a-f]+ in )?(\S+) \()");
+    std::vector<std::string> out;
+    std::istringstream lines(bt);
+    for (std::string line; std::getline(lines, line);) {
+        std::smatch m;
+        if (std::regex_search(line, m, frame)) out.push_back(m[1]);
+    }
+    return out;
+}
+
+GdbRun g_run;
+
+} // namespace
+
+extern "C" __attribute__((noinline, noipa)) void ukj_stop() {
+    g_run = run_gdb_here();
+    asm volatile("" ::: "memory");
+}
+
+extern "C" __attribute__((noinline, noipa)) int ukj_leaf(int x) {
+    ukj_stop();
+    asm volatile("" : "+r"(x));
+    return x + 1;
+}
+
+extern "C" __attribute__((noinline, noipa)) int ukj_mid(int x) {
+    int r = ukj_leaf(x);
+    asm volatile("" : "+r"(r));
+    return r + 1;
+}
+
+extern "C" __attribute__((noinline, noipa)) int ukj_level(int depth) {
+    int r = depth == 0 ? ukj_leaf(depth) : ukj_level(depth - 1);
+    asm volatile("" : "+r"(r)); // no tail call: each level keeps its frame
+    return r + 1;
+}
+
+extern "C" __attribute__((noinline, noipa)) int ukj_top(int which) {
+    int r = which == 0 ? ukj_mid(1) : ukj_level(2);
+    asm volatile("" : "+r"(r));
+    return r + 1;
+}
+
+namespace {
+
+// The frames from ukj_stop outwards, up to and including main; each return stub's frame
+// ("ukp_kretprobe_stub.<function>") is counted and left out.
+struct Walk {
+    std::vector<std::string> callers;
+    int stubs = 0;
+    bool reached_main = false;
+    std::vector<std::string> unknown; // frames gdb could not name
+};
+
+Walk walk_from_stop(const std::vector<std::string> &frames) {
+    Walk w;
+    size_t i = 0;
+    while (i < frames.size() && frames[i] != "ukj_stop") ++i;
+    for (; i < frames.size(); ++i) {
+        if (frames[i].rfind("ukp_kretprobe_stub", 0) == 0) {
+            ++w.stubs;
+            continue;
+        }
+        if (frames[i] == "??") w.unknown.push_back(frames[i]);
+        w.callers.push_back(frames[i]);
+        if (frames[i] == "main") {
+            w.reached_main = true;
+            break;
+        }
+    }
+    return w;
+}
+
+// Runs gdb with the probes on `symbols` registered, below ukj_top(which).
+GdbRun bt_below_probes(const std::vector<const char *> &symbols, int which) {
+    std::vector<kretprobe> rps(symbols.size());
+    for (size_t i = 0; i < symbols.size(); ++i) {
+        rps[i].kp.symbol_name = symbols[i];
+        rps[i].maxactive = 8;
+        EXPECT_EQ(register_kretprobe(&rps[i]), 0) << symbols[i];
+    }
+    g_run = {};
+    int r = ukj_top(which);
+    asm volatile("" : "+r"(r));
+    for (auto &rp : rps) unregister_kretprobe(&rp);
+    return g_run;
+}
+
+bool usable(const GdbRun &run, std::string *why) {
+    if (!run.ran) {
+        *why = "gdb is not installed";
+        return false;
+    }
+    // A sandbox without ptrace: gdb can neither attach nor start a program.
+    if (run.output.find("ukj_stop") == std::string::npos &&
+        (run.output.find("Operation not permitted") != std::string::npos ||
+         run.output.find("Could not attach to process") != std::string::npos)) {
+        *why = "ptrace is not permitted here: " + run.output;
+        return false;
+    }
+    return true;
+}
+
+std::string joined(const std::vector<std::string> &v) {
+    std::string s;
+    for (const auto &x : v) s += (s.empty() ? "" : " <- ") + x;
+    return s;
+}
+
+// The callers of ukj_stop gdb shows, given the callers expected up to the test body.
+void expect_callers(const GdbRun &run, const std::vector<std::string> &want, int stubs) {
+    const Walk w = walk_from_stop(frame_functions(run.output));
+    SCOPED_TRACE(run.output);
+    ASSERT_GE(w.callers.size(), want.size()) << joined(w.callers);
+    EXPECT_EQ(std::vector<std::string>(w.callers.begin(), w.callers.begin() + static_cast<long>(want.size())), want)
+        << joined(w.callers);
+    EXPECT_TRUE(w.reached_main) << "the walk goes on to main: " << joined(w.callers);
+    EXPECT_TRUE(w.unknown.empty()) << "frames without a name: " << joined(w.callers);
+    EXPECT_EQ(w.stubs, stubs) << "one named frame for each hijacked frame's stub";
+}
+
+TEST(JitDebug, GdbWithoutProbesSeesThePlainChain) {
+    const GdbRun run = bt_below_probes({}, 0);
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    expect_callers(run, {"ukj_stop", "ukj_leaf", "ukj_mid", "ukj_top"}, 0);
+}
+
+TEST(JitDebug, GdbWalksThroughOneKretprobedFrameToItsRealCaller) {
+    const GdbRun run = bt_below_probes({"ukj_mid"}, 0);
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    expect_callers(run, {"ukj_stop", "ukj_leaf", "ukj_mid", "ukj_top"}, 1);
+}
+
+TEST(JitDebug, GdbWalksThroughThreeNestedKretprobedFrames) {
+    const GdbRun run = bt_below_probes({"ukj_level"}, 1);
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    expect_callers(run, {"ukj_stop", "ukj_leaf", "ukj_level", "ukj_level", "ukj_level", "ukj_top"}, 3);
+}
+
+TEST(JitDebug, GdbWalksThroughKretprobesOnEveryFrame) {
+    // Three probed functions, one of them (ukj_top) holding two probes on its one frame.
+    const GdbRun run = bt_below_probes({"ukj_leaf", "ukj_mid", "ukj_top", "ukj_top"}, 0);
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    expect_callers(run, {"ukj_stop", "ukj_leaf", "ukj_mid", "ukj_top"}, 4);
+}
+
+TEST(JitDebug, GdbThatStartedTheProgramLearnsAndForgetsEachSled) {
+    // gdb stops the program at its breakpoint on __jit_debug_register_code for each
+    // registration and withdrawal. (The probes are not hit here: under a debugger their
+    // int3 traps go to the debugger first, see docs/reference.md.)
+    if (started_by_gdb()) {
+        kretprobe rp{};
+        rp.kp.symbol_name = "ukj_level";
+        rp.maxactive = 4;
+        ASSERT_EQ(register_kretprobe(&rp), 0);
+        ukj_stop(); // gdb's first stop
+        unregister_kretprobe(&rp);
+        ukj_stop(); // the second
+        return;
+    }
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ASSERT_GT(n, 0);
+    exe[n] = 0;
+    const std::string list = "info functions ^ukp_kretprobe_stub";
+    const GdbRun run = run_gdb({"-iex", "set environment UKP_JIT_TEST_UNDER_GDB=1", "-ex", "break ukj_stop", "-ex",
+                                "run", "-ex", "echo STOP1\\n", "-ex", list, "-ex", "continue", "-ex",
+                                "echo STOP2\\n", "-ex", list, "-ex", "kill", "--args", exe,
+                                "--gtest_filter=JitDebug.GdbThatStartedTheProgramLearnsAndForgetsEachSled"});
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    SCOPED_TRACE(run.output);
+    const size_t stop1 = run.output.find("STOP1"), stop2 = run.output.find("STOP2");
+    ASSERT_NE(stop1, std::string::npos);
+    ASSERT_NE(stop2, std::string::npos);
+    const std::string first = run.output.substr(stop1, stop2 - stop1), second = run.output.substr(stop2);
+    EXPECT_NE(first.find("ukp_kretprobe_stub.ukj_level"), std::string::npos) << "registered while gdb ran";
+    EXPECT_EQ(second.find("ukp_kretprobe_stub.ukj_level"), std::string::npos) << "withdrawn at unregister";
+}
+
+} // namespace
