@@ -6,7 +6,9 @@
 //   below the catching frame are gone: their instances are released at once.
 // - longjmp/siglongjmp: the frames below the target stack pointer are gone.
 // - backtrace()/_Unwind_Backtrace: a hijacked frame shows its real caller, after one
-//   extra frame for the stub itself, which these hooks leave out.
+//   extra frame for the stub itself, which these hooks leave out. libunwind's
+//   unw_backtrace and unw_step (local unwinding, as a program linked with -lunwind calls
+//   them) leave it out the same way.
 // - swapcontext/setcontext/sigaltstack: the stacks a thread runs on besides its own, so
 //   that frames are compared (deeper, gone) only with frames of the same stack.
 #include "core/core.hpp"
@@ -54,6 +56,28 @@ UnwindBacktraceFn g_unwind_backtrace;
 SwapcontextFn g_swapcontext;
 SetcontextFn g_setcontext;
 
+// libunwind's local-unwinding entry points (libunwind.h with UNW_LOCAL_ONLY, and
+// unw_backtrace): the cursor is opaque here, 16 is UNW_REG_IP on x86-64.
+using UnwBacktraceFn = int (*)(void **, int);
+using UnwStepFn = int (*)(void *);
+using UnwGetRegFn = int (*)(void *, int, uint64_t *);
+constexpr int kUnwRegIp = 16;
+std::atomic<UnwBacktraceFn> g_unw_backtrace;
+std::atomic<UnwStepFn> g_unw_step;
+std::atomic<UnwGetRegFn> g_unw_get_reg;
+
+// libunwind may be loaded after the agent (dlopen): then looked up on first use, which
+// is not async-signal-safe; a program linked with it has them resolved before main.
+template <typename Fn>
+Fn libunwind_fn(std::atomic<Fn> &slot, const char *name) {
+    Fn fn = slot.load(std::memory_order_relaxed);
+    if (fn == nullptr) {
+        fn = lookup<Fn>(name, "libunwind.so.8");
+        slot.store(fn, std::memory_order_relaxed);
+    }
+    return fn;
+}
+
 // Resolved before main: longjmp is often called from signal handlers, dlsym is not safe there.
 __attribute__((constructor(101))) void resolve_hooks() {
     g_begin_catch = lookup<BeginCatchFn>("__cxa_begin_catch", "libstdc++.so.6");
@@ -65,6 +89,9 @@ __attribute__((constructor(101))) void resolve_hooks() {
     g_unwind_backtrace = lookup<UnwindBacktraceFn>("_Unwind_Backtrace", "libgcc_s.so.1");
     g_swapcontext = lookup<SwapcontextFn>("swapcontext", "libc.so.6");
     g_setcontext = lookup<SetcontextFn>("setcontext", "libc.so.6");
+    g_unw_backtrace.store(lookup<UnwBacktraceFn>("unw_backtrace", "libunwind.so.8"), std::memory_order_relaxed);
+    g_unw_step.store(lookup<UnwStepFn>("_ULx86_64_step", "libunwind.so.8"), std::memory_order_relaxed);
+    g_unw_get_reg.store(lookup<UnwGetRegFn>("_ULx86_64_get_reg", "libunwind.so.8"), std::memory_order_relaxed);
 }
 
 // The known stacks. Entries are added, or grown in place, never removed: a stack that is
@@ -183,6 +210,34 @@ __attribute__((visibility("default"), noinline)) _Unwind_Reason_Code _Unwind_Bac
                                                                                      void *arg) {
     TraceFilter filter{fn, arg, false};
     return g_unwind_backtrace(skip_stubs, &filter);
+}
+
+// libunwind reads the stubs' unwind information from its dynamic registry (kretprobe.cpp)
+// and so walks through every hijacked frame, with one frame in the stub for each: left out.
+__attribute__((visibility("default"), noinline)) int unw_backtrace(void **buffer, int size) {
+    UnwBacktraceFn real = libunwind_fn(g_unw_backtrace, "unw_backtrace");
+    if (real == nullptr || size <= 0) return 0;
+    constexpr int kMax = 1024;
+    void *frames[kMax];
+    const int n = real(frames, size + 65 < kMax ? size + 65 : kMax);
+    int out = 0;
+    // frames[0] is this wrapper, as backtrace() above.
+    for (int i = 1; i < n && out < size; ++i)
+        if (!in_return_stub(reinterpret_cast<uint64_t>(frames[i]))) buffer[out++] = frames[i];
+    return out;
+}
+
+// unw_step: a step that lands in a stub goes on to the stub's caller, the hijacked
+// frame's real caller (the stub's CFI gives its registers).
+__attribute__((visibility("default"))) int _ULx86_64_step(void *cursor) {
+    UnwStepFn step = libunwind_fn(g_unw_step, "_ULx86_64_step");
+    UnwGetRegFn get_reg = libunwind_fn(g_unw_get_reg, "_ULx86_64_get_reg");
+    if (step == nullptr || get_reg == nullptr) return -1; // -UNW_EUNSPEC; cannot happen with a cursor
+    for (;;) {
+        const int r = step(cursor);
+        uint64_t ip = 0;
+        if (r <= 0 || get_reg(cursor, kUnwRegIp, &ip) != 0 || !in_return_stub(ip)) return r;
+    }
 }
 
 // A context made with makecontext() runs on the stack it names: learn it before the switch.

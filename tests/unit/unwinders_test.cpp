@@ -1,28 +1,60 @@
 // Unwinders other than libgcc's through kretprobed frames: libunwind (nongnu), which
-// finds unwind information through its own registry. With probes, each hijacked frame is
-// followed by one frame in a return stub (an address outside any loaded object); with
-// those left out, the frames are the same as without probes.
+// finds unwind information through its own registry. Its walk goes through each
+// hijacked frame, and through one frame in a return stub (an address outside any loaded
+// object) for each, which the agent's unw_backtrace and unw_step leave out: the frames
+// are the same as without probes. The program calls them as one linked with -lunwind
+// does, by name, so the agent's definitions come first.
 #include <ukprobes/kprobes.h>
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <dlfcn.h>
+#include <ucontext.h>
 #include <vector>
 
 namespace {
 
-using UnwBacktrace = int (*)(void **, int);
-UnwBacktrace g_unw_backtrace;
+// libunwind's local-unwinding API, UNW_LOCAL_ONLY names (libunwind.h is not needed):
+// its context is a ucontext_t on x86-64, its cursor 127 words; 16 is UNW_REG_IP.
+using UnwGetContext = int (*)(ucontext_t *);
+using UnwInitLocal = int (*)(void *, ucontext_t *);
+using UnwGetReg = int (*)(void *, int, uint64_t *);
+UnwGetContext g_unw_getcontext;
+UnwInitLocal g_unw_init_local;
+UnwGetReg g_unw_get_reg;
+bool g_use_step; // walk with unw_step instead of unw_backtrace
 
 struct Trace {
     void *frames[64];
     int n = 0;
+    void *capture_returns_to = nullptr; // ukw_capture's return address: frames[1]
 };
 
 } // namespace
 
+extern "C" {
+int unw_backtrace(void **buffer, int size);
+int _ULx86_64_step(void *cursor);
+}
+
 extern "C" __attribute__((noinline, noipa)) void ukw_capture(Trace *t) {
-    t->n = g_unw_backtrace(t->frames, 64);
+    if (!g_use_step) {
+        t->n = unw_backtrace(t->frames, 64);
+    } else {
+        // As unw_backtrace does: the first frame is the caller of unw_getcontext, here.
+        ucontext_t context;
+        alignas(16) uint64_t cursor[127];
+        t->n = 0;
+        if (g_unw_getcontext(&context) == 0 && g_unw_init_local(cursor, &context) == 0) {
+            do {
+                uint64_t ip = 0;
+                if (g_unw_get_reg(cursor, 16, &ip) != 0) break;
+                t->frames[t->n++] = reinterpret_cast<void *>(ip);
+            } while (t->n < 64 && _ULx86_64_step(cursor) > 0);
+        }
+    }
+    t->capture_returns_to = __builtin_return_address(0);
     asm volatile("" ::: "memory");
 }
 
@@ -57,13 +89,19 @@ std::vector<void *> in_objects(const Trace &t) {
     return out;
 }
 
-TEST(Unwinders, LibunwindWalksThroughHijackedFramesToTheRealCallers) {
-    // Global, as for a program linked with -lunwind: the agent finds it by name.
+// Loads libunwind as a program linked with -lunwind has it: global, so that the agent
+// finds it by name. False if it is not installed.
+bool load_libunwind() {
     void *lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_GLOBAL);
-    if (lib == nullptr) GTEST_SKIP() << "libunwind.so.8 is not installed";
-    g_unw_backtrace = reinterpret_cast<UnwBacktrace>(dlsym(lib, "unw_backtrace"));
-    ASSERT_NE(g_unw_backtrace, nullptr);
+    if (lib == nullptr) return false;
+    g_unw_getcontext = reinterpret_cast<UnwGetContext>(dlsym(lib, "_Ux86_64_getcontext"));
+    g_unw_init_local = reinterpret_cast<UnwInitLocal>(dlsym(lib, "_ULx86_64_init_local"));
+    g_unw_get_reg = reinterpret_cast<UnwGetReg>(dlsym(lib, "_ULx86_64_get_reg"));
+    return g_unw_getcontext != nullptr && g_unw_init_local != nullptr && g_unw_get_reg != nullptr;
+}
 
+// The same walk without probes and with a kretprobe on each of the 4 ukw_level frames.
+void expect_no_stub_frames() {
     Trace traces[2];
     kretprobe rp{};
     rp.kp.symbol_name = "ukw_level";
@@ -75,12 +113,27 @@ TEST(Unwinders, LibunwindWalksThroughHijackedFramesToTheRealCallers) {
     const Trace &plain = traces[0], &probed = traces[1];
 
     ASSERT_GE(plain.n, 6);
-    EXPECT_EQ(probed.n, plain.n + 4) << "one stub frame for each of the 4 hijacked frames";
+    for (const Trace *t : {&plain, &probed})
+        EXPECT_EQ(t->frames[1], t->capture_returns_to) << "the walk starts in ukw_capture";
+    EXPECT_EQ(probed.n, plain.n) << "no frame for the stubs of the 4 hijacked frames";
     const std::vector<void *> want = in_objects(plain), got = in_objects(probed);
+    EXPECT_EQ(got.size(), static_cast<size_t>(probed.n)) << "every frame is in a loaded object";
     ASSERT_EQ(got.size(), want.size()) << "the walk goes on as deep, to main and libc";
     // ukw_capture and the four ukw_level frames: the same return addresses. (The frames
     // above may come from different call sites of the two runs.)
     for (size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], want[i]) << "frame " << i;
+}
+
+TEST(Unwinders, LibunwindBacktraceShowsTheRealCallersOnly) {
+    if (!load_libunwind()) GTEST_SKIP() << "libunwind.so.8 is not installed";
+    g_use_step = false;
+    expect_no_stub_frames();
+}
+
+TEST(Unwinders, LibunwindStepWalksFromHijackedFramesToTheRealCallers) {
+    if (!load_libunwind()) GTEST_SKIP() << "libunwind.so.8 is not installed";
+    g_use_step = true;
+    expect_no_stub_frames();
 }
 
 } // namespace
