@@ -3,8 +3,10 @@
 #include <ukprobes/trace.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <string>
 
 #include "trace/events.hpp"
@@ -43,11 +45,40 @@ extern "C" int ukp_trace_append(const char *path, const char *text) {
 
 namespace {
 
+// UKP_NO_INHERIT=1 (`ukprobe run --no-follow`): this process is traced, the programs it
+// starts are not. The agent takes itself out of LD_PRELOAD (entries separated by blanks
+// or ':') and drops UKP_EVENTS, so that they do not reach a child's environment.
+void drop_inheritance() {
+    unsetenv("UKP_NO_INHERIT");
+    unsetenv("UKP_EVENTS");
+    const char *preload = std::getenv("LD_PRELOAD");
+    Dl_info self{};
+    char me[PATH_MAX], other[PATH_MAX];
+    if (preload == nullptr || dladdr(reinterpret_cast<void *>(&drop_inheritance), &self) == 0 ||
+        self.dli_fname == nullptr || realpath(self.dli_fname, me) == nullptr)
+        return;
+    std::string kept, entry;
+    const std::string list = std::string(preload) + " ";
+    for (char c : list) {
+        if (c != ' ' && c != ':' && c != '\t') {
+            entry += c;
+            continue;
+        }
+        if (entry.empty()) continue;
+        if (realpath(entry.c_str(), other) == nullptr || std::strcmp(other, me) != 0)
+            kept += (kept.empty() ? "" : " ") + entry;
+        entry.clear();
+    }
+    if (kept.empty()) unsetenv("LD_PRELOAD");
+    else setenv("LD_PRELOAD", kept.c_str(), 1);
+}
+
 // The kernel's kprobe_event= boot parameter: tracing covers the program from main on.
 __attribute__((constructor)) void apply_ukp_events() {
     const char *spec = std::getenv("UKP_EVENTS");
-    if (spec == nullptr || *spec == '\0') return;
-    ukp::trace::apply_startup_events(spec);
+    const char *no_inherit = std::getenv("UKP_NO_INHERIT");
+    if (spec != nullptr && *spec != '\0') ukp::trace::apply_startup_events(spec);
+    if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
 }
 
 } // namespace
