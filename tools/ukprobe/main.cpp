@@ -2,15 +2,19 @@
 // over its control socket. docs/cli.md is the reference.
 #include "client.hpp"
 #include "inject.hpp"
+#include "run.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <unistd.h>
@@ -24,6 +28,8 @@ struct Options {
     bool verbose = false;
     std::string agent;
     std::string path, text;
+    std::string event;      // enable, disable: GRP/EVENT or EVENT
+    ukprobe::RunOptions run; // run
 };
 
 // The agent to inject: --agent, $UKP_AGENT, the build tree's, or ../lib beside ukprobe.
@@ -131,6 +137,54 @@ int cmd_simple(const Options &o, Op op, const std::string &path = {}, const std:
     return 0;
 }
 
+// enable EVENT, disable EVENT: its enable file, the event named as GRP/EVENT or by its
+// name alone (found in kprobe_events; else the group kprobes, as the kernel's default).
+int cmd_enable(const Options &o, bool on) {
+    require_pid(o);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    const std::string defs = ask(o, c, Op::kRead, "kprobe_events").payload;
+    ask(o, c, Op::kWrite, "events/" + ukprobe::event_path(o.event, defs) + "/enable", on ? "1" : "0");
+    return 0;
+}
+
+std::atomic<bool> g_interrupted{false};
+
+// Whether `pid` exists and is not a zombie.
+bool process_alive(int pid) {
+    std::ifstream in(fmt::format("/proc/{}/stat", pid));
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// trace-pipe: trace_pipe's lines as they come, until SIGINT or SIGTERM (then exit 0).
+// The agent answers a read within 1 s, so the end is at most that late and loses nothing.
+int cmd_trace_pipe(const Options &o) {
+    require_pid(o);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_interrupted.store(true); };
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    while (!g_interrupted.load()) {
+        ukprobe::Reply r;
+        try {
+            r = ask(o, c, Op::kRead, "trace_pipe");
+        } catch (const std::runtime_error &) {
+            if (process_alive(o.pid)) throw;
+            // The process ended: so does its trace (what its ring held last is gone with it).
+            fmt::print(stderr, "ukprobe: process {} exited\n", o.pid);
+            return 0;
+        }
+        fmt::print("{}", r.payload);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 // One connection for many commands, read from stdin one per line ("read PATH",
 // "write PATH TEXT", "append PATH TEXT", "list", "verify", "ping", "detach"). What it adds
 // is removed when it ends, however it ends.
@@ -181,7 +235,7 @@ int main(int argc, char **argv) {
     Options o;
     app.add_option("-p,--pid", o.pid, "the process");
     app.add_flag("-v,--verbose", o.verbose, "say more (attach: the pause the target saw)");
-    app.add_option("--agent", o.agent, "libukprobes.so to load (attach)");
+    app.add_option("--agent", o.agent, "libukprobes.so to load (attach) or preload (run)");
 
     auto *attach = app.add_subcommand("attach", "load the agent into a running process and start its control thread");
     attach->add_option("PID", o.pid, "the process");
@@ -199,10 +253,51 @@ int main(int argc, char **argv) {
     auto *detach = app.add_subcommand("detach", "remove what this controller added and stop the control thread");
     auto *session = app.add_subcommand("session", "run commands read from stdin over one connection; what they "
                                                   "add is removed when it ends");
-    for (CLI::App *sub : {attach, ping, read, write, append, list, verify, detach, session}) sub->fallthrough();
+    // Short forms of the tracer's files.
+    auto *add = app.add_subcommand("add", "add a definition (append to kprobe_events)");
+    add->add_option("DEF", o.text)->required();
+    auto *enable = app.add_subcommand("enable", "enable an event (GRP/EVENT, or EVENT)");
+    enable->add_option("EVENT", o.event)->required();
+    auto *disable = app.add_subcommand("disable", "disable an event (GRP/EVENT, or EVENT)");
+    disable->add_option("EVENT", o.event)->required();
+    auto *trace = app.add_subcommand("trace", "print the trace (read trace)");
+    auto *trace_pipe = app.add_subcommand("trace-pipe", "stream trace_pipe until interrupted");
+    auto *profile = app.add_subcommand("profile", "print kprobe_profile");
+    auto *clear = app.add_subcommand("clear", "clear the trace (echo > trace)");
+    auto *run = app.add_subcommand("run", "run a program with events defined before its main; stream its trace "
+                                          "until it exits");
+    run->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
+        ->allow_extra_args(false);
+    run->add_option("--filter", o.run.filters, "EVENT=EXPR: the event's filter; repeatable")
+        ->allow_extra_args(false);
+    run->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")
+        ->allow_extra_args(false);
+    run->add_option("-o,--output", o.run.output, "write the trace to FILE instead of stdout");
+    bool no_follow = false;
+    run->add_flag("--no-follow", no_follow, "only the program itself is traced, not the processes it starts");
+    // PROG ARGS...: everything from the first word run does not know, or after "--".
+    run->prefix_command();
+    run->allow_extras();
+    run->footer("PROG ARGS...: the program to run and its arguments (after --)");
+    for (CLI::App *sub : {attach, ping, read, write, append, list, verify, detach, session, add, enable, disable,
+                          trace, trace_pipe, profile, clear})
+        sub->fallthrough();
 
+    // run's PROG ARGS after "--" are the program's own: CLI11 never sees them.
+    std::vector<std::string> program;
+    int parsed = argc;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "run") != 0) continue;
+        for (int j = i + 1; j < argc; ++j)
+            if (strcmp(argv[j], "--") == 0) {
+                program.assign(argv + j + 1, argv + argc);
+                parsed = j;
+                break;
+            }
+        break;
+    }
     try {
-        app.parse(argc, argv);
+        app.parse(parsed, argv);
     } catch (const CLI::ParseError &e) {
         return app.exit(e);
     }
@@ -216,6 +311,19 @@ int main(int argc, char **argv) {
         if (*verify) return cmd_simple(o, Op::kVerify);
         if (*detach) return cmd_simple(o, Op::kDetach);
         if (*session) return cmd_session(o);
+        if (*add) return cmd_simple(o, Op::kAppend, "kprobe_events", o.text);
+        if (*enable) return cmd_enable(o, true);
+        if (*disable) return cmd_enable(o, false);
+        if (*trace) return cmd_simple(o, Op::kRead, "trace");
+        if (*trace_pipe) return cmd_trace_pipe(o);
+        if (*profile) return cmd_simple(o, Op::kRead, "kprobe_profile");
+        if (*clear) return cmd_simple(o, Op::kWrite, "trace", "");
+        if (*run) {
+            o.run.argv = parsed < argc ? program : run->remaining();
+            o.run.follow = !no_follow;
+            o.run.agent = find_agent(o.agent);
+            return ukprobe::run_program(o.run);
+        }
     } catch (const std::exception &e) {
         fmt::print(stderr, "ukprobe: {}\n", e.what());
         return 1;

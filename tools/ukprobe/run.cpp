@@ -1,0 +1,678 @@
+// ukprobe run. The program is a child of ukprobe with the agent preloaded (LD_PRELOAD),
+// its events defined before main (UKP_EVENTS) and the control socket on (UKP_CONTROL=1).
+//
+// Seeing the end: once a process is gone its socket is gone, and the agent's destructor
+// unlinks the socket path before exit_group. So the child installs, before exec, a seccomp
+// filter that hands exit_group, execve(at) and unlink(at) to ukprobe (SECCOMP_RET_USER_NOTIF,
+// inherited by every descendant). A process calling exit_group waits in the call while
+// ukprobe empties its ring over the connection it already holds and reads kprobe_profile;
+// then the call goes on (SECCOMP_USER_NOTIF_FLAG_CONTINUE). An unlink lets ukprobe connect
+// to a process it has not reached yet before the socket path goes; an execve empties the
+// ring of the image about to be replaced. No ptrace: probe hits (SIGTRAP) never stop.
+//
+// Seeing the children: they inherit the filter. A process whose agent's control thread
+// has just started is held in its next rt_sigprocmask(SIG_SETMASK) (pthread_create's),
+// before its main, while ukprobe connects, checks error_log and sets filters and
+// triggers. ukprobe is a subreaper: orphaned descendants stay in its tree.
+#include "run.hpp"
+
+#include "client.hpp"
+
+#include <fmt/core.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <csignal>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <poll.h>
+#include <sstream>
+#include <stdexcept>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+using ukp::control::Op;
+
+namespace ukprobe {
+
+std::string event_path(const std::string &event, const std::string &definitions) {
+    std::string e = event;
+    if (const size_t dot = e.find('.'); e.find('/') == std::string::npos && dot != std::string::npos) e[dot] = '/';
+    if (e.find('/') != std::string::npos) return e;
+    std::istringstream in(definitions);
+    std::string line;
+    while (std::getline(in, line)) {
+        const std::string word = line.substr(0, line.find_first_of(" \t"));
+        const size_t colon = word.find(':'), slash = word.find('/');
+        if (colon == std::string::npos || slash == std::string::npos || slash < colon) continue;
+        if (word.substr(slash + 1) == e) return word.substr(colon + 1);
+    }
+    return "kprobes/" + e;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a line waits before it is written, so that lines of other processes read a
+// little later can still be put before it by timestamp.
+constexpr auto kMergeDelay = std::chrono::milliseconds(200);
+// Longest wait for a process's ring to be emptied at its exit (a trace_pipe read that
+// found nothing waits 1 s in the agent).
+constexpr auto kDrainTimeout = std::chrono::seconds(5);
+// How long a new socket is given to answer: only the call just before its control thread
+// starts waits this long (the thread answers at the next one).
+constexpr int kPingTimeoutMs = 50;
+// How often kprobe_profile is read while a process runs (its counts if it is killed).
+constexpr auto kProfileInterval = std::chrono::milliseconds(200);
+
+// The timestamp of a trace line ("  prog-42  [001] .....  12.345678: e: ..."), in
+// nanoseconds; 0 if it has none.
+uint64_t line_timestamp(const std::string &line) {
+    const size_t bracket = line.find("] ");
+    if (bracket == std::string::npos) return 0;
+    std::istringstream words(line.substr(bracket + 2));
+    std::string w;
+    while (words >> w) {
+        if (w.size() < 2 || w.back() != ':') continue;
+        const size_t dot = w.find('.');
+        if (dot == std::string::npos) continue;
+        char *end = nullptr;
+        const unsigned long long s = strtoull(w.c_str(), &end, 10);
+        if (end != w.c_str() + dot) continue;
+        std::string frac = w.substr(dot + 1, w.size() - dot - 2);
+        if (frac.empty() || frac.find_first_not_of("0123456789") != std::string::npos) continue;
+        frac.resize(9, '0');
+        return s * 1000000000ull + strtoull(frac.c_str(), nullptr, 10);
+    }
+    return 0;
+}
+
+// The trace of every process, merged by timestamp as well as a short delay allows.
+class Output {
+public:
+    explicit Output(FILE *f) : f_(f) {}
+
+    void add(const std::string &text) {
+        std::lock_guard lock(mu_);
+        const Clock::time_point now = Clock::now();
+        size_t pos = 0;
+        while (pos < text.size()) {
+            size_t end = text.find('\n', pos);
+            end = end == std::string::npos ? text.size() : end + 1;
+            std::string line = text.substr(pos, end - pos);
+            pos = end;
+            if (line.back() != '\n') line += '\n';
+            uint64_t ts = line_timestamp(line);
+            if (ts == 0) ts = last_ts_;
+            last_ts_ = ts;
+            pending_.emplace(std::make_pair(ts, seq_++), Pending{now, std::move(line)});
+        }
+    }
+
+    // Writes the lines that waited long enough (all of them: everything), in timestamp order.
+    void flush(bool all) {
+        std::lock_guard lock(mu_);
+        const Clock::time_point now = Clock::now();
+        bool wrote = false;
+        while (!pending_.empty()) {
+            auto it = pending_.begin();
+            if (!all) {
+                // A line waits until every line before it in time has waited its delay too.
+                bool ripe = true;
+                for (auto j = pending_.begin(); j != pending_.end(); ++j)
+                    if (now - j->second.arrived < kMergeDelay) {
+                        ripe = j != pending_.begin();
+                        break;
+                    }
+                if (!ripe) break;
+                if (now - it->second.arrived < kMergeDelay) break;
+            }
+            if (f_ != nullptr && fwrite(it->second.text.data(), 1, it->second.text.size(), f_) != it->second.text.size())
+                f_ = nullptr; // a closed pipe: the trace is dropped, the program runs on
+            pending_.erase(it);
+            wrote = true;
+        }
+        if (wrote && f_ != nullptr) fflush(f_);
+    }
+
+private:
+    struct Pending {
+        Clock::time_point arrived;
+        std::string text;
+    };
+    std::mutex mu_;
+    FILE *f_;
+    std::map<std::pair<uint64_t, uint64_t>, Pending> pending_; // (timestamp, arrival order)
+    uint64_t seq_ = 0;
+    uint64_t last_ts_ = 0;
+};
+
+std::string comm_of(int pid) {
+    std::ifstream in(fmt::format("/proc/{}/comm", pid));
+    std::string s;
+    std::getline(in, s);
+    return s;
+}
+
+// The agent of one process: a connection, and a thread that reads trace_pipe on it.
+class Agent {
+public:
+    Agent(int pid, Output &out) : pid_(pid), comm_(comm_of(pid)), out_(out) {}
+    ~Agent() {
+        if (thread_.joinable()) thread_.join();
+    }
+
+    int pid() const { return pid_; }
+    const std::string &comm() const { return comm_; }
+
+    // 0, or a negative errno (the socket is not there, or refuses).
+    int connect() {
+        std::string why;
+        return client_.connect(pid_, &why);
+    }
+
+    // A request before the thread runs; a refusal is returned with its message.
+    Reply ask(Op op, const std::string &path, const std::string &payload = {}) {
+        return client_.request(op, path, payload);
+    }
+
+    void start() { thread_ = std::thread([this] { loop(); }); }
+
+    // Empties the ring while the process waits in exit_group or execve; kprobe_profile is
+    // read afterwards. Returns when done, the connection lost, or after kDrainTimeout.
+    void drain() {
+        std::unique_lock lock(mu_);
+        if (ended_) return;
+        const uint64_t gen = ++drain_asked_;
+        cv_.wait_for(lock, kDrainTimeout, [&] { return ended_ || drain_done_ >= gen; });
+    }
+
+    bool drained() {
+        std::lock_guard lock(mu_);
+        return drain_done_ > 0;
+    }
+
+    bool ended() {
+        std::lock_guard lock(mu_);
+        return ended_;
+    }
+
+    // Waits for the stream's end (the process is gone).
+    void join() {
+        if (thread_.joinable()) thread_.join();
+    }
+
+    std::string profile() {
+        std::lock_guard lock(mu_);
+        return profile_;
+    }
+
+private:
+    // Entries still in the ring: `trace` counts them in its header without consuming.
+    uint64_t entries_left() {
+        const Reply r = client_.request(Op::kRead, "trace");
+        const size_t at = r.payload.find("entries-in-buffer/entries-written: ");
+        if (r.status < 0 || at == std::string::npos) return 0;
+        return strtoull(r.payload.c_str() + at + strlen("entries-in-buffer/entries-written: "), nullptr, 10);
+    }
+
+    void loop() {
+        try {
+            for (;;) {
+                uint64_t asked;
+                {
+                    std::lock_guard lock(mu_);
+                    asked = drain_asked_;
+                }
+                if (asked > drain_done_) {
+                    // The process is held: what the ring holds now is all there is, save
+                    // what its other threads still write meanwhile (read too, until empty).
+                    for (int i = 0; i < 1000 && entries_left() > 0; ++i)
+                        out_.add(client_.request(Op::kRead, "trace_pipe").payload);
+                    const Reply p = client_.request(Op::kRead, "kprobe_profile");
+                    std::lock_guard lock(mu_);
+                    if (p.status >= 0) profile_ = p.payload;
+                    drain_done_ = asked;
+                    cv_.notify_all();
+                    continue;
+                }
+                const Reply r = client_.request(Op::kRead, "trace_pipe");
+                if (r.status < 0) break;
+                out_.add(r.payload);
+                // The counts so far, for a process that dies of a signal (no exit_group).
+                if (Clock::now() - profile_read_ >= kProfileInterval) {
+                    const Reply p = client_.request(Op::kRead, "kprobe_profile");
+                    profile_read_ = Clock::now();
+                    std::lock_guard lock(mu_);
+                    if (p.status >= 0 && drain_done_ == 0) profile_ = p.payload;
+                }
+            }
+        } catch (const std::runtime_error &) {
+            // The process is gone (or exec'd): its sockets closed.
+        }
+        std::lock_guard lock(mu_);
+        ended_ = true;
+        cv_.notify_all();
+    }
+
+    const int pid_;
+    const std::string comm_; // the program's name when connected
+    Output &out_;
+    Client client_;
+    std::thread thread_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    uint64_t drain_asked_ = 0; // under mu_
+    uint64_t drain_done_ = 0;  // under mu_
+    bool ended_ = false;       // under mu_: the connection is gone
+    std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
+    Clock::time_point profile_read_{}; // the streaming thread's last read of it
+};
+
+// UKP_EVENTS: definitions separated by ';', their words by ','.
+std::string startup_events(const std::vector<std::string> &defs) {
+    std::string spec;
+    for (const std::string &d : defs) {
+        if (d.find_first_of(";,") != std::string::npos)
+            throw std::runtime_error(fmt::format("definition '{}': ';' and ',' cannot be passed in UKP_EVENTS", d));
+        std::istringstream words(d);
+        std::string w, def;
+        while (words >> w) def += (def.empty() ? "" : ",") + w;
+        if (def.empty()) continue;
+        spec += (spec.empty() ? "" : ";") + def;
+    }
+    return spec;
+}
+
+std::pair<std::string, std::string> split_assignment(const std::string &s, const char *what) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+        throw std::runtime_error(fmt::format("--{} '{}': give EVENT={}", what, s,
+                                             std::string(what) == "filter" ? "EXPR" : "TRIGGER"));
+    return {s.substr(0, eq), s.substr(eq + 1)};
+}
+
+int parent_of(int pid) {
+    std::ifstream in(fmt::format("/proc/{}/stat", pid));
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) return -1;
+    int ppid = -1;
+    char state = 0;
+    if (sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) != 2) return -1;
+    return ppid;
+}
+
+int tgid_of(int tid) {
+    std::ifstream in(fmt::format("/proc/{}/status", tid));
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("Tgid:", 0) == 0) return atoi(line.c_str() + 5);
+    return -1;
+}
+
+// Whether `pid` descends from this process.
+bool descends_from_us(int pid) {
+    const int self = getpid();
+    for (int i = 0; i < 256 && pid > 1; ++i) {
+        pid = parent_of(pid);
+        if (pid == self) return true;
+    }
+    return false;
+}
+
+// The seccomp filter of the child and its descendants. exit_group, execve(at), unlink(at)
+// and rt_sigprocmask(SIG_SETMASK) wait for ukprobe; every other call runs as usual. The
+// agent starts its control thread between two SIG_SETMASK calls (pthread_create blocks
+// every signal around the clone and restores the mask after it): the first such call
+// after the thread answers holds the program, before its main, while ukprobe sets the
+// filters and triggers.
+int install_filter() {
+    constexpr uint32_t kNotify = SECCOMP_RET_USER_NOTIF, kAllow = SECCOMP_RET_ALLOW;
+    sock_filter code[] = {
+        /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        /* 2 */ BPF_STMT(BPF_RET | BPF_K, kAllow),
+        /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_exit_group, 7, 0),
+        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_execve, 6, 0),
+        /* 6 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_execveat, 5, 0),
+        /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unlink, 4, 0),
+        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unlinkat, 3, 0),
+        /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_rt_sigprocmask, 0, 3),
+        // The low word of args[0] (little-endian): `how`.
+        /* 10 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])),
+        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SIG_SETMASK, 0, 1),
+        /* 12 */ BPF_STMT(BPF_RET | BPF_K, kNotify),
+        /* 13 */ BPF_STMT(BPF_RET | BPF_K, kAllow),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+    int fd = static_cast<int>(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog));
+    if (fd < 0 && errno == EACCES) {
+        // Without CAP_SYS_ADMIN a filter needs no_new_privs (set-uid programs then run
+        // without their privileges).
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+        fd = static_cast<int>(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog));
+    }
+    return fd;
+}
+
+void send_fd(int sock, int fd) {
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    while (sendmsg(sock, &msg, 0) < 0 && errno == EINTR) {
+    }
+}
+
+int receive_fd(int sock) {
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n;
+    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return -1;
+    int fd = -1;
+    for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    return fd;
+}
+
+// What a refused request says: "write events/g/e/filter in process 42: Invalid argument"
+// and the error_log entry the agent sent.
+std::string refusal(const Reply &r, Op op, const std::string &path, int pid) {
+    std::string msg = fmt::format("{} {} in process {}: {}", ukp::control::op_name(static_cast<uint16_t>(op)), path,
+                                  pid, strerror(-r.status));
+    if (!r.payload.empty()) msg += "\n" + r.payload;
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    return msg;
+}
+
+// Whether the agent of `pid` answers a ping within `timeout_ms`: its socket may be bound
+// and listening before its control thread exists, and a request would then wait forever
+// on a process ukprobe holds.
+bool agent_answers(int pid, int timeout_ms) {
+    const std::string path = ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path) return false;
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool ok = false;
+    const ukp::control::RequestHeader h{ukp::control::kMagic, ukp::control::kVersion,
+                                        static_cast<uint16_t>(Op::kPing), 0, 0};
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0 &&
+        send(fd, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h)) {
+        pollfd p{fd, POLLIN, 0};
+        ukp::control::ReplyHeader rh{};
+        ok = poll(&p, 1, timeout_ms) == 1 && recv(fd, &rh, sizeof rh, MSG_WAITALL) == static_cast<ssize_t>(sizeof rh) &&
+             rh.magic == ukp::control::kMagic;
+    }
+    close(fd);
+    return ok;
+}
+
+class Runner {
+public:
+    explicit Runner(const RunOptions &o) : o_(o) {}
+    int run();
+
+private:
+    [[noreturn]] void child(int fd_sock, int err_pipe, const sigset_t &old_mask);
+    void on_socket(int pid);
+    void on_notification();
+    void on_signals();
+    void kill_program(int sig);
+
+    const RunOptions &o_;
+    FILE *file_ = nullptr;
+    std::unique_ptr<Output> out_;
+    int child_ = -1;
+    int child_status_ = -1; // wait status once the child is gone
+    int notify_fd_ = -1, signal_fd_ = -1;
+    std::vector<std::unique_ptr<Agent>> agents_; // every agent connected, in order
+    std::map<int, Agent *> by_pid_;               // the latest agent of each process
+    bool failed_ = false;                         // the program's definitions were refused
+};
+
+void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
+    // The program dies with ukprobe: without its supervisor exit_group would fail (ENOSYS).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    auto die = [&](int err) {
+        const int e = err;
+        (void)!write(err_pipe, &e, sizeof e);
+        _exit(127);
+    };
+    const int nfd = install_filter();
+    if (nfd < 0) die(errno);
+    send_fd(fd_sock, nfd);
+    close(nfd);
+    close(fd_sock);
+    std::string preload = o_.agent;
+    if (const char *old = getenv("LD_PRELOAD"); old != nullptr && *old != 0) preload += std::string(" ") + old;
+    setenv("LD_PRELOAD", preload.c_str(), 1);
+    setenv("UKP_EVENTS", startup_events(o_.definitions).c_str(), 1);
+    setenv("UKP_CONTROL", "1", 1);
+    if (!o_.follow) setenv("UKP_NO_INHERIT", "1", 1);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    std::vector<char *> argv;
+    for (const std::string &a : o_.argv) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    die(errno);
+    _exit(127);
+}
+
+// A new socket: connect if it is the program's or a descendant's (when followed), set
+// the filters and triggers, check that every definition was taken, stream.
+void Runner::on_socket(int pid) {
+    if (auto it = by_pid_.find(pid); it != by_pid_.end() && !it->second->ended()) return;
+    if (pid != child_ && (!o_.follow || !descends_from_us(pid))) return;
+    auto agent = std::make_unique<Agent>(pid, *out_);
+    if (agent->connect() != 0) return;
+    try {
+        const Reply defs = agent->ask(Op::kRead, "kprobe_events");
+        const Reply log = agent->ask(Op::kRead, "error_log");
+        if (log.status >= 0 && !log.payload.empty()) {
+            std::string text = log.payload;
+            while (!text.empty() && text.back() == '\n') text.pop_back();
+            fmt::print(stderr, "ukprobe: process {} ({}) rejected a definition:\n{}\n", pid, agent->comm(), text);
+            if (pid == child_) {
+                failed_ = true;
+                kill_program(SIGKILL);
+                return;
+            }
+        }
+        auto apply = [&](const std::vector<std::string> &list, const char *what, const char *file, Op op) {
+            for (const std::string &s : list) {
+                const auto [event, text] = split_assignment(s, what);
+                const std::string path = "events/" + event_path(event, defs.payload) + "/" + file;
+                const Reply r = agent->ask(op, path, text);
+                if (r.status >= 0) continue;
+                fmt::print(stderr, "ukprobe: {}\n", refusal(r, op, path, pid));
+                if (pid == child_) {
+                    failed_ = true;
+                    kill_program(SIGKILL);
+                    return false;
+                }
+            }
+            return true;
+        };
+        if (!apply(o_.filters, "filter", "filter", Op::kWrite)) return;
+        if (!apply(o_.triggers, "trigger", "trigger", Op::kAppend)) return;
+    } catch (const std::runtime_error &) {
+        return; // gone meanwhile
+    }
+    agent->start();
+    by_pid_[pid] = agent.get();
+    agents_.push_back(std::move(agent));
+}
+
+void Runner::on_notification() {
+    seccomp_notif req;
+    memset(&req, 0, sizeof req); // the kernel wants it zeroed
+    if (ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) return;
+    const int tgid = tgid_of(static_cast<int>(req.pid));
+    const int nr = req.data.nr;
+    if (tgid > 0) {
+        if (nr == __NR_rt_sigprocmask || nr == __NR_unlink || nr == __NR_unlinkat) {
+            // A control thread that started (rt_sigprocmask), or an agent's destructor
+            // about to remove its socket (unlink): connect while the caller waits.
+            struct stat st{};
+            const auto it = by_pid_.find(tgid);
+            if ((it == by_pid_.end() || it->second->ended()) &&
+                stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), tgid).c_str(), &st) == 0 &&
+                agent_answers(tgid, kPingTimeoutMs))
+                on_socket(tgid);
+        } else if (auto it = by_pid_.find(tgid); it != by_pid_.end()) {
+            it->second->drain(); // exit_group, execve, execveat
+        }
+    }
+    seccomp_notif_resp resp;
+    memset(&resp, 0, sizeof resp);
+    resp.id = req.id;
+    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+    ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
+}
+
+void Runner::kill_program(int sig) {
+    if (child_ > 0 && child_status_ < 0) kill(child_, sig);
+}
+
+void Runner::on_signals() {
+    signalfd_siginfo si;
+    while (read(signal_fd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        if (si.ssi_signo == SIGCHLD) continue; // reaped below
+        // From the terminal the signal went to the whole foreground group, the program
+        // too; sent to ukprobe alone, it is passed on, as a shell does for its job.
+        if (si.ssi_code != SI_KERNEL) kill_program(static_cast<int>(si.ssi_signo));
+    }
+}
+
+int Runner::run() {
+    if (o_.argv.empty()) throw std::runtime_error("run: which program? give -- PROG ARGS...");
+    startup_events(o_.definitions); // refuses what UKP_EVENTS cannot carry
+    for (const std::string &f : o_.filters) split_assignment(f, "filter");
+    for (const std::string &t : o_.triggers) split_assignment(t, "trigger");
+    if (!o_.output.empty()) {
+        file_ = fopen(o_.output.c_str(), "we");
+        if (file_ == nullptr) throw std::runtime_error(fmt::format("cannot write {}: {}", o_.output, strerror(errno)));
+    }
+    out_ = std::make_unique<Output>(file_ != nullptr ? file_ : stdout);
+
+    // Signals arrive through a descriptor; agent threads start with them blocked.
+    sigset_t mask, old_mask;
+    sigemptyset(&mask);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
+    sigprocmask(SIG_BLOCK, &mask, &old_mask);
+    signal_fd_ = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    signal(SIGPIPE, SIG_IGN);
+    // Orphaned descendants come to ukprobe: they stay in its tree and are waited for.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+    int sv[2], errp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || pipe2(errp, O_CLOEXEC) != 0)
+        throw std::runtime_error(fmt::format("run: {}", strerror(errno)));
+    fflush(nullptr);
+    child_ = fork();
+    if (child_ < 0) throw std::runtime_error(fmt::format("fork: {}", strerror(errno)));
+    if (child_ == 0) {
+        close(sv[0]);
+        close(errp[0]);
+        child(sv[1], errp[1], old_mask);
+    }
+    close(sv[1]);
+    close(errp[1]);
+    notify_fd_ = receive_fd(sv[0]);
+    close(sv[0]);
+    int err_fd = errp[0];
+    std::string exec_error;
+
+    for (;;) {
+        pollfd fds[3] = {{notify_fd_, POLLIN, 0}, {signal_fd_, POLLIN, 0}, {err_fd, POLLIN, 0}};
+        const int n = poll(fds, err_fd >= 0 ? 3 : 2, 100);
+        if (n < 0 && errno != EINTR) break;
+        if (fds[0].revents & POLLIN) on_notification();
+        if (err_fd >= 0 && (fds[2].revents & (POLLIN | POLLHUP))) {
+            int e = 0;
+            if (read(err_fd, &e, sizeof e) == static_cast<ssize_t>(sizeof e))
+                exec_error = fmt::format("cannot run {}: {}", o_.argv[0], strerror(e));
+            close(err_fd);
+            err_fd = -1;
+        }
+        if (fds[1].revents & POLLIN) on_signals();
+        // Reap: the program, and descendants left to ukprobe.
+        int status = 0, pid;
+        while ((pid = waitpid(-1, &status, WNOHANG | __WALL)) > 0)
+            if (pid == child_) child_status_ = status;
+        out_->flush(false);
+        if (child_status_ >= 0 && pid < 0 && errno == ECHILD) break;
+    }
+    // Every process is gone: the streams end by themselves.
+    for (auto &a : agents_) a->join();
+    out_->flush(true);
+    if (file_ != nullptr) fclose(file_);
+    // The counts as each process left them, apart from the trace (stderr, as a second file).
+    for (auto &a : agents_) {
+        const std::string profile = a->profile();
+        if (profile.empty()) continue;
+        fmt::print(stderr, "# kprobe_profile: process {} ({}){}\n{}", a->pid(), a->comm(),
+                   a->drained() ? "" : ", as last read before it ended", profile);
+    }
+    if (!exec_error.empty()) {
+        fmt::print(stderr, "ukprobe: {}\n", exec_error);
+        return 127; // as a shell
+    }
+    if (failed_) return 1;
+    return WIFEXITED(child_status_) ? WEXITSTATUS(child_status_) : 128 + WTERMSIG(child_status_);
+}
+
+} // namespace
+
+int run_program(const RunOptions &o) {
+    Runner r(o);
+    return r.run();
+}
+
+} // namespace ukprobe

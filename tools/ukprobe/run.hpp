@@ -1,0 +1,28 @@
+// ukprobe run: a program started with the agent preloaded and events defined before its
+// main, its trace (and its descendants') streamed until it exits. docs/cli.md, `run`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ukprobe {
+
+struct RunOptions {
+    std::vector<std::string> definitions; // -e DEF: kprobe_events lines (words split by blanks)
+    std::vector<std::string> filters;     // --filter EVENT=EXPR
+    std::vector<std::string> triggers;    // --trigger EVENT=TRIG
+    std::string output;                   // -o FILE; empty: stdout
+    bool follow = true;                   // false (--no-follow): descendants run without the agent
+    std::string agent;                    // the libukprobes.so to preload (absolute)
+    std::vector<std::string> argv;        // PROG ARGS...
+};
+
+// Runs the program to its end; returns its exit status (128 + the signal that killed it).
+// Throws std::runtime_error for what stops it from starting.
+int run_program(const RunOptions &o);
+
+// "GRP/EVENT" for EVENT given as GRP/EVENT (or GRP.EVENT) or as a bare name: the group of
+// the event of that name in `definitions` (kprobe_events' text), else "kprobes".
+std::string event_path(const std::string &event, const std::string &definitions);
+
+} // namespace ukprobe
