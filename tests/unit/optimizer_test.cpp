@@ -2,6 +2,7 @@
 // int3 (src/core/optimizer.cpp), and behave exactly as on the breakpoint path.
 #include <ukprobes/kprobes.h>
 
+#include "asm_functions.h"
 #include "opt_functions_decl.h"
 
 #include <gtest/gtest.h>
@@ -180,6 +181,103 @@ TEST_F(OptimizerTest, APreHandlerChangingIpIsHonoured) {
     EXPECT_EQ(g_hits.load(), 1);
     unregister_kprobe(&kp);
     EXPECT_EQ(ukpt_opt_work(7), (8 * 3) ^ 7);
+}
+
+// A pre_handler that makes the thread call ukpt_opt_bump (which only counts) before the
+// probed function: it pushes the probe address as the return address and resumes at
+// ukpt_opt_bump, whose `ret` comes back to the probe, hit a second time, which lets the
+// function run. The stack pointer the thread resumes with is 8 below the one it had.
+extern "C" {
+long g_opt_bumps = 0;
+void ukpt_opt_bump();
+}
+asm(R"(
+        .text
+        .p2align 4
+        .type   ukpt_opt_bump, @function
+ukpt_opt_bump:
+        lock incq g_opt_bumps(%rip)
+        ret
+        .size   ukpt_opt_bump, .-ukpt_opt_bump
+)");
+
+thread_local bool t_bumped = false;
+int push_call_pre(kprobe *p, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    if (t_bumped) { // back from ukpt_opt_bump: run the function
+        t_bumped = false;
+        return 0;
+    }
+    t_bumped = true;
+    regs->sp -= 8;
+    *reinterpret_cast<unsigned long *>(regs->sp) = reinterpret_cast<unsigned long>(p->addr);
+    regs->ip = reinterpret_cast<unsigned long>(&ukpt_opt_bump);
+    return 1;
+}
+
+// A handler that lowers the stack pointer (here to push a return address; the dispatcher
+// itself does it when it emulates a probed `call` for a post_handler that came while the
+// jump was in place): the trampoline must not put the word it resumes through into its
+// own frame, where the new stack pointer's red zone now begins.
+TEST_F(OptimizerTest, APreHandlerPushingOntoTheStackIsHonoured) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = push_call_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp)) << list_text();
+    g_opt_bumps = 0;
+    for (long i = 0; i < 20; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_opt_bumps, 20);
+    EXPECT_EQ(g_hits.load(), 40);
+    // The breakpoint path does the same.
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    ASSERT_EQ(first_byte(kp.addr), 0xcc);
+    for (long i = 0; i < 20; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_opt_bumps, 40);
+    EXPECT_EQ(g_hits.load(), 80);
+    ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+    unregister_kprobe(&kp);
+}
+
+// The case stress_test found: threads run an optimized probe on a `call` while a probe
+// with a post_handler comes and goes at the same address. A thread that enters the detour
+// after the post_handler's probe was published, before the int3 is back, has its call
+// emulated by the dispatcher (the return address pushed, the stack pointer 8 lower).
+TEST_F(OptimizerTest, APostHandlerArrivingAtAnOptimizedCall) {
+    kprobe kp{};
+    kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_branches_at_call);
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp)) << list_text();
+    std::atomic<bool> stop{false};
+    std::atomic<long> calls{0}, wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+            long n = 0;
+            for (long i = t; !stop.load(std::memory_order_relaxed); ++i, ++n)
+                if (ukpt_branches(i & 0xffff) != 2 * (i & 0xffff) + 1) wrong.fetch_add(1);
+            calls.fetch_add(n);
+        });
+    }
+    int optimized_rounds = 0;
+    for (int round = 0; round < 100; ++round) {
+        kprobe post{};
+        post.addr = kp.addr;
+        post.post_handler = empty_post;
+        ASSERT_EQ(register_kprobe(&post), 0);
+        unregister_kprobe(&post);
+        ukp_optimizer_flush();
+        if (first_byte(kp.addr) == 0xe9) ++optimized_rounds;
+    }
+    stop = true;
+    for (auto &th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(g_hits.load(), calls.load());
+    EXPECT_GT(optimized_rounds, 50);
+    unregister_kprobe(&kp);
 }
 
 int stack_hungry_pre(kprobe *, pt_regs *regs) {

@@ -271,6 +271,28 @@
         ret     $128
         .endm
 
+// Before RESUME_PT_REGS in the optprobe trampoline, whose frame ends 136 bytes below the
+// program's stack pointer at the probe: a handler may have lowered that pointer (pushed a
+// return address to send the thread into a function first; the dispatcher does it too when
+// it emulates a probed `call` for a post_handler that came while the jump was in place).
+// The word RESUME_PT_REGS resumes through, 136 bytes below the new sp, would then land in
+// this frame (8 lower: on RESUME itself) or below %rsp, where a signal frame could overwrite
+// it. Then the frame moves down below that word first: %rsp goes down before the copy, so
+// both copies stay above the stack pointer. Clobbers rax, rcx, rsi, rdi and the flags.
+        .macro  FRAME_BELOW_RESUME
+        mov     RSP(%rsp), %rax
+        sub     $136+FRAME, %rax        // the highest frame start below that word
+        cmp     %rsp, %rax
+        jae     .Lframe_ok\@
+        and     $-16, %rax
+        mov     %rsp, %rsi
+        mov     %rax, %rdi
+        mov     %rax, %rsp
+        mov     $FRAME/8, %ecx
+        rep movsq                       // upwards (DF is clear): the copy is lower, overlap is fine
+.Lframe_ok\@:
+        .endm
+
         .text
 
 // The post-handler trampoline: where a probed instruction's out-of-line copy goes when a
@@ -308,6 +330,7 @@ ukp_optprobe_trampoline:
         .cfi_undefined rip
         SAVE_PT_REGS 136
         CALL_DISPATCH ukp_optprobe_dispatch
+        FRAME_BELOW_RESUME
         RESUME_PT_REGS
         .cfi_endproc
         .size   ukp_optprobe_trampoline, .-ukp_optprobe_trampoline
