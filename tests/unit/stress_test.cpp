@@ -104,12 +104,21 @@ TEST(Stress, RandomRegistrationWhileThreadsRunProbedCode) {
     std::vector<Slot> slots(12);
     std::vector<size_t> slot_site(slots.size(), 0);
     std::mt19937 rng(seed);
-    long operations = 0, failures = 0;
+    long operations = 0, failures = 0, optimized_seen = 0;
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (std::chrono::steady_clock::now() < end) {
         const size_t i = rng() % slots.size();
         Slot &s = slots[i];
         ++operations;
+        // How often the optimizer got a jump in: the run must exercise that path too.
+        for (const Slot &o : slots) {
+            const kprobe *okp = o.kind == Slot::kKprobe ? &o.kp : o.kind == Slot::kKretprobe ? &o.rp.kp : nullptr;
+            if (okp != nullptr && (__atomic_load_n(&okp->flags, __ATOMIC_RELAXED) & KPROBE_FLAG_OPTIMIZED) != 0)
+                ++optimized_seen;
+        }
+        // Now and then a pause, so that the optimizer gets jumps in (a pass signals every
+        // thread and waits for them) and the workers run through optimized regions.
+        if (rng() % 32 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
         if (s.kind == Slot::kNone) {
             const size_t w = rng() % where.size();
             const Site &site = where[w];
@@ -171,7 +180,8 @@ TEST(Stress, RandomRegistrationWhileThreadsRunProbedCode) {
         if (s.kind == Slot::kKprobe) unregister_kprobe(&s.kp);
     }
 
-    std::printf("stress: %ld operations, %ld rounds of calls\n", operations, calls.load());
+    std::printf("stress: %ld operations, %ld rounds of calls, %ld optimized probe states seen\n", operations,
+                calls.load(), optimized_seen);
     EXPECT_EQ(wrong.load(), 0) << "seed " << seed;
     EXPECT_EQ(failures, 0) << "seed " << seed;
     EXPECT_GT(operations, 100) << "the mutator made progress";
