@@ -879,6 +879,12 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
         *out = profile_text(t);
         return 0;
     }
+    if (path == "available_events") {
+        // "GRP:EVENT" a line, as tracefs lists them: what events/ holds (ukprobe mount's readdir).
+        if (write) return -EACCES;
+        for (auto &e : t.events) *out += e->group + ":" + e->name + "\n";
+        return 0;
+    }
     if (path == "error_log") {
         if (write) { t.errors.clear(); return 0; }
         *out = t.errors.text();

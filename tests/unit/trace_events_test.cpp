@@ -198,4 +198,15 @@ TEST_F(TraceEvents, DynamicEventsAndUnknownFiles) {
     EXPECT_EQ(read("kprobe_events"), "");
 }
 
+TEST_F(TraceEvents, AvailableEventsListsGroupAndName) {
+    EXPECT_EQ(read("available_events"), "");
+    ASSERT_EQ(file_append("kprobe_events", "p:grp_a/one ttarget_triple\nr:two ttarget_triple"), 0);
+    // A second probe point of an event is not a second event.
+    ASSERT_EQ(file_append("kprobe_events", "p:grp_a/one ttarget_pointer"), 0);
+    EXPECT_EQ(read("available_events"), "grp_a:one\nkprobes:two\n");
+    EXPECT_EQ(file_write("available_events", "x"), -EACCES);
+    ASSERT_EQ(file_append("kprobe_events", "-:grp_a/one"), 0);
+    EXPECT_EQ(read("available_events"), "kprobes:two\n");
+}
+
 } // namespace
