@@ -77,11 +77,17 @@ GdbRun run_gdb(const std::vector<std::string> &what) {
 // In the process that gdb started (the test below): stop at ukj_stop, do not run gdb.
 bool started_by_gdb() { return getenv("UKP_JIT_TEST_UNDER_GDB") != nullptr; }
 
+// Options for the next attaching gdb, before the file is read.
+std::vector<std::string> g_gdb_init;
+
 // gdb attached to this process, its output. Called with the probed frames live.
 GdbRun run_gdb_here() {
     if (started_by_gdb()) return {};
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); // under Yama's ptrace_scope 1
-    return run_gdb({"-p", std::to_string(getpid()), "-ex", "bt"});
+    std::vector<std::string> what = g_gdb_init;
+    for (const char *a : {"-p", "", "-ex", "bt"}) what.emplace_back(a);
+    what[what.size() - 3] = std::to_string(getpid());
+    return run_gdb(what);
 }
 
 // The function of each frame gdb printed, innermost first ("??" when it knows none).
@@ -91,7 +97,11 @@ std::vector<std::string> frame_functions(const std::string &bt) {
     std::istringstream lines(bt);
     for (std::string line; std::getline(lines, line);) {
         std::smatch m;
-        if (std::regex_search(line, m, frame)) out.push_back(m[1]);
+        if (!std::regex_search(line, m, frame)) continue;
+        // Through a frame filter gdb names a function with its parameter types.
+        std::string name = m[1];
+        if (const size_t paren = name.find('('); paren != std::string::npos && paren > 0) name.resize(paren);
+        out.push_back(name);
     }
     return out;
 }
@@ -204,7 +214,7 @@ void expect_callers(const GdbRun &run, const std::vector<std::string> &want, int
         << joined(w.callers);
     EXPECT_TRUE(w.reached_main) << "the walk goes on to main: " << joined(w.callers);
     EXPECT_TRUE(w.unknown.empty()) << "frames without a name: " << joined(w.callers);
-    EXPECT_EQ(w.stubs, stubs) << "one named frame for each hijacked frame's stub";
+    EXPECT_EQ(w.stubs, stubs) << "a named frame for each hijacked frame's stub, unless filtered out";
 }
 
 TEST(JitDebug, GdbWithoutProbesSeesThePlainChain) {
@@ -230,6 +240,19 @@ TEST(JitDebug, GdbWalksThroughKretprobesOnEveryFrame) {
     const GdbRun run = bt_below_probes({"ukj_leaf", "ukj_mid", "ukj_top", "ukj_top"}, 0);
     if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
     expect_callers(run, {"ukj_stop", "ukj_leaf", "ukj_mid", "ukj_top"}, 4);
+}
+
+// The agent's frame filter (.debug_gdb_scripts in jit_debug.cpp), allowed to load.
+TEST(JitDebug, GdbWithTheAgentsFrameFilterListsOnlyTheRealCallers) {
+    g_gdb_init = {"-iex", "set auto-load safe-path /"};
+    const GdbRun nested = bt_below_probes({"ukj_level"}, 1);
+    const GdbRun every = bt_below_probes({"ukj_leaf", "ukj_mid", "ukj_top", "ukj_top"}, 0);
+    g_gdb_init.clear();
+    if (std::string why; !usable(nested, &why)) GTEST_SKIP() << why;
+    if (nested.output.find("Python scripting is not supported") != std::string::npos)
+        GTEST_SKIP() << "this gdb has no Python: " << nested.output;
+    expect_callers(nested, {"ukj_stop", "ukj_leaf", "ukj_level", "ukj_level", "ukj_level", "ukj_top"}, 0);
+    expect_callers(every, {"ukj_stop", "ukj_leaf", "ukj_mid", "ukj_top"}, 0);
 }
 
 TEST(JitDebug, GdbThatStartedTheProgramLearnsAndForgetsEachSled) {
