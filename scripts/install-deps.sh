@@ -8,7 +8,7 @@ packages=(
   libelf-dev libdw-dev   # ELF symbol tables, DWARF
   libfmt-dev             # formatting (GCC 12 has no <format>)
   libcli11-dev           # command line of the ukprobe tool
-  libfuse3-dev           # tracefs-shaped mount
+  libfuse3-dev fuse3     # ukprobe mount: libfuse3, and fusermount3 for mounts by non-root users
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libunwind8             # tests: another unwinder through kretprobed frames

@@ -3,6 +3,7 @@
 #include "client.hpp"
 #include "inject.hpp"
 #include "run.hpp"
+#include "mount.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -282,6 +283,8 @@ int main(int argc, char **argv) {
     for (CLI::App *sub : {attach, ping, read, write, append, list, verify, detach, session, add, enable, disable,
                           trace, trace_pipe, profile, clear})
         sub->fallthrough();
+    ukprobe::MountOptions mount_options;
+    auto *mount = ukprobe::add_mount_command(app, mount_options);
 
     // run's PROG ARGS after "--" are the program's own: CLI11 never sees them.
     std::vector<std::string> program;
@@ -324,6 +327,7 @@ int main(int argc, char **argv) {
             o.run.agent = find_agent(o.agent);
             return ukprobe::run_program(o.run);
         }
+        if (*mount) return ukprobe::cmd_mount(o.pid, mount_options);
     } catch (const std::exception &e) {
         fmt::print(stderr, "ukprobe: {}\n", e.what());
         return 1;
