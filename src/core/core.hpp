@@ -38,6 +38,7 @@ struct Point {
     uint64_t boosted = 0;     // copy that runs the instruction and jumps back
     uint64_t post = 0;        // copy that runs the instruction, then the post trampoline
     uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
+    arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
     bool armed = false;       // int3 in place; changed under the registry mutex
     // Jump optimization (optimizer.cpp). The detour is built when the point is prepared,

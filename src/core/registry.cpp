@@ -166,13 +166,18 @@ int build_slot(Point *pt, const arch::Insn &insn) {
     int n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kNone);
     if (n < 0) return n;
     pt->boosted_len = static_cast<uint8_t>(n);
-    n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack);
+    n = arch::relocate(insn, slot + at, code + at, sizeof code - at, arch::Exit::kJumpBack, nullptr, &pt->undo);
     if (n < 0) return n;
     const uint64_t boosted = slot + at;
     at += static_cast<size_t>(n);
     const uint64_t post = slot + at;
-    n = arch::relocate(insn, post, code + at, sizeof code - at, arch::Exit::kNone);
+    arch::FaultUndos post_undo;
+    n = arch::relocate(insn, post, code + at, sizeof code - at, arch::Exit::kNone, nullptr, &post_undo);
     if (n < 0) return n;
+    // step_faulted looks both copies up in one table: the instruction part is the same.
+    if (post_undo.count != pt->undo.count) return -EOPNOTSUPP;
+    for (uint8_t i = 0; i < post_undo.count; ++i)
+        if (post_undo.at[i].offset != pt->undo.at[i].offset) return -EOPNOTSUPP;
     at += static_cast<size_t>(n);
     n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt), code + at, sizeof code - at);
     if (n < 0) return n;

@@ -252,8 +252,27 @@ const char *const kGprName[16] = {"rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi
 
 // Compares the copy's run with the original's; returns a description of the first
 // difference, or null.
+// The copy's registers at its fault, with what relocate()'s FaultUndos says put back;
+// false when the value the undo needs from the stack is not in the snapshot.
+bool undo_copy_regs(const Case &c, const RunResult &k, const FaultUndo &u, uint64_t *g) {
+    std::memcpy(g, k.gregs, sizeof k.gregs);
+    if (u.saved_reg >= 0) {
+        const uint64_t sp = g[REG_RSP];
+        for (size_t i = 0; i < c.lay.pages.size() && i < static_cast<size_t>(k.nsnap); ++i) {
+            const uint64_t base = c.lay.pages[i].addr;
+            if (sp < base || sp + 8 > base + kPageSize) continue;
+            std::memcpy(&g[kGregOfGpr[u.saved_reg]], k.mem[i] + (sp - base), 8);
+            g[REG_RSP] += u.sp_delta;
+            return true;
+        }
+        return false;
+    }
+    g[REG_RSP] += u.sp_delta;
+    return true;
+}
+
 const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint64_t dest, int copy_len,
-                    int trap_offset, char *buf, size_t cap) {
+                    int trap_offset, const FaultUndos &undo, char *buf, size_t cap) {
     if (o.kind != k.kind) return "the runs ended differently (signal/timeout/killed)";
     if (o.kind != RunResult::kSignal) {
         return o.wait_status == k.wait_status ? nullptr : "the children's exit status differs";
@@ -274,9 +293,23 @@ const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint6
         if (o.gregs[REG_ERR] != k.gregs[REG_ERR]) return "different page fault error codes";
     }
     if (orig_faulted_in_insn) {
-        // The copy may fault anywhere in itself, with its scratch state live: only the
-        // fault and the memory are comparable.
         if (!in_copy) return "the original faulted in the instruction, the copy outside itself";
+        // At the copy's first instruction, or at an access its FaultUndos describes, the
+        // program's registers are recoverable and must match; elsewhere only the fault
+        // and the memory are comparable.
+        const FaultUndo first{};
+        const FaultUndo *u = krip == dest ? &first : undo.find(krip - dest);
+        uint64_t g[23];
+        if (u != nullptr && undo_copy_regs(c, k, *u, g)) {
+            for (int i = 0; i < 16; ++i) {
+                if (o.gregs[kGregOfGpr[i]] != g[kGregOfGpr[i]]) {
+                    std::snprintf(buf, cap, "after the undo at +%" PRIu64 ", %s differs: 0x%" PRIx64 " vs 0x%" PRIx64,
+                                  krip - dest, kGprName[i], o.gregs[kGregOfGpr[i]], g[kGregOfGpr[i]]);
+                    return buf;
+                }
+            }
+            if ((o.gregs[REG_EFL] & kFlagsMask) != (g[REG_EFL] & kFlagsMask)) return "flags differ at the fault";
+        }
     } else {
         if (orip != krip) return "control ended at different addresses";
         for (int i = 0; i < 16; ++i) {
@@ -297,9 +330,9 @@ const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint6
             const uint64_t a = base + b;
             // Below the red zone the copy may use the stack (documented in insn.hpp).
             if (a >= c.lay.rsp0 - 256 && a < c.lay.rsp0 - 128) continue;
-            // Known and reported: a relocated indirect call pushes the return address
-            // before it reads its target, so when that read (or the target) faults, the
-            // copy has written the slot the original would have.
+            // A relocated indirect call pushes the return address before it reads its
+            // target, so when that read faults the copy has written the slot the call
+            // would have (no program keeps data there across a call; rsp is put back).
             if (orig_faulted_in_insn && c.insn.flow == Flow::kIndirectCall && a >= c.lay.rsp0 - 8 &&
                 a < c.lay.rsp0) {
                 continue;
@@ -419,6 +452,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint64_t dest;
         int n;
         int trap_offset;
+        FaultUndos undo;
         uint8_t bytes[kMaxRelocatedSize + 16];
     };
     Copy copies[2];
@@ -433,8 +467,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         k.dest = dest;
         k.trap_offset = -2;
         std::memset(k.bytes, 0xa5, sizeof(k.bytes));
-        k.n = relocate(insn, dest, k.bytes, kMaxRelocatedSize, exit, &k.trap_offset);
-        if (naive() && k.n > 0) k.n = naive_copy(insn, dest, exit, k.bytes, &k.trap_offset);
+        k.n = relocate(insn, dest, k.bytes, kMaxRelocatedSize, exit, &k.trap_offset, &k.undo);
+        if (naive() && k.n > 0) {
+            k.n = naive_copy(insn, dest, exit, k.bytes, &k.trap_offset);
+            k.undo = FaultUndos{};
+        }
         if (k.n == -EOPNOTSUPP) {
             if (k.trap_offset != -1) finding("trap_offset not reset on failure", insn.bytes, insn.len);
             continue;
@@ -506,7 +543,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         char buf[160];
         const char *diff =
-            compare(c, ro, rk, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, buf, sizeof(buf));
+            compare(c, ro, rk, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, k.undo, buf, sizeof(buf));
         const uint64_t krip = rk.gregs[REG_RIP];
         const bool ran_into_orig = rk.kind == RunResult::kSignal && rk.gregs[REG_TRAPNO] == 3 &&
                                    krip > c.lay.orig && krip <= c.lay.orig + insn.len;
@@ -520,7 +557,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             write_orig(int3s);
             if (!ok) return 0;
             if (again.kind == RunResult::kTimeout || again.kind == RunResult::kSetupFailed) continue;
-            diff = compare(c, ro, again, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, buf, sizeof(buf));
+            diff = compare(c, ro, again, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, k.undo, buf,
+                           sizeof(buf));
             if (diff == nullptr) continue;
         }
         if (diff != nullptr) {

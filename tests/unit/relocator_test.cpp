@@ -6,12 +6,15 @@
 //  - relocator_exec.*: relocated copies actually run, near (<2 GiB) and far (>4 GiB)
 //    from the original code, each in a forked child so a bad copy reports a signal.
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/regs.hpp"
 
 #include <gtest/gtest.h>
 
 #include "test_hex.h"
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -957,6 +960,114 @@ TEST_F(relocator_exec, EmitJmpReachesOriginal) {
         ASSERT_TRUE(o.ok) << o.what;
         EXPECT_EQ(o.value, 42u);
     }
+}
+
+// ---- A fault past the first instruction of a copy ----
+
+// What the child's SIGSEGV handler saw, after applying the copy's FaultUndo (if any).
+struct FaultSeen {
+    uint64_t reached;    // 1 when the handler ran
+    uint64_t rip_offset; // the faulting instruction's offset in the copy
+    uint64_t undone;     // 1 when a FaultUndo applied
+    uint64_t rsp, r15, rax;
+};
+ukp::arch::FaultUndos g_undos;
+uint64_t g_copy_base;
+FaultSeen *g_seen;
+
+void on_copy_fault(int, siginfo_t *, void *ctx) {
+    auto *uc = static_cast<ucontext_t *>(ctx);
+    greg_t *g = uc->uc_mcontext.gregs;
+    const uint64_t off = static_cast<uint64_t>(g[REG_RIP]) - g_copy_base;
+    g_seen->rip_offset = off;
+    if (const ukp::arch::FaultUndo *u = g_undos.find(off)) {
+        ukp::arch::undo_copy_fault(*u, uc);
+        g_seen->undone = 1;
+    }
+    g_seen->rsp = static_cast<uint64_t>(g[REG_RSP]);
+    g_seen->r15 = static_cast<uint64_t>(g[REG_R15]);
+    g_seen->rax = static_cast<uint64_t>(g[REG_RAX]);
+    g_seen->reached = 1;
+    _exit(0);
+}
+
+// The prologue keeps rsp in r15 and puts c in rax; the probed instruction then faults
+// reading the unmapped gap after the original pages (orig + kOrigSize + 0x100).
+constexpr uint64_t kRaxBefore = 0x1122334455667788;
+
+class relocator_fault : public relocator_exec {
+protected:
+    static uint64_t gap() { return orig_addr(kOrigSize + 0x100); }
+
+    // Runs `code` (probe at 0) with its copy in `page` until the fault; what the program
+    // would see once the handler put back what the copy changed.
+    static FaultSeen run_to_fault(const std::vector<uint8_t> &code, uint8_t *page, uint64_t a,
+                                  const std::vector<uint8_t> &more_prologue = {}) {
+        Program p{code, 0, {0x49, 0x89, 0xe7, 0x48, 0x89, 0xd0}}; // mov %rsp,%r15; mov %rdx,%rax
+        p.prologue.insert(p.prologue.end(), more_prologue.begin(), more_prologue.end());
+        Fn fn = install(p, page);
+        EXPECT_NE(fn, nullptr);
+        Insn insn;
+        EXPECT_EQ(decode(orig_addr(0), orig_, code.size(), &insn), 0);
+        uint8_t scratch[kMaxRelocatedSize];
+        g_copy_base = reinterpret_cast<uint64_t>(page) + p.prologue.size();
+        EXPECT_GT(relocate(insn, g_copy_base, scratch, sizeof scratch, Exit::kJumpBack, nullptr, &g_undos), 0);
+        g_seen = static_cast<FaultSeen *>(
+            mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+        *g_seen = FaultSeen{};
+        const pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            struct sigaction sa{};
+            sa.sa_sigaction = on_copy_fault;
+            sa.sa_flags = SA_SIGINFO;
+            sigaction(SIGSEGV, &sa, nullptr);
+            fn(a, 0, kRaxBefore);
+            _exit(3); // no fault: the test's premise is wrong
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        const FaultSeen seen = *g_seen;
+        munmap(g_seen, kPageSize);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+        return seen;
+    }
+
+    // The fault shows the program's own rsp and rax, whatever the copy did before it.
+    static void expect_state_restored(const std::vector<uint8_t> &code, uint64_t a,
+                                      const std::vector<uint8_t> &more_prologue = {}) {
+        for (uint8_t *page : {near_, far_}) {
+            SCOPED_TRACE(page == near_ ? "copy near the original" : "copy >4 GiB from the original");
+            const FaultSeen seen = run_to_fault(code, page, a, more_prologue);
+            ASSERT_EQ(seen.reached, 1u);
+            EXPECT_EQ(seen.rsp, seen.r15) << "rsp off by " << static_cast<int64_t>(seen.r15 - seen.rsp);
+            EXPECT_EQ(seen.rax, kRaxBefore);
+            if (page == far_) {
+                EXPECT_EQ(seen.undone, 1u) << "fault at +" << seen.rip_offset; // a multi-instruction form
+            }
+        }
+    }
+};
+
+// disp32 = gap - (end of the instruction) = kOrigSize + 0x100 - len.
+TEST_F(relocator_fault, FarRipLoadThroughAScratchRegister) {
+    expect_state_restored({0x48, 0x8b, 0x0d, 0xf9, 0x40, 0x00, 0x00, 0xc3}, 0); // mov gap(%rip),%rcx
+}
+
+TEST_F(relocator_fault, CallThroughRipSlot) {
+    expect_state_restored({0xff, 0x15, 0xfa, 0x40, 0x00, 0x00, 0xc3}, 0); // call *gap(%rip)
+}
+
+TEST_F(relocator_fault, CallThroughAPointerInARegister) {
+    const FaultSeen near = run_to_fault({0xff, 0x17, 0xc3}, near_, gap()); // call *(%rdi)
+    EXPECT_EQ(near.undone, 1u); // the copy pushes, then reads: near or far alike
+    expect_state_restored({0xff, 0x17, 0xc3}, gap());
+}
+
+TEST_F(relocator_fault, CallThroughAnRspBasedOperand) {
+    // call *(%rsp,%rcx,1) with rcx = gap - rsp: the copy pushes first and reads 8 further.
+    expect_state_restored({0xff, 0x14, 0x0c, 0xc3}, gap(),
+                          {0x48, 0x89, 0xf9, 0x48, 0x29, 0xe1}); // mov %rdi,%rcx; sub %rsp,%rcx
 }
 
 } // namespace

@@ -48,6 +48,28 @@ enum class Exit : uint8_t {
     kTrap,     // an int3; *trap_offset tells where it is
 };
 
+// A copy that is more than the instruction (a push of the return address before `jmp
+// *mem`, a scratch register saved below the red zone before a far [rip] access) has
+// changed rsp and maybe a register by the time the memory access faults. For each such
+// access: its offset in the copy, the bytes to add to rsp, and the register whose value
+// the program had is then at (%rsp) (-1: none). The first instruction never needs one.
+struct FaultUndo {
+    uint8_t offset = 0;
+    uint8_t sp_delta = 0;
+    int8_t saved_reg = -1; // a Zydis GPR id (0 rax ... 15 r15)
+};
+inline constexpr int kMaxFaultUndos = 2;
+struct FaultUndos {
+    uint8_t count = 0;
+    FaultUndo at[kMaxFaultUndos];
+    // The undo for a fault at `offset` in the copy, or null (none needed or known).
+    const FaultUndo *find(size_t offset) const {
+        for (uint8_t i = 0; i < count; ++i)
+            if (at[i].offset == offset) return &at[i];
+        return nullptr;
+    }
+};
+
 // Emits into out[0, cap) code that, placed at address `dest`, has exactly the effect
 // of the instruction `insn` executed at insn.addr, then leaves as `exit` says. Branch
 // targets, return addresses pushed by calls, rcx after syscall and RIP-relative operands
@@ -60,8 +82,10 @@ enum class Exit : uint8_t {
 //   -ENOSPC    cap too small
 //   -EOPNOTSUPP flow == kUnsupported, or a far RIP-relative form that cannot be rewritten
 // *trap_offset (if not null) receives the offset of the int3 for Exit::kTrap, else -1.
+// *undo (if not null) receives what to undo when an instruction of the copy other than
+// its first faults (see FaultUndos).
 int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit,
-             int *trap_offset = nullptr);
+             int *trap_offset = nullptr, FaultUndos *undo = nullptr);
 
 // The largest relocate() output for one instruction, for sizing buffers.
 inline constexpr size_t kMaxRelocatedSize = 64;

@@ -176,6 +176,16 @@ uint64_t context_ip(const ucontext_t *uc) { return static_cast<uint64_t>(uc->uc_
 
 void set_context_ip(ucontext_t *uc, uint64_t ip) { uc->uc_mcontext.gregs[REG_RIP] = static_cast<greg_t>(ip); }
 
+void undo_copy_fault(const FaultUndo &u, ucontext_t *uc) {
+    // Zydis GPR ids (the encoding order) to the signal context's slots.
+    static constexpr int kSlot[16] = {REG_RAX, REG_RCX, REG_RDX, REG_RBX, REG_RSP, REG_RBP, REG_RSI, REG_RDI,
+                                      REG_R8,  REG_R9,  REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15};
+    greg_t *g = uc->uc_mcontext.gregs;
+    if (u.saved_reg >= 0 && u.saved_reg < 16 && u.saved_reg != 4)
+        g[kSlot[u.saved_reg]] = *reinterpret_cast<const greg_t *>(g[REG_RSP]); // our own push: mapped
+    g[REG_RSP] += u.sp_delta;
+}
+
 void resume_at_recovery(ucontext_t *uc, const ukp_recovery &rec, int value) {
     greg_t *g = uc->uc_mcontext.gregs;
     g[REG_RBX] = static_cast<greg_t>(rec.rbx);

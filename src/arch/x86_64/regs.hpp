@@ -22,6 +22,11 @@ int trap_number(const ucontext_t *uc);
 uint64_t context_ip(const ucontext_t *uc);
 void set_context_ip(ucontext_t *uc, uint64_t ip);
 
+// A fault inside a relocated copy at an access described by `u`: puts rsp and the saved
+// register back as the program had them before the original instruction (rip is the
+// caller's to set).
+void undo_copy_fault(const FaultUndo &u, ucontext_t *uc);
+
 // Makes sigreturn from this context resume where `r` was saved, with
 // ukp_recovery_save() returning `value`.
 void resume_at_recovery(ucontext_t *uc, const ukp_recovery &r, int value);

@@ -183,6 +183,18 @@ public:
     }
     void put_int3() { put_u8(0xcc); }
 
+    // The next instruction may fault; if it does, the program's state is recovered by
+    // adding sp_delta to rsp and taking `saved_reg` back from (%rsp) (FaultUndos).
+    void may_fault(unsigned sp_delta, int saved_reg = -1) {
+        if (undo_.count == kMaxFaultUndos || len_ > 0xff) {
+            overflow_ = true;
+            return;
+        }
+        undo_.at[undo_.count++] = FaultUndo{static_cast<uint8_t>(len_), static_cast<uint8_t>(sp_delta),
+                                            static_cast<int8_t>(saved_reg)};
+    }
+    const FaultUndos &undos() const { return undo_; }
+
     // Lays out code + pool into out[0, cap). `skip_pool`: end the code with a jmp over
     // the pool so that falling through lands at the end of the output.
     int finish(uint8_t *out, size_t cap, bool skip_pool) {
@@ -221,6 +233,7 @@ private:
     int pool_len_ = 0;
     LiteralRef refs_[kMaxLiterals] = {};
     int refs_len_ = 0;
+    FaultUndos undo_;
     bool overflow_ = false;
 };
 
@@ -315,8 +328,10 @@ int put_via_scratch(Assembler &a, const Insn &insn) {
         const size_t n = encode_with_base(insn, mem_op, reg, body, sizeof(body));
         if (n == 0) continue;
         a.put_lea_rsp_below_red_zone(); // the push must not land in the red zone
+        a.may_fault(kRedZone);
         a.put_push_reg(s);
         a.put_movabs_reg_imm64(s, insn.rip_target);
+        a.may_fault(kRedZone + 8, s);
         a.put_bytes(body, n);
         a.put_pop_reg(s);
         a.put_lea_rsp_above_red_zone();
@@ -394,10 +409,13 @@ uint8_t segment_prefix_of(const ZydisDecodedOperand &mem) {
 //   lea -128(%rsp),%rsp; push %rax; movabs $EA,%rax; mov (%rax),%rax; xchg %rax,(%rsp); ret $128
 // ret pops the target that xchg put in the slot, then drops the red zone step: rsp ends
 // where it was and rax is restored. Nothing is written above rsp-136.
-void put_jmp_far_rip_ptr(Assembler &a, const Insn &insn, const ZydisDecodedOperand &mem) {
+// `pushed`: bytes the copy pushed before this (a call's return address).
+void put_jmp_far_rip_ptr(Assembler &a, const Insn &insn, const ZydisDecodedOperand &mem, unsigned pushed = 0) {
     a.put_lea_rsp_below_red_zone();
+    a.may_fault(pushed + kRedZone); // the push, on a stack about to overflow
     a.put_push_reg(kRax);
     a.put_movabs_reg_imm64(kRax, insn.rip_target);
+    a.may_fault(pushed + kRedZone + 8, kRax); // the jump table entry's read
     a.put_mov_rax_from_rax_ptr(segment_prefix_of(mem));
     a.put_xchg_rax_rsp_ptr();
     a.put_ret_imm16(kRedZone);
@@ -440,18 +458,22 @@ int put_indirect_call(Assembler &a, const Insn &insn) {
     }
     if (op.type != ZYDIS_OPERAND_TYPE_MEMORY) return -EOPNOTSUPP;
 
+    // The call reads its target before it pushes; the copy pushes first, so a fault on
+    // that read finds rsp 8 lower than the program had it.
     if (insn.rip_relative) {
         a.put_push_literal(return_address);
         if (a.reaches(insn.rip_target, insn.len)) {
+            a.may_fault(8);
             put_call_bytes_as_jmp(a, insn);
         } else {
-            put_jmp_far_rip_ptr(a, insn, op);
+            put_jmp_far_rip_ptr(a, insn, op, 8);
         }
         return 0;
     }
 
     if (gpr64_of(op.mem.base) != ZYDIS_REGISTER_RSP) {
         a.put_push_literal(return_address);
+        a.may_fault(8);
         put_call_bytes_as_jmp(a, insn);
         return 0;
     }
@@ -470,14 +492,17 @@ int put_indirect_call(Assembler &a, const Insn &insn) {
     ZyanUSize n = sizeof(body);
     if (!ZYAN_SUCCESS(ZydisEncoderEncodeInstruction(&req, body, &n))) return -EOPNOTSUPP;
     a.put_push_literal(return_address);
+    a.may_fault(8);
     a.put_bytes(body, n);
     return 0;
 }
 
 } // namespace
 
-int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit, int *trap_offset) {
+int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit, int *trap_offset,
+             FaultUndos *undo) {
     if (trap_offset != nullptr) *trap_offset = -1;
+    if (undo != nullptr) *undo = FaultUndos{};
     if (insn.len == 0 || insn.len > sizeof(insn.bytes)) return -EINVAL;
     if (insn.flow == Flow::kUnsupported) return -EOPNOTSUPP;
 
@@ -535,6 +560,7 @@ int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exi
     }
     const int n = a.finish(out, cap, falls_through && exit == Exit::kNone);
     if (n >= 0 && trap_offset != nullptr) *trap_offset = trap_at;
+    if (n >= 0 && undo != nullptr) *undo = a.undos();
     return n;
 }
 
