@@ -1,10 +1,11 @@
 // End-to-end target of `ukprobe run` (tests/e2e/run.txt): calls its own function with
 // typed arguments and libc's strtol, optionally starts itself again as a child (fork and
 // exec), and exits with the status it was given.
-//   e2e_run [--spawn] COUNT STATUS
+//   e2e_run [--spawn|--reexec] COUNT STATUS
 // calls e2e_run_work(i, "tagI", i * 1000000007) for i = 1..COUNT, then strtol("-321"),
 // prints "pid PID sum SUM agent yes|no" (whether libukprobes is mapped) and, with --spawn,
-// "child PID exit STATUS" for the child it waited for; exits STATUS.
+// "child PID exit STATUS" for the child it waited for; with --reexec it then execs itself
+// (same process) to do it all again, and that image exits STATUS.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +30,10 @@ static int agent_loaded(void) {
 int main(int argc, char **argv) {
     int arg = 1;
     const int spawn = argc > arg && strcmp(argv[arg], "--spawn") == 0;
-    arg += spawn;
+    const int reexec = argc > arg && strcmp(argv[arg], "--reexec") == 0;
+    arg += spawn || reexec;
     if (argc < arg + 2) {
-        fprintf(stderr, "usage: e2e_run [--spawn] COUNT STATUS\n");
+        fprintf(stderr, "usage: e2e_run [--spawn|--reexec] COUNT STATUS\n");
         return 2;
     }
     const int count = atoi(argv[arg]);
@@ -57,6 +59,10 @@ int main(int argc, char **argv) {
         waitpid(child, &st, 0);
         printf("child %d exit %d\n", (int)child, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         fflush(stdout);
+    }
+    if (reexec) {
+        execl("/proc/self/exe", "e2e_run", argv[arg], argv[arg + 1], (char *)NULL);
+        return 127;
     }
     return status;
 }

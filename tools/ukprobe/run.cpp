@@ -189,9 +189,16 @@ public:
 
     // 0, or a negative errno (the socket is not there, or refuses).
     int connect() {
+        struct stat st{};
+        if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid_).c_str(), &st) == 0)
+            socket_ino_ = st.st_ino;
         std::string why;
         return client_.connect(pid_, &why);
     }
+
+    // The inode of the socket connected to: after an exec the new image's agent binds
+    // another one under the same path.
+    ino_t socket_ino() const { return socket_ino_; }
 
     // A request before the thread runs; a refusal is returned with its message.
     Reply ask(Op op, const std::string &path, const std::string &payload = {}) {
@@ -279,6 +286,7 @@ private:
 
     const int pid_;
     const std::string comm_; // the program's name when connected
+    ino_t socket_ino_ = 0;
     Output &out_;
     Client client_;
     std::thread thread_;
@@ -460,6 +468,7 @@ public:
 private:
     [[noreturn]] void child(int fd_sock, int err_pipe, const sigset_t &old_mask);
     void on_socket(int pid);
+    bool new_agent_in(int pid);
     void on_notification();
     void on_signals();
     void kill_program(int sig);
@@ -507,7 +516,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
 // A new socket: connect if it is the program's or a descendant's (when followed), set
 // the filters and triggers, check that every definition was taken, stream.
 void Runner::on_socket(int pid) {
-    if (auto it = by_pid_.find(pid); it != by_pid_.end() && !it->second->ended()) return;
+    if (!new_agent_in(pid)) return;
     if (pid != child_ && (!o_.follow || !descends_from_us(pid))) return;
     auto agent = std::make_unique<Agent>(pid, *out_);
     if (agent->connect() != 0) return;
@@ -549,6 +558,15 @@ void Runner::on_socket(int pid) {
     agents_.push_back(std::move(agent));
 }
 
+// Whether an agent listens in `pid` that ukprobe does not stream from yet (a new process,
+// or a new image after an exec: its socket is another inode under the same path).
+bool Runner::new_agent_in(int pid) {
+    struct stat st{};
+    if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid).c_str(), &st) != 0) return false;
+    const auto it = by_pid_.find(pid);
+    return it == by_pid_.end() || it->second->ended() || it->second->socket_ino() != st.st_ino;
+}
+
 void Runner::on_notification() {
     seccomp_notif req;
     memset(&req, 0, sizeof req); // the kernel wants it zeroed
@@ -559,12 +577,7 @@ void Runner::on_notification() {
         if (nr == __NR_rt_sigprocmask || nr == __NR_unlink || nr == __NR_unlinkat) {
             // A control thread that started (rt_sigprocmask), or an agent's destructor
             // about to remove its socket (unlink): connect while the caller waits.
-            struct stat st{};
-            const auto it = by_pid_.find(tgid);
-            if ((it == by_pid_.end() || it->second->ended()) &&
-                stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), tgid).c_str(), &st) == 0 &&
-                agent_answers(tgid, kPingTimeoutMs))
-                on_socket(tgid);
+            if (new_agent_in(tgid) && agent_answers(tgid, kPingTimeoutMs)) on_socket(tgid);
         } else if (auto it = by_pid_.find(tgid); it != by_pid_.end()) {
             it->second->drain(); // exit_group, execve, execveat
         }
