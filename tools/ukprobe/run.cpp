@@ -3,8 +3,9 @@
 //
 // Seeing the end: once a process is gone its socket is gone, and the agent's destructor
 // unlinks the socket path before exit_group. So the child installs, before exec, a seccomp
-// filter that hands exit_group, execve(at) and unlink(at) to ukprobe (SECCOMP_RET_USER_NOTIF,
-// inherited by every descendant). A process calling exit_group waits in the call while
+// filter that hands exit_group, execve(at), unlink(at) (and rt_sigprocmask, below) to
+// ukprobe (SECCOMP_RET_USER_NOTIF, inherited by every descendant). A process calling
+// exit_group waits in the call while
 // ukprobe empties its ring over the connection it already holds and reads kprobe_profile;
 // then the call goes on (SECCOMP_USER_NOTIF_FLAG_CONTINUE). An unlink lets ukprobe connect
 // to a process it has not reached yet before the socket path goes; an execve empties the
