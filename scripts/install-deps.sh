@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libunwind8             # tests: another unwinder through kretprobed frames
+  gdb                    # tests: gdb walks through kretprobed frames (JIT interface)
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes
 )
 missing=()

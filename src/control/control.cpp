@@ -5,6 +5,7 @@
 // hot path: it takes no lock a probe hit takes.
 #include "control/control.hpp"
 #include "control/protocol.hpp"
+#include "core/core.hpp"
 
 #include <ukprobes/kprobes.h>
 #include <ukprobes/trace.h>
@@ -32,6 +33,9 @@
 namespace ukp::control {
 
 namespace {
+
+constexpr int kPipeWaitMs = 100; // a trace_pipe request waits this long for a record
+
 
 // What one controller changed, undone when it detaches or disappears.
 struct Connection {
@@ -284,6 +288,16 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
 }
 
 int32_t Server::handle_read(const std::string &path, std::string *reply) {
+    if (path == "trace_pipe" || path == "/trace_pipe") {
+        // This thread answers one request at a time: a pipe read waits briefly for a record
+        // (a reader loops, as `cat trace_pipe` does), so that other controllers and the
+        // other files of a mount are not held up for long.
+        char *text = nullptr;
+        if (const int r = ukp_trace_pipe_read(kPipeWaitMs, 1 << 20, &text); r != 0) return r;
+        *reply = text;
+        free(text);
+        return 0;
+    }
     if (path == "kprobes/list") {
         char *text = ukp_kprobes_list();
         if (text == nullptr) return -errno;
@@ -386,6 +400,7 @@ void Server::close_connection(size_t index) {
 Server *g_server = nullptr;
 
 void *thread_main(void *) {
+    const core::AgentWork quiet; // the whole thread is the agent's
     g_server = new Server(g_listen_fd);
     g_server->run();
     delete g_server;
@@ -496,6 +511,7 @@ int start_locked() {
 } // namespace
 
 int start() {
+    const core::AgentWork quiet;
     std::lock_guard lock(g_start_mu);
     return start_locked();
 }

@@ -76,6 +76,7 @@ bool synchronize();
 // Per-thread state of the hit path (initial-exec TLS: no allocation, no lock).
 struct ThreadState {
     int depth;              // > 0 while this thread runs probe handlers
+    int quiet;              // > 0 while it does the agent's own work (AgentWork)
     bool recovery_armed;    // a handler is running under `recovery`
     ukp_recovery recovery;  // where a faulting handler is abandoned to
     int fault_trapnr;       // trap number of that fault
@@ -85,6 +86,18 @@ struct ThreadState {
     uint32_t hit_position;  // the running handler's probe's position in the point's list
 };
 ThreadState &thread_state();
+
+// Marks the agent's own work on the calling thread: its control thread, its optimizer,
+// the trace files read or written through the API. A probe hit there runs no handler and
+// counts nothing: the program did not make that call (a probe on libc's open must not
+// show the agent opening /proc/PID/comm to format the trace it is reading).
+class AgentWork {
+public:
+    AgentWork() { ++thread_state().quiet; }
+    ~AgentWork() { --thread_state().quiet; }
+    AgentWork(const AgentWork &) = delete;
+    AgentWork &operator=(const AgentWork &) = delete;
+};
 
 // ---- jump optimization (optimizer.cpp) ------------------------------------------------
 // All but the last two are called with the registry mutex held.

@@ -365,7 +365,7 @@ void probe_hit(Point *pt, ucontext_t *uc) {
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     // (The kprobes/enabled knob works by disarming: a hit on a point disarmed meanwhile
     // still runs its handlers, as a hit already in flight does in the kernel.)
-    if (ts.depth > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
+    if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
         // A probe hit from inside a handler: its handlers do not run (seed 001).
         if (ts.depth > 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)
@@ -451,7 +451,7 @@ extern "C" __attribute__((used)) void ukp_optprobe_dispatch(ukp::core::Point *pt
     const uint64_t copy = pt->detour_code + pt->layout.copy;
     const unsigned idx = read_lock();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
-    if (ts.depth > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
+    if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
         if (ts.depth > 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)
                 if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);

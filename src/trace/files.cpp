@@ -9,10 +9,14 @@
 #include <dlfcn.h>
 #include <string>
 
+#include "core/core.hpp"
 #include "trace/events.hpp"
+
+using ukp::core::AgentWork;
 
 extern "C" int ukp_trace_read(const char *path, char **out) {
     if (path == nullptr || out == nullptr) return -EINVAL;
+    const AgentWork quiet;
     std::string text;
     const int r = ukp::trace::file_read(path, &text);
     if (r != 0) return r;
@@ -25,6 +29,7 @@ extern "C" int ukp_trace_read(const char *path, char **out) {
 
 extern "C" int ukp_trace_pipe_read(int timeout_ms, unsigned long max_bytes, char **out) {
     if (out == nullptr || timeout_ms < 0) return -EINVAL;
+    const AgentWork quiet;
     const std::string text = ukp::trace::pipe_read(timeout_ms, max_bytes);
     char *copy = static_cast<char *>(std::malloc(text.size() + 1));
     if (copy == nullptr) return -ENOMEM;
@@ -35,11 +40,13 @@ extern "C" int ukp_trace_pipe_read(int timeout_ms, unsigned long max_bytes, char
 
 extern "C" int ukp_trace_write(const char *path, const char *text) {
     if (path == nullptr || text == nullptr) return -EINVAL;
+    const AgentWork quiet;
     return ukp::trace::file_write(path, text);
 }
 
 extern "C" int ukp_trace_append(const char *path, const char *text) {
     if (path == nullptr || text == nullptr) return -EINVAL;
+    const AgentWork quiet;
     return ukp::trace::file_append(path, text);
 }
 
@@ -75,6 +82,7 @@ void drop_inheritance() {
 
 // The kernel's kprobe_event= boot parameter: tracing covers the program from main on.
 __attribute__((constructor)) void apply_ukp_events() {
+    const AgentWork quiet;
     const char *spec = std::getenv("UKP_EVENTS");
     const char *no_inherit = std::getenv("UKP_NO_INHERIT");
     if (spec != nullptr && *spec != '\0') ukp::trace::apply_startup_events(spec);

@@ -4,6 +4,7 @@
 #include <ukprobes/kprobes.h>
 
 #include "asm_functions.h"
+#include "core/core.hpp"
 #include "sanitizers.h"
 
 #include <gtest/gtest.h>
@@ -280,6 +281,32 @@ TEST_F(KprobesTest, RecursionCountsMissed) {
     EXPECT_EQ(kp.nmissed, 1u);
     EXPECT_EQ(ukt_add(3, 4), 7);
     EXPECT_EQ(kp.nmissed, 2u);
+    unregister_kprobe(&kp);
+}
+
+// The agent's own work (its control thread, the trace files read through the API) calls
+// libc like anyone: a probe there must neither fire nor count a miss.
+TEST_F(KprobesTest, HitsInTheAgentsOwnWorkRunNoHandlerAndCountNothing) {
+    kprobe kp{};
+    kp.symbol_name = "ukt_add";
+    kp.pre_handler = record_pre;
+    kp.post_handler = record_post;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    {
+        const ukp::core::AgentWork quiet;
+        EXPECT_EQ(ukt_add(3, 4), 7);
+        {
+            const ukp::core::AgentWork nested;
+            EXPECT_EQ(ukt_add(1, 1), 2);
+        }
+        EXPECT_EQ(ukt_add(2, 2), 4);
+    }
+    EXPECT_EQ(g_rec.pre, 0);
+    EXPECT_EQ(g_rec.post, 0);
+    EXPECT_EQ(kp.nmissed, 0u);
+    EXPECT_EQ(ukt_add(3, 4), 7); // the program's own call, after
+    EXPECT_EQ(g_rec.pre, 1);
+    EXPECT_EQ(g_rec.post, 1);
     unregister_kprobe(&kp);
 }
 
