@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, and runs the seeds' kprobe, kretprobe
 # and jprobe examples (ported to user space) against the bundled sample program, then
-# traces it with kprobe_events definitions given at start-up, and prints the trace.
+# traces it with `ukprobe run` and kprobe_events definitions, and prints the trace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -15,11 +15,13 @@ for example in kprobe_example kretprobe_example jprobe_example; do
   LD_PRELOAD="$PWD/build/src/libukprobes.so $PWD/build/examples/$example.so" build/examples/sample_target 2>&1
 done
 
-# The event tracer: definitions in the kernel's kprobe_event= boot-parameter form, applied
-# and enabled before main; trace_dump prints kprobe_events, trace and kprobe_profile at exit.
-events='p:req,handle_request,id=%di:s32,path=+0(%si):string;r:req_ret,handle_request,ret=$retval:s32'
+# The event tracer from outside the program: ukprobe run starts it with the agent and the
+# definitions active before main, streams the trace until it exits, then prints
+# kprobe_profile (on stderr).
 echo
 echo
-echo "== UKP_EVENTS='$events' LD_PRELOAD='libukprobes.so trace_dump.so' sample_target"
-UKP_EVENTS="$events" LD_PRELOAD="$PWD/build/src/libukprobes.so $PWD/build/examples/trace_dump.so" \
-  build/examples/sample_target 2>&1
+set -x
+build/tools/ukprobe/ukprobe run \
+  -e 'p:req handle_request id=%di:s32 path=+0(%si):string' \
+  -e 'r:req_ret handle_request ret=$retval:s32' \
+  -- build/examples/sample_target 2>&1
