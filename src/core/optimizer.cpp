@@ -316,6 +316,7 @@ void write_jumps(Point *const *batch, size_t n) {
 }
 
 void worker() {
+    const AgentWork quiet; // its reads of /proc are not the program's calls
     // Asynchronous signals are the program's threads' business; the traps and faults of
     // probes it hits (in libc) must stay deliverable, or the kernel kills the process.
     sigset_t async;
