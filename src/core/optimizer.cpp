@@ -410,11 +410,13 @@ void enqueue(Point *pt) {
 struct EhLookup {
     uint64_t bias;
     uint64_t hdr;
+    const char *path; // the object's file ("" for the main program)
 };
 
 int find_eh_frame_hdr(dl_phdr_info *info, size_t, void *data) {
     auto *l = static_cast<EhLookup *>(data);
     if (info->dlpi_addr != l->bias) return 0;
+    l->path = info->dlpi_name;
     for (int i = 0; i < info->dlpi_phnum; ++i)
         if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) l->hdr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
     return l->hdr != 0;
@@ -425,18 +427,25 @@ int find_eh_frame_hdr(dl_phdr_info *info, size_t, void *data) {
 void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
                  const std::vector<uint64_t> &other_symbols) {
     if (fn_size > (64u << 20)) return;
-    std::vector<uint8_t> code(fn_size);
-    if (read_original_code(fn_start, code.data(), code.size()) != 0) return;
+    // With the padding after the function: a region may run into it (check_region).
+    std::vector<uint8_t> code(fn_size + arch::kMaxTail);
+    if (read_original_code(fn_start, code.data(), code.size()) != 0) {
+        code.resize(fn_size);
+        if (read_original_code(fn_start, code.data(), code.size()) != 0) return;
+    }
     const arch::ReadFn read = [](uint64_t addr, void *out, size_t n) {
         return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), n) == 0;
     };
-    const arch::FunctionMap f = arch::analyze_function(fn_start, code.data(), code.size(), read);
-    EhLookup eh{bias, 0};
+    const arch::FunctionMap f = arch::analyze_function(fn_start, code.data(), fn_size, read);
+    EhLookup eh{bias, 0, nullptr};
     dl_iterate_phdr(find_eh_frame_hdr, &eh);
+    // What the whole object references (built once per object): without it, only the
+    // per-function checks apply.
+    const auto refs = eh.path != nullptr ? arch::object_refs(*eh.path ? eh.path : "/proc/self/exe", bias) : nullptr;
     std::vector<uint64_t> extra = other_symbols;
     // Landing pads unknown: a jump into the region cannot be ruled out.
     if (arch::landing_pads(eh.hdr, fn_start, fn_start + fn_size, read, &extra) != 0) return;
-    const arch::OptimizeCheck c = arch::check_region(f, pt->addr, extra);
+    const arch::OptimizeCheck c = arch::check_region(f, pt->addr, extra, 5, refs.get());
     if (!c.ok || c.insns.size() > arch::kMaxDcrInsns || c.dcr_len > sizeof pt->dcr_orig) return;
     arch::Insn dcr[arch::kMaxDcrInsns];
     for (size_t i = 0; i < c.insns.size(); ++i) {

@@ -11,6 +11,7 @@
 
 #include "test_hex.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -192,7 +193,7 @@ TEST(region, ByteIndexBoundsTableTo256) {
     const std::vector<uint8_t> code = unhex("0f b6 3e | 48 8d 05 f6 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2");
     size_t asked = 0;
     const ukp::arch::ReadFn read = [&](uint64_t, void *out, size_t n) {
-        asked = n;
+        asked = std::max(asked, n); // the table; the tail after the function is read too
         std::memset(out, 0, n);
         return true;
     };

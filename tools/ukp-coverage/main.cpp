@@ -2,7 +2,7 @@
 // 5-byte jmp could probe, per the jump-optimization safety check (arch/x86_64/region.hpp),
 // and why the others cannot; plus estimates of what other patching tactics would reach.
 //
-//   ukp-coverage [--entries-only] [--list] OBJECT...
+//   ukp-coverage [--entries-only] [--list] [--jumps] [--no-object-refs] OBJECT...
 //
 // Addresses are file vaddrs (bias 0); code, jump tables and unwind tables come from the
 // file's PT_LOAD segments.
@@ -69,6 +69,9 @@ struct Tactics {
     std::array<uint64_t, 16> first_len{}; // length of the first instruction of failing entries
     uint64_t with_pads = 0, pads = 0;   // functions with landing pads (or inner entries), pads
     uint64_t unsized_tables = 0, tables = 0, rip_jumps = 0, unknown_jumps = 0;
+    uint64_t whole_pointer_jumps = 0;  // unresolved, but a whole pointer (IndirectJump)
+    uint64_t by_trusted_jumps = 0;     // passing entries whose indirect jumps were trusted
+    uint64_t by_padding = 0;           // passing entries whose DCR runs into padding
 };
 
 double pct(uint64_t a, uint64_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; }
@@ -114,6 +117,7 @@ struct Options {
     bool entries_only = false;
     bool list = false;
     bool jumps = false;
+    bool no_refs = false;
 };
 
 int run_object(const std::string &path, const Options &opt) {
@@ -129,6 +133,9 @@ int run_object(const std::string &path, const Options &opt) {
         return 1;
     }
     const ukp::arch::ReadFn read = img->reader();
+    // The whole object's references: without them the check is the per-function one only.
+    const auto refs = opt.no_refs ? nullptr : ukp::arch::build_object_refs(path, 0, &err);
+    if (!refs && !opt.no_refs) fmt::print(stderr, "ukp-coverage: {} (checking without object references)\n", err);
 
     // Function symbols, one per address (the preferred name comes first at an address).
     std::vector<const ukp::sym::Symbol *> funcs;
@@ -182,7 +189,10 @@ int run_object(const std::string &path, const Options &opt) {
                 static const char *const kinds[] = {"unknown", "rip-memory", "table-rel32", "table-abs64"};
                 jumps.push_back(fmt::format("{:#x} in {}+{:#x}: {} table={:#x} entries={} {}", ij.addr, s.name,
                                             ij.addr - start, kinds[static_cast<int>(ij.kind)], ij.table,
-                                            ij.entries, ij.resolved ? "resolved" : "unresolved"));
+                                            ij.entries,
+                                            ij.resolved ? "resolved"
+                                            : ij.whole_pointer ? fmt::format("whole pointer ({} instructions walked)", ij.walked.size())
+                                                               : std::string("unresolved")));
             }
             switch (ij.kind) {
             case IndirectJump::Kind::kTableRel32:
@@ -193,10 +203,15 @@ int run_object(const std::string &path, const Options &opt) {
             case IndirectJump::Kind::kRipMemory: ++t.rip_jumps; break;
             case IndirectJump::Kind::kUnknown: ++t.unknown_jumps; break;
             }
+            t.whole_pointer_jumps += !ij.resolved && ij.whole_pointer;
         }
 
-        const OptimizeCheck c = check_region(f, start, extra);
+        const OptimizeCheck c = check_region(f, start, extra, 5, refs.get());
         entries.add(c);
+        if (c.ok) {
+            t.by_trusted_jumps += c.trusted_jumps;
+            t.by_padding += c.into_padding;
+        }
         if (!c.ok) {
             if (opt.list) {
                 std::string reasons;
@@ -250,7 +265,7 @@ int run_object(const std::string &path, const Options &opt) {
             }
         }
         if (!opt.entries_only && f.reliable()) {
-            for (uint64_t a : f.insns) boundaries.add(check_region(f, a, extra));
+            for (uint64_t a : f.insns) boundaries.add(check_region(f, a, extra, 5, refs.get()));
         }
     }
 
@@ -268,9 +283,18 @@ int run_object(const std::string &path, const Options &opt) {
         fmt::print("    {:<26} {:>6} {:>5.1f}%\n", kExtraNames[e], entries.extra[e],
                    pct(entries.extra[e], entries.sites));
     }
+    if (refs) {
+        fmt::print("  of those optimizable: {} with indirect jumps trusted as whole pointers, {} with the DCR "
+                   "run into padding\n",
+                   t.by_trusted_jumps, t.by_padding);
+        fmt::print("  object references: {} values, {} branch targets, {} function starts, {} bytes decoded "
+                   "at every offset\n",
+                   refs->values.size(), refs->branches.size(), refs->starts.size(), refs->resynced_bytes);
+    }
     fmt::print("  exception landing pads: {} in {} functions\n", t.pads, t.with_pads);
-    fmt::print("  indirect jumps: {} jump tables ({} unsized), {} jmp *x(%rip), {} other\n", t.tables,
-               t.unsized_tables, t.rip_jumps, t.unknown_jumps);
+    fmt::print("  indirect jumps: {} jump tables ({} unsized), {} jmp *x(%rip), {} other; {} unresolved are "
+               "whole pointers\n",
+               t.tables, t.unsized_tables, t.rip_jumps, t.unknown_jumps, t.whole_pointer_jumps);
     const uint64_t failing = entries.sites - entries.ok;
     fmt::print("  tactics, entries they would add (of {} failing):\n", failing);
     fmt::print("    trust jmp *x(%rip) as tail calls:          +{}\n", t.trust_rip_jumps);
@@ -312,6 +336,8 @@ int main(int argc, char **argv) {
     app.add_flag("--entries-only", opt.entries_only, "Check function entries only, not every instruction");
     app.add_flag("--list", opt.list, "List the entries that cannot be optimized, with every reason");
     app.add_flag("--jumps", opt.jumps, "List every indirect jump: kind, table, entries");
+    app.add_flag("--no-object-refs", opt.no_refs,
+                 "Per-function check only (no object-wide references: no trusted indirect jumps, no padding)");
     app.add_option("OBJECT", objects, "ELF files (executables, shared libraries)")->required();
     CLI11_PARSE(app, argc, argv);
     int rc = 0;

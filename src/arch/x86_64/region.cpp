@@ -239,6 +239,202 @@ void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const Re
 
 bool in_function(const FunctionMap &f, uint64_t a) { return a >= f.start && a - f.start < f.size; }
 
+bool callee_saved(ZydisRegister r) {
+    switch (r) {
+    case ZYDIS_REGISTER_RBX: case ZYDIS_REGISTER_RBP: case ZYDIS_REGISTER_R12:
+    case ZYDIS_REGISTER_R13: case ZYDIS_REGISTER_R14: case ZYDIS_REGISTER_R15: return true;
+    default: return false;
+    }
+}
+
+// A memory operand a whole code pointer may be loaded from: anything but the stack, where
+// unoptimized code spills values it computed (a computed goto's `&&l + off` at -O0).
+// `rbp_frame`: the function sets %rbp from %rsp (else %rbp is a register like any other).
+bool pointer_memory(const ZydisDecodedOperand &m, bool rbp_frame) {
+    auto stack = [&](ZydisRegister r) {
+        r = gpr64(r);
+        return r == ZYDIS_REGISTER_RSP || (rbp_frame && r == ZYDIS_REGISTER_RBP);
+    };
+    return m.type == ZYDIS_OPERAND_TYPE_MEMORY && !stack(m.mem.base) && !stack(m.mem.index) && m.size == 64;
+}
+
+// `ror $0x11, r` or `xor %fs:0x30, r`: a step of glibc's x86-64 PTR_DEMANGLE.
+bool is_demangle_step(const Insn &in, ZydisRegister r) {
+    if (in.zi.operand_count_visible != 2 || !is_reg(in.ops[0]) || gpr64(in.ops[0].reg.value) != r ||
+        in.zi.operand_width != 64) {
+        return false;
+    }
+    const ZydisDecodedOperand &src = in.ops[1];
+    if (in.zi.mnemonic == ZYDIS_MNEMONIC_ROR) {
+        return src.type == ZYDIS_OPERAND_TYPE_IMMEDIATE && src.imm.value.u == 0x11;
+    }
+    return in.zi.mnemonic == ZYDIS_MNEMONIC_XOR && src.type == ZYDIS_OPERAND_TYPE_MEMORY &&
+           src.mem.segment == ZYDIS_REGISTER_FS && src.mem.base == ZYDIS_REGISTER_NONE &&
+           src.mem.index == ZYDIS_REGISTER_NONE && src.mem.disp.value == 0x30;
+}
+
+// The function's instructions with, for each, the direct branches of the function that
+// lead to it: what the backward walk of classify_pointer() needs.
+struct Body {
+    std::vector<Insn> insns;
+    std::vector<std::vector<uint32_t>> preds; // indices of direct jmp/jcc/call sources
+    std::vector<bool> table_target;           // also reached from a resolved jump table
+    bool rbp_frame = false;                   // some instruction sets %rbp from %rsp
+    int index_of(uint64_t addr) const {
+        auto it = std::lower_bound(insns.begin(), insns.end(), addr,
+                                   [](const Insn &in, uint64_t a) { return in.addr < a; });
+        return it != insns.end() && it->addr == addr ? static_cast<int>(it - insns.begin()) : -1;
+    }
+};
+
+bool falls_through(const Insn &in) {
+    return in.flow == Flow::kSequential || in.flow == Flow::kCondJump || in.flow == Flow::kCall ||
+           in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall;
+}
+
+// For a load from the stack slot `slot` at body[load]: the index of the 64-bit register
+// store `mov %reg, slot` before it on one straight line (no instruction in between that
+// other paths reach), with no change of the slot's base register and no other store in
+// between (a call may run in between: a callee writes no caller's slot whose address did
+// not escape), or -1.
+int spilled_from(const Body &b, int load, const ZydisDecodedOperand &slot) {
+    const ZydisRegister base = gpr64(slot.mem.base);
+    if (slot.mem.index != ZYDIS_REGISTER_NONE || base == ZYDIS_REGISTER_NONE) return -1;
+    for (int i = load - 1; i >= 0; --i) {
+        if (!b.preds[i + 1].empty() || b.table_target[i + 1]) return -1; // a join
+        const Insn &in = b.insns[i];
+        if (!falls_through(in)) return -1;
+        if (in.flow == Flow::kSequential && in.zi.mnemonic == ZYDIS_MNEMONIC_MOV && in.zi.operand_count_visible == 2 &&
+            same_memory(in.ops[0], slot) && is_reg(in.ops[1]) && in.zi.operand_width == 64) {
+            return i;
+        }
+        const bool call = in.flow == Flow::kCall || in.flow == Flow::kIndirectCall;
+        if (!call && writes(in, base)) return -1; // a call gives rsp back as it was
+        for (int k = 0; k < in.zi.operand_count; ++k) {
+            const ZydisDecodedOperand &op = in.ops[k];
+            if (op.type == ZYDIS_OPERAND_TYPE_MEMORY && (op.actions & ZYDIS_OPERAND_ACTION_MASK_WRITE) &&
+                op.visibility == ZYDIS_OPERAND_VISIBILITY_EXPLICIT) {
+                return -1; // some other store: it could be to the slot
+            }
+        }
+    }
+    return -1;
+}
+
+// For the unresolved indirect jmp body[jmp]: whether every value its target register (or
+// memory operand) can hold there is a whole code pointer (IndirectJump::whole_pointer).
+// Walks back along every path of the function: through copies, glibc's pointer demangling
+// and stack spills, into each direct branch to a join point, until each path meets a
+// load from non-stack memory, a rip-relative lea, or the function's entry (the caller's
+// value). Anything else on a path (arithmetic, a clobbering call, a join reached from a
+// jump table, too long a walk) leaves the jump unresolved. ij.walked receives the
+// instructions whose incoming paths the walk relied on: check_region makes sure nothing
+// outside the function jumps to them.
+void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &ij) {
+    const ZydisDecodedOperand &target = b.insns[jmp].ops[0];
+    if (target.type == ZYDIS_OPERAND_TYPE_MEMORY) {
+        if (!pointer_memory(target, b.rbp_frame)) return;
+        ij.whole_pointer = true;
+        return;
+    }
+    if (!is_reg(target)) return;
+    constexpr size_t kMaxSteps = 4096;
+    size_t steps = 0;
+    // (index, register): the value of register at the start of instruction index.
+    std::vector<std::pair<int, ZydisRegister>> work{{jmp, gpr64(target.reg.value)}}, seen;
+    std::vector<uint64_t> walked;
+    while (!work.empty()) {
+        auto [i, r] = work.back();
+        work.pop_back();
+        for (;;) {
+            if (++steps > kMaxSteps) return;
+            if (std::find(seen.begin(), seen.end(), std::pair{i, r}) != seen.end()) break;
+            seen.emplace_back(i, r);
+            walked.push_back(b.insns[i].addr);
+            if (b.table_target[i]) return;
+            for (uint32_t p : b.preds[i]) {
+                // A jump or call to i: the value there is the one before the branch.
+                work.emplace_back(static_cast<int>(p), r);
+            }
+            if (i == 0) break; // the entry: the caller's value
+            const Insn &in = b.insns[i - 1];
+            if (!falls_through(in)) break; // only the branches above lead here
+            --i;
+            if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall) {
+                // The callee (or kernel) may change any register but the callee-saved ones.
+                const bool clobbered = in.flow == Flow::kSyscall
+                                           ? (r == ZYDIS_REGISTER_RAX || r == ZYDIS_REGISTER_RCX || r == ZYDIS_REGISTER_R11)
+                                           : !callee_saved(r);
+                if (clobbered) return;
+                continue;
+            }
+            if (!writes(in, r)) continue;
+            if (is_demangle_step(in, r)) continue;
+            const ZydisMnemonic m = in.zi.mnemonic;
+            if (m == ZYDIS_MNEMONIC_LEA && in.rip_relative) break; // a materialized address
+            if (m != ZYDIS_MNEMONIC_MOV || in.zi.operand_count_visible != 2 || !is_reg(in.ops[0]) ||
+                in.zi.operand_width != 64) {
+                return; // computed, or not a whole 64-bit value
+            }
+            if (is_reg(in.ops[1])) {
+                r = gpr64(in.ops[1].reg.value);
+                continue;
+            }
+            if (in.ops[1].type != ZYDIS_OPERAND_TYPE_MEMORY) return;
+            if (pointer_memory(in.ops[1], b.rbp_frame)) break; // loaded whole
+            // A stack slot: the value stored there on the straight line before.
+            const int st = spilled_from(b, i, in.ops[1]);
+            if (st < 0) return;
+            for (int k = st + 1; k < i; ++k) walked.push_back(b.insns[k].addr);
+            r = gpr64(b.insns[st].ops[1].reg.value);
+            i = st;
+        }
+    }
+    std::sort(walked.begin(), walked.end());
+    walked.erase(std::unique(walked.begin(), walked.end()), walked.end());
+    // The entry is where callers arrive: that is the value the walk accepts there.
+    if (!walked.empty() && walked.front() == fn_start) walked.erase(walked.begin());
+    ij.whole_pointer = true;
+    ij.walked = std::move(walked);
+}
+
+// Classifies the unresolved indirect jumps of a reliably decoded f (classify_pointer).
+void classify_pointers(FunctionMap &f) {
+    Body b;
+    b.insns.resize(f.insns.size());
+    for (size_t i = 0; i < f.insns.size(); ++i) {
+        const uint64_t off = f.insns[i] - f.start;
+        if (decode(f.insns[i], f.code.data() + off, f.size - off, &b.insns[i]) != 0) return;
+    }
+    b.preds.resize(b.insns.size());
+    b.table_target.assign(b.insns.size(), false);
+    for (size_t i = 0; i < b.insns.size(); ++i) {
+        const Insn &in = b.insns[i];
+        if (writes(in, ZYDIS_REGISTER_RBP) && !b.rbp_frame) {
+            // mov %rsp,%rbp / lea d(%rsp),%rbp, or anything that reads %rsp into %rbp.
+            for (int k = 0; k < in.zi.operand_count; ++k) {
+                const ZydisDecodedOperand &op = in.ops[k];
+                const bool reads_rsp = (is_reg(op) && gpr64(op.reg.value) == ZYDIS_REGISTER_RSP &&
+                                        (op.actions & ZYDIS_OPERAND_ACTION_MASK_READ)) ||
+                                       (op.type == ZYDIS_OPERAND_TYPE_MEMORY && gpr64(op.mem.base) == ZYDIS_REGISTER_RSP &&
+                                        in.zi.mnemonic == ZYDIS_MNEMONIC_LEA);
+                if (reads_rsp && op.visibility == ZYDIS_OPERAND_VISIBILITY_EXPLICIT) b.rbp_frame = true;
+            }
+        }
+        if (in.flow != Flow::kJump && in.flow != Flow::kCondJump && in.flow != Flow::kCall) continue;
+        if (const int t = b.index_of(in.target); t >= 0) b.preds[t].push_back(static_cast<uint32_t>(i));
+    }
+    for (const IndirectJump &ij : f.indirect_jumps) {
+        for (uint64_t t : ij.targets) {
+            if (const int k = b.index_of(t); k >= 0) b.table_target[k] = true;
+        }
+    }
+    for (IndirectJump &ij : f.indirect_jumps) {
+        if (ij.resolved) continue;
+        if (const int j = b.index_of(ij.addr); j >= 0) classify_pointer(b, f.start, j, ij);
+    }
+}
+
 FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const ReadFn &read) {
     FunctionMap f;
     f.start = start;
@@ -298,6 +494,17 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
     std::sort(f.branch_targets.begin(), f.branch_targets.end());
     f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()),
                            f.branch_targets.end());
+    if (f.reliable() && f.has_unresolved_indirect_jump()) classify_pointers(f);
+    if (read) {
+        // Whatever is readable of the bytes after the function, longest first.
+        for (size_t n = kMaxTail; n > 0; n /= 2) {
+            uint8_t buf[kMaxTail];
+            if (read(start + size, buf, n)) {
+                f.tail.assign(buf, buf + n);
+                break;
+            }
+        }
+    }
     return f;
 }
 
@@ -355,8 +562,33 @@ const char *reason_name(Reason r) {
     return "unknown";
 }
 
+namespace {
+
+// Whether the indirect jumps of f that no table resolves may be trusted: each is a whole
+// pointer on every path the walk saw, no path from outside f arrives on those paths (no
+// object reference or extra entry at a walked instruction), and f materializes no address
+// inside itself (`&&label`: a computed goto could store `&&l + off` in memory and jump
+// through it).
+bool indirect_jumps_trusted(const FunctionMap &f, const std::vector<uint64_t> &extra, const ObjectRefs &refs) {
+    const uint64_t fn_end = f.start + f.size;
+    if (refs.value_in(f.start, fn_end)) return false;
+    for (const IndirectJump &ij : f.indirect_jumps) {
+        if (ij.resolved) continue;
+        if (!ij.whole_pointer) return false;
+        for (uint64_t a : ij.walked) {
+            if (refs.reached_from_outside(a, f.start, fn_end)) return false;
+            if (std::find(extra.begin(), extra.end(), a) != extra.end()) return false;
+        }
+    }
+    return true;
+}
+
+bool is_nop(const Insn &in) { return in.zi.mnemonic == ZYDIS_MNEMONIC_NOP; }
+
+} // namespace
+
 OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vector<uint64_t> &extra_entries,
-                           size_t jump_len) {
+                           size_t jump_len, const ObjectRefs *refs) {
     OptimizeCheck c;
     auto fail = [&c](Reason r) {
         if (c.reasons == 0) c.reason = r;
@@ -365,27 +597,46 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
     try {
         if (!f.reliable()) fail(Reason::kDecodeFailed);
         if (jump_len == 0) jump_len = kJmpRel32Size;
-        if (f.size < jump_len) fail(Reason::kTooSmallFunction);
         if (!in_function(f, addr) || !f.is_boundary(addr)) {
+            if (f.size < jump_len) fail(Reason::kTooSmallFunction);
             if (f.reliable()) fail(Reason::kNotInstructionBoundary);
             return c;
         }
-        // The DCR: whole instructions from addr until jump_len bytes are covered.
+        // The DCR: whole instructions from addr until jump_len bytes are covered. Past the
+        // function's end only nop padding may follow, after a final ret/jmp, with refs to
+        // tell that no code reaches it and where the next function starts.
         std::vector<Insn> dcr;
         uint64_t end = addr;
+        const uint64_t fn_end = f.start + f.size;
         while (end - addr < jump_len) {
-            const uint64_t off = end - f.start;
             Insn in;
-            if (off >= f.size || !f.is_boundary(end)) {
-                // Past the function, or into bytes the sweep never decoded.
-                if (!f.reliable()) return c;
-                if (f.size >= jump_len) fail(Reason::kRegionPastFunctionEnd);
-                c.insns.clear();
-                return c;
-            }
-            if (decode(end, f.code.data() + off, f.size - off, &in) != 0 || in.len > f.size - off) {
-                fail(Reason::kDecodeFailed);
-                return c;
+            if (end >= fn_end) {
+                const bool after_exit = !dcr.empty() && end == fn_end &&
+                                        (dcr.back().flow == Flow::kRet || dcr.back().flow == Flow::kJump ||
+                                         dcr.back().flow == Flow::kIndirectJump);
+                const uint64_t toff = end - fn_end;
+                if (refs == nullptr || !f.reliable() || (!after_exit && !c.into_padding) || toff >= f.tail.size() ||
+                    decode(end, f.tail.data() + toff, f.tail.size() - toff, &in) != 0 ||
+                    in.len > f.tail.size() - toff || !is_nop(in) || end + in.len > refs->next_start(f.start)) {
+                    if (!f.reliable()) return c;
+                    fail(f.size < jump_len ? Reason::kTooSmallFunction : Reason::kRegionPastFunctionEnd);
+                    c.insns.clear();
+                    return c;
+                }
+                c.into_padding = true;
+            } else {
+                const uint64_t off = end - f.start;
+                if (!f.is_boundary(end)) {
+                    // Into bytes the sweep never decoded.
+                    if (!f.reliable()) return c;
+                    fail(Reason::kRegionPastFunctionEnd);
+                    c.insns.clear();
+                    return c;
+                }
+                if (decode(end, f.code.data() + off, f.size - off, &in) != 0 || in.len > f.size - off) {
+                    fail(Reason::kDecodeFailed);
+                    return c;
+                }
             }
             c.insns.push_back(end);
             dcr.push_back(in);
@@ -398,11 +649,14 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
         for (size_t i = 0; i < dcr.size(); ++i) {
             const Insn &in = dcr[i];
             const bool last = i + 1 == dcr.size();
+            // The function's final ret/jmp before the padding: nothing but the padding follows.
+            const bool exit_before_padding = c.into_padding && in.addr + in.len == fn_end;
             if (!last) {
                 // A return address inside the DCR would point into the middle of the jmp.
                 if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall) fail(Reason::kCallInRegion);
                 // After ret/jmp, the next DCR bytes are reached only by jumps we may not see.
-                if (in.flow == Flow::kRet || in.flow == Flow::kJump || in.flow == Flow::kIndirectJump) {
+                if ((in.flow == Flow::kRet || in.flow == Flow::kJump || in.flow == Flow::kIndirectJump) &&
+                    !exit_before_padding) {
                     fail(Reason::kCrossesControlFlowEnd);
                 }
             }
@@ -416,9 +670,14 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
 
         bool into = any_in(f.branch_targets, addr, end);
         for (uint64_t e : extra_entries) into = into || (e > addr && e < end);
-        // Resolved tables' targets outside the function are not in branch_targets.
+        // Resolved tables' targets outside the function are not in branch_targets; other
+        // functions' jumps and every materialized address are in refs.
+        if (refs != nullptr) into = into || refs->any_in(addr, end);
         if (into) fail(Reason::kJumpIntoRegion);
-        if (f.has_unresolved_indirect_jump()) fail(Reason::kIndirectJump);
+        if (f.has_unresolved_indirect_jump()) {
+            c.trusted_jumps = refs != nullptr && indirect_jumps_trusted(f, extra_entries, *refs);
+            if (!c.trusted_jumps) fail(Reason::kIndirectJump);
+        }
     } catch (...) {
         fail(Reason::kDecodeFailed); // allocation failure
     }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ukp::arch {
@@ -38,6 +39,15 @@ struct IndirectJump {
     uint32_t entries = 0;  // kTable*: entry count from the bounds check (cmp $n, idx; ja)
     bool resolved = false; // kTable*: bound found and every entry read; targets below
     std::vector<uint64_t> targets; // resolved entries (inside the function or not)
+    // Not resolved, but every value the target can hold there is a whole code pointer, not
+    // computed in this function: loaded from memory other than the stack (GOT slot,
+    // vtable, struct field, a table of absolute pointers), a rip-relative lea, or the
+    // function's entry value of a register (an argument), maybe through copies, stack
+    // spills and glibc's pointer demangling. Such a value was materialized by a relocation
+    // or by code, so it goes nowhere ObjectRefs does not list. Valid only if the paths the
+    // walk followed are all the paths: nothing outside the function may jump to `walked`.
+    bool whole_pointer = false;
+    std::vector<uint64_t> walked; // instructions whose incoming paths the walk relied on
 };
 
 // The result of a linear-sweep decode of one function [start, start + size).
@@ -45,6 +55,9 @@ struct FunctionMap {
     uint64_t start = 0;
     uint64_t size = 0;
     std::vector<uint8_t> code;    // the function's bytes (check_region re-decodes from them)
+    // Up to kMaxTail bytes after the function (fewer if unreadable): the padding a region
+    // of a function shorter than the jump may run into.
+    std::vector<uint8_t> tail;
     std::vector<uint64_t> insns;  // instruction addresses, ascending
     // Addresses inside the function that a direct jmp/jcc/loop/jrcxz/call or a resolved
     // jump table entry goes to; sorted, unique.
@@ -62,9 +75,12 @@ struct FunctionMap {
     bool is_boundary(uint64_t addr) const;
 };
 
+inline constexpr size_t kMaxTail = 16;
+
 // Decodes [start, start + size) from `code` (which holds the function's bytes). `read`,
-// when given, reads jump tables outside `code` (.rodata); tables inside `code` are read
-// from it. Never throws (an allocation failure gives decode_failed).
+// when given, reads jump tables outside `code` (.rodata) and the tail after the function;
+// tables inside `code` are read from it. Never throws (an allocation failure gives
+// decode_failed).
 FunctionMap analyze_function(uint64_t start, const uint8_t *code, size_t size,
                              const ReadFn &read = {});
 
@@ -84,12 +100,56 @@ enum class Reason : uint8_t {
 
 const char *reason_name(Reason r);
 
+// What the whole object says about where control can arrive: built once per object from
+// its file (build_object_refs), then shared by every check in it.
+//
+// A jump lands where its target value says. In an object, a code address that a jump can
+// use is either a direct branch target, or a value that something materialized: a
+// relocation (R_X86_64_RELATIVE/IRELATIVE addends, symbol + addend, the lazy PLT words), a
+// symbol, a rip-relative lea anywhere in the code (also `&&label` of computed gotos), an
+// absolute immediate or data word in a non-PIC object, DT_INIT/DT_FINI/e_entry, a return
+// address (after a call), an exception landing pad (from the LSDA), or a value computed by
+// adding an offset to one of these (jump tables, label differences: within one function).
+// ObjectRefs collects all but the last three; check_region handles return addresses (no
+// call before the last DCR instruction), landing pads (extra_entries) and computed values
+// (a function whose indirect jumps are not all whole pointers keeps kIndirectJump).
+struct ObjectRefs {
+    // Materialized code addresses (values), sorted, unique.
+    std::vector<uint64_t> values;
+    // Direct jmp/jcc/call/loop branches of all code in the object: (target, source),
+    // sorted, unique.
+    std::vector<std::pair<uint64_t, uint64_t>> branches;
+    // Function starts: symbol values and .eh_frame FDE starts, sorted, unique.
+    std::vector<uint64_t> starts;
+    // Bytes the linear sweep could not decode in step (they were decoded at every offset).
+    uint64_t resynced_bytes = 0;
+
+    // Some value or branch target lies in (lo, hi).
+    bool any_in(uint64_t lo, uint64_t hi) const;
+    // Some value lies in (lo, hi).
+    bool value_in(uint64_t lo, uint64_t hi) const;
+    // addr is a value, or a branch target from code outside [fn_lo, fn_hi).
+    bool reached_from_outside(uint64_t addr, uint64_t fn_lo, uint64_t fn_hi) const;
+    // The first function start above addr (~0 if none).
+    uint64_t next_start(uint64_t addr) const;
+};
+
+// Builds the references of the ELF file at `path` loaded at `bias` (addresses are
+// run-time ones: file vaddrs + bias). Null with *error if the file, its section headers or
+// its relocations cannot be read: then no rule that needs them applies.
+std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias,
+                                                    std::string *error = nullptr);
+// The same, built once per (path, bias) and kept for the life of the process.
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias);
+
 // The jump-optimization verdict for a probe at addr.
 struct OptimizeCheck {
     bool ok = false;
     Reason reason = Reason::kNotInstructionBoundary; // the first failed check, kOk if ok
     uint64_t dcr_len = 0;        // bytes of whole instructions the jump replaces (0 if unknown)
     std::vector<uint64_t> insns; // addresses of the DCR's instructions
+    bool into_padding = false;   // the DCR ends with nops after the function's last ret/jmp
+    bool trusted_jumps = false;  // unresolved indirect jumps accepted as whole pointers
     uint32_t reasons = 0;        // bit (1 << Reason) for every failed check, for statistics
 };
 
@@ -101,8 +161,15 @@ struct OptimizeCheck {
 // no unresolved indirect jump in the function.
 // `jump_len` is the size of the jump that replaces the DCR: 5 (jmp rel32); 2 asks what a
 // jmp rel8 to a nearby trampoline would need.
+// With `refs` (the function's object), also: no value or branch target anywhere in the
+// object lies in (addr, addr + DCR); an unresolved indirect jump is accepted when every
+// one in the function is a whole pointer (IndirectJump::whole_pointer) with no path
+// joining in, and the function materializes no address inside itself (no `&&label`: its
+// jumps could be computed gotos); and a function that ends in ret/jmp before 5 bytes may
+// have its DCR run on over nop padding (f.tail) that ends before the next function start.
 OptimizeCheck check_region(const FunctionMap &f, uint64_t addr,
-                           const std::vector<uint64_t> &extra_entries, size_t jump_len = 5);
+                           const std::vector<uint64_t> &extra_entries, size_t jump_len = 5,
+                           const ObjectRefs *refs = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // Exception landing pads

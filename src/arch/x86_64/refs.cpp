@@ -1,0 +1,383 @@
+// build_object_refs(), object_refs(): every address of an object's code that something in
+// the object names (region.hpp, ObjectRefs explains which and why they are all).
+#include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/region.hpp"
+
+#include <elf.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace ukp::arch {
+namespace {
+
+#ifndef SHT_RELR
+constexpr uint32_t SHT_RELR = 19;
+#endif
+
+struct Range {
+    uint64_t lo, hi; // file vaddrs
+    const uint8_t *bytes;
+};
+
+void sort_unique(std::vector<uint64_t> &v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+class Builder {
+public:
+    Builder(Elf *elf, const uint8_t *file, size_t file_size, uint64_t bias)
+        : elf_(elf), file_(file), file_size_(file_size), bias_(bias) {}
+
+    bool run(ObjectRefs *out, std::string *why) {
+        GElf_Ehdr eh;
+        if (!gelf_getehdr(elf_, &eh)) return fail(why, "no ELF header");
+        non_pic_ = eh.e_type == ET_EXEC;
+        if (eh.e_entry != 0) values_.push_back(eh.e_entry);
+        size_t shnum = 0;
+        if (elf_getshdrnum(elf_, &shnum) != 0 || shnum == 0) return fail(why, "no section headers");
+        // Executable sections, symbols (function starts and values), data sections.
+        for (Elf_Scn *scn = nullptr; (scn = elf_nextscn(elf_, scn)) != nullptr;) {
+            GElf_Shdr sh;
+            if (!gelf_getshdr(scn, &sh)) return fail(why, "unreadable section header");
+            if ((sh.sh_flags & SHF_ALLOC) && sh.sh_type != SHT_NOBITS && sh.sh_addr != 0) {
+                if (sh.sh_offset > file_size_ || sh.sh_size > file_size_ - sh.sh_offset) {
+                    return fail(why, "section outside the file");
+                }
+                const Range r{sh.sh_addr, sh.sh_addr + sh.sh_size, file_ + sh.sh_offset};
+                ((sh.sh_flags & SHF_EXECINSTR) ? exec_ : data_).push_back(r);
+            }
+            if (sh.sh_type == SHT_SYMTAB || sh.sh_type == SHT_DYNSYM) symbols(scn, sh);
+        }
+        std::sort(exec_.begin(), exec_.end(), [](const Range &a, const Range &b) { return a.lo < b.lo; });
+        for (Elf_Scn *scn = nullptr; (scn = elf_nextscn(elf_, scn)) != nullptr;) {
+            GElf_Shdr sh;
+            if (!gelf_getshdr(scn, &sh)) return fail(why, "unreadable section header");
+            if (sh.sh_type == SHT_RELA || sh.sh_type == SHT_REL) {
+                if (!relocations(scn, sh)) return fail(why, "unreadable relocations");
+            } else if (sh.sh_type == SHT_RELR) {
+                relr(sh);
+            } else if (sh.sh_type == SHT_DYNAMIC) {
+                dynamic(scn, sh);
+            }
+        }
+        // Function starts the unwind tables know (local functions of a stripped object).
+        if (!fde_starts()) return fail(why, "unreadable .eh_frame_hdr");
+        sort_unique(starts_);
+        for (const Range &r : exec_) sweep(r);
+        // Absolute code addresses in the data of a non-PIC object carry no relocation.
+        if (non_pic_) {
+            for (const Range &r : data_) scan_words(r);
+        }
+        auto keep = [&](std::vector<uint64_t> &v) {
+            std::erase_if(v, [&](uint64_t a) { return !in_exec(a); });
+            sort_unique(v);
+            for (uint64_t &a : v) a += bias_;
+        };
+        keep(values_);
+        keep(starts_);
+        std::erase_if(branches_, [&](const auto &b) { return !in_exec(b.first); });
+        std::sort(branches_.begin(), branches_.end());
+        branches_.erase(std::unique(branches_.begin(), branches_.end()), branches_.end());
+        for (auto &b : branches_) {
+            b.first += bias_;
+            b.second += bias_;
+        }
+        out->values = std::move(values_);
+        out->branches = std::move(branches_);
+        out->starts = std::move(starts_);
+        out->resynced_bytes = resynced_;
+        return true;
+    }
+
+private:
+    static bool fail(std::string *why, const char *what) {
+        if (why) *why = what;
+        return false;
+    }
+
+    bool in_exec(uint64_t a) const {
+        auto it = std::upper_bound(exec_.begin(), exec_.end(), a, [](uint64_t v, const Range &r) { return v < r.lo; });
+        return it != exec_.begin() && a < std::prev(it)->hi;
+    }
+
+    // File bytes at vaddr a, n of them, or null.
+    const uint8_t *at(uint64_t a, size_t n) const {
+        for (const std::vector<Range> *rs : {&exec_, &data_}) {
+            for (const Range &r : *rs) {
+                if (a >= r.lo && a < r.hi && n <= r.hi - a) return r.bytes + (a - r.lo);
+            }
+        }
+        return nullptr;
+    }
+
+    bool word(uint64_t a, uint64_t *v) const {
+        const uint8_t *p = at(a, 8);
+        if (p == nullptr) return false;
+        std::memcpy(v, p, 8);
+        return true;
+    }
+
+    void symbols(Elf_Scn *scn, const GElf_Shdr &sh) {
+        Elf_Data *d = elf_getdata(scn, nullptr);
+        if (d == nullptr || sh.sh_entsize == 0) return;
+        const size_t n = sh.sh_size / sh.sh_entsize;
+        for (size_t i = 0; i < n; ++i) {
+            GElf_Sym s;
+            if (!gelf_getsym(d, static_cast<int>(i), &s)) break;
+            if (s.st_shndx == SHN_UNDEF || s.st_value == 0 || GELF_ST_TYPE(s.st_info) == STT_TLS) continue;
+            values_.push_back(s.st_value);
+            if (GELF_ST_TYPE(s.st_info) == STT_FUNC || GELF_ST_TYPE(s.st_info) == STT_GNU_IFUNC) {
+                starts_.push_back(s.st_value);
+            }
+        }
+    }
+
+    // The value a relocation's symbol has in this object, if it defines it.
+    bool symbol_value(const GElf_Shdr &rel_sh, size_t sym, uint64_t *v) {
+        Elf_Scn *symscn = elf_getscn(elf_, rel_sh.sh_link);
+        if (symscn == nullptr) return false;
+        Elf_Data *d = elf_getdata(symscn, nullptr);
+        GElf_Sym s;
+        if (d == nullptr || !gelf_getsym(d, static_cast<int>(sym), &s) || s.st_shndx == SHN_UNDEF ||
+            GELF_ST_TYPE(s.st_info) == STT_TLS) {
+            return false;
+        }
+        *v = s.st_value;
+        return true;
+    }
+
+    // Every address a dynamic relocation may put into memory: the addend (RELATIVE,
+    // IRELATIVE), symbol + addend, and the word in place (REL, lazy PLT slots).
+    bool relocations(Elf_Scn *scn, const GElf_Shdr &sh) {
+        Elf_Data *d = elf_getdata(scn, nullptr);
+        if (d == nullptr || sh.sh_entsize == 0) return sh.sh_size == 0;
+        const size_t n = sh.sh_size / sh.sh_entsize;
+        for (size_t i = 0; i < n; ++i) {
+            uint64_t offset = 0, info = 0;
+            int64_t addend = 0;
+            if (sh.sh_type == SHT_RELA) {
+                GElf_Rela r;
+                if (!gelf_getrela(d, static_cast<int>(i), &r)) return false;
+                offset = r.r_offset;
+                info = r.r_info;
+                addend = r.r_addend;
+                values_.push_back(static_cast<uint64_t>(addend));
+            } else {
+                GElf_Rel r;
+                if (!gelf_getrel(d, static_cast<int>(i), &r)) return false;
+                offset = r.r_offset;
+                info = r.r_info;
+            }
+            if (uint64_t w; word(offset, &w)) values_.push_back(w);
+            const size_t sym = GELF_R_SYM(info);
+            if (uint64_t v; sym != 0 && symbol_value(sh, sym, &v)) values_.push_back(v + static_cast<uint64_t>(addend));
+        }
+        return true;
+    }
+
+    // SHT_RELR: packed RELATIVE relocations; the addend is the word in place.
+    void relr(const GElf_Shdr &sh) {
+        const uint8_t *p = sh.sh_offset <= file_size_ && sh.sh_size <= file_size_ - sh.sh_offset
+                               ? file_ + sh.sh_offset
+                               : nullptr;
+        if (p == nullptr) return;
+        uint64_t where = 0;
+        for (size_t i = 0; i + 8 <= sh.sh_size; i += 8) {
+            uint64_t e;
+            std::memcpy(&e, p + i, 8);
+            if ((e & 1) == 0) {
+                where = e;
+                if (uint64_t w; word(where, &w)) values_.push_back(w);
+                where += 8;
+            } else {
+                for (uint64_t b = 0; (e >>= 1) != 0; ++b) {
+                    if ((e & 1) != 0) {
+                        if (uint64_t w; word(where + b * 8, &w)) values_.push_back(w);
+                    }
+                }
+                where += 63 * 8;
+            }
+        }
+    }
+
+    // DT_INIT/DT_FINI: called by the dynamic linker, no relocation names them.
+    void dynamic(Elf_Scn *scn, const GElf_Shdr &sh) {
+        Elf_Data *d = elf_getdata(scn, nullptr);
+        if (d == nullptr || sh.sh_entsize == 0) return;
+        for (size_t i = 0; i < sh.sh_size / sh.sh_entsize; ++i) {
+            GElf_Dyn dyn;
+            if (!gelf_getdyn(d, static_cast<int>(i), &dyn)) break;
+            if (dyn.d_tag == DT_INIT || dyn.d_tag == DT_FINI) values_.push_back(dyn.d_un.d_ptr);
+        }
+    }
+
+    // Initial locations of the .eh_frame_hdr search table (pcrel|sdata4 frame pointer,
+    // udata4 count, datarel|sdata4 table: what GNU ld, gold and lld write).
+    bool fde_starts() {
+        size_t phnum = 0;
+        if (elf_getphdrnum(elf_, &phnum) != 0) return false;
+        for (size_t i = 0; i < phnum; ++i) {
+            GElf_Phdr ph;
+            if (!gelf_getphdr(elf_, static_cast<int>(i), &ph) || ph.p_type != PT_GNU_EH_FRAME) continue;
+            const uint8_t *h = at(ph.p_vaddr, 12);
+            if (h == nullptr || h[0] != 1) return false;
+            if (h[3] == 0xff) return true; // no search table: no FDE starts to add
+            if (h[1] != 0x1b || h[2] != 0x03 || h[3] != 0x3b) return false;
+            uint32_t count;
+            std::memcpy(&count, h + 8, 4);
+            const uint8_t *t = at(ph.p_vaddr + 12, static_cast<size_t>(count) * 8);
+            if (t == nullptr) return false;
+            for (uint32_t k = 0; k < count; ++k) {
+                int32_t loc;
+                std::memcpy(&loc, t + k * 8, 4);
+                starts_.push_back(ph.p_vaddr + static_cast<uint64_t>(static_cast<int64_t>(loc)));
+            }
+        }
+        return true;
+    }
+
+    void collect(const Insn &in) {
+        if (in.target != 0) branches_.emplace_back(in.target, in.addr); // jmp, jcc, call, loop, xbegin
+        if (in.zi.mnemonic == ZYDIS_MNEMONIC_LEA && in.rip_relative) values_.push_back(in.rip_target);
+        if (!non_pic_) return;
+        for (int i = 0; i < in.zi.operand_count_visible; ++i) {
+            const ZydisDecodedOperand &op = in.ops[i];
+            if (op.type == ZYDIS_OPERAND_TYPE_IMMEDIATE) values_.push_back(op.imm.value.u);
+            if (op.type == ZYDIS_OPERAND_TYPE_MEMORY && op.mem.base == ZYDIS_REGISTER_NONE) {
+                values_.push_back(static_cast<uint64_t>(op.mem.disp.value));
+            }
+        }
+    }
+
+    // Every instruction that starts at any byte of [lo, hi): a superset of the real ones.
+    void superset(const Range &r, uint64_t lo, uint64_t hi) {
+        resynced_ += hi - lo;
+        for (uint64_t a = lo; a < hi; ++a) {
+            Insn in;
+            if (decode(a, r.bytes + (a - r.lo), r.hi - a, &in) == 0) collect(in);
+        }
+    }
+
+    // Linear sweep of r, in step again at every function start; bytes that do not decode,
+    // or whose decode runs across a function start, are decoded at every offset instead.
+    void sweep(const Range &r) {
+        auto next = std::upper_bound(starts_.begin(), starts_.end(), r.lo);
+        uint64_t a = r.lo;
+        while (a < r.hi) {
+            while (next != starts_.end() && *next <= a) ++next;
+            const uint64_t limit = next != starts_.end() && *next < r.hi ? *next : r.hi;
+            Insn in;
+            if (decode(a, r.bytes + (a - r.lo), r.hi - a, &in) != 0 || a + in.len > limit) {
+                superset(r, a, limit);
+                a = limit;
+                continue;
+            }
+            collect(in);
+            a += in.len;
+        }
+    }
+
+    void scan_words(const Range &r) {
+        for (uint64_t a = r.lo; a + 4 <= r.hi; ++a) {
+            uint32_t v4;
+            std::memcpy(&v4, r.bytes + (a - r.lo), 4);
+            if (in_exec(v4)) values_.push_back(v4);
+            if (a + 8 <= r.hi) {
+                uint64_t v8;
+                std::memcpy(&v8, r.bytes + (a - r.lo), 8);
+                if (in_exec(v8)) values_.push_back(v8);
+            }
+        }
+    }
+
+    Elf *elf_;
+    const uint8_t *file_;
+    size_t file_size_;
+    uint64_t bias_;
+    bool non_pic_ = false;
+    std::vector<Range> exec_, data_;
+    std::vector<uint64_t> values_, starts_;
+    std::vector<std::pair<uint64_t, uint64_t>> branches_;
+    uint64_t resynced_ = 0;
+};
+
+bool any_between(const std::vector<uint64_t> &sorted, uint64_t lo, uint64_t hi) {
+    auto it = std::upper_bound(sorted.begin(), sorted.end(), lo);
+    return it != sorted.end() && *it < hi;
+}
+
+} // namespace
+
+bool ObjectRefs::any_in(uint64_t lo, uint64_t hi) const {
+    if (any_between(values, lo, hi)) return true;
+    auto it = std::upper_bound(branches.begin(), branches.end(), std::pair<uint64_t, uint64_t>{lo, ~uint64_t{0}});
+    return it != branches.end() && it->first < hi;
+}
+
+bool ObjectRefs::reached_from_outside(uint64_t addr, uint64_t fn_lo, uint64_t fn_hi) const {
+    if (std::binary_search(values.begin(), values.end(), addr)) return true;
+    for (auto it = std::lower_bound(branches.begin(), branches.end(), std::pair<uint64_t, uint64_t>{addr, 0});
+         it != branches.end() && it->first == addr; ++it) {
+        if (it->second < fn_lo || it->second >= fn_hi) return true;
+    }
+    return false;
+}
+
+bool ObjectRefs::value_in(uint64_t lo, uint64_t hi) const { return any_between(values, lo, hi); }
+
+uint64_t ObjectRefs::next_start(uint64_t addr) const {
+    auto it = std::upper_bound(starts.begin(), starts.end(), addr);
+    return it == starts.end() ? ~0ull : *it;
+}
+
+std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias, std::string *error) {
+    auto fail = [&](const std::string &why) -> std::shared_ptr<const ObjectRefs> {
+        if (error != nullptr) *error = path + ": " + why;
+        return nullptr;
+    };
+    try {
+        if (elf_version(EV_CURRENT) == EV_NONE) return fail("libelf initialization failed");
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return fail(std::strerror(errno));
+        Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+        std::string why;
+        std::shared_ptr<ObjectRefs> refs;
+        size_t size = 0;
+        const uint8_t *file = elf ? reinterpret_cast<const uint8_t *>(elf_rawfile(elf, &size)) : nullptr;
+        if (elf == nullptr || elf_kind(elf) != ELF_K_ELF || gelf_getclass(elf) != ELFCLASS64 || file == nullptr) {
+            why = "not a readable 64-bit ELF file";
+        } else {
+            refs = std::make_shared<ObjectRefs>();
+            if (!Builder(elf, file, size, bias).run(refs.get(), &why)) refs.reset();
+        }
+        if (elf != nullptr) elf_end(elf);
+        ::close(fd);
+        if (!refs) return fail(why);
+        return refs;
+    } catch (...) {
+        return fail("out of memory");
+    }
+}
+
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias) {
+    static std::mutex mu;
+    static auto *cache = new std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const ObjectRefs>>();
+    std::lock_guard<std::mutex> lock(mu);
+    auto key = std::make_pair(path, bias);
+    if (auto it = cache->find(key); it != cache->end()) return it->second;
+    auto refs = build_object_refs(path, bias);
+    (*cache)[key] = refs; // a failure is remembered too: the file will not get better
+    return refs;
+}
+
+} // namespace ukp::arch
