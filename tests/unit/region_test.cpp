@@ -80,6 +80,22 @@ const RegionSpec kCases[] = {
     // No bounds check: the table cannot be sized.
     {"JumpTableUnbounded", "48 8d 05 f9 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3", 0,
      Reason::kIndirectJump, 7, 1, {to(16)}},
+    // glibc's assembly: bsf %rdx,%rdx; lea T(%rip),%r11; movslq (%r11,%rdx,4),%rcx;
+    // lea (%r11,%rcx,1),%rcx; jmp *%rcx; ret (at 21). bsf bounds the index to 64 entries.
+    {"JumpTableLeaSumBsfBound", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
+     Reason::kOk, 11, 2, std::vector<int32_t>(64, to(21))},
+    {"JumpTableLeaSumBsfIntoRegion", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3",
+     0, Reason::kJumpIntoRegion, 11, 2, [] {
+         std::vector<int32_t> t(64, to(21));
+         t[63] = to(4); // the last entry bsf allows
+         return t;
+     }()},
+    // The same with 63 readable entries: the 64th that bsf allows cannot be read.
+    {"JumpTableLeaSumBsfShortTable", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3",
+     0, Reason::kIndirectJump, 11, 2, std::vector<int32_t>(63, to(21))},
+    // bsf of another register: no bound on %rdx.
+    {"JumpTableLeaSumOtherBsf", "48 0f bc c2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
+     Reason::kIndirectJump, 11, 2, std::vector<int32_t>(64, to(21))},
     // cmp $1,%edi; ja ret; jmp *T(,%rdi,8); ret (at 12)
     {"AbsJumpTableUnreadable", "83 ff 01 | 77 07 | ff 24 fd 00 11 00 00 | c3", 0, Reason::kIndirectJump, 5, 2},
     // --- not optimizable ---

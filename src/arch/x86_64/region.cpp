@@ -124,6 +124,12 @@ uint64_t table_bound(const std::vector<Insn> &w, int before, ZydisRegister index
         if (in.flow != Flow::kSequential && in.flow != Flow::kCondJump) return fallback;
         const bool copy = (m == ZYDIS_MNEMONIC_MOV || m == ZYDIS_MNEMONIC_MOVZX) &&
                           in.zi.operand_count_visible == 2 && is_reg(in.ops[0]);
+        if (reg != ZYDIS_REGISTER_NONE && writes(in, reg) && (m == ZYDIS_MNEMONIC_BSF || m == ZYDIS_MNEMONIC_TZCNT) &&
+            in.zi.operand_count_visible == 2 && is_reg(in.ops[1]) && gpr64(in.ops[1].reg.value) == reg) {
+            // bsf %r,%r: a bit index below the width, or (source 0) the register left as it
+            // was, 0 (AMD documents it; Intel's CPUs do the same). tzcnt: at most the width.
+            return in.zi.operand_width + (m == ZYDIS_MNEMONIC_TZCNT ? 1 : 0);
+        }
         if (reg != ZYDIS_REGISTER_NONE && writes(in, reg)) {
             if (copy && is_reg(in.ops[1])) {
                 const ZydisRegister src = gpr64(in.ops[1].reg.value);
@@ -184,16 +190,27 @@ void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const Re
         index = gpr64(target.mem.index);
         entry_size = 8;
     } else if (is_reg(target)) {
-        // lea T(%rip),%rB; movslq (%rB,%rI,4),%rM; add %rA,%rZ; jmp *%rZ  ({rA,rZ} = {rB,rM})
+        // lea T(%rip),%rB; movslq (%rB,%rI,4),%rM; add %rA,%rZ; jmp *%rZ  ({rA,rZ} = {rB,rM}),
+        // or lea (%rA,%rC,1),%rZ instead of the add ({rA,rC} = {rB,rM}; glibc's assembly).
         const ZydisRegister rz = gpr64(target.reg.value);
         const int add = last_writer(w, last, rz);
-        if (add < 0 || w[add].zi.mnemonic != ZYDIS_MNEMONIC_ADD || !is_reg(w[add].ops[1]) ||
-            w[add].zi.operand_width != 64) {
+        if (add < 0 || w[add].zi.operand_width != 64) return;
+        ZydisRegister ra, rc;
+        const Insn &sum = w[add];
+        if (sum.zi.mnemonic == ZYDIS_MNEMONIC_ADD && is_reg(sum.ops[1])) {
+            ra = gpr64(sum.ops[1].reg.value);
+            rc = rz;
+        } else if (sum.zi.mnemonic == ZYDIS_MNEMONIC_LEA && sum.ops[1].type == ZYDIS_OPERAND_TYPE_MEMORY &&
+                   sum.ops[1].mem.base != ZYDIS_REGISTER_NONE && sum.ops[1].mem.base != ZYDIS_REGISTER_RIP &&
+                   sum.ops[1].mem.index != ZYDIS_REGISTER_NONE && sum.ops[1].mem.scale == 1 &&
+                   sum.ops[1].mem.disp.value == 0 && sum.ops[1].mem.segment == ZYDIS_REGISTER_DS) {
+            ra = gpr64(sum.ops[1].mem.base);
+            rc = gpr64(sum.ops[1].mem.index);
+        } else {
             return;
         }
-        const ZydisRegister ra = gpr64(w[add].ops[1].reg.value);
-        // Whichever of the two add operands a movslq loaded is the entry; the other the base.
-        for (const auto &[rm, rb] : {std::pair{rz, ra}, std::pair{ra, rz}}) {
+        // Whichever of the two summands a movslq loaded is the entry; the other the base.
+        for (const auto &[rm, rb] : {std::pair{rc, ra}, std::pair{ra, rc}}) {
             const int mov = last_writer(w, add, rm);
             if (mov < 0 || w[mov].zi.mnemonic != ZYDIS_MNEMONIC_MOVSXD) continue;
             const ZydisDecodedOperand &src = w[mov].ops[1];
