@@ -6,7 +6,9 @@
 // Besides "no crash, no read outside the buffer" (ASan), checks what the header promises:
 // instructions ascending, contiguous, whole and inside the function; branch targets
 // sorted, unique, inside; a region found ok is made of whole decoded instructions that
-// no branch or extra entry lands in.
+// no branch or extra entry lands in; with object references (option bit 8), also none of
+// those, padding only after a final ret/jmp, and trusted indirect jumps only as whole
+// pointers whose walked paths nothing outside joins.
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/region.hpp"
 
@@ -87,7 +89,7 @@ void check_map(const FunctionMap &f, const std::vector<uint8_t> &code) {
 }
 
 void check_verdict(const FunctionMap &f, uint64_t addr, const std::vector<uint64_t> &extra, size_t jump_len,
-                   const OptimizeCheck &c) {
+                   const OptimizeCheck &c, const ObjectRefs *refs = nullptr) {
     CHECK(c.reason < Reason::kCount_);
     CHECK(reason_name(c.reason) != nullptr);
     if (!c.ok) {
@@ -98,15 +100,29 @@ void check_verdict(const FunctionMap &f, uint64_t addr, const std::vector<uint64
     }
     CHECK(c.reason == Reason::kOk && c.reasons == 0);
     CHECK(f.reliable() && f.is_boundary(addr));
-    CHECK(f.size >= jump_len && c.dcr_len >= jump_len);
-    CHECK(addr + c.dcr_len <= f.start + f.size);
+    CHECK(c.dcr_len >= jump_len);
+    CHECK(refs != nullptr || (!c.into_padding && !c.trusted_jumps));
+    const uint64_t fn_end = f.start + f.size;
+    if (!c.into_padding) CHECK(f.size >= jump_len && addr + c.dcr_len <= fn_end);
     CHECK(!c.insns.empty() && c.insns.front() == addr);
-    // Whole instructions of the sweep, back to back, covering exactly dcr_len bytes.
+    // Whole instructions of the sweep, back to back, covering exactly dcr_len bytes; past
+    // the function only nops, after a final ret/jmp, before the next function start.
     uint64_t at = addr;
+    Flow last_in_function = Flow::kSequential;
     for (uint64_t a : c.insns) {
-        CHECK(a == at && f.is_boundary(a));
+        CHECK(a == at);
         Insn in;
-        CHECK(decode(a, f.code.data() + (a - f.start), f.size - (a - f.start), &in) == 0);
+        if (a < fn_end) {
+            CHECK(f.is_boundary(a));
+            CHECK(decode(a, f.code.data() + (a - f.start), f.size - (a - f.start), &in) == 0);
+            last_in_function = in.flow;
+        } else {
+            CHECK(c.into_padding && a - fn_end < f.tail.size());
+            CHECK(decode(a, f.tail.data() + (a - fn_end), f.tail.size() - (a - fn_end), &in) == 0);
+            CHECK(in.zi.mnemonic == ZYDIS_MNEMONIC_NOP && a + in.len <= refs->next_start(f.start));
+            CHECK(last_in_function == Flow::kRet || last_in_function == Flow::kJump ||
+                  last_in_function == Flow::kIndirectJump);
+        }
         CHECK(in.flow != Flow::kUnsupported);
         at += in.len;
     }
@@ -114,7 +130,16 @@ void check_verdict(const FunctionMap &f, uint64_t addr, const std::vector<uint64
     CHECK(at - c.insns.back() <= 15 && c.insns.back() - addr < jump_len);
     for (uint64_t t : f.branch_targets) CHECK(!(t > addr && t < at));
     for (uint64_t e : extra) CHECK(!(e > addr && e < at));
-    CHECK(!f.has_unresolved_indirect_jump());
+    if (refs != nullptr) CHECK(!refs->any_in(addr, at));
+    if (!c.trusted_jumps) {
+        CHECK(!f.has_unresolved_indirect_jump());
+    } else {
+        CHECK(!refs->value_in(f.start, fn_end));
+        for (const IndirectJump &ij : f.indirect_jumps) {
+            CHECK(ij.resolved || ij.whole_pointer);
+            for (uint64_t w : ij.walked) CHECK(w >= f.start && w < fn_end && !refs->reached_from_outside(w, f.start, fn_end));
+        }
+    }
 }
 
 } // namespace
@@ -152,6 +177,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (checks++ == kMaxChecks) break;
         const OptimizeCheck c = check_region(f, a, (opts & 4) ? extra : std::vector<uint64_t>{}, jump_len);
         check_verdict(f, a, (opts & 4) ? extra : std::vector<uint64_t>{}, jump_len, c);
+    }
+    // With object references made of the option bytes: a value, a branch from outside,
+    // the next function start (option byte 3 bytes past the function's end).
+    if (opts & 8) {
+        ObjectRefs refs;
+        refs.values = {kStart + (extra_off ^ 0x5a)};
+        refs.branches = {{kStart + extra_off, kStart - 0x100}};
+        refs.starts = {kStart, kStart + code.size() + stride};
+        for (uint64_t a : f.insns) {
+            if (checks++ == 2 * kMaxChecks) break;
+            const OptimizeCheck c = check_region(f, a, {}, jump_len, &refs);
+            check_verdict(f, a, {}, jump_len, c, &refs);
+        }
     }
     // Addresses that are no boundary: inside instructions, before and past the function.
     for (uint64_t a = kStart - 1; a <= kStart + code.size() + 1 && checks++ < 2 * kMaxChecks; a += stride) {
