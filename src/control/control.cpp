@@ -4,8 +4,11 @@
 // (<ukprobes/trace.h>). Off every
 // hot path: it takes no lock a probe hit takes.
 #include "control/control.hpp"
+#include "control/fd_passing.hpp"
 #include "control/protocol.hpp"
 #include "core/core.hpp"
+#include "core/fork.hpp"
+#include "trace/ring.hpp"
 
 #include <ukprobes/kprobes.h>
 #include <ukprobes/trace.h>
@@ -20,6 +23,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <mutex>
+#include <new>
 #include <poll.h>
 #include <pthread.h>
 #include <string>
@@ -74,23 +78,8 @@ bool send_reply(int fd, int32_t status, const std::string &payload, int pass_fd 
     ReplyHeader h{kMagic, kVersion, 0, status, static_cast<uint32_t>(payload.size())};
     if (pass_fd >= 0) h.flags |= kReplyFd;
     iovec iov[2] = {{&h, sizeof h}, {const_cast<char *>(payload.data()), payload.size()}};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = payload.empty() ? 1 : 2;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    if (pass_fd >= 0) {
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-    }
     size_t total = sizeof h + payload.size();
-    ssize_t n;
-    do n = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = send_with_fd(fd, iov, payload.empty() ? 1 : 2, pass_fd);
     if (n < 0) return false;
     // The rest of a long payload, without the descriptor.
     size_t sent = static_cast<size_t>(n);
@@ -155,7 +144,7 @@ private:
     // Returns false when the connection must be closed (framing error or I/O failure).
     bool serve_one(size_t index);
     int32_t handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload,
-                   std::string *reply);
+                   std::string *reply, int *reply_fd);
     int32_t handle_read(const std::string &path, std::string *reply);
     int32_t handle_write(Connection &c, const std::string &path, const std::string &payload, bool append,
                          std::string *reply);
@@ -175,11 +164,18 @@ private:
 void Server::run() {
     std::vector<pollfd> &fds = fds_;
     while (!stop_) {
+        // A fork() waits until this thread is back in poll(): fork.hpp.
+        const core::ForkQuiet busy(core::ForkGate::kControl);
         fds.clear();
         fds.push_back({listen_fd_, POLLIN, 0});
         fds.push_back({g_wake_fd[0], POLLIN, 0});
         for (const Connection &c : conns_) fds.push_back({c.fd, POLLIN, 0});
-        if (poll(fds.data(), fds.size(), -1) < 0) {
+        int ready;
+        {
+            const core::ForkQuiet::Unlocked idle(busy);
+            ready = poll(fds.data(), fds.size(), -1);
+        }
+        if (ready < 0) {
             if (errno == EINTR) continue;
             break;
         }
@@ -209,6 +205,7 @@ void Server::run() {
         conns_.push_back({fd, {}, -1, -1, false});
     }
     // Stopping: every controller loses what it added.
+    const core::ForkQuiet busy(core::ForkGate::kControl);
     while (!conns_.empty()) close_connection(conns_.size() - 1);
     undo(shared_);
 }
@@ -231,13 +228,15 @@ bool Server::serve_one(size_t index) {
     if (!read_full(conns_[index].fd, path.data(), path.size())) return false;
     if (!read_full(conns_[index].fd, payload.data(), payload.size())) return false;
     std::string reply;
-    const int32_t status = handle(conns_[index], h.op, path, payload, &reply);
-    if (!send_reply(conns_[index].fd, status, reply)) return false;
-    return !stop_;
+    int reply_fd = -1;
+    const int32_t status = handle(conns_[index], h.op, path, payload, &reply, &reply_fd);
+    const bool sent = send_reply(conns_[index].fd, status, reply, reply_fd);
+    if (reply_fd >= 0) close(reply_fd); // the controller has its own now
+    return sent && !stop_;
 }
 
 int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload,
-                       std::string *reply) {
+                       std::string *reply, int *reply_fd) {
     const bool needs_path = op == uint16_t(Op::kRead) || op == uint16_t(Op::kWrite) ||
                             op == uint16_t(Op::kAppend) || op == uint16_t(Op::kOpenFd);
     if (needs_path) {
@@ -279,9 +278,17 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
         stop_ = true;
         return 0;
     }
-    case Op::kOpenFd:
-        *reply = "no descriptor is served at '" + path + "' (ring buffers are not shared yet)";
-        return -ENOENT;
+    case Op::kOpenFd: {
+        // The ring buffers' memfd: the controller maps it and formats the records itself.
+        if (path != kTraceRingPath) {
+            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + ")";
+            return -ENOENT;
+        }
+        size_t size = 0;
+        *reply_fd = trace::ring_memfd_copy(&size);
+        if (*reply_fd < 0) return *reply_fd;
+        return 0;
+    }
     }
     *reply = "unknown operation " + std::to_string(op);
     return -EOPNOTSUPP;
@@ -401,10 +408,16 @@ Server *g_server = nullptr;
 
 void *thread_main(void *) {
     const core::AgentWork quiet; // the whole thread is the agent's
-    g_server = new Server(g_listen_fd);
+    {
+        const core::ForkQuiet busy(core::ForkGate::kControl);
+        g_server = new Server(g_listen_fd);
+    }
     g_server->run();
-    delete g_server;
-    g_server = nullptr;
+    {
+        const core::ForkQuiet busy(core::ForkGate::kControl);
+        delete g_server;
+        g_server = nullptr;
+    }
     if (!g_stopping.load()) unlink(g_socket_path);
     close(g_listen_fd);
     g_listen_fd = -1;
@@ -450,6 +463,8 @@ void forget_in_child() {
     g_thread_valid = false;
     g_stopping.store(false);
     g_socket_path[0] = 0;
+    // A thread of the parent may have been starting or stopping the server at the fork.
+    new (&g_start_mu) std::mutex;
 }
 
 int start_locked() {
@@ -486,6 +501,7 @@ int start_locked() {
         return err;
     }
     g_listen_fd = fd;
+    core::hook_fork(); // before the thread: a fork() must wait for its work
     // The thread starts with every asynchronous signal blocked, so it never takes one
     // meant for the program. Synchronous faults stay open: the fault-safe reads of
     // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.

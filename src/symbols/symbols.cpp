@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -710,6 +711,121 @@ void Registry::refresh()
             obj->main_program = main_program;
             obj->load_index = static_cast<unsigned>(i);
             obj->exec_ranges = std::move(e.exec_ranges);
+            fresh.push_back(std::move(obj));
+        }
+        objects_ = std::move(fresh);
+    } catch (...) {
+        // Out of memory: the previous snapshot stays.
+    }
+}
+
+namespace {
+
+// The virtual address of the first executable PT_LOAD of an ELF image, or false.
+bool first_exec_vaddr(Elf *elf, uint64_t *vaddr)
+{
+    size_t n = 0;
+    if (elf_getphdrnum(elf, &n) != 0)
+        return false;
+    for (size_t i = 0; i < n; ++i) {
+        GElf_Phdr ph;
+        if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD &&
+            (ph.p_flags & PF_X)) {
+            *vaddr = ph.p_vaddr;
+            return true;
+        }
+    }
+    return false;
+}
+
+// One object as /proc/PID/maps shows it.
+struct MappedFile {
+    std::string path;        // as maps names it ("[vdso]" for the vdso)
+    uint64_t first_exec = 0; // start of its lowest executable mapping
+};
+
+std::vector<MappedFile> mapped_files(int pid)
+{
+    std::vector<MappedFile> files;
+    const std::string maps = "/proc/" + std::to_string(pid) + "/maps";
+    FILE *f = std::fopen(maps.c_str(), "re");
+    if (!f)
+        return files;
+    char line[4352];
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long long lo = 0, hi = 0;
+        char perms[8] = {};
+        int name_at = 0;
+        if (std::sscanf(line, "%llx-%llx %7s %*s %*s %*s %n", &lo, &hi, perms, &name_at) < 3 || name_at <= 0 ||
+            perms[2] != 'x')
+            continue;
+        std::string path = line + name_at;
+        if (!path.empty() && path.back() == '\n')
+            path.pop_back();
+        if (path.empty() || (path[0] != '/' && path != "[vdso]"))
+            continue;
+        auto it = std::find_if(files.begin(), files.end(), [&](const MappedFile &m) { return m.path == path; });
+        if (it == files.end()) {
+            files.push_back({path, lo});
+            it = files.end() - 1;
+        }
+        it->first_exec = std::min<uint64_t>(it->first_exec, lo);
+    }
+    std::fclose(f);
+    return files;
+}
+
+} // namespace
+
+void Registry::refresh_from_maps(int pid)
+{
+    try {
+        const std::string proc = "/proc/" + std::to_string(pid);
+        const std::string exe = real_path((proc + "/exe").c_str());
+        const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+        std::vector<MappedFile> files = mapped_files(pid);
+        // The main program first, as in the link map.
+        std::stable_partition(files.begin(), files.end(), [&](const MappedFile &m) { return m.path == exe; });
+        std::vector<std::shared_ptr<const Object>> fresh;
+        for (const MappedFile &m : files) {
+            const bool main_program = m.path == exe, vdso = m.path == "[vdso]";
+            const std::pair<uint64_t, uint64_t> image = vdso ? vdso_image() : std::pair<uint64_t, uint64_t>{};
+            std::vector<char> copy;
+            ElfFile elf;
+            if (vdso) {
+                if (image.second == 0)
+                    continue;
+                copy.assign(reinterpret_cast<const char *>(image.first),
+                            reinterpret_cast<const char *>(image.first) + image.second);
+                if (!elf.open_memory(copy.data(), copy.size()))
+                    continue;
+            } else if (!elf.open_file(main_program ? proc + "/exe" : m.path)) {
+                continue; // not ELF, or gone: nothing to name addresses with
+            }
+            uint64_t vaddr = 0;
+            if (!first_exec_vaddr(elf.get(), &vaddr))
+                continue;
+            const uint64_t bias = m.first_exec - vaddr / page * page;
+            const std::string path = vdso ? "linux-vdso.so.1" : m.path;
+            auto same = std::find_if(objects_.begin(), objects_.end(),
+                                     [&](const auto &o) { return o->path == path && o->bias == bias; });
+            std::shared_ptr<Object> obj;
+            if (same != objects_.end() && (*same)->load_index == fresh.size() &&
+                (*same)->main_program == main_program) {
+                fresh.push_back(*same);
+                continue;
+            }
+            if (same != objects_.end()) {
+                obj = std::make_shared<Object>(**same);
+            } else {
+                obj = std::make_shared<Object>();
+                parse_elf(elf.get(), bias, *obj);
+            }
+            obj->path = path;
+            obj->name = file_name(path);
+            obj->bias = bias;
+            obj->main_program = main_program;
+            obj->load_index = static_cast<unsigned>(fresh.size());
             fresh.push_back(std::move(obj));
         }
         objects_ = std::move(fresh);

@@ -82,6 +82,10 @@ public:
     ~Registry();
 
     void refresh();
+    // The same for another process, from outside it: the objects of /proc/PID/maps
+    // (files with an executable mapping, and the vdso, whose image is this process's
+    // own), the main program first. For a reader that prints the process's addresses.
+    void refresh_from_maps(int pid);
     const std::vector<std::shared_ptr<const Object>> &objects() const { return objects_; }
 
     // The object whose executable ranges contain addr, or null.

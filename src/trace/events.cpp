@@ -23,6 +23,7 @@
 #include "symbols/symbols.hpp"
 #include "trace/filter.hpp"
 #include "trace/output.hpp"
+#include "trace/print.hpp"
 #include "trace/ring.hpp"
 #include "trace/trigger.hpp"
 
@@ -31,7 +32,6 @@ namespace ukp::trace {
 namespace {
 
 constexpr uint16_t kFirstEventId = 2000;       // dynamic event ids, after the static ones
-constexpr uint16_t kStackEventId = 12;         // the kernel's TRACE_USER_STACK
 constexpr uint32_t kScratchSize = 1024;        // a record built when the ring takes none
 constexpr int kMaxUserStack = 16;              // frames a stacktrace trigger records
 constexpr int kPipeWaitMs = 1000;              // a trace_pipe read waits this long for a record
@@ -71,17 +71,13 @@ public:
     bool semaphore_held = false; // this point counts in its SDT semaphore
 };
 
-// The probes and records of one event.
-class Event {
+// The probes and records of one event; what printing takes (EventInfo: id, names,
+// fields, print fmt) never changes once it is defined.
+class Event : public EventInfo {
 public:
-    std::string group, name;
-    uint16_t id = 0;                              // common_type of its records, its id file
-    bool is_return = false;                       // kretprobe: __probe_func, __probe_ret_ip
     std::vector<FetchProgram> progs;              // one per argument, in order
     std::vector<std::string> arg_names, arg_types; // for comparing definitions
     std::vector<uint16_t> entry_args;             // $argN saved at entry (return probes)
-    std::vector<Field> fields;                    // common fields first, as the format file
-    std::string print_fmt;                        // the format file's print fmt line
     uint32_t fixed_size = 0;                      // record bytes before the string data
     uint32_t reserve_size = 0;                    // what a hit reserves: fixed + string room
     std::unique_ptr<SymbolTable> symbols;         // for symstr arguments
@@ -553,135 +549,28 @@ int Tracer::set_enabled(Event *e, bool on) {
 
 } // namespace
 
-// The symbol holding addr in any object (data symbols too), or null: the nearest sized
-// symbol at or below addr that contains it (a few below are tried: zero-sized labels and
-// local symbols may sit in between).
-static const sym::Symbol *symbol_holding(const sym::Registry &reg, uint64_t addr) {
-    for (const auto &obj : reg.objects()) {
-        const auto &v = obj->symbols;
-        auto it = std::upper_bound(v.begin(), v.end(), addr,
-                                   [](uint64_t a, const sym::Symbol &s) { return a < s.value; });
-        const sym::Symbol *best = nullptr;
-        for (int tries = 0; it != v.begin() && tries < 64; ++tries) {
-            --it;
-            if (it->size != 0 && addr - it->value < it->size) best = &*it; // the first at one address wins
-            if (best != nullptr && it->value != best->value) break;
-        }
-        if (best != nullptr) return best;
-    }
-    return nullptr;
-}
-
 std::string symbolize(uint64_t addr, bool with_size) {
     static std::mutex mu;
     static sym::Registry *reg = new sym::Registry; // never destroyed: printers run at exit
     std::lock_guard lock(mu);
     if (reg->objects().empty()) reg->refresh();
-    const sym::Symbol *s = symbol_holding(*reg, addr);
-    if (s == nullptr) {
+    std::string text = symbol_text(reg->objects(), addr, with_size);
+    if (text.empty()) {
         reg->refresh(); // an object loaded since
-        s = symbol_holding(*reg, addr);
+        text = symbol_text(reg->objects(), addr, with_size);
     }
-    char buf[64];
-    if (s == nullptr) {
-        std::snprintf(buf, sizeof buf, "0x%" PRIx64, addr);
-        return buf;
-    }
-    std::string out = s->name;
-    if (with_size) {
-        std::snprintf(buf, sizeof buf, "+0x%" PRIx64 "/0x%" PRIx64, addr - s->value, s->size);
-        out += buf;
-    }
-    return out;
-}
-
-void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32_t index, std::string &out) {
-    char buf[32];
-    switch (f.print) {
-    case Print::kString: {
-        uint32_t len = 0;
-        const char *s = load_string(rec, size, f, &len, index);
-        if (s == nullptr) {
-            out += "(fault)";
-        } else {
-            out += '"';
-            out.append(s, strnlen(s, len));
-            out += '"';
-        }
-        return;
-    }
-    case Print::kUnsigned: {
-        const uint64_t v = load_integer(rec, f, index);
-        std::snprintf(buf, sizeof buf, "%" PRIu64, v);
-        break;
-    }
-    case Print::kSigned: {
-        const uint64_t v = load_integer(rec, f, index);
-        std::snprintf(buf, sizeof buf, "%" PRId64, static_cast<int64_t>(v));
-        break;
-    }
-    case Print::kHex: {
-        std::snprintf(buf, sizeof buf, "0x%" PRIx64, load_integer(rec, f, index));
-        break;
-    }
-    case Print::kChar:
-        std::snprintf(buf, sizeof buf, "'%c'", static_cast<char>(load_integer(rec, f, index)));
-        break;
-    case Print::kSymbol:
-        out += symbolize(load_integer(rec, f, index), true);
-        return;
-    }
-    out += buf;
+    return text.empty() ? hex_address(addr) : text;
 }
 
 void print_event(const uint8_t *rec, uint32_t size, std::string &out) {
-    if (size < kCommonSize) return;
-    CommonHeader h;
-    std::memcpy(&h, rec, sizeof h);
-    if (h.type == kStackEventId) {
-        out += "<user stack trace>";
-        for (uint32_t off = kCommonSize; off + 8 <= size; off += 8) {
-            uint64_t a;
-            std::memcpy(&a, rec + off, 8);
-            out += "\n => " + symbolize(a, true);
-        }
-        return;
-    }
-    Tracer &t = tracer();
-    std::vector<Field> fields;
-    std::string name;
-    bool is_return = false;
-    {
+    const EventLookup find = [](uint16_t id) -> const EventInfo * {
+        Tracer &t = tracer();
         std::lock_guard lock(t.mu);
-        auto it = t.by_id.find(h.type);
-        if (it == t.by_id.end()) {
-            out += "Unknown event " + std::to_string(h.type);
-            return;
-        }
-        fields = it->second->fields;
-        name = it->second->name;
-        is_return = it->second->is_return;
-    }
-    out += name + ": (";
-    uint64_t a = 0, b = 0;
-    if (size >= kCommonSize + 8) std::memcpy(&a, rec + kCommonSize, 8);
-    if (is_return && size >= kCommonSize + 16) std::memcpy(&b, rec + kCommonSize + 8, 8);
-    if (is_return) out += symbolize(b, true) + " <- " + symbolize(a, false);
-    else out += symbolize(a, true);
-    out += ")";
-    const size_t first = is_return ? 6 : 5; // after the common and the probe's own fields
-    for (size_t i = first; i < fields.size(); ++i) {
-        const Field &f = fields[i];
-        const uint32_t n = f.array_len > 0 ? f.array_len : 1;
-        if (f.offset + f.size * n > size) break;
-        out += " " + f.name + "=";
-        if (f.array_len > 0) out += "{";
-        for (uint32_t k = 0; k < n; ++k) {
-            if (k) out += ",";
-            print_field_value(rec, size, f, k, out);
-        }
-        if (f.array_len > 0) out += "}";
-    }
+        auto it = t.by_id.find(id);
+        // Events are never freed (removed ones stay in the graveyard).
+        return it != t.by_id.end() ? it->second : nullptr;
+    };
+    print_record(rec, size, find, symbolize, out);
 }
 
 std::vector<Field> event_fields(std::string_view group, std::string_view event) {
@@ -729,6 +618,13 @@ std::string definitions_text(Tracer &t) {
     for (auto &e : t.events)
         for (auto &p : e->points) s += p->def.show() + "\n";
     return s;
+}
+
+// Every event records may name, removed ones too, in id order.
+std::string event_table_locked(Tracer &t) {
+    std::vector<const EventInfo *> all;
+    for (const auto &[id, e] : t.by_id) all.push_back(e);
+    return event_table_text(all);
 }
 
 std::string profile_text(Tracer &t) {
@@ -877,6 +773,18 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
     if (path == "kprobe_profile") {
         if (write) return -EACCES;
         *out = profile_text(t);
+        return 0;
+    }
+    if (path == "event_table") {
+        // What a reader in another process needs to print records (print.hpp).
+        if (write) return -EACCES;
+        *out = event_table_locked(t);
+        return 0;
+    }
+    if (path == "records_formatted") {
+        // Records this process printed as trace text (the CLI formats its own: docs/cli.md).
+        if (write) return -EACCES;
+        *out = std::to_string(records_formatted()) + "\n";
         return 0;
     }
     if (path == "available_events") {

@@ -42,10 +42,6 @@ int apply_startup_events(std::string_view spec);
 // trace_pipe.
 void print_event(const uint8_t *rec, uint32_t size, std::string &out);
 
-// The text of a value of one field (element `index`), as the trace shows it.
-void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32_t index,
-                       std::string &out);
-
 // For tests: the fields of an event (as its format file lists them), or empty.
 std::vector<Field> event_fields(std::string_view group, std::string_view event);
 

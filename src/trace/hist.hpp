@@ -23,10 +23,6 @@
 
 namespace ukp::trace {
 
-// Address -> symbol text for .sym ("name") and .sym-offset ("name+0x1a/0x40"); an empty
-// answer prints the address as hex, as the kernel does for an unknown address.
-using Symbolizer = std::function<std::string(uint64_t addr, bool with_offset)>;
-
 struct HistTable; // one generation of the table; :clear publishes a fresh one
 
 class HistTrigger {

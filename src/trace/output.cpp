@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -39,34 +38,6 @@ void lat_fmt(uint8_t flags, uint8_t pc, char out[6]) {
     out[5] = 0;
 }
 
-// Names of threads, looked up once per read.
-class Names {
-public:
-    explicit Names(const RingView &v) : v_(v) {
-        const RingHeader *h = v.header();
-        pid_ = h != nullptr ? h->pid : getpid();
-    }
-    const std::string &of(int32_t tid) {
-        auto it = cache_.find(tid);
-        if (it == cache_.end()) it = cache_.emplace(tid, ring_thread_name(v_, pid_, tid)).first;
-        return it->second;
-    }
-
-private:
-    RingView v_;
-    int32_t pid_;
-    std::unordered_map<int32_t, std::string> cache_;
-};
-
-void append_entry(const RingEntry &e, Names &names, const EventPrinter &print, std::string &out) {
-    if (e.lost_before != 0) out += lost_events_line(e.cpu, e.lost_before);
-    CommonHeader c{};
-    if (e.rec.size() >= kCommonSize) std::memcpy(&c, e.rec.data(), kCommonSize);
-    out += trace_line_prefix(names.of(c.pid), c.pid, e.cpu, c.flags, c.preempt_count, e.ts);
-    print(e.rec.data(), static_cast<uint32_t>(e.rec.size()), out);
-    out += '\n';
-}
-
 std::string snapshot_help(bool allocated) {
     std::string s = allocated ? "#\n# * Snapshot is allocated *\n#\n" : "#\n# * Snapshot is freed *\n#\n";
     s += "# Snapshot commands:\n"
@@ -79,10 +50,27 @@ std::string snapshot_help(bool allocated) {
     return s;
 }
 
-std::mutex g_pipe_mu;      // one trace_pipe reader at a time
-std::string g_pipe_left;   // the rest of a line that did not fit the last read
-
 } // namespace
+
+ThreadNames::ThreadNames(const RingView &v) : v_(v) {
+    const RingHeader *h = v.header();
+    pid_ = h != nullptr ? h->pid : getpid();
+}
+
+const std::string &ThreadNames::of(int32_t tid) {
+    auto it = cache_.find(tid);
+    if (it == cache_.end()) it = cache_.emplace(tid, ring_thread_name(v_, pid_, tid)).first;
+    return it->second;
+}
+
+void append_entry(const RingEntry &e, ThreadNames &names, const EventPrinter &print, std::string &out) {
+    if (e.lost_before != 0) out += lost_events_line(e.cpu, e.lost_before);
+    CommonHeader c{};
+    if (e.rec.size() >= kCommonSize) std::memcpy(&c, e.rec.data(), kCommonSize);
+    out += trace_line_prefix(names.of(c.pid), c.pid, e.cpu, c.flags, c.preempt_count, e.ts);
+    print(e.rec.data(), static_cast<uint32_t>(e.rec.size()), out);
+    out += '\n';
+}
 
 int online_cpus() {
     const long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -125,28 +113,35 @@ std::string lost_events_line(uint32_t cpu, uint64_t lost) {
     return buf;
 }
 
+std::string trace_text_from(const RingView &v, const std::vector<RingEntry> &entries, const RingCounts &counts,
+                            const EventPrinter &print) {
+    std::string out = trace_header(counts.entries, counts.written, online_cpus());
+    ThreadNames names(v);
+    for (const RingEntry &e : entries) append_entry(e, names, print, out);
+    return out;
+}
+
+std::string snapshot_text_from(const RingView &v, bool allocated, const std::vector<RingEntry> &entries,
+                               const RingCounts &counts, const EventPrinter &print) {
+    if (entries.empty()) return "# tracer: nop\n#\n" + snapshot_help(allocated);
+    return trace_text_from(v, entries, counts, print);
+}
+
 std::string trace_text_of(const RingView &v, const EventPrinter &print) {
     RingCounts counts;
     const std::vector<RingEntry> entries = ring_collect(v, &counts);
-    std::string out = trace_header(counts.entries, counts.written, online_cpus());
-    Names names(v);
-    for (const RingEntry &e : entries) append_entry(e, names, print, out);
-    return out;
+    return trace_text_from(v, entries, counts, print);
 }
 
 std::string snapshot_text_of(const RingView &v, bool allocated, const EventPrinter &print) {
     RingCounts counts;
     const std::vector<RingEntry> entries = allocated ? ring_collect(v, &counts) : std::vector<RingEntry>{};
-    if (entries.empty()) return "# tracer: nop\n#\n" + snapshot_help(allocated);
-    std::string out = trace_header(counts.entries, counts.written, online_cpus());
-    Names names(v);
-    for (const RingEntry &e : entries) append_entry(e, names, print, out);
-    return out;
+    return snapshot_text_from(v, allocated, entries, counts, print);
 }
 
 std::string trace_pipe_text_of(const RingView &v, const EventPrinter &print, size_t max_bytes) {
     std::string out, line;
-    Names names(v);
+    ThreadNames names(v);
     RingEntry e;
     while (out.size() < max_bytes && ring_consume(v, &e)) {
         line.clear();
@@ -156,73 +151,42 @@ std::string trace_pipe_text_of(const RingView &v, const EventPrinter &print, siz
     return out;
 }
 
-std::string trace_text(const EventPrinter &print) {
-    // Records are copied under the lock and printed after it: a printer may call back.
-    std::vector<RingEntry> entries;
-    RingCounts counts;
-    RingView view;
-    with_ring_views([&](const RingView &main, const RingView &) {
-        entries = ring_collect(main, &counts);
-        view = main;
-    });
-    std::string out = trace_header(counts.entries, counts.written, online_cpus());
-    Names names(view); // regions stay mapped for the process's life
-    for (const RingEntry &e : entries) append_entry(e, names, print, out);
-    return out;
-}
-
-std::string snapshot_text(const EventPrinter &print) {
-    std::vector<RingEntry> entries;
-    RingCounts counts;
-    RingView view;
-    bool allocated = false;
-    with_ring_views([&](const RingView &, const RingView &snap) {
-        allocated = snap.base != nullptr;
-        if (allocated) entries = ring_collect(snap, &counts);
-        view = snap;
-    });
-    if (entries.empty()) return "# tracer: nop\n#\n" + snapshot_help(allocated);
-    std::string out = trace_header(counts.entries, counts.written, online_cpus());
-    Names names(view);
-    for (const RingEntry &e : entries) append_entry(e, names, print, out);
-    return out;
-}
-
-std::string trace_pipe_read(const EventPrinter &print, int timeout_ms, size_t max_bytes) {
-    std::lock_guard pipe_lock(g_pipe_mu);
+std::string PipeReader::read(const WithView &with_view, const EventPrinter &print, int timeout_ms,
+                             size_t max_bytes) {
     std::string out;
     if (max_bytes == 0) return out;
-    if (!g_pipe_left.empty()) {
-        out = g_pipe_left.substr(0, max_bytes);
-        g_pipe_left.erase(0, out.size());
+    if (!left_.empty()) {
+        out = left_.substr(0, max_bytes);
+        left_.erase(0, out.size());
         return out;
     }
     // Polling: the writer may not make the system call a wakeup needs.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         bool ready = false;
-        with_ring_views([&](const RingView &main, const RingView &) { ready = ring_has_data(main); });
+        with_view([&](const RingView &v) { ready = ring_has_data(v); });
         if (ready) break;
         if (std::chrono::steady_clock::now() >= deadline) return out;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     RingView view;
-    with_ring_views([&](const RingView &main, const RingView &) { view = main; });
-    Names names(view);
+    with_view([&](const RingView &v) { view = v; });
+    ThreadNames names(view);
     std::string line;
     for (;;) {
+        // Consumed under with_view, printed outside it: a printer may take other locks.
         RingEntry e;
         bool got = false;
-        with_ring_views([&](const RingView &main, const RingView &) { got = ring_consume(main, &e); });
+        with_view([&](const RingView &v) { got = ring_consume(v, &e); });
         if (!got) break;
         line.clear();
         append_entry(e, names, print, line);
         if (out.size() + line.size() > max_bytes) {
             if (out.empty()) {
                 out = line.substr(0, max_bytes);
-                g_pipe_left = line.substr(max_bytes);
+                left_ = line.substr(max_bytes);
             } else {
-                g_pipe_left = line;
+                left_ = line;
             }
             break;
         }

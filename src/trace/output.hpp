@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "trace/ring.hpp"
 
@@ -14,6 +16,8 @@ namespace ukp::trace {
 // Prints one event's part of a trace line after "TIMESTAMP: " — "EVENT: (SYM+OFF/SIZE) a=1"
 // — given its record; supplied by trace-def's events. No newline: the caller adds it.
 using EventPrinter = std::function<void(const uint8_t *rec, uint32_t size, std::string &out)>;
+
+// ---- This process's own buffers (the agent: the file API, ukp_trace_read) ----
 
 // The trace file: non-consuming, with the header.
 std::string trace_text(const EventPrinter &);
@@ -24,13 +28,50 @@ std::string trace_pipe_read(const EventPrinter &, int timeout_ms, size_t max_byt
 // The snapshot file: the snapshot's records with the header, or ftrace's help text
 // when it is empty or not allocated.
 std::string snapshot_text(const EventPrinter &);
+// Records the three above have printed in this process: a reader in another process
+// (the CLI) that formats for itself leaves it unchanged.
+uint64_t records_formatted();
 
-// The same for a region mapped by a reader in another process (the CLI).
+// ---- Any mapped region (the agent's, or one the CLI mapped from the memfd) ----
+
 std::string trace_text_of(const RingView &, const EventPrinter &);
 std::string snapshot_text_of(const RingView &, bool allocated, const EventPrinter &);
 // trace_pipe without waiting: consumes records of the view while the text is shorter
 // than max_bytes (whole lines: the last one may end past max_bytes).
 std::string trace_pipe_text_of(const RingView &, const EventPrinter &, size_t max_bytes);
+// The trace (snapshot) file for records already collected from view v (whose saved
+// thread names it shows).
+std::string trace_text_from(const RingView &v, const std::vector<RingEntry> &, const RingCounts &,
+                            const EventPrinter &);
+std::string snapshot_text_from(const RingView &v, bool allocated, const std::vector<RingEntry> &,
+                               const RingCounts &, const EventPrinter &);
+
+// One trace_pipe reader: trace_pipe_read's semantics over any view. Not thread-safe.
+class PipeReader {
+public:
+    // Runs its argument with the view while the view cannot be replaced.
+    using WithView = std::function<void(const std::function<void(const RingView &)> &)>;
+    std::string read(const WithView &, const EventPrinter &, int timeout_ms, size_t max_bytes);
+
+private:
+    std::string left_; // the rest of a line that did not fit the last read
+};
+
+// The names of threads of a view's process, each looked up once (ring_thread_name).
+class ThreadNames {
+public:
+    explicit ThreadNames(const RingView &v);
+    const std::string &of(int32_t tid);
+
+private:
+    RingView v_;
+    int32_t pid_;
+    std::unordered_map<int32_t, std::string> cache_;
+};
+
+// One record's trace line ("TASK-PID [CPU] FLAGS TS: EVENT..."), after a LOST line when
+// records were lost before it.
+void append_entry(const RingEntry &, ThreadNames &, const EventPrinter &, std::string &out);
 
 // Pieces, exposed for tests and other readers.
 // "# tracer: nop" ... the column legend, with the entries line.

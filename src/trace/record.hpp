@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ struct Field {
     uint32_t array_len = 0;    // 0 for a scalar; N for an array of N elements of `size` bytes
     bool common = false;       // one of the common fields (printed before the blank line)
 };
+
+// Address -> symbol text: "name" or, with_offset, "name+0x1a/0x40" (hist's .sym and
+// .sym-offset, the trace's probe addresses and `symbol` values). An empty answer prints
+// the address as hex, as the kernel does for an unknown address.
+using Symbolizer = std::function<std::string(uint64_t addr, bool with_offset)>;
 
 // The common fields, in order, as every event's format file lists them first.
 std::vector<Field> common_fields();

@@ -76,6 +76,12 @@ struct ClockSegment {
     uint64_t mult; // ns per tick, times 2^32
 };
 
+// TSC ticks `raw` in CLOCK_MONOTONIC ns by segment s (raw may be before s.tsc0).
+inline uint64_t clock_convert(const ClockSegment &s, uint64_t raw) {
+    const __int128 d = static_cast<__int128>(static_cast<int64_t>(raw - s.tsc0)) * static_cast<__int128>(s.mult);
+    return s.ns0 + static_cast<uint64_t>(static_cast<int64_t>(d >> 32));
+}
+
 // A thread's name, saved when it exits (the reader's saved_cmdlines).
 struct CommEntry {
     std::atomic<int32_t> tid;  // 0 while being written
@@ -129,7 +135,8 @@ struct alignas(64) SlotHeader {
                                         // (eviction) and by a consuming reader (CAS)
     alignas(64) uint64_t overrun_base;  // reader-owned: overrun at the last clear
     uint64_t dropped_base;              // reader-owned: dropped at the last clear
-    uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported
+    uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported (readers
+                                        // in several processes raise it with a CAS)
 };
 
 // In front of each record in a slot.
@@ -160,6 +167,9 @@ struct RingView {
 // The memfd of the main buffers and of the snapshot (-1 when none) and their sizes, for
 // a reader in another process; changes when the buffers are replaced (resize, snapshot).
 int ring_memfd(size_t *size);
+// A descriptor of its own for the main buffers' memfd (close-on-exec; the caller closes
+// it), or -errno: what the control socket passes to a controller.
+int ring_memfd_copy(size_t *size);
 int snapshot_memfd(size_t *size);
 
 // ---- Reading (output.cpp and outside readers) ----
@@ -186,7 +196,8 @@ struct RingCounts {
 // its header, not as LOST lines).
 std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts);
 // Consumes the oldest record of the view into *out (lost_before: overwritten and refused
-// records before it). False when the buffers are empty. One consumer at a time.
+// records before it). False when the buffers are empty. Consumers in any number of
+// processes may run at once: each record goes to exactly one of them (a CAS on tail).
 bool ring_consume(const RingView &v, RingEntry *out);
 // Whether the view has an unconsumed record.
 bool ring_has_data(const RingView &v);

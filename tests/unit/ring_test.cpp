@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "control/fd_passing.hpp"
 #include "trace/ring.hpp"
 
 namespace ukp::trace {
@@ -532,18 +533,9 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
     if (child == 0) {
         close(sv[0]);
         char byte;
-        char ctl[CMSG_SPACE(sizeof(int))];
-        iovec iov{&byte, 1};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctl;
-        msg.msg_controllen = sizeof ctl;
-        if (recvmsg(sv[1], &msg, 0) != 1) _exit(10);
-        cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        if (cm == nullptr || cm->cmsg_type != SCM_RIGHTS) _exit(11);
-        int got;
-        std::memcpy(&got, CMSG_DATA(cm), sizeof got);
+        int got = -1;
+        if (control::recv_with_fd(sv[1], &byte, 1, &got) != 1) _exit(10);
+        if (got < 0) _exit(11);
         void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, got, 0);
         if (p == MAP_FAILED) _exit(12);
         RingView v{static_cast<const uint8_t *>(p), size};
@@ -564,19 +556,8 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
     }
     close(sv[1]);
     char byte = 'x';
-    char ctl[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&byte, 1};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl;
-    msg.msg_controllen = sizeof ctl;
-    cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    ASSERT_EQ(sendmsg(sv[0], &msg, 0), 1);
+    const iovec iov{&byte, 1};
+    ASSERT_EQ(control::send_with_fd(sv[0], &iov, 1, fd), 1);
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFEXITED(status));
@@ -588,6 +569,77 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
     uint32_t w, seq;
     ASSERT_TRUE(check_record(left[0].rec, &w, &seq));
     EXPECT_EQ(seq, 100u);
+}
+
+// trace_pipe read by several controllers at once (ukprobe trace-pipe twice): readers in
+// other processes consume from the shared memfd while threads write; each record goes
+// to exactly one of them.
+TEST_F(RingTest, ReadersInOtherProcessesConsumeEachRecordOnce) {
+    constexpr uint32_t kWriters = 4, kPerWriter = 5000, kReaders = 2;
+    struct Shared {
+        std::atomic<int> done;                      // the writers have finished
+        std::atomic<uint32_t> got[kReaders];        // records each reader consumed
+        std::atomic<uint8_t> seen[kWriters][kPerWriter]; // times each record was consumed
+        std::atomic<uint32_t> bad;                  // torn or malformed records
+    };
+    auto *sh = static_cast<Shared *>(
+        mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(sh, MAP_FAILED);
+    size_t size = 0;
+    const int fd = ring_memfd_copy(&size);
+    ASSERT_GE(fd, 0);
+    pid_t readers[kReaders];
+    for (uint32_t r = 0; r < kReaders; ++r) {
+        readers[r] = fork();
+        ASSERT_GE(readers[r], 0);
+        if (readers[r] != 0) continue;
+        void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) _exit(12);
+        const RingView v{static_cast<const uint8_t *>(p), size};
+        for (;;) {
+            const bool last = sh->done.load(); // read before the attempt: nothing comes after
+            RingEntry e;
+            if (!ring_consume(v, &e)) {
+                if (last) _exit(0);
+                continue;
+            }
+            uint32_t w, seq;
+            if (!check_record(e.rec, &w, &seq) || w >= kWriters || seq >= kPerWriter) {
+                sh->bad.fetch_add(1);
+                continue;
+            }
+            sh->seen[w][seq].fetch_add(1);
+            sh->got[r].fetch_add(1);
+        }
+    }
+    close(fd);
+    std::vector<std::thread> writers;
+    for (uint32_t w = 0; w < kWriters; ++w)
+        writers.emplace_back([w] {
+            for (uint32_t i = 0; i < kPerWriter; ++i)
+                if (!write_record(w, i)) return;
+        });
+    for (auto &t : writers) t.join();
+    sh->done.store(1);
+    for (pid_t r : readers) {
+        int status = 0;
+        ASSERT_EQ(waitpid(r, &status, 0), r);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+    EXPECT_EQ(sh->bad.load(), 0u);
+    uint32_t twice = 0, never = 0;
+    for (uint32_t w = 0; w < kWriters; ++w)
+        for (uint32_t i = 0; i < kPerWriter; ++i) {
+            twice += sh->seen[w][i].load() > 1;
+            never += sh->seen[w][i].load() == 0;
+        }
+    EXPECT_EQ(twice, 0u);
+    EXPECT_EQ(never, 0u);
+    EXPECT_EQ(sh->got[0].load() + sh->got[1].load(), kWriters * kPerWriter);
+    RingCounts c;
+    EXPECT_TRUE(collect(&c).empty());
+    EXPECT_EQ(c.overrun, 0u);
+    munmap(sh, sizeof(Shared));
 }
 
 // Lets the calling thread make write and exit only; any other system call kills the

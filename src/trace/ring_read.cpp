@@ -1,0 +1,251 @@
+// The reading half of the ring buffer (ring.hpp): what a reader of the shared region
+// needs, in this process or in another one that mapped the memfd (the CLI links it).
+#include "trace/ring.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+namespace ukp::trace {
+
+namespace {
+constexpr uint32_t kRecHdr = sizeof(RecordHeader);
+} // namespace
+
+const RingHeader *RingView::header() const {
+    if (base == nullptr || size < sizeof(RingHeader)) return nullptr;
+    const auto *h = reinterpret_cast<const RingHeader *>(base);
+    if (h->magic != kRingMagic || h->version != kRingVersion) return nullptr;
+    if (h->header_size < sizeof(RingHeader) || h->slot_header_size != sizeof(SlotHeader)) return nullptr;
+    if (h->data_size == 0 || h->data_size % 8 != 0 || h->slot_stride < sizeof(SlotHeader) + h->data_size) return nullptr;
+    if (h->header_size + uint64_t(h->slot_count) * h->slot_stride > size) return nullptr;
+    return h;
+}
+
+SlotHeader *RingView::slot(uint32_t i) const {
+    const RingHeader *h = header();
+    return reinterpret_cast<SlotHeader *>(const_cast<uint8_t *>(base) + h->header_size + i * h->slot_stride);
+}
+
+const uint8_t *RingView::data(uint32_t i) const {
+    return reinterpret_cast<const uint8_t *>(slot(i)) + sizeof(SlotHeader);
+}
+
+namespace {
+
+// Copies positions [from, to) of a slot's data into out (they are at most cap bytes).
+void copy_span(const uint8_t *data, uint64_t cap, uint64_t from, uint64_t to, uint8_t *out) {
+    uint64_t n = to - from, off = from % cap;
+    const uint64_t first = std::min(n, cap - off);
+    std::memcpy(out, data + off, first);
+    if (n > first) std::memcpy(out + first, data, n - first);
+}
+
+bool sane(const RecordHeader &rh, uint64_t pos, uint64_t head) {
+    if (rh.len < 8 || rh.len % 8 != 0 || pos + rh.len > head) return false;
+    if (rh.kind == kPadKind) return true;
+    return rh.kind == kRecordKind && rh.len >= kRecHdr && kRecHdr + rh.size <= rh.len;
+}
+
+} // namespace
+
+std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
+    std::vector<RingEntry> out;
+    RingCounts c;
+    const RingHeader *h = v.header();
+    if (h == nullptr) {
+        if (counts != nullptr) *counts = c;
+        return out;
+    }
+    const uint64_t cap = h->data_size;
+    std::vector<uint8_t> buf;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        c.overrun += s->overrun.load(std::memory_order_acquire) - s->overrun_base;
+        c.lost += s->dropped.load(std::memory_order_acquire) - s->dropped_base;
+        const uint64_t head = s->head.load(std::memory_order_acquire);
+        const uint64_t t0 = s->tail.load(std::memory_order_acquire);
+        if (head == t0 || head - t0 > cap) continue;
+        buf.resize(head - t0);
+        copy_span(v.data(i), cap, t0, head, buf.data());
+        std::atomic_thread_fence(std::memory_order_acquire);
+        // reserve_end before tail: the writer moves tail past what it evicts before it
+        // publishes reserve_end, so this tail bounds every byte the copy may have torn.
+        const uint64_t re = s->reserve_end.load(std::memory_order_acquire);
+        const uint64_t t2 = s->tail.load(std::memory_order_acquire);
+        const uint64_t start = std::max(t0, t2);
+        const uint64_t torn_below = re > cap ? re - cap : 0;
+        for (uint64_t p = start; p < head;) {
+            RecordHeader rh;
+            std::memcpy(&rh, buf.data() + (p - t0), kRecHdr <= head - p ? kRecHdr : 8);
+            if (!sane(rh, p, head)) break;
+            if (rh.kind == kRecordKind && p >= torn_below) {
+                RingEntry e;
+                e.ts = rh.ts;
+                e.cpu = rh.cpu;
+                e.slot = i;
+                e.lost_before = rh.dropped_before;
+                const uint8_t *r = buf.data() + (p - t0) + kRecHdr;
+                e.rec.assign(r, r + rh.size);
+                out.push_back(std::move(e));
+            }
+            p += rh.len;
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const RingEntry &a, const RingEntry &b) { return a.ts < b.ts; });
+    for (RingEntry &e : out) e.ts = ring_time_ns(h, e.ts);
+    c.lost += h->lost_no_slot.load(std::memory_order_acquire) - h->lost_no_slot_base;
+    c.entries = out.size();
+    c.written = c.entries + c.overrun + c.lost;
+    if (counts != nullptr) *counts = c;
+    return out;
+}
+
+namespace {
+
+// The oldest record of slot i, copied, with its position; false when the slot is empty.
+// Skips pad records (consuming them).
+bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint8_t> *rec, uint64_t *pos) {
+    const RingHeader *h = v.header();
+    const uint64_t cap = h->data_size;
+    SlotHeader *s = v.slot(i);
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        const uint64_t head = s->head.load(std::memory_order_acquire);
+        uint64_t t = s->tail.load(std::memory_order_acquire);
+        if (t == head || head - t > cap) return false;
+        const uint8_t *at = v.data(i) + t % cap;
+        std::memcpy(rh, at, std::min<uint64_t>(kRecHdr, cap - t % cap));
+        if (rh->kind == kRecordKind && rh->len >= kRecHdr && rh->size <= rh->len - kRecHdr &&
+            t % cap + rh->len <= cap)
+            rec->assign(at + kRecHdr, at + kRecHdr + rh->size);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        const uint64_t re = s->reserve_end.load(std::memory_order_acquire);
+        if ((re > cap && t < re - cap) || !sane(*rh, t, head) || t % cap + rh->len > cap) continue; // overwritten meanwhile
+        if (rh->kind == kPadKind) {
+            s->tail.compare_exchange_strong(t, t + rh->len, std::memory_order_acq_rel);
+            continue;
+        }
+        *pos = t;
+        return true;
+    }
+    return false;
+}
+
+} // namespace
+
+bool ring_consume(const RingView &v, RingEntry *out) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return false;
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        bool found = false;
+        uint32_t best = 0;
+        uint64_t best_ts = 0, best_pos = 0;
+        RecordHeader best_rh{};
+        std::vector<uint8_t> best_rec, rec;
+        for (uint32_t i = 0; i < h->slot_count; ++i) {
+            SlotHeader *s = v.slot(i);
+            if (s->head.load(std::memory_order_acquire) == s->tail.load(std::memory_order_acquire)) continue;
+            RecordHeader rh;
+            uint64_t pos;
+            if (!peek_slot(v, i, &rh, &rec, &pos)) continue;
+            if (!found || rh.ts < best_ts) {
+                found = true;
+                best = i;
+                best_ts = rh.ts;
+                best_pos = pos;
+                best_rh = rh;
+                best_rec.swap(rec);
+            }
+        }
+        if (!found) return false;
+        SlotHeader *s = v.slot(best);
+        const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
+        uint64_t expected = best_pos;
+        if (!s->tail.compare_exchange_strong(expected, best_pos + best_rh.len, std::memory_order_acq_rel))
+            continue; // the writer overwrote it meanwhile: counted as an overrun
+        // Each overrun is reported once, by the consumer that raises overrun_seen past it.
+        std::atomic_ref<uint64_t> seen_ref(s->overrun_seen);
+        uint64_t seen = seen_ref.load(std::memory_order_acquire);
+        uint64_t reported = 0;
+        for (;;) {
+            const uint64_t from = std::max(seen, s->overrun_base);
+            if (overrun <= from) break;
+            if (seen_ref.compare_exchange_weak(seen, overrun, std::memory_order_acq_rel)) {
+                reported = overrun - from;
+                break;
+            }
+        }
+        out->lost_before = reported + best_rh.dropped_before;
+        out->ts = ring_time_ns(h, best_rh.ts);
+        out->cpu = best_rh.cpu;
+        out->slot = best;
+        out->rec.swap(best_rec);
+        return true;
+    }
+    return false;
+}
+
+uint64_t ring_time_ns(const RingHeader *h, uint64_t raw) {
+    if (h->clock != kClockTsc) return raw;
+    const uint32_t n = std::min(h->clock_count.load(std::memory_order_acquire), kClockSegments);
+    if (n == 0) return raw;
+    uint32_t i = n - 1;
+    while (i > 0 && raw < h->segments[i].tsc0) --i;
+    return clock_convert(h->segments[i], raw);
+}
+
+bool ring_has_data(const RingView &v) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return false;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        if (s->head.load(std::memory_order_acquire) != s->tail.load(std::memory_order_acquire)) return true;
+    }
+    return false;
+}
+
+void ring_clear_view(const RingView &v) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        uint64_t t = s->tail.load(std::memory_order_acquire);
+        for (;;) {
+            const uint64_t head = s->head.load(std::memory_order_acquire);
+            if (t >= head || s->tail.compare_exchange_weak(t, head, std::memory_order_acq_rel)) break;
+        }
+        s->overrun_base = s->overrun.load(std::memory_order_acquire);
+        s->overrun_seen = s->overrun_base;
+        s->dropped_base = s->dropped.load(std::memory_order_acquire);
+        s->dropped_pending.store(0, std::memory_order_relaxed);
+    }
+    auto *mh = const_cast<RingHeader *>(h);
+    mh->lost_no_slot_base = h->lost_no_slot.load(std::memory_order_acquire);
+}
+
+std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid) {
+    if (tid == 0) return "<idle>";
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/task/%d/comm", pid, tid);
+    if (FILE *f = std::fopen(path, "re")) {
+        char name[64] = {};
+        const bool ok = std::fgets(name, sizeof name, f) != nullptr;
+        std::fclose(f);
+        if (ok) {
+            std::string s(name);
+            if (!s.empty() && s.back() == '\n') s.pop_back();
+            return s;
+        }
+    }
+    if (const RingHeader *h = v.header()) {
+        const uint32_t next = h->comm_next.load(std::memory_order_acquire);
+        for (uint32_t k = 0; k < kCommSlots; ++k) { // newest first
+            const CommEntry &e = h->comms[(next - 1 - k) % kCommSlots];
+            if (e.tid.load(std::memory_order_acquire) == tid) return std::string(e.comm, strnlen(e.comm, 16));
+        }
+    }
+    return "<...>";
+}
+
+} // namespace ukp::trace
