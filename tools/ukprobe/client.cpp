@@ -1,5 +1,7 @@
 #include "client.hpp"
 
+#include "control/fd_passing.hpp"
+
 #include <fmt/core.h>
 
 #include <cerrno>
@@ -24,6 +26,15 @@ long process_euid(int pid) {
         if (sscanf(line.c_str(), "Uid: %ld %ld", &real, &effective) == 2) return effective;
     }
     return -1;
+}
+
+std::string refusal(const Reply &r, Op op, const std::string &path, int pid) {
+    std::string what = op_name(static_cast<uint16_t>(op));
+    if (!path.empty()) what += " " + path;
+    std::string msg = fmt::format("{} in process {}: {}", what, pid, strerror(-r.status));
+    if (!r.payload.empty()) msg += "\n" + r.payload;
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    return msg;
 }
 
 Client::~Client() {
@@ -94,20 +105,9 @@ Reply Client::request(Op op, const std::string &path, const std::string &payload
     ReplyHeader rh{};
     Reply reply;
     // The header comes with recvmsg: a descriptor may ride with its bytes.
-    iovec iov{&rh, sizeof rh};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n;
-    do n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
+    const ssize_t n = recv_with_fd(fd_, &rh, sizeof rh, &reply.fd);
     if (n == 0) throw std::runtime_error("the agent closed the connection");
     if (n < 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
-    for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&reply.fd, CMSG_DATA(c), sizeof(int));
     if (static_cast<size_t>(n) < sizeof rh) read_all(fd_, reinterpret_cast<char *>(&rh) + n, sizeof rh - static_cast<size_t>(n));
     if (rh.magic != kMagic) throw std::runtime_error("the agent's reply is not of this protocol");
     if (rh.payload_len > kMaxPayload) throw std::runtime_error("the agent's reply is too large");

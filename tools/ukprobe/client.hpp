@@ -30,6 +30,10 @@ private:
     int fd_ = -1;
 };
 
+// What a refused request says: "write events/g/e/filter in process 42: Invalid argument",
+// then the agent's message (its error_log entry) on the next lines.
+std::string refusal(const Reply &r, ukp::control::Op op, const std::string &path, int pid);
+
 // The uid whose socket directory serves `pid` (its effective uid), or -1.
 long process_euid(int pid);
 

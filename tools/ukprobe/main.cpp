@@ -4,6 +4,7 @@
 #include "inject.hpp"
 #include "run.hpp"
 #include "mount.hpp"
+#include "reader.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -23,6 +24,8 @@
 using ukp::control::Op;
 
 namespace {
+
+constexpr int kPipeWaitMs = 100; // a trace_pipe read waits this long for a record, as the agent's
 
 struct Options {
     int pid = 0;
@@ -68,14 +71,7 @@ void require_pid(const Options &o) {
 ukprobe::Reply ask(const Options &o, ukprobe::Client &c, Op op, const std::string &path = {},
                    const std::string &payload = {}) {
     ukprobe::Reply r = c.request(op, path, payload);
-    if (r.status < 0) {
-        std::string what = ukp::control::op_name(static_cast<uint16_t>(op));
-        if (!path.empty()) what += " " + path;
-        std::string msg = fmt::format("{} in process {}: {}", what, o.pid, strerror(-r.status));
-        if (!r.payload.empty()) msg += "\n" + r.payload;
-        while (!msg.empty() && msg.back() == '\n') msg.pop_back();
-        fail(msg);
-    }
+    if (r.status < 0) fail(ukprobe::refusal(r, op, path, o.pid));
     return r;
 }
 
@@ -149,6 +145,16 @@ int cmd_enable(const Options &o, bool on) {
     return 0;
 }
 
+// The trace file, printed here from the mapped ring buffers (reader.hpp).
+int cmd_trace(const Options &o) {
+    require_pid(o);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    ukprobe::TraceReader reader(c, o.pid, false);
+    fmt::print("{}", reader.trace());
+    return 0;
+}
+
 std::atomic<bool> g_interrupted{false};
 
 // Whether `pid` exists and is not a zombie.
@@ -161,26 +167,28 @@ bool process_alive(int pid) {
 }
 
 // trace-pipe: trace_pipe's lines as they come, until SIGINT or SIGTERM (then exit 0).
-// The agent answers a read within 1 s, so the end is at most that late and loses nothing.
+// A read waits at most 100 ms for a record, so the end is at most that late and loses
+// nothing.
 int cmd_trace_pipe(const Options &o) {
     require_pid(o);
     ukprobe::Client c;
     connect_or_fail(o, c);
+    ukprobe::TraceReader reader(c, o.pid, true);
     struct sigaction sa {};
     sa.sa_handler = [](int) { g_interrupted.store(true); };
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     while (!g_interrupted.load()) {
-        ukprobe::Reply r;
+        std::string text;
         try {
-            r = ask(o, c, Op::kRead, "trace_pipe");
+            text = reader.pipe(kPipeWaitMs, 1 << 20);
         } catch (const std::runtime_error &) {
             if (process_alive(o.pid)) throw;
             // The process ended: so does its trace (what its ring held last is gone with it).
             fmt::print(stderr, "ukprobe: process {} exited\n", o.pid);
             return 0;
         }
-        fmt::print("{}", r.payload);
+        fmt::print("{}", text);
         fflush(stdout);
     }
     return 0;
@@ -307,7 +315,7 @@ int main(int argc, char **argv) {
     try {
         if (*attach) return cmd_attach(o);
         if (*ping) return cmd_simple(o, Op::kPing);
-        if (*read) return cmd_simple(o, Op::kRead, o.path);
+        if (*read) return o.path == "trace" ? cmd_trace(o) : cmd_simple(o, Op::kRead, o.path);
         if (*write) return cmd_simple(o, Op::kWrite, o.path, o.text);
         if (*append) return cmd_simple(o, Op::kAppend, o.path, o.text);
         if (*list) return cmd_simple(o, Op::kRead, "kprobes/list");
@@ -317,7 +325,7 @@ int main(int argc, char **argv) {
         if (*add) return cmd_simple(o, Op::kAppend, "kprobe_events", o.text);
         if (*enable) return cmd_enable(o, true);
         if (*disable) return cmd_enable(o, false);
-        if (*trace) return cmd_simple(o, Op::kRead, "trace");
+        if (*trace) return cmd_trace(o);
         if (*trace_pipe) return cmd_trace_pipe(o);
         if (*profile) return cmd_simple(o, Op::kRead, "kprobe_profile");
         if (*clear) return cmd_simple(o, Op::kWrite, "trace", "");

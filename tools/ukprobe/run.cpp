@@ -18,6 +18,8 @@
 #include "run.hpp"
 
 #include "client.hpp"
+#include "reader.hpp"
+#include "control/fd_passing.hpp"
 
 #include <fmt/core.h>
 
@@ -79,9 +81,10 @@ using Clock = std::chrono::steady_clock;
 // How long a line waits before it is written, so that lines of other processes read a
 // little later can still be put before it by timestamp.
 constexpr auto kMergeDelay = std::chrono::milliseconds(200);
-// Longest wait for a process's ring to be emptied at its exit (a trace_pipe read that
-// found nothing waits 1 s in the agent).
+// Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
+// How long a trace_pipe read waits for a record.
+constexpr int kPipeWaitMs = 100;
 // How long a new socket is given to answer: only the call just before its control thread
 // starts waits this long (the thread answers at the next one).
 constexpr int kPingTimeoutMs = 50;
@@ -238,14 +241,6 @@ public:
     }
 
 private:
-    // Entries still in the ring: `trace` counts them in its header without consuming.
-    uint64_t entries_left() {
-        const Reply r = client_.request(Op::kRead, "trace");
-        const size_t at = r.payload.find("entries-in-buffer/entries-written: ");
-        if (r.status < 0 || at == std::string::npos) return 0;
-        return strtoull(r.payload.c_str() + at + strlen("entries-in-buffer/entries-written: "), nullptr, 10);
-    }
-
     void loop() {
         try {
             for (;;) {
@@ -257,8 +252,8 @@ private:
                 if (asked > drain_done_) {
                     // The process is held: what the ring holds now is all there is, save
                     // what its other threads still write meanwhile (read too, until empty).
-                    for (int i = 0; i < 1000 && entries_left() > 0; ++i)
-                        out_.add(client_.request(Op::kRead, "trace_pipe").payload);
+                    for (int i = 0; i < 1000 && reader_.entries() > 0; ++i)
+                        out_.add(reader_.pipe(kPipeWaitMs, 1 << 20));
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
                     std::lock_guard lock(mu_);
                     if (p.status >= 0) profile_ = p.payload;
@@ -266,9 +261,7 @@ private:
                     cv_.notify_all();
                     continue;
                 }
-                const Reply r = client_.request(Op::kRead, "trace_pipe");
-                if (r.status < 0) break;
-                out_.add(r.payload);
+                out_.add(reader_.pipe(kPipeWaitMs, 1 << 20));
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (Clock::now() - profile_read_ >= kProfileInterval) {
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
@@ -290,6 +283,7 @@ private:
     ino_t socket_ino_ = 0;
     Output &out_;
     Client client_;
+    TraceReader reader_{client_, pid_, true}; // trace_pipe, read and printed here
     std::thread thread_;
     std::mutex mu_;
     std::condition_variable cv_;
@@ -389,53 +383,6 @@ int install_filter() {
     return fd;
 }
 
-void send_fd(int sock, int fd) {
-    char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    while (sendmsg(sock, &msg, 0) < 0 && errno == EINTR) {
-    }
-}
-
-int receive_fd(int sock) {
-    char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n;
-    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n <= 0) return -1;
-    int fd = -1;
-    for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof(int));
-    return fd;
-}
-
-// What a refused request says: "write events/g/e/filter in process 42: Invalid argument"
-// and the error_log entry the agent sent.
-std::string refusal(const Reply &r, Op op, const std::string &path, int pid) {
-    std::string msg = fmt::format("{} {} in process {}: {}", ukp::control::op_name(static_cast<uint16_t>(op)), path,
-                                  pid, strerror(-r.status));
-    if (!r.payload.empty()) msg += "\n" + r.payload;
-    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
-    return msg;
-}
-
 // Whether the agent of `pid` answers a ping within `timeout_ms`: its socket may be bound
 // and listening before its control thread exists, and a request would then wait forever
 // on a process ukprobe holds.
@@ -495,7 +442,9 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
     };
     const int nfd = install_filter();
     if (nfd < 0) die(errno);
-    send_fd(fd_sock, nfd);
+    const char byte = 0;
+    const iovec one{const_cast<char *>(&byte), 1};
+    if (ukp::control::send_with_fd(fd_sock, &one, 1, nfd) != 1) die(errno);
     close(nfd);
     close(fd_sock);
     std::string preload = o_.agent;
@@ -638,7 +587,8 @@ int Runner::run() {
     }
     close(sv[1]);
     close(errp[1]);
-    notify_fd_ = receive_fd(sv[0]);
+    char byte = 0;
+    if (ukp::control::recv_with_fd(sv[0], &byte, 1, &notify_fd_) != 1) notify_fd_ = -1;
     close(sv[0]);
     int err_fd = errp[0];
     std::string exec_error;

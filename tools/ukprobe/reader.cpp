@@ -1,0 +1,151 @@
+#include "reader.hpp"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace ukprobe {
+
+using ukp::control::Op;
+namespace trace = ukp::trace;
+
+namespace {
+
+// "# entries-in-buffer/entries-written: N/M" of a trace file's text: N.
+uint64_t entries_of(const std::string &text) {
+    static constexpr char kKey[] = "entries-in-buffer/entries-written: ";
+    const size_t at = text.find(kKey);
+    return at == std::string::npos ? 0 : strtoull(text.c_str() + at + sizeof kKey - 1, nullptr, 10);
+}
+
+// Answers that mean the agent does not serve the ring at all (an older agent).
+bool unsupported(int status) { return status == -ENOENT || status == -EOPNOTSUPP || status == -EINVAL; }
+
+} // namespace
+
+TraceReader::TraceReader(Client &client, int pid, bool consume) : client_(client), pid_(pid), consume_(consume) {
+    const char *env = getenv("UKPROBE_AGENT_FORMATS");
+    agent_formats_ = env != nullptr && strcmp(env, "1") == 0;
+}
+
+TraceReader::~TraceReader() { unmap(); }
+
+void TraceReader::unmap() {
+    if (mapped_ != nullptr) munmap(mapped_, size_);
+    mapped_ = nullptr;
+    size_ = 0;
+    dev_ = 0;
+    ino_ = 0;
+}
+
+bool TraceReader::map_ring() {
+    if (agent_formats_) return false;
+    Reply r = client_.request(Op::kOpenFd, ukp::control::kTraceRingPath);
+    if (r.status < 0 || r.fd < 0) {
+        if (r.fd >= 0) close(r.fd);
+        if (unsupported(r.status) || r.status >= 0) agent_formats_ = true;
+        unmap();
+        return false;
+    }
+    struct stat st{};
+    if (fstat(r.fd, &st) != 0 || st.st_size <= 0) {
+        close(r.fd);
+        unmap();
+        return false;
+    }
+    if (mapped_ != nullptr && st.st_dev == dev_ && st.st_ino == ino_) {
+        close(r.fd); // the same buffers as last time
+        return true;
+    }
+    unmap();
+    const int prot = consume_ ? PROT_READ | PROT_WRITE : PROT_READ;
+    void *p = mmap(nullptr, static_cast<size_t>(st.st_size), prot, MAP_SHARED | MAP_NORESERVE, r.fd, 0);
+    close(r.fd);
+    if (p == MAP_FAILED) return false;
+    mapped_ = static_cast<uint8_t *>(p);
+    size_ = static_cast<size_t>(st.st_size);
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    if (trace::RingView{mapped_, size_}.header() == nullptr || (events_.empty() && !load_events())) {
+        // Another layout version, or no event table: the agent formats.
+        agent_formats_ = true;
+        unmap();
+        return false;
+    }
+    return true;
+}
+
+bool TraceReader::load_events() {
+    const Reply r = client_.request(Op::kRead, "event_table");
+    if (r.status < 0) return false;
+    std::map<uint16_t, trace::EventInfo> table;
+    std::string why;
+    if (trace::parse_event_table(r.payload, &table, &why) != 0) return false;
+    events_ = std::move(table);
+    return true;
+}
+
+const trace::EventInfo *TraceReader::find_event(uint16_t id) {
+    auto it = events_.find(id);
+    if (it == events_.end() && !events_fresh_) {
+        // Defined since the table was read (ids are never reused: the table only grows).
+        events_fresh_ = true;
+        load_events();
+        it = events_.find(id);
+    }
+    return it != events_.end() ? &it->second : nullptr;
+}
+
+std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
+    if (symbols_.objects().empty()) symbols_.refresh_from_maps(pid_);
+    std::string text = trace::symbol_text(symbols_.objects(), addr, with_size);
+    if (text.empty() && !symbols_fresh_) {
+        symbols_fresh_ = true; // an object loaded since
+        symbols_.refresh_from_maps(pid_);
+        text = trace::symbol_text(symbols_.objects(), addr, with_size);
+    }
+    return text.empty() ? trace::hex_address(addr) : text;
+}
+
+trace::EventPrinter TraceReader::printer() {
+    events_fresh_ = symbols_fresh_ = false;
+    return [this](const uint8_t *rec, uint32_t size, std::string &out) {
+        trace::print_record(
+            rec, size, [this](uint16_t id) { return find_event(id); },
+            [this](uint64_t addr, bool with_size) { return symbolize(addr, with_size); }, out);
+    };
+}
+
+std::string TraceReader::agent_text(const std::string &path) {
+    const Reply r = client_.request(Op::kRead, path);
+    if (r.status < 0) throw std::runtime_error(refusal(r, Op::kRead, path, pid_));
+    return r.payload;
+}
+
+std::string TraceReader::trace() {
+    if (!map_ring()) return agent_text("trace");
+    return trace::trace_text_of(trace::RingView{mapped_, size_}, printer());
+}
+
+std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
+    if (!map_ring()) return agent_text("trace_pipe"); // the agent waits 100 ms for a record
+    const trace::RingView view{mapped_, size_};
+    const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
+        fn(view);
+    };
+    return pipe_.read(with_view, printer(), timeout_ms, max_bytes);
+}
+
+uint64_t TraceReader::entries() {
+    if (!map_ring()) return entries_of(agent_text("trace"));
+    trace::RingCounts counts;
+    trace::ring_collect(trace::RingView{mapped_, size_}, &counts);
+    return counts.entries;
+}
+
+} // namespace ukprobe

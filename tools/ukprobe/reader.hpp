@@ -1,0 +1,72 @@
+// The trace read by the controller itself (docs/cli.md, "Protocol"): the agent passes
+// the ring buffers' memfd (Op::kOpenFd kTraceRingPath) and its event table; ukprobe maps
+// the ring and prints trace and trace_pipe here, with the agent's own formatting code
+// (src/trace/output.hpp, print.hpp), symbols from /proc/PID/maps and the ELF files,
+// thread names from /proc/PID/task/TID/comm. The traced process only writes records.
+//
+// An agent that serves neither (an older one), or a ring this build cannot read, is
+// read as before: the agent formats (Op::kRead "trace", "trace_pipe"). So is every
+// agent when UKPROBE_AGENT_FORMATS=1 is in the environment (for comparisons and tests).
+#pragma once
+
+#include "client.hpp"
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "symbols/symbols.hpp"
+#include "trace/print.hpp"
+#include "trace/output.hpp"
+
+namespace ukprobe {
+
+class TraceReader {
+public:
+    // `consume`: trace_pipe reads will be made (the ring is mapped writable: consumers
+    // move its tails); otherwise it is mapped read-only. `client` must outlive the reader.
+    TraceReader(Client &client, int pid, bool consume);
+    ~TraceReader();
+    TraceReader(const TraceReader &) = delete;
+    TraceReader &operator=(const TraceReader &) = delete;
+
+    // The trace file's text (non-consuming).
+    std::string trace();
+    // trace_pipe: the records that come within timeout_ms, consumed, at most max_bytes
+    // (a line that does not fit is kept for the next read). "" when none came. Throws
+    // std::runtime_error when the agent is gone or refuses.
+    std::string pipe(int timeout_ms, size_t max_bytes);
+    // Records in the buffers (the trace file's entries-in-buffer).
+    uint64_t entries();
+    // Whether the last read was formatted here (false: by the agent).
+    bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
+
+private:
+    // Maps the agent's current buffers (they change when resized or swapped with a
+    // snapshot); false when the agent must format instead.
+    bool map_ring();
+    void unmap();
+    bool load_events(); // the event table, again
+    std::string agent_text(const std::string &path); // the agent's formatting; throws on a refusal
+    const ukp::trace::EventInfo *find_event(uint16_t id);
+    std::string symbolize(uint64_t addr, bool with_size);
+    ukp::trace::EventPrinter printer();
+
+    Client &client_;
+    const int pid_;
+    const bool consume_;
+    bool agent_formats_ = false;    // for good: the agent does not serve the ring
+    uint8_t *mapped_ = nullptr;
+    size_t size_ = 0;
+    dev_t dev_ = 0;
+    ino_t ino_ = 0;                 // the memfd mapped (a new one means new buffers)
+    std::map<uint16_t, ukp::trace::EventInfo> events_;
+    bool events_fresh_ = false;     // loaded during this read: an unknown id stays unknown
+    ukp::sym::Registry symbols_;    // the process's objects, from its maps
+    bool symbols_fresh_ = false;    // likewise, re-read during this read
+    ukp::trace::PipeReader pipe_;
+};
+
+} // namespace ukprobe
