@@ -441,7 +441,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     dl_iterate_phdr(find_eh_frame_hdr, &eh);
     // What the whole object references (built once per object): without it, only the
     // per-function checks apply.
-    const auto refs = eh.path != nullptr ? arch::object_refs(*eh.path ? eh.path : "/proc/self/exe", bias) : nullptr;
+    const auto refs = eh.path != nullptr ? arch::object_refs(*eh.path ? eh.path : "/proc/self/exe", bias, read) : nullptr;
     std::vector<uint64_t> extra = other_symbols;
     // Landing pads unknown: a jump into the region cannot be ruled out.
     if (arch::landing_pads(eh.hdr, fn_start, fn_start + fn_size, read, &extra) != 0) return;

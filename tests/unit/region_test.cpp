@@ -546,6 +546,26 @@ TEST(region, ObjectRefsOfHandWrittenFunctions) {
     EXPECT_EQ(refs->resynced_bytes, 0u);
 }
 
+// object_refs() gives the references only for the file that is loaded: its build-id (or
+// .eh_frame_hdr) bytes must be what memory holds.
+TEST(region, ObjectRefsOnlyForTheLoadedFile) {
+    std::string err;
+    auto img = ukp::arch::ElfImage::open(UKP_REGION_REFS_FIXTURE, 0x10000, &err);
+    ASSERT_TRUE(img) << err;
+    const auto same = img->reader();
+    const auto refs = ukp::arch::object_refs(UKP_REGION_REFS_FIXTURE, 0x10000, same);
+    ASSERT_TRUE(refs);
+    EXPECT_FALSE(refs->identity.empty());
+    const ukp::arch::ReadFn other = [&](uint64_t addr, void *out, size_t n) {
+        if (!same(addr, out, n)) return false;
+        static_cast<uint8_t *>(out)[n - 1] ^= 1;
+        return true;
+    };
+    EXPECT_FALSE(ukp::arch::object_refs(UKP_REGION_REFS_FIXTURE, 0x10000, other));
+    EXPECT_FALSE(ukp::arch::object_refs(UKP_REGION_REFS_FIXTURE, 0x10000, {}));
+    EXPECT_TRUE(ukp::arch::object_refs(UKP_REGION_REFS_FIXTURE, 0x10000, same));
+}
+
 // The libraries this test links, by file name.
 std::string loaded_path(const std::string &file) {
     static ukp::sym::Registry reg;

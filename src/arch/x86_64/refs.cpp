@@ -72,6 +72,7 @@ public:
         }
         // Function starts the unwind tables know (local functions of a stripped object).
         if (!fde_starts()) return fail(why, "unreadable .eh_frame_hdr");
+        identity(out);
         sort_unique(starts_);
         for (const Range &r : exec_) sweep(r);
         // Absolute code addresses in the data of a non-PIC object carry no relocation.
@@ -246,6 +247,40 @@ private:
         return true;
     }
 
+    // The build-id note's bytes, else the first bytes of .eh_frame_hdr (they change with
+    // the code's layout), else none.
+    void identity(ObjectRefs *out) {
+        size_t phnum = 0;
+        if (elf_getphdrnum(elf_, &phnum) != 0) return;
+        uint64_t hdr = 0;
+        for (size_t i = 0; i < phnum; ++i) {
+            GElf_Phdr ph;
+            if (!gelf_getphdr(elf_, static_cast<int>(i), &ph)) continue;
+            if (ph.p_type == PT_GNU_EH_FRAME) hdr = ph.p_vaddr;
+            if (ph.p_type != PT_NOTE) continue;
+            for (uint64_t at = 0; at + 12 <= ph.p_filesz;) {
+                const uint8_t *n = ph.p_offset + at + 12 <= file_size_ ? file_ + ph.p_offset + at : nullptr;
+                if (n == nullptr) break;
+                uint32_t namesz, descsz, type;
+                std::memcpy(&namesz, n, 4);
+                std::memcpy(&descsz, n + 4, 4);
+                std::memcpy(&type, n + 8, 4);
+                const uint64_t desc = at + 12 + ((namesz + 3) & ~3u);
+                if (type == NT_GNU_BUILD_ID && namesz == 4 && desc + descsz <= ph.p_filesz &&
+                    ph.p_offset + desc + descsz <= file_size_ && std::memcmp(n + 12, "GNU", 4) == 0) {
+                    out->identity_addr = ph.p_vaddr + desc + bias_;
+                    out->identity.assign(file_ + ph.p_offset + desc, file_ + ph.p_offset + desc + descsz);
+                    return;
+                }
+                at = desc + ((descsz + 3) & ~3u);
+            }
+        }
+        if (const uint8_t *h = hdr != 0 ? at(hdr, 64) : nullptr) {
+            out->identity_addr = hdr + bias_;
+            out->identity.assign(h, h + 64);
+        }
+    }
+
     void collect(const Insn &in) {
         if (in.target != 0) branches_.emplace_back(in.target, in.addr); // jmp, jcc, call, loop, xbegin
         if (in.zi.mnemonic == ZYDIS_MNEMONIC_LEA && in.rip_relative) values_.push_back(in.rip_target);
@@ -369,14 +404,26 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
     }
 }
 
-std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias) {
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read) {
     static std::mutex mu;
     static auto *cache = new std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const ObjectRefs>>();
-    std::lock_guard<std::mutex> lock(mu);
-    auto key = std::make_pair(path, bias);
-    if (auto it = cache->find(key); it != cache->end()) return it->second;
-    auto refs = build_object_refs(path, bias);
-    (*cache)[key] = refs; // a failure is remembered too: the file will not get better
+    std::shared_ptr<const ObjectRefs> refs;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        auto key = std::make_pair(path, bias);
+        if (auto it = cache->find(key); it != cache->end()) {
+            refs = it->second;
+        } else {
+            refs = build_object_refs(path, bias);
+            (*cache)[key] = refs; // a failure is remembered too: the file will not get better
+        }
+    }
+    // The file at path may not be what is loaded at bias (replaced since, or another object
+    // loaded there after a dlclose): checked at every use.
+    if (refs && !refs->identity.empty()) {
+        std::vector<uint8_t> mem(refs->identity.size());
+        if (!read || !read(refs->identity_addr, mem.data(), mem.size()) || mem != refs->identity) return nullptr;
+    }
     return refs;
 }
 

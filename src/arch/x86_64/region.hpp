@@ -123,6 +123,11 @@ struct ObjectRefs {
     std::vector<uint64_t> starts;
     // Bytes the linear sweep could not decode in step (they were decoded at every offset).
     uint64_t resynced_bytes = 0;
+    // Where the file's NT_GNU_BUILD_ID note (or, without one, its .eh_frame_hdr) lies at
+    // run time and its bytes: object_refs() compares them with memory, so that a file
+    // replaced on disk since it was loaded gives no references.
+    uint64_t identity_addr = 0;
+    std::vector<uint8_t> identity;
 
     // Some value or branch target lies in (lo, hi).
     bool any_in(uint64_t lo, uint64_t hi) const;
@@ -139,8 +144,9 @@ struct ObjectRefs {
 // its relocations cannot be read: then no rule that needs them applies.
 std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias,
                                                     std::string *error = nullptr);
-// The same, built once per (path, bias) and kept for the life of the process.
-std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias);
+// The same, built once per (path, bias) and kept for the life of the process; null also
+// when `read` (the process's memory) shows other identity bytes than the file's.
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read);
 
 // The jump-optimization verdict for a probe at addr.
 struct OptimizeCheck {
