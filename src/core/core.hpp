@@ -18,6 +18,10 @@
 #include <utility>
 #include <vector>
 
+// On the hit path's functions: hidden, so that calls to them inside the library are direct
+// (no PLT) and may be inlined; nothing outside the library calls them.
+#define UKP_HOT __attribute__((visibility("hidden")))
+
 namespace ukp::core {
 
 // The probes registered at one address, in registration order. Immutable once
@@ -61,14 +65,14 @@ struct Point {
 
 // Lock-free address -> Point lookup for the hit path. Inserts happen under the registry
 // mutex; entries are never removed.
-Point *find_site(uint64_t addr);
+UKP_HOT Point *find_site(uint64_t addr);
 void insert_site(uint64_t addr, Point *p);
 
 // Read-side critical sections around every use of a ProbeList or kprobe by a hit, and
 // the writer's wait for all sections that began before a change (an SRCU-like scheme
 // with two counters, so the hit path takes no lock and makes no system call).
-unsigned read_lock();
-void read_unlock(unsigned idx);
+UKP_HOT unsigned read_lock();
+UKP_HOT void read_unlock(unsigned idx);
 // Waits until every read section begun before the call has ended. Returns false,
 // without waiting, when called from inside a probe handler.
 bool synchronize();
@@ -85,7 +89,7 @@ struct ThreadState {
     Point *hit_point;
     uint32_t hit_position;  // the running handler's probe's position in the point's list
 };
-ThreadState &thread_state();
+UKP_HOT ThreadState &thread_state();
 
 // Marks the agent's own work on the calling thread: its control thread, its optimizer,
 // the trace files read or written through the API. A probe hit there runs no handler and

@@ -163,10 +163,24 @@ namespace {
 // fault_handler. Returns the handler's result, or -1 if it faulted. Nests: a guarded
 // call inside a guarded call (a kretprobe's entry_handler) keeps the outer one armed.
 template <typename Call>
+__attribute__((noinline)) int run_guarded(kprobe *p, Call call);
+
+// run_guarded() inside a guarded call: the outer recovery point is kept aside and put back.
+template <typename Call>
+__attribute__((noinline)) int run_guarded_nested(kprobe *p, Call call) {
+    ThreadState &ts = t_state;
+    const ukp_recovery outer = ts.recovery;
+    ts.recovery_armed = false;
+    const int r = run_guarded(p, call);
+    ts.recovery = outer;
+    ts.recovery_armed = true;
+    return r;
+}
+
+template <typename Call>
 __attribute__((noinline)) int run_guarded(kprobe *p, Call call) {
     ThreadState &ts = t_state;
-    const bool outer_armed = ts.recovery_armed;
-    const ukp_recovery outer = ts.recovery;
+    if (ts.recovery_armed) return run_guarded_nested(p, call);
     ts.recovery_armed = true;
     int r;
     if (ukp_recovery_save(&ts.recovery) == 0) {
@@ -175,8 +189,7 @@ __attribute__((noinline)) int run_guarded(kprobe *p, Call call) {
         count_missed(p);
         r = -1;
     }
-    ts.recovery = outer;
-    ts.recovery_armed = outer_armed;
+    ts.recovery_armed = false;
     return r;
 }
 
@@ -294,13 +307,6 @@ bool any_post_handler(const ProbeList *list) {
     return false;
 }
 
-// A word-by-word copy: the trampolines just stored these words one by one, and wider loads
-// spanning two of those stores would wait for them to retire (store-forwarding stall).
-__attribute__((optimize("no-tree-vectorize"))) void copy_regs(pt_regs *to, const pt_regs *from) {
-    auto *d = reinterpret_cast<unsigned long *>(to);
-    const auto *src = reinterpret_cast<const unsigned long *>(from);
-    for (size_t i = 0; i < sizeof(pt_regs) / sizeof(unsigned long); ++i) d[i] = src[i];
-}
 
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry.
@@ -312,8 +318,7 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
     for (uint32_t i = first; i < list->count && !redirected; ++i) {
         kprobe *p = list->probes[i];
         if (probe_disabled(p) || p->pre_handler == nullptr) continue;
-        pt_regs before;
-        copy_regs(&before, &regs);
+        const pt_regs before = regs;
         ts.hit_point = pt;
         ts.hit_position = i;
         const int r = run_guarded(p, [&] { return p->pre_handler(p, &regs); });
@@ -423,7 +428,7 @@ int call_guarded(kprobe *p, int (*fn)(void *), void *arg) {
 
 // Called by ukp_post_trampoline (post_trampoline.S) after a post copy ran the probed
 // instruction: runs the post_handlers in user mode, with no second trap.
-extern "C" __attribute__((used)) void ukp_post_dispatch(ukp::core::Point *pt, pt_regs *regs) {
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_post_dispatch(ukp::core::Point *pt, pt_regs *regs) {
     using namespace ukp::core;
     const uint64_t next = pt->addr + pt->insn.len;
     regs->ip = next; // the copy ran; show the original's next address
@@ -445,7 +450,7 @@ extern "C" __attribute__((used)) void ukp_post_dispatch(ukp::core::Point *pt, pt
 // Called by ukp_optprobe_trampoline when an optimized probe's jump was taken: the
 // breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
 // as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
-extern "C" __attribute__((used)) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs) {
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs) {
     using namespace ukp::core;
     ThreadState &ts = thread_state();
     const uint64_t copy = pt->detour_code + pt->layout.copy;

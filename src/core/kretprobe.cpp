@@ -528,7 +528,7 @@ char probe_type(const kprobe *p) {
 using namespace ukp::core;
 
 // Called by ukp_kretprobe_trampoline when a probed function returned into a stub.
-extern "C" __attribute__((used)) void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs) {
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs) {
     ThreadState &ts = thread_state();
     ++ts.depth;
     const unsigned idx = read_lock();

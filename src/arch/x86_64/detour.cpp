@@ -9,6 +9,14 @@ namespace {
 // lea -0x80(%rsp),%rsp
 constexpr uint8_t kSkipRedZone[] = {0x48, 0x8d, 0x64, 0x24, 0x80};
 constexpr size_t kPushLen = 6; // push qword ptr [rip + disp32]
+// lea 0x88(%rsp),%rsp: back over the context word and the red zone
+constexpr uint8_t kBackOverRedZone[] = {0x48, 0x8d, 0xa4, 0x24, 0x88, 0x00, 0x00, 0x00};
+constexpr size_t kFarCallLen = 6; // call qword ptr [rip + disp32]
+
+void put_rip_disp(uint8_t *out, size_t insn_at, size_t insn_len, size_t literal_at) {
+    const auto disp = static_cast<int32_t>(literal_at - (insn_at + insn_len));
+    std::memcpy(out + insn_at + insn_len - sizeof disp, &disp, sizeof disp);
+}
 } // namespace
 
 bool encode_jmp_rel32(uint64_t from, uint64_t to, uint8_t out[5]) {
@@ -30,10 +38,27 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
     std::memcpy(out, kSkipRedZone, at);
     const size_t push_at = at;
     at += kPushLen;
-    int r = emit_jmp(dest + at, reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline), out + at, cap - at);
-    if (r < 0) return r;
-    at += static_cast<size_t>(r);
+    // A call, so that the trampoline's usual way back is a `ret` the CPU predicts (the
+    // return stack stays paired); far, through a literal placed after the context.
+    const auto trampoline = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
+    const int64_t rel = static_cast<int64_t>(trampoline - (dest + at + 5));
+    const bool near = rel >= INT32_MIN && rel <= INT32_MAX;
+    const size_t call_at = at;
+    const size_t call_len = near ? 5 : kFarCallLen;
+    if (cap < at + call_len + sizeof kBackOverRedZone) return -ENOSPC;
+    if (near) {
+        out[at] = 0xe8;
+        const auto rel32 = static_cast<int32_t>(rel);
+        std::memcpy(out + at + 1, &rel32, sizeof rel32);
+    } else {
+        out[at] = 0xff;
+        out[at + 1] = 0x15;
+    }
+    at += call_len;
+    std::memcpy(out + at, kBackOverRedZone, sizeof kBackOverRedZone);
+    at += sizeof kBackOverRedZone;
     l.copy = static_cast<uint16_t>(at);
+    int r = 0;
     uint64_t next = probe;
     for (size_t i = 0; i < n; ++i) {
         if (dcr[i].addr != next) return -EINVAL;
@@ -52,14 +77,18 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
     at += static_cast<size_t>(r);
     const size_t code_end = at;
     at = (at + 7) & ~size_t{7};
-    if (cap < at + sizeof context) return -ENOSPC;
+    if (cap < at + sizeof context + (near ? 0 : sizeof trampoline)) return -ENOSPC;
     std::memset(out + code_end, 0xcc, at - code_end);
-    const auto disp = static_cast<int32_t>(at - (push_at + kPushLen));
     out[push_at] = 0xff;
     out[push_at + 1] = 0x35;
-    std::memcpy(out + push_at + 2, &disp, sizeof disp);
+    put_rip_disp(out, push_at, kPushLen, at);
     std::memcpy(out + at, &context, sizeof context);
     at += sizeof context;
+    if (!near) {
+        put_rip_disp(out, call_at, kFarCallLen, at);
+        std::memcpy(out + at, &trampoline, sizeof trampoline);
+        at += sizeof trampoline;
+    }
     l.size = static_cast<uint16_t>(at);
     l.count = static_cast<uint8_t>(n);
     l.dcr_len = static_cast<uint8_t>(next - probe);

@@ -3,12 +3,15 @@
 //
 //     lea -128(%rsp),%rsp          step over the program's red zone (flags untouched)
 //     push context(%rip)           the probe point, for the dispatcher
-//     jmp ukp_optprobe_trampoline  saves pt_regs, calls ukp_optprobe_dispatch, resumes at
-//                                  regs->ip with the registers as the handlers left them
+//     call ukp_optprobe_trampoline saves pt_regs, calls ukp_optprobe_dispatch, resumes
+//                                  with the registers as the handlers left them: returns
+//                                  here when they left sp and ip alone, else goes to regs->ip
+//     lea 136(%rsp),%rsp           back over the context and the red zone
 //   copy:
 //     <the DCR's instructions, relocated>
 //     jmp addr + dcr_len
 //   context: .quad <context>
+//            .quad ukp_optprobe_trampoline, when out of rel32 reach (call *literal(%rip))
 //
 // The dispatcher resumes at `copy` (or wherever a handler sent the thread). The copy is
 // also what the breakpoint path runs once a detour exists, and where a thread found inside
@@ -23,7 +26,7 @@
 #include <cstdint>
 
 extern "C" {
-// trampolines.S: entered with the context pushed below the red zone.
+// trampolines.S: called with the context pushed below the red zone.
 void ukp_optprobe_trampoline();
 }
 

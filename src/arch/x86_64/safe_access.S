@@ -11,6 +11,21 @@
         .type   ukp_safe_copy, @function
 ukp_safe_copy:
         .cfi_startproc
+        // One word (a pointer, a return address, a u64 argument): two moves. REP MOVSB's
+        // start-up would cost more than the copy (about 5 ns on the EPYC here).
+        cmp     $8, %rdx
+        jne     1f
+        .globl  ukp_safe_copy_load8
+        .hidden ukp_safe_copy_load8
+ukp_safe_copy_load8:
+        mov     (%rsi), %rax
+        .globl  ukp_safe_copy_store8
+        .hidden ukp_safe_copy_store8
+ukp_safe_copy_store8:
+        mov     %rax, (%rdi)
+        xor     %eax, %eax
+        ret
+1:
         cld                     // the interrupted code may have left DF set
         mov     %rdx, %rcx
         .globl  ukp_safe_copy_insn

@@ -105,10 +105,8 @@
         .cfi_adjust_cfa_offset -8
         lea     FRAME+\prog_sp(%rsp), %rax
         mov     %rax, RSP(%rsp)
-        mov     %cs, %eax
-        mov     %rax, CS(%rsp)
-        mov     %ss, %eax
-        mov     %rax, SS(%rsp)
+        movq    $0x33, CS(%rsp)         // Linux's __USER_CS and __USER_DS: constants, and
+        movq    $0x2b, SS(%rsp)         // reading the segment registers costs more
         movq    $0, RIP(%rsp)           // the dispatcher fills in where to resume
         cld                             // the ABI's promise to the C code we call
         .endm
@@ -122,8 +120,8 @@
 // few ns where XSAVE/XRSTOR cost some 100 here, and MXCSR (whose sticky exception flags
 // a handler's floating-point math may set). Not saved that way: the x87 registers (C
 // code leaves them alone unless it computes with long double). Elsewhere, XSAVE.
-        .macro  CALL_DISPATCH fn
-        mov     FRAME(%rsp), %rdi       // the context pushed on entry
+        .macro  CALL_DISPATCH fn, ctx=FRAME
+        mov     \ctx(%rsp), %rdi        // the context pushed on entry
         mov     %rsp, %rsi              // struct pt_regs *
         mov     %rsp, %rbx
         .cfi_def_cfa_register rbx
@@ -172,13 +170,6 @@
         movaps  %xmm15, 480(%rsp)
 .Lsaved\@:
         call    \fn
-        // LDMXCSR serializes: only when the C code changed MXCSR (its sticky flags).
-        stmxcsr 520(%rsp)
-        mov     520(%rsp), %eax
-        cmp     512(%rsp), %eax
-        je      .Lsame_mxcsr\@
-        ldmxcsr 512(%rsp)
-.Lsame_mxcsr\@:
         cmp     $2, %r12d
         jne     .Lrestore_xmm\@
         vmovdqa 0(%rsp), %ymm0
@@ -197,7 +188,7 @@
         vmovdqa 416(%rsp), %ymm13
         vmovdqa 448(%rsp), %ymm14
         vmovdqa 480(%rsp), %ymm15
-        jmp     .Ldone\@
+        jmp     .Lmxcsr\@
 .Lrestore_xmm\@:
         movaps  0(%rsp), %xmm0
         movaps  32(%rsp), %xmm1
@@ -215,6 +206,11 @@
         movaps  416(%rsp), %xmm13
         movaps  448(%rsp), %xmm14
         movaps  480(%rsp), %xmm15
+.Lmxcsr\@:
+        // MXCSR back unconditionally (the handlers' floating-point math may have set its
+        // sticky exception flags): on the AMD EPYC of docs/performance.md LDMXCSR costs
+        // 0.7 ns where a second STMXCSR to compare would cost 5.
+        ldmxcsr 512(%rsp)
         jmp     .Ldone\@
 .Lfull\@:
         SAVE_EXTENDED_STATE
@@ -232,6 +228,13 @@
         mov     %rax, RESUME(%rsp)
         mov     RIP(%rsp), %rcx
         mov     %rcx, (%rax)            // the return address, just below the red zone
+        RESTORE_FLAGS_AND_GPRS
+        mov     RESUME(%rsp), %rsp
+        ret     $128
+        .endm
+
+// Loads the flags and the general registers but rsp from the pt_regs frame at %rsp.
+        .macro  RESTORE_FLAGS_AND_GPRS
         // POPFQ costs more than all the rest of this; when the flags differ from what the
         // C code leaves (IF and bit 1 set, DF, TF, AC... clear) in arithmetic bits only,
         // SAHF sets SF ZF AF PF CF and an ADD sets OF, as the instrumentation tools do.
@@ -267,17 +270,15 @@
         mov     RDX(%rsp), %rdx
         mov     RSI(%rsp), %rsi
         mov     RDI(%rsp), %rdi
-        mov     RESUME(%rsp), %rsp
-        ret     $128
         .endm
 
-// Before RESUME_PT_REGS in the optprobe trampoline, whose frame ends 136 bytes below the
+// Before RESUME_PT_REGS in the optprobe trampoline, whose frame ends 144 bytes below the
 // program's stack pointer at the probe: a handler may have lowered that pointer (pushed a
 // return address to send the thread into a function first; the dispatcher does it too when
 // it emulates a probed `call` for a post_handler that came while the jump was in place).
 // The word RESUME_PT_REGS resumes through, 136 bytes below the new sp, would then land in
-// this frame (8 lower: on RESUME itself) or below %rsp, where a signal frame could overwrite
-// it. Then the frame moves down below that word first: %rsp goes down before the copy, so
+// this frame (16 lower: on RESUME itself) or below %rsp, where a signal frame could
+// overwrite it. Then the frame moves down below that word first: %rsp goes down before the copy, so
 // both copies stay above the stack pointer. Clobbers rax, rcx, rsi, rdi and the flags.
         .macro  FRAME_BELOW_RESUME
         mov     RSP(%rsp), %rax
@@ -316,11 +317,16 @@ ukp_post_trampoline_end:
         .cfi_endproc
         .size   ukp_post_trampoline, .-ukp_post_trampoline
 
-// The optimized-probe trampoline: where a detour (detour.hpp) goes after
+// The optimized-probe trampoline: what a detour (detour.hpp) calls after
 //     lea -128(%rsp),%rsp ; push <Point *>
-// so on entry, as for the post trampoline, (%rsp) = the Point and the program's stack
-// pointer at the probe is %rsp + 136. The dispatcher sets regs->ip to the relocated
-// region (or to where a pre_handler sent the thread).
+// so on entry (%rsp) = the return address in the detour, 8(%rsp) = the Point, and the
+// program's stack pointer at the probe is %rsp + 144. The dispatcher sets regs->ip to the
+// relocated region, which follows the detour's `lea 136(%rsp),%rsp` (DETOUR_BACK_LEN
+// bytes, detour.cpp) after the return address, or to where a pre_handler sent the thread.
+// The usual case returns with `ret`, which the CPU predicts from its return stack; a
+// jump to the copy instead (`ret $128` as the other trampolines) would miss twice, there
+// and at the probed function's own return.
+#define DETOUR_BACK_LEN 8
         .globl  ukp_optprobe_trampoline
         .hidden ukp_optprobe_trampoline
         .type   ukp_optprobe_trampoline, @function
@@ -328,8 +334,19 @@ ukp_post_trampoline_end:
 ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
-        SAVE_PT_REGS 136
-        CALL_DISPATCH ukp_optprobe_dispatch
+        SAVE_PT_REGS 144
+        CALL_DISPATCH ukp_optprobe_dispatch, FRAME+8
+        mov     FRAME(%rsp), %rax
+        add     $DETOUR_BACK_LEN, %rax
+        cmp     RIP(%rsp), %rax
+        jne     .Lopt_elsewhere
+        lea     FRAME+144(%rsp), %rax
+        cmp     RSP(%rsp), %rax
+        jne     .Lopt_elsewhere
+        RESTORE_FLAGS_AND_GPRS
+        lea     FRAME(%rsp), %rsp       // lea: the flags are the program's again
+        ret
+.Lopt_elsewhere:
         FRAME_BELOW_RESUME
         RESUME_PT_REGS
         .cfi_endproc
