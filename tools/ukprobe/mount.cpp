@@ -1,11 +1,13 @@
 // `ukprobe mount -p PID DIR`: the agent's tracefs and debugfs files as a FUSE file system
 // (libfuse3's low-level API, served by its multithreaded loop). Every file operation
 // becomes a request on the control socket: reads are Op::kRead, writes Op::kWrite or
-// Op::kAppend, and the tree under events/ is what available_events lists. docs/cli.md,
+// Op::kAppend, and the tree under events/ is what available_events lists. trace and
+// trace_pipe are read from the ring buffers and printed here (reader.hpp). docs/cli.md,
 // "mount", describes the behaviour for people.
 #include "mount.hpp"
 
 #include "client.hpp"
+#include "reader.hpp"
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
@@ -105,11 +107,13 @@ struct Answer {
     std::string text;
 };
 
-// Connections to one agent, one per request in flight. The agent serves one request at
-// a time, and its trace_pipe read holds it up to a second while no record comes: a
-// trace_pipe reader here therefore waits (ask_pipe) while other operations are under way
-// and for kPipeGrace after the last, so that the several requests of one `cat` or `ls`
-// wait at most for the pipe read already running, not for one each.
+// Connections to one agent, one per request in flight. trace and trace_pipe are printed
+// here from the agent's ring buffers (reader.hpp). The agent serves one request at a
+// time, and an agent that formats trace_pipe itself (an older one) holds its thread up
+// to 100 ms while no record comes: a trace_pipe reader here therefore waits (ask_pipe)
+// while other operations are under way and for kPipeGrace after the last, so that the
+// several requests of one `cat` or `ls` wait at most for the pipe read already running,
+// not for one each.
 class Agent {
 public:
     static constexpr auto kPipeGrace = std::chrono::milliseconds(50);
@@ -119,11 +123,52 @@ public:
 
     // -ENODEV when the agent cannot be reached (the process detached it or exited).
     Answer ask(Op op, const std::string &path, const std::string &payload = {}) {
+        return counted([&] {
+            return with_client([&](Client &c) {
+                Reply r = c.request(op, path, payload);
+                if (r.fd >= 0) close(r.fd);
+                return Answer{r.status < 0 ? r.status : 0, std::move(r.payload)};
+            });
+        });
+    }
+
+    // The trace file, printed here from the agent's ring buffers (reader.hpp).
+    Answer trace_text() {
+        return counted([&] {
+            return with_client([&](Client &c) { return Answer{0, TraceReader(c, pid_, false).trace()}; });
+        });
+    }
+
+    // A trace_pipe read by `reader` (on a connection of its own). One the agent formats
+    // holds its thread: it waits until no other operation is under way. -EINTR when
+    // `interrupted` says so while it waits for its turn.
+    template <typename Interrupted> Answer ask_pipe(TraceReader &reader, Interrupted interrupted) {
+        if (!reader.formats_locally()) {
+            std::unique_lock lock(gate_mu_);
+            while (active_ > 0 || std::chrono::steady_clock::now() - last_done_ < kPipeGrace) {
+                if (interrupted()) return {-EINTR, {}};
+                gate_cv_.wait_for(lock, kPipeRecheck);
+            }
+        }
+        try {
+            return {0, reader.pipe(kPipeWaitMs, 1 << 20)};
+        } catch (const std::runtime_error &) {
+            return {-ENODEV, {}};
+        }
+    }
+
+    int pid() const { return pid_; }
+
+private:
+    static constexpr int kPipeWaitMs = 100; // a trace_pipe read waits this long for a record
+
+    // fn's answer, counted as an operation under way (ask_pipe waits for them).
+    template <typename Fn> Answer counted(Fn fn) {
         {
             std::lock_guard lock(gate_mu_);
             ++active_;
         }
-        Answer a = request(op, path, payload);
+        Answer a = fn();
         {
             std::lock_guard lock(gate_mu_);
             --active_;
@@ -133,30 +178,16 @@ public:
         return a;
     }
 
-    // A trace_pipe read once no other operation is under way. -EINTR when `interrupted`
-    // says so while it waits for its turn.
-    template <typename Interrupted> Answer ask_pipe(const std::string &path, Interrupted interrupted) {
-        {
-            std::unique_lock lock(gate_mu_);
-            while (active_ > 0 || std::chrono::steady_clock::now() - last_done_ < kPipeGrace) {
-                if (interrupted()) return {-EINTR, {}};
-                gate_cv_.wait_for(lock, kPipeRecheck);
-            }
-        }
-        return request(Op::kRead, path, {});
-    }
-
-private:
-    Answer request(Op op, const std::string &path, const std::string &payload) {
+    // fn(client) over a pooled connection; -ENODEV when none works.
+    template <typename Fn> Answer with_client(Fn fn) {
         for (int attempt = 0; attempt < 2; ++attempt) {
             bool reused = false;
             std::unique_ptr<Client> c = take(&reused);
             if (c == nullptr) break;
             try {
-                Reply r = c->request(op, path, payload);
-                if (r.fd >= 0) close(r.fd);
+                Answer a = fn(*c);
                 give_back(std::move(c));
-                return {r.status < 0 ? r.status : 0, std::move(r.payload)};
+                return a;
             } catch (const std::runtime_error &) {
                 // A pooled connection the agent has closed since (a detach, then an attach):
                 // once more over a new one. A new one that breaks means the agent is gone.
@@ -201,6 +232,9 @@ struct Handle {
     int flags = 0;     // open(2)'s
     bool pipe = false; // trace_pipe: streamed, not a snapshot
     std::mutex mu;     // reads of one open file come one at a time
+    // trace_pipe: its reader of the ring, on a connection of its own (made at the first read).
+    std::unique_ptr<Client> client;
+    std::unique_ptr<TraceReader> reader;
     bool loaded = false;
     std::string text; // the snapshot taken at the first read; for trace_pipe what the last read left
 };
@@ -476,15 +510,26 @@ void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info *fi) {
     fuse_reply_err(req, 0);
 }
 
-// trace_pipe: each read waits for records (the agent waits up to 1 s per request; between
-// requests an interrupt, Ctrl-C of the reader, ends the wait) and returns what came.
+// trace_pipe: each read waits for records (up to 100 ms per attempt; between attempts an
+// interrupt, Ctrl-C of the reader, ends the wait) and returns what came. Each open file
+// consumes for itself, as the kernel's: two readers share the records between them.
 void read_pipe(fuse_req_t req, TraceFs &fs, Handle &h, size_t size) {
     while (h.text.empty()) {
         if (fuse_req_interrupted(req)) {
             fuse_reply_err(req, EINTR);
             return;
         }
-        Answer a = fs.agent.ask_pipe(h.path, [req] { return fuse_req_interrupted(req) != 0; });
+        if (h.reader == nullptr) {
+            auto c = std::make_unique<Client>();
+            std::string why;
+            if (c->connect(fs.agent.pid(), &why) != 0) {
+                fuse_reply_err(req, ENODEV);
+                return;
+            }
+            h.client = std::move(c);
+            h.reader = std::make_unique<TraceReader>(*h.client, fs.agent.pid(), true);
+        }
+        Answer a = fs.agent.ask_pipe(*h.reader, [req] { return fuse_req_interrupted(req) != 0; });
         if (a.status < 0) {
             fuse_reply_err(req, -a.status);
             return;
@@ -510,7 +555,7 @@ void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info 
     }
     if (!h.loaded) {
         // The whole file at the first read; later reads take their offsets from it.
-        Answer a = fs.agent.ask(Op::kRead, h.path);
+        Answer a = h.path == "trace" ? fs.agent.trace_text() : fs.agent.ask(Op::kRead, h.path);
         if (a.status < 0) {
             fuse_reply_err(req, -a.status);
             return;
