@@ -5,8 +5,8 @@
 // unlinks the socket path before exit_group. So the child installs, before exec, a seccomp
 // filter that hands exit_group, execve(at), unlink(at) (and rt_sigprocmask, below) to
 // ukprobe (SECCOMP_RET_USER_NOTIF, inherited by every descendant). A process calling
-// exit_group waits in the call while
-// ukprobe empties its ring over the connection it already holds and reads kprobe_profile;
+// exit_group waits in the call while ukprobe empties its ring (mapped: reader.hpp) and
+// reads kprobe_profile over the connection it already holds;
 // then the call goes on (SECCOMP_USER_NOTIF_FLAG_CONTINUE). An unlink lets ukprobe connect
 // to a process it has not reached yet before the socket path goes; an execve empties the
 // ring of the image about to be replaced. No ptrace: probe hits (SIGTRAP) never stop.
