@@ -42,12 +42,13 @@ public:
     uint64_t entries();
     // Whether the last read was formatted here (false: by the agent).
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
+    // Unmaps the ring (a process that is gone: its memory goes once nobody maps it).
+    void unmap();
 
 private:
     // Maps the agent's current buffers (they change when resized or swapped with a
     // snapshot); false when the agent must format instead.
     bool map_ring();
-    void unmap();
     bool load_events(); // the event table, again
     std::string agent_text(const std::string &path); // the agent's formatting; throws on a refusal
     const ukp::trace::EventInfo *find_event(uint16_t id);

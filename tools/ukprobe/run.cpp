@@ -273,6 +273,7 @@ private:
         } catch (const std::runtime_error &) {
             // The process is gone (or exec'd): its sockets closed.
         }
+        reader_.unmap();
         std::lock_guard lock(mu_);
         ended_ = true;
         cv_.notify_all();
