@@ -13,6 +13,10 @@
 #include <atomic>
 #include <cmath>
 #include <csetjmp>
+#include <iconv.h>
+#include <pwd.h>
+#include <unistd.h>
+#include <wordexp.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,8 +31,11 @@
 namespace {
 
 std::atomic<long> g_hits{0};
-int count_pre(kprobe *, pt_regs *) {
+kprobe *g_first = nullptr;               // the probes' array, to count hits per probe
+std::atomic<long> *g_per_probe = nullptr;
+int count_pre(kprobe *p, pt_regs *) {
     g_hits.fetch_add(1, std::memory_order_relaxed);
+    if (g_first != nullptr) g_per_probe[p - g_first].fetch_add(1, std::memory_order_relaxed);
     return 0;
 }
 
@@ -118,6 +125,23 @@ std::string workload() {
     } catch (const std::exception &e) {
         r += e.what();
     }
+    // iconv through the internal gconv steps (UCS-4, UCS-2, UTF-8, ASCII).
+    for (const char *to : {"UCS-4", "UCS-4LE", "UCS-2", "UNICODEBIG", "UTF-8", "ASCII", "WCHAR_T"}) {
+        iconv_t cd = iconv_open(to, "UTF-8");
+        if (cd == reinterpret_cast<iconv_t>(-1)) continue;
+        char in[] = "plain text", outbuf[128];
+        char *ip = in, *op = outbuf;
+        size_t il = std::strlen(in), ol = sizeof outbuf;
+        r += std::to_string(iconv(cd, &ip, &il, &op, &ol)) + ":" + std::to_string(sizeof outbuf - ol);
+        iconv_close(cd);
+    }
+    // Shell arithmetic (wordexp's parse_arith) and a user database lookup (nss).
+    wordexp_t we;
+    if (wordexp("$((3*4+1)) x", &we, WRDE_NOCMD) == 0) {
+        for (size_t k = 0; k < we.we_wordc; ++k) r += we.we_wordv[k];
+        wordfree(&we);
+    }
+    if (const passwd *pw = getpwuid(getuid())) r += std::to_string(pw->pw_uid);
     std::jmp_buf env;
     volatile int jumped = 0;
     if (setjmp(env) == 0) {
@@ -139,6 +163,9 @@ TEST(coverage, NewlyCoveredLibraryEntriesOptimizedBehaveTheSame) {
         entries.insert(entries.end(), e.begin(), e.end());
     }
     std::vector<kprobe> kps(entries.size());
+    std::vector<std::atomic<long>> per_probe(entries.size());
+    g_per_probe = per_probe.data();
+    g_first = kps.data();
     size_t registered = 0, optimized = 0, padding = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
         kps[i].addr = reinterpret_cast<kprobe_opcode_t *>(entries[i].addr);
@@ -163,6 +190,16 @@ TEST(coverage, NewlyCoveredLibraryEntriesOptimizedBehaveTheSame) {
     g_hits = 0;
     for (int round = 0; round < 3; ++round) EXPECT_EQ(workload(), expected);
     EXPECT_GT(g_hits.load(), 0);
+    size_t hit = 0, gconv = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        if (per_probe[i].load() == 0) continue;
+        ++hit;
+        gconv += entries[i].name.rfind("__gconv_transform", 0) == 0;
+    }
+    std::printf("coverage: %zu of the probes hit by the workload (%zu in gconv steps)\n", hit, gconv);
+    EXPECT_GE(hit, 15u);
+    EXPECT_GE(gconv, 1u);
+    g_first = nullptr;
     for (auto &kp : kps) {
         if (kp.addr != nullptr) unregister_kprobe(&kp);
     }

@@ -96,6 +96,13 @@ const RegionSpec kCases[] = {
     // bsf of another register: no bound on %rdx.
     {"JumpTableLeaSumOtherBsf", "48 0f bc c2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
      Reason::kIndirectJump, 11, 2, std::vector<int32_t>(64, to(21))},
+    // A constant index: nop x3; movslq T+8(%rip),%rax; lea T(%rip),%rdx; add %rdx,%rax;
+    // jmp *%rax; ret (at 22): one entry, T[2].
+    {"JumpTableConstantIndex", "90 | 90 | 90 | 48 63 05 fe 00 00 00 | 48 8d 15 ef 00 00 00 | 48 01 d0 | ff e0 | c3", 0,
+     Reason::kOk, 10, 4, {to(1), to(1), to(22)}},
+    {"JumpTableConstantIndexIntoRegion",
+     "90 | 90 | 90 | 48 63 05 fe 00 00 00 | 48 8d 15 ef 00 00 00 | 48 01 d0 | ff e0 | c3", 0, Reason::kJumpIntoRegion,
+     10, 4, {to(22), to(22), to(1)}},
     // cmp $1,%edi; ja ret; jmp *T(,%rdi,8); ret (at 12)
     {"AbsJumpTableUnreadable", "83 ff 01 | 77 07 | ff 24 fd 00 11 00 00 | c3", 0, Reason::kIndirectJump, 5, 2},
     // --- not optimizable ---
@@ -176,6 +183,7 @@ struct RefsSpec {
     std::vector<uint64_t> values = {};
     std::vector<std::pair<uint64_t, uint64_t>> branches = {};
     std::vector<uint64_t> starts = {0, 0x40};
+    std::vector<int32_t> table = {}; // int32 entries at kTable (offsets from kTable)
 };
 
 const RefsSpec kRefsCases[] = {
@@ -227,6 +235,28 @@ const RefsSpec kRefsCases[] = {
     {"ShortFallsThrough", "31 c0 | 90", "0f 1f 00 | 90 90 | 55", Reason::kTooSmallFunction},
     {"ShortInt3Padding", "31 c0 | c3", "cc cc cc cc", Reason::kTooSmallFunction},
     {"ShortTailCall", "eb 10", "0f 1f 40 00 | 55", Reason::kOk, false, true, {}, {}, {0, 8}},
+    // Through a stack slot: xor %eax,%eax; mov 0x10(%rdi),%rax; push %rax; call f;
+    // pop %rcx; jmp *%rcx -- and the same with the slot overwritten by a computed value
+    // (add $8,%rax; mov %rax,(%rsp)).
+    {"PushedPointer", "31 c0 | 48 8b 47 10 | 50 | e8 fb 00 00 00 | 59 | ff e1", "", Reason::kOk, true},
+    {"PushedPointerOverwritten", "31 c0 | 48 8b 47 10 | 50 | 48 83 c0 08 | 48 89 04 24 | 59 | ff e1", "",
+     Reason::kIndirectJump},
+    // Null on one path: test %rdi,%rdi; je L; mov 8(%rdi),%rax; jmp *%rax; L: xor %eax,%eax;
+    // jmp *%rax -- a constant names no code.
+    {"NullOnOnePath", "48 85 ff | 74 06 | 48 8b 47 08 | ff e0 | 31 c0 | ff e0", "", Reason::kOk, true},
+    // A table whose base is set before a join: lea T(%rip),%rbx; test %esi,%esi; jne L;
+    // call f; L: cmp $2,%edi; ja out; mov %edi,%edi; movslq (%rbx,%rdi,4),%rax;
+    // add %rbx,%rax; jmp *%rax; out: ret (at 0x20). Every path to the add has %rbx = T.
+    {"TableBaseOnEveryPath",
+     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff e0 | c3",
+     "", Reason::kOk, false, false, {}, {}, {0, 0x40}, {to(0x20), to(0x20), to(0x20)}},
+    {"TableBaseOnEveryPathIntoRegion",
+     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff e0 | c3",
+     "", Reason::kJumpIntoRegion, false, false, {}, {}, {0, 0x40}, {to(0x20), to(3), to(0x20)}},
+    // ... and another function jumps to the cmp, with anything in %rbx.
+    {"TableBaseJoinedFromOutside",
+     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff e0 | c3",
+     "", Reason::kIndirectJump, false, false, {}, {{0x10, 0x80}}, {0, 0x40}, {to(0x20), to(0x20), to(0x20)}},
 };
 
 void PrintTo(const RefsSpec &s, std::ostream *os) { *os << s.name; }
@@ -238,6 +268,11 @@ TEST_P(RegionRefsCase, Verdict) {
     const std::vector<uint8_t> code = unhex(tc.code), tail = unhex(tc.tail);
     const ukp::arch::ReadFn read = [&](uint64_t addr, void *out, size_t n) {
         const uint64_t end = kStart + code.size();
+        const size_t tbytes = tc.table.size() * sizeof(int32_t);
+        if (addr >= kTable && addr - kTable <= tbytes && n <= tbytes - (addr - kTable)) {
+            std::memcpy(out, reinterpret_cast<const uint8_t *>(tc.table.data()) + (addr - kTable), n);
+            return true;
+        }
         if (addr < end || addr - end > tail.size() || n > tail.size() - (addr - end)) return false;
         std::memcpy(out, tail.data() + (addr - end), n);
         return true;
@@ -258,7 +293,7 @@ TEST_P(RegionRefsCase, Verdict) {
         EXPECT_GE(c.dcr_len, 5u);
     }
     // Without the references none of these rules applies.
-    if (tc.trusted || tc.padding) {
+    if (tc.trusted || tc.padding || !tc.table.empty()) {
         EXPECT_FALSE(check_region(f, kStart, {}).ok);
     }
 }

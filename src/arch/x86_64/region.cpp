@@ -214,12 +214,34 @@ void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const Re
             const int mov = last_writer(w, add, rm);
             if (mov < 0 || w[mov].zi.mnemonic != ZYDIS_MNEMONIC_MOVSXD) continue;
             const ZydisDecodedOperand &src = w[mov].ops[1];
+            if (src.type == ZYDIS_OPERAND_TYPE_MEMORY && src.mem.base == ZYDIS_REGISTER_RIP &&
+                src.mem.index == ZYDIS_REGISTER_NONE) {
+                // A constant index (GCC knew it): movslq T+4k(%rip),%rM; lea T(%rip),%rB: one entry.
+                const int lea = last_writer(w, add, rb);
+                if (lea < 0 || w[lea].zi.mnemonic != ZYDIS_MNEMONIC_LEA || !w[lea].rip_relative) continue;
+                ij.kind = IndirectJump::Kind::kTableRel32;
+                ij.table = w[lea].rip_target;
+                int32_t e;
+                if (!read_data(f, read, w[mov].rip_target, &e, sizeof e)) return;
+                ij.entries = 1;
+                ij.targets = {ij.table + static_cast<uint64_t>(static_cast<int64_t>(e))};
+                ij.resolved = true;
+                return;
+            }
             if (src.type != ZYDIS_OPERAND_TYPE_MEMORY || gpr64(src.mem.base) != rb || src.mem.scale != 4 ||
                 src.mem.disp.value != 0 || src.mem.index == ZYDIS_REGISTER_NONE) {
                 continue;
             }
             // The base must still hold the lea's value at the add.
             const int lea = last_writer(w, mov, rb);
+            if (lea < 0 && last_writer(w, add, rb) < 0) {
+                // The lea is further back: classify_pointers() looks for it on every path.
+                ij.kind = IndirectJump::Kind::kTableRel32;
+                ij.entries = static_cast<uint32_t>(table_bound(w, mov, gpr64(src.mem.index)));
+                ij.base_reg = static_cast<int>(rb);
+                ij.base_at = w[add].addr;
+                return;
+            }
             if (lea < 0 || w[lea].zi.mnemonic != ZYDIS_MNEMONIC_LEA || !w[lea].rip_relative) continue;
             if (last_writer(w, add, rb) != lea) continue;
             ij.kind = IndirectJump::Kind::kTableRel32;
@@ -338,45 +360,153 @@ int spilled_from(const Body &b, int load, const ZydisDecodedOperand &slot) {
     return -1;
 }
 
+// Where the walk of classify_pointer() follows the value: a register, or (reg NONE) the
+// stack slot at `slot` bytes from %rsp as it is at the start of the instruction.
+struct Loc {
+    ZydisRegister reg = ZYDIS_REGISTER_NONE;
+    int64_t slot = 0;
+    bool operator==(const Loc &o) const { return reg == o.reg && slot == o.slot; }
+};
+
+bool is_rsp(ZydisRegister r) { return gpr64(r) == ZYDIS_REGISTER_RSP; }
+
+// How `in` moves %rsp (after = before + *delta); false if it writes %rsp some other way.
+bool rsp_delta(const Insn &in, int64_t *delta) {
+    *delta = 0;
+    const ZydisMnemonic m = in.zi.mnemonic;
+    if (m == ZYDIS_MNEMONIC_PUSH) *delta = -static_cast<int64_t>(in.zi.operand_width / 8);
+    else if (m == ZYDIS_MNEMONIC_POP) *delta = in.zi.operand_width / 8;
+    else if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall) return true; // the callee pops its return address
+    else if (!writes(in, ZYDIS_REGISTER_RSP)) return true;
+    else if ((m == ZYDIS_MNEMONIC_SUB || m == ZYDIS_MNEMONIC_ADD) && in.zi.operand_count_visible == 2 &&
+             is_reg(in.ops[0]) && is_rsp(in.ops[0].reg.value) && in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE) {
+        *delta = m == ZYDIS_MNEMONIC_ADD ? in.ops[1].imm.value.s : -in.ops[1].imm.value.s;
+    } else if (m == ZYDIS_MNEMONIC_LEA && is_reg(in.ops[0]) && is_rsp(in.ops[0].reg.value) &&
+               is_rsp(in.ops[1].mem.base) && in.ops[1].mem.index == ZYDIS_REGISTER_NONE) {
+        *delta = in.ops[1].mem.disp.value;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+// A constant: a PIC object's code has no absolute address to give (a non-PIC object's
+// immediates are all in ObjectRefs), so it names no region.
+bool is_constant_def(const Insn &in, ZydisRegister r) {
+    const ZydisMnemonic m = in.zi.mnemonic;
+    if (m == ZYDIS_MNEMONIC_MOV && in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE) return true;
+    // xor %r32,%r32 (and the 64-bit form): zero.
+    return (m == ZYDIS_MNEMONIC_XOR || m == ZYDIS_MNEMONIC_SUB) && in.zi.operand_count_visible == 2 &&
+           is_reg(in.ops[0]) && is_reg(in.ops[1]) && in.ops[0].reg.value == in.ops[1].reg.value &&
+           gpr64(in.ops[0].reg.value) == r && in.zi.operand_width >= 32;
+}
+
 // For the unresolved indirect jmp body[jmp]: whether every value its target register (or
 // memory operand) can hold there is a whole code pointer (IndirectJump::whole_pointer).
 // Walks back along every path of the function: through copies, glibc's pointer demangling
-// and stack spills, into each direct branch to a join point, until each path meets a
-// load from non-stack memory, a rip-relative lea, or the function's entry (the caller's
-// value). Anything else on a path (arithmetic, a clobbering call, a join reached from a
-// jump table, too long a walk) leaves the jump unresolved. ij.walked receives the
-// instructions whose incoming paths the walk relied on: check_region makes sure nothing
-// outside the function jumps to them.
+// and %rsp-relative stack slots (push/pop, spills, %rsp adjustments), into each direct
+// branch to a join point, until each path meets a load from non-stack memory, a
+// rip-relative lea, a constant, or the function's entry (the caller's value: an argument
+// register, the return address or a stack argument). Anything else on a path (arithmetic,
+// a clobbering call, an unknown %rsp change, a store that may hit the slot, a join
+// reached from a jump table, too long a walk) leaves the jump unresolved. ij.walked
+// receives the instructions whose incoming paths the walk relied on: check_region makes
+// sure nothing outside the function jumps to them.
+// Stores through registers other than %rsp/%rbp are taken not to hit a slot: a pointer to
+// the frame that escaped could only store a value of other code, never a code address
+// computed here.
 void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &ij) {
     const ZydisDecodedOperand &target = b.insns[jmp].ops[0];
+    Loc start;
     if (target.type == ZYDIS_OPERAND_TYPE_MEMORY) {
-        if (!pointer_memory(target, b.rbp_frame)) return;
-        ij.whole_pointer = true;
+        if (pointer_memory(target, b.rbp_frame)) {
+            ij.whole_pointer = true;
+            return;
+        }
+        if (!is_rsp(target.mem.base) || target.mem.index != ZYDIS_REGISTER_NONE || target.size != 64) return;
+        start.slot = target.mem.disp.value; // jmp *d(%rsp)
+    } else if (is_reg(target)) {
+        start.reg = gpr64(target.reg.value);
+    } else {
         return;
     }
-    if (!is_reg(target)) return;
     constexpr size_t kMaxSteps = 4096;
     size_t steps = 0;
-    // (index, register): the value of register at the start of instruction index.
-    std::vector<std::pair<int, ZydisRegister>> work{{jmp, gpr64(target.reg.value)}}, seen;
+    // (index, loc): the value at loc at the start of instruction index.
+    std::vector<std::pair<int, Loc>> work{{jmp, start}}, seen;
     std::vector<uint64_t> walked;
     while (!work.empty()) {
-        auto [i, r] = work.back();
+        auto [i, loc] = work.back();
         work.pop_back();
         for (;;) {
             if (++steps > kMaxSteps) return;
-            if (std::find(seen.begin(), seen.end(), std::pair{i, r}) != seen.end()) break;
-            seen.emplace_back(i, r);
+            if (std::find(seen.begin(), seen.end(), std::pair{i, loc}) != seen.end()) break;
+            seen.emplace_back(i, loc);
             walked.push_back(b.insns[i].addr);
             if (b.table_target[i]) return;
             for (uint32_t p : b.preds[i]) {
-                // A jump or call to i: the value there is the one before the branch.
-                work.emplace_back(static_cast<int>(p), r);
+                // A jump or call to i: the value there is the one before the branch (a call
+                // pushes: the slot is 8 bytes further from %rsp before it).
+                Loc l = loc;
+                if (b.insns[p].flow == Flow::kCall && l.reg == ZYDIS_REGISTER_NONE) {
+                    if (l.slot < 8) return; // the return address the call pushed
+                    l.slot -= 8;
+                }
+                work.emplace_back(static_cast<int>(p), l);
             }
-            if (i == 0) break; // the entry: the caller's value
+            if (i == 0) {
+                // The entry: the caller's registers, return address and stack arguments.
+                if (loc.reg == ZYDIS_REGISTER_NONE && loc.slot < 0) return;
+                break;
+            }
             const Insn &in = b.insns[i - 1];
             if (!falls_through(in)) break; // only the branches above lead here
             --i;
+            const ZydisMnemonic m = in.zi.mnemonic;
+            if (loc.reg == ZYDIS_REGISTER_NONE) {
+                int64_t delta;
+                if (!rsp_delta(in, &delta)) return;
+                const int64_t before = loc.slot + delta; // the slot, from %rsp before `in`
+                if (m == ZYDIS_MNEMONIC_PUSH && before < 0) {
+                    // push wrote [rsp_before - 8, rsp_before): the slot, whole or in part.
+                    if (before != -8 || in.zi.operand_width != 64) return;
+                    const ZydisDecodedOperand &src = in.ops[0];
+                    if (is_reg(src)) {
+                        loc = Loc{gpr64(src.reg.value), 0};
+                        continue;
+                    }
+                    if (src.type == ZYDIS_OPERAND_TYPE_IMMEDIATE || pointer_memory(src, b.rbp_frame)) break;
+                    return;
+                }
+                if (before < 0) return; // below %rsp: anything may have written it
+                loc.slot = before;
+                for (int k = 0; k < in.zi.operand_count; ++k) {
+                    const ZydisDecodedOperand &op = in.ops[k];
+                    if (op.type != ZYDIS_OPERAND_TYPE_MEMORY || !(op.actions & ZYDIS_OPERAND_ACTION_MASK_WRITE)) continue;
+                    if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall || m == ZYDIS_MNEMONIC_PUSH) continue;
+                    const ZydisRegister base = gpr64(op.mem.base);
+                    if (base == ZYDIS_REGISTER_RSP && op.mem.index == ZYDIS_REGISTER_NONE) {
+                        const int64_t lo = op.mem.disp.value, hi = lo + op.size / 8;
+                        if (hi <= loc.slot || lo >= loc.slot + 8) continue; // another slot
+                        if (lo != loc.slot || op.size != 64 || m != ZYDIS_MNEMONIC_MOV) return;
+                        if (is_reg(in.ops[1])) {
+                            loc = Loc{gpr64(in.ops[1].reg.value), 0};
+                            break;
+                        }
+                        if (in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE) loc = Loc{ZYDIS_REGISTER_RIP, 0};
+                        else return;
+                        break;
+                    }
+                    if (base == ZYDIS_REGISTER_RSP || gpr64(op.mem.index) == ZYDIS_REGISTER_RSP ||
+                        (b.rbp_frame && (base == ZYDIS_REGISTER_RBP || gpr64(op.mem.index) == ZYDIS_REGISTER_RBP)) ||
+                        op.visibility != ZYDIS_OPERAND_VISIBILITY_EXPLICIT) {
+                        return; // may be the slot
+                    }
+                }
+                if (loc.reg == ZYDIS_REGISTER_RIP) break; // a constant was stored
+                continue;
+            }
+            const ZydisRegister r = loc.reg;
             if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall) {
                 // The callee (or kernel) may change any register but the callee-saved ones.
                 const bool clobbered = in.flow == Flow::kSyscall
@@ -387,23 +517,32 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
             }
             if (!writes(in, r)) continue;
             if (is_demangle_step(in, r)) continue;
-            const ZydisMnemonic m = in.zi.mnemonic;
             if (m == ZYDIS_MNEMONIC_LEA && in.rip_relative) break; // a materialized address
+            if (is_constant_def(in, r)) break;
+            if (m == ZYDIS_MNEMONIC_POP && in.zi.operand_width == 64) {
+                loc = Loc{ZYDIS_REGISTER_NONE, 0}; // [rsp] before the pop
+                continue;
+            }
             if (m != ZYDIS_MNEMONIC_MOV || in.zi.operand_count_visible != 2 || !is_reg(in.ops[0]) ||
                 in.zi.operand_width != 64) {
                 return; // computed, or not a whole 64-bit value
             }
             if (is_reg(in.ops[1])) {
-                r = gpr64(in.ops[1].reg.value);
+                loc.reg = gpr64(in.ops[1].reg.value);
                 continue;
             }
-            if (in.ops[1].type != ZYDIS_OPERAND_TYPE_MEMORY) return;
-            if (pointer_memory(in.ops[1], b.rbp_frame)) break; // loaded whole
-            // A stack slot: the value stored there on the straight line before.
-            const int st = spilled_from(b, i, in.ops[1]);
+            const ZydisDecodedOperand &src = in.ops[1];
+            if (src.type != ZYDIS_OPERAND_TYPE_MEMORY) return;
+            if (pointer_memory(src, b.rbp_frame)) break; // loaded whole
+            if (is_rsp(src.mem.base) && src.mem.index == ZYDIS_REGISTER_NONE) {
+                loc = Loc{ZYDIS_REGISTER_NONE, src.mem.disp.value};
+                continue;
+            }
+            // An %rbp-based slot: the value stored there on the straight line before.
+            const int st = spilled_from(b, i, src);
             if (st < 0) return;
             for (int k = st + 1; k < i; ++k) walked.push_back(b.insns[k].addr);
-            r = gpr64(b.insns[st].ops[1].reg.value);
+            loc.reg = gpr64(b.insns[st].ops[1].reg.value);
             i = st;
         }
     }
@@ -415,8 +554,50 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
     ij.walked = std::move(walked);
 }
 
-// Classifies the unresolved indirect jumps of a reliably decoded f (classify_pointer).
-void classify_pointers(FunctionMap &f) {
+// The address that every path of the function gives register r0 at body[from] by a
+// `lea T(%rip)` (through copies; callee-saved across calls), or 0. *walked receives the
+// instructions whose incoming paths that relies on.
+uint64_t unique_lea(const Body &b, int from, ZydisRegister r0, std::vector<uint64_t> *walked) {
+    constexpr size_t kMaxSteps = 4096;
+    size_t steps = 0;
+    uint64_t value = 0;
+    std::vector<std::pair<int, ZydisRegister>> work{{from, r0}}, seen;
+    while (!work.empty()) {
+        auto [i, r] = work.back();
+        work.pop_back();
+        for (;;) {
+            if (++steps > kMaxSteps) return 0;
+            if (std::find(seen.begin(), seen.end(), std::pair{i, r}) != seen.end()) break;
+            seen.emplace_back(i, r);
+            walked->push_back(b.insns[i].addr);
+            if (b.table_target[i] || i == 0) return 0; // the entry: no lea on this path
+            for (uint32_t p : b.preds[i]) work.emplace_back(static_cast<int>(p), r);
+            const Insn &in = b.insns[i - 1];
+            if (!falls_through(in)) break;
+            --i;
+            if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall) {
+                if (in.flow == Flow::kSyscall || !callee_saved(r)) return 0;
+                continue;
+            }
+            if (!writes(in, r)) continue;
+            if (in.zi.mnemonic == ZYDIS_MNEMONIC_LEA && in.rip_relative && in.zi.operand_width == 64) {
+                if (value != 0 && value != in.rip_target) return 0;
+                value = in.rip_target;
+                break;
+            }
+            if (in.zi.mnemonic == ZYDIS_MNEMONIC_MOV && in.zi.operand_width == 64 && is_reg(in.ops[1])) {
+                r = gpr64(in.ops[1].reg.value);
+                continue;
+            }
+            return 0;
+        }
+    }
+    return value;
+}
+
+// Classifies the unresolved indirect jumps of a reliably decoded f (classify_pointer),
+// after resolving the tables whose base is set before the pattern (unique_lea).
+void classify_pointers(FunctionMap &f, const ReadFn &read) {
     Body b;
     b.insns.resize(f.insns.size());
     for (size_t i = 0; i < f.insns.size(); ++i) {
@@ -440,6 +621,29 @@ void classify_pointers(FunctionMap &f) {
         }
         if (in.flow != Flow::kJump && in.flow != Flow::kCondJump && in.flow != Flow::kCall) continue;
         if (const int t = b.index_of(in.target); t >= 0) b.preds[t].push_back(static_cast<uint32_t>(i));
+    }
+    bool more_targets = false;
+    for (IndirectJump &ij : f.indirect_jumps) {
+        if (ij.resolved || ij.base_at == 0 || ij.entries == 0) continue;
+        const int at = b.index_of(ij.base_at);
+        std::vector<uint64_t> walked;
+        const uint64_t table = at >= 0 ? unique_lea(b, at, static_cast<ZydisRegister>(ij.base_reg), &walked) : 0;
+        if (table == 0) continue;
+        std::vector<int32_t> raw(ij.entries);
+        if (!read_data(f, read, table, raw.data(), raw.size() * sizeof(int32_t))) continue;
+        ij.table = table;
+        for (int32_t e : raw) ij.targets.push_back(table + static_cast<uint64_t>(static_cast<int64_t>(e)));
+        for (uint64_t t : ij.targets) {
+            if (in_function(f, t)) f.branch_targets.push_back(t);
+        }
+        std::sort(walked.begin(), walked.end());
+        walked.erase(std::unique(walked.begin(), walked.end()), walked.end());
+        ij.walked = std::move(walked);
+        ij.resolved = ij.via_paths = more_targets = true;
+    }
+    if (more_targets) {
+        std::sort(f.branch_targets.begin(), f.branch_targets.end());
+        f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()), f.branch_targets.end());
     }
     for (const IndirectJump &ij : f.indirect_jumps) {
         for (uint64_t t : ij.targets) {
@@ -511,7 +715,7 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
     std::sort(f.branch_targets.begin(), f.branch_targets.end());
     f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()),
                            f.branch_targets.end());
-    if (f.reliable() && f.has_unresolved_indirect_jump()) classify_pointers(f);
+    if (f.reliable() && f.has_unresolved_indirect_jump()) classify_pointers(f, read);
     if (read) {
         // Whatever is readable of the bytes after the function, longest first.
         for (size_t n = kMaxTail; n > 0; n /= 2) {
@@ -581,6 +785,26 @@ const char *reason_name(Reason r) {
 
 namespace {
 
+// Whether the paths a walk relied on (ij.walked) are all the paths: no object reference
+// or extra entry arrives at a walked instruction from outside f.
+bool paths_hold(const FunctionMap &f, const IndirectJump &ij, const std::vector<uint64_t> &extra,
+                const ObjectRefs &refs) {
+    for (uint64_t a : ij.walked) {
+        if (refs.reached_from_outside(a, f.start, f.start + f.size)) return false;
+        if (std::find(extra.begin(), extra.end(), a) != extra.end()) return false;
+    }
+    return true;
+}
+
+// Tables resolved through a walk over paths (IndirectJump::via_paths) hold only with the
+// object's references to show that no path from outside joins.
+bool tables_hold(const FunctionMap &f, const std::vector<uint64_t> &extra, const ObjectRefs *refs) {
+    for (const IndirectJump &ij : f.indirect_jumps) {
+        if (ij.via_paths && (refs == nullptr || !paths_hold(f, ij, extra, *refs))) return false;
+    }
+    return true;
+}
+
 // Whether the indirect jumps of f that no table resolves may be trusted: each is a whole
 // pointer on every path the walk saw, no path from outside f arrives on those paths (no
 // object reference or extra entry at a walked instruction), and f materializes no address
@@ -590,12 +814,9 @@ bool indirect_jumps_trusted(const FunctionMap &f, const std::vector<uint64_t> &e
     const uint64_t fn_end = f.start + f.size;
     if (refs.value_in(f.start, fn_end)) return false;
     for (const IndirectJump &ij : f.indirect_jumps) {
-        if (ij.resolved) continue;
-        if (!ij.whole_pointer) return false;
-        for (uint64_t a : ij.walked) {
-            if (refs.reached_from_outside(a, f.start, fn_end)) return false;
-            if (std::find(extra.begin(), extra.end(), a) != extra.end()) return false;
-        }
+        if (ij.resolved && !ij.via_paths) continue;
+        if (!ij.resolved && !ij.whole_pointer) return false;
+        if (!paths_hold(f, ij, extra, refs)) return false;
     }
     return true;
 }
@@ -694,6 +915,8 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
         if (f.has_unresolved_indirect_jump()) {
             c.trusted_jumps = refs != nullptr && indirect_jumps_trusted(f, extra_entries, *refs);
             if (!c.trusted_jumps) fail(Reason::kIndirectJump);
+        } else if (!tables_hold(f, extra_entries, refs)) {
+            fail(Reason::kIndirectJump);
         }
     } catch (...) {
         fail(Reason::kDecodeFailed); // allocation failure

@@ -47,7 +47,14 @@ struct IndirectJump {
     // or by code, so it goes nowhere ObjectRefs does not list. Valid only if the paths the
     // walk followed are all the paths: nothing outside the function may jump to `walked`.
     bool whole_pointer = false;
-    std::vector<uint64_t> walked; // instructions whose incoming paths the walk relied on
+    // Instructions whose incoming paths a walk relied on (whole_pointer, or a table whose
+    // base register was found on every path: via_paths).
+    std::vector<uint64_t> walked;
+    // kTableRel32 whose base `lea T(%rip)` lies before the straight line of the pattern:
+    // the register (a Zydis id) and the instruction where it must hold T on every path.
+    int base_reg = 0;
+    uint64_t base_at = 0;
+    bool via_paths = false; // resolved that way: valid only if nothing outside joins `walked`
 };
 
 // The result of a linear-sweep decode of one function [start, start + size).
