@@ -1,8 +1,9 @@
 // The agent side of the control socket: one thread, started by ukp_control_start() (the
 // injector calls it after dlopen) or at load when UKP_CONTROL=1. It serves the debugfs
-// files of the core and hands every other path to the trace layer's file API
-// (<ukprobes/trace.h>). Off every
-// hot path: it takes no lock a probe hit takes.
+// files of the core, hands every other path to the trace layer's file API
+// (<ukprobes/trace.h>), and passes the trace ring buffers' memfd to a controller that
+// prints the trace itself (Op::kOpenFd). Off every hot path: it takes no lock a probe
+// hit takes.
 #include "control/control.hpp"
 #include "control/fd_passing.hpp"
 #include "control/protocol.hpp"

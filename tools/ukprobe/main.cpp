@@ -145,13 +145,14 @@ int cmd_enable(const Options &o, bool on) {
     return 0;
 }
 
-// The trace file, printed here from the mapped ring buffers (reader.hpp).
-int cmd_trace(const Options &o) {
+// trace, read trace, and read trace_pipe (one read: what comes within kPipeWaitMs,
+// consumed): printed here from the mapped ring buffers (reader.hpp).
+int cmd_trace(const Options &o, bool pipe) {
     require_pid(o);
     ukprobe::Client c;
     connect_or_fail(o, c);
-    ukprobe::TraceReader reader(c, o.pid, false);
-    fmt::print("{}", reader.trace());
+    ukprobe::TraceReader reader(c, o.pid, pipe);
+    fmt::print("{}", pipe ? reader.pipe(kPipeWaitMs, 1 << 20) : reader.trace());
     return 0;
 }
 
@@ -315,7 +316,10 @@ int main(int argc, char **argv) {
     try {
         if (*attach) return cmd_attach(o);
         if (*ping) return cmd_simple(o, Op::kPing);
-        if (*read) return o.path == "trace" ? cmd_trace(o) : cmd_simple(o, Op::kRead, o.path);
+        if (*read) {
+            if (o.path == "trace" || o.path == "trace_pipe") return cmd_trace(o, o.path == "trace_pipe");
+            return cmd_simple(o, Op::kRead, o.path);
+        }
         if (*write) return cmd_simple(o, Op::kWrite, o.path, o.text);
         if (*append) return cmd_simple(o, Op::kAppend, o.path, o.text);
         if (*list) return cmd_simple(o, Op::kRead, "kprobes/list");
@@ -325,7 +329,7 @@ int main(int argc, char **argv) {
         if (*add) return cmd_simple(o, Op::kAppend, "kprobe_events", o.text);
         if (*enable) return cmd_enable(o, true);
         if (*disable) return cmd_enable(o, false);
-        if (*trace) return cmd_trace(o);
+        if (*trace) return cmd_trace(o, false);
         if (*trace_pipe) return cmd_trace_pipe(o);
         if (*profile) return cmd_simple(o, Op::kRead, "kprobe_profile");
         if (*clear) return cmd_simple(o, Op::kWrite, "trace", "");
