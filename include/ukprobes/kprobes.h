@@ -224,8 +224,8 @@ int ukp_kprobes_enabled(void);
 int ukp_set_kprobes_enabled(int on);
 
 /*
- * Jump optimization, the kernel's debug.kprobes_optimization sysctl. Off by default for now
- * (see docs/reference.md); when on, a
+ * Jump optimization, the kernel's debug.kprobes_optimization sysctl. On by default
+ * (UKP_KPROBES_OPTIMIZATION=0 in the environment starts with it off); when on, a
  * background optimizer replaces the int3 of a probe point with a 5-byte jmp to a detour
  * when the point's probes have no post_handler and no jprobe, all are enabled, no other
  * probe lies in the replaced region and the region passes the safety checks; kprobes/list

@@ -41,12 +41,11 @@
 
 namespace ukp::core {
 
-// Off by default until the crash concurrency_test finds with it on is understood (a
-// thread left inside a region when the jump went in, with post_handlers and an inner
-// probe coming and going); ukp_set_kprobes_optimization(1) turns it on.
+// On by default, as in the kernel (CONFIG_OPTPROBES); UKP_KPROBES_OPTIMIZATION=0 starts
+// the process with it off, ukp_set_kprobes_optimization() turns it off and on.
 std::atomic<bool> g_opt_enabled{[] {
-    const char *env = getenv("UKP_KPROBES_OPTIMIZATION"); // "1": on from the start
-    return env != nullptr && env[0] == '1';
+    const char *env = getenv("UKP_KPROBES_OPTIMIZATION");
+    return env == nullptr || env[0] != '0';
 }()};
 
 bool is_agent_probe(const kprobe *p); // registry.cpp

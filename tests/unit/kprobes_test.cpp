@@ -422,7 +422,8 @@ TEST_F(KprobesTest, ListText) {
     kp.offset = static_cast<unsigned>(ukpt_branches_at_jcc - reinterpret_cast<char *>(&ukpt_branches));
     ASSERT_EQ(register_kprobe(&kp), 0);
     const std::string text = list();
-    const std::regex row("[0-9a-f]{16}  k  ukpt_branches\\+0x([0-9a-f]+)  kprobes_test \n");
+    // [OPTIMIZED] once the background optimizer got to it (a jcc at that offset may qualify).
+    const std::regex row("[0-9a-f]{16}  k  ukpt_branches\\+0x([0-9a-f]+)  kprobes_test (\\[OPTIMIZED\\])?\n");
     std::smatch m;
     ASSERT_TRUE(std::regex_match(text, m, row)) << text;
     EXPECT_EQ(std::stoul(m[1].str(), nullptr, 16), kp.offset);
