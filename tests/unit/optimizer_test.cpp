@@ -240,6 +240,49 @@ TEST_F(OptimizerTest, APreHandlerPushingOntoTheStackIsHonoured) {
     unregister_kprobe(&kp);
 }
 
+// The same from a post_handler, which runs from the post trampoline after the probed
+// instruction's copy: it calls ukpt_opt_bump before the function goes on.
+void push_call_post(kprobe *, pt_regs *regs, unsigned long) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->sp -= 8;
+    *reinterpret_cast<unsigned long *>(regs->sp) = regs->ip;
+    regs->ip = reinterpret_cast<unsigned long>(&ukpt_opt_bump);
+}
+
+TEST_F(OptimizerTest, APostHandlerPushingOntoTheStackIsHonoured) {
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.post_handler = push_call_post;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    g_opt_bumps = 0;
+    for (long i = 0; i < 20; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_opt_bumps, 20);
+    EXPECT_EQ(g_hits.load(), 20);
+    unregister_kprobe(&kp);
+}
+
+// And from a kretprobe's return handler, which runs from the return trampoline: the
+// function's caller gets its result after ukpt_opt_bump ran.
+int push_call_ret(kretprobe_instance *, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->sp -= 8;
+    *reinterpret_cast<unsigned long *>(regs->sp) = regs->ip;
+    regs->ip = reinterpret_cast<unsigned long>(&ukpt_opt_bump);
+    return 0;
+}
+
+TEST_F(OptimizerTest, AReturnHandlerPushingOntoTheStackIsHonoured) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_opt_work";
+    rp.handler = push_call_ret;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    g_opt_bumps = 0;
+    for (long i = 0; i < 20; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_opt_bumps, 20);
+    EXPECT_EQ(g_hits.load(), 20);
+    unregister_kretprobe(&rp);
+}
+
 // The case stress_test found: threads run an optimized probe on a `call` while a probe
 // with a post_handler comes and goes at the same address. A thread that enters the detour
 // after the post_handler's probe was published, before the int3 is back, has its call

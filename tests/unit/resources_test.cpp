@@ -302,8 +302,11 @@ TEST_F(Resources, RegistrationChurnWhileThreadsRunThroughAKretprobe) {
         });
     long rounds = 0, failures = 0;
     long missed = 0, unwound = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (std::chrono::steady_clock::now() < deadline) {
+    // One second, and at least a dozen rounds: on a loaded 2-core machine a round can take
+    // longer (each unregistration waits for the workers' handlers, preempted or not).
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() < start + std::chrono::seconds(1) ||
+           (rounds < 12 && std::chrono::steady_clock::now() < start + std::chrono::seconds(60))) {
         kretprobe rp{};
         rp.kp.addr = reinterpret_cast<kprobe_opcode_t *>(&res_work);
         rp.entry_handler = remember_arg;

@@ -272,13 +272,13 @@
         mov     RDI(%rsp), %rdi
         .endm
 
-// Before RESUME_PT_REGS in the optprobe trampoline, whose frame ends 144 bytes below the
-// program's stack pointer at the probe: a handler may have lowered that pointer (pushed a
-// return address to send the thread into a function first; the dispatcher does it too when
-// it emulates a probed `call` for a post_handler that came while the jump was in place).
-// The word RESUME_PT_REGS resumes through, 136 bytes below the new sp, would then land in
-// this frame (16 lower: on RESUME itself) or below %rsp, where a signal frame could
-// overwrite it. Then the frame moves down below that word first: %rsp goes down before the copy, so
+// Before RESUME_PT_REGS in the optprobe, post and return trampolines, whose frames end
+// 144, 136 and 136 bytes below the program's stack pointer: a handler may have lowered that pointer (pushed
+// a return address to send the thread into a function first; the dispatcher does it too
+// when it emulates a probed `call` for a post_handler that came while the jump was in
+// place). The word RESUME_PT_REGS resumes through, 136 bytes below the new sp, would then
+// land in this frame (on RESUME itself, 16 or 8 lower) or below %rsp, where a signal frame
+// could overwrite it. Then the frame moves down below that word first: %rsp goes down before the copy, so
 // both copies stay above the stack pointer. Clobbers rax, rcx, rsi, rdi and the flags.
         .macro  FRAME_BELOW_RESUME
         mov     RSP(%rsp), %rax
@@ -310,6 +310,7 @@ ukp_post_trampoline:
         .cfi_undefined rip              // where it returns to is decided by the handlers
         SAVE_PT_REGS 136
         CALL_DISPATCH ukp_post_dispatch
+        FRAME_BELOW_RESUME
         RESUME_PT_REGS
         .globl  ukp_post_trampoline_end
         .hidden ukp_post_trampoline_end
@@ -356,7 +357,10 @@ ukp_optprobe_trampoline:
 // instance's stub in its pool's sled:   call ukp_kretprobe_trampoline ; .quad &ret_addr
 // so on entry (%rsp) = the address of that literal, and the program's stack pointer,
 // after its function returned, is %rsp + 8. Below it is dead: the caller made a call,
-// so it keeps nothing in its red zone.
+// so it keeps nothing in its red zone. The frame still goes 128 bytes lower, as in the
+// other trampolines: the word RESUME_PT_REGS resumes through (136 bytes below the sp the
+// handler leaves) then lies above the frame, or FRAME_BELOW_RESUME moves the frame when a
+// handler lowered sp.
         .globl  ukp_kretprobe_trampoline
         .hidden ukp_kretprobe_trampoline
         .type   ukp_kretprobe_trampoline, @function
@@ -368,8 +372,11 @@ ukp_kretprobe_trampoline:
         // the instance's ret_addr: *(*(*(CFA - 8))), valid wherever the CFA lives.
         // DW_CFA_val_expression(rip, 5 bytes: lit8 minus deref deref deref)
         .cfi_escape 0x16, 0x10, 0x05, 0x38, 0x1c, 0x06, 0x06, 0x06
-        SAVE_PT_REGS 8
-        CALL_DISPATCH ukp_kretprobe_dispatch
+        lea     -128(%rsp), %rsp
+        .cfi_adjust_cfa_offset 128
+        SAVE_PT_REGS 136
+        CALL_DISPATCH ukp_kretprobe_dispatch, FRAME+128
+        FRAME_BELOW_RESUME
         RESUME_PT_REGS
         .cfi_endproc
         .size   ukp_kretprobe_trampoline, .-ukp_kretprobe_trampoline
