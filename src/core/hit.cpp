@@ -235,10 +235,13 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     // [rip] access through a scratch register) faults after the copy moved rsp or saved a
     // register: those go back first, for the fault handlers and the program alike.
     const arch::FaultUndo *u = nullptr;
+    uint64_t undone_orig = pt->addr; // the original instruction the undone copy stands for
     if (pt->slot != 0 && real_ip > pt->boosted && real_ip < pt->boosted + pt->boosted_len)
         u = pt->undo.find(real_ip - pt->boosted);
     else if (pt->slot != 0 && real_ip > pt->post && real_ip < pt->post + pt->boosted_len)
         u = pt->undo.find(real_ip - pt->post);
+    else if (pt->detour != 0 && real_ip > pt->detour_code && real_ip < pt->detour_code + pt->layout.size)
+        u = arch::detour_fault_undo(pt->layout, pt->detour_code, pt->addr, real_ip, &undone_orig);
     if (u != nullptr) arch::undo_copy_fault(*u, uc);
     const bool undone = u != nullptr;
     pt_regs regs;
@@ -268,7 +271,7 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     // Faults in the first instruction of a copy are the original's, register for
     // register: show the program the original address. (A program handler that returns
     // without changing rip retries the instruction, through the probe, like the CPU would.)
-    uint64_t orig = real_ip == pt->boosted || real_ip == pt->post || undone ? pt->addr : 0;
+    uint64_t orig = real_ip == pt->boosted || real_ip == pt->post ? pt->addr : undone ? undone_orig : 0;
     if (orig == 0) orig = copy_to_original(pt, real_ip); // an instruction of a relocated region
     if (orig != 0) {
         arch::set_context_ip(uc, orig);

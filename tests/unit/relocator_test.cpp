@@ -5,6 +5,7 @@
 //  - relocator.*: emit_jmp, error paths, invalid input, a fuzzed size/contract check.
 //  - relocator_exec.*: relocated copies actually run, near (<2 GiB) and far (>4 GiB)
 //    from the original code, each in a forked child so a bad copy reports a signal.
+#include "arch/x86_64/detour.hpp"
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/regs.hpp"
 
@@ -1068,6 +1069,69 @@ TEST_F(relocator_fault, CallThroughAnRspBasedOperand) {
     // call *(%rsp,%rcx,1) with rcx = gap - rsp: the copy pushes first and reads 8 further.
     expect_state_restored({0xff, 0x14, 0x0c, 0xc3}, gap(),
                           {0x48, 0x89, 0xf9, 0x48, 0x29, 0xe1}); // mov %rdi,%rcx; sub %rsp,%rcx
+}
+
+// The same inside a jump optimization's detour: the DCR `nop; mov gap(%rip),%rcx; ret`
+// relocated >4 GiB away, where the load goes through a scratch register saved on the stack.
+ukp::arch::DetourLayout g_layout;
+uint64_t g_detour;
+uint64_t g_fault_orig; // the original instruction the fault was mapped to
+
+void on_detour_fault(int, siginfo_t *, void *ctx) {
+    auto *uc = static_cast<ucontext_t *>(ctx);
+    greg_t *g = uc->uc_mcontext.gregs;
+    const uint64_t ip = static_cast<uint64_t>(g[REG_RIP]);
+    g_seen->rip_offset = ip - g_detour;
+    uint64_t orig = 0;
+    if (const ukp::arch::FaultUndo *u = ukp::arch::detour_fault_undo(g_layout, g_detour, g_fault_orig, ip, &orig)) {
+        ukp::arch::undo_copy_fault(*u, uc);
+        g_seen->undone = 1;
+    }
+    g_seen->rsp = static_cast<uint64_t>(g[REG_RSP]);
+    g_seen->r15 = static_cast<uint64_t>(g[REG_R15]);
+    g_seen->rax = static_cast<uint64_t>(g[REG_RAX]);
+    g_seen->reached = orig; // the DCR instruction it stands for
+    _exit(0);
+}
+
+TEST_F(relocator_fault, FarRipLoadInsideADetour) {
+    // 0: nop  1: mov gap(%rip),%rcx (disp32 = kOrigSize + 0x100 - 8)  8: ret
+    const std::vector<uint8_t> code = {0x90, 0x48, 0x8b, 0x0d, 0xf8, 0x40, 0x00, 0x00, 0xc3};
+    std::memcpy(orig_, code.data(), code.size());
+    Insn dcr[2];
+    ASSERT_EQ(decode(orig_addr(0), orig_, code.size(), &dcr[0]), 0);
+    ASSERT_EQ(decode(orig_addr(1), orig_ + 1, code.size() - 1, &dcr[1]), 0);
+    std::memset(far_, 0xcc, kPageSize);
+    // The detour at far_ + 64; at far_: mov %rsp,%r15; mov %rdx,%rax; jmp <its copy>.
+    g_detour = reinterpret_cast<uint64_t>(far_) + 64;
+    ASSERT_EQ(ukp::arch::emit_detour(g_detour, 0, dcr, 2, far_ + 64, kPageSize - 64, &g_layout), 0);
+    const uint8_t prologue[] = {0x49, 0x89, 0xe7, 0x48, 0x89, 0xd0};
+    std::memcpy(far_, prologue, sizeof prologue);
+    ASSERT_EQ(emit_jmp(reinterpret_cast<uint64_t>(far_) + sizeof prologue, g_detour + g_layout.copy,
+                       far_ + sizeof prologue, 64 - sizeof prologue),
+              5);
+    g_fault_orig = orig_addr(0);
+    g_seen = static_cast<FaultSeen *>(mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    *g_seen = FaultSeen{};
+    const pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        struct sigaction sa{};
+        sa.sa_sigaction = on_detour_fault;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, nullptr);
+        reinterpret_cast<Fn>(far_)(0, 0, kRaxBefore);
+        _exit(3); // no fault: the test's premise is wrong
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const FaultSeen seen = *g_seen;
+    munmap(g_seen, kPageSize);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    EXPECT_EQ(seen.undone, 1u) << "fault at detour +" << seen.rip_offset;
+    EXPECT_EQ(seen.reached, orig_addr(1)) << "the faulting DCR instruction";
+    EXPECT_EQ(seen.rsp, seen.r15) << "rsp off by " << static_cast<int64_t>(seen.r15 - seen.rsp);
+    EXPECT_EQ(seen.rax, kRaxBefore);
 }
 
 } // namespace

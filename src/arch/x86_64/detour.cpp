@@ -65,7 +65,7 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
         if (dcr[i].flow == Flow::kUnsupported) return -EOPNOTSUPP;
         l.orig_offset[i] = static_cast<uint8_t>(next - probe);
         l.copy_offset[i] = static_cast<uint16_t>(at);
-        r = relocate(dcr[i], dest + at, out + at, cap - at, Exit::kNone);
+        r = relocate(dcr[i], dest + at, out + at, cap - at, Exit::kNone, nullptr, &l.undo[i]);
         if (r < 0) return r;
         at += static_cast<size_t>(r);
         next += dcr[i].len;
@@ -100,6 +100,20 @@ uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t prob
     for (size_t i = 0; i < layout.count; ++i)
         if (probe_addr + layout.orig_offset[i] == orig) return dest + layout.copy_offset[i];
     return 0;
+}
+
+const FaultUndo *detour_fault_undo(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t ip,
+                                   uint64_t *orig) {
+    *orig = 0;
+    // The last copy that starts at or before ip: the copies follow one another.
+    for (size_t i = layout.count; i-- > 0;) {
+        const uint64_t start = dest + layout.copy_offset[i];
+        if (ip < start) continue;
+        const FaultUndo *u = layout.undo[i].find(ip - start);
+        if (ip == start || u != nullptr) *orig = probe_addr + layout.orig_offset[i];
+        return u;
+    }
+    return nullptr;
 }
 
 uint64_t detour_orig_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t copy_addr) {

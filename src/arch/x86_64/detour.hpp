@@ -43,6 +43,7 @@ struct DetourLayout {
     uint8_t dcr_len = 0;                   // bytes the DCR covers at the probe address
     uint8_t orig_offset[kMaxDcrInsns] = {}; // each instruction's offset in the DCR
     uint16_t copy_offset[kMaxDcrInsns] = {}; // where its relocated copy starts
+    FaultUndos undo[kMaxDcrInsns];          // faults past the first instruction of each copy
 };
 
 // Emits the detour for the DCR `dcr[0..n)` (consecutive instructions, dcr[0].addr the
@@ -60,6 +61,14 @@ uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t prob
 
 // The original address of the DCR instruction whose copy starts at `copy_addr`; 0 if none.
 uint64_t detour_orig_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t copy_addr);
+
+// A fault at `ip` past the first instruction of a DCR instruction's relocated copy (the
+// access of a far [rip] form, after the copy saved a scratch register below the red zone):
+// what puts the program's rsp and registers back (undo_copy_fault), or null when nothing
+// needs to. *orig receives the original address of that DCR instruction when ip is where
+// its copy starts or an undo applies (the program's registers are then those at it), else 0.
+const FaultUndo *detour_fault_undo(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t ip,
+                                   uint64_t *orig);
 
 // The 5 bytes of `jmp rel32` at `from` to `to`; false if out of rel32 reach.
 bool encode_jmp_rel32(uint64_t from, uint64_t to, uint8_t out[5]);
