@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <poll.h>
 #include <stdexcept>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -93,6 +94,12 @@ void read_all(int fd, void *buf, size_t n) {
 }
 
 } // namespace
+
+bool Client::peer_closed() const {
+    if (fd_ < 0) return true;
+    pollfd p{fd_, POLLRDHUP, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
 
 Reply Client::request(Op op, const std::string &path, const std::string &payload) {
     if (fd_ < 0) throw std::runtime_error("not connected");

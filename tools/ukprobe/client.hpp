@@ -25,6 +25,9 @@ public:
     // Sends one request and waits for its reply. Throws std::runtime_error when the
     // connection breaks.
     Reply request(ukp::control::Op op, const std::string &path = {}, const std::string &payload = {});
+    // Whether the agent's end of the connection is gone (its process exited or exec'd:
+    // the socket closes with the old image), without waiting and without reading.
+    bool peer_closed() const;
 
 private:
     int fd_ = -1;

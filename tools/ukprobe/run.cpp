@@ -204,6 +204,10 @@ public:
     // another one under the same path.
     ino_t socket_ino() const { return socket_ino_; }
 
+    // The image streamed from is gone (exited or exec'd), though the streaming thread,
+    // waiting on the mapped ring, may not have noticed yet.
+    bool image_gone() const { return client_.peer_closed(); }
+
     // A request before the thread runs; a refusal is returned with its message.
     Reply ask(Op op, const std::string &path, const std::string &payload = {}) {
         return client_.request(op, path, payload);
@@ -510,12 +514,14 @@ void Runner::on_socket(int pid) {
 }
 
 // Whether an agent listens in `pid` that ukprobe does not stream from yet (a new process,
-// or a new image after an exec: its socket is another inode under the same path).
+// or a new image after an exec: its socket is another one under the same path, which the
+// file system may give the inode number of the old one, freed by the new agent's unlink).
 bool Runner::new_agent_in(int pid) {
     struct stat st{};
     if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid).c_str(), &st) != 0) return false;
     const auto it = by_pid_.find(pid);
-    return it == by_pid_.end() || it->second->ended() || it->second->socket_ino() != st.st_ino;
+    return it == by_pid_.end() || it->second->ended() || it->second->image_gone() ||
+           it->second->socket_ino() != st.st_ino;
 }
 
 void Runner::on_notification() {
