@@ -8,6 +8,7 @@
 #include "control/fd_passing.hpp"
 #include "control/protocol.hpp"
 #include "core/core.hpp"
+#include "core/fork.hpp"
 #include "trace/ring.hpp"
 
 #include <ukprobes/kprobes.h>
@@ -23,6 +24,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <mutex>
+#include <new>
 #include <poll.h>
 #include <pthread.h>
 #include <string>
@@ -163,11 +165,18 @@ private:
 void Server::run() {
     std::vector<pollfd> &fds = fds_;
     while (!stop_) {
+        // A fork() waits until this thread is back in poll(): fork.hpp.
+        const core::ForkQuiet busy(core::ForkGate::kControl);
         fds.clear();
         fds.push_back({listen_fd_, POLLIN, 0});
         fds.push_back({g_wake_fd[0], POLLIN, 0});
         for (const Connection &c : conns_) fds.push_back({c.fd, POLLIN, 0});
-        if (poll(fds.data(), fds.size(), -1) < 0) {
+        int ready;
+        {
+            const core::ForkQuiet::Unlocked idle(busy);
+            ready = poll(fds.data(), fds.size(), -1);
+        }
+        if (ready < 0) {
             if (errno == EINTR) continue;
             break;
         }
@@ -197,6 +206,7 @@ void Server::run() {
         conns_.push_back({fd, {}, -1, -1, false});
     }
     // Stopping: every controller loses what it added.
+    const core::ForkQuiet busy(core::ForkGate::kControl);
     while (!conns_.empty()) close_connection(conns_.size() - 1);
     undo(shared_);
 }
@@ -399,10 +409,16 @@ Server *g_server = nullptr;
 
 void *thread_main(void *) {
     const core::AgentWork quiet; // the whole thread is the agent's
-    g_server = new Server(g_listen_fd);
+    {
+        const core::ForkQuiet busy(core::ForkGate::kControl);
+        g_server = new Server(g_listen_fd);
+    }
     g_server->run();
-    delete g_server;
-    g_server = nullptr;
+    {
+        const core::ForkQuiet busy(core::ForkGate::kControl);
+        delete g_server;
+        g_server = nullptr;
+    }
     if (!g_stopping.load()) unlink(g_socket_path);
     close(g_listen_fd);
     g_listen_fd = -1;
@@ -448,6 +464,8 @@ void forget_in_child() {
     g_thread_valid = false;
     g_stopping.store(false);
     g_socket_path[0] = 0;
+    // A thread of the parent may have been starting or stopping the server at the fork.
+    new (&g_start_mu) std::mutex;
 }
 
 int start_locked() {
@@ -484,6 +502,7 @@ int start_locked() {
         return err;
     }
     g_listen_fd = fd;
+    core::hook_fork(); // before the thread: a fork() must wait for its work
     // The thread starts with every asynchronous signal blocked, so it never takes one
     // meant for the program. Synchronous faults stay open: the fault-safe reads of
     // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.

@@ -154,6 +154,14 @@ bool synchronize() {
     return true;
 }
 
+void grace_after_fork_child() {
+    // The other threads' read sections ended with them. The forking thread holds none,
+    // unless it forked from inside a handler (not supported: fork.hpp).
+    if (t_state.depth > 0) return;
+    g_readers[0].n.store(0, std::memory_order_relaxed);
+    g_readers[1].n.store(0, std::memory_order_relaxed);
+}
+
 // ---- the hit path --------------------------------------------------------------------
 
 namespace {

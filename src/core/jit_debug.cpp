@@ -171,9 +171,13 @@ std::vector<Entry *> &entries() {
 
 } // namespace
 
+void hook_fork() {
+    std::call_once(g_fork_once, [] { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); });
+}
+
 bool register_code(uint64_t code, size_t size, const std::vector<CodeSymbol> &symbols,
                    const std::vector<uint8_t> &eh_frame) {
-    std::call_once(g_fork_once, [] { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); });
+    hook_fork();
     auto *e = new (std::nothrow) Entry;
     if (e == nullptr) return false;
     e->code = code;

@@ -21,6 +21,10 @@ struct CodeSymbol {
     std::string name;
 };
 
+// Registers the handlers that hold the list's mutex across fork() (once). hook_fork()
+// calls it before registering the core's, whose lock is taken first.
+void hook_fork();
+
 // Describes [code, code + size) to debuggers: its bytes (read from memory now), its
 // symbols, and `eh_frame`, a complete .eh_frame section whose FDEs give absolute
 // addresses (DW_EH_PE_absptr). Returns false when it could not (no memory); the code

@@ -1,6 +1,8 @@
 // Registration: where a probe goes, preparing its point, arming and disarming.
 // Everything here runs under one mutex, off the hit path.
 #include "core/core.hpp"
+#include "core/fork.hpp"
+#include "core/jit_debug.hpp"
 
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/trampoline.hpp"
@@ -377,12 +379,20 @@ void sync_objects_locked() {
 // ---- fork ----------------------------------------------------------------------------------
 
 std::atomic<int> g_fork_policy{UKP_FORK_KEEP};
-bool g_fork_hooked = false;
+std::mutex g_control_gate, g_optimizer_gate; // fork.hpp
 
-// Around fork(): the registry mutex is taken so that the child never inherits it held by
-// a thread that does not exist there.
-void before_fork() { g_mutex.lock(); }
-void after_fork_parent() { g_mutex.unlock(); }
+// Around fork(): the agent's threads are let finish what they do, then the registry mutex
+// is taken, so that the child never inherits a lock held by a thread it does not have.
+void before_fork() {
+    g_control_gate.lock();
+    g_optimizer_gate.lock();
+    g_mutex.lock();
+}
+void after_fork_parent() {
+    g_mutex.unlock();
+    g_optimizer_gate.unlock();
+    g_control_gate.unlock();
+}
 void after_fork_child() {
     if (g_fork_policy.load() == UKP_FORK_REMOVE) {
         g_kprobes_enabled.store(false);
@@ -395,7 +405,10 @@ void after_fork_child() {
         }
     }
     opt_after_fork_child();
+    grace_after_fork_child();
     g_mutex.unlock();
+    g_optimizer_gate.unlock();
+    g_control_gate.unlock();
 }
 
 void hook_link_map_locked() {
@@ -416,10 +429,7 @@ int ensure_initialized() {
     if (g_symbols == nullptr) return -ENOMEM;
     g_symbols->refresh();
     hook_link_map_locked();
-    if (!g_fork_hooked) {
-        g_fork_hooked = true;
-        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    }
+    hook_fork();
     return 0;
 }
 
@@ -517,6 +527,22 @@ int set_disabled(kprobe *p, bool disabled) {
 } // namespace
 
 std::mutex &registry_mutex() { return g_mutex; }
+
+void hook_fork() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // The prepare handlers run in the reverse order of registration: the lower layers'
+        // first here, so that theirs run after ours, as their locks nest inside ours.
+        text::init();
+        jit::hook_fork();
+        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    });
+}
+
+ForkQuiet::ForkQuiet(ForkGate gate) : mutex_(gate == ForkGate::kControl ? g_control_gate : g_optimizer_gate) {
+    mutex_.lock();
+}
+ForkQuiet::~ForkQuiet() { mutex_.unlock(); }
 bool is_agent_probe(const kprobe *p) { return p == &g_link_map_probe; }
 std::map<uint64_t, Point *> &all_points() { return points(); }
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n) { return read_original(addr, buf, n); }

@@ -1,13 +1,25 @@
 // fork() and vfork(): a child keeps its probes by default, or has them removed under
 // UKP_FORK_REMOVE; a vfork child that execs changes nothing; the parent is unaffected.
 #include <ukprobes/kprobes.h>
+#include <ukprobes/trace.h>
+
+#include "control/protocol.hpp"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
+
+extern "C" int ukp_control_start(void);
+extern "C" int ukp_control_stop(void);
 
 extern "C" __attribute__((noinline)) int ukf_work(int x) {
     asm volatile("" ::: "memory");
@@ -103,6 +115,103 @@ TEST_F(ForkTest, RegisteringInTheChildWorks) {
         return g_hits.load() == 2 ? 0 : 3; // both probes ran
     });
     EXPECT_EQ(status, 0);
+}
+
+// One request on a connected control socket; false when the agent did not answer.
+bool request(int fd, ukp::control::Op op, const std::string &path, const std::string &payload = "") {
+    using namespace ukp::control;
+    const RequestHeader h{kMagic, kVersion, static_cast<uint16_t>(op), static_cast<uint32_t>(path.size()),
+                          static_cast<uint32_t>(payload.size())};
+    const std::string body = path + payload;
+    if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != sizeof h) return false;
+    if (!body.empty() && send(fd, body.data(), body.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(body.size()))
+        return false;
+    ReplyHeader r{};
+    if (recv(fd, &r, sizeof r, MSG_WAITALL) != sizeof r) return false;
+    std::string reply(r.payload_len, '\0');
+    return r.payload_len == 0 || recv(fd, reply.data(), reply.size(), MSG_WAITALL) == r.payload_len;
+}
+
+// The agent's control thread serves requests without a pause while the program forks:
+// each child uses the trace layer the thread was using (its locks, the allocator). None
+// may hang on a lock the thread held at the fork (it does not exist in the child).
+TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheControlThreadsLocks) {
+    ASSERT_EQ(ukp_control_start(), 0);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = ukp::control::socket_path(geteuid(), getpid());
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0) << path;
+    std::atomic<bool> stop{false};
+    std::atomic<long> served{0};
+    std::thread client([&] {
+        // Defining and removing an event holds the trace layer's lock while the probe goes in.
+        while (!stop.load() && request(fd, ukp::control::Op::kAppend, "kprobe_events", "p:ukf/work ukf_work") &&
+               request(fd, ukp::control::Op::kAppend, "kprobe_events", "-:ukf/work") &&
+               request(fd, ukp::control::Op::kVerify, ""))
+            ++served;
+    });
+    while (served.load() < 5) usleep(1000);
+    int hung = 0, failed = 0;
+    for (int i = 0; i < 150; ++i) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            alarm(3); // a child stuck on an inherited lock is killed, and counted
+            char *out = nullptr;
+            if (ukp_trace_read("kprobe_events", &out) < 0) _exit(2);
+            free(out);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++hung;
+        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+    }
+    stop = true;
+    client.join();
+    close(fd);
+    EXPECT_EQ(ukp_control_stop(), 0);
+    EXPECT_GT(served.load(), 5) << "the control thread was not kept busy";
+    EXPECT_EQ(hung, 0) << "children stuck on a lock of the control thread";
+    EXPECT_EQ(failed, 0);
+}
+
+int slow_hit(kprobe *, pt_regs *) {
+    usleep(2000);
+    return 0;
+}
+
+// Another thread is inside a handler (a read-side section) when the program forks; the
+// child's unregistration waits for the sections begun before it: not for that thread's,
+// which does not exist in the child.
+TEST(ForkWhileAgentWorks, ChildUnregistersWhileAnotherThreadWasInAHandler) {
+    static kprobe kp{};
+    kp.symbol_name = "ukf_work";
+    kp.pre_handler = slow_hit;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        while (!stop) ukf_work(1);
+    });
+    usleep(20000);
+    int hung = 0;
+    for (int i = 0; i < 10; ++i) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            alarm(3);
+            unregister_kprobe(&kp);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (WIFSIGNALED(status)) ++hung;
+    }
+    stop = true;
+    t.join();
+    unregister_kprobe(&kp);
+    EXPECT_EQ(hung, 0) << "children stuck in unregister_kprobe";
 }
 
 } // namespace
