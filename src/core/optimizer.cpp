@@ -14,6 +14,7 @@
 // the rest of the region; a thread inside the detour returns after the region, into
 // original code. Detours are never freed.
 #include "core/core.hpp"
+#include "core/fork.hpp"
 
 #include "arch/x86_64/detour.hpp"
 #include "arch/x86_64/region.hpp"
@@ -29,6 +30,7 @@
 #include <cstring>
 #include <ctime>
 #include <dirent.h>
+#include <new>
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
@@ -359,7 +361,11 @@ void worker() {
             lock.unlock();
             // Hits that chose the one-instruction copy before have finished choosing.
             if (strict) synchronize();
-            const int err = move_threads_out(batch.data(), batch.size(), strict);
+            int err;
+            {
+                const ForkQuiet busy(ForkGate::kOptimizer); // it allocates (opendir): fork.hpp
+                err = move_threads_out(batch.data(), batch.size(), strict);
+            }
             lock.lock();
             g_busy = false;
             if (err == 0) {
@@ -523,6 +529,9 @@ void opt_overlay(uint64_t addr, uint8_t *buf, size_t n) {
 }
 
 void opt_after_fork_child() {
+    // The parent's worker may have been waiting on them: it is not here to leave.
+    new (&work_cv()) std::condition_variable();
+    new (&done_cv()) std::condition_variable();
     g_thread_started = false;
     g_thread_starting = false;
     g_busy = false;
