@@ -14,6 +14,7 @@ packages=(
   libunwind8             # tests: another unwinder through kretprobed frames
   gdb                    # tests: gdb walks through kretprobed frames (JIT interface)
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes
+  sqlite3 python3        # tests/e2e/compare.txt: real programs traced by ukprobes and the kernel
 )
 missing=()
 for p in "${packages[@]}"; do
