@@ -557,6 +557,7 @@ __attribute__((destructor)) void remove_socket_at_exit() {
 
 // UKP_CONTROL=1 in the environment starts the thread when the agent is loaded.
 __attribute__((constructor)) void start_from_environment() {
+    const core::AgentWork quiet; // its getenv may run after UKP_EVENTS armed an event on it
     const char *v = getenv("UKP_CONTROL");
     if (v != nullptr && strcmp(v, "1") == 0) {
         if (const int rc = start(); rc != 0)
