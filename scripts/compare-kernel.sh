@@ -287,7 +287,7 @@ cat "$INST/trace" >"$WORK/kernel.trace"
 # (Not anchored: a program's last line without a newline runs into it.)
 grep -aho '# kprobe_profile: process [0-9]*' "$WORK/ukprobes.trace" "$WORK/program.out" 2>/dev/null |
     awk '{ print $4 }' | sort -u >"$WORK/pids"
-[ -s "$WORK/pids" ] || { echo "compare-kernel: ukprobe run printed no kprobe_profile" >&2; exit 1; }
+[ -s "$WORK/pids" ] || { echo "compare-kernel: ukprobe run printed no kprobe_profile:" >&2; head -20 "$WORK/program.out" >&2; exit 1; }
 
 # One trace line -> "TID EVENT CHECK FIELDS", CHECK naming a header that does not match
 # the definition (kernel: the address is the probe's file offset in some mapping;
