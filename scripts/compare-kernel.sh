@@ -15,10 +15,11 @@
 # resume in the middle of the other's patch), so the kernel's probe goes one instruction
 # later (the first instruction is decoded with objdump) and ukprobes runs without jump
 # optimization (UKP_KPROBES_OPTIMIZATION=0: a one-byte int3 at the entry). The first
-# instruction must leave what the arguments read unchanged: endbr64, nop, cmp, test
-# change nothing; `push` and `sub $N,%rsp` move the stack (the kernel's $stackN and
-# +N($stack) are shifted to compensate; %sp, $stack and return probes are refused);
-# a `mov`/`lea`/`xor` into a register refuses arguments that read that register.
+# instruction must leave what the arguments read unchanged: endbr64 and nop change
+# nothing, cmp and test only %flags; `push` and `sub $N,%rsp` move the stack (the
+# kernel's $stackN and +N($stack) are shifted to compensate; %sp, $stack and return
+# probes are refused); a `mov`/`lea`/`xor`/`add`/... into a register refuses arguments
+# that read that register (and %flags, but for mov and lea).
 # docs/tracer.md ("Compared with the kernel's uprobe tracer") lists what is normalised:
 # timestamps, CPU, flags, TASK names, the probe address part of the line (each checked
 # against the symbol on its own) and the kernel's return address (ukprobes' trampoline).
@@ -125,7 +126,8 @@ symbol_at() {
 }
 
 # Rewrites the kernel's arguments for a probe one instruction later: stack delta D,
-# clobbered register C (kernel name, "" for none). Prints the arguments or fails.
+# clobbered registers C (kernel names, comma-separated, "" for none; "flags" for %flags).
+# Prints the arguments or fails.
 kernel_args() {
     local ret=$1 d=$2 c=$3; shift 3
     local out=() a name val rest n
@@ -140,9 +142,12 @@ kernel_args() {
             local regs=(x di si dx cx r8 r9)
             val=${val/\$arg$n/%${regs[$n]}}
         done
-        if [ -n "$c" ] && [[ $val =~ %$c([^0-9a-z]|$) ]]; then
-            echo "argument $a reads %$c, which the first instruction changes" >&2; return 1
-        fi
+        local r
+        for r in ${c//,/ }; do
+            if [[ $val =~ %$r([^0-9a-z]|$) ]]; then
+                echo "argument $a reads %$r, which the first instruction changes" >&2; return 1
+            fi
+        done
         if [ "$d" != 0 ]; then
             [[ $val =~ %sp([^a-z]|$) ]] && { echo "argument $a reads %sp, moved by the first instruction" >&2; return 1; }
             # $stackN -> $stack(N + d/8); +OFF($stack) -> +(OFF+d)($stack); a bare $stack refused.
@@ -167,7 +172,7 @@ kernel_args() {
     echo "${out[*]}"
 }
 
-# The first instruction at VADDR of FILE: "LENGTH DELTA CLOBBER" or fails.
+# The first instruction at VADDR of FILE: "LENGTH DELTA CLOBBERED" or fails.
 first_insn() {
     local line mn ops len
     line=$(objdump -d --no-show-raw-insn "$1" --start-address=0x$2 --stop-address=$(printf 0x%x $((0x$2 + 16))) |
@@ -180,9 +185,10 @@ first_insn() {
     mn=$(echo "$line" | cut -f2 | awk '{ print $1 }')
     ops=$(echo "$line" | cut -f2 | awk '{ $1 = ""; print }' | sed 's/ *#.*//; s/^ *//')
     case "$mn" in
-    endbr64|nop*|cmp*|test*) echo "$len 0 -" ;;
+    endbr64|nop*) echo "$len 0 -" ;;
+    cmp*|test*) echo "$len 0 flags" ;;
     push) echo "$len 8 -" ;;
-    sub) [[ $ops =~ ^\$0x([0-9a-f]+),%rsp$ ]] && echo "$len $((0x${BASH_REMATCH[1]})) -" || return 1 ;;
+    sub) [[ $ops =~ ^\$0x([0-9a-f]+),%rsp$ ]] && echo "$len $((0x${BASH_REMATCH[1]})) flags" || return 1 ;;
     mov*|lea*|xor*|and*|or*|add*)
         local dst=${ops##*,}
         [[ $dst =~ ^%([a-z0-9]+)$ ]] || return 1
@@ -191,7 +197,7 @@ first_insn() {
         # The kernel's name: rax/eax/ax -> ax, rdi/edi -> di, r8/r8d -> r8.
         r=${r#r}; r=${r#e}; r=${r%d}; r=${r%w}; r=${r%b}
         case "$r" in 8|9|1[0-5]) r=r$r ;; al) r=ax ;; bl) r=bx ;; cl) r=cx ;; dl) r=dx ;; sil) r=si ;; dil) r=di ;; esac
-        echo "$len 0 $r" ;;
+        case "$mn" in mov*|lea*) echo "$len 0 $r" ;; *) echo "$len 0 $r,flags" ;; esac ;;
     *) return 1 ;;
     esac
 }
