@@ -59,6 +59,14 @@ skip() { echo "compare-kernel: skipped: $*" >&2; exit 77; }
 [ -w $TRACEFS/uprobe_events ] || skip "no $TRACEFS/uprobe_events (tracefs or CONFIG_UPROBE_EVENTS missing)"
 for t in objdump nm readelf ldd awk; do command -v $t >/dev/null || skip "$t not installed"; done
 
+# Left by a run that was killed (SIGKILL runs no trap): its instance and events go now.
+for g in $(sed -n 's/^[pr]:\(ukpcmp[0-9]*\)\/.*/\1/p' $TRACEFS/uprobe_events | sort -u) \
+         $(ls $TRACEFS/instances 2>/dev/null | grep '^ukpcmp[0-9]*$'); do
+    kill -0 "${g#ukpcmp}" 2>/dev/null && continue
+    [ -d "$TRACEFS/instances/$g" ] && { echo 0 >"$TRACEFS/instances/$g/events/enable" 2>/dev/null; rmdir "$TRACEFS/instances/$g"; }
+    for e in $(sed -n "s/^[pr]:$g\/\([^ ]*\) .*/\1/p" $TRACEFS/uprobe_events); do echo "-:$g/$e" >>$TRACEFS/uprobe_events; done
+done 2>/dev/null
+
 PROG=$(command -v "$1") || { echo "compare-kernel: no program $1" >&2; exit 2; }
 PROG=$(readlink -f "$PROG")
 [ "$(head -c4 "$PROG" | od -An -c | tr -d ' ')" = '177ELF' ] || { echo "compare-kernel: $PROG is not an ELF program (a script or a shim: give the real one)" >&2; exit 2; }
