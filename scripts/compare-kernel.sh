@@ -4,6 +4,10 @@
 # event: per thread and event, the same number of hits and the same field values.
 #
 #   scripts/compare-kernel.sh [-u UKPROBE] [-k DIR] [-q] [-K SED] -e DEF [-e DEF]... -- PROG [ARGS...]
+#   scripts/compare-kernel.sh [OPTIONS] -p PID -w WORKLOAD -e DEF...
+# The second form attaches to a running process (`ukprobe attach`), arms the definitions
+# in both tracers while it is idle, records while the sh command WORKLOAD runs (it should
+# make the process work, then return once it is idle again), and compares.
 #
 # DEF is a ukprobes definition with a named event: `p:GRP/EVENT [MOD:]SYM[+0] ARGS`,
 # `r:GRP/EVENT [MOD:]SYM ARGS` or `p:GRP/EVENT [MOD:]SYM%return ARGS` (MOD: `libc.so.6`
@@ -34,6 +38,8 @@ UKPROBE=${UKPROBE:-}
 KEEP=""
 QUIET=0
 KSED=""
+ATTACH=""
+WORKLOAD=""
 DEFS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -41,12 +47,14 @@ while [ $# -gt 0 ]; do
     -k) KEEP=$2; shift 2 ;;
     -q) QUIET=1; shift ;;
     -K) KSED=$2; shift 2 ;;
+    -p) ATTACH=$2; shift 2 ;;
+    -w) WORKLOAD=$2; shift 2 ;;
     -e) DEFS+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "usage: $0 [-u UKPROBE] [-k DIR] [-q] [-K SED] -e DEF... -- PROG [ARGS...]" >&2; exit 2 ;;
     esac
 done
-[ $# -gt 0 ] && [ ${#DEFS[@]} -gt 0 ] || { echo "compare-kernel: need -e DEF and -- PROG" >&2; exit 2; }
+[ ${#DEFS[@]} -gt 0 ] && { [ $# -gt 0 ] || [ -n "$ATTACH" ]; } || { echo "compare-kernel: need -e DEF and -- PROG or -p PID" >&2; exit 2; }
 if [ -z "$UKPROBE" ]; then
     UKPROBE=$(command -v ukprobe || true)
     [ -n "$UKPROBE" ] || UKPROBE=$(dirname "$0")/../build/tools/ukprobe/ukprobe
@@ -67,15 +75,25 @@ for g in $(sed -n 's/^[pr]:\(ukpcmp[0-9]*\)\/.*/\1/p' $TRACEFS/uprobe_events | s
     for e in $(sed -n "s/^[pr]:$g\/\([^ ]*\) .*/\1/p" $TRACEFS/uprobe_events); do echo "-:$g/$e" >>$TRACEFS/uprobe_events; done
 done 2>/dev/null
 
-PROG=$(command -v "$1") || { echo "compare-kernel: no program $1" >&2; exit 2; }
-PROG=$(readlink -f "$PROG")
+if [ -n "$ATTACH" ]; then
+    PROG=$(readlink -f /proc/"$ATTACH"/exe) || { echo "compare-kernel: no process $ATTACH" >&2; exit 2; }
+else
+    PROG=$(command -v "$1") || { echo "compare-kernel: no program $1" >&2; exit 2; }
+    PROG=$(readlink -f "$PROG")
+fi
 [ "$(head -c4 "$PROG" | od -An -c | tr -d ' ')" = '177ELF' ] || { echo "compare-kernel: $PROG is not an ELF program (a script or a shim: give the real one)" >&2; exit 2; }
 GROUP="ukpcmp$$"
 INST=$TRACEFS/instances/$GROUP
 WORK=$(mktemp -d /tmp/ukp-cmp-XXXXXX)
 KEVENTS=()
 
+ATTACHED=0
 cleanup() {
+    if [ "$ATTACHED" = 1 ]; then
+        while read -r e _; do "$UKPROBE" -p "$ATTACH" disable "$GROUP/$e"; "$UKPROBE" -p "$ATTACH" append kprobe_events "-:$GROUP/$e"; done <"$WORK/events" >/dev/null 2>&1
+        "$UKPROBE" -p "$ATTACH" write kprobes/optimization 1 >/dev/null 2>&1
+        "$UKPROBE" -p "$ATTACH" detach >/dev/null 2>&1
+    fi
     [ -d "$INST" ] && { echo 0 >"$INST/events/enable" 2>/dev/null; rmdir "$INST" 2>/dev/null; }
     for e in "${KEVENTS[@]}"; do echo "-:$GROUP/$e" >>$TRACEFS/uprobe_events 2>/dev/null; done
     if [ -n "$KEEP" ]; then mkdir -p "$KEEP" && cp "$WORK"/* "$KEEP"/ 2>/dev/null; fi
@@ -285,6 +303,25 @@ echo 1 >"$INST/events/sched/sched_process_exec/enable" && echo 1 >"$INST/events/
 for e in "${KEVENTS[@]}"; do
     [ "$e" = ukp_cmp_start ] || echo 'comm != "ukprobe"' >"$INST/events/$GROUP/$e/filter" || die "cannot set a filter on $e"
 done
+if [ -n "$ATTACH" ]; then
+    # Its threads now and those they start; its idle period while both are armed is not
+    # recorded by the kernel (tracing_on) and cleared in ukprobes.
+    ls /proc/"$ATTACH"/task | tr '\n' ' ' >"$INST/set_event_pid"
+    echo none >"$WORK/ukprobe.pid"
+    U() { "$UKPROBE" -p "$ATTACH" "$@" >>"$WORK/program.out" 2>&1 || die "ukprobe -p $ATTACH $*: $(tail -5 "$WORK/program.out")"; }
+    "$UKPROBE" attach "$ATTACH" >>"$WORK/program.out" 2>&1 || die "ukprobe attach $ATTACH failed: $(tail -3 "$WORK/program.out")"
+    ATTACHED=1
+    U write kprobes/optimization 0 # a one-byte int3: its jmp must not cover the kernel's
+    for ((i = 1; i < ${#UDEFS[@]}; i += 2)); do U add "${UDEFS[i]}"; done
+    while read -r e _; do U enable "$GROUP/$e"; done <"$WORK/events"
+    U clear
+    echo 1 >"$INST/tracing_on"
+    sh -c "$WORKLOAD" >>"$WORK/program.out" 2>&1
+    status=$?
+    echo 0 >"$INST/tracing_on"
+    "$UKPROBE" -p "$ATTACH" trace >"$WORK/ukprobes.trace" 2>>"$WORK/program.out"
+    echo "# kprobe_profile: process $ATTACH" >>"$WORK/ukprobes.trace"
+else
 (
     echo "$BASHPID" >"$INST/set_event_pid"
     echo "$BASHPID" >"$WORK/ukprobe.pid"
@@ -293,6 +330,7 @@ done
 ) >"$WORK/program.out" 2>&1
 status=$?
 echo 0 >"$INST/tracing_on"
+fi
 cat "$INST/trace" >"$WORK/kernel.trace"
 [ $QUIET = 1 ] || { echo "program exit status $status; its output:"; sed 's/^/  | /' "$WORK/program.out"; }
 
@@ -307,7 +345,7 @@ grep -aho '# kprobe_profile: process [0-9]*' "$WORK/ukprobes.trace" "$WORK/progr
 # the definition (kernel: the address is the probe's file offset in some mapping;
 # ukprobes: the symbol and size of the probed function, +0x0 for a probe).
 normalise() { # TRACER FILE
-    awk -v tracer="$1" -v evfile="$WORK/events" '
+    awk -v tracer="$1" -v evfile="$WORK/events" -v attached="${ATTACH:+1}" '
     function hex(s,   i, c, v) { v = 0; s = tolower(s); sub(/^0x/, "", s)
         for (i = 1; i <= length(s); ++i) { c = index("0123456789abcdef", substr(s, i, 1)); if (!c) return -1; v = v * 16 + c - 1 }
         return v }
@@ -335,7 +373,7 @@ normalise() { # TRACER FILE
         ev = rest; sub(/:.*/, "", ev); rest = substr(rest, length(ev) + 4)
         j = index(rest, ")"); hdr = substr(rest, 1, j - 1); rest = substr(rest, j + 1); sub(/^ /, "", rest)
         if (!(ev in isret)) next
-        if (tracer == "kernel" && (comm ~ /^ukp-/ || !live[tid])) next  # the agent s threads, start-up
+        if (tracer == "kernel" && (comm ~ /^ukp-/ || !(live[tid] || attached))) next  # the agent s threads, start-up
         ok = 1; n = split(hdr, h, " ")
         if (tracer == "kernel") {
             a = isret[ev] ? h[3] : h[1]
