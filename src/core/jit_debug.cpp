@@ -44,31 +44,6 @@ __attribute__((visibility("protected"), noipa, used)) void __jit_debug_register_
 
 } // extern "C"
 
-// A frame filter for gdb's `bt`, auto-loaded from the agent's object file (the GDB
-// manual, "The .debug_gdb_scripts section") where gdb's auto-load safe-path allows it:
-// it leaves the return stubs' frames out, so a backtrace lists the real callers only.
-// gdb otherwise says how to allow it (add-auto-load-safe-path). Stripped with the debug
-// sections, as it is one of them.
-asm(R"(
-        .pushsection .debug_gdb_scripts, "MS", @progbits, 1
-        .byte 4 /* an inline Python script: its name, then its text */
-        .ascii "ukprobes-return-stubs\n"
-        .ascii "import gdb\n"
-        .ascii "class UkprobesReturnStubs:\n"
-        .ascii "    def __init__(self):\n"
-        .ascii "        self.name = 'ukprobes-return-stubs'\n"
-        .ascii "        self.priority = 100\n"
-        .ascii "        self.enabled = True\n"
-        .ascii "    def filter(self, frames):\n"
-        .ascii "        for f in frames:\n"
-        .ascii "            name = f.inferior_frame().name()\n"
-        .ascii "            if name is None or not name.startswith('ukp_kretprobe_stub'):\n"
-        .ascii "                yield f\n"
-        .ascii "gdb.frame_filters['ukprobes-return-stubs'] = UkprobesReturnStubs()\n"
-        .byte 0
-        .popsection
-)");
-
 namespace ukp::core::jit {
 
 namespace {

@@ -240,11 +240,13 @@ TEST(JitDebug, GdbWalksThroughKretprobesOnEveryFrame) {
     const GdbRun run = bt_below_probes({"ukj_leaf", "ukj_mid", "ukj_top", "ukj_top"}, 0);
     if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
     expect_callers(run, {"ukj_stop", "ukj_leaf", "ukj_mid", "ukj_top"}, 4);
+    // The agent asks gdb to auto-load nothing: no warning in every session.
+    EXPECT_EQ(run.output.find("auto-load"), std::string::npos) << run.output;
 }
 
-// The agent's frame filter (.debug_gdb_scripts in jit_debug.cpp), allowed to load.
+// The agent's frame filter (scripts/gdb/ukprobes_gdb.py), sourced as the docs say.
 TEST(JitDebug, GdbWithTheAgentsFrameFilterListsOnlyTheRealCallers) {
-    g_gdb_init = {"-iex", "set auto-load safe-path /"};
+    g_gdb_init = {"-iex", "source " UKP_GDB_SCRIPT};
     const GdbRun nested = bt_below_probes({"ukj_level"}, 1);
     const GdbRun every = bt_below_probes({"ukj_leaf", "ukj_mid", "ukj_top", "ukj_top"}, 0);
     g_gdb_init.clear();
