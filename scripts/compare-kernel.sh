@@ -407,8 +407,8 @@ if ! diff -a -u --label kernel --label ukprobes "$WORK/kernel.norm" "$WORK/ukpro
     fail=1
 fi
 # Per event: hits in each tracer, fields compared.
-awk 'FNR == 1 { t++ } { c[$2, t]++; if (t == 2) nf[$2] += NF - 3; ev[$2] = 1 }
-    END { for (e in ev) printf "  %-20s kernel %5d  ukprobes %5d  fields %6d\n", e, c[e, 1], c[e, 2], nf[e] }' \
+awk '{ t = FILENAME ~ /kernel/ ? 1 : 2; c[$2, t]++; if (t == 2) nf[$2] += NF - 3; ev[$2] = 1 }
+    END { for (e in ev) printf "  %-20s kernel %5d  ukprobes %5d  fields %6d\n", e, c[e, 1], c[e, 2], nf[e] + 0 }' \
     "$WORK/kernel.norm" "$WORK/ukprobes.norm" | sort >"$WORK/summary"
 if [ $QUIET = 0 ] || [ $fail = 1 ]; then echo "events (hits per tracer, field values compared):"; cat "$WORK/summary"; fi
 if [ $fail = 0 ]; then
