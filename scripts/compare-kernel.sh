@@ -12,8 +12,10 @@
 # DEF is a ukprobes definition with a named event: `p:GRP/EVENT [MOD:]SYM[+0] ARGS`,
 # `r:GRP/EVENT [MOD:]SYM ARGS` or `p:GRP/EVENT [MOD:]SYM%return ARGS` (MOD: `libc.so.6`
 # or any object `ldd PROG` lists, or a path; no MOD: PROG's own symbol). GRP is replaced
-# by a group unique to this run in both tracers. The kernel's definition is
-# `p:GRP/EVENT PATH:0xOFFSET ARGS`.
+# by a group unique to this run in both tracers. The place may also be the kernel's
+# uprobe_events form PATH:OFFSET (a function's start). The kernel's definition is
+# `p:GRP/EVENT PATH:0xOFFSET ARGS`. While it runs, the kernel's probes trap in every
+# process that maps the file; only this run's processes are recorded (set_event_pid).
 #
 # Two breakpoints cannot share an address (each tracer would either miss its hit or
 # resume in the middle of the other's patch), so the kernel's probe goes one instruction
