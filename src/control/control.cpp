@@ -5,6 +5,7 @@
 // prints the trace itself (Op::kOpenFd). Off every hot path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
+#include "text/high_fd.hpp"
 #include "control/fd_passing.hpp"
 #include "control/protocol.hpp"
 #include "core/core.hpp"
@@ -187,7 +188,7 @@ void Server::run() {
             if (stop_) break;
         }
         if (stop_ || (fds[0].revents & POLLIN) == 0) continue;
-        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        const int fd = text::move_fd_high(accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
         if (fd < 0) continue;
         ucred cred{};
         socklen_t len = sizeof cred;
@@ -487,7 +488,7 @@ int start_locked() {
     memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     memcpy(g_socket_path, path.c_str(), path.size() + 1);
     g_owner = getpid();
-    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = text::move_fd_high(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd < 0) return -errno;
     unlink(g_socket_path); // a stale socket of an earlier process with this pid
     if (bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(fd, 8) != 0) {
@@ -501,6 +502,8 @@ int start_locked() {
         unlink(g_socket_path);
         return err;
     }
+    g_wake_fd[0] = text::move_fd_high(g_wake_fd[0]);
+    g_wake_fd[1] = text::move_fd_high(g_wake_fd[1]);
     g_listen_fd = fd;
     core::hook_fork(); // before the thread: a fork() must wait for its work
     // The thread starts with every asynchronous signal blocked, so it never takes one

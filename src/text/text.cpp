@@ -1,4 +1,5 @@
 #include "text/text.hpp"
+#include "text/high_fd.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -45,7 +46,7 @@ int open_mem_locked() {
     // membarrier registration (per address space) did not come along.
     if (g_mem_fd >= 0 && g_mem_pid == getpid()) return 0;
     if (g_mem_fd >= 0) close(g_mem_fd);
-    g_mem_fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    g_mem_fd = move_fd_high(open("/proc/self/mem", O_RDWR | O_CLOEXEC));
     if (g_mem_fd < 0) return -errno;
     g_mem_pid = getpid();
     g_sync_core = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;

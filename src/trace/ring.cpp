@@ -1,4 +1,5 @@
 #include "trace/ring.hpp"
+#include "text/high_fd.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -194,7 +195,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
     const uint64_t stride = align_up(sizeof(SlotHeader) + cap, 4096);
     const uint64_t total = align_up(header_size + slots * stride, 4096);
-    const int fd = static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC));
+    const int fd = text::move_fd_high(static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC)));
     if (fd < 0) return nullptr;
     if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
         close(fd);

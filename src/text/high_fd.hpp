@@ -1,0 +1,27 @@
+// Where the agent keeps the file descriptors it holds for the life of the process: high
+// up, not at the lowest free numbers, which programs assume are theirs (a shell's
+// `exec 4>file`, code that expects open() to return 3 or that dup2()s onto small numbers).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace ukp::text {
+
+// Moves fd (close-on-exec) to the lowest free number at or above half the descriptor
+// limit, at most 512; returns the new number, or fd unchanged if there is no room there.
+inline int move_fd_high(int fd) {
+    if (fd < 0) return fd;
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return fd;
+    const rlim_t half = lim.rlim_cur == RLIM_INFINITY ? 512 : lim.rlim_cur / 2;
+    const int floor = static_cast<int>(half < 512 ? half : 512);
+    if (fd >= floor) return fd;
+    const int high = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+    if (high < 0) return fd;
+    close(fd);
+    return high;
+}
+
+} // namespace ukp::text
