@@ -104,9 +104,11 @@ void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32
         std::snprintf(buf, sizeof buf, "0x%" PRIx64, load_integer(rec, f, index));
         break;
     }
-    case Print::kChar:
-        std::snprintf(buf, sizeof buf, "'%c'", static_cast<char>(load_integer(rec, f, index)));
-        break;
+    case Print::kChar: // byte for byte as the kernel prints it, a NUL included
+        out += '\'';
+        out += static_cast<char>(load_integer(rec, f, index));
+        out += '\'';
+        return;
     case Print::kSymbol:
         out += sym(load_integer(rec, f, index), true);
         return;

@@ -99,6 +99,19 @@ TEST_F(TraceFetch, EveryTypeAndFetchargAtEntry) {
     EXPECT_NE(read("kprobe_profile").find("vals"), std::string::npos);
 }
 
+// A char of value 0 prints as the kernel prints it: the NUL byte between its quotes (the
+// line went on to the end before, at the NUL, without the closing quote and what follows).
+TEST_F(TraceFetch, ANulCharKeepsItsQuotesAndTheRestOfTheLine) {
+    ASSERT_EQ(file_write("kprobe_events", "p:nul ttarget_record z=+5(%si):char after=%cx:u64"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/nul/enable", "1"), 0);
+    g_record(&ttarget_first, ttarget_greeting, -7, 12345); // "hello": its NUL at +5
+    const auto lines = events_in_trace("nul");
+    ASSERT_EQ(lines.size(), 1u) << read("trace");
+    const std::string tail = std::string("z='") + '\0' + "' after=12345";
+    ASSERT_GE(lines[0].size(), tail.size());
+    EXPECT_EQ(lines[0].substr(lines[0].size() - tail.size()), tail);
+}
+
 TEST_F(TraceFetch, FetchargsFromData) {
     std::ifstream in(data_path("fetchargs.txt"));
     std::string line, def = "p:fa ttarget_record", want;
