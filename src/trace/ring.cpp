@@ -77,6 +77,25 @@ struct Writer {
 };
 thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
+// System calls made straight, not through the C library's wrappers: the agent's own
+// calls must not hit a probe placed on getpid, gettid, prctl or syscall.
+long raw_syscall(long nr, long a1 = 0, long a2 = 0) {
+    long ret;
+    asm volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a1), "S"(a2) : "rcx", "r11", "memory");
+    return ret;
+}
+
+// Saves the calling thread's name in its buffer (SlotHeader::comm).
+void save_comm(SlotHeader *s) {
+    char name[16] = {};
+    raw_syscall(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name));
+    name[15] = 0;
+    s->comm_tid.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release); // 0 is seen before the name changes
+    std::memcpy(s->comm, name, sizeof name);
+    s->comm_tid.store(static_cast<int32_t>(raw_syscall(SYS_gettid)), std::memory_order_release);
+}
+
 uint64_t now_ns() {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); // vDSO: no system call
@@ -226,7 +245,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     h->slot_header_size = sizeof(SlotHeader);
     h->slot_stride = stride;
     h->data_size = cap;
-    h->pid = getpid();
+    h->pid = static_cast<int32_t>(raw_syscall(SYS_getpid));
     h->generation = r->gen;
     if (tsc_usable()) clock_start(h);
     return r;
@@ -267,28 +286,38 @@ void thread_exit(void *) {
     if (w.slot != nullptr && r != nullptr && w.gen == r->gen) {
         // Keep the thread's name for readers (ftrace's saved_cmdlines).
         char name[16] = {};
-        prctl(PR_GET_NAME, name, 0, 0, 0);
+        raw_syscall(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name));
         RingHeader *h = r->hdr();
         CommEntry &e = h->comms[h->comm_next.fetch_add(1, std::memory_order_relaxed) % kCommSlots];
         e.tid.store(0, std::memory_order_relaxed);
         std::memcpy(e.comm, name, sizeof e.comm);
         e.comm[15] = 0;
-        e.tid.store(static_cast<int32_t>(syscall(SYS_gettid)), std::memory_order_release);
+        e.tid.store(static_cast<int32_t>(raw_syscall(SYS_gettid)), std::memory_order_release);
         w.slot->owner.store(0, std::memory_order_release);
     }
     w.slot = nullptr;
     w.exited = true;
 }
 
+// exit(): the exiting thread's name as it is now (it may have renamed itself since its
+// first record) for a reader that formats after the process is gone. Other threads keep
+// the name of their first record.
+__attribute__((destructor)) void save_comm_at_exit() {
+    Writer &w = t_w;
+    Region *r = g_main.load(std::memory_order_acquire);
+    if (w.slot != nullptr && r != nullptr && w.gen == r->gen) save_comm(w.slot);
+}
+
 void after_fork_child() {
-    // The child must not write into the parent's buffers (shared memory): new ones.
-    Region *r = g_main.load(std::memory_order_relaxed);
-    if (r == nullptr) return;
-    const RingHeader *h = r->hdr();
-    Region *fresh = make_region(h->data_size / 1024, h->slot_count);
-    g_main.store(fresh, std::memory_order_release);
+    // The child must not write into the parent's buffers (shared memory): new ones. It
+    // lets go of the parent's first: a probe hit in what follows (making the region
+    // calls into the C library) would otherwise record there, under the child's pid.
+    Region *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
     g_snap.store(nullptr, std::memory_order_relaxed);
     t_w.slot = nullptr;
+    if (r == nullptr) return;
+    const RingHeader *h = r->hdr();
+    g_main.store(make_region(h->data_size / 1024, h->slot_count), std::memory_order_release);
     // Another thread of the parent may have held them at the fork; it does not exist here.
     new (&g_mu) std::mutex;
     g_swap_busy.store(false, std::memory_order_relaxed);
@@ -372,6 +401,7 @@ uint8_t *ring_reserve(uint32_t size) {
             // descriptor: no allocation.
             pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
         }
+        save_comm(s); // once per thread and region: two system calls, on the first record
     }
     SlotHeader *s = w.slot;
     s->busy.store(1, std::memory_order_relaxed);

@@ -137,7 +137,14 @@ struct alignas(64) SlotHeader {
     uint64_t dropped_base;              // reader-owned: dropped at the last clear
     uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported (readers
                                         // in several processes raise it with a CAS)
+    // The owning thread's name, written when it claims the buffer (its first record in
+    // this region) and again when the process exits normally: the reader's name for a
+    // thread gone from /proc without its exit handler (a process that exited or was
+    // killed, a thread ended by a raw exit). Zero in a region of an older agent.
+    std::atomic<int32_t> comm_tid;      // whose name comm holds; 0 while it is written
+    char comm[16];                      // NUL-terminated
 };
+static_assert(sizeof(SlotHeader) == 192, "the layout readers of version 2 expect");
 
 // In front of each record in a slot.
 struct RecordHeader {
@@ -218,8 +225,9 @@ template <typename Fn> void with_ring_views(Fn &&fn) {
     ring_unlock_views();
 }
 
-// The name of thread `tid` of process `pid` as the reader shows it: a saved name of
-// an exited thread from the view, else /proc, else "<...>" (ftrace's unknown).
+// The name of thread `tid` of process `pid` as the reader shows it: its name in /proc,
+// else one the view saved (an exited thread's, or a buffer owner's), else "<...>"
+// (ftrace's unknown).
 std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid);
 
 } // namespace ukp::trace

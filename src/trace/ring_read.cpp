@@ -244,6 +244,15 @@ std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid) {
             const CommEntry &e = h->comms[(next - 1 - k) % kCommSlots];
             if (e.tid.load(std::memory_order_acquire) == tid) return std::string(e.comm, strnlen(e.comm, 16));
         }
+        for (uint32_t i = 0; i < h->slot_count; ++i) { // a buffer's owner, saved at its first record
+            const SlotHeader *s = v.slot(i);
+            if (s->comm_tid.load(std::memory_order_acquire) != tid) continue;
+            char name[16];
+            std::memcpy(name, s->comm, sizeof name);
+            std::atomic_thread_fence(std::memory_order_acquire);
+            if (s->comm_tid.load(std::memory_order_relaxed) != tid) continue; // rewritten meanwhile
+            return std::string(name, strnlen(name, sizeof name));
+        }
     }
     return "<...>";
 }
