@@ -371,6 +371,8 @@ bool same_point(const ProbeDef &a, const ProbeDef &b) {
     return a.addr == b.addr && a.is_return == b.is_return;
 }
 
+void set_point_armed(ProbePoint &p, bool is_return, bool want);
+
 void Tracer::arm(Event *e) {
     const bool want = e->armed_wanted();
     for (auto &p : e->points) {
@@ -382,12 +384,42 @@ void Tracer::arm(Event *e) {
             __atomic_add_fetch(ctr, want ? 1 : uint16_t(-1), __ATOMIC_RELAXED);
             p->semaphore_held = want;
         }
-        if (want) {
-            if (e->is_return) enable_kretprobe(&p->hook.rp); else enable_kprobe(&p->hook.rp.kp);
-        } else {
-            if (e->is_return) disable_kretprobe(&p->hook.rp); else disable_kprobe(&p->hook.rp.kp);
-        }
+        set_point_armed(*p, e->is_return, want);
     }
+}
+
+// The core enables and disables only probes whose object is loaded (-EINVAL otherwise, as
+// the kernel's enable_kprobe on a gone probe); a probe waiting for its object (not loaded
+// yet, or unloaded by dlclose) is armed when the object loads as its KPROBE_FLAG_DISABLED
+// says. The kernel's trace_kprobe keeps the event's state and sets that flag from it when
+// it registers the probe of a module that comes: the same is done here.
+void set_point_armed(ProbePoint &p, bool is_return, bool want) {
+    kprobe &kp = p.hook.rp.kp;
+    const int r = is_return ? (want ? enable_kretprobe(&p.hook.rp) : disable_kretprobe(&p.hook.rp))
+                            : (want ? enable_kprobe(&kp) : disable_kprobe(&kp));
+    if (r == 0 || (__atomic_load_n(&kp.flags, __ATOMIC_SEQ_CST) & KPROBE_FLAG_GONE) == 0) return;
+    if (p.def.where != Where::kSymbol) return; // given by address: never armed again
+    if (!is_return) {
+        // Registered anew with the flag as wanted (the flag of a registered probe is the
+        // core's), as trace_kprobe registers it again: armed at once if the object came
+        // meanwhile, else when it comes.
+        unregister_kprobe(&kp);
+        kp.addr = nullptr; // a gone probe keeps the address it had: by name again
+        kp.flags = want ? 0u : unsigned(KPROBE_FLAG_DISABLED);
+        if (register_kprobe(&kp) != 0) p.registered = false;
+        return;
+    }
+    // A kretprobe cannot be registered for an object not loaded (a gone one stays
+    // registered): its flag is set in place. If the object loaded since the answer above,
+    // the core armed it by the old flag: it is asked again. (The core clears GONE there
+    // without an atomic operation: a load at the very moment of this write can still lose
+    // it. A core that kept the flag of a gone probe in enable/disable would need neither.)
+    if (want)
+        __atomic_and_fetch(&kp.flags, ~unsigned(KPROBE_FLAG_DISABLED), __ATOMIC_SEQ_CST);
+    else
+        __atomic_or_fetch(&kp.flags, unsigned(KPROBE_FLAG_DISABLED), __ATOMIC_SEQ_CST);
+    if ((__atomic_load_n(&kp.flags, __ATOMIC_SEQ_CST) & KPROBE_FLAG_GONE) == 0)
+        want ? enable_kretprobe(&p.hook.rp) : disable_kretprobe(&p.hook.rp);
 }
 
 int Tracer::define(std::string_view line, char separator, bool enable) {
