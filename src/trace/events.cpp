@@ -79,7 +79,7 @@ public:
     std::vector<std::string> arg_names, arg_types; // for comparing definitions
     std::vector<uint16_t> entry_args;             // $argN saved at entry (return probes)
     uint32_t fixed_size = 0;                      // record bytes before the string data
-    uint32_t reserve_size = 0;                    // what a hit reserves: fixed + string room
+    bool dynamic = false;                         // has string data (measured at each hit)
     std::unique_ptr<SymbolTable> symbols;         // for symstr arguments
     std::vector<std::unique_ptr<ProbePoint>> points; // one per definition line
 
@@ -87,6 +87,7 @@ public:
     bool trigger_target = false;         // an enable_event/disable_event trigger names it
     std::atomic<uint64_t> hits{0};       // kprobe_profile's hits: every armed hit
     std::atomic<uint64_t> faults{0};     // hits whose fetches read a bad address
+    std::atomic<uint64_t> too_big{0};    // hits dropped: their record passed kMaxEventSize
     std::atomic<const Filter *> filter{nullptr}; // the filter file's; null: all pass
     std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
     TriggerSet triggers;                 // the trigger file's
@@ -103,25 +104,35 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
     hits.fetch_add(1, std::memory_order_relaxed);
-    const bool record = enabled.load(std::memory_order_acquire);
+    const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
     const ThreadInfo &me = this_thread();
-    uint8_t *rec = record && tracing_on() ? ring_reserve(reserve_size) : nullptr;
+    HitContext ctx{regs, entry, ret_addr, me.comm};
+    // The strings are measured first and the record reserved at its size, as the kernel
+    // does; one its ring could not take is dropped, triggers and all, as the kernel drops
+    // it (and counted here, as a miss).
+    const uint32_t size =
+        dynamic ? fixed_size + measure_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get())
+                : fixed_size;
+    if (size > kMaxEventSize) {
+        too_big.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    uint8_t *rec = record ? ring_reserve(size) : nullptr;
     alignas(8) uint8_t scratch[kScratchSize];
     uint8_t *buf = rec;
-    uint32_t cap = reserve_size;
+    uint32_t cap = size;
     if (rec == nullptr) {
         // Without a place in the ring the triggers still see the record (traceon must
         // work while tracing is off).
         if (triggers.empty() || fixed_size > kScratchSize) return;
         buf = scratch;
-        cap = std::min(reserve_size, kScratchSize);
+        cap = std::min(size, kScratchSize);
     }
     put_header(buf, id, me.tid);
     // Constant sizes: a call to memcpy here could hit a probe on memcpy.
     __builtin_memcpy(buf + kCommonSize, &ip, 8);
     if (is_return) __builtin_memcpy(buf + kCommonSize + 8, &ret_addr, 8);
-    HitContext ctx{regs, entry, ret_addr, me.comm};
     uint32_t nfault = 0;
     const uint32_t used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(),
                                     buf, fixed_size, cap, &nfault);
@@ -135,7 +146,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
 }
 
 uint64_t Event::misses() const {
-    uint64_t n = faults.load(std::memory_order_relaxed);
+    uint64_t n = faults.load(std::memory_order_relaxed) + too_big.load(std::memory_order_relaxed);
     for (const auto &p : points) {
         n += p->hook.rp.kp.nmissed;
         if (is_return) n += static_cast<uint64_t>(p->hook.rp.nmissed);
@@ -483,15 +494,12 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
             e->fields.push_back({"__probe_ip", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
         }
         e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
-        if (e->fixed_size > kMaxRecordSize) { log(Err::EVENT_TOO_BIG, 0, 0); return -E2BIG; }
-        uint32_t nstr = 0;
+        if (e->fixed_size > kMaxEventSize) { log(Err::EVENT_TOO_BIG, 0, 0); return -E2BIG; }
         bool symstr = false;
         for (auto &p : e->progs) {
-            if (p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr)
-                nstr += p.type.array_len > 0 ? p.type.array_len : 1;
+            e->dynamic |= p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr;
             symstr |= p.type.kind == Kind::kSymStr;
         }
-        e->reserve_size = std::min<uint32_t>(kMaxRecordSize, e->fixed_size + nstr * kMaxStringLen);
         if (symstr) {
             auto t = std::make_unique<SymbolTable>();
             for (const auto &obj : resolver.symbols.objects())

@@ -88,8 +88,32 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
     return true;
 }
 
-// Copies a string into the dynamic area and writes its __data_loc word at `loc`.
-// Returns the bytes used in the dynamic area; a fault stores an empty location.
+// The length of the string at addr with its NUL, as the kernel's uprobe tracer measures it
+// (fetch_store_strlen: strnlen_user up to MAX_STRING_SIZE): 0 when it is unreadable
+// before its end or has no NUL in its first kMaxStringLen bytes. Reads at most to the end
+// of a page the string reaches, as safe_strncpy does: no fault the string would not raise.
+uint32_t measure_string(uint64_t addr) {
+    constexpr uint64_t kPage = 4096, kChunk = 256; // the chunk: stack a hit can spare
+    if (addr == 0) return 0;
+    char buf[kChunk];
+    uint32_t done = 0;
+    while (done < kMaxStringLen) {
+        const uint64_t at = addr + done;
+        uint64_t chunk = kPage - (at & (kPage - 1));
+        if (chunk > kChunk) chunk = kChunk;
+        if (chunk > kMaxStringLen - done) chunk = kMaxStringLen - done;
+        if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), chunk) != 0) return 0;
+        for (uint64_t i = 0; i < chunk; ++i)
+            if (buf[i] == '\0') return done + static_cast<uint32_t>(i) + 1;
+        done += static_cast<uint32_t>(chunk);
+    }
+    return 0;
+}
+
+// Copies a string into the dynamic area and writes its __data_loc word at `loc`: at most
+// the cap - dyn bytes left of the record (the kernel's maxlen), cut with a NUL at the end
+// as the kernel's fetch_store_string cuts it. Returns the bytes used in the dynamic area;
+// a fault, or no room left, stores an empty location (printed (fault)).
 inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t cap, uint64_t addr,
                            bool *fault) {
     uint32_t room = cap > dyn ? cap - dyn : 0;
@@ -125,7 +149,12 @@ uint32_t SymbolTable::format(uint64_t addr, char *out, uint32_t room) const noex
         if (entries[mid].start <= addr) lo = mid + 1; else hi = mid;
     }
     uint32_t n = 0;
-    auto putc = [&](char c) { if (n + 1 < room) out[n++] = c; };
+    auto putc = [&](char c) {
+        if (n + 1 < room) {
+            if (out != nullptr) out[n] = c;
+            ++n;
+        }
+    };
     auto puthex = [&](uint64_t v) {
         putc('0'); putc('x');
         char buf[16]; int k = 0;
@@ -139,7 +168,10 @@ uint32_t SymbolTable::format(uint64_t addr, char *out, uint32_t room) const noex
     } else {
         puthex(addr);
     }
-    if (room > 0) out[n++] = '\0';
+    if (room > 0) {
+        if (out != nullptr) out[n] = '\0';
+        ++n;
+    }
     return n;
 }
 
@@ -173,6 +205,31 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
         if (fields != nullptr) fields->push_back(std::move(f));
     }
     return off;
+}
+
+uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
+                       const SymbolTable *symbols) noexcept {
+    uint32_t total = 0;
+    for (uint32_t a = 0; a < nprogs; ++a) {
+        const FetchProgram &p = progs[a];
+        if (p.store != Store::kString && p.store != Store::kStringArray && p.store != Store::kSymStr) continue;
+        uint64_t v = 0;
+        if (!run_ops(p, ctx, &v)) continue;
+        switch (p.store) {
+        case Store::kString: total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v); break;
+        case Store::kStringArray:
+            for (uint32_t i = 0; i < p.type.array_len; ++i) {
+                uint64_t ptr = 0;
+                if (load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) total += measure_string(ptr);
+            }
+            break;
+        case Store::kSymStr:
+            if (symbols != nullptr) total += symbols->format(v, nullptr, kMaxStringLen);
+            break;
+        default: break;
+        }
+    }
+    return total;
 }
 
 uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,

@@ -18,7 +18,9 @@ inline constexpr int kMaxFetchOps = 16;     // the kernel's FETCH_INSN_MAX
 inline constexpr int kMaxArgs = 128;        // MAX_TRACE_ARGS
 inline constexpr int kMaxArrayLen = 64;     // MAX_ARRAY_LEN
 inline constexpr int kMaxEntryArgs = 16;    // $argN values a return probe saves at entry
-inline constexpr uint32_t kMaxStringLen = 1024; // bytes a string field keeps, NUL included
+// Bytes a string field keeps, NUL included: the kernel's MAX_STRING_SIZE (PATH_MAX). A
+// longer string is measured 0, as the kernel's uprobe tracer measures it (measure_fetch).
+inline constexpr uint32_t kMaxStringLen = 4096;
 
 // The value kinds of seed 004's types.
 enum class Kind : uint8_t {
@@ -102,7 +104,7 @@ struct SymbolTable {
     std::vector<Entry> entries; // sorted by start
     std::string names;          // NUL-separated
     // Writes "sym+0xoff/0xsize" (or "0xADDR") into out (room bytes); returns the length
-    // written including the NUL. No allocation.
+    // written including the NUL. With out null, only that length. No allocation.
     uint32_t format(uint64_t addr, char *out, uint32_t room) const noexcept;
 };
 
@@ -112,10 +114,20 @@ struct SymbolTable {
 uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names,
                        uint32_t base, std::vector<Field> *fields);
 
+// The bytes of string data a hit's record needs, measured before the record is reserved
+// as the kernel measures them (__get_data_size): each string with its NUL, 0 for one that
+// faults or has no NUL in its first kMaxStringLen bytes. Reads each string once more than
+// run_fetch does, fault-safe and bounded, with no allocation.
+uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
+                       const SymbolTable *symbols) noexcept;
+
 // Runs the programs and writes the argument fields (and the dynamic string data after
-// the fixed part, at `fixed_size`) into rec, which has room for `cap` bytes. Returns the
-// bytes used; *faults counts the arguments whose memory could not be read (their field
-// gets the kernel's fault form: 0 for integers, an empty __data_loc for strings).
+// the fixed part, at `fixed_size`) into rec, which has room for `cap` bytes. The strings
+// share what is left after the fixed part in order, each cut to the room left for it, as
+// the kernel's store_trace_args shares its measured size (a string measured 0 may so take
+// the room of the next ones). Returns the bytes used; *faults counts the arguments whose
+// memory could not be read or that got no room (their field gets the kernel's fault
+// form: 0 for integers, an empty __data_loc for strings).
 uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
                    const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
                    uint32_t *faults) noexcept;

@@ -31,8 +31,12 @@ struct CommonHeader {
 static_assert(sizeof(CommonHeader) == 8);
 inline constexpr uint32_t kCommonSize = sizeof(CommonHeader);
 
-// The largest record, dynamic data included (string data is truncated to fit).
+// The largest record the ring takes, dynamic data included.
 inline constexpr uint32_t kMaxRecordSize = 4096;
+// The largest record an event writes: what the kernel's ring buffer takes with 4 KiB pages
+// (BUF_MAX_DATA_SIZE: the page less its 16-byte header and the event's 8-byte header). The
+// kernel drops an event whose record would be larger (trace_event_buffer_reserve fails).
+inline constexpr uint32_t kMaxEventSize = 4072;
 
 // How a field's value is printed in the trace text and compared by filters.
 enum class Print : uint8_t {

@@ -141,6 +141,57 @@ TEST_F(TraceFetch, FetchargsFromData) {
     EXPECT_EQ(lines[0], head + want);
 }
 
+// "{C*N}" in `text` stands for N times the character C.
+std::string expand_runs(std::string text) {
+    for (size_t at; (at = text.find('{')) != std::string::npos && text.find("*", at) == at + 2;) {
+        const size_t end = text.find('}', at);
+        const size_t n = std::stoul(text.substr(at + 3, end - at - 3));
+        text.replace(at, end - at + 1, std::string(n, text[at + 1]));
+    }
+    return text;
+}
+
+TEST_F(TraceFetch, LongStringsFromData) {
+    std::ifstream in(data_path("long_strings.txt"));
+    std::string line;
+    int cases = 0;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        const size_t t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+        ASSERT_NE(t2, std::string::npos) << line;
+        const std::string def = line.substr(0, t1), want = expand_runs(line.substr(t2 + 1));
+        size_t len_a = 0, len_b = 0;
+        std::istringstream(line.substr(t1 + 1, t2 - t1 - 1)) >> len_a >> len_b;
+        SCOPED_TRACE(line.substr(0, t2));
+        ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
+        ASSERT_EQ(file_write("events/kprobes/ls/enable", "1"), 0);
+        const std::string a(len_a, 'A'), b(len_b, 'b');
+        ttarget_rec rec = ttarget_first;
+        rec.name = a.c_str();
+        g_record(&rec, b.c_str(), 0, 7);
+        const auto lines = events_in_trace("ls");
+        if (want == "-") {
+            EXPECT_EQ(lines.size(), 0u) << "the kernel drops a record of more than 4,072 bytes";
+        } else {
+            ASSERT_EQ(lines.size(), 1u);
+            const size_t args = lines[0].find(") ");
+            ASSERT_NE(args, std::string::npos) << lines[0];
+            const std::string got = lines[0].substr(args + 2);
+            EXPECT_EQ(got.size(), want.size());
+            EXPECT_TRUE(got == want) << got.substr(0, 200) << "...";
+        }
+        const bool miss = want == "-" || want.find("(fault)") != std::string::npos;
+        char profile[128];
+        snprintf(profile, sizeof profile, "  %-44s %15d %15d\n", "ls", 1, miss ? 1 : 0);
+        EXPECT_EQ(read("kprobe_profile"), profile);
+        ASSERT_EQ(file_write("events/kprobes/ls/enable", "0"), 0);
+        ASSERT_EQ(file_write("kprobe_events", ""), 0);
+        ASSERT_EQ(file_write("trace", ""), 0);
+        ++cases;
+    }
+    EXPECT_GE(cases, 18);
+}
+
 TEST_F(TraceFetch, ArgumentsPastTheSixthAndReturnProbes) {
     ASSERT_EQ(file_write("kprobe_events", "p:eight ttarget_eight $arg1 $arg6 $arg7 $arg8 $stack1:u8"), 0)
         << read("error_log");
