@@ -88,26 +88,61 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
     return true;
 }
 
+// The index of the first NUL of the n bytes at p, or n; eight bytes at a time.
+inline uint64_t find_nul(const char *p, uint64_t n) {
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        __builtin_memcpy(&w, p + i, 8);
+        if (((w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull) != 0) break; // a zero byte in w
+    }
+    for (; i < n; ++i)
+        if (p[i] == '\0') return i;
+    return n;
+}
+
+constexpr uint64_t kPage = 4096;
+
 // The length of the string at addr with its NUL, as the kernel's uprobe tracer measures it
 // (fetch_store_strlen: strnlen_user up to MAX_STRING_SIZE): 0 when it is unreadable
 // before its end or has no NUL in its first kMaxStringLen bytes. Reads at most to the end
 // of a page the string reaches, as safe_strncpy does: no fault the string would not raise.
 uint32_t measure_string(uint64_t addr) {
-    constexpr uint64_t kPage = 4096, kChunk = 256; // the chunk: stack a hit can spare
+    constexpr uint64_t kChunk = 256; // stack a hit can spare; the first read is shorter
     if (addr == 0) return 0;
     char buf[kChunk];
     uint32_t done = 0;
+    uint64_t want = 64;
     while (done < kMaxStringLen) {
         const uint64_t at = addr + done;
         uint64_t chunk = kPage - (at & (kPage - 1));
-        if (chunk > kChunk) chunk = kChunk;
+        if (chunk > want) chunk = want;
         if (chunk > kMaxStringLen - done) chunk = kMaxStringLen - done;
         if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), chunk) != 0) return 0;
-        for (uint64_t i = 0; i < chunk; ++i)
-            if (buf[i] == '\0') return done + static_cast<uint32_t>(i) + 1;
+        const uint64_t nul = find_nul(buf, chunk);
+        if (nul < chunk) return done + static_cast<uint32_t>(nul) + 1;
         done += static_cast<uint32_t>(chunk);
+        want = kChunk;
     }
     return 0;
+}
+
+// arch::safe_strncpy, scanning for the NUL eight bytes at a time: copies the string at
+// src into dst (room >= 1 bytes), cut at room - 1 bytes, always NUL-terminated; the bytes
+// stored with the NUL, or -EFAULT. Reads a page at a time, never past the string's pages.
+inline int copy_string(char *dst, const char *src, uint32_t room) {
+    uint32_t done = 0;
+    while (done + 1 < room) {
+        const uint64_t at = reinterpret_cast<uint64_t>(src) + done;
+        uint64_t chunk = kPage - (at & (kPage - 1));
+        if (chunk > room - 1 - done) chunk = room - 1 - done;
+        if (ukp_safe_copy(dst + done, src + done, chunk) != 0) return -EFAULT;
+        const uint64_t nul = find_nul(dst + done, chunk);
+        if (nul < chunk) return static_cast<int>(done + nul + 1);
+        done += static_cast<uint32_t>(chunk);
+    }
+    dst[done] = '\0';
+    return static_cast<int>(done + 1);
 }
 
 // Copies a string into the dynamic area and writes its __data_loc word at `loc`: at most
@@ -120,7 +155,7 @@ inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t ca
     if (room > kMaxStringLen) room = kMaxStringLen;
     int n = -EFAULT;
     if (room > 0 && addr != 0)
-        n = arch::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+        n = copy_string(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
     if (n < 0) {
         *fault = true;
         put(loc, uint64_t(dyn) & 0xffff, 4); // length 0: the reader prints (fault)

@@ -3,11 +3,13 @@
 // faults, return probes, $argN past the sixth, and UKP_EVENTS at start-up.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -190,6 +192,31 @@ TEST_F(TraceFetch, LongStringsFromData) {
         ++cases;
     }
     EXPECT_GE(cases, 18);
+}
+
+// Strings are measured and copied a page at a time: one that ends just before an
+// unreadable page prints whole, one that runs into it prints (fault).
+TEST_F(TraceFetch, StringsNextToAnUnreadablePage) {
+    const size_t page = static_cast<size_t>(getpagesize());
+    auto *mem = static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(mem, MAP_FAILED);
+    ASSERT_EQ(mprotect(mem + 2 * page, page, PROT_NONE), 0);
+    char *end = mem + 2 * page;
+    ASSERT_EQ(file_write("kprobe_events", "p:pg ttarget_pointer s=+0(%di):string"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/pg/enable", "1"), 0);
+    std::memcpy(end - 4, "abc", 4);
+    g_pointer(end - 4);
+    std::memset(end - 3001, 'q', 3000); // 3,000 characters over two pages, the NUL last
+    end[-1] = '\0';
+    g_pointer(end - 3001);
+    std::memset(end - 100, 'z', 100); // no NUL before the unreadable page
+    g_pointer(end - 100);
+    const auto lines = events_in_trace("pg");
+    ASSERT_EQ(lines.size(), 3u) << read("trace");
+    EXPECT_NE(lines[0].find(") s=\"abc\""), std::string::npos) << lines[0];
+    EXPECT_NE(lines[1].find(") s=\"" + std::string(3000, 'q') + "\""), std::string::npos);
+    EXPECT_NE(lines[2].find(") s=(fault)"), std::string::npos) << lines[2];
+    munmap(mem, 3 * page);
 }
 
 TEST_F(TraceFetch, ArgumentsPastTheSixthAndReturnProbes) {
