@@ -118,7 +118,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
         too_big.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    uint8_t *rec = record ? ring_reserve(size) : nullptr;
+    uint8_t *rec = record ? ring_reserve(size, me.comm) : nullptr;
     alignas(8) uint8_t scratch[kScratchSize];
     uint8_t *buf = rec;
     uint32_t cap = size;
@@ -352,7 +352,7 @@ Tracer &tracer() {
 void Tracer::record_stacktrace(const struct pt_regs &regs) {
     // The user stack by the frame-pointer chain, every read fault-safe.
     constexpr uint32_t kSize = kCommonSize + 8 * kMaxUserStack;
-    uint8_t *rec = tracing_on() ? ring_reserve(kSize) : nullptr;
+    uint8_t *rec = tracing_on() ? ring_reserve(kSize, this_thread().comm) : nullptr;
     if (rec == nullptr) return;
     put_header(rec, kStackEventId, this_thread().tid);
     uint64_t frames[kMaxUserStack] = {};

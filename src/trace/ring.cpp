@@ -68,6 +68,7 @@ struct Writer {
     bool busy;             // between reserve and commit: a nested reserve is refused
     bool hooked;           // the thread-exit destructor is registered
     bool exited;           // past the thread-exit destructor: no more records
+    bool comm_pending;     // the slot's comm is this thread's: its first commit names it
     RecordHeader *pend;    // the reserved record
     uint64_t pend_pos;     // its position
     uint64_t pend_off;     // its offset in the data area
@@ -85,7 +86,8 @@ long raw_syscall(long nr, long a1 = 0, long a2 = 0) {
     return ret;
 }
 
-// Saves the calling thread's name in its buffer (SlotHeader::comm).
+// Saves the calling thread's name in its buffer (SlotHeader::comm). Not on the hot path
+// (two system calls): at exit().
 void save_comm(SlotHeader *s) {
     char name[16] = {};
     raw_syscall(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name));
@@ -363,7 +365,7 @@ void count_drop(SlotHeader *s) {
 
 // ---- Hot path ----
 
-uint8_t *ring_reserve(uint32_t size) {
+uint8_t *ring_reserve(uint32_t size, const char *comm) {
     if (!g_on.load(std::memory_order_relaxed)) return nullptr;
     Writer &w = t_w;
     if (w.busy) {
@@ -401,7 +403,15 @@ uint8_t *ring_reserve(uint32_t size) {
             // descriptor: no allocation.
             pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
         }
-        save_comm(s); // once per thread and region: two system calls, on the first record
+        // The caller's name for the thread (read once per thread, where the events layer
+        // makes its own system calls); whose it is, the first commit says (common_pid).
+        w.comm_pending = comm != nullptr;
+        if (comm != nullptr) {
+            s->comm_tid.store(0, std::memory_order_relaxed);
+            std::atomic_thread_fence(std::memory_order_release); // 0 is seen before the name changes
+            std::memcpy(s->comm, comm, sizeof s->comm);
+            s->comm[sizeof s->comm - 1] = 0;
+        }
     }
     SlotHeader *s = w.slot;
     s->busy.store(1, std::memory_order_relaxed);
@@ -485,6 +495,10 @@ void ring_commit(uint8_t *rec, uint32_t used) {
             int32_t pid;
             std::memcpy(&pid, rec + 4, 4);
             if (s->tid.load(std::memory_order_relaxed) != pid) s->tid.store(pid, std::memory_order_relaxed);
+            if (w.comm_pending) {
+                s->comm_tid.store(pid, std::memory_order_release);
+                w.comm_pending = false;
+            }
         }
         const uint64_t next = w.pend_off + rh->len;
         w.head_off = next == w.cap ? 0 : next;
@@ -641,6 +655,15 @@ int snapshot_memfd(size_t *size) {
     if (r == nullptr) return -1;
     if (size != nullptr) *size = r->size;
     return r->fd;
+}
+
+int snapshot_memfd_copy(size_t *size) {
+    std::lock_guard lock(g_mu);
+    Region *r = g_snap.load(std::memory_order_acquire);
+    if (r == nullptr) return -ENOENT;
+    if (size != nullptr) *size = r->size;
+    const int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
+    return fd < 0 ? -errno : fd;
 }
 
 void ring_lock_views() {

@@ -24,8 +24,10 @@ namespace ukp::trace {
 // (<= kMaxRecordSize); null when there is no room (the loss is counted and shown by
 // the reader, never silent) or tracing is off (not counted, as in ftrace). A nested call
 // on the same thread (a probe hit in a signal handler that interrupted this thread
-// between its reserve and commit) is refused and counted as lost.
-uint8_t *ring_reserve(uint32_t size);
+// between its reserve and commit) is refused and counted as lost. `comm`: the thread's
+// name (16 bytes, NUL-terminated) as the caller keeps it, saved with the thread's buffer
+// at its first record there (SlotHeader::comm); null saves none.
+uint8_t *ring_reserve(uint32_t size, const char *comm = nullptr);
 // Publishes the record reserved at `rec`, `used` bytes of it (used <= size reserved);
 // used == 0 discards it (a filter said no). Must follow every non-null ring_reserve.
 void ring_commit(uint8_t *rec, uint32_t used);
@@ -138,9 +140,10 @@ struct alignas(64) SlotHeader {
     uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported (readers
                                         // in several processes raise it with a CAS)
     // The owning thread's name, written when it claims the buffer (its first record in
-    // this region) and again when the process exits normally: the reader's name for a
-    // thread gone from /proc without its exit handler (a process that exited or was
-    // killed, a thread ended by a raw exit). Zero in a region of an older agent.
+    // this region: the name ring_reserve was given) and again when the process exits
+    // normally: the reader's name for a thread gone from /proc without its exit handler
+    // (a process that exited or was killed, a thread ended by a raw exit). Zero in a
+    // region of an older agent.
     std::atomic<int32_t> comm_tid;      // whose name comm holds; 0 while it is written
     char comm[16];                      // NUL-terminated
 };
@@ -178,6 +181,9 @@ int ring_memfd(size_t *size);
 // it), or -errno: what the control socket passes to a controller.
 int ring_memfd_copy(size_t *size);
 int snapshot_memfd(size_t *size);
+// A descriptor of its own for the snapshot buffers' memfd, as ring_memfd_copy; -ENOENT
+// when no snapshot is allocated.
+int snapshot_memfd_copy(size_t *size);
 
 // ---- Reading (output.cpp and outside readers) ----
 

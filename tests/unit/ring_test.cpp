@@ -424,6 +424,29 @@ TEST_F(RingTest, ThreadsBeyondTheBuffersAreCountedAndBuffersComeBackAtExit) {
     EXPECT_EQ(counts.lost, 1u);
 }
 
+// A thread that ends without its exit handler (a raw exit): the name ring_reserve was
+// given at its first record names it; the first commit says whose it is (common_pid).
+TEST_F(RingTest, ABufferKeepsTheNameItsOwnerGaveAtItsFirstRecord) {
+    constexpr int32_t kGoneTid = 0x7fffffe0; // no such thread in /proc
+    std::thread t([&] {
+        const char comm[16] = "raw-exiter";
+        uint8_t *rec = ring_reserve(kCommonSize, comm);
+        ASSERT_NE(rec, nullptr);
+        const CommonHeader c{7, 0, 0, kGoneTid};
+        std::memcpy(rec, &c, sizeof c);
+        ring_commit(rec, kCommonSize);
+        // Later records do not write the name again.
+        rec = ring_reserve(kCommonSize, "other");
+        ASSERT_NE(rec, nullptr);
+        std::memcpy(rec, &c, sizeof c);
+        ring_commit(rec, kCommonSize);
+    });
+    t.join();
+    std::string name;
+    with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), kGoneTid); });
+    EXPECT_EQ(name, "raw-exiter");
+}
+
 TEST_F(RingTest, ExitedThreadKeepsItsName) {
     int32_t tid = 0;
     std::thread t([&] {
