@@ -282,11 +282,19 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
     }
     case Op::kOpenFd: {
         // The ring buffers' memfd: the controller maps it and formats the records itself.
+        size_t size = 0;
+        if (path == kSnapshotRingPath) {
+            const int fd = trace::snapshot_memfd_copy(&size);
+            if (fd == -ENOENT) return 0; // no snapshot allocated: no descriptor
+            if (fd < 0) return fd;
+            *reply_fd = fd;
+            return 0;
+        }
         if (path != kTraceRingPath) {
-            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + ")";
+            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + " and " +
+                     kSnapshotRingPath + ")";
             return -ENOENT;
         }
-        size_t size = 0;
         *reply_fd = trace::ring_memfd_copy(&size);
         if (*reply_fd < 0) return *reply_fd;
         return 0;

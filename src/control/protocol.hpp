@@ -43,6 +43,10 @@ constexpr uint16_t kReplyFd = 1; // ReplyHeader::flags: a descriptor rides with 
 // printing its records takes (src/trace/print.hpp). A controller maps both and formats
 // trace and trace_pipe itself; an agent without them answers -ENOENT.
 constexpr const char *kTraceRingPath = "trace_ring";
+// Op::kOpenFd's path for the memfd of the snapshot buffers (same layout): the snapshot
+// file printed by the controller. Status 0 without a descriptor when no snapshot is
+// allocated; an agent that does not serve it answers -ENOENT.
+constexpr const char *kSnapshotRingPath = "snapshot_ring";
 
 struct RequestHeader {
     uint32_t magic;       // kMagic

@@ -145,14 +145,15 @@ int cmd_enable(const Options &o, bool on) {
     return 0;
 }
 
-// trace, read trace, and read trace_pipe (one read: what comes within kPipeWaitMs,
-// consumed): printed here from the mapped ring buffers (reader.hpp).
-int cmd_trace(const Options &o, bool pipe) {
+// trace, read trace, read trace_pipe (one read: what comes within kPipeWaitMs,
+// consumed) and read snapshot: printed here from the mapped ring buffers (reader.hpp).
+int cmd_trace(const Options &o, const std::string &file) {
     require_pid(o);
     ukprobe::Client c;
     connect_or_fail(o, c);
+    const bool pipe = file == "trace_pipe";
     ukprobe::TraceReader reader(c, o.pid, pipe);
-    fmt::print("{}", pipe ? reader.pipe(kPipeWaitMs, 1 << 20) : reader.trace());
+    fmt::print("{}", pipe ? reader.pipe(kPipeWaitMs, 1 << 20) : file == "snapshot" ? reader.snapshot() : reader.trace());
     return 0;
 }
 
@@ -317,7 +318,7 @@ int main(int argc, char **argv) {
         if (*attach) return cmd_attach(o);
         if (*ping) return cmd_simple(o, Op::kPing);
         if (*read) {
-            if (o.path == "trace" || o.path == "trace_pipe") return cmd_trace(o, o.path == "trace_pipe");
+            if (o.path == "trace" || o.path == "trace_pipe" || o.path == "snapshot") return cmd_trace(o, o.path);
             return cmd_simple(o, Op::kRead, o.path);
         }
         if (*write) return cmd_simple(o, Op::kWrite, o.path, o.text);
@@ -329,7 +330,7 @@ int main(int argc, char **argv) {
         if (*add) return cmd_simple(o, Op::kAppend, "kprobe_events", o.text);
         if (*enable) return cmd_enable(o, true);
         if (*disable) return cmd_enable(o, false);
-        if (*trace) return cmd_trace(o, false);
+        if (*trace) return cmd_trace(o, "trace");
         if (*trace_pipe) return cmd_trace_pipe(o);
         if (*profile) return cmd_simple(o, Op::kRead, "kprobe_profile");
         if (*clear) return cmd_simple(o, Op::kWrite, "trace", "");

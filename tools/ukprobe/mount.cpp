@@ -139,6 +139,13 @@ public:
         });
     }
 
+    // The snapshot file, likewise from the snapshot buffers.
+    Answer snapshot_text() {
+        return counted([&] {
+            return with_client([&](Client &c) { return Answer{0, TraceReader(c, pid_, false).snapshot()}; });
+        });
+    }
+
     // A trace_pipe read by `reader` (on a connection of its own). One the agent formats
     // holds its thread: it waits until no other operation is under way. -EINTR when
     // `interrupted` says so while it waits for its turn.
@@ -555,7 +562,9 @@ void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info 
     }
     if (!h.loaded) {
         // The whole file at the first read; later reads take their offsets from it.
-        Answer a = h.path == "trace" ? fs.agent.trace_text() : fs.agent.ask(Op::kRead, h.path);
+        Answer a = h.path == "trace"      ? fs.agent.trace_text()
+                   : h.path == "snapshot" ? fs.agent.snapshot_text()
+                                          : fs.agent.ask(Op::kRead, h.path);
         if (a.status < 0) {
             fuse_reply_err(req, -a.status);
             return;

@@ -41,6 +41,31 @@ void TraceReader::unmap() {
     size_ = 0;
     dev_ = 0;
     ino_ = 0;
+    unmap(snap_);
+}
+
+void TraceReader::unmap(Mapping &m) {
+    if (m.base != nullptr) munmap(m.base, m.size);
+    m = Mapping{};
+}
+
+bool TraceReader::map_fd(int fd, int prot, Mapping &m) {
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+        close(fd);
+        unmap(m);
+        return false;
+    }
+    if (m.base != nullptr && st.st_dev == m.dev && st.st_ino == m.ino) {
+        close(fd); // the same buffers as last time
+        return true;
+    }
+    unmap(m);
+    void *p = mmap(nullptr, static_cast<size_t>(st.st_size), prot, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return false;
+    m = Mapping{static_cast<uint8_t *>(p), static_cast<size_t>(st.st_size), st.st_dev, st.st_ino};
+    return true;
 }
 
 bool TraceReader::map_ring() {
@@ -139,6 +164,28 @@ std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
         fn(view);
     };
     return pipe_.read(with_view, printer(), timeout_ms, max_bytes);
+}
+
+std::string TraceReader::snapshot() {
+    if (agent_formats_ || agent_snapshots_) return agent_text("snapshot");
+    const Reply r = client_.request(Op::kOpenFd, ukp::control::kSnapshotRingPath);
+    if (r.status < 0) {
+        if (r.fd >= 0) close(r.fd);
+        if (unsupported(r.status)) agent_snapshots_ = true;
+        return agent_text("snapshot");
+    }
+    if (r.fd < 0) { // no snapshot allocated: the help text
+        unmap(snap_);
+        return trace::snapshot_text_of(trace::RingView{}, false, printer());
+    }
+    if (!map_fd(r.fd, PROT_READ, snap_)) return agent_text("snapshot");
+    const trace::RingView view{snap_.base, snap_.size};
+    if (view.header() == nullptr || (events_.empty() && !load_events())) {
+        agent_snapshots_ = true; // another layout version, or no event table
+        unmap(snap_);
+        return agent_text("snapshot");
+    }
+    return trace::snapshot_text_of(view, true, printer());
 }
 
 uint64_t TraceReader::entries() {

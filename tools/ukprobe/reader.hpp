@@ -1,12 +1,15 @@
 // The trace read by the controller itself (docs/cli.md, "Protocol"): the agent passes
-// the ring buffers' memfd (Op::kOpenFd kTraceRingPath) and its event table; ukprobe maps
-// the ring and prints trace and trace_pipe here, with the agent's own formatting code
-// (src/trace/output.hpp, print.hpp), symbols from /proc/PID/maps and the ELF files,
-// thread names from /proc/PID/task/TID/comm. The traced process only writes records.
+// the ring buffers' memfd (Op::kOpenFd kTraceRingPath, and kSnapshotRingPath for the
+// snapshot's) and its event table; ukprobe maps the rings and prints trace, trace_pipe
+// and snapshot here, with the agent's own formatting code (src/trace/output.hpp,
+// print.hpp), symbols from /proc/PID/maps and the ELF files, thread names from
+// /proc/PID/task/TID/comm (else the names the ring saved). The traced process only
+// writes records.
 //
 // An agent that serves neither (an older one), or a ring this build cannot read, is
-// read as before: the agent formats (Op::kRead "trace", "trace_pipe"). So is every
-// agent when UKPROBE_AGENT_FORMATS=1 is in the environment (for comparisons and tests).
+// read as before: the agent formats (Op::kRead "trace", "trace_pipe", "snapshot"). So
+// is every agent when UKPROBE_AGENT_FORMATS=1 is in the environment (for comparisons
+// and tests).
 #pragma once
 
 #include "client.hpp"
@@ -38,6 +41,9 @@ public:
     // (a line that does not fit is kept for the next read). "" when none came. Throws
     // std::runtime_error when the agent is gone or refuses.
     std::string pipe(int timeout_ms, size_t max_bytes);
+    // The snapshot file's text, from the snapshot buffers' memfd (Op::kOpenFd
+    // kSnapshotRingPath); an agent that does not serve it formats it.
+    std::string snapshot();
     // Records in the buffers (the trace file's entries-in-buffer).
     uint64_t entries();
     // Whether the last read was formatted here (false: by the agent).
@@ -46,9 +52,19 @@ public:
     void unmap();
 
 private:
+    // A mapped memfd, kept while the agent serves the same one.
+    struct Mapping {
+        uint8_t *base = nullptr;
+        size_t size = 0;
+        dev_t dev = 0;
+        ino_t ino = 0;
+    };
     // Maps the agent's current buffers (they change when resized or swapped with a
     // snapshot); false when the agent must format instead.
     bool map_ring();
+    // Maps the descriptor `fd` (taking it) into `m` unless m already maps that file.
+    static bool map_fd(int fd, int prot, Mapping &m);
+    static void unmap(Mapping &m);
     bool load_events(); // the event table, again
     std::string agent_text(const std::string &path); // the agent's formatting; throws on a refusal
     const ukp::trace::EventInfo *find_event(uint16_t id);
@@ -59,10 +75,12 @@ private:
     const int pid_;
     const bool consume_;
     bool agent_formats_ = false;    // for good: the agent does not serve the ring
+    bool agent_snapshots_ = false;  // for good: the agent does not serve the snapshot's
     uint8_t *mapped_ = nullptr;
     size_t size_ = 0;
     dev_t dev_ = 0;
     ino_t ino_ = 0;                 // the memfd mapped (a new one means new buffers)
+    Mapping snap_;                  // the snapshot buffers, read-only
     std::map<uint16_t, ukp::trace::EventInfo> events_;
     bool events_fresh_ = false;     // loaded during this read: an unknown id stays unknown
     ukp::sym::Registry symbols_;    // the process's objects, from its maps
