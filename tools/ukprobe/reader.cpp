@@ -33,7 +33,13 @@ TraceReader::TraceReader(Client &client, int pid, bool consume) : client_(client
     agent_formats_ = env != nullptr && strcmp(env, "1") == 0;
 }
 
-TraceReader::~TraceReader() { unmap(); }
+TraceReader::TraceReader(Client &events, int pid, int ring_fd)
+    : client_(events), pid_(pid), consume_(true), taken_fd_(ring_fd), taken_(true) {}
+
+TraceReader::~TraceReader() {
+    unmap();
+    if (taken_fd_ >= 0) close(taken_fd_);
+}
 
 void TraceReader::unmap() {
     if (mapped_ != nullptr) munmap(mapped_, size_);
@@ -69,6 +75,20 @@ bool TraceReader::map_fd(int fd, int prot, Mapping &m) {
 }
 
 bool TraceReader::map_ring() {
+    if (taken_) {
+        if (taken_fd_ >= 0) {
+            Mapping m;
+            const bool ok = map_fd(taken_fd_, PROT_READ | PROT_WRITE, m);
+            taken_fd_ = -1;
+            if (ok && trace::RingView{m.base, m.size}.header() != nullptr && load_events()) {
+                mapped_ = m.base;
+                size_ = m.size;
+            } else {
+                unmap(m);
+            }
+        }
+        return mapped_ != nullptr;
+    }
     if (agent_formats_) return false;
     Reply r = client_.request(Op::kOpenFd, ukp::control::kTraceRingPath);
     if (r.status < 0 || r.fd < 0) {
@@ -153,12 +173,12 @@ std::string TraceReader::agent_text(const std::string &path) {
 }
 
 std::string TraceReader::trace() {
-    if (!map_ring()) return agent_text("trace");
+    if (!map_ring()) return taken_ ? std::string() : agent_text("trace");
     return trace::trace_text_of(trace::RingView{mapped_, size_}, printer());
 }
 
 std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
-    if (!map_ring()) return agent_text("trace_pipe"); // the agent waits 100 ms for a record
+    if (!map_ring()) return taken_ ? std::string() : agent_text("trace_pipe"); // the agent waits 100 ms
     const trace::RingView view{mapped_, size_};
     const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
         fn(view);
@@ -189,7 +209,7 @@ std::string TraceReader::snapshot() {
 }
 
 uint64_t TraceReader::entries() {
-    if (!map_ring()) return entries_of(agent_text("trace"));
+    if (!map_ring()) return taken_ ? 0 : entries_of(agent_text("trace"));
     trace::RingCounts counts;
     trace::ring_collect(trace::RingView{mapped_, size_}, &counts);
     return counts.entries;

@@ -31,6 +31,11 @@ public:
     // `consume`: trace_pipe reads will be made (the ring is mapped writable: consumers
     // move its tails); otherwise it is mapped read-only. `client` must outlive the reader.
     TraceReader(Client &client, int pid, bool consume);
+    // A ring taken from process `pid` itself (ring_fd, a descriptor of its memfd: a child
+    // of fork() that serves no socket), consumed; printed with the event table of the
+    // agent `events` is connected to (the image it was forked from: the same ids). The
+    // reader takes ring_fd. Nothing is ever asked of that agent but its event table.
+    TraceReader(Client &events, int pid, int ring_fd);
     ~TraceReader();
     TraceReader(const TraceReader &) = delete;
     TraceReader &operator=(const TraceReader &) = delete;
@@ -76,6 +81,8 @@ private:
     const bool consume_;
     bool agent_formats_ = false;    // for good: the agent does not serve the ring
     bool agent_snapshots_ = false;  // for good: the agent does not serve the snapshot's
+    int taken_fd_ = -1;             // the taken ring's descriptor, until mapped
+    bool taken_ = false;            // the ring was taken from the process, not served
     uint8_t *mapped_ = nullptr;
     size_t size_ = 0;
     dev_t dev_ = 0;

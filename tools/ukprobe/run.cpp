@@ -14,7 +14,9 @@
 // Seeing the children: they inherit the filter. A process whose agent's control thread
 // has just started is held in its next rt_sigprocmask(SIG_SETMASK) (pthread_create's),
 // before its main, while ukprobe connects, checks error_log and sets filters and
-// triggers. ukprobe is a subreaper: orphaned descendants stay in its tree.
+// triggers. ukprobe is a subreaper: orphaned descendants stay in its tree. A child of
+// fork() that has not exec'd serves no socket: its ring is taken from it (pidfd_getfd)
+// when it waits in execve or exit_group, and printed then (drain_forked).
 #include "run.hpp"
 
 #include "client.hpp"
@@ -33,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <fcntl.h>
 #include <fstream>
 #include <linux/audit.h>
@@ -422,6 +425,7 @@ private:
     [[noreturn]] void child(int fd_sock, int err_pipe, const sigset_t &old_mask);
     void on_socket(int pid);
     bool new_agent_in(int pid);
+    void drain_forked(int pid);
     void on_notification();
     void on_signals();
     void kill_program(int sig);
@@ -537,6 +541,8 @@ void Runner::on_notification() {
             if (new_agent_in(tgid) && agent_answers(tgid, kPingTimeoutMs)) on_socket(tgid);
         } else if (auto it = by_pid_.find(tgid); it != by_pid_.end()) {
             it->second->drain(); // exit_group, execve, execveat
+        } else {
+            drain_forked(tgid);
         }
     }
     seccomp_notif_resp resp;
@@ -544,6 +550,61 @@ void Runner::on_notification() {
     resp.id = req.id;
     resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
     ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
+}
+
+// The memfd of `pid`'s own ring buffers, taken from the process (pidfd_getfd: ukprobe is
+// its ancestor), or -1. The child of a fork also holds its parent's (their RingHeader
+// names the parent's pid).
+int ring_of(int pid) {
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) return -1;
+    int found = -1;
+    const std::string dir = fmt::format("/proc/{}/fd", pid);
+    if (DIR *d = opendir(dir.c_str())) {
+        while (const dirent *e = readdir(d)) {
+            char link[128] = {};
+            const std::string path = dir + "/" + e->d_name;
+            if (readlink(path.c_str(), link, sizeof link - 1) <= 0 || strncmp(link, "/memfd:ukprobes-trace", 21) != 0)
+                continue;
+            const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, atoi(e->d_name), 0));
+            if (fd < 0) continue;
+            ukp::trace::RingHeader h{};
+            if (pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == ukp::trace::kRingMagic &&
+                h.pid == pid) {
+                found = fd;
+                break;
+            }
+            close(fd);
+        }
+        closedir(d);
+    }
+    close(pidfd);
+    return found;
+}
+
+// A child of fork() that did not exec waits in exit_group or execve: its agent (copied)
+// serves no socket, so its ring is taken from the process and printed with the event table
+// of the nearest ancestor ukprobe streams from (the image it was forked from).
+void Runner::drain_forked(int pid) {
+    if (!o_.follow) return;
+    Agent *from = nullptr;
+    for (int p = parent_of(pid), i = 0; p > 1 && i < 256 && from == nullptr; p = parent_of(p), ++i)
+        if (auto it = by_pid_.find(p); it != by_pid_.end() && !it->second->ended()) from = it->second;
+    if (from == nullptr) return;
+    const int ring = ring_of(pid);
+    if (ring < 0) return;
+    Client events;
+    std::string why;
+    if (events.connect(from->pid(), &why) != 0) {
+        close(ring);
+        return;
+    }
+    try {
+        TraceReader reader(events, pid, ring);
+        for (int i = 0; i < 1000 && reader.entries() > 0; ++i) out_->add(reader.pipe(0, 1 << 20));
+    } catch (const std::runtime_error &) {
+        // The ancestor is gone meanwhile: its event table with it.
+    }
 }
 
 void Runner::kill_program(int sig) {
