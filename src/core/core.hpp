@@ -104,7 +104,7 @@ public:
 };
 
 // ---- jump optimization (optimizer.cpp) ------------------------------------------------
-// All but the last two are called with the registry mutex held.
+// All but the last three are called with the registry mutex held.
 
 // Builds pt's detour if a jump may replace the region at pt->addr in fn
 // [fn_start, fn_start + fn_size) of the object loaded at `bias`; no error if not.
@@ -121,6 +121,9 @@ int opt_unoptimize(Point *pt);
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);
 // After fork() in the child: the optimizer thread did not come along.
 void opt_after_fork_child();
+// Builds, if not yet done, the reference table of the object whose code holds addr (what
+// opt_prepare checks regions against; a second or so for libc). Without the registry mutex.
+void opt_warm(uint64_t addr);
 // Starts the optimizer thread if optimization is on and it is not running. Call it only
 // without the registry mutex: pthread_create waits for the dynamic linker's lock, which a
 // dlopen() in another thread holds while its link-map hook waits for the registry mutex.

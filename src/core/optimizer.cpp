@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <string>
 #include <sys/syscall.h>
 #include <thread>
 #include <unistd.h>
@@ -427,7 +428,40 @@ int find_eh_frame_hdr(dl_phdr_info *info, size_t, void *data) {
     return l->hdr != 0;
 }
 
+struct ObjectLookup {
+    uint64_t addr;
+    uint64_t bias = 0;
+    std::string path; // "" for the main program
+    bool found = false;
+};
+
+int find_object_of(dl_phdr_info *info, size_t, void *data) {
+    auto *l = static_cast<ObjectLookup *>(data);
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+        const uint64_t lo = info->dlpi_addr + ph.p_vaddr;
+        if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && l->addr >= lo && l->addr - lo < ph.p_memsz) {
+            l->bias = info->dlpi_addr;
+            l->path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+            l->found = true;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+bool safe_read(uint64_t addr, void *out, size_t n) {
+    return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), n) == 0;
+}
+
 } // namespace
+
+void opt_warm(uint64_t addr) {
+    if (!g_opt_enabled.load(std::memory_order_relaxed)) return;
+    ObjectLookup l{addr};
+    dl_iterate_phdr(find_object_of, &l);
+    if (l.found) arch::object_refs(l.path.empty() ? "/proc/self/exe" : l.path, l.bias, safe_read);
+}
 
 void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
                  const std::vector<uint64_t> &other_symbols) {
@@ -438,9 +472,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
         code.resize(fn_size);
         if (read_original_code(fn_start, code.data(), code.size()) != 0) return;
     }
-    const arch::ReadFn read = [](uint64_t addr, void *out, size_t n) {
-        return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), n) == 0;
-    };
+    const arch::ReadFn read = safe_read;
     const arch::FunctionMap f = arch::analyze_function(fn_start, code.data(), fn_size, read);
     EhLookup eh{bias, 0, nullptr};
     dl_iterate_phdr(find_eh_frame_hdr, &eh);

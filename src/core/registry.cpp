@@ -3,6 +3,7 @@
 #include "core/core.hpp"
 #include "core/fork.hpp"
 #include "core/jit_debug.hpp"
+#include "core/kretprobe.hpp"
 
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/trampoline.hpp"
@@ -15,6 +16,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
@@ -22,6 +24,9 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <unordered_map>
 #include <vector>
 
@@ -317,10 +322,70 @@ int find_loader_debug(dl_phdr_info *info, size_t, void *) {
     return 1; // the first object is the main program
 }
 
+// The loader's event is handled on a stack of the agent's own. Re-reading the symbols and
+// preparing the points of a new object takes about 15 KiB of stack (more under the
+// sanitizers), more than a program's alternate signal stack may have (SIGSTKSZ is 8 KiB),
+// and the int3's handler runs there (SA_ONSTACK): it would run off its end. One stack
+// serves the process: the loader calls r_brk with its load lock held, one thread at a time.
+constexpr size_t kLoaderStackSize = size_t{8} << 20; // reserved, touched only as used
+uint8_t *g_loader_stack = nullptr;                   // its lowest page is a guard
+std::atomic<bool> g_loader_stack_busy{false};
+
+void map_loader_stack() {
+    void *m = mmap(nullptr, kLoaderStackSize, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED) return; // the event is then handled where it happens
+    mprotect(m, static_cast<size_t>(getpagesize()), PROT_NONE);
+    g_loader_stack = static_cast<uint8_t *>(m);
+    note_stack(reinterpret_cast<uint64_t>(m), kLoaderStackSize); // for the kretprobes' frame order
+}
+
+int raw_sigmask(int how, const sigset_t *set, sigset_t *old) {
+    return static_cast<int>(syscall(SYS_rt_sigprocmask, how, set, old, _NSIG / 8));
+}
+
+struct LoaderCall {
+    sigset_t mask; // the handler's, with every signal blocked around the switches
+    stack_t old_altstack;
+    bool swapped;
+};
+
+void sync_objects_on_loader_stack(void *arg) {
+    auto *call = static_cast<LoaderCall *>(arg);
+    // The handler's frames on the alternate stack are live: a signal that asks for the
+    // alternate stack must land here instead, below the current frame (sp is on the
+    // alternate stack then). Allowed: sp is not on the old one any more.
+    stack_t ours{};
+    ours.ss_sp = g_loader_stack;
+    ours.ss_size = kLoaderStackSize;
+    call->swapped = syscall(SYS_sigaltstack, &ours, &call->old_altstack) == 0;
+    raw_sigmask(SIG_SETMASK, &call->mask, nullptr);
+    {
+        std::lock_guard lock(g_mutex);
+        sync_objects_locked();
+    }
+    sigset_t all;
+    sigfillset(&all);
+    raw_sigmask(SIG_BLOCK, &all, nullptr);
+}
+
 int on_link_map_event(kprobe *, pt_regs *) {
     if (g_loader_debug->r_state != r_debug::RT_CONSISTENT) return 0;
-    std::lock_guard lock(g_mutex);
-    sync_objects_locked();
+    if (g_loader_stack == nullptr || g_loader_stack_busy.exchange(true, std::memory_order_acquire)) {
+        std::lock_guard lock(g_mutex);
+        sync_objects_locked();
+        return 0;
+    }
+    // No signal between the switches: one would find sp on neither stack and put its frame
+    // at the top of the alternate stack, over the live ones.
+    LoaderCall call{};
+    sigset_t all;
+    sigfillset(&all);
+    raw_sigmask(SIG_BLOCK, &all, &call.mask);
+    ukp_call_on_stack(sync_objects_on_loader_stack, &call, g_loader_stack + kLoaderStackSize);
+    if (call.swapped) syscall(SYS_sigaltstack, &call.old_altstack, nullptr);
+    raw_sigmask(SIG_SETMASK, &call.mask, nullptr);
+    g_loader_stack_busy.store(false, std::memory_order_release);
     return 0;
 }
 
@@ -406,6 +471,7 @@ void after_fork_child() {
     }
     opt_after_fork_child();
     grace_after_fork_child();
+    g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
     g_mutex.unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();
@@ -417,6 +483,7 @@ void hook_link_map_locked() {
     dl_iterate_phdr(find_loader_debug, nullptr);
     if (g_loader_debug == nullptr) g_loader_debug = &_r_debug; // a main program without DT_DEBUG
     if (g_loader_debug->r_brk == 0) return;
+    map_loader_stack();
     g_link_map_probe.addr = reinterpret_cast<kprobe_opcode_t *>(g_loader_debug->r_brk);
     g_link_map_probe.pre_handler = on_link_map_event;
     if (attach_to_point(&g_link_map_probe, g_loader_debug->r_brk) != 0) g_link_map_probe.addr = nullptr;
@@ -615,6 +682,18 @@ int set_enabled(bool on) {
     return result;
 }
 
+// The first probe in an object has the object's reference table built (opt_warm): here,
+// before the registration takes the registry mutex for good, so that other registrations,
+// the loader's events and the optimizer do not wait a second for it.
+void warm_object_refs(const kprobe *p) {
+    uint64_t addr = 0;
+    {
+        std::lock_guard lock(g_mutex);
+        if (ensure_initialized() != 0 || resolve_address(p, &addr) != 0) return;
+    }
+    opt_warm(addr);
+}
+
 } // namespace ukp::core
 
 // ---- the C API -------------------------------------------------------------------------
@@ -626,6 +705,7 @@ extern "C" {
 int register_kprobe(struct kprobe *p) {
     if (p == nullptr) return -EINVAL;
     optimizer_start(); // never under g_mutex
+    warm_object_refs(p);
     std::lock_guard lock(g_mutex);
     return register_locked(p);
 }

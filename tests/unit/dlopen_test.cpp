@@ -6,9 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <string>
+#include <sys/mman.h>
+#include <thread>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -120,6 +127,131 @@ TEST(Dlopen, TheEnabledKnobDoesNotStopObjectTracking) {
     EXPECT_EQ(fn(1), 3);
     EXPECT_EQ(g_hits, 1);
     unregister_kprobe(&kp);
+    dlclose(lib);
+}
+
+// ---- a program with a small alternate signal stack ----
+
+std::atomic<int> g_usr1{0};
+std::atomic<bool> g_stop_signals{false};
+
+void on_usr1(int) {
+    volatile char scratch[512]; // some use of the stack it lands on
+    std::memset(const_cast<char *>(scratch), 1, sizeof scratch);
+    ++g_usr1;
+}
+
+void *send_usr1(void *target) {
+    while (!g_stop_signals) {
+        pthread_kill(*static_cast<pthread_t *>(target), SIGUSR1);
+        usleep(50);
+    }
+    return nullptr;
+}
+
+// Loads and unloads the library 20 times with a pending probe on it, on a thread whose
+// alternate signal stack is 12 KiB over a guard page, while SIGUSR1 (handled on that
+// stack) keeps arriving. 0 when every load's constructor call was probed.
+int load_on_a_small_alternate_stack() {
+    const size_t page = static_cast<size_t>(getpagesize()), size = 12 * 1024;
+    auto *mem = static_cast<char *>(mmap(nullptr, page + size, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (mem == MAP_FAILED || mprotect(mem, page, PROT_NONE) != 0) return 10;
+    stack_t ss{};
+    ss.ss_sp = mem + page;
+    ss.ss_size = size;
+    if (sigaltstack(&ss, nullptr) != 0) return 11;
+    struct sigaction act {};
+    act.sa_handler = on_usr1;
+    act.sa_flags = SA_ONSTACK | SA_RESTART;
+    sigemptyset(&act.sa_mask);
+    if (sigaction(SIGUSR1, &act, nullptr) != 0) return 12;
+    kprobe kp{};
+    kp.symbol_name = kSpec;
+    kp.pre_handler = count_hit;
+    if (register_kprobe(&kp) != 0) return 13;
+    pthread_t self = pthread_self(), sender;
+    if (pthread_create(&sender, nullptr, send_usr1, &self) != 0) return 14;
+    g_hits = 0;
+    int loads = 0;
+    for (; loads < 20; ++loads) {
+        void *lib = dlopen(UKP_DL_TARGET, RTLD_NOW);
+        if (lib == nullptr || dlclose(lib) != 0) break;
+    }
+    g_stop_signals = true;
+    pthread_join(sender, nullptr);
+    unregister_kprobe(&kp);
+    if (loads != 20) return 15;
+    if (g_usr1 == 0) return 17; // the signals must have come
+    return g_hits == 20 ? 0 : 16;
+}
+
+TEST(Dlopen, TheLoaderEventFitsASmallAlternateSignalStack) {
+    ASSERT_EQ(dlopen(UKP_DL_TARGET, RTLD_NOW | RTLD_NOLOAD), nullptr) << "the library must not be loaded yet";
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) _exit(load_on_a_small_alternate_stack());
+    int status = 0;
+    pid_t done = 0;
+    for (int waited_ms = 0; (done = waitpid(child, &status, WNOHANG)) == 0 && waited_ms < 60000; waited_ms += 10)
+        usleep(10 * 1000);
+    if (done == 0) {
+        kill(child, SIGKILL);
+        waitpid(child, &status, 0);
+        FAIL() << "the child hung";
+    }
+    ASSERT_EQ(done, child);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "the step that failed (load_on_a_small_alternate_stack)";
+}
+
+// ---- the first probe in an object, and the registry mutex ----
+
+std::atomic<pid_t> g_holding_tid{0};
+std::atomic<bool> g_in_build{false}, g_other_done{false}, g_timed_out{false};
+
+// On libelf's elf_begin: holds the registering thread there (once) until the main thread
+// got through the registry, or 10 s.
+int hold_the_build(kprobe *, pt_regs *) {
+    if (gettid() != g_holding_tid) return 0;
+    g_holding_tid = 0;
+    g_in_build = true;
+    for (int i = 0; i < 10000 && !g_other_done; ++i) usleep(1000);
+    if (!g_other_done) g_timed_out = true;
+    return 0;
+}
+
+// The first probe in an object has the object's reference table built (the ELF file
+// read with libelf, a second or so for libc): the registry stays free meanwhile.
+TEST(Dlopen, AnObjectsFirstProbeBuildsItsTableWithoutHoldingTheRegistry) {
+    if (ukp_kprobes_optimization() == 0) GTEST_SKIP() << "no table without optimization";
+    void *lib = dlopen(UKP_DL_TARGET, RTLD_NOW);
+    ASSERT_NE(lib, nullptr) << dlerror();
+    kprobe hold{};
+    hold.symbol_name = "libelf.so.1:elf_begin";
+    hold.pre_handler = hold_the_build;
+    ASSERT_EQ(register_kprobe(&hold), 0);
+    kprobe kp{};
+    kp.addr = static_cast<kprobe_opcode_t *>(dlsym(lib, "ukp_dl_fn"));
+    kp.pre_handler = count_hit;
+    int registered = 1;
+    std::thread registrar([&] {
+        g_holding_tid = gettid();
+        registered = register_kprobe(&kp);
+    });
+    for (int i = 0; i < 10000 && !g_in_build; ++i) usleep(1000);
+    EXPECT_TRUE(g_in_build) << "the registration read no ELF file";
+    const std::string text = list(); // takes the registry mutex
+    g_other_done = true;
+    registrar.join();
+    EXPECT_FALSE(g_timed_out) << "list() waited for the registration's table build";
+    EXPECT_EQ(registered, 0);
+    EXPECT_NE(list().find("ukp_dl_fn+0x0"), std::string::npos) << list();
+    g_hits = 0;
+    EXPECT_EQ(reinterpret_cast<int (*)(int)>(kp.addr)(1), 3);
+    EXPECT_EQ(g_hits, 1);
+    unregister_kprobe(&kp);
+    unregister_kprobe(&hold);
     dlclose(lib);
 }
 

@@ -408,15 +408,22 @@ std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t 
     static std::mutex mu;
     static auto *cache = new std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const ObjectRefs>>();
     std::shared_ptr<const ObjectRefs> refs;
+    const auto key = std::make_pair(path, bias);
+    bool cached = false;
     {
         std::lock_guard<std::mutex> lock(mu);
-        auto key = std::make_pair(path, bias);
         if (auto it = cache->find(key); it != cache->end()) {
             refs = it->second;
-        } else {
-            refs = build_object_refs(path, bias);
-            (*cache)[key] = refs; // a failure is remembered too: the file will not get better
+            cached = true;
         }
+    }
+    if (!cached) {
+        // Built without the lock (a second or so for libc): a fork() meanwhile leaves the
+        // child a free lock, and users of other objects do not wait. Two threads may build
+        // the same table at once; the first to finish stays.
+        refs = build_object_refs(path, bias);
+        std::lock_guard<std::mutex> lock(mu);
+        refs = cache->emplace(key, refs).first->second; // a failure is remembered too
     }
     // The file at path may not be what is loaded at bias (replaced since, or another object
     // loaded there after a dlclose): checked at every use.

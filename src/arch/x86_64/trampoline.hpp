@@ -10,6 +10,8 @@ void ukp_post_trampoline();
 extern char ukp_post_trampoline_end[]; // where its code ends
 // trampolines.S: where a kretprobe instance's stub goes when its function returns.
 void ukp_kretprobe_trampoline();
+// trampolines.S: fn(arg) run with %rsp at stack_top (16-byte aligned).
+void ukp_call_on_stack(void (*fn)(void *), void *arg, void *stack_top);
 }
 
 namespace ukp::arch {

@@ -397,4 +397,30 @@ ukp_jprobe_return_trap:
         .cfi_endproc
         .size   jprobe_return, .-jprobe_return
 
+// void ukp_call_on_stack(void (*fn)(void *), void *arg, void *stack_top): calls fn(arg)
+// with %rsp at stack_top (16-byte aligned), and returns on the caller's stack. The frame
+// pointer chain and the CFI lead unwinders back to the caller.
+        .globl  ukp_call_on_stack
+        .hidden ukp_call_on_stack
+        .type   ukp_call_on_stack, @function
+        .p2align 4
+ukp_call_on_stack:
+        .cfi_startproc
+        push    %rbp
+        .cfi_def_cfa_offset 16
+        .cfi_offset %rbp, -16
+        mov     %rsp, %rbp
+        .cfi_def_cfa_register %rbp
+        mov     %rdx, %rsp
+        mov     %rdi, %rax
+        mov     %rsi, %rdi
+        call    *%rax
+        mov     %rbp, %rsp
+        .cfi_def_cfa_register %rsp
+        pop     %rbp
+        .cfi_def_cfa_offset 8
+        ret
+        .cfi_endproc
+        .size   ukp_call_on_stack, .-ukp_call_on_stack
+
         .section .note.GNU-stack,"",@progbits
