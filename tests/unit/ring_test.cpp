@@ -436,7 +436,8 @@ TEST_F(RingTest, ABufferKeepsTheNameItsOwnerGaveAtItsFirstRecord) {
         std::memcpy(rec, &c, sizeof c);
         ring_commit(rec, kCommonSize);
         // Later records do not write the name again.
-        rec = ring_reserve(kCommonSize, "other");
+        const char other[16] = "other";
+        rec = ring_reserve(kCommonSize, other);
         ASSERT_NE(rec, nullptr);
         std::memcpy(rec, &c, sizeof c);
         ring_commit(rec, kCommonSize);
