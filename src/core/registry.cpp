@@ -6,6 +6,7 @@
 #include "core/kretprobe.hpp"
 
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/region.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "symbols/symbols.hpp"
 #include "text/text.hpp"
@@ -427,7 +428,10 @@ void sync_objects_locked() {
         const bool still = std::any_of(after.begin(), after.end(), [&](const auto &o) {
             return o->path == old->path && o->bias == old->bias;
         });
-        if (!still) retire_points_of(*old);
+        if (!still) {
+            retire_points_of(*old);
+            arch::forget_object_refs(old->bias);
+        }
     }
     std::vector<kprobe *> waiting;
     for (const auto &[p, pt] : registered())

@@ -3,6 +3,8 @@
 // loading the object again re-arms it.
 #include <ukprobes/kprobes.h>
 
+#include "arch/x86_64/region.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -253,6 +255,25 @@ TEST(Dlopen, AnObjectsFirstProbeBuildsItsTableWithoutHoldingTheRegistry) {
     unregister_kprobe(&kp);
     unregister_kprobe(&hold);
     dlclose(lib);
+}
+
+// The reference table built for a probe's object goes with the object: loading and
+// unloading libraries at new addresses keeps memory bounded.
+TEST(Dlopen, AnUnloadedObjectsReferenceTableIsDropped) {
+    if (ukp_kprobes_optimization() == 0) GTEST_SKIP() << "no table without optimization";
+    kprobe kp{};
+    kp.symbol_name = kSpec;
+    kp.pre_handler = count_hit;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    const size_t before = ukp::arch::object_refs_cached();
+    for (int i = 0; i < 5; ++i) {
+        void *lib = dlopen(UKP_DL_TARGET, RTLD_NOW);
+        ASSERT_NE(lib, nullptr) << dlerror();
+        EXPECT_EQ(ukp::arch::object_refs_cached(), before + 1) << "load " << i;
+        ASSERT_EQ(dlclose(lib), 0);
+        EXPECT_EQ(ukp::arch::object_refs_cached(), before) << "unload " << i;
+    }
+    unregister_kprobe(&kp);
 }
 
 } // namespace

@@ -404,9 +404,33 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
     }
 }
 
+namespace {
+
+using RefsCache = std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const ObjectRefs>>;
+std::mutex &refs_mutex() {
+    static auto *mu = new std::mutex(); // never destroyed: probes outlive static destructors
+    return *mu;
+}
+RefsCache &refs_cache() {
+    static auto *cache = new RefsCache();
+    return *cache;
+}
+
+} // namespace
+
+void forget_object_refs(uint64_t bias) {
+    std::lock_guard<std::mutex> lock(refs_mutex());
+    std::erase_if(refs_cache(), [bias](const auto &entry) { return entry.first.second == bias; });
+}
+
+size_t object_refs_cached() {
+    std::lock_guard<std::mutex> lock(refs_mutex());
+    return refs_cache().size();
+}
+
 std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read) {
-    static std::mutex mu;
-    static auto *cache = new std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const ObjectRefs>>();
+    std::mutex &mu = refs_mutex();
+    RefsCache *cache = &refs_cache();
     std::shared_ptr<const ObjectRefs> refs;
     const auto key = std::make_pair(path, bias);
     bool cached = false;

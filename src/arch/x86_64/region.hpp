@@ -151,9 +151,13 @@ struct ObjectRefs {
 // its relocations cannot be read: then no rule that needs them applies.
 std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias,
                                                     std::string *error = nullptr);
-// The same, built once per (path, bias) and kept for the life of the process; null also
+// The same, built once per (path, bias) and kept while the object is loaded; null also
 // when `read` (the process's memory) shows other identity bytes than the file's.
 std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read);
+// Drops the kept references of the object that was loaded at bias (it was unloaded).
+void forget_object_refs(uint64_t bias);
+// How many objects' references are kept.
+size_t object_refs_cached();
 
 // The jump-optimization verdict for a probe at addr.
 struct OptimizeCheck {
