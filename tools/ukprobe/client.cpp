@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <stdexcept>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -99,6 +100,13 @@ bool Client::peer_closed() const {
     if (fd_ < 0) return true;
     pollfd p{fd_, POLLRDHUP, 0};
     return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+void Client::set_timeout_ms(int ms) {
+    if (fd_ < 0) return;
+    const timeval tv{ms / 1000, (ms % 1000) * 1000};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
 Reply Client::request(Op op, const std::string &path, const std::string &payload) {

@@ -28,6 +28,9 @@ public:
     // Whether the agent's end of the connection is gone (its process exited or exec'd:
     // the socket closes with the old image), without waiting and without reading.
     bool peer_closed() const;
+    // Makes a request that waits longer than `ms` for the agent (sending or receiving)
+    // fail as a broken connection. After connect.
+    void set_timeout_ms(int ms);
 
 private:
     int fd_ = -1;

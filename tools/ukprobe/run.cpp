@@ -91,6 +91,8 @@ constexpr int kPipeWaitMs = 100;
 // How long a new socket is given to answer: only the call just before its control thread
 // starts waits this long (the thread answers at the next one).
 constexpr int kPingTimeoutMs = 50;
+// How long a forked child's ring waits for its ancestor's event table (drain_forked).
+constexpr int kForkedTableTimeoutMs = 1000;
 // How often kprobe_profile is read while a process runs (its counts if it is killed).
 constexpr auto kProfileInterval = std::chrono::milliseconds(200);
 
@@ -599,6 +601,9 @@ void Runner::drain_forked(int pid) {
         close(ring);
         return;
     }
+    // This thread answers the seccomp notifications: should the ancestor's control thread
+    // wait in one now, its answer never comes. Bounded, its lines are lost instead.
+    events.set_timeout_ms(kForkedTableTimeoutMs);
     try {
         TraceReader reader(events, pid, ring);
         for (int i = 0; i < 1000 && reader.entries() > 0; ++i) out_->add(reader.pipe(0, 1 << 20));
