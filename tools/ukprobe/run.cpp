@@ -494,6 +494,21 @@ void Runner::on_socket(int pid) {
                 return;
             }
         }
+        // A definition the agent refused without an error_log entry (one it could not
+        // parse: "p:bad") would otherwise go unnoticed: the events defined are counted.
+        size_t given = 0, defined = 0;
+        for (const std::string &d : o_.definitions) given += d.find_first_not_of(" \t") != std::string::npos;
+        std::istringstream lines(defs.payload);
+        for (std::string line; std::getline(lines, line);) defined += !line.empty();
+        if (defs.status >= 0 && (log.status < 0 || log.payload.empty()) && defined < given) {
+            fmt::print(stderr, "ukprobe: process {} ({}) defined {} of the {} definitions given (kprobe_events):\n{}",
+                       pid, agent->comm(), defined, given, defs.payload);
+            if (pid == child_) {
+                failed_ = true;
+                kill_program(SIGKILL);
+                return;
+            }
+        }
         auto apply = [&](const std::vector<std::string> &list, const char *what, const char *file, Op op) {
             for (const std::string &s : list) {
                 const auto [event, text] = split_assignment(s, what);
