@@ -562,6 +562,7 @@ int stop() {
 namespace {
 // The socket goes with the process (a controller then reads "no agent", not a refusal).
 __attribute__((destructor)) void remove_socket_at_exit() {
+    const core::AgentWork quiet; // its getpid and unlink are the agent's, not the program's
     if (g_listen_fd >= 0 && g_socket_path[0] != 0 && g_owner == getpid()) unlink(g_socket_path);
 }
 
