@@ -153,7 +153,10 @@ int cmd_trace(const Options &o, const std::string &file) {
     connect_or_fail(o, c);
     const bool pipe = file == "trace_pipe";
     ukprobe::TraceReader reader(c, o.pid, pipe);
-    fmt::print("{}", pipe ? reader.pipe(kPipeWaitMs, 1 << 20) : file == "snapshot" ? reader.snapshot() : reader.trace());
+    const std::string text = pipe                 ? reader.pipe(kPipeWaitMs, 1 << 20)
+                             : file == "snapshot" ? reader.snapshot()
+                                                  : reader.trace();
+    fmt::print("{}", text);
     return 0;
 }
 
