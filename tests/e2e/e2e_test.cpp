@@ -208,7 +208,8 @@ std::vector<Record> parse(const std::string &path) {
         } else if (key == "RUN") cur.run = value;
         else if (key == "EXPECT") cur.expect.push_back(value);
         else if (key == "EXPECT_REGEX") cur.expect_regex.push_back(value);
-        else if (key == "REQUIRES") cur.requires_ = value;
+        else if (key == "REQUIRES") // several lines: all must hold
+            cur.requires_ = cur.requires_.empty() ? value : "{ " + cur.requires_ + "; } && { " + value + "; }";
         else if (key == "WILL_FAIL") cur.will_fail = true;
         else if (key == "TIMEOUT") cur.timeout = std::atoi(value.c_str());
         else throw std::runtime_error(where + ": unknown key " + key);
