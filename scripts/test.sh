@@ -14,10 +14,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUKP_WERROR
   -DUKP_SANITIZE=address,undefined -DUKP_BENCH=OFF >/dev/null
 cmake --build build-asan
 # The stress test's 8 x 1M calls would take minutes under the sanitizers.
-# use_sigaltstack=0: ASan otherwise gives every thread a small alternate signal stack, and
-# the agent's handler for the loader's breakpoint (dlopen: symbols re-read, a new object's
-# references built) overflows it (docs/testing.md).
-UKP_STRESS_CALLS=100000 ASAN_OPTIONS=use_sigaltstack=0 ctest --test-dir build-asan --output-on-failure -j "$(nproc)"
+UKP_STRESS_CALLS=100000 ctest --test-dir build-asan --output-on-failure -j "$(nproc)"
 
 echo
 echo "== the libFuzzer targets, each for a bounded time (UKP_FUZZ_SECONDS, default 30)"
