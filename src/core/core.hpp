@@ -192,6 +192,8 @@ bool is_registered(const kprobe *p);
 // Resolves p's address as register_kprobe() would; *entry says whether it is the first
 // instruction of a function.
 int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry);
+// p names "OBJECT:sym" of an object not loaded yet: register_kprobe() accepts it as pending.
+bool waits_for_object(const kprobe *p);
 // 'k', 'r' or 'j' for kprobes/list (kretprobe.cpp).
 char probe_type(const kprobe *p);
 

@@ -572,8 +572,12 @@ int register_kretprobe(struct kretprobe *rp) {
     if (is_registered(&rp->kp)) return -EINVAL;
     uint64_t addr = 0;
     bool entry = false;
-    if (int err = resolve_probe(&rp->kp, &addr, &entry); err != 0) return err;
-    if (!entry) return -EINVAL; // a return probe goes on the first instruction of a function
+    const int resolved = resolve_probe(&rp->kp, &addr, &entry);
+    // On an object not loaded yet, as a kprobe: armed when it loads, if the symbol is a
+    // function's first instruction there (registry.cpp checks it then).
+    const bool waiting = resolved == -ENOENT && rp->kp.offset == 0 && waits_for_object(&rp->kp);
+    if (resolved != 0 && !waiting) return resolved;
+    if (!waiting && !entry) return -EINVAL; // a return probe goes on the first instruction of a function
     reap_dead_pools();
     create_exit_key();
     RetPool *pool = make_pool(rp);

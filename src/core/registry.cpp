@@ -306,6 +306,7 @@ kprobe g_link_map_probe;
 bool g_link_map_hooked = false;
 void sync_objects_locked();
 int attach_to_point(kprobe *p, uint64_t addr);
+bool function_entry_locked(uint64_t addr);
 bool agent_definition(const sym::Object &obj, const sym::Symbol &symbol);
 
 // The loader's r_debug, from the main program's DT_DEBUG entry, as debuggers find it.
@@ -441,6 +442,8 @@ void sync_objects_locked() {
         // New objects are not relocated yet when the loader calls us: no ifunc resolver
         // may run; such a probe waits for the next change of the link map.
         if (g_symbols->resolve(p->symbol_name, p->offset, &addr, agent_definition, false) != 0) continue;
+        // A return probe registered before its object was loaded: only on a function's entry.
+        if (probe_type(p) == 'r' && !function_entry_locked(addr)) continue;
         attach_to_point(p, addr); // a probe that cannot go there stays [GONE]
     }
 }
@@ -543,6 +546,13 @@ int attach_to_point(kprobe *p, uint64_t addr) {
 
 // "MOD:sym" whose MOD is not loaded: accepted, armed when MOD is loaded (as the kernel
 // arms probe events on a module when it loads).
+// Whether addr is the first instruction of a function (where a return probe goes).
+bool function_entry_locked(uint64_t addr) {
+    const sym::Object *obj = g_symbols->object_at(addr);
+    const sym::Symbol *fn = obj != nullptr ? obj->function_at(addr) : nullptr;
+    return fn != nullptr && fn->value == addr;
+}
+
 bool may_wait_for_object(const kprobe *p) {
     if (p->symbol_name == nullptr || p->addr != nullptr) return false;
     const std::string_view module = sym::Registry::module_of(p->symbol_name);
@@ -561,6 +571,7 @@ int register_locked(kprobe *p) {
         return 0;
     }
     if (err != 0) return err;
+    if (probe_type(p) == 'r' && !function_entry_locked(addr)) return -EINVAL;
     return attach_to_point(p, addr);
 }
 
@@ -627,10 +638,13 @@ int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry) {
     std::lock_guard lock(g_mutex);
     if (int err = ensure_initialized(); err != 0) return err;
     if (int err = resolve_address(p, addr); err != 0) return err;
-    const sym::Object *obj = g_symbols->object_at(*addr);
-    const sym::Symbol *fn = obj != nullptr ? obj->function_at(*addr) : nullptr;
-    *entry = fn != nullptr && fn->value == *addr;
+    *entry = function_entry_locked(*addr);
     return 0;
+}
+
+bool waits_for_object(const kprobe *p) {
+    std::lock_guard lock(g_mutex);
+    return ensure_initialized() == 0 && may_wait_for_object(p);
 }
 
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {

@@ -276,4 +276,51 @@ TEST(Dlopen, AnUnloadedObjectsReferenceTableIsDropped) {
     unregister_kprobe(&kp);
 }
 
+// ---- return probes on objects not loaded yet ----
+
+std::atomic<int> g_returns{0};
+std::atomic<long> g_last_ret{0};
+
+int count_return(kretprobe_instance *, pt_regs *regs) {
+    ++g_returns;
+    g_last_ret = static_cast<long>(regs->ax);
+    return 0;
+}
+
+// As a kprobe: accepted, listed [GONE], armed before the library's constructor runs, gone
+// again at dlclose and back at the next dlopen.
+TEST(Dlopen, PendingKretprobeIsArmedBeforeTheLibrarysConstructorRuns) {
+    ASSERT_EQ(dlopen(UKP_DL_TARGET, RTLD_NOW | RTLD_NOLOAD), nullptr) << "the library must not be loaded yet";
+    kretprobe rp{};
+    rp.kp.symbol_name = kSpec;
+    rp.handler = count_return;
+    ASSERT_EQ(register_kretprobe(&rp), 0) << "accepted as pending";
+    EXPECT_NE(list().find("r  ukp_dl_fn+0x0  libukp_dl_target.so [GONE]"), std::string::npos) << list();
+    g_returns = 0;
+    for (int round = 1; round <= 2; ++round) {
+        void *lib = dlopen(UKP_DL_TARGET, RTLD_NOW);
+        ASSERT_NE(lib, nullptr) << dlerror();
+        EXPECT_EQ(g_returns, 2 * round - 1) << "the constructor's call returned through the probe";
+        EXPECT_EQ(g_last_ret, 42);
+        auto fn = reinterpret_cast<int (*)(int)>(dlsym(lib, "ukp_dl_fn"));
+        EXPECT_EQ(fn(5), 15);
+        EXPECT_EQ(g_returns, 2 * round);
+        EXPECT_EQ(g_last_ret, 15);
+        ASSERT_EQ(dlclose(lib), 0);
+        EXPECT_NE(rp.kp.flags & KPROBE_FLAG_GONE, 0u);
+    }
+    unregister_kretprobe(&rp);
+    EXPECT_EQ(list(), "");
+}
+
+// Not a function's entry once loaded (an offset): refused now, as on a loaded object.
+TEST(Dlopen, PendingKretprobeNeedsAFunctionEntry) {
+    kretprobe rp{};
+    rp.kp.symbol_name = kSpec;
+    rp.kp.offset = 4;
+    rp.handler = count_return;
+    EXPECT_EQ(register_kretprobe(&rp), -ENOENT);
+    EXPECT_EQ(list(), "");
+}
+
 } // namespace

@@ -181,8 +181,14 @@ protected:
 TEST_F(KretprobesTest, ErrorsOfRegistration) {
     kretprobe unknown = make_rp("no_such_function_anywhere");
     EXPECT_EQ(register_kretprobe(&unknown), -ENOENT);
+    // An object not loaded: pending, as a kprobe (dlopen_test arms one).
     kretprobe unknown_obj = make_rp("libnothere.so.9:malloc");
-    EXPECT_EQ(register_kretprobe(&unknown_obj), -ENOENT);
+    EXPECT_EQ(register_kretprobe(&unknown_obj), 0);
+    EXPECT_EQ(list(), "0000000000000000  r  malloc+0x0  libnothere.so.9 [GONE]\n");
+    unregister_kretprobe(&unknown_obj);
+    kretprobe unknown_obj_offset = make_rp("libnothere.so.9:malloc");
+    unknown_obj_offset.kp.offset = 4;
+    EXPECT_EQ(register_kretprobe(&unknown_obj_offset), -ENOENT) << "pending only at a symbol";
 
     // Not the function's first instruction (but an instruction boundary): -EINVAL.
     kretprobe with_offset = make_rp("ukpt_branches");

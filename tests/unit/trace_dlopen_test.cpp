@@ -144,4 +144,20 @@ TEST_F(TraceDlopen, ReturnEventEnabledWhileUnloadedIsRecordedOnceTheLibraryLoads
     dlclose(lib);
 }
 
+// As the kernel's trace_kprobe with a module not loaded yet: an r event can be defined
+// before its library is loaded, and records the library's first call (its constructor's).
+TEST_F(TraceDlopen, ReturnEventDefinedBeforeTheLibraryLoads) {
+    ASSERT_FALSE(loaded());
+    ASSERT_EQ(file_write("kprobe_events", "r:dlret libukp_dl_target.so:ukp_dl_fn ret=$retval:s32"), 0);
+    EXPECT_NE(list_line().find("[GONE]"), std::string::npos) << list_line();
+    ASSERT_EQ(file_write("events/kprobes/dlret/enable", "1"), 0);
+    void *lib = dlopen(UKP_DL_TARGET, RTLD_NOW);
+    ASSERT_NE(lib, nullptr) << dlerror();
+    EXPECT_EQ(list_line().find("[GONE]"), std::string::npos) << list_line();
+    EXPECT_EQ(count_records("dlret", "ret=42"), 1u) << read("trace"); // the constructor's 14 * 3
+    ASSERT_EQ(file_write("events/kprobes/dlret/enable", "0"), 0);
+    ASSERT_EQ(file_write("kprobe_events", ""), 0);
+    dlclose(lib);
+}
+
 } // namespace
