@@ -4,6 +4,7 @@
 //    verdict (reason, DCR length, DCR instruction count), as a table.
 //  - region.*: jump table resolution, landing pads of a real try/catch, error paths,
 //    and a sweep over every function entry of this test binary.
+#include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/region.hpp"
 #include "symbols/symbols.hpp"
 
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <link.h>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -629,3 +631,46 @@ TEST(region, CoverageOfLibcAndLibstdcxxAboveFloors) {
 }
 
 } // namespace
+
+// The object-wide sweep's light decode gives, for every instruction of libc.so.6 and
+// libstdc++.so.6 (linear sweeps of their executable segments), the length, branch target
+// and lea [rip + disp] address that the full decode gives, and fails where it fails.
+static int check_sweep_decoder(dl_phdr_info *info, size_t, void *data) {
+    const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+    if (name.find("libc.so.6") == std::string::npos && name.find("libstdc++.so.6") == std::string::npos) return 0;
+    auto *checked = static_cast<size_t *>(data);
+    const ukp::arch::SweepDecoder light;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+        if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+        const uint64_t lo = info->dlpi_addr + ph.p_vaddr, hi = lo + ph.p_filesz;
+        const auto *bytes = reinterpret_cast<const uint8_t *>(lo);
+        for (uint64_t a = lo; a < hi;) {
+            ukp::arch::Insn full;
+            ukp::arch::SweepInsn fast;
+            const int e1 = ukp::arch::decode(a, bytes + (a - lo), hi - a, &full);
+            const int e2 = light.decode(a, bytes + (a - lo), hi - a, &fast);
+            EXPECT_EQ(e1, e2) << name << " +" << std::hex << (a - info->dlpi_addr);
+            if (e1 != 0 || e2 != 0) {
+                ++a;
+                continue;
+            }
+            const uint64_t lea = full.zi.mnemonic == ZYDIS_MNEMONIC_LEA && full.rip_relative ? full.rip_target : 0;
+            if (fast.len != full.len || fast.target != full.target || fast.lea_target != lea) {
+                ADD_FAILURE() << name << " +" << std::hex << (a - info->dlpi_addr) << ": len " << int(fast.len) << "/"
+                              << int(full.len) << " target " << fast.target << "/" << full.target << " lea "
+                              << fast.lea_target << "/" << lea;
+                return 1;
+            }
+            ++*checked;
+            a += full.len;
+        }
+    }
+    return 0;
+}
+
+TEST(region, SweepDecoderAgreesWithDecodeOnLibcAndLibstdcxx) {
+    size_t checked = 0;
+    dl_iterate_phdr(check_sweep_decoder, &checked);
+    EXPECT_GT(checked, 200000u) << "instructions compared";
+}

@@ -140,4 +140,28 @@ int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out) {
     return 0;
 }
 
+SweepDecoder::SweepDecoder() {
+    ZydisDecoderInit(&decoder_, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
+    ZydisDecoderEnableMode(&decoder_, ZYDIS_DECODER_MODE_MINIMAL, ZYAN_TRUE);
+}
+
+int SweepDecoder::decode(uint64_t addr, const uint8_t *code, size_t avail, SweepInsn *out) const {
+    if (code == nullptr || out == nullptr || avail == 0) return -EILSEQ;
+    ZydisDecodedInstruction zi;
+    const size_t n = avail < ZYDIS_MAX_INSTRUCTION_LENGTH ? avail : ZYDIS_MAX_INSTRUCTION_LENGTH;
+    if (!ZYAN_SUCCESS(ZydisDecoderDecodeInstruction(&decoder_, nullptr, code, n, &zi))) return -EILSEQ;
+    SweepInsn in;
+    in.len = zi.length;
+    const uint64_t end = addr + zi.length;
+    for (const auto &imm : zi.raw.imm)
+        if (imm.size != 0 && imm.is_relative) in.target = end + static_cast<uint64_t>(imm.value.s);
+    // [rip + disp32]: ModRM mod 00, r/m 101, with 64-bit addressing (a 0x67 prefix makes it
+    // eip-relative, which decode() does not count as rip_relative).
+    if (zi.mnemonic == ZYDIS_MNEMONIC_LEA && (zi.attributes & ZYDIS_ATTRIB_HAS_MODRM) && zi.raw.modrm.mod == 0 &&
+        zi.raw.modrm.rm == 5 && zi.address_width == 64)
+        in.lea_target = end + static_cast<uint64_t>(zi.raw.disp.value);
+    *out = in;
+    return 0;
+}
+
 } // namespace ukp::arch

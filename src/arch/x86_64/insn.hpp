@@ -40,6 +40,27 @@ struct Insn {
 // at `addr`. Returns 0, or -EILSEQ if the bytes are not a valid 64-bit instruction.
 int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out);
 
+// What a sweep over a whole object needs of an instruction: its length, a relative
+// branch's target, and the address a `lea` of [rip + disp] forms. Decoded in Zydis's
+// minimal mode, without operands: about 3x faster than decode(), which the object-wide
+// sweep (ObjectRefs, every instruction of libc at a first probe) spent its time in.
+// For every instruction, len and target equal decode()'s, and lea_target is decode()'s
+// rip_target when it is a lea with rip_relative (else 0) (decode_test checks libc's).
+struct SweepInsn {
+    uint8_t len = 0;
+    uint64_t target = 0;     // a relative branch's target (jmp, jcc, call, loop, xbegin), else 0
+    uint64_t lea_target = 0; // lea reg, [rip + disp]: rip + disp, else 0
+};
+class SweepDecoder {
+public:
+    SweepDecoder();
+    // 0, or -EILSEQ as decode().
+    int decode(uint64_t addr, const uint8_t *code, size_t avail, SweepInsn *out) const;
+
+private:
+    ZydisDecoder decoder_{};
+};
+
 // What the emitted copy does when the instruction falls through (or, for a
 // conditional branch, is not taken).
 enum class Exit : uint8_t {

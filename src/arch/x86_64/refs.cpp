@@ -298,9 +298,27 @@ private:
     void superset(const Range &r, uint64_t lo, uint64_t hi) {
         resynced_ += hi - lo;
         for (uint64_t a = lo; a < hi; ++a) {
-            Insn in;
-            if (decode(a, r.bytes + (a - r.lo), r.hi - a, &in) == 0) collect(in);
+            uint8_t len = 0;
+            decode_collect(r, a, &len);
         }
+    }
+
+    // Decodes the instruction at a and collects what it references: the light decode,
+    // unless the object is not PIC (its immediates and absolute displacements count too).
+    bool decode_collect(const Range &r, uint64_t a, uint8_t *len) {
+        if (non_pic_) {
+            Insn in;
+            if (decode(a, r.bytes + (a - r.lo), r.hi - a, &in) != 0) return false;
+            collect(in);
+            *len = in.len;
+            return true;
+        }
+        SweepInsn in;
+        if (sweep_decoder_.decode(a, r.bytes + (a - r.lo), r.hi - a, &in) != 0) return false;
+        if (in.target != 0) branches_.emplace_back(in.target, a);
+        if (in.lea_target != 0) values_.push_back(in.lea_target);
+        *len = in.len;
+        return true;
     }
 
     // Linear sweep of r, in step again at every function start; bytes that do not decode,
@@ -311,14 +329,15 @@ private:
         while (a < r.hi) {
             while (next != starts_.end() && *next <= a) ++next;
             const uint64_t limit = next != starts_.end() && *next < r.hi ? *next : r.hi;
-            Insn in;
-            if (decode(a, r.bytes + (a - r.lo), r.hi - a, &in) != 0 || a + in.len > limit) {
+            // Collected before the length is known to fit: superset() would collect the
+            // same instruction at a again (the lists are made unique afterwards).
+            uint8_t len = 0;
+            if (!decode_collect(r, a, &len) || a + len > limit) {
                 superset(r, a, limit);
                 a = limit;
                 continue;
             }
-            collect(in);
-            a += in.len;
+            a += len;
         }
     }
 
@@ -344,6 +363,7 @@ private:
     std::vector<uint64_t> values_, starts_;
     std::vector<std::pair<uint64_t, uint64_t>> branches_;
     uint64_t resynced_ = 0;
+    SweepDecoder sweep_decoder_;
 };
 
 bool any_between(const std::vector<uint64_t> &sorted, uint64_t lo, uint64_t hi) {
