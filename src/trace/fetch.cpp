@@ -217,6 +217,14 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
         FetchProgram &p = progs[i];
         const ArgType &t = p.type;
         p.offset = off;
+        // Most arguments are a register stored as it is: run_fetch then skips the operations.
+        p.direct_reg = -1;
+        if (p.store == Store::kRaw && p.nops == 1 && !t.bitfield && t.array_len == 0) {
+            const FetchOp &op = p.ops[0];
+            if (op.op == Op::kReg) p.direct_reg = static_cast<int8_t>(op.param);
+            else if (op.op == Op::kArg && op.param < 6) p.direct_reg = static_cast<int8_t>(kArgRegs[op.param]);
+            else if (op.op == Op::kRetval) p.direct_reg = static_cast<int8_t>(kRegAx);
+        }
         Field f;
         f.name = names[i];
         f.offset = off;
@@ -276,6 +284,10 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
         const FetchProgram &p = progs[a];
         const ArgType &t = p.type;
         uint8_t *dst = rec + p.offset;
+        if (p.direct_reg >= 0) {
+            put(dst, reg_at(ctx.regs, p.direct_reg), t.size);
+            continue;
+        }
         const uint32_t count = t.array_len > 0 ? t.array_len : 1;
         uint64_t v = 0;
         bool fault = !run_ops(p, ctx, &v);

@@ -84,6 +84,7 @@ struct FetchProgram {
     int64_t mem_offset = 0;    // offset of the final load (kMem, kString, kStringArray)
     ArgType type;
     uint32_t offset = 0;       // of the field in the record
+    int8_t direct_reg = -1;    // stored as one register holds it (%di, $arg1, $retval): its index
     std::string data;          // kData: the immediate string
 };
 
