@@ -111,9 +111,10 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
     // The strings are measured first and the record reserved at its size, as the kernel
     // does; one its ring could not take is dropped, triggers and all, as the kernel drops
     // it (and counted here, as a miss).
-    const uint32_t size =
-        dynamic ? fixed_size + measure_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get())
-                : fixed_size;
+    StringStash stash; // short strings read while measuring, stored from here
+    const uint32_t size = dynamic ? fixed_size + measure_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx,
+                                                               symbols.get(), &stash)
+                                  : fixed_size;
     if (size > kMaxEventSize) {
         too_big.fetch_add(1, std::memory_order_relaxed);
         return;
@@ -135,7 +136,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
     if (is_return) __builtin_memcpy(buf + kCommonSize + 8, &ret_addr, 8);
     uint32_t nfault = 0;
     const uint32_t used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(),
-                                    buf, fixed_size, cap, &nfault);
+                                    buf, fixed_size, cap, &nfault, &stash);
     if (nfault != 0) faults.fetch_add(1, std::memory_order_relaxed);
     if (rec != nullptr) {
         const Filter *f = filter.load(std::memory_order_acquire);

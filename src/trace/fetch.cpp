@@ -103,11 +103,18 @@ inline uint64_t find_nul(const char *p, uint64_t n) {
 
 constexpr uint64_t kPage = 4096;
 
+// n bytes from src to dst, a word at a time: no call to memcpy (a probe could sit there).
+inline void copy_bytes(char *dst, const char *src, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) __builtin_memcpy(dst + i, src + i, 8);
+    for (; i < n; ++i) dst[i] = src[i];
+}
+
 // The length of the string at addr with its NUL, as the kernel's uprobe tracer measures it
 // (fetch_store_strlen: strnlen_user up to MAX_STRING_SIZE): 0 when it is unreadable
 // before its end or has no NUL in its first kMaxStringLen bytes. Reads at most to the end
 // of a page the string reaches, as safe_strncpy does: no fault the string would not raise.
-uint32_t measure_string(uint64_t addr) {
+uint32_t measure_string(uint64_t addr, StringStash *stash) {
     constexpr uint64_t kChunk = 256; // stack a hit can spare; the first read is shorter
     if (addr == 0) return 0;
     char buf[kChunk];
@@ -120,7 +127,15 @@ uint32_t measure_string(uint64_t addr) {
         if (chunk > kMaxStringLen - done) chunk = kMaxStringLen - done;
         if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), chunk) != 0) return 0;
         const uint64_t nul = find_nul(buf, chunk);
-        if (nul < chunk) return done + static_cast<uint32_t>(nul) + 1;
+        if (nul < chunk) {
+            if (done == 0 && stash != nullptr && stash->count < StringStash::kSlots && chunk <= StringStash::kBytes) {
+                const uint32_t i = stash->count++;
+                stash->addr[i] = addr;
+                stash->len[i] = static_cast<uint32_t>(nul) + 1;
+                copy_bytes(stash->bytes[i], buf, stash->len[i]);
+            }
+            return done + static_cast<uint32_t>(nul) + 1;
+        }
         done += static_cast<uint32_t>(chunk);
         want = kChunk;
     }
@@ -150,12 +165,19 @@ inline int copy_string(char *dst, const char *src, uint32_t room) {
 // as the kernel's fetch_store_string cuts it. Returns the bytes used in the dynamic area;
 // a fault, or no room left, stores an empty location (printed (fault)).
 inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t cap, uint64_t addr,
-                           bool *fault) {
+                           bool *fault, const StringStash *stash) {
     uint32_t room = cap > dyn ? cap - dyn : 0;
     if (room > kMaxStringLen) room = kMaxStringLen;
     int n = -EFAULT;
-    if (room > 0 && addr != 0)
-        n = copy_string(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+    if (room > 0 && addr != 0) {
+        for (uint32_t i = 0; stash != nullptr && i < stash->count; ++i) {
+            if (stash->addr[i] != addr || stash->len[i] > room) continue;
+            copy_bytes(reinterpret_cast<char *>(rec + dyn), stash->bytes[i], stash->len[i]);
+            n = static_cast<int>(stash->len[i]);
+            break;
+        }
+        if (n < 0) n = copy_string(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+    }
     if (n < 0) {
         *fault = true;
         put(loc, uint64_t(dyn) & 0xffff, 4); // length 0: the reader prints (fault)
@@ -251,7 +273,7 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
 }
 
 uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
-                       const SymbolTable *symbols) noexcept {
+                       const SymbolTable *symbols, StringStash *stash) noexcept {
     uint32_t total = 0;
     for (uint32_t a = 0; a < nprogs; ++a) {
         const FetchProgram &p = progs[a];
@@ -259,11 +281,11 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
         uint64_t v = 0;
         if (!run_ops(p, ctx, &v)) continue;
         switch (p.store) {
-        case Store::kString: total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v); break;
+        case Store::kString: total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v, stash); break;
         case Store::kStringArray:
             for (uint32_t i = 0; i < p.type.array_len; ++i) {
                 uint64_t ptr = 0;
-                if (load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) total += measure_string(ptr);
+                if (load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) total += measure_string(ptr, stash);
             }
             break;
         case Store::kSymStr:
@@ -277,7 +299,7 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
 
 uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
                    const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
-                   uint32_t *faults) noexcept {
+                   uint32_t *faults, const StringStash *stash) noexcept {
     uint32_t dyn = fixed_size;
     uint32_t nfault = 0;
     for (uint32_t a = 0; a < nprogs; ++a) {
@@ -311,7 +333,7 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
         case Store::kString: {
             const uint64_t at = p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v;
             if (fault) put(dst, dyn & 0xffff, 4);
-            else dyn += put_string(rec, dst, dyn, cap, at, &fault);
+            else dyn += put_string(rec, dst, dyn, cap, at, &fault, stash);
             break;
         }
         case Store::kStringArray:
@@ -320,7 +342,7 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
                 bool f = fault;
                 if (!f && !load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) f = true;
                 if (f) put(dst + 4 * i, dyn & 0xffff, 4);
-                else dyn += put_string(rec, dst + 4 * i, dyn, cap, ptr, &f);
+                else dyn += put_string(rec, dst + 4 * i, dyn, cap, ptr, &f, stash);
                 if (f) fault = true;
             }
             break;

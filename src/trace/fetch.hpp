@@ -119,8 +119,19 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
 // as the kernel measures them (__get_data_size): each string with its NUL, 0 for one that
 // faults or has no NUL in its first kMaxStringLen bytes. Reads each string once more than
 // run_fetch does, fault-safe and bounded, with no allocation.
+// Short strings the measuring pass read whole (the first read, at most 64 bytes up to the
+// page's end, held the NUL): run_fetch stores them from here rather than reading the
+// program's memory a second time.
+struct StringStash {
+    static constexpr uint32_t kSlots = 4, kBytes = 64;
+    uint32_t count = 0;
+    uint64_t addr[kSlots];
+    uint32_t len[kSlots]; // with the NUL
+    char bytes[kSlots][kBytes];
+};
+
 uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
-                       const SymbolTable *symbols) noexcept;
+                       const SymbolTable *symbols, StringStash *stash = nullptr) noexcept;
 
 // Runs the programs and writes the argument fields (and the dynamic string data after
 // the fixed part, at `fixed_size`) into rec, which has room for `cap` bytes. The strings
@@ -131,7 +142,7 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
 // form: 0 for integers, an empty __data_loc for strings).
 uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
                    const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
-                   uint32_t *faults) noexcept;
+                   uint32_t *faults, const StringStash *stash = nullptr) noexcept;
 
 // The index in struct pt_regs of a register named as the kernel's x86-64 regs_query_
 // register_offset accepts it ("ax", "r8", "flags", ...), or -1.
