@@ -529,7 +529,8 @@ int attach_to_point(kprobe *p, uint64_t addr) {
     if (list == nullptr) return -ENOMEM;
     p->addr = reinterpret_cast<kprobe_opcode_t *>(addr);
     p->opcode = pt->orig_byte;
-    p->flags &= ~static_cast<unsigned>(KPROBE_FLAG_GONE | KPROBE_FLAG_OPTIMIZED);
+    // Atomic: the tracer sets KPROBE_FLAG_DISABLED of a waiting probe without the mutex.
+    __atomic_and_fetch(&p->flags, ~static_cast<unsigned>(KPROBE_FLAG_GONE | KPROBE_FLAG_OPTIMIZED), __ATOMIC_SEQ_CST);
     p->ukp_private = pt;
     std::vector<ProbeList *> retired;
     publish_list(pt, list, retired);

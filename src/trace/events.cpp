@@ -421,11 +421,10 @@ void set_point_armed(ProbePoint &p, bool is_return, bool want) {
         if (register_kprobe(&kp) != 0) p.registered = false;
         return;
     }
-    // A kretprobe cannot be registered for an object not loaded (a gone one stays
-    // registered): its flag is set in place. If the object loaded since the answer above,
-    // the core armed it by the old flag: it is asked again. (The core clears GONE there
-    // without an atomic operation: a load at the very moment of this write can still lose
-    // it. A core that kept the flag of a gone probe in enable/disable would need neither.)
+    // A kretprobe is not registered anew (that would make its instance pool anew): its
+    // flag is set in place. If the object loaded since the answer above,
+    // the core armed it by the old flag: it is asked again. (The core clears GONE with an
+    // atomic operation, so neither write is lost.)
     if (want)
         __atomic_and_fetch(&kp.flags, ~unsigned(KPROBE_FLAG_DISABLED), __ATOMIC_SEQ_CST);
     else
