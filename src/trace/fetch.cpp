@@ -88,19 +88,6 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
     return true;
 }
 
-// The index of the first NUL of the n bytes at p, or n; eight bytes at a time.
-inline uint64_t find_nul(const char *p, uint64_t n) {
-    uint64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        __builtin_memcpy(&w, p + i, 8);
-        if (((w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull) != 0) break; // a zero byte in w
-    }
-    for (; i < n; ++i)
-        if (p[i] == '\0') return i;
-    return n;
-}
-
 constexpr uint64_t kPage = 4096;
 
 // n bytes from src to dst, a word at a time: no call to memcpy (a probe could sit there).
@@ -126,7 +113,7 @@ uint32_t measure_string(uint64_t addr, StringStash *stash) {
         if (chunk > want) chunk = want;
         if (chunk > kMaxStringLen - done) chunk = kMaxStringLen - done;
         if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), chunk) != 0) return 0;
-        const uint64_t nul = find_nul(buf, chunk);
+        const uint64_t nul = arch::find_nul(buf, chunk);
         if (nul < chunk) {
             if (done == 0 && stash != nullptr && stash->count < StringStash::kSlots && chunk <= StringStash::kBytes) {
                 const uint32_t i = stash->count++;
@@ -140,24 +127,6 @@ uint32_t measure_string(uint64_t addr, StringStash *stash) {
         want = kChunk;
     }
     return 0;
-}
-
-// arch::safe_strncpy, scanning for the NUL eight bytes at a time: copies the string at
-// src into dst (room >= 1 bytes), cut at room - 1 bytes, always NUL-terminated; the bytes
-// stored with the NUL, or -EFAULT. Reads a page at a time, never past the string's pages.
-inline int copy_string(char *dst, const char *src, uint32_t room) {
-    uint32_t done = 0;
-    while (done + 1 < room) {
-        const uint64_t at = reinterpret_cast<uint64_t>(src) + done;
-        uint64_t chunk = kPage - (at & (kPage - 1));
-        if (chunk > room - 1 - done) chunk = room - 1 - done;
-        if (ukp_safe_copy(dst + done, src + done, chunk) != 0) return -EFAULT;
-        const uint64_t nul = find_nul(dst + done, chunk);
-        if (nul < chunk) return static_cast<int>(done + nul + 1);
-        done += static_cast<uint32_t>(chunk);
-    }
-    dst[done] = '\0';
-    return static_cast<int>(done + 1);
 }
 
 // Copies a string into the dynamic area and writes its __data_loc word at `loc`: at most
@@ -176,7 +145,7 @@ inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t ca
             n = static_cast<int>(stash->len[i]);
             break;
         }
-        if (n < 0) n = copy_string(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+        if (n < 0) n = arch::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
     }
     if (n < 0) {
         *fault = true;

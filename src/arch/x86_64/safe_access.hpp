@@ -21,6 +21,19 @@ __attribute__((returns_twice)) int ukp_recovery_save(struct ukp_recovery *r);
 
 namespace ukp::arch {
 
+// The index of the first NUL of the n bytes at p, or n; eight bytes at a time.
+inline uint64_t find_nul(const char *p, uint64_t n) {
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        __builtin_memcpy(&w, p + i, 8);
+        if (((w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull) != 0) break; // a zero byte in w
+    }
+    for (; i < n; ++i)
+        if (p[i] == '\0') return i;
+    return n;
+}
+
 // Copies the NUL-terminated string at src into dst (room for `room` bytes, room >= 1),
 // always NUL-terminating dst. Returns the bytes stored including the NUL (the string is
 // cut at room - 1 bytes), or -EFAULT when src is unreadable before its end. Reads src a
@@ -35,9 +48,8 @@ inline int safe_strncpy(char *dst, const char *src, uint32_t room) {
         uint64_t chunk = kPage - (at & (kPage - 1));
         if (chunk > room - 1 - done) chunk = room - 1 - done;
         if (ukp_safe_copy(dst + done, src + done, chunk) != 0) return -14; // -EFAULT
-        for (uint64_t i = 0; i < chunk; ++i) {
-            if (dst[done + i] == '\0') return static_cast<int>(done + i + 1);
-        }
+        const uint64_t nul = find_nul(dst + done, chunk);
+        if (nul < chunk) return static_cast<int>(done + nul + 1);
         done += static_cast<uint32_t>(chunk);
     }
     dst[done] = '\0';
