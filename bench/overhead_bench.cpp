@@ -155,6 +155,45 @@ void run_opt_target(benchmark::State &state, bool kretprobe_instead, bool optimi
 }
 
 void BM_Kprobe_b_opt_target(benchmark::State &state) { run_opt_target(state, false, false); }
+
+// `o` and `ro` with two threads hitting the same probe at once, one per CPU on this
+// machine: what hits on different CPUs share (the grace-period marks, a kretprobe's
+// instance pool) costs here. The first thread registers before the timed loop and
+// unregisters after it; the benchmark's barrier at the loop's start and end orders them.
+void run_opt_target_two_threads(benchmark::State &state, bool kretprobe_instead) {
+    static kprobe kp;
+    static kretprobe rp;
+    static bool ready;
+    if (state.thread_index() == 0) {
+        ukp_set_kprobes_optimization(1);
+        kp = kprobe{};
+        kp.symbol_name = "ukb_opt_target";
+        kp.pre_handler = empty_pre;
+        rp = kretprobe{};
+        rp.kp.symbol_name = "ukb_opt_target";
+        rp.handler = empty_ret;
+        ready = (kretprobe_instead ? register_kretprobe(&rp) : register_kprobe(&kp)) == 0;
+        ukp_optimizer_flush();
+        ready = ready && ((kretprobe_instead ? rp.kp.flags : kp.flags) & KPROBE_FLAG_OPTIMIZED) != 0;
+    }
+    long x = 0;
+    for (auto _ : state) {
+        if (!ready) {
+            state.SkipWithError("the probe was not registered and optimized");
+            break;
+        }
+        benchmark::DoNotOptimize(x = ukb_opt_target(x));
+    }
+    if (state.thread_index() == 0) {
+        if (kretprobe_instead)
+            unregister_kretprobe(&rp);
+        else
+            unregister_kprobe(&kp);
+    }
+}
+
+void BM_Kprobe_o_TwoThreads(benchmark::State &state) { run_opt_target_two_threads(state, false); }
+void BM_Kretprobe_ro_TwoThreads(benchmark::State &state) { run_opt_target_two_threads(state, true); }
 void BM_Kprobe_o(benchmark::State &state) { run_opt_target(state, false, true); }
 void BM_Kretprobe_rb(benchmark::State &state) { run_opt_target(state, true, false); }
 void BM_Kretprobe_ro(benchmark::State &state) { run_opt_target(state, true, true); }
@@ -244,6 +283,8 @@ BENCHMARK(BM_Kprobe_b_opt_target);
 BENCHMARK(BM_Kprobe_o);
 BENCHMARK(BM_Kretprobe_rb);
 BENCHMARK(BM_Kretprobe_ro);
+BENCHMARK(BM_Kprobe_o_TwoThreads)->Threads(2);
+BENCHMARK(BM_Kretprobe_ro_TwoThreads)->Threads(2);
 BENCHMARK(BM_KernelUprobe);
 BENCHMARK(BM_KernelUretprobe);
 

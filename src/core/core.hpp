@@ -69,15 +69,28 @@ UKP_HOT Point *find_site(uint64_t addr);
 void insert_site(uint64_t addr, Point *p);
 
 // Read-side critical sections around every use of a ProbeList or kprobe by a hit, and
-// the writer's wait for all sections that began before a change (an SRCU-like scheme
-// with two counters, so the hit path takes no lock and makes no system call).
+// the writer's wait for all sections that began before a change. A thread marks its
+// sections in a word of its own, with plain stores: the writer makes every running
+// thread execute a memory barrier (membarrier) before it reads those words, so the hit
+// path takes no lock, runs no locked instruction and makes no system call. Without
+// membarrier, and for threads beyond the slots, two shared counters (SRCU-like).
 UKP_HOT unsigned read_lock();
 UKP_HOT void read_unlock(unsigned idx);
 // Waits until every read section begun before the call has ended. Returns false,
 // without waiting, when called from inside a probe handler.
 bool synchronize();
+// Registers the process for membarrier's private expedited barrier (once, before the
+// first probe). Without it, all threads use the shared counters.
+void grace_init();
+// How many threads can have a slot for their read sections at once.
+constexpr size_t kGraceSlots = 1024;
+// Slots of the per-thread words held now (by live threads, or by dead ones the next
+// synchronize() has not reclaimed yet); for tests.
+size_t grace_slots_in_use();
 
 // Per-thread state of the hit path (initial-exec TLS: no allocation, no lock).
+struct ReaderSlot;
+
 struct ThreadState {
     int depth;              // > 0 while this thread runs probe handlers
     int quiet;              // > 0 while it does the agent's own work (AgentWork)
@@ -88,6 +101,8 @@ struct ThreadState {
     ucontext_t *hit_context;
     Point *hit_point;
     uint32_t hit_position;  // the running handler's probe's position in the point's list
+    ReaderSlot *reader;     // where its read sections are marked (hit.cpp); null before the first
+    ReaderSlot *claiming;   // the slot it is claiming, while it claims one
 };
 UKP_HOT ThreadState &thread_state();
 

@@ -497,6 +497,7 @@ void hook_link_map_locked() {
 }
 
 int ensure_initialized() {
+    grace_init(); // before the first probe: its hits may take slots
     if (int err = install_signal_handlers(); err != 0) return err;
     if (int err = text::init(); err != 0) return err;
     if (g_symbols == nullptr) g_symbols = new (std::nothrow) sym::Registry();

@@ -1,0 +1,178 @@
+// Grace periods: an unregistration returns only once every handler that began before it
+// has returned, whether the hit came through a breakpoint or an optimized jump, and
+// whether the thread marks its read sections in a slot of its own or, with the slots all
+// taken, in the shared counters. Slots of threads that ended are given back.
+#include <ukprobes/kprobes.h>
+
+#include "core/core.hpp"
+#include "opt_functions_decl.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <pthread.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+extern "C" __attribute__((noinline)) int ukg_work(int x) {
+    asm volatile("" ::: "memory");
+    return x + 3;
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::atomic<bool> g_block{false};   // the next hit's handler waits for g_release
+std::atomic<bool> g_inside{false};
+std::atomic<bool> g_release{false};
+std::atomic<bool> g_left{false};
+std::atomic<long> g_hits{0};
+
+int blocking_pre(kprobe *, pt_regs *) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    if (!g_block.exchange(false)) return 0;
+    g_inside = true;
+    while (!g_release) usleep(100);
+    usleep(20000); // unregister_kprobe must not return while this runs
+    g_left = true;
+    return 0;
+}
+
+bool optimized(const kprobe &kp) { return (__atomic_load_n(&kp.flags, __ATOMIC_RELAXED) & KPROBE_FLAG_OPTIMIZED) != 0; }
+
+template <typename Pred>
+bool wait_until(Pred pred, std::chrono::milliseconds limit = 10s) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!pred()) {
+        if (std::chrono::steady_clock::now() > end) return false;
+        usleep(200);
+    }
+    return true;
+}
+
+// Starts `hit` on a thread whose handler blocks, then unregisters kp on another: the
+// unregistration must wait for the handler. Returns once everything has joined.
+void expect_unregister_waits_for_the_handler(kprobe *kp, void (*hit)()) {
+    g_inside = false;
+    g_release = false;
+    g_left = false;
+    g_block = true;
+    std::thread hitter(hit);
+    ASSERT_TRUE(wait_until([] { return g_inside.load(); })) << "the handler never ran";
+    std::atomic<bool> returned{false};
+    bool left_at_return = false;
+    std::thread writer([&] {
+        unregister_kprobe(kp);
+        left_at_return = g_left.load();
+        returned = true;
+    });
+    std::this_thread::sleep_for(200ms);
+    EXPECT_FALSE(returned.load()) << "unregister_kprobe returned while a pre_handler was running";
+    g_release = true;
+    writer.join();
+    hitter.join();
+    EXPECT_TRUE(left_at_return) << "unregister_kprobe returned before the pre_handler did";
+}
+
+class Grace : public ::testing::Test {
+protected:
+    void SetUp() override { g_hits = 0; }
+    void TearDown() override { ukp_set_kprobes_optimization(1); }
+};
+
+TEST_F(Grace, UnregisterWaitsForAHandlerOnTheBreakpointPath) {
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    kprobe kp{};
+    kp.symbol_name = "ukg_work";
+    kp.pre_handler = blocking_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
+}
+
+TEST_F(Grace, UnregisterWaitsForAHandlerOnTheJumpPath) {
+    ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = blocking_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp));
+    expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukpt_opt_work(4), (5 * 3) ^ 4); });
+}
+
+// Threads that hit once and end: their slots stay taken until a writer (here the
+// unregistration) finds their owners gone. The threads past the table's size still work,
+// on the shared counters.
+TEST_F(Grace, SlotsOfThreadsThatEndedAreGivenBack) {
+    kprobe kp{};
+    kp.symbol_name = "ukg_work";
+    kp.pre_handler = blocking_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    const size_t before = ukp::core::grace_slots_in_use();
+    constexpr int kThreads = 1500;
+    for (int i = 0; i < kThreads; ++i) std::thread([] { ukg_work(2); }).join();
+    EXPECT_EQ(g_hits.load(), kThreads);
+    const size_t full = ukp::core::grace_slots_in_use();
+    EXPECT_GE(full, before + 1000) << "each thread that hit took a slot";
+    unregister_kprobe(&kp);
+    EXPECT_LE(ukp::core::grace_slots_in_use(), before + 2) << "slots of ended threads, before: " << before
+                                                             << ", with them: " << full;
+    // And new threads get slots again (a slot's marks work after it changed hands).
+    kprobe again{};
+    again.symbol_name = "ukg_work";
+    again.pre_handler = blocking_pre;
+    ASSERT_EQ(register_kprobe(&again), 0);
+    expect_unregister_waits_for_the_handler(&again, [] { EXPECT_EQ(ukg_work(1), 4); });
+}
+
+// Every slot taken by a live thread: the next thread's sections go to the shared counters,
+// and the unregistration waits for those too.
+TEST_F(Grace, AThreadWithoutASlotIsWaitedForToo) {
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    kprobe kp{};
+    kp.symbol_name = "ukg_work";
+    kp.pre_handler = blocking_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool go_home = false;
+    std::vector<pthread_t> holders;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 128 * 1024);
+    struct Holder {
+        std::mutex *mu;
+        std::condition_variable *cv;
+        bool *go_home;
+    } h{&mu, &cv, &go_home};
+    auto body = [](void *arg) -> void * {
+        auto *h = static_cast<Holder *>(arg);
+        ukg_work(3);
+        std::unique_lock lock(*h->mu);
+        h->cv->wait(lock, [h] { return *h->go_home; });
+        return nullptr;
+    };
+    // Until the table is full (the count stops growing) and then some.
+    for (size_t i = 0; i < ukp::core::kGraceSlots + 76; ++i) {
+        pthread_t t;
+        ASSERT_EQ(pthread_create(&t, &attr, body, &h), 0);
+        holders.push_back(t);
+    }
+    pthread_attr_destroy(&attr);
+    ASSERT_TRUE(wait_until([] { return g_hits.load() >= static_cast<long>(ukp::core::kGraceSlots) + 76; }, 60s));
+    EXPECT_EQ(ukp::core::grace_slots_in_use(), ukp::core::kGraceSlots) << "every slot held by a live thread";
+    expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
+    {
+        std::lock_guard lock(mu);
+        go_home = true;
+    }
+    cv.notify_all();
+    for (pthread_t t : holders) pthread_join(t, nullptr);
+}
+
+} // namespace
