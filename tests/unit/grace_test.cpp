@@ -9,7 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
 #include <atomic>
+#include <cstddef>
+#include <iterator>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -173,6 +181,55 @@ TEST_F(Grace, AThreadWithoutASlotIsWaitedForToo) {
     }
     cv.notify_all();
     for (pthread_t t : holders) pthread_join(t, nullptr);
+}
+
+// A program that sandboxes itself after the probes went in may refuse membarrier: the
+// writer falls back to a TLB shootdown, and still waits for the handler.
+TEST_F(Grace, AMembarrierRefusedLaterStillWaits) {
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    kprobe kp{};
+    kp.symbol_name = "ukg_work";
+    kp.pre_handler = blocking_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        alarm(30);
+        sock_filter code[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        sock_fprog prog{static_cast<unsigned short>(std::size(code)), code};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+            _exit(2);
+        if (syscall(SYS_membarrier, 0, 0, 0) != -1) _exit(3); // MEMBARRIER_CMD_QUERY
+        g_inside = false;
+        g_release = false;
+        g_left = false;
+        g_block = true;
+        std::thread hitter([] { ukg_work(1); });
+        if (!wait_until([] { return g_inside.load(); })) _exit(4);
+        std::atomic<bool> returned{false};
+        bool left_at_return = false;
+        std::thread writer([&] {
+            unregister_kprobe(&kp);
+            left_at_return = g_left.load();
+            returned = true;
+        });
+        std::this_thread::sleep_for(200ms);
+        const bool early = returned.load();
+        g_release = true;
+        writer.join();
+        hitter.join();
+        _exit(early ? 5 : !left_at_return ? 6 : 0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    unregister_kprobe(&kp);
+    EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no filter, 3: membarrier allowed, 4: no hit, 5: returned early, "
+                                         "6: returned before the handler";
 }
 
 } // namespace
