@@ -517,10 +517,14 @@ int start_locked() {
     // The thread starts with every asynchronous signal blocked, so it never takes one
     // meant for the program. Synchronous faults stay open: the fault-safe reads of
     // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.
-    sigset_t all, old;
+    // SIG_BLOCK and SIG_UNBLOCK, not SIG_SETMASK: under `ukprobe run` a SIG_SETMASK
+    // waits for ukprobe, which would try to reach a control thread not there yet.
+    sigset_t all, sync, old;
     sigfillset(&all);
-    for (int sig : {SIGSEGV, SIGBUS, SIGTRAP, SIGILL, SIGFPE}) sigdelset(&all, sig);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
+    sigemptyset(&sync);
+    for (int sig : {SIGSEGV, SIGBUS, SIGTRAP, SIGILL, SIGFPE}) sigaddset(&sync, sig);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_sigmask(SIG_UNBLOCK, &sync, nullptr);
     const int rc = pthread_create(&g_thread, nullptr, thread_main, nullptr);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (rc != 0) {
