@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -80,9 +81,10 @@ thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
 // System calls made straight, not through the C library's wrappers: the agent's own
 // calls must not hit a probe placed on getpid, gettid, prctl or syscall.
-long raw_syscall(long nr, long a1 = 0, long a2 = 0) {
+long raw_syscall(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0) {
     long ret;
-    asm volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a1), "S"(a2) : "rcx", "r11", "memory");
+    register long r10 asm("r10") = a4;
+    asm volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10) : "rcx", "r11", "memory");
     return ret;
 }
 
@@ -319,10 +321,17 @@ void after_fork_child() {
     t_w.slot = nullptr;
     if (r == nullptr) return;
     const RingHeader *h = r->hdr();
-    g_main.store(make_region(h->data_size / 1024, h->slot_count), std::memory_order_release);
+    Region *own = make_region(h->data_size / 1024, h->slot_count);
+    g_main.store(own, std::memory_order_release);
     // Another thread of the parent may have held them at the fork; it does not exist here.
     new (&g_mu) std::mutex;
     g_swap_busy.store(false, std::memory_order_relaxed);
+    // The notice that this process has buffers of its own, for `ukprobe run`: it hands
+    // SIG_SETMASK calls to itself (tools/ukprobe/run.cpp), takes the memfd from the process
+    // while it waits here and streams it: the child serves no socket. A null mask changes
+    // nothing, so elsewhere this is one cheap system call per fork. Made straight: the C
+    // library's wrapper may be probed.
+    if (own != nullptr) raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, 0, 0, 8 /* the kernel's sigset_t */);
 }
 
 int init_locked() {
