@@ -33,8 +33,10 @@ TraceReader::TraceReader(Client &client, int pid, bool consume) : client_(client
     agent_formats_ = env != nullptr && strcmp(env, "1") == 0;
 }
 
-TraceReader::TraceReader(Client &events, int pid, int ring_fd)
-    : client_(events), pid_(pid), consume_(true), taken_fd_(ring_fd), taken_(true) {}
+TraceReader::TraceReader(Client &events, int pid, int ring_fd, const ukp::sym::Registry *known)
+    : client_(events), pid_(pid), consume_(true), taken_fd_(ring_fd), taken_(true) {
+    if (known != nullptr) symbols_ = *known;
+}
 
 TraceReader::~TraceReader() {
     unmap();
@@ -83,6 +85,10 @@ bool TraceReader::map_ring() {
             if (ok && trace::RingView{m.base, m.size}.header() != nullptr && load_events()) {
                 mapped_ = m.base;
                 size_ = m.size;
+                // Read while the process surely lives (it waits in the call that gave the
+                // ring up): one killed later has no maps left to name its addresses with.
+                // Objects of `known` still mapped where they were are not parsed again.
+                symbols_.refresh_from_maps(pid_);
             } else {
                 unmap(m);
             }

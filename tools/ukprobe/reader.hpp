@@ -35,7 +35,10 @@ public:
     // of fork() that serves no socket), consumed; printed with the event table of the
     // agent `events` is connected to (the image it was forked from: the same ids). The
     // reader takes ring_fd. Nothing is ever asked of that agent but its event table.
-    TraceReader(Client &events, int pid, int ring_fd);
+    // The table and the process's objects are read at the first read, while the process
+    // surely lives; `known`, objects parsed for another process (a sibling forked from the
+    // same one), spares parsing again those mapped at the same addresses.
+    TraceReader(Client &events, int pid, int ring_fd, const ukp::sym::Registry *known = nullptr);
     ~TraceReader();
     TraceReader(const TraceReader &) = delete;
     TraceReader &operator=(const TraceReader &) = delete;
@@ -55,6 +58,8 @@ public:
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
     // Unmaps the ring (a process that is gone: its memory goes once nobody maps it).
     void unmap();
+    // The process's objects as last read (for another reader's `known`).
+    const ukp::sym::Registry &symbols() const { return symbols_; }
 
 private:
     // A mapped memfd, kept while the agent serves the same one.

@@ -15,8 +15,11 @@
 // has just started is held in its next rt_sigprocmask(SIG_SETMASK) (pthread_create's),
 // before its main, while ukprobe connects, checks error_log and sets filters and
 // triggers. ukprobe is a subreaper: orphaned descendants stay in its tree. A child of
-// fork() that has not exec'd serves no socket: its ring is taken from it (pidfd_getfd)
-// when it waits in execve or exit_group, and printed then (drain_forked).
+// fork() that has not exec'd serves no socket: it gives notice of its new ring with an
+// rt_sigprocmask(SIG_SETMASK) that sets no mask (src/trace/ring.cpp), and while it waits
+// there its ring is taken from it (pidfd_getfd) and streamed from then on (ForkedRing),
+// emptied at its execve or exit_group, read to the end once it is gone. A ring not taken
+// then is read when the process waits in execve or exit_group (drain_forked).
 #include "run.hpp"
 
 #include "client.hpp"
@@ -91,8 +94,11 @@ constexpr int kPipeWaitMs = 100;
 // How long a new socket is given to answer: only the call just before its control thread
 // starts waits this long (the thread answers at the next one).
 constexpr int kPingTimeoutMs = 50;
-// How long a forked child's ring waits for its ancestor's event table (drain_forked).
+// How long a forked child's ring waits for its ancestor's event table (ForkedRing, drain_forked).
 constexpr int kForkedTableTimeoutMs = 1000;
+// How long the stream of a forked child's ring waits when it found nothing (the ring is
+// polled: a writer makes no system call a wakeup could come from).
+constexpr auto kForkedPollInterval = std::chrono::milliseconds(5);
 // How often kprobe_profile is read while a process runs (its counts if it is killed).
 constexpr auto kProfileInterval = std::chrono::milliseconds(200);
 
@@ -304,6 +310,198 @@ private:
     Clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 
+// The memfd of `pid`'s own ring buffers, taken from the process (pidfd_getfd through
+// `pidfd`: ukprobe is its ancestor), or -1; *number, when given, is its descriptor there.
+// The child of a fork also holds its parent's (their RingHeader names the parent's pid).
+int ring_of(int pid, int pidfd, int *number = nullptr) {
+    int found = -1;
+    const std::string dir = fmt::format("/proc/{}/fd", pid);
+    if (DIR *d = opendir(dir.c_str())) {
+        while (const dirent *e = readdir(d)) {
+            char link[128] = {};
+            const std::string path = dir + "/" + e->d_name;
+            if (readlink(path.c_str(), link, sizeof link - 1) <= 0 || strncmp(link, "/memfd:ukprobes-trace", 21) != 0)
+                continue;
+            const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, atoi(e->d_name), 0));
+            if (fd < 0) continue;
+            ukp::trace::RingHeader h{};
+            if (pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == ukp::trace::kRingMagic &&
+                h.pid == pid) {
+                found = fd;
+                if (number != nullptr) *number = atoi(e->d_name);
+                break;
+            }
+            close(fd);
+        }
+        closedir(d);
+    }
+    return found;
+}
+
+// The ring of a child of fork() that has not exec'd: its agent (copied) serves no socket,
+// so the memfd is taken from the process at its notice (ring.cpp's after_fork_child) and
+// streamed by a thread of its own, printed with the event table of the agent it was forked
+// from (the same ids), until the process is gone: exited, killed (ukprobe holds the
+// memfd: the records outlive the process) or exec'd.
+class ForkedRing {
+public:
+    ForkedRing(int pid, int events_pid, Output &out) : pid_(pid), events_pid_(events_pid), out_(out) {}
+    ~ForkedRing() {
+        if (thread_.joinable()) thread_.join();
+        reader_.reset();
+        if (pidfd_ >= 0) close(pidfd_);
+    }
+
+    int pid() const { return pid_; }
+    int events_pid() const { return events_pid_; }
+
+    // Takes the ring, the event table and the process's objects (`known`: objects parsed
+    // before, TraceReader), while the process waits in its notice; false if the ring or
+    // the table is not to be had (the ring is then read at the process's exit:
+    // drain_forked).
+    bool open(const ukp::sym::Registry &known) {
+        pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+        if (pidfd_ < 0) return false;
+        const int ring = ring_of(pid_, pidfd_, &ring_number_);
+        if (ring < 0) return false;
+        struct stat st{};
+        if (fstat(ring, &st) == 0) {
+            ring_dev_ = st.st_dev;
+            ring_ino_ = st.st_ino;
+        }
+        std::string why;
+        if (events_.connect(events_pid_, &why) != 0) {
+            close(ring);
+            return false;
+        }
+        // This runs on the thread that answers the seccomp notifications: should the
+        // agent's control thread wait in one now, its answer never comes. Bounded.
+        events_.set_timeout_ms(kForkedTableTimeoutMs);
+        reader_ = std::make_unique<TraceReader>(events_, pid_, ring, &known);
+        try {
+            reader_->entries(); // maps the ring, reads the event table and the process's objects
+        } catch (const std::runtime_error &) {
+            // The agent is gone, or did not answer in time.
+        }
+        return reader_->formats_locally();
+    }
+
+    // The process's objects, as open() read them. Before start().
+    const ukp::sym::Registry &symbols() const { return reader_->symbols(); }
+
+    void start() { thread_ = std::thread([this] { loop(); }); }
+
+    // Whether the process is gone (its pidfd reads as ready once it has exited).
+    bool gone() const {
+        pollfd p{pidfd_, POLLIN, 0};
+        return poll(&p, 1, 0) == 1;
+    }
+
+    // Empties the ring while the process waits in exit_group or execve (`exec`: the stream
+    // ends once the image is replaced). Returns when done, the stream ended, or after
+    // kDrainTimeout.
+    void drain(bool exec) {
+        std::unique_lock lock(mu_);
+        if (ended_ || finish_) return;
+        exec_asked_ = exec_asked_ || exec;
+        const uint64_t gen = ++drain_asked_;
+        cv_.notify_all();
+        cv_.wait_for(lock, kDrainTimeout, [&] { return ended_ || drain_done_ >= gen; });
+    }
+
+    // The process runs another image now (its agent is streamed): the ring was emptied at
+    // the execve, nothing writes it any more. The stream ends after a last read. An image
+    // without an agent is noticed by the stream itself (holds_ring).
+    void finish() {
+        std::lock_guard lock(mu_);
+        finish_ = true;
+        cv_.notify_all();
+    }
+
+    // Whether the stream goes on (drain() waits for it).
+    bool streaming() {
+        std::lock_guard lock(mu_);
+        return !ended_ && !finish_;
+    }
+
+    bool ended() {
+        std::lock_guard lock(mu_);
+        return ended_;
+    }
+
+private:
+    // Whether the process still has the ring: an execve that succeeded closed it (the
+    // memfd is close-on-exec), one that failed did not.
+    bool holds_ring() const {
+        struct stat st{};
+        return stat(fmt::format("/proc/{}/fd/{}", pid_, ring_number_).c_str(), &st) == 0 && st.st_dev == ring_dev_ &&
+               st.st_ino == ring_ino_;
+    }
+
+    void loop() {
+        try {
+            for (;;) {
+                uint64_t asked;
+                bool finish, exec;
+                {
+                    std::lock_guard lock(mu_);
+                    asked = drain_asked_;
+                    finish = finish_;
+                    exec = exec_asked_;
+                }
+                // Checked before the read: what a process recorded before it died (or
+                // exec'd) is in the ring by then, and read below.
+                const bool gone = this->gone();
+                finish = finish || (exec && asked == drain_done_ && !holds_ring());
+                if (gone || finish || asked > drain_done_) {
+                    // Held or gone: what the ring holds now is all there is, save what the
+                    // process's other threads still write meanwhile (read too, until empty).
+                    for (int i = 0; i < 1000 && reader_->entries() > 0; ++i)
+                        out_.add(reader_->pipe(gone ? 0 : kPipeWaitMs, 1 << 20));
+                    if (gone || finish) break;
+                    std::lock_guard lock(mu_);
+                    drain_done_ = asked;
+                    cv_.notify_all();
+                    continue;
+                }
+                const std::string text = reader_->pipe(0, 1 << 20);
+                if (!text.empty()) {
+                    out_.add(text);
+                    continue;
+                }
+                // Nothing recorded: a short wait, cut short by a drain asked (the process
+                // waits for it) or the end of the image.
+                std::unique_lock lock(mu_);
+                cv_.wait_for(lock, kForkedPollInterval, [&] { return drain_asked_ != asked || finish_; });
+            }
+        } catch (const std::runtime_error &) {
+            // An event the table read did not have, and the agent it came from is gone.
+        }
+        reader_->unmap();
+        std::lock_guard lock(mu_);
+        ended_ = true;
+        cv_.notify_all();
+    }
+
+    const int pid_;
+    const int events_pid_; // the process whose agent gave the event table
+    Output &out_;
+    int pidfd_ = -1;       // the process, ready to read once it is gone
+    int ring_number_ = -1; // the ring's descriptor in the process
+    dev_t ring_dev_ = 0;   // and its file
+    ino_t ring_ino_ = 0;
+    Client events_;        // to events_pid_'s agent: its event table only
+    std::unique_ptr<TraceReader> reader_; // the taken ring, read and printed here
+    std::thread thread_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    uint64_t drain_asked_ = 0; // under mu_
+    uint64_t drain_done_ = 0;  // under mu_
+    bool finish_ = false;      // under mu_: the process exec'd; a last read, then the end
+    bool exec_asked_ = false;  // under mu_: a drain at an execve came (it may have failed)
+    bool ended_ = false;       // under mu_: the stream is over
+};
+
 // UKP_EVENTS: definitions separated by ';', their words by ','.
 std::string startup_events(const std::vector<std::string> &defs) {
     std::string spec;
@@ -427,6 +625,8 @@ private:
     [[noreturn]] void child(int fd_sock, int err_pipe, const sigset_t &old_mask);
     void on_socket(int pid);
     bool new_agent_in(int pid);
+    int events_source(int pid);
+    void take_forked(int pid);
     void drain_forked(int pid);
     void on_notification();
     void on_signals();
@@ -440,6 +640,10 @@ private:
     int notify_fd_ = -1, signal_fd_ = -1;
     std::vector<std::unique_ptr<Agent>> agents_; // every agent connected, in order
     std::map<int, Agent *> by_pid_;               // the latest agent of each process
+    std::vector<std::unique_ptr<ForkedRing>> forked_; // rings of forked children, until they end
+    std::map<int, ForkedRing *> forked_by_pid_;       // the latest of each process
+    ukp::sym::Registry forked_symbols_; // the objects of the last forked child taken: its
+                                        // siblings have the same ones at the same addresses
     bool failed_ = false;                         // the program's definitions were refused
 };
 
@@ -530,6 +734,7 @@ void Runner::on_socket(int pid) {
         return; // gone meanwhile
     }
     agent->start();
+    if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end()) it->second->finish();
     by_pid_[pid] = agent.get();
     agents_.push_back(std::move(agent));
 }
@@ -556,10 +761,20 @@ void Runner::on_notification() {
             // A control thread that started (rt_sigprocmask), or an agent's destructor
             // about to remove its socket (unlink): connect while the caller waits.
             if (new_agent_in(tgid) && agent_answers(tgid, kPingTimeoutMs)) on_socket(tgid);
-        } else if (auto it = by_pid_.find(tgid); it != by_pid_.end()) {
-            it->second->drain(); // exit_group, execve, execveat
+            // A child of fork() with buffers of its own (ring.cpp's notice: no mask given).
+            else if (nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0) take_forked(tgid);
         } else {
-            drain_forked(tgid);
+            // exit_group, execve, execveat. A child that exec'd into an agent has both.
+            bool streamed = false;
+            if (auto it = forked_by_pid_.find(tgid); it != forked_by_pid_.end() && it->second->streaming()) {
+                it->second->drain(nr != __NR_exit_group);
+                streamed = true;
+            }
+            if (auto it = by_pid_.find(tgid); it != by_pid_.end() && !it->second->ended()) {
+                it->second->drain();
+                streamed = true;
+            }
+            if (!streamed) drain_forked(tgid);
         }
     }
     seccomp_notif_resp resp;
@@ -569,50 +784,47 @@ void Runner::on_notification() {
     ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
 }
 
-// The memfd of `pid`'s own ring buffers, taken from the process (pidfd_getfd: ukprobe is
-// its ancestor), or -1. The child of a fork also holds its parent's (their RingHeader
-// names the parent's pid).
-int ring_of(int pid) {
-    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-    if (pidfd < 0) return -1;
-    int found = -1;
-    const std::string dir = fmt::format("/proc/{}/fd", pid);
-    if (DIR *d = opendir(dir.c_str())) {
-        while (const dirent *e = readdir(d)) {
-            char link[128] = {};
-            const std::string path = dir + "/" + e->d_name;
-            if (readlink(path.c_str(), link, sizeof link - 1) <= 0 || strncmp(link, "/memfd:ukprobes-trace", 21) != 0)
-                continue;
-            const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, atoi(e->d_name), 0));
-            if (fd < 0) continue;
-            ukp::trace::RingHeader h{};
-            if (pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == ukp::trace::kRingMagic &&
-                h.pid == pid) {
-                found = fd;
-                break;
-            }
-            close(fd);
-        }
-        closedir(d);
+// The process whose agent has the event table of `pid`, a child of fork() that has not
+// exec'd: the nearest ancestor ukprobe streams from (the image it was forked from), or
+// that of a forked ancestor. 0 if none.
+int Runner::events_source(int pid) {
+    for (int p = parent_of(pid), i = 0; p > 1 && i < 256; p = parent_of(p), ++i) {
+        if (auto it = by_pid_.find(p); it != by_pid_.end() && !it->second->ended() && !it->second->image_gone())
+            return p;
+        if (auto it = forked_by_pid_.find(p); it != forked_by_pid_.end() && it->second->streaming())
+            return it->second->events_pid();
     }
-    close(pidfd);
-    return found;
+    return 0;
 }
 
-// A child of fork() that did not exec waits in exit_group or execve: its agent (copied)
-// serves no socket, so its ring is taken from the process and printed with the event table
-// of the nearest ancestor ukprobe streams from (the image it was forked from).
+// A child of fork() gave notice of its own ring (it waits meanwhile): streamed from now on.
+void Runner::take_forked(int pid) {
+    if (!o_.follow) return;
+    if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end() && !it->second->gone()) return;
+    const int source = events_source(pid);
+    if (source <= 0) return;
+    auto ring = std::make_unique<ForkedRing>(pid, source, *out_);
+    if (!ring->open(forked_symbols_)) return;
+    forked_symbols_ = ring->symbols();
+    ring->start();
+    forked_by_pid_[pid] = ring.get();
+    forked_.push_back(std::move(ring));
+}
+
+// A child of fork() whose ring ukprobe did not take at its notice waits in exit_group or
+// execve: its ring is taken now and printed with the event table of its ancestor.
 void Runner::drain_forked(int pid) {
     if (!o_.follow) return;
-    Agent *from = nullptr;
-    for (int p = parent_of(pid), i = 0; p > 1 && i < 256 && from == nullptr; p = parent_of(p), ++i)
-        if (auto it = by_pid_.find(p); it != by_pid_.end() && !it->second->ended()) from = it->second;
-    if (from == nullptr) return;
-    const int ring = ring_of(pid);
+    const int source = events_source(pid);
+    if (source <= 0) return;
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) return;
+    const int ring = ring_of(pid, pidfd);
+    close(pidfd);
     if (ring < 0) return;
     Client events;
     std::string why;
-    if (events.connect(from->pid(), &why) != 0) {
+    if (events.connect(source, &why) != 0) {
         close(ring);
         return;
     }
@@ -698,11 +910,20 @@ int Runner::run() {
         int status = 0, pid;
         while ((pid = waitpid(-1, &status, WNOHANG | __WALL)) > 0)
             if (pid == child_) child_status_ = status;
+        const bool none_left = pid < 0 && errno == ECHILD;
+        // Streams of forked children that ended go (a program may fork many).
+        std::erase_if(forked_, [&](const std::unique_ptr<ForkedRing> &f) {
+            if (!f->ended()) return false;
+            if (auto it = forked_by_pid_.find(f->pid()); it != forked_by_pid_.end() && it->second == f.get())
+                forked_by_pid_.erase(it);
+            return true;
+        });
         out_->flush(false);
-        if (child_status_ >= 0 && pid < 0 && errno == ECHILD) break;
+        if (child_status_ >= 0 && none_left) break;
     }
     // Every process is gone: the streams end by themselves.
     for (auto &a : agents_) a->join();
+    forked_.clear(); // joins their threads
     out_->flush(true);
     if (file_ != nullptr) fclose(file_);
     // The counts as each process left them, apart from the trace (stderr, as a second file).
