@@ -465,7 +465,11 @@ std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t 
         // Built without the lock (a second or so for libc): a fork() meanwhile leaves the
         // child a free lock, and users of other objects do not wait. Two threads may build
         // the same table at once; the first to finish stays.
-        refs = build_object_refs(path, bias);
+        refs = load_cached_refs(path, bias);
+        if (!refs) {
+            refs = build_object_refs(path, bias);
+            if (refs) store_cached_refs(path, bias, *refs);
+        }
         std::lock_guard<std::mutex> lock(mu);
         refs = cache->emplace(key, refs).first->second; // a failure is remembered too
     }

@@ -154,6 +154,12 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
 // The same, built once per (path, bias) and kept while the object is loaded; null also
 // when `read` (the process's memory) shows other identity bytes than the file's.
 std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read);
+// The disk cache of build_object_refs() (refs_cache.cpp), used only where UKP_CACHE_DIR
+// names a directory: the table of the file at path, rebased to bias, or null.
+std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias);
+void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs &refs);
+// How many tables this process took from the disk cache.
+uint64_t object_refs_loaded_from_disk();
 // Drops the kept references of the object that was loaded at bias (it was unloaded).
 void forget_object_refs(uint64_t bias);
 // How many objects' references are kept.

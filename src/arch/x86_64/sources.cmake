@@ -3,6 +3,7 @@ list(APPEND UKP_SOURCES
   arch/x86_64/detour.cpp
   arch/x86_64/relocate.cpp
   arch/x86_64/refs.cpp
+  arch/x86_64/refs_cache.cpp
   arch/x86_64/region.cpp
   arch/x86_64/regs.cpp
   arch/x86_64/safe_access.S

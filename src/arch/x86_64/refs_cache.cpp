@@ -1,0 +1,214 @@
+// The reference tables of objects kept on disk, so that the next process that loads the
+// same file skips the sweep (a tenth of a second for libc, most of a traced process's
+// start). Only where UKP_CACHE_DIR names a directory (ukprobe run sets it).
+//
+// A table is stored with its addresses relative to the load bias, under a name derived
+// from the file's identity (path, device, inode, size, modification time) and the agent's
+// own (its file's): a file replaced or an agent rebuilt finds nothing. The header repeats
+// the key and a checksum covers the rest; anything that does not match, a file or
+// directory another user could have written, is ignored. Writes go to a temporary file
+// renamed into place, so readers see whole tables or none.
+#include "arch/x86_64/region.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+
+namespace ukp::arch {
+namespace {
+
+constexpr char kMagic[8] = {'U', 'K', 'P', 'R', 'E', 'F', 'S', '1'};
+
+struct FileKey {
+    uint64_t dev, ino, size, mtime_ns;
+    bool operator==(const FileKey &) const = default;
+};
+
+struct Header {
+    char magic[8];
+    uint64_t agent;  // hash of the agent's FileKey
+    FileKey file;
+    uint64_t resynced_bytes;
+    uint64_t identity_offset; // identity_addr - bias
+    uint64_t n_path, n_identity, n_values, n_branches, n_starts;
+    uint64_t checksum; // of everything after the header
+};
+
+std::atomic<uint64_t> g_loads{0};
+
+uint64_t fnv(const void *data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+    const auto *p = static_cast<const uint8_t *>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+bool key_of(const struct stat &st, FileKey *key) {
+    if (!S_ISREG(st.st_mode)) return false;
+    *key = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+            static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<uint64_t>(st.st_mtim.tv_nsec)};
+    return true;
+}
+
+// The agent's own file: a rebuilt agent may build other tables.
+uint64_t agent_id() {
+    static const uint64_t id = [] {
+        Dl_info info{};
+        struct stat st{};
+        FileKey key{};
+        if (dladdr(reinterpret_cast<void *>(&agent_id), &info) == 0 || info.dli_fname == nullptr ||
+            stat(info.dli_fname, &st) != 0 || !key_of(st, &key))
+            return uint64_t{0};
+        return fnv(&key, sizeof key);
+    }();
+    return id;
+}
+
+// The cache directory, if UKP_CACHE_DIR names one that only this user can write (made,
+// mode 0700, if missing and its parent exists).
+std::string cache_dir() {
+    const char *dir = getenv("UKP_CACHE_DIR");
+    if (dir == nullptr || dir[0] != '/') return {};
+    struct stat st{};
+    if (lstat(dir, &st) != 0 && (mkdir(dir, 0700) != 0 || lstat(dir, &st) != 0)) return {};
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) return {};
+    return dir;
+}
+
+std::string entry_path(const std::string &dir, const std::string &path, const FileKey &file) {
+    uint64_t h = fnv(path.data(), path.size());
+    h = fnv(&file, sizeof file, h);
+    const uint64_t agent = agent_id();
+    h = fnv(&agent, sizeof agent, h);
+    char name[40];
+    snprintf(name, sizeof name, "/refs-%016llx", static_cast<unsigned long long>(h));
+    return dir + name;
+}
+
+bool file_key(const std::string &path, FileKey *key) {
+    struct stat st{};
+    return stat(path.c_str(), &st) == 0 && key_of(st, key);
+}
+
+template <typename T>
+void append(std::string *out, const T *data, size_t n) {
+    out->append(reinterpret_cast<const char *>(data), n * sizeof(T));
+}
+
+// Reads `n` items of T from `in` at *at.
+template <typename T>
+bool take(const std::string &in, size_t *at, size_t n, std::vector<T> *out) {
+    if (n > (in.size() - *at) / sizeof(T)) return false;
+    out->resize(n);
+    memcpy(static_cast<void *>(out->data()), in.data() + *at, n * sizeof(T)); // T: bytes or integers
+    *at += n * sizeof(T);
+    return true;
+}
+
+} // namespace
+
+std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias) {
+    const std::string dir = cache_dir();
+    FileKey file{};
+    if (dir.empty() || agent_id() == 0 || !file_key(path, &file)) return nullptr;
+    const int fd = open(entry_path(dir, path, file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return nullptr;
+    std::string bytes;
+    struct stat st{};
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 022) == 0 &&
+        st.st_size >= static_cast<off_t>(sizeof(Header)) && st.st_size < (off_t{1} << 32)) {
+        bytes.resize(static_cast<size_t>(st.st_size));
+        if (pread(fd, bytes.data(), bytes.size(), 0) != static_cast<ssize_t>(bytes.size())) bytes.clear();
+    }
+    close(fd);
+    if (bytes.size() < sizeof(Header)) return nullptr;
+    Header h;
+    memcpy(&h, bytes.data(), sizeof h);
+    if (memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.agent != agent_id() || !(h.file == file) ||
+        h.checksum != fnv(bytes.data() + sizeof h, bytes.size() - sizeof h))
+        return nullptr;
+    size_t at = sizeof h;
+    std::vector<char> stored_path;
+    auto refs = std::make_shared<ObjectRefs>();
+    if (!take(bytes, &at, h.n_path, &stored_path) || std::string(stored_path.begin(), stored_path.end()) != path ||
+        !take(bytes, &at, h.n_identity, &refs->identity) || !take(bytes, &at, h.n_values, &refs->values) ||
+        !take(bytes, &at, h.n_branches, &refs->branches) || !take(bytes, &at, h.n_starts, &refs->starts) ||
+        at != bytes.size())
+        return nullptr;
+    refs->resynced_bytes = h.resynced_bytes;
+    refs->identity_addr = h.identity_offset + bias;
+    for (uint64_t &v : refs->values) v += bias;
+    for (auto &[target, source] : refs->branches) {
+        target += bias;
+        source += bias;
+    }
+    for (uint64_t &v : refs->starts) v += bias;
+    // Sorted as built unless an address wrapped around zero on the way (it never does for
+    // an object's own addresses; a value naming another object might).
+    if (!std::is_sorted(refs->values.begin(), refs->values.end())) std::sort(refs->values.begin(), refs->values.end());
+    if (!std::is_sorted(refs->branches.begin(), refs->branches.end()))
+        std::sort(refs->branches.begin(), refs->branches.end());
+    if (!std::is_sorted(refs->starts.begin(), refs->starts.end())) std::sort(refs->starts.begin(), refs->starts.end());
+    g_loads.fetch_add(1, std::memory_order_relaxed);
+    return refs;
+}
+
+void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs &refs) {
+    const std::string dir = cache_dir();
+    FileKey file{};
+    if (dir.empty() || agent_id() == 0 || !file_key(path, &file)) return;
+    std::string body;
+    try {
+        append(&body, path.data(), path.size());
+        append(&body, refs.identity.data(), refs.identity.size());
+        const size_t addresses_at = body.size(); // from here on, every 8 bytes an address
+        append(&body, refs.values.data(), refs.values.size());
+        append(&body, refs.branches.data(), refs.branches.size());
+        append(&body, refs.starts.data(), refs.starts.size());
+        for (size_t at = addresses_at; at < body.size(); at += sizeof(uint64_t)) {
+            uint64_t v;
+            memcpy(&v, body.data() + at, sizeof v);
+            v -= bias;
+            memcpy(body.data() + at, &v, sizeof v);
+        }
+    } catch (...) {
+        return; // out of memory: no entry
+    }
+    Header h{};
+    memcpy(h.magic, kMagic, sizeof kMagic);
+    h.agent = agent_id();
+    h.file = file;
+    h.resynced_bytes = refs.resynced_bytes;
+    h.identity_offset = refs.identity_addr - bias;
+    h.n_path = path.size();
+    h.n_identity = refs.identity.size();
+    h.n_values = refs.values.size();
+    h.n_branches = refs.branches.size();
+    h.n_starts = refs.starts.size();
+    h.checksum = fnv(body.data(), body.size());
+    static std::atomic<unsigned> serial{0};
+    char tmp_name[64];
+    snprintf(tmp_name, sizeof tmp_name, "/.tmp-%d-%u", getpid(), serial.fetch_add(1));
+    const std::string tmp = dir + tmp_name;
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return;
+    bool ok = write(fd, &h, sizeof h) == static_cast<ssize_t>(sizeof h);
+    for (size_t at = 0; ok && at < body.size();) {
+        const ssize_t n = write(fd, body.data() + at, body.size() - at);
+        ok = n > 0;
+        if (ok) at += static_cast<size_t>(n);
+    }
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp.c_str(), entry_path(dir, path, file).c_str()) != 0) unlink(tmp.c_str());
+}
+
+uint64_t object_refs_loaded_from_disk() { return g_loads.load(std::memory_order_relaxed); }
+
+} // namespace ukp::arch

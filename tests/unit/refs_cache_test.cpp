@@ -1,0 +1,201 @@
+// The disk cache of reference tables (refs_cache.cpp): a table comes back as built, at any
+// bias; entries that are damaged, writable by others, for another file or under no
+// UKP_CACHE_DIR are not used.
+#include "arch/x86_64/region.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <link.h>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using ukp::arch::ObjectRefs;
+
+struct Loaded {
+    std::string path;
+    uint64_t bias = 0;
+};
+
+Loaded find_libc() {
+    Loaded l;
+    dl_iterate_phdr(
+        [](dl_phdr_info *info, size_t, void *data) {
+            auto *out = static_cast<Loaded *>(data);
+            if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "/libc.so.6") != nullptr) {
+                out->path = info->dlpi_name;
+                out->bias = info->dlpi_addr;
+                return 1;
+            }
+            return 0;
+        },
+        &l);
+    return l;
+}
+
+std::vector<std::string> entries(const std::string &dir) {
+    std::vector<std::string> names;
+    if (DIR *d = opendir(dir.c_str())) {
+        while (const dirent *e = readdir(d))
+            if (std::strncmp(e->d_name, "refs-", 5) == 0) names.push_back(dir + "/" + e->d_name);
+        closedir(d);
+    }
+    return names;
+}
+
+void expect_same(const ObjectRefs &a, const ObjectRefs &b) {
+    EXPECT_EQ(a.values, b.values);
+    EXPECT_EQ(a.branches, b.branches);
+    EXPECT_EQ(a.starts, b.starts);
+    EXPECT_EQ(a.resynced_bytes, b.resynced_bytes);
+    EXPECT_EQ(a.identity_addr, b.identity_addr);
+    EXPECT_EQ(a.identity, b.identity);
+}
+
+class RefsCache : public ::testing::Test {
+protected:
+    void SetUp() override {
+        char tmpl[] = "/tmp/ukp-refs-cache-XXXXXX";
+        ASSERT_NE(mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+        setenv("UKP_CACHE_DIR", dir_.c_str(), 1);
+        libc_ = find_libc();
+        ASSERT_FALSE(libc_.path.empty());
+    }
+    void TearDown() override {
+        unsetenv("UKP_CACHE_DIR");
+        chmod(dir_.c_str(), 0700);
+        const std::string cmd = "rm -rf " + dir_;
+        EXPECT_EQ(std::system(cmd.c_str()), 0);
+    }
+    // libc's table stored once; the entry's path.
+    std::string store_libc() {
+        const auto built = ukp::arch::build_object_refs(libc_.path, libc_.bias);
+        EXPECT_TRUE(built);
+        if (!built) return {};
+        ukp::arch::store_cached_refs(libc_.path, libc_.bias, *built);
+        const auto names = entries(dir_);
+        EXPECT_EQ(names.size(), 1u);
+        return names.empty() ? std::string() : names[0];
+    }
+    std::string dir_;
+    Loaded libc_;
+};
+
+TEST_F(RefsCache, ATableComesBackAsBuiltAtAnyBias) {
+    const auto built = ukp::arch::build_object_refs(libc_.path, libc_.bias);
+    ASSERT_TRUE(built);
+    ASSERT_GT(built->values.size(), 1000u);
+    ASSERT_GT(built->branches.size(), 1000u);
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr) << "nothing stored yet";
+    ukp::arch::store_cached_refs(libc_.path, libc_.bias, *built);
+    const auto same = ukp::arch::load_cached_refs(libc_.path, libc_.bias);
+    ASSERT_TRUE(same);
+    expect_same(*same, *built);
+    // Another process loads libc elsewhere: the same table, moved.
+    const uint64_t other = libc_.bias + 0x7340000;
+    const auto moved = ukp::arch::load_cached_refs(libc_.path, other);
+    const auto built_there = ukp::arch::build_object_refs(libc_.path, other);
+    ASSERT_TRUE(moved);
+    ASSERT_TRUE(built_there);
+    expect_same(*moved, *built_there);
+    // Readable and writable by this user only.
+    struct stat st{};
+    ASSERT_EQ(stat(entries(dir_)[0].c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(RefsCache, ObjectRefsTakesTheTableFromDiskOnceForgotten) {
+    store_libc();
+    auto read = [](uint64_t addr, void *out, size_t n) {
+        std::memcpy(out, reinterpret_cast<const void *>(addr), n);
+        return true;
+    };
+    ukp::arch::forget_object_refs(libc_.bias);
+    const uint64_t before = ukp::arch::object_refs_loaded_from_disk();
+    const auto refs = ukp::arch::object_refs(libc_.path, libc_.bias, read);
+    ASSERT_TRUE(refs);
+    EXPECT_EQ(ukp::arch::object_refs_loaded_from_disk(), before + 1);
+}
+
+TEST_F(RefsCache, DamagedEntriesAreIgnored) {
+    const std::string entry = store_libc();
+    ASSERT_FALSE(entry.empty());
+    ASSERT_TRUE(ukp::arch::load_cached_refs(libc_.path, libc_.bias));
+    struct stat st{};
+    ASSERT_EQ(stat(entry.c_str(), &st), 0);
+    // One byte of the table changed.
+    {
+        const int fd = open(entry.c_str(), O_RDWR);
+        ASSERT_GE(fd, 0);
+        char byte = 0;
+        const off_t at = st.st_size - 100;
+        ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+        byte ^= 0x40;
+        ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+        close(fd);
+    }
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr) << "a changed byte";
+    // Cut short.
+    store_libc();
+    ASSERT_EQ(truncate(entry.c_str(), st.st_size - 8), 0);
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr) << "a truncated entry";
+}
+
+TEST_F(RefsCache, EntriesOthersCouldHaveWrittenAreIgnored) {
+    const std::string entry = store_libc();
+    ASSERT_FALSE(entry.empty());
+    ASSERT_EQ(chmod(entry.c_str(), 0620), 0);
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr) << "group-writable entry";
+    ASSERT_EQ(chmod(entry.c_str(), 0600), 0);
+    ASSERT_TRUE(ukp::arch::load_cached_refs(libc_.path, libc_.bias));
+    if (geteuid() == 0) {
+        ASSERT_EQ(chown(entry.c_str(), 4321, 4321), 0);
+        EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr) << "another user's entry";
+        ASSERT_EQ(chown(entry.c_str(), 0, 0), 0);
+    }
+    ASSERT_EQ(chmod(dir_.c_str(), 0777), 0);
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr) << "a world-writable directory";
+}
+
+TEST_F(RefsCache, AnotherFileFindsNothing) {
+    // A copy of libc: another inode, so another entry, even with the same bytes; and a
+    // copy changed since its table was stored finds nothing.
+    const std::string copy = dir_ + "/libc-copy.so";
+    {
+        const std::string cmd = "cp " + libc_.path + " " + copy;
+        ASSERT_EQ(std::system(cmd.c_str()), 0);
+    }
+    store_libc();
+    EXPECT_EQ(ukp::arch::load_cached_refs(copy, libc_.bias), nullptr) << "another file";
+    const auto built = ukp::arch::build_object_refs(copy, libc_.bias);
+    ASSERT_TRUE(built);
+    ukp::arch::store_cached_refs(copy, libc_.bias, *built);
+    ASSERT_TRUE(ukp::arch::load_cached_refs(copy, libc_.bias));
+    {
+        const int fd = open(copy.c_str(), O_WRONLY | O_APPEND);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(write(fd, "x", 1), 1);
+        close(fd);
+    }
+    EXPECT_EQ(ukp::arch::load_cached_refs(copy, libc_.bias), nullptr) << "a file changed since";
+    unlink(copy.c_str());
+}
+
+TEST_F(RefsCache, NothingIsWrittenWithoutTheVariable) {
+    unsetenv("UKP_CACHE_DIR");
+    const auto built = ukp::arch::build_object_refs(libc_.path, libc_.bias);
+    ASSERT_TRUE(built);
+    ukp::arch::store_cached_refs(libc_.path, libc_.bias, *built);
+    EXPECT_TRUE(entries(dir_).empty());
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
+}
+
+} // namespace
