@@ -248,7 +248,7 @@ int main(int argc, char **argv) {
     app.require_subcommand(1);
     Options o;
     app.add_option("-p,--pid", o.pid, "the process");
-    app.add_flag("-v,--verbose", o.verbose, "say more (attach: the pause the target saw)");
+    app.add_flag("-v,--verbose", o.verbose, "say more (attach: the pause the target saw; run: each agent reached)");
     app.add_option("--agent", o.agent, "libukprobes.so to load (attach) or preload (run)");
 
     auto *attach = app.add_subcommand("attach", "load the agent into a running process and start its control thread");
@@ -340,6 +340,7 @@ int main(int argc, char **argv) {
         if (*run) {
             o.run.argv = parsed < argc ? program : run->remaining();
             o.run.follow = !no_follow;
+            o.run.verbose = o.verbose;
             o.run.agent = find_agent(o.agent);
             return ukprobe::run_program(o.run);
         }

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <dirent.h>
 #include <fcntl.h>
 #include <fstream>
@@ -89,10 +90,10 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kMergeDelay = std::chrono::milliseconds(200);
 // Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
-// How long a trace_pipe read waits for a record.
-constexpr int kPipeWaitMs = 100;
-// How long a new socket is given to answer: only the call just before its control thread
-// starts waits this long (the thread answers at the next one).
+// How long a trace_pipe read waits for a record: also how long a stream takes to see a
+// drain asked (a process waiting in exit_group) or its process gone.
+constexpr int kPipeWaitMs = 5;
+// How long a new socket is given to answer (Runner::agent_answers).
 constexpr int kPingTimeoutMs = 50;
 // How long a forked child's ring waits for its ancestor's event table (ForkedRing, drain_forked).
 constexpr int kForkedTableTimeoutMs = 1000;
@@ -591,29 +592,30 @@ int install_filter() {
     return fd;
 }
 
-// Whether the agent of `pid` answers a ping within `timeout_ms`: its socket may be bound
-// and listening before its control thread exists, and a request would then wait forever
-// on a process ukprobe holds.
-bool agent_answers(int pid, int timeout_ms) {
+// A ping to the agent of `pid` sent, or -1: its socket may be bound and listening before
+// its control thread exists, and a request would then wait forever on a process ukprobe
+// holds. The answer comes on the descriptor returned (Runner::agent_answers).
+int send_ping(int pid) {
     const std::string path = ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof addr.sun_path) return false;
+    if (path.size() >= sizeof addr.sun_path) return -1;
     memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    bool ok = false;
+    if (fd < 0) return -1;
     const ukp::control::RequestHeader h{ukp::control::kMagic, ukp::control::kVersion,
                                         static_cast<uint16_t>(Op::kPing), 0, 0};
-    if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0 &&
-        send(fd, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h)) {
-        pollfd p{fd, POLLIN, 0};
-        ukp::control::ReplyHeader rh{};
-        ok = poll(&p, 1, timeout_ms) == 1 && recv(fd, &rh, sizeof rh, MSG_WAITALL) == static_cast<ssize_t>(sizeof rh) &&
-             rh.magic == ukp::control::kMagic;
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 ||
+        send(fd, &h, sizeof h, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof h)) {
+        close(fd);
+        return -1;
     }
-    close(fd);
-    return ok;
+    return fd;
+}
+
+// ring.cpp's notice of a forked child's new buffers: SIG_SETMASK with no mask given.
+bool forked_ring_notice(const seccomp_notif &req) {
+    return req.data.nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0;
 }
 
 class Runner {
@@ -629,6 +631,8 @@ private:
     void take_forked(int pid);
     void drain_forked(int pid);
     void on_notification();
+    void handle(const seccomp_notif &req);
+    bool agent_answers(int pid);
     void on_signals();
     void kill_program(int sig);
 
@@ -638,6 +642,7 @@ private:
     int child_ = -1;
     int child_status_ = -1; // wait status once the child is gone
     int notify_fd_ = -1, signal_fd_ = -1;
+    std::deque<seccomp_notif> deferred_; // received while waiting for a ping's answer
     std::vector<std::unique_ptr<Agent>> agents_; // every agent connected, in order
     std::map<int, Agent *> by_pid_;               // the latest agent of each process
     std::vector<std::unique_ptr<ForkedRing>> forked_; // rings of forked children, until they end
@@ -668,6 +673,17 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
     setenv("UKP_EVENTS", startup_events(o_.definitions).c_str(), 1);
     setenv("UKP_CONTROL", "1", 1);
     if (!o_.follow) setenv("UKP_NO_INHERIT", "1", 1);
+    // The agents keep the reference tables of the objects they probe there (refs_cache.cpp):
+    // each exec'd process after the first skips decoding libc again. One given is kept
+    // (empty: none).
+    if (getenv("UKP_CACHE_DIR") == nullptr) {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        std::string base = xdg != nullptr && xdg[0] == '/' ? xdg : home != nullptr && home[0] == '/' ? std::string(home) + "/.cache" : "";
+        if (!base.empty()) {
+            mkdir(base.c_str(), 0700); // the agent makes the last component, not its parents
+            setenv("UKP_CACHE_DIR", (base + "/ukprobes").c_str(), 1);
+        }
+    }
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     std::vector<char *> argv;
@@ -734,6 +750,7 @@ void Runner::on_socket(int pid) {
         return; // gone meanwhile
     }
     agent->start();
+    if (o_.verbose) fmt::print(stderr, "ukprobe: process {} ({}) reached\n", pid, agent->comm());
     if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end()) it->second->finish();
     by_pid_[pid] = agent.get();
     agents_.push_back(std::move(agent));
@@ -754,15 +771,70 @@ void Runner::on_notification() {
     seccomp_notif req;
     memset(&req, 0, sizeof req); // the kernel wants it zeroed
     if (ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) return;
+    handle(req);
+    while (!deferred_.empty()) {
+        req = deferred_.front();
+        deferred_.pop_front();
+        handle(req);
+    }
+}
+
+// Whether the agent of `pid` answers a ping in time. Notifications that come meanwhile
+// are not left waiting behind it: the control thread itself may be one of them (its first
+// SIG_SETMASK, in pthread's start of the thread), and could not answer before it is let
+// go. Such a SIG_SETMASK of a thread other than a process's first is let go at once
+// (handle() would do nothing else with it); the others wait their turn in deferred_.
+bool Runner::agent_answers(int pid) {
+    const int fd = send_ping(pid);
+    if (fd < 0) return false;
+    bool ok = false;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPingTimeoutMs);
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+        if (left.count() < 0) break;
+        pollfd fds[2] = {{fd, POLLIN, 0}, {notify_fd_, POLLIN, 0}};
+        if (poll(fds, 2, static_cast<int>(left.count())) <= 0) break;
+        if (fds[0].revents != 0) {
+            ukp::control::ReplyHeader rh{};
+            ok = recv(fd, &rh, sizeof rh, MSG_WAITALL) == static_cast<ssize_t>(sizeof rh) &&
+                 rh.magic == ukp::control::kMagic;
+            break;
+        }
+        seccomp_notif req;
+        memset(&req, 0, sizeof req);
+        if (ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) continue;
+        const int tgid = tgid_of(static_cast<int>(req.pid));
+        if (req.data.nr == __NR_rt_sigprocmask && !forked_ring_notice(req) && tgid > 0 &&
+            static_cast<int>(req.pid) != tgid) {
+            seccomp_notif_resp resp;
+            memset(&resp, 0, sizeof resp);
+            resp.id = req.id;
+            resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+            ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+        } else {
+            deferred_.push_back(req);
+        }
+    }
+    close(fd);
+    if (o_.verbose && !ok) fmt::print(stderr, "ukprobe: process {} did not answer a ping in {} ms\n", pid, kPingTimeoutMs);
+    return ok;
+}
+
+void Runner::handle(const seccomp_notif &req) {
     const int tgid = tgid_of(static_cast<int>(req.pid));
     const int nr = req.data.nr;
     if (tgid > 0) {
-        if (nr == __NR_rt_sigprocmask || nr == __NR_unlink || nr == __NR_unlinkat) {
-            // A control thread that started (rt_sigprocmask), or an agent's destructor
-            // about to remove its socket (unlink): connect while the caller waits.
-            if (new_agent_in(tgid) && agent_answers(tgid, kPingTimeoutMs)) on_socket(tgid);
-            // A child of fork() with buffers of its own (ring.cpp's notice: no mask given).
-            else if (nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0) take_forked(tgid);
+        if (forked_ring_notice(req)) {
+            // A child of fork() with buffers of its own.
+            take_forked(tgid);
+        } else if (nr == __NR_rt_sigprocmask) {
+            // The first thread's SIG_SETMASK after an agent's control thread started
+            // (pthread_create's): connect while it waits, before main. Another thread's
+            // waits for nothing: it may be that control thread itself.
+            if (static_cast<int>(req.pid) == tgid && new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
+        } else if (nr == __NR_unlink || nr == __NR_unlinkat) {
+            // An agent's destructor about to remove its socket: connect while it waits.
+            if (new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
         } else {
             // exit_group, execve, execveat. A child that exec'd into an agent has both.
             bool streamed = false;

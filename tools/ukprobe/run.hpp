@@ -13,6 +13,7 @@ struct RunOptions {
     std::vector<std::string> triggers;    // --trigger EVENT=TRIG
     std::string output;                   // -o FILE; empty: stdout
     bool follow = true;                   // false (--no-follow): descendants run without the agent
+    bool verbose = false;                 // -v: say on stderr when an agent is reached, or does not answer
     std::string agent;                    // the libukprobes.so to preload (absolute)
     std::vector<std::string> argv;        // PROG ARGS...
 };
