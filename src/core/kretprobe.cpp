@@ -73,35 +73,52 @@ uint64_t stub_entry(const RetPool *pool, uint32_t index) {
     return pool->sled + index * arch::kRetStubSize + arch::kRetStubEntry;
 }
 
-RetInstance *pool_pop(RetPool *pool) {
-    uint64_t head = pool->free_head.load(std::memory_order_acquire);
+// The shard a thread takes instances from first: spread over the threads in the order
+// they first hit a kretprobe.
+uint32_t home_shard() {
+    thread_local uint32_t shard __attribute__((tls_model("initial-exec"))) = 0; // 1 + the shard
+    static std::atomic<uint32_t> next{0};
+    if (shard == 0) shard = 1 + next.fetch_add(1, std::memory_order_relaxed) % RetPool::kShards;
+    return shard - 1;
+}
+
+RetInstance *shard_pop(RetPool *pool, RetPool::Shard &sh) {
+    uint64_t head = sh.free_head.load(std::memory_order_acquire);
     for (;;) {
         const auto top = static_cast<uint32_t>(head);
         if (top == 0) return nullptr;
-        const uint32_t next = pool->next_free[top - 1].load(std::memory_order_relaxed);
+        const uint32_t next = pool->at(top - 1)->next_free.load(std::memory_order_relaxed);
         // The tag in the high half changes on every update, so a stale `next` (the top
         // was popped and pushed back meanwhile) makes the exchange fail.
         const uint64_t desired = ((head >> 32) + 1) << 32 | next;
-        if (pool->free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel))
-            break;
+        if (sh.free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel)) break;
     }
+    sh.in_use.fetch_add(1, std::memory_order_relaxed);
     RetInstance *ri = pool->at(static_cast<uint32_t>(head) - 1);
-    pool->in_use.fetch_add(1, std::memory_order_relaxed);
     ri->state.store(RetInstance::kLive, std::memory_order_relaxed);
     return ri;
 }
 
+// A free instance: from the thread's shard, else from the others in turn (null only when
+// every shard was found empty: maxactive instances are live).
+RetInstance *pool_pop(RetPool *pool) {
+    const uint32_t first = home_shard();
+    for (uint32_t k = 0; k < RetPool::kShards; ++k)
+        if (RetInstance *ri = shard_pop(pool, pool->shards[(first + k) % RetPool::kShards])) return ri;
+    return nullptr;
+}
+
 void pool_push(RetInstance *ri) {
     RetPool *pool = ri->pool;
+    RetPool::Shard &sh = pool->shards[pool->shard_of(ri->index)];
     ri->state.store(RetInstance::kFree, std::memory_order_relaxed);
-    uint64_t head = pool->free_head.load(std::memory_order_relaxed);
+    uint64_t head = sh.free_head.load(std::memory_order_relaxed);
     for (;;) {
-        pool->next_free[ri->index].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
+        ri->next_free.store(static_cast<uint32_t>(head), std::memory_order_relaxed);
         const uint64_t desired = ((head >> 32) + 1) << 32 | (ri->index + 1);
-        if (pool->free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel))
-            break;
+        if (sh.free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel)) break;
     }
-    pool->in_use.fetch_sub(1, std::memory_order_release);
+    sh.in_use.fetch_sub(1, std::memory_order_release);
 }
 
 void count_unwound(RetInstance *ri) {
@@ -394,7 +411,6 @@ void free_pool(RetPool *pool) {
     if (!pool->eh_frame.empty()) __deregister_frame(pool->eh_frame.data());
     text::free_code(pool->sled, pool->sled_size);
     std::free(pool->mem);
-    delete[] pool->next_free;
     delete pool;
 }
 
@@ -404,15 +420,16 @@ RetPool *make_pool(kretprobe *rp) {
     auto *pool = new (std::nothrow) RetPool;
     if (pool == nullptr) return nullptr;
     pool->count = static_cast<uint32_t>(maxactive);
-    pool->stride = (sizeof(RetInstance) + rp->data_size + 15) & ~size_t{15};
-    pool->mem = static_cast<uint8_t *>(std::calloc(pool->count, pool->stride));
-    pool->next_free = new (std::nothrow) std::atomic<uint32_t>[pool->count];
+    // A cache line or more each: threads write their instances at every hit.
+    pool->stride = (sizeof(RetInstance) + rp->data_size + 63) & ~size_t{63};
+    pool->mem = static_cast<uint8_t *>(std::aligned_alloc(64, pool->count * pool->stride));
+    if (pool->mem != nullptr) std::memset(pool->mem, 0, pool->count * pool->stride);
     // The stubs, then a copy of their unwind information within 32-bit offsets of them
     // (for libunwind's search table): about 14 bytes a stub plus headers.
     const size_t stubs = pool->count * arch::kRetStubSize;
     pool->sled_size = (stubs + pool->count * 16 + 128 + 4095) & ~size_t{4095};
     pool->sled = text::alloc_code(pool->sled_size);
-    if (pool->mem == nullptr || pool->next_free == nullptr || pool->sled == 0) {
+    if (pool->mem == nullptr || pool->sled == 0) {
         free_pool(pool);
         return nullptr;
     }
@@ -422,10 +439,13 @@ RetPool *make_pool(kretprobe *rp) {
         new (ri) RetInstance{};
         ri->pool = pool;
         ri->index = i;
-        pool->next_free[i].store(i + 1 < pool->count ? i + 2 : 0, std::memory_order_relaxed);
+        // Each shard's list in index order; its last instance ends it.
+        const bool last = i + 1 == pool->count || pool->shard_of(i + 1) != pool->shard_of(i);
+        ri->next_free.store(last ? 0 : i + 2, std::memory_order_relaxed);
+        RetPool::Shard &sh = pool->shards[pool->shard_of(i)];
+        if (sh.free_head.load(std::memory_order_relaxed) == 0) sh.free_head.store(i + 1, std::memory_order_relaxed);
         arch::emit_ret_stub(reinterpret_cast<uint64_t>(&ri->pub.ret_addr), &code[i * arch::kRetStubSize]);
     }
-    pool->free_head.store(1, std::memory_order_relaxed); // index 0 on top, tag 0
     if (text::write(pool->sled, code.data(), code.size()) != 0) {
         free_pool(pool);
         return nullptr;
@@ -455,7 +475,7 @@ void reap_dead_pools() {
     {
         std::lock_guard lock(g_pools_mutex);
         auto it = std::partition(dead_pools().begin(), dead_pools().end(), [](RetPool *p) {
-            return p->in_use.load(std::memory_order_acquire) != 0;
+            return p->in_use() != 0;
         });
         ready.assign(it, dead_pools().end());
         dead_pools().erase(it, dead_pools().end());

@@ -23,6 +23,7 @@ struct RetInstance {
     uint32_t index = 0;          // in the pool; its stub is the index-th of the sled
     std::atomic<int> state{kFree}; // kReturnedElsewhere: its frame returned on another
                                    // thread; the owner releases it when it walks its list
+    std::atomic<uint32_t> next_free{0}; // while free: index + 1 of the next in its shard's list
     kretprobe_instance pub{};
 };
 
@@ -36,12 +37,23 @@ struct RetPool {
     std::vector<uint8_t> eh_frame;        // the sled's CIE and FDE, registered with libgcc
     void *unw_info = nullptr;             // the same, registered with libunwind if loaded
     alignas(8) int32_t unw_table[2] = {}; // its one-entry search table: {ip offset, FDE offset}
-    // Lock-free free list: (tag << 32) | (index + 1) of the top, 0 when empty.
-    std::atomic<uint64_t> free_head{0};
-    std::atomic<uint32_t> *next_free = nullptr; // per instance: index + 1 of the next free
-    std::atomic<int> in_use{0};
+    // The free instances, in shards: threads on different CPUs take and give back
+    // instances without writing the same cache line (kretprobe.cpp, pool_pop). Each
+    // instance belongs to one shard (a contiguous range of indexes) and goes back there.
+    static constexpr uint32_t kShards = 8;
+    struct alignas(64) Shard {
+        std::atomic<uint64_t> free_head{0}; // lock-free list: (tag << 32) | (index + 1), 0 if empty
+        std::atomic<int> in_use{0};         // instances of this shard taken
+    };
+    Shard shards[kShards];
 
     RetInstance *at(uint32_t i) { return reinterpret_cast<RetInstance *>(mem + i * stride); }
+    uint32_t shard_of(uint32_t index) const { return static_cast<uint32_t>(uint64_t{index} * kShards / count); }
+    int in_use() const {
+        int n = 0;
+        for (const Shard &s : shards) n += s.in_use.load(std::memory_order_acquire);
+        return n;
+    }
 };
 
 // Releases, as unwound, this thread's instances whose frames lie below sp on sp's stack

@@ -51,6 +51,13 @@ int blocking_pre(kprobe *, pt_regs *) {
     return 0;
 }
 
+kprobe blocking_probe(const char *symbol) {
+    kprobe kp{};
+    kp.symbol_name = symbol;
+    kp.pre_handler = blocking_pre;
+    return kp;
+}
+
 bool optimized(const kprobe &kp) { return (__atomic_load_n(&kp.flags, __ATOMIC_RELAXED) & KPROBE_FLAG_OPTIMIZED) != 0; }
 
 template <typename Pred>
@@ -95,18 +102,14 @@ protected:
 
 TEST_F(Grace, UnregisterWaitsForAHandlerOnTheBreakpointPath) {
     ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
-    kprobe kp{};
-    kp.symbol_name = "ukg_work";
-    kp.pre_handler = blocking_pre;
+    kprobe kp = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&kp), 0);
     expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
 }
 
 TEST_F(Grace, UnregisterWaitsForAHandlerOnTheJumpPath) {
     ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
-    kprobe kp{};
-    kp.symbol_name = "ukpt_opt_work";
-    kp.pre_handler = blocking_pre;
+    kprobe kp = blocking_probe("ukpt_opt_work");
     ASSERT_EQ(register_kprobe(&kp), 0);
     ukp_optimizer_flush();
     ASSERT_TRUE(optimized(kp));
@@ -117,9 +120,7 @@ TEST_F(Grace, UnregisterWaitsForAHandlerOnTheJumpPath) {
 // unregistration) finds their owners gone. The threads past the table's size still work,
 // on the shared counters.
 TEST_F(Grace, SlotsOfThreadsThatEndedAreGivenBack) {
-    kprobe kp{};
-    kp.symbol_name = "ukg_work";
-    kp.pre_handler = blocking_pre;
+    kprobe kp = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&kp), 0);
     const size_t before = ukp::core::grace_slots_in_use();
     constexpr int kThreads = 1500;
@@ -131,9 +132,7 @@ TEST_F(Grace, SlotsOfThreadsThatEndedAreGivenBack) {
     EXPECT_LE(ukp::core::grace_slots_in_use(), before + 2) << "slots of ended threads, before: " << before
                                                              << ", with them: " << full;
     // And new threads get slots again (a slot's marks work after it changed hands).
-    kprobe again{};
-    again.symbol_name = "ukg_work";
-    again.pre_handler = blocking_pre;
+    kprobe again = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&again), 0);
     expect_unregister_waits_for_the_handler(&again, [] { EXPECT_EQ(ukg_work(1), 4); });
 }
@@ -142,9 +141,7 @@ TEST_F(Grace, SlotsOfThreadsThatEndedAreGivenBack) {
 // and the unregistration waits for those too.
 TEST_F(Grace, AThreadWithoutASlotIsWaitedForToo) {
     ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
-    kprobe kp{};
-    kp.symbol_name = "ukg_work";
-    kp.pre_handler = blocking_pre;
+    kprobe kp = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&kp), 0);
     std::mutex mu;
     std::condition_variable cv;
@@ -187,9 +184,7 @@ TEST_F(Grace, AThreadWithoutASlotIsWaitedForToo) {
 // writer falls back to a TLB shootdown, and still waits for the handler.
 TEST_F(Grace, AMembarrierRefusedLaterStillWaits) {
     ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
-    kprobe kp{};
-    kp.symbol_name = "ukg_work";
-    kp.pre_handler = blocking_pre;
+    kprobe kp = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&kp), 0);
     const pid_t pid = fork();
     if (pid == 0) {
