@@ -188,7 +188,12 @@ ThreadState *owner_of(uint64_t claim) { return reinterpret_cast<ThreadState *>(c
 // whose it is. A section begun by a signal handler in the middle of the claim uses the
 // shared counters.
 __attribute__((noinline)) ReaderSlot *claim_slot(ThreadState &ts) {
-    if (ts.claiming != nullptr || !g_membarrier.load(std::memory_order_acquire)) return &g_no_slot;
+    if (ts.claiming != nullptr) return &g_no_slot;
+    if (!g_membarrier.load(std::memory_order_acquire)) {
+        // Decided before the first probe (grace_init): shared counters for good.
+        ts.reader = &g_no_slot;
+        return &g_no_slot;
+    }
     const size_t start = g_slot_hint.load(std::memory_order_relaxed);
     ReaderSlot *got = &g_no_slot;
     for (size_t n = 0; n < kReaderSlots && got == &g_no_slot; ++n) {
