@@ -227,4 +227,49 @@ TEST_F(Grace, AMembarrierRefusedLaterStillWaits) {
                                          "6: returned before the handler";
 }
 
+// Where membarrier is refused from the start (an old kernel, a container's seccomp
+// profile), every thread uses the shared counters: no slot is taken, and an unregistration
+// still waits for a handler in flight. Run in a new image of this test (the agent's state
+// is made at the first registration), under a filter that refuses membarrier.
+TEST_F(Grace, WithoutMembarrierTheSharedCountersServe) {
+    if (getenv("UKP_GRACE_NO_MEMBARRIER") != nullptr) {
+        ASSERT_EQ(syscall(SYS_membarrier, 0, 0, 0), -1) << "the filter lets membarrier through";
+        ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+        kprobe kp = blocking_probe("ukg_work");
+        ASSERT_EQ(register_kprobe(&kp), 0);
+        for (int i = 0; i < 10; ++i) std::thread([] { ukg_work(2); }).join();
+        EXPECT_EQ(ukp::core::grace_slots_in_use(), 0u);
+        expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
+        ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+        kprobe jump = blocking_probe("ukpt_opt_work");
+        ASSERT_EQ(register_kprobe(&jump), 0);
+        ukp_optimizer_flush();
+        ASSERT_TRUE(optimized(jump));
+        expect_unregister_waits_for_the_handler(&jump, [] { EXPECT_EQ(ukpt_opt_work(4), (5 * 3) ^ 4); });
+        EXPECT_EQ(ukp::core::grace_slots_in_use(), 0u);
+        return;
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60);
+        sock_filter code[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        sock_fprog prog{static_cast<unsigned short>(std::size(code)), code};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+            _exit(2);
+        setenv("UKP_GRACE_NO_MEMBARRIER", "1", 1);
+        execl("/proc/self/exe", "grace_test", "--gtest_filter=Grace.WithoutMembarrierTheSharedCountersServe",
+              static_cast<char *>(nullptr));
+        _exit(3);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status)) << "the test's new image died of signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "its output above; 2: no filter, 3: no exec";
+}
+
 } // namespace
