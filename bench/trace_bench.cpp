@@ -69,11 +69,56 @@ void BM_Event4StringDeref(benchmark::State &state) {
     run_event(state, "e4s", "p:e4s utb_target a=%di s=+0(%si):string v=+0(%dx):s64 d=%cx");
 }
 
+// The bare probe and the 4-register event with two threads hitting at once, one per CPU
+// here: what their hits share. The first thread sets up before the timed loop and tears
+// down after it; the benchmark's barriers at the loop's start and end order them.
+void run_two_threads(benchmark::State &state, const char *name, const char *line) {
+    static kprobe kp;
+    static bool ready;
+    const std::string enable = std::string("events/kprobes/") + (name != nullptr ? name : "") + "/enable";
+    if (state.thread_index() == 0) {
+        if (name == nullptr) {
+            kp = kprobe{};
+            kp.symbol_name = "utb_target";
+            kp.pre_handler = empty_pre;
+            ready = register_kprobe(&kp) == 0;
+        } else {
+            ukp_trace_write("kprobe_events", "");
+            ready = ukp_trace_write("kprobe_events", line) == 0 && ukp_trace_write(enable.c_str(), "1") == 0 &&
+                    ukp_trace_write("tracing_on", "1") == 0;
+        }
+    }
+    long x = 0;
+    for (auto _ : state) {
+        if (!ready) {
+            state.SkipWithError("setup failed");
+            break;
+        }
+        benchmark::DoNotOptimize(x += g_target(x, g_text, &g_value, 3));
+    }
+    if (state.thread_index() == 0) {
+        if (name == nullptr) {
+            unregister_kprobe(&kp);
+        } else {
+            ukp_trace_write(enable.c_str(), "0");
+            ukp_trace_write("kprobe_events", "");
+            ukp_trace_write("trace", "");
+        }
+    }
+}
+
+void BM_BareProbe_TwoThreads(benchmark::State &state) { run_two_threads(state, nullptr, nullptr); }
+void BM_Event4Regs_TwoThreads(benchmark::State &state) {
+    run_two_threads(state, "e4t", "p:e4t utb_target a=%di s=%si p=%dx d=%cx");
+}
+
 BENCHMARK(BM_DirectCall);
 BENCHMARK(BM_BareProbe);
 BENCHMARK(BM_Event0);
 BENCHMARK(BM_Event4Regs);
 BENCHMARK(BM_Event4StringDeref);
+BENCHMARK(BM_BareProbe_TwoThreads)->Threads(2);
+BENCHMARK(BM_Event4Regs_TwoThreads)->Threads(2);
 
 // Collects the per-iteration times to print the ratios after the usual table.
 class RatioReporter : public benchmark::ConsoleReporter {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -164,6 +165,11 @@ TEST_F(TraceEvents, ThreadsHitAtOnce) {
     for (int t = 0; t < 4; ++t)
         threads.emplace_back([t] {
             pthread_setname_np(pthread_self(), ("hitter" + std::to_string(t)).c_str());
+            // On every CPU in turn: kprobe_profile's count is kept per CPU.
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(t % std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)), &one);
+            pthread_setaffinity_np(pthread_self(), sizeof one, &one);
             for (int i = 0; i < 500; ++i) g_triple(i);
         });
     for (auto &t : threads) t.join();
