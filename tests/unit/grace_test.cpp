@@ -58,6 +58,19 @@ kprobe blocking_probe(const char *symbol) {
     return kp;
 }
 
+// Makes membarrier fail with `err` in this process from now on (a seccomp filter, as a
+// sandbox or a container's profile would).
+bool refuse_membarrier(int err) {
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | static_cast<uint32_t>(err)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(code)), code};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
 bool optimized(const kprobe &kp) { return (__atomic_load_n(&kp.flags, __ATOMIC_RELAXED) & KPROBE_FLAG_OPTIMIZED) != 0; }
 
 template <typename Pred>
@@ -189,15 +202,7 @@ TEST_F(Grace, AMembarrierRefusedLaterStillWaits) {
     const pid_t pid = fork();
     if (pid == 0) {
         alarm(30);
-        sock_filter code[] = {
-            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        };
-        sock_fprog prog{static_cast<unsigned short>(std::size(code)), code};
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
-            _exit(2);
+        if (!refuse_membarrier(EPERM)) _exit(2);
         if (syscall(SYS_membarrier, 0, 0, 0) != -1) _exit(3); // MEMBARRIER_CMD_QUERY
         g_inside = false;
         g_release = false;
@@ -252,15 +257,7 @@ TEST_F(Grace, WithoutMembarrierTheSharedCountersServe) {
     const pid_t pid = fork();
     if (pid == 0) {
         alarm(60);
-        sock_filter code[] = {
-            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        };
-        sock_fprog prog{static_cast<unsigned short>(std::size(code)), code};
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
-            _exit(2);
+        if (!refuse_membarrier(ENOSYS)) _exit(2);
         setenv("UKP_GRACE_NO_MEMBARRIER", "1", 1);
         execl("/proc/self/exe", "grace_test", "--gtest_filter=Grace.WithoutMembarrierTheSharedCountersServe",
               static_cast<char *>(nullptr));
