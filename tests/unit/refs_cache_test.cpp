@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
@@ -187,6 +189,44 @@ TEST_F(RefsCache, AnotherFileFindsNothing) {
     }
     EXPECT_EQ(ukp::arch::load_cached_refs(copy, libc_.bias), nullptr) << "a file changed since";
     unlink(copy.c_str());
+}
+
+// Old entries (other agents, other libraries) beyond the limit go, the least recently
+// used first; a load marks an entry used.
+TEST_F(RefsCache, TheLeastRecentlyUsedEntriesGo) {
+    const std::string mine = store_libc();
+    ASSERT_FALSE(mine.empty());
+    const size_t limit = ukp::arch::kObjectRefsCacheEntries;
+    // Entries of other agents, last used from 3 days to an hour ago; libc's the oldest.
+    const time_t now = time(nullptr);
+    for (size_t i = 0; i < limit + 5; ++i) {
+        const std::string name = dir_ + "/refs-old" + std::to_string(i);
+        const int fd = open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+        ASSERT_GE(fd, 0);
+        const timespec times[2] = {{now - 3 * 86400 + static_cast<time_t>(i) * 60, 0},
+                                   {now - 3 * 86400 + static_cast<time_t>(i) * 60, 0}};
+        ASSERT_EQ(futimens(fd, times), 0);
+        close(fd);
+    }
+    const timespec oldest[2] = {{now - 4 * 86400, 0}, {now - 4 * 86400, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, mine.c_str(), oldest, 0), 0);
+    // Loading it marks it used: it stays when the next store prunes.
+    ASSERT_TRUE(ukp::arch::load_cached_refs(libc_.path, libc_.bias));
+    const auto built = ukp::arch::build_object_refs(libc_.path, libc_.bias + 0x1000);
+    ASSERT_TRUE(built);
+    ukp::arch::store_cached_refs("/nonexistent-path-is-skipped", libc_.bias, *built); // no file: nothing
+    EXPECT_EQ(entries(dir_).size(), limit + 6);
+    // Another object's table (the copy of libc under another path) is a new entry.
+    const std::string copy = dir_ + "/libc-copy.so";
+    ASSERT_EQ(std::system(("cp " + libc_.path + " " + copy).c_str()), 0);
+    ukp::arch::store_cached_refs(copy, libc_.bias, *built);
+    const auto left = entries(dir_);
+    EXPECT_EQ(left.size(), limit);
+    auto has = [&](const std::string &f) { return std::find(left.begin(), left.end(), f) != left.end(); };
+    EXPECT_TRUE(has(mine)) << "the entry loaded last went";
+    for (size_t i = 0; i < 7; ++i) EXPECT_FALSE(has(dir_ + "/refs-old" + std::to_string(i))) << i;
+    EXPECT_TRUE(has(dir_ + "/refs-old7"));
+    EXPECT_TRUE(ukp::arch::load_cached_refs(copy, libc_.bias)) << "the entry just stored went";
 }
 
 TEST_F(RefsCache, NothingIsWrittenWithoutTheVariable) {

@@ -7,9 +7,12 @@
 // own (its file's): a file replaced or an agent rebuilt finds nothing. The header repeats
 // the key and a checksum covers the rest; anything that does not match, a file or
 // directory another user could have written, is ignored. Writes go to a temporary file
-// renamed into place, so readers see whole tables or none.
+// renamed into place, so readers see whole tables or none. Every rebuilt agent and
+// upgraded library writes new entries: past kObjectRefsCacheEntries the least recently
+// used go (a load marks an entry used).
 #include "arch/x86_64/region.hpp"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,6 +24,9 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace ukp::arch {
 namespace {
@@ -43,6 +49,8 @@ struct Header {
 };
 
 std::atomic<uint64_t> g_loads{0};
+
+constexpr size_t kMaxEntries = kObjectRefsCacheEntries;
 
 uint64_t fnv(const void *data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
     const auto *p = static_cast<const uint8_t *>(data);
@@ -112,6 +120,25 @@ bool take(const std::string &in, size_t *at, size_t n, std::vector<T> *out) {
     return true;
 }
 
+// Removes the least recently used entries beyond kMaxEntries.
+void prune(const std::string &dir) {
+    DIR *d = opendir(dir.c_str());
+    if (d == nullptr) return;
+    std::vector<std::pair<timespec, std::string>> entries;
+    while (const dirent *e = readdir(d)) {
+        if (strncmp(e->d_name, "refs-", 5) != 0) continue;
+        struct stat st{};
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) entries.emplace_back(st.st_mtim, e->d_name);
+    }
+    if (entries.size() > kMaxEntries) {
+        std::sort(entries.begin(), entries.end(), [](const auto &a, const auto &b) {
+            return a.first.tv_sec != b.first.tv_sec ? a.first.tv_sec < b.first.tv_sec : a.first.tv_nsec < b.first.tv_nsec;
+        });
+        for (size_t i = 0; i + kMaxEntries < entries.size(); ++i) unlinkat(dirfd(d), entries[i].second.c_str(), 0);
+    }
+    closedir(d);
+}
+
 } // namespace
 
 std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias) {
@@ -126,6 +153,7 @@ std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint
         st.st_size >= static_cast<off_t>(sizeof(Header)) && st.st_size < (off_t{1} << 32)) {
         bytes.resize(static_cast<size_t>(st.st_size));
         if (pread(fd, bytes.data(), bytes.size(), 0) != static_cast<ssize_t>(bytes.size())) bytes.clear();
+        futimens(fd, nullptr); // used now: the last to go when the directory is pruned
     }
     close(fd);
     if (bytes.size() < sizeof(Header)) return nullptr;
@@ -206,7 +234,11 @@ void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs 
         if (ok) at += static_cast<size_t>(n);
     }
     ok = close(fd) == 0 && ok;
-    if (!ok || rename(tmp.c_str(), entry_path(dir, path, file).c_str()) != 0) unlink(tmp.c_str());
+    if (!ok || rename(tmp.c_str(), entry_path(dir, path, file).c_str()) != 0) {
+        unlink(tmp.c_str());
+        return;
+    }
+    prune(dir);
 }
 
 uint64_t object_refs_loaded_from_disk() { return g_loads.load(std::memory_order_relaxed); }

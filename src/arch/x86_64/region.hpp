@@ -158,6 +158,8 @@ std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t 
 // names a directory: the table of the file at path, rebased to bias, or null.
 std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias);
 void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs &refs);
+// Entries the cache directory keeps at most (the least recently used go first).
+constexpr size_t kObjectRefsCacheEntries = 64;
 // How many tables this process took from the disk cache.
 uint64_t object_refs_loaded_from_disk();
 // Drops the kept references of the object that was loaded at bias (it was unloaded).
