@@ -185,6 +185,13 @@ private:
     uint64_t last_ts_ = 0;
 };
 
+// Empties a ring whose process is held or gone: reads until it counts no entry left,
+// what the process's other threads still write meanwhile included. `wait_ms`: how long
+// each read waits for a record.
+void drain_ring(TraceReader &reader, Output &out, int wait_ms) {
+    for (int i = 0; i < 1000 && reader.entries() > 0; ++i) out.add(reader.pipe(wait_ms, 1 << 20));
+}
+
 std::string comm_of(int pid) {
     std::ifstream in(fmt::format("/proc/{}/comm", pid));
     std::string s;
@@ -266,10 +273,7 @@ private:
                     asked = drain_asked_;
                 }
                 if (asked > drain_done_) {
-                    // The process is held: what the ring holds now is all there is, save
-                    // what its other threads still write meanwhile (read too, until empty).
-                    for (int i = 0; i < 1000 && reader_.entries() > 0; ++i)
-                        out_.add(reader_.pipe(kPipeWaitMs, 1 << 20));
+                    drain_ring(reader_, out_, kPipeWaitMs); // the process is held
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
                     std::lock_guard lock(mu_);
                     if (p.status >= 0) profile_ = p.payload;
@@ -455,10 +459,7 @@ private:
                 const bool gone = this->gone();
                 finish = finish || (exec && asked == drain_done_ && !holds_ring());
                 if (gone || finish || asked > drain_done_) {
-                    // Held or gone: what the ring holds now is all there is, save what the
-                    // process's other threads still write meanwhile (read too, until empty).
-                    for (int i = 0; i < 1000 && reader_->entries() > 0; ++i)
-                        out_.add(reader_->pipe(gone ? 0 : kPipeWaitMs, 1 << 20));
+                    drain_ring(*reader_, out_, gone ? 0 : kPipeWaitMs); // held or gone
                     if (gone || finish) break;
                     std::lock_guard lock(mu_);
                     drain_done_ = asked;
@@ -632,6 +633,7 @@ private:
     void drain_forked(int pid);
     void on_notification();
     void handle(const seccomp_notif &req);
+    void let_go(uint64_t id);
     bool agent_answers(int pid);
     void on_signals();
     void kill_program(int sig);
@@ -806,11 +808,7 @@ bool Runner::agent_answers(int pid) {
         const int tgid = tgid_of(static_cast<int>(req.pid));
         if (req.data.nr == __NR_rt_sigprocmask && !forked_ring_notice(req) && tgid > 0 &&
             static_cast<int>(req.pid) != tgid) {
-            seccomp_notif_resp resp;
-            memset(&resp, 0, sizeof resp);
-            resp.id = req.id;
-            resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
-            ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+            let_go(req.id);
         } else {
             deferred_.push_back(req);
         }
@@ -849,9 +847,14 @@ void Runner::handle(const seccomp_notif &req) {
             if (!streamed) drain_forked(tgid);
         }
     }
+    let_go(req.id);
+}
+
+// The waiting system call goes on unchanged.
+void Runner::let_go(uint64_t id) {
     seccomp_notif_resp resp;
     memset(&resp, 0, sizeof resp);
-    resp.id = req.id;
+    resp.id = id;
     resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
     ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
 }
@@ -905,7 +908,7 @@ void Runner::drain_forked(int pid) {
     events.set_timeout_ms(kForkedTableTimeoutMs);
     try {
         TraceReader reader(events, pid, ring);
-        for (int i = 0; i < 1000 && reader.entries() > 0; ++i) out_->add(reader.pipe(0, 1 << 20));
+        drain_ring(reader, *out_, 0);
     } catch (const std::runtime_error &) {
         // The ancestor is gone meanwhile: its event table with it.
     }
