@@ -77,8 +77,7 @@ public:
 // from, which the bouncing line used to share).
 class PerCpuCount {
 public:
-    void add() noexcept {
-        const int cpu = sched_getcpu(); // rseq or the vDSO: no system call
+    void add(int cpu) noexcept {
         shards_[static_cast<unsigned>(cpu < 0 ? 0 : cpu) % kShards].n.fetch_add(1, std::memory_order_relaxed);
     }
     uint64_t load() const noexcept {
@@ -127,7 +126,8 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 }
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
-    hits.add();
+    const int cpu = sched_getcpu(); // rseq or the vDSO: no system call; the record's too
+    hits.add(cpu);
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
     const ThreadInfo &me = this_thread();
@@ -143,7 +143,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
         too_big.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    uint8_t *rec = record ? ring_reserve(size, me.comm) : nullptr;
+    uint8_t *rec = record ? ring_reserve(size, me.comm, cpu) : nullptr;
     alignas(8) uint8_t scratch[kScratchSize];
     uint8_t *buf = rec;
     uint32_t cap = size;

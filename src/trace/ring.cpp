@@ -374,7 +374,7 @@ void count_drop(SlotHeader *s) {
 
 // ---- Hot path ----
 
-uint8_t *ring_reserve(uint32_t size, const char *comm) {
+uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     if (!g_on.load(std::memory_order_relaxed)) return nullptr;
     Writer &w = t_w;
     if (w.busy) {
@@ -469,7 +469,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm) {
     }
     const uint64_t rec_off = pad != 0 ? 0 : off;
     auto *rh = reinterpret_cast<RecordHeader *>(w.data + rec_off);
-    const int cpu = sched_getcpu(); // rseq or the vDSO's getcpu: no system call
+    if (cpu < 0) cpu = sched_getcpu(); // rseq or the vDSO's getcpu: no system call
     rh->cpu = static_cast<uint16_t>(cpu < 0 ? 0 : cpu);
     rh->kind = kRecordKind;
     rh->reserved = 0;

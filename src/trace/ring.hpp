@@ -26,8 +26,9 @@ namespace ukp::trace {
 // on the same thread (a probe hit in a signal handler that interrupted this thread
 // between its reserve and commit) is refused and counted as lost. `comm`: the thread's
 // name (16 bytes, NUL-terminated) as the caller keeps it, saved with the thread's buffer
-// at its first record there (SlotHeader::comm); null saves none.
-uint8_t *ring_reserve(uint32_t size, const char *comm = nullptr);
+// at its first record there (SlotHeader::comm); null saves none. `cpu`: the record's CPU
+// if the caller read it already (sched_getcpu), else negative.
+uint8_t *ring_reserve(uint32_t size, const char *comm = nullptr, int cpu = -1);
 // Publishes the record reserved at `rec`, `used` bytes of it (used <= size reserved);
 // used == 0 discards it (a filter said no). Must follow every non-null ring_reserve.
 void ring_commit(uint8_t *rec, uint32_t used);
