@@ -7,6 +7,7 @@
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
+#include "arch/x86_64/vector_use.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -28,7 +29,13 @@ namespace ukp::core {
 // published: a change publishes a new list and retires the old one after a grace period.
 struct ProbeList {
     uint32_t count = 0;
+    // Bit i: probes[i]'s pre_handler is proven to leave the vector and floating-point
+    // state alone (arch::scan_vector_use), so the optimized path calls it without saving
+    // that state. Probes past the 64th are not looked at: they run with it saved.
+    uint64_t gpr_mask = 0;
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
+
+    bool gpr_only(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
 };
 
 // One probed address. Created at the first registration there and kept for the life of
@@ -82,6 +89,14 @@ bool synchronize();
 // Registers the process for membarrier's private expedited barrier (once, before the
 // first probe). Without it, all threads use the shared counters.
 void grace_init();
+// Decides, once, whether the optimized path's dispatcher runs without saving the vector
+// state: only if the scan of its code proves it leaves that state alone (it does not
+// under the sanitizers, whose checks call out through the PLT). gpr_dispatch_scan() tells
+// what the scan found.
+void gpr_dispatch_init();
+const arch::VectorScan &gpr_dispatch_scan();
+// Whether a handler's code is proven to leave that state alone (true for none).
+bool handler_is_gpr_only(const void *fn);
 // How many threads can have a slot for their read sections at once.
 constexpr size_t kGraceSlots = 1024;
 // Slots of the per-thread words held now (by live threads, or by dead ones the next

@@ -6,6 +6,7 @@
 
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
+#include "arch/x86_64/trampoline.hpp"
 #include "text/text.hpp"
 
 #include <cerrno>
@@ -16,7 +17,10 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <type_traits>
 #include <unistd.h>
+
+extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved);
 
 namespace ukp::core {
 
@@ -346,6 +350,30 @@ void grace_after_fork_child() {
     }
 }
 
+// ---- the optimized path without the vector state saved ----------------------------------
+
+namespace {
+arch::VectorScan g_gpr_dispatch_scan;
+} // namespace
+
+void gpr_dispatch_init() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // The two stubs are where the dispatcher's calls of unproven code go.
+        const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
+                                  reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
+        g_gpr_dispatch_scan =
+            arch::scan_vector_use(reinterpret_cast<uint64_t>(&ukp_optprobe_dispatch), stops, std::size(stops));
+        __atomic_store_n(&ukp_gpr_dispatch, g_gpr_dispatch_scan.clean ? 1 : 0, __ATOMIC_RELEASE);
+    });
+}
+
+const arch::VectorScan &gpr_dispatch_scan() { return g_gpr_dispatch_scan; }
+
+bool handler_is_gpr_only(const void *fn) {
+    return fn == nullptr || arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), nullptr, 0).clean;
+}
+
 // ---- the hit path --------------------------------------------------------------------
 
 namespace {
@@ -503,9 +531,27 @@ bool any_post_handler(const ProbeList *list) {
 }
 
 
+// Runs f() with the vector and floating-point state saved around it, unless the caller
+// says it is saved already (the breakpoint path: the kernel saved it in the signal frame).
+// On the optimized path, whose dispatcher runs without that state saved, every call of
+// code not proven to leave it alone goes through here. Both ways call through a stub, so
+// the scan of the dispatcher's code (vector_use.hpp) does not follow into f.
+template <typename F>
+void outside_gpr(bool ext_saved, F &&f) {
+    using Closure = std::remove_reference_t<F>;
+    void (*const thunk)(void *) = [](void *c) { (*static_cast<Closure *>(c))(); };
+    if (ext_saved)
+        ukp_call_handler(reinterpret_cast<void *>(thunk), &f, nullptr);
+    else
+        ukp_call_saving_vectors(thunk, &f);
+}
+
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
-// at the regs->ip it set. regs->ip is the probe address plus one on entry.
-bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
+// at the regs->ip it set. regs->ip is the probe address plus one on entry. ext_saved:
+// whether the vector state is saved (see outside_gpr); handlers proven to leave it alone
+// (ProbeList::gpr_only) run without.
+bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first,
+                      bool ext_saved) {
     ThreadState &ts = t_state;
     const uint64_t hit_ip = pt->addr + 1;
     bool redirected = false;
@@ -516,9 +562,16 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
         const pt_regs before = regs;
         ts.hit_point = pt;
         ts.hit_position = i;
-        const int r = run_guarded(p, [&] { return p->pre_handler(p, &regs); });
+        const auto guarded = [&] {
+            return run_guarded(p, [&] { return ukp_call_handler(reinterpret_cast<void *>(p->pre_handler), p, &regs); });
+        };
+        int r;
+        if (ext_saved || list->gpr_only(i))
+            r = guarded();
+        else
+            outside_gpr(false, [&] { r = guarded(); });
         if (r < 0) {
-            handler_faulted(p, &regs, before);
+            outside_gpr(ext_saved, [&] { handler_faulted(p, &regs, before); });
             continue;
         }
         // "Changing Execution Path": a non-zero return resumes at regs->ip. A non-zero
@@ -535,7 +588,7 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
 void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
     ThreadState &ts = t_state;
     ++ts.depth;
-    const bool redirected = run_pre_handlers(pt, list, uc, regs, first);
+    const bool redirected = run_pre_handlers(pt, list, uc, regs, first, true);
 
     uint64_t fault_addr = 0;
     bool fault = false;
@@ -645,7 +698,30 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_post_dispatch(uk
 // Called by ukp_optprobe_trampoline when an optimized probe's jump was taken: the
 // breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
 // as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
-extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs) {
+namespace ukp::core {
+namespace {
+
+// The optimized path's post_handlers (see ukp_optprobe_dispatch). regs->ip is the copy.
+void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
+    uint64_t fault_addr = 0;
+    if (pt->slot != 0) {
+        regs->ip = pt->post;
+    } else if (arch::emulate_branch(pt->insn, regs, &fault_addr) == 0) {
+        run_post_handlers(list, regs);
+        regs->ip = into_copy(pt, regs->ip);
+    }
+    // else regs (ip at the copy) are unchanged: the copy faults the same way, as the
+    // program would
+}
+
+} // namespace
+} // namespace ukp::core
+
+// Called by the optprobe trampoline. Without the vector state saved (ext_saved 0) when
+// ukp_gpr_dispatch is set: then everything this calls either is proven to leave that state
+// alone or goes through outside_gpr().
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs,
+                                                                                 int ext_saved) {
     using namespace ukp::core;
     ThreadState &ts = thread_state();
     const uint64_t copy = pt->detour_code + pt->layout.copy;
@@ -661,22 +737,12 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     }
     regs->ip = pt->addr + 1;
     ++ts.depth;
-    const bool redirected = run_pre_handlers(pt, list, nullptr, *regs, 0);
+    const bool redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0);
     if (!redirected) {
         regs->ip = copy;
         // A post_handler arrived while the jump was still in place: the first instruction
         // and the post_handlers run as on the breakpoint path.
-        if (any_post_handler(list)) {
-            uint64_t fault_addr = 0;
-            if (pt->slot != 0) {
-                regs->ip = pt->post;
-            } else if (ukp::arch::emulate_branch(pt->insn, regs, &fault_addr) == 0) {
-                run_post_handlers(list, regs);
-                regs->ip = into_copy(pt, regs->ip);
-            } else {
-                regs->ip = copy; // the copy faults the same way, as the program would
-            }
-        }
+        if (any_post_handler(list)) outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
     }
     --ts.depth;
     read_unlock(idx);

@@ -272,9 +272,13 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
     if (mem == nullptr) return nullptr;
     auto *list = new (mem) ProbeList;
     list->count = 0;
+    const auto put = [list](kprobe *p, bool gpr_only) {
+        if (gpr_only && list->count < 64) list->gpr_mask |= uint64_t{1} << list->count;
+        list->probes[list->count++] = p;
+    };
     for (uint32_t i = 0; i < n; ++i)
-        if (from->probes[i] != drop) list->probes[list->count++] = from->probes[i];
-    if (add != nullptr) list->probes[list->count++] = add;
+        if (from->probes[i] != drop) put(from->probes[i], from->gpr_only(i));
+    if (add != nullptr) put(add, handler_is_gpr_only(reinterpret_cast<const void *>(add->pre_handler)));
     return list;
 }
 
@@ -498,6 +502,7 @@ void hook_link_map_locked() {
 
 int ensure_initialized() {
     grace_init(); // before the first probe: its hits may take slots
+    gpr_dispatch_init();
     if (int err = install_signal_handlers(); err != 0) return err;
     if (int err = text::init(); err != 0) return err;
     if (g_symbols == nullptr) g_symbols = new (std::nothrow) sym::Registry();

@@ -8,4 +8,5 @@ list(APPEND UKP_SOURCES
   arch/x86_64/regs.cpp
   arch/x86_64/safe_access.S
   arch/x86_64/trampoline.cpp
-  arch/x86_64/trampolines.S)
+  arch/x86_64/trampolines.S
+  arch/x86_64/vector_use.cpp)

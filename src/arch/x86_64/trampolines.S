@@ -111,20 +111,18 @@
         cld                             // the ABI's promise to the C code we call
         .endm
 
-// Calls \fn(context, regs) with the extended state saved around it: the handlers, and
-// the C code around them, use vector registers the program may hold live values in
-// (arguments in xmm0-7, results in xmm0). rbx keeps the frame across the call.
+// Calls \target (a symbol, or *reg) with the extended state saved around it: C code
+// uses vector registers the program may hold live values in (arguments in xmm0-7,
+// results in xmm0). The arguments are in rdi and rsi already; rdx is set to 1 (the
+// optprobe dispatcher's "vector state saved"). Expects the stack pointer to go back to
+// rbx afterwards; clobbers r12.
 //
 // Where the OS enables no state beyond x87, SSE and AVX (ukp_fast_ext, trampoline.cpp),
 // the vector registers (ymm0-15, or xmm0-15 without AVX) are saved by hand, which costs a
 // few ns where XSAVE/XRSTOR cost some 100 here, and MXCSR (whose sticky exception flags
 // a handler's floating-point math may set). Not saved that way: the x87 registers (C
 // code leaves them alone unless it computes with long double). Elsewhere, XSAVE.
-        .macro  CALL_DISPATCH fn, ctx=FRAME
-        mov     \ctx(%rsp), %rdi        // the context pushed on entry
-        mov     %rsp, %rsi              // struct pt_regs *
-        mov     %rsp, %rbx
-        .cfi_def_cfa_register rbx
+        .macro  SAVED_VECTOR_CALL target
         movzbl  ukp_fast_ext(%rip), %r12d // callee-saved: still there after the call
         test    %r12d, %r12d
         jz      .Lfull\@
@@ -169,7 +167,8 @@
         movaps  %xmm14, 448(%rsp)
         movaps  %xmm15, 480(%rsp)
 .Lsaved\@:
-        call    \fn
+        mov     $1, %edx
+        call    \target
         cmp     $2, %r12d
         jne     .Lrestore_xmm\@
         vmovdqa 0(%rsp), %ymm0
@@ -214,9 +213,20 @@
         jmp     .Ldone\@
 .Lfull\@:
         SAVE_EXTENDED_STATE
-        call    \fn
+        mov     $1, %edx
+        call    \target
         RESTORE_EXTENDED_STATE
 .Ldone\@:
+        .endm
+
+// Calls \fn(context, regs) with the extended state saved around it. rbx keeps the frame
+// across the call.
+        .macro  CALL_DISPATCH fn, ctx=FRAME
+        mov     \ctx(%rsp), %rdi        // the context pushed on entry
+        mov     %rsp, %rsi              // struct pt_regs *
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        SAVED_VECTOR_CALL \fn
         mov     %rbx, %rsp
         .cfi_def_cfa_register rsp
         .endm
@@ -336,7 +346,23 @@ ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
         SAVE_PT_REGS 144
+        // The dispatcher proven to leave the vector state alone (ukp_gpr_dispatch, hit.cpp)
+        // is called without saving it: it saves it itself before any code that is not.
+        cmpb    $0, ukp_gpr_dispatch(%rip)
+        je      .Lopt_saving
+        mov     FRAME+8(%rsp), %rdi
+        mov     %rsp, %rsi
+        xor     %edx, %edx              // vector state not saved
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        and     $-16, %rsp              // the probe may be anywhere: sp has any alignment
+        call    ukp_optprobe_dispatch
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        jmp     .Lopt_called
+.Lopt_saving:
         CALL_DISPATCH ukp_optprobe_dispatch, FRAME+8
+.Lopt_called:
         mov     FRAME(%rsp), %rax
         add     $DETOUR_BACK_LEN, %rax
         cmp     RIP(%rsp), %rax
@@ -380,6 +406,56 @@ ukp_kretprobe_trampoline:
         RESUME_PT_REGS
         .cfi_endproc
         .size   ukp_kretprobe_trampoline, .-ukp_kretprobe_trampoline
+
+// int ukp_call_handler(fn, a, b): returns fn(a, b). The optprobe dispatcher calls every
+// function pointer through it (handlers, and closures that ukp_call_saving_vectors is not
+// needed for), so that the scan that proves the dispatcher leaves the vector state alone
+// (vector_use.hpp) can treat its one indirect jump as vouched for.
+        .globl  ukp_call_handler
+        .hidden ukp_call_handler
+        .type   ukp_call_handler, @function
+        .p2align 4
+ukp_call_handler:
+        .cfi_startproc
+        mov     %rdi, %rax
+        mov     %rsi, %rdi
+        mov     %rdx, %rsi
+        jmp     *%rax
+        .cfi_endproc
+        .size   ukp_call_handler, .-ukp_call_handler
+
+// void ukp_call_saving_vectors(void (*fn)(void *), void *arg): fn(arg) with the vector
+// and floating-point state saved around it, as the trampolines save it.
+        .globl  ukp_call_saving_vectors
+        .hidden ukp_call_saving_vectors
+        .type   ukp_call_saving_vectors, @function
+        .p2align 4
+ukp_call_saving_vectors:
+        .cfi_startproc
+        push    %rbp
+        .cfi_def_cfa_offset 16
+        .cfi_offset %rbp, -16
+        mov     %rsp, %rbp
+        .cfi_def_cfa_register %rbp
+        push    %rbx
+        .cfi_offset %rbx, -24
+        push    %r12
+        .cfi_offset %r12, -32
+        push    %r13
+        .cfi_offset %r13, -40
+        mov     %rdi, %r13
+        mov     %rsi, %rdi
+        mov     %rsp, %rbx
+        SAVED_VECTOR_CALL *%r13
+        mov     %rbx, %rsp
+        pop     %r13
+        pop     %r12
+        pop     %rbx
+        pop     %rbp
+        .cfi_def_cfa %rsp, 8
+        ret
+        .cfi_endproc
+        .size   ukp_call_saving_vectors, .-ukp_call_saving_vectors
 
 // void jprobe_return(void): ends a jprobe handler. Its int3 is recognised by the agent's
 // SIGTRAP handler, which restores the probed function's registers and stack and lets
