@@ -7,6 +7,7 @@
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
+#include "arch/x86_64/trampoline.hpp"
 #include "arch/x86_64/vector_use.hpp"
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <signal.h>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -89,12 +91,13 @@ bool synchronize();
 // Registers the process for membarrier's private expedited barrier (once, before the
 // first probe). Without it, all threads use the shared counters.
 void grace_init();
-// Decides, once, whether the optimized path's dispatcher runs without saving the vector
-// state: only if the scan of its code proves it leaves that state alone (it does not
-// under the sanitizers, whose checks call out through the PLT). gpr_dispatch_scan() tells
-// what the scan found.
+// Decides, once, whether the optimized path's and the return path's dispatchers run
+// without saving the vector state: each only if the scan of its code proves it leaves
+// that state alone (not under the sanitizers, whose checks call out through the PLT).
+// gpr_dispatch_scan() tells what a scan found.
 void gpr_dispatch_init();
-const arch::VectorScan &gpr_dispatch_scan();
+enum class Dispatcher { kOptprobe, kKretprobe };
+const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
 // Whether a handler's code is proven to leave that state alone (true for none).
 bool handler_is_gpr_only(const void *fn);
 // How many threads can have a slot for their read sections at once.
@@ -211,11 +214,29 @@ bool on_fault(int sig, siginfo_t *info, ucontext_t *uc); // true if it was ours
 // resuming `uc` re-executes the program's own faulting instruction.
 void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayable = false);
 
-// Runs fn(arg) as a handler of p: a fault inside it abandons it and returns -1.
-int call_guarded(kprobe *p, int (*fn)(void *), void *arg);
+// Runs fn(a, b), a handler of p taking two pointers, under a recovery point: a fault
+// inside it abandons it and returns -1. With the vector state saved around it unless
+// `proven` (fn proven to leave that state alone, or the state saved already).
+UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven);
+
+// Runs f() with the vector and floating-point state saved around it, unless the caller
+// says it is saved already (the breakpoint path: the kernel saved it in the signal frame).
+// On the optimized and return paths, whose dispatchers run without that state saved when
+// they are proven to leave it alone (gpr_dispatch_init), every call of code that is not
+// goes through here. Both ways call through a stub, so the scan of a dispatcher's code
+// (vector_use.hpp) does not follow into f.
+template <typename F>
+void outside_gpr(bool ext_saved, F &&f) {
+    using Closure = std::remove_reference_t<F>;
+    void (*const thunk)(void *) = [](void *c) { (*static_cast<Closure *>(c))(); };
+    if (ext_saved)
+        ukp_call_handler(reinterpret_cast<void *>(thunk), &f, nullptr);
+    else
+        ukp_call_saving_vectors(thunk, &f);
+}
 
 // The thread id of the calling thread, cached per thread.
-int current_tid();
+UKP_HOT int current_tid();
 
 // Registry services for the other probe types (registry.cpp).
 bool is_registered(const kprobe *p);

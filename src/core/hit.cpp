@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved);
+extern "C" void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs, int ext_saved); // kretprobe.cpp
 
 namespace ukp::core {
 
@@ -353,26 +354,37 @@ void grace_after_fork_child() {
 // ---- the optimized path without the vector state saved ----------------------------------
 
 namespace {
-arch::VectorScan g_gpr_dispatch_scan;
+arch::VectorScan g_gpr_dispatch_scans[2];
+
+// The scan, with the two stubs where the agent's calls of unproven code go as stops
+// (outside_gpr: a stop either saves the state or is given proven code).
+arch::VectorScan scan_with_stops(const void *fn) {
+    const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
+                              reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
+    return arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), stops, std::size(stops));
+}
 } // namespace
 
 void gpr_dispatch_init() {
     static std::once_flag once;
     std::call_once(once, [] {
-        // The two stubs are where the dispatcher's calls of unproven code go.
-        const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
-                                  reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
-        g_gpr_dispatch_scan =
-            arch::scan_vector_use(reinterpret_cast<uint64_t>(&ukp_optprobe_dispatch), stops, std::size(stops));
-        __atomic_store_n(&ukp_gpr_dispatch, g_gpr_dispatch_scan.clean ? 1 : 0, __ATOMIC_RELEASE);
+        const struct {
+            const void *fn;
+            uint8_t *flag;
+        } dispatchers[] = {{reinterpret_cast<const void *>(&ukp_optprobe_dispatch), &ukp_gpr_dispatch},
+                           {reinterpret_cast<const void *>(&ukp_kretprobe_dispatch), &ukp_gpr_ret_dispatch}};
+        for (size_t i = 0; i < std::size(dispatchers); ++i) {
+            g_gpr_dispatch_scans[i] = scan_with_stops(dispatchers[i].fn);
+            __atomic_store_n(dispatchers[i].flag, g_gpr_dispatch_scans[i].clean ? 1 : 0, __ATOMIC_RELEASE);
+        }
     });
 }
 
-const arch::VectorScan &gpr_dispatch_scan() { return g_gpr_dispatch_scan; }
-
-bool handler_is_gpr_only(const void *fn) {
-    return fn == nullptr || arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), nullptr, 0).clean;
+const arch::VectorScan &gpr_dispatch_scan(Dispatcher which) {
+    return g_gpr_dispatch_scans[which == Dispatcher::kOptprobe ? 0 : 1];
 }
+
+bool handler_is_gpr_only(const void *fn) { return fn == nullptr || scan_with_stops(fn).clean; }
 
 // ---- the hit path --------------------------------------------------------------------
 
@@ -531,21 +543,6 @@ bool any_post_handler(const ProbeList *list) {
 }
 
 
-// Runs f() with the vector and floating-point state saved around it, unless the caller
-// says it is saved already (the breakpoint path: the kernel saved it in the signal frame).
-// On the optimized path, whose dispatcher runs without that state saved, every call of
-// code not proven to leave it alone goes through here. Both ways call through a stub, so
-// the scan of the dispatcher's code (vector_use.hpp) does not follow into f.
-template <typename F>
-void outside_gpr(bool ext_saved, F &&f) {
-    using Closure = std::remove_reference_t<F>;
-    void (*const thunk)(void *) = [](void *c) { (*static_cast<Closure *>(c))(); };
-    if (ext_saved)
-        ukp_call_handler(reinterpret_cast<void *>(thunk), &f, nullptr);
-    else
-        ukp_call_saving_vectors(thunk, &f);
-}
-
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry. ext_saved:
 // whether the vector state is saved (see outside_gpr); handlers proven to leave it alone
@@ -562,14 +559,8 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
         const pt_regs before = regs;
         ts.hit_point = pt;
         ts.hit_position = i;
-        const auto guarded = [&] {
-            return run_guarded(p, [&] { return ukp_call_handler(reinterpret_cast<void *>(p->pre_handler), p, &regs); });
-        };
-        int r;
-        if (ext_saved || list->gpr_only(i))
-            r = guarded();
-        else
-            outside_gpr(false, [&] { r = guarded(); });
+        const int r = call_guarded(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
+                                   ext_saved || list->gpr_only(i));
         if (r < 0) {
             outside_gpr(ext_saved, [&] { handler_faulted(p, &regs, before); });
             continue;
@@ -668,8 +659,12 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
     probe_hit(pt, uc);
 }
 
-int call_guarded(kprobe *p, int (*fn)(void *), void *arg) {
-    return run_guarded(p, [&] { return fn(arg); });
+int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven) {
+    const auto guarded = [&] { return run_guarded(p, [&] { return ukp_call_handler(fn, a, b); }); };
+    if (proven) return guarded();
+    int r = 0;
+    outside_gpr(false, [&] { r = guarded(); });
+    return r;
 }
 
 } // namespace ukp::core

@@ -135,20 +135,10 @@ void exit_hook(void *) {
 void ensure_exit_hook() {
     if (t_exit_hooked) return;
     t_exit_hooked = true;
-    pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
+    outside_gpr(false, [] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
 }
 
 int kretprobe_pre(kprobe *p, pt_regs *regs);
-
-struct EntryCall {
-    kretprobe *rp;
-    kretprobe_instance *ri;
-    pt_regs *regs;
-};
-int call_entry_handler(void *arg) {
-    auto *c = static_cast<EntryCall *>(arg);
-    return c->rp->entry_handler(c->ri, c->regs);
-}
 
 int kretprobe_pre(kprobe *p, pt_regs *regs) {
     auto *rp = reinterpret_cast<kretprobe *>(p); // kp is the first member
@@ -170,9 +160,8 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
     ri->pub.task = current_tid();
     ri->pub.fp = slot;
     if (rp->entry_handler != nullptr) {
-        EntryCall call{rp, &ri->pub, regs};
         // Non-zero: leave this call alone. A fault: the same, and the instance goes back.
-        if (call_guarded(p, call_entry_handler, &call) != 0) {
+        if (call_guarded(p, reinterpret_cast<void *>(rp->entry_handler), &ri->pub, regs, pool->entry_gpr_only) != 0) {
             pool_push(ri);
             return 0;
         }
@@ -275,18 +264,9 @@ void report_bug(const RetInstance *ri, uint64_t sp) {
     put(": the instance was not in flight; resuming at its last return address ");
     hex(reinterpret_cast<uint64_t>(ri->pub.ret_addr));
     put("\n");
-    (void)!write(STDERR_FILENO, buf, n);
+    outside_gpr(false, [&] { (void)!write(STDERR_FILENO, buf, n); });
 }
 
-struct ReturnCall {
-    kretprobe *rp;
-    kretprobe_instance *ri;
-    pt_regs *regs;
-};
-int call_return_handler(void *arg) {
-    auto *c = static_cast<ReturnCall *>(arg);
-    return c->rp->handler(c->ri, c->regs);
-}
 
 // libunwind's dynamic unwind-information registry (libunwind-dynamic.h of libunwind 1.6,
 // Debian 12's), mirrored here
@@ -493,7 +473,7 @@ void reap_dead_pools() {
 } // namespace
 
 int current_tid() {
-    if (t_tid == 0) t_tid = static_cast<int>(syscall(SYS_gettid)); // once per thread
+    if (t_tid == 0) outside_gpr(false, [] { t_tid = static_cast<int>(syscall(SYS_gettid)); }); // once per thread
     return t_tid;
 }
 
@@ -548,7 +528,10 @@ char probe_type(const kprobe *p) {
 using namespace ukp::core;
 
 // Called by ukp_kretprobe_trampoline when a probed function returned into a stub.
-extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs) {
+// Without the vector state saved (ext_saved 0) when ukp_gpr_ret_dispatch is set (see
+// ukp_optprobe_dispatch in hit.cpp).
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs,
+                                                                                  int ext_saved) {
     ThreadState &ts = thread_state();
     ++ts.depth;
     const unsigned idx = read_lock();
@@ -573,8 +556,8 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispat
     } else {
         kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire);
         if (rp != nullptr && rp->handler != nullptr && !g_handlers_silenced.load(std::memory_order_relaxed)) {
-            ReturnCall call{rp, &ri->pub, regs};
-            call_guarded(&rp->kp, call_return_handler, &call);
+            call_guarded(&rp->kp, reinterpret_cast<void *>(rp->handler), &ri->pub, regs,
+                         ext_saved != 0 || ri->pool->handler_gpr_only);
         }
         // Another thread's instance (its stack moved here) goes back when that thread
         // next walks its list; ours goes back now.
@@ -602,6 +585,8 @@ int register_kretprobe(struct kretprobe *rp) {
     create_exit_key();
     RetPool *pool = make_pool(rp);
     if (pool == nullptr) return -ENOMEM;
+    pool->entry_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->entry_handler));
+    pool->handler_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->handler));
     rp->nmissed = 0;
     rp->ukp_unwound = 0;
     rp->ukp_private = pool;

@@ -37,6 +37,10 @@ struct RetPool {
     std::vector<uint8_t> eh_frame;        // the sled's CIE and FDE, registered with libgcc
     void *unw_info = nullptr;             // the same, registered with libunwind if loaded
     alignas(8) int32_t unw_table[2] = {}; // its one-entry search table: {ip offset, FDE offset}
+    // The handlers proven to leave the vector state alone (core.hpp, handler_is_gpr_only):
+    // called without saving it on the optimized and return paths.
+    bool entry_gpr_only = false;
+    bool handler_gpr_only = false;
     // The free instances, in shards: threads on different CPUs take and give back
     // instances without writing the same cache line (kretprobe.cpp, pool_pop). Each
     // instance belongs to one shard (a contiguous range of indexes) and goes back there.
@@ -70,7 +74,7 @@ bool in_return_stub(uint64_t addr);
 // compare frames of the same stack only. Lock-free and async-signal-safe.
 void note_stack(uint64_t lo, uint64_t size);
 // 1 + the index of the known stack containing addr, or 0: a thread's own stack.
-uint32_t stack_of(uint64_t addr);
+UKP_HOT uint32_t stack_of(uint64_t addr);
 
 // jprobe.cpp
 bool is_jprobe(const kprobe *p);

@@ -791,6 +791,12 @@ char *ukp_kprobes_list(void) {
 
 int ukp_kprobes_enabled(void) { return g_kprobes_enabled.load() ? 1 : 0; }
 
+int ukp_lean_dispatch(void) {
+    std::lock_guard lock(g_mutex);
+    if (int err = ensure_initialized(); err != 0) return err;
+    return (ukp_gpr_dispatch != 0 ? UKP_LEAN_KPROBE : 0) | (ukp_gpr_ret_dispatch != 0 ? UKP_LEAN_KRETPROBE : 0);
+}
+
 int ukp_set_fork_policy(int policy) {
     if (policy != UKP_FORK_KEEP && policy != UKP_FORK_REMOVE) return -EINVAL;
     g_fork_policy.store(policy);

@@ -14,6 +14,7 @@ __attribute__((visibility("hidden"))) uint64_t ukp_xsave_size = 0;
 // and MXCSR by hand (no AVX), 2 ymm0-15 and MXCSR by hand (XCR0 has nothing beyond AVX).
 __attribute__((visibility("hidden"))) uint8_t ukp_fast_ext = 0;
 __attribute__((visibility("hidden"))) uint8_t ukp_gpr_dispatch = 0;
+__attribute__((visibility("hidden"))) uint8_t ukp_gpr_ret_dispatch = 0;
 }
 
 namespace {

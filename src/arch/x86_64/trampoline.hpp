@@ -17,9 +17,10 @@ void ukp_call_on_stack(void (*fn)(void *), void *arg, void *stack_top);
 int ukp_call_handler(void *fn, void *a, void *b);
 // trampolines.S: fn(arg) with the vector and floating-point state saved around it.
 void ukp_call_saving_vectors(void (*fn)(void *), void *arg);
-// Set (hit.cpp) when the optprobe trampoline may call its dispatcher without saving that
-// state; read by the trampoline.
+// Set (hit.cpp) when the optprobe and the kretprobe trampolines may call their
+// dispatchers without saving that state; read by the trampolines.
 extern uint8_t ukp_gpr_dispatch;
+extern uint8_t ukp_gpr_ret_dispatch;
 }
 
 namespace ukp::arch {

@@ -231,6 +231,27 @@
         .cfi_def_cfa_register rsp
         .endm
 
+// CALL_DISPATCH, or, when the byte \flag is set (hit.cpp, gpr_dispatch_init: the scan of
+// \fn proved it leaves the vector state alone), a call of \fn with nothing saved and rdx
+// = 0: the dispatcher saves the state itself before any code that is not proven.
+        .macro  CALL_DISPATCH_GPR fn, ctx, flag
+        cmpb    $0, \flag(%rip)
+        je      .Lsaving\@
+        mov     \ctx(%rsp), %rdi
+        mov     %rsp, %rsi
+        xor     %edx, %edx              // vector state not saved
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        and     $-16, %rsp              // the probe may be anywhere: sp has any alignment
+        call    \fn
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        jmp     .Lcalled\@
+.Lsaving\@:
+        CALL_DISPATCH \fn, \ctx
+.Lcalled\@:
+        .endm
+
 // Resumes the program from the pt_regs frame at %rsp.
         .macro  RESUME_PT_REGS
         mov     RSP(%rsp), %rax         // new sp, as the handlers left it
@@ -346,23 +367,7 @@ ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
         SAVE_PT_REGS 144
-        // The dispatcher proven to leave the vector state alone (ukp_gpr_dispatch, hit.cpp)
-        // is called without saving it: it saves it itself before any code that is not.
-        cmpb    $0, ukp_gpr_dispatch(%rip)
-        je      .Lopt_saving
-        mov     FRAME+8(%rsp), %rdi
-        mov     %rsp, %rsi
-        xor     %edx, %edx              // vector state not saved
-        mov     %rsp, %rbx
-        .cfi_def_cfa_register rbx
-        and     $-16, %rsp              // the probe may be anywhere: sp has any alignment
-        call    ukp_optprobe_dispatch
-        mov     %rbx, %rsp
-        .cfi_def_cfa_register rsp
-        jmp     .Lopt_called
-.Lopt_saving:
-        CALL_DISPATCH ukp_optprobe_dispatch, FRAME+8
-.Lopt_called:
+        CALL_DISPATCH_GPR ukp_optprobe_dispatch, FRAME+8, ukp_gpr_dispatch
         mov     FRAME(%rsp), %rax
         add     $DETOUR_BACK_LEN, %rax
         cmp     RIP(%rsp), %rax
@@ -401,7 +406,7 @@ ukp_kretprobe_trampoline:
         lea     -128(%rsp), %rsp
         .cfi_adjust_cfa_offset 128
         SAVE_PT_REGS 136
-        CALL_DISPATCH ukp_kretprobe_dispatch, FRAME+128
+        CALL_DISPATCH_GPR ukp_kretprobe_dispatch, FRAME+128, ukp_gpr_ret_dispatch
         FRAME_BELOW_RESUME
         RESUME_PT_REGS
         .cfi_endproc
