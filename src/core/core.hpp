@@ -35,6 +35,7 @@ struct ProbeList {
     // state alone (arch::scan_vector_use), so the optimized path calls it without saving
     // that state. Probes past the 64th are not looked at: they run with it saved.
     uint64_t gpr_mask = 0;
+    bool any_post = false; // a probe has a post_handler (enabled or not)
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
 
     bool gpr_only(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }

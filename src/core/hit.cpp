@@ -20,7 +20,7 @@
 #include <type_traits>
 #include <unistd.h>
 
-extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved);
+extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved, pt_regs *at_hit);
 extern "C" void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs, int ext_saved); // kretprobe.cpp
 
 namespace ukp::core {
@@ -546,28 +546,41 @@ bool any_post_handler(const ProbeList *list) {
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry. ext_saved:
 // whether the vector state is saved (see outside_gpr); handlers proven to leave it alone
-// (ProbeList::gpr_only) run without.
+// (ProbeList::gpr_only) run without. *at_hit: regs as they were before any handler (of
+// its fields, the general registers, flags and sp are read).
 bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first,
-                      bool ext_saved) {
+                      bool ext_saved, pt_regs *at_hit) {
     ThreadState &ts = t_state;
     const uint64_t hit_ip = pt->addr + 1;
     bool redirected = false;
+    // Where a faulting handler is rolled back to: the registers at the hit while no handler
+    // has run (*at_hit), else a copy taken before the handler.
+    bool ran = first > 0;
+    pt_regs before;
     ts.hit_context = uc;
     for (uint32_t i = first; i < list->count && !redirected; ++i) {
         kprobe *p = list->probes[i];
         if (probe_disabled(p) || p->pre_handler == nullptr) continue;
-        const pt_regs before = regs;
+        if (ran) before = regs;
         ts.hit_point = pt;
         ts.hit_position = i;
         const int r = call_guarded(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
                                    ext_saved || list->gpr_only(i));
         if (r < 0) {
+            if (!ran) {
+                before = *at_hit; // the general registers, flags and sp: the rest is the same at every hit
+                before.orig_ax = ~0ul;
+                before.ip = hit_ip;
+                before.cs = regs.cs;
+                before.ss = regs.ss;
+            }
             outside_gpr(ext_saved, [&] { handler_faulted(p, &regs, before); });
-            continue;
+        } else if (r != 0 && regs.ip != hit_ip) {
+            // "Changing Execution Path": a non-zero return resumes at regs->ip. A non-zero
+            // return that left ip alone would resume inside the int3; run the instruction.
+            redirected = true;
         }
-        // "Changing Execution Path": a non-zero return resumes at regs->ip. A non-zero
-        // return that left ip alone would resume inside the int3; run the instruction.
-        if (r != 0 && regs.ip != hit_ip) redirected = true;
+        ran = true;
     }
     ts.hit_context = nullptr;
     return redirected;
@@ -579,7 +592,8 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
 void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
     ThreadState &ts = t_state;
     ++ts.depth;
-    const bool redirected = run_pre_handlers(pt, list, uc, regs, first, true);
+    pt_regs at_hit = regs; // the breakpoint path's few ns are not worth the care the optimized path's get
+    const bool redirected = run_pre_handlers(pt, list, uc, regs, first, true, &at_hit);
 
     uint64_t fault_addr = 0;
     bool fault = false;
@@ -714,9 +728,10 @@ void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
 
 // Called by the optprobe trampoline. Without the vector state saved (ext_saved 0) when
 // ukp_gpr_dispatch is set: then everything this calls either is proven to leave that state
-// alone or goes through outside_gpr().
+// alone or goes through outside_gpr(). *at_hit: the general registers, flags and sp at
+// the hit, saved a second time by the trampoline.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs,
-                                                                                 int ext_saved) {
+                                                                                 int ext_saved, pt_regs *at_hit) {
     using namespace ukp::core;
     ThreadState &ts = thread_state();
     const uint64_t copy = pt->detour_code + pt->layout.copy;
@@ -732,12 +747,12 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     }
     regs->ip = pt->addr + 1;
     ++ts.depth;
-    const bool redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0);
+    const bool redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0, at_hit);
     if (!redirected) {
         regs->ip = copy;
         // A post_handler arrived while the jump was still in place: the first instruction
         // and the post_handlers run as on the breakpoint path.
-        if (any_post_handler(list)) outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
+        if (list->any_post && any_post_handler(list)) outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
     }
     --ts.depth;
     read_unlock(idx);

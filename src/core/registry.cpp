@@ -274,6 +274,7 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
     list->count = 0;
     const auto put = [list](kprobe *p, bool gpr_only) {
         if (gpr_only && list->count < 64) list->gpr_mask |= uint64_t{1} << list->count;
+        list->any_post = list->any_post || p->post_handler != nullptr;
         list->probes[list->count++] = p;
     };
     for (uint32_t i = 0; i < n; ++i)

@@ -30,7 +30,8 @@
 #define RSP 152
 #define SS 160
 #define RESUME 168  /* scratch: new sp - 136, where the return address is put */
-#define FRAME 176   /* pt_regs (168) + scratch, a multiple of 16 */
+#define AT_HIT 176  /* a second pt_regs: the registers at the hit (SAVE_PT_REGS snap=1) */
+#define FRAME 352   /* pt_regs (168) + scratch + pt_regs, a multiple of 16 */
 
 // Saves the FPU/SSE/AVX/... state below %rsp (64-byte aligned), leaving %rsp at the
 // save area, 16-byte aligned for a call. Clobbers rax, rdx and the flags: call it only
@@ -80,35 +81,49 @@
 
 // Saves the general registers and flags into a pt_regs frame at %rsp - FRAME, leaving
 // %rsp there. \prog_sp is the program's stack pointer's distance from %rsp on entry.
-        .macro  SAVE_PT_REGS prog_sp
+// With \snap, also into the frame's second pt_regs at AT_HIT (the general registers,
+// flags and sp; the dispatcher fills in the rest if it needs it): where a handler that
+// faults is rolled back to, which costs less written here than copied later.
+        .macro  SAVE_PT_REGS prog_sp, snap=0
         lea     -FRAME(%rsp), %rsp      // lea, not sub: the flags are not saved yet
         .cfi_adjust_cfa_offset FRAME
-        mov     %r15, R15(%rsp)
-        mov     %r14, R14(%rsp)
-        mov     %r13, R13(%rsp)
-        mov     %r12, R12(%rsp)
-        mov     %rbp, RBP(%rsp)
-        mov     %rbx, RBX(%rsp)
-        mov     %r11, R11(%rsp)
-        mov     %r10, R10(%rsp)
-        mov     %r9, R9(%rsp)
-        mov     %r8, R8(%rsp)
-        mov     %rax, RAX(%rsp)
-        mov     %rcx, RCX(%rsp)
-        mov     %rdx, RDX(%rsp)
-        mov     %rsi, RSI(%rsp)
-        mov     %rdi, RDI(%rsp)
+        SAVE_GPR %r15, R15, \snap
+        SAVE_GPR %r14, R14, \snap
+        SAVE_GPR %r13, R13, \snap
+        SAVE_GPR %r12, R12, \snap
+        SAVE_GPR %rbp, RBP, \snap
+        SAVE_GPR %rbx, RBX, \snap
+        SAVE_GPR %r11, R11, \snap
+        SAVE_GPR %r10, R10, \snap
+        SAVE_GPR %r9, R9, \snap
+        SAVE_GPR %r8, R8, \snap
+        SAVE_GPR %rax, RAX, \snap
+        SAVE_GPR %rcx, RCX, \snap
+        SAVE_GPR %rdx, RDX, \snap
+        SAVE_GPR %rsi, RSI, \snap
+        SAVE_GPR %rdi, RDI, \snap
         movq    $-1, ORIG_AX(%rsp)
         pushfq
         .cfi_adjust_cfa_offset 8
         popq    EFLAGS(%rsp)
         .cfi_adjust_cfa_offset -8
+        .if \snap
+        mov     EFLAGS(%rsp), %rax
+        mov     %rax, AT_HIT+EFLAGS(%rsp)
+        .endif
         lea     FRAME+\prog_sp(%rsp), %rax
-        mov     %rax, RSP(%rsp)
+        SAVE_GPR %rax, RSP, \snap
         movq    $0x33, CS(%rsp)         // Linux's __USER_CS and __USER_DS: constants, and
         movq    $0x2b, SS(%rsp)         // reading the segment registers costs more
         movq    $0, RIP(%rsp)           // the dispatcher fills in where to resume
         cld                             // the ABI's promise to the C code we call
+        .endm
+
+        .macro  SAVE_GPR reg, at, snap
+        mov     \reg, \at(%rsp)
+        .if \snap
+        mov     \reg, AT_HIT+\at(%rsp)
+        .endif
         .endm
 
 // Calls \target (a symbol, or *reg) with the extended state saved around it: C code
@@ -224,6 +239,7 @@
         .macro  CALL_DISPATCH fn, ctx=FRAME
         mov     \ctx(%rsp), %rdi        // the context pushed on entry
         mov     %rsp, %rsi              // struct pt_regs *
+        lea     AT_HIT(%rsp), %rcx      // the registers at the hit, if SAVE_PT_REGS saved them
         mov     %rsp, %rbx
         .cfi_def_cfa_register rbx
         SAVED_VECTOR_CALL \fn
@@ -240,6 +256,7 @@
         mov     \ctx(%rsp), %rdi
         mov     %rsp, %rsi
         xor     %edx, %edx              // vector state not saved
+        lea     AT_HIT(%rsp), %rcx
         mov     %rsp, %rbx
         .cfi_def_cfa_register rbx
         and     $-16, %rsp              // the probe may be anywhere: sp has any alignment
@@ -366,7 +383,7 @@ ukp_post_trampoline_end:
 ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
-        SAVE_PT_REGS 144
+        SAVE_PT_REGS 144, 1
         CALL_DISPATCH_GPR ukp_optprobe_dispatch, FRAME+8, ukp_gpr_dispatch
         mov     FRAME(%rsp), %rax
         add     $DETOUR_BACK_LEN, %rax
