@@ -93,7 +93,6 @@ RetInstance *shard_pop(RetPool *pool, RetPool::Shard &sh) {
         const uint64_t desired = ((head >> 32) + 1) << 32 | next;
         if (sh.free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel)) break;
     }
-    sh.in_use.fetch_add(1, std::memory_order_relaxed);
     RetInstance *ri = pool->at(static_cast<uint32_t>(head) - 1);
     ri->state.store(RetInstance::kLive, std::memory_order_relaxed);
     return ri;
@@ -118,7 +117,6 @@ void pool_push(RetInstance *ri) {
         const uint64_t desired = ((head >> 32) + 1) << 32 | (ri->index + 1);
         if (sh.free_head.compare_exchange_weak(head, desired, std::memory_order_acq_rel)) break;
     }
-    sh.in_use.fetch_sub(1, std::memory_order_release);
 }
 
 void count_unwound(RetInstance *ri) {

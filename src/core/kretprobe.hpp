@@ -47,15 +47,18 @@ struct RetPool {
     static constexpr uint32_t kShards = 8;
     struct alignas(64) Shard {
         std::atomic<uint64_t> free_head{0}; // lock-free list: (tag << 32) | (index + 1), 0 if empty
-        std::atomic<int> in_use{0};         // instances of this shard taken
     };
     Shard shards[kShards];
 
     RetInstance *at(uint32_t i) { return reinterpret_cast<RetInstance *>(mem + i * stride); }
     uint32_t shard_of(uint32_t index) const { return static_cast<uint32_t>(uint64_t{index} * kShards / count); }
-    int in_use() const {
+    // Instances not free: taken by a call, or released as unwound but kept (kSuspect).
+    // Read by walking them all rather than counted on the hit path (two locked adds per
+    // call); exact once no call can be taking one (the probe unregistered, a grace period
+    // past), which is when the pool's reaper asks.
+    int in_use() {
         int n = 0;
-        for (const Shard &s : shards) n += s.in_use.load(std::memory_order_acquire);
+        for (uint32_t i = 0; i < count; ++i) n += at(i)->state.load(std::memory_order_acquire) != RetInstance::kFree;
         return n;
     }
 };

@@ -1032,6 +1032,30 @@ TEST_F(KretprobesTest, UnregisterWhileAThreadIsInsideTheFunction) {
     EXPECT_EQ(ukr_block(2), 503);
 }
 
+// The pool of an unregistered kretprobe is freed (by a later registration) only once its
+// last instance is back: a call still inside the function returns through it.
+TEST_F(KretprobesTest, ALaterRegistrationLeavesThePoolOfACallStillInside) {
+    g_block_inside = 0;
+    g_block_release = 0;
+    kretprobe rp = make_rp("ukr_block", 16);
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    long result = 0;
+    std::thread t([&] { result = ukr_block(5); });
+    while (g_block_inside.load() == 0) usleep(200);
+    unregister_kretprobe(&rp);
+    // Registering reaps the dead pools; its own pool could take the freed one's place.
+    kretprobe others[4];
+    for (auto &o : others) {
+        o = make_rp("ukr_square", 16);
+        ASSERT_EQ(register_kretprobe(&o), 0);
+    }
+    g_block_release = 1;
+    t.join();
+    EXPECT_EQ(result, 506);
+    EXPECT_EQ(ukr_square(3), 9);
+    for (auto &o : others) unregister_kretprobe(&o);
+}
+
 TEST_F(KretprobesTest, UnregisterFromInsideTheProbedRecursion) {
     kretprobe rp = make_rp("ukr_rec_unreg", 64);
     ASSERT_EQ(register_kretprobe(&rp), 0);
