@@ -1012,14 +1012,21 @@ extern "C" NOIPA long ukr_rec_unreg(long n, long unreg_at) {
 
 namespace {
 
-TEST_F(KretprobesTest, UnregisterWhileAThreadIsInsideTheFunction) {
+// Starts a thread calling ukr_block(5), and returns once it is inside (blocked until
+// g_block_release); *result gets the call's result.
+std::thread call_blocked_inside(long *result) {
     g_block_inside = 0;
     g_block_release = 0;
+    std::thread t([result] { *result = ukr_block(5); });
+    while (g_block_inside.load() == 0) usleep(200);
+    return t;
+}
+
+TEST_F(KretprobesTest, UnregisterWhileAThreadIsInsideTheFunction) {
     kretprobe rp = make_rp("ukr_block", 16);
     ASSERT_EQ(register_kretprobe(&rp), 0);
     long result = 0;
-    std::thread t([&] { result = ukr_block(5); });
-    while (g_block_inside.load() == 0) usleep(200);
+    std::thread t = call_blocked_inside(&result);
     EXPECT_EQ(g_nentries, 6);
     unregister_kretprobe(&rp);
     EXPECT_EQ(list(), "") << "unregistered, even with an instance still pending";
@@ -1035,13 +1042,10 @@ TEST_F(KretprobesTest, UnregisterWhileAThreadIsInsideTheFunction) {
 // The pool of an unregistered kretprobe is freed (by a later registration) only once its
 // last instance is back: a call still inside the function returns through it.
 TEST_F(KretprobesTest, ALaterRegistrationLeavesThePoolOfACallStillInside) {
-    g_block_inside = 0;
-    g_block_release = 0;
     kretprobe rp = make_rp("ukr_block", 16);
     ASSERT_EQ(register_kretprobe(&rp), 0);
     long result = 0;
-    std::thread t([&] { result = ukr_block(5); });
-    while (g_block_inside.load() == 0) usleep(200);
+    std::thread t = call_blocked_inside(&result);
     unregister_kretprobe(&rp);
     // Registering reaps the dead pools; its own pool could take the freed one's place.
     kretprobe others[4];

@@ -275,6 +275,24 @@ std::string gpr_bits(const kprobe &kp) {
     return bits;
 }
 
+// Calls ukpt_opt_vectors (ymm0-15 held across a call of ukpt_opt_vec_probe) three
+// times with its own MXCSR (round down, no flags): the registers and MXCSR must come back.
+void calls_keep_vectors_and_mxcsr(unsigned seed, const char *what) {
+    alignas(32) unsigned char in[512], out[512];
+    for (size_t i = 0; i < sizeof in; ++i) in[i] = static_cast<unsigned char>(i * seed + 1);
+    const unsigned csr = _mm_getcsr();
+    const unsigned program_csr = (csr & ~0x603fu) | 0x2000u;
+    for (int round = 0; round < 3; ++round) {
+        std::memset(out, 0, sizeof out);
+        _mm_setcsr(program_csr);
+        ukpt_opt_vectors(in, out);
+        const unsigned after = _mm_getcsr();
+        _mm_setcsr(csr);
+        EXPECT_EQ(after, program_csr) << what << ", round " << round;
+        EXPECT_EQ(std::memcmp(in, out, sizeof in), 0) << what << ", round " << round;
+    }
+}
+
 class VectorPath : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -358,19 +376,7 @@ TEST_F(VectorPath, TheProgramsVectorStateSurvivesAMixedAggregate) {
     ukp_optimizer_flush();
     EXPECT_TRUE(optimized(a));
     EXPECT_EQ(gpr_bits(a), "10");
-    alignas(32) unsigned char in[512], out[512];
-    for (size_t i = 0; i < sizeof in; ++i) in[i] = static_cast<unsigned char>(i * 13 + 1);
-    const unsigned csr = _mm_getcsr();
-    const unsigned program_csr = (csr & ~0x603fu) | 0x2000u; // round down, no flags
-    for (int round = 0; round < 3; ++round) {
-        std::memset(out, 0, sizeof out);
-        _mm_setcsr(program_csr);
-        ukpt_opt_vectors(in, out);
-        const unsigned after = _mm_getcsr();
-        _mm_setcsr(csr);
-        EXPECT_EQ(after, program_csr) << "round " << round;
-        EXPECT_EQ(std::memcmp(in, out, sizeof in), 0) << "round " << round;
-    }
+    calls_keep_vectors_and_mxcsr(13, "aggregate");
     EXPECT_EQ(clean_hits(), 3);
     EXPECT_EQ(g_vector_hits.load(), 3);
     unregister_kprobe(&a);
@@ -400,19 +406,7 @@ TEST_F(VectorPath, TheProgramsVectorStateSurvivesAKretprobe) {
         ASSERT_EQ(register_kretprobe(&rp), 0);
         ukp_optimizer_flush();
         EXPECT_TRUE(optimized(rp.kp));
-        alignas(32) unsigned char in[512], out[512];
-        for (size_t i = 0; i < sizeof in; ++i) in[i] = static_cast<unsigned char>(i * 29 + 5);
-        const unsigned csr = _mm_getcsr();
-        const unsigned program_csr = (csr & ~0x603fu) | 0x2000u;
-        for (int round = 0; round < 3; ++round) {
-            std::memset(out, 0, sizeof out);
-            _mm_setcsr(program_csr);
-            ukpt_opt_vectors(in, out);
-            const unsigned after = _mm_getcsr();
-            _mm_setcsr(csr);
-            EXPECT_EQ(after, program_csr) << proven << " round " << round;
-            EXPECT_EQ(std::memcmp(in, out, sizeof in), 0) << proven << " round " << round;
-        }
+        calls_keep_vectors_and_mxcsr(29, proven ? "proven" : "unproven");
         EXPECT_EQ(proven ? clean_hits() : g_vector_hits.load(), 6) << proven;
         unregister_kretprobe(&rp);
     }

@@ -342,6 +342,16 @@
 .Lframe_ok\@:
         .endm
 
+// push %rbp; mov %rsp, %rbp, with the CFI that unwinds through it: the frame of a
+// function that moves its stack pointer (an aligned save area, another stack).
+        .macro  ENTER_FRAME
+        push    %rbp
+        .cfi_def_cfa_offset 16
+        .cfi_offset %rbp, -16
+        mov     %rsp, %rbp
+        .cfi_def_cfa_register %rbp
+        .endm
+
         .text
 
 // The post-handler trampoline: where a probed instruction's out-of-line copy goes when a
@@ -454,11 +464,7 @@ ukp_call_handler:
         .p2align 4
 ukp_call_saving_vectors:
         .cfi_startproc
-        push    %rbp
-        .cfi_def_cfa_offset 16
-        .cfi_offset %rbp, -16
-        mov     %rsp, %rbp
-        .cfi_def_cfa_register %rbp
+        ENTER_FRAME
         push    %rbx
         .cfi_offset %rbx, -24
         push    %r12
@@ -504,11 +510,7 @@ ukp_jprobe_return_trap:
         .p2align 4
 ukp_call_on_stack:
         .cfi_startproc
-        push    %rbp
-        .cfi_def_cfa_offset 16
-        .cfi_offset %rbp, -16
-        mov     %rsp, %rbp
-        .cfi_def_cfa_register %rbp
+        ENTER_FRAME
         mov     %rdx, %rsp
         mov     %rdi, %rax
         mov     %rsi, %rdi
