@@ -395,11 +395,11 @@ namespace {
 // fault_handler. Returns the handler's result, or -1 if it faulted. Nests: a guarded
 // call inside a guarded call (a kretprobe's entry_handler) keeps the outer one armed.
 template <typename Call>
-__attribute__((noinline)) int run_guarded(kprobe *p, Call call);
+__attribute__((noinline)) int run_guarded(kprobe *p, const Call &call);
 
 // run_guarded() inside a guarded call: the outer recovery point is kept aside and put back.
 template <typename Call>
-__attribute__((noinline)) int run_guarded_nested(kprobe *p, Call call) {
+__attribute__((noinline)) int run_guarded_nested(kprobe *p, const Call &call) {
     ThreadState &ts = t_state;
     const ukp_recovery outer = ts.recovery;
     ts.recovery_armed = false;
@@ -410,7 +410,7 @@ __attribute__((noinline)) int run_guarded_nested(kprobe *p, Call call) {
 }
 
 template <typename Call>
-__attribute__((noinline)) int run_guarded(kprobe *p, Call call) {
+__attribute__((noinline)) int run_guarded(kprobe *p, const Call &call) {
     ThreadState &ts = t_state;
     if (ts.recovery_armed) return run_guarded_nested(p, call);
     ts.recovery_armed = true;
