@@ -272,7 +272,9 @@ void wait_for_section(const ReaderSlot &slot, uint64_t word, uint64_t claim) {
 
 } // namespace
 
-unsigned read_lock() {
+namespace {
+// read_lock() and read_unlock(), inlined into this file's hit path.
+__attribute__((always_inline)) inline unsigned read_lock_here() {
     ThreadState &ts = t_state;
     ReaderSlot *slot = ts.reader;
     if (__builtin_expect(slot == nullptr, 0)) slot = claim_slot(ts);
@@ -284,7 +286,7 @@ unsigned read_lock() {
     return kPrivateSection;
 }
 
-void read_unlock(unsigned idx) {
+__attribute__((always_inline)) inline void read_unlock_here(unsigned idx) {
     if (__builtin_expect(idx != kPrivateSection, 0)) {
         g_readers[idx].n.fetch_sub(1, std::memory_order_release);
         return;
@@ -293,6 +295,11 @@ void read_unlock(unsigned idx) {
     std::atomic_signal_fence(std::memory_order_seq_cst);
     slot->word.store(slot->word.load(std::memory_order_relaxed) - 1, std::memory_order_release);
 }
+
+} // namespace
+
+unsigned read_lock() { return read_lock_here(); }
+void read_unlock(unsigned idx) { read_unlock_here(idx); }
 
 bool synchronize() {
     // From inside a handler this thread holds a section itself: waiting would never end.
@@ -425,6 +432,15 @@ __attribute__((noinline)) int run_guarded(kprobe *p, const Call &call) {
     return r;
 }
 
+// call_guarded(), inlined into this file's hit path.
+__attribute__((always_inline)) inline int guarded_handler_call(kprobe *p, void *fn, void *a, void *b, bool proven) {
+    const auto guarded = [&] { return run_guarded(p, [&] { return ukp_call_handler(fn, a, b); }); };
+    if (proven) return guarded();
+    int r = 0;
+    outside_gpr(false, [&] { r = guarded(); });
+    return r;
+}
+
 // A handler faulted: asks p->fault_handler, itself guarded. If it does not return 1,
 // the registers go back to what they were at the hit (the program's behaviour without
 // the probe); if it does, the registers stay as the handlers left them.
@@ -548,8 +564,9 @@ bool any_post_handler(const ProbeList *list) {
 // whether the vector state is saved (see outside_gpr); handlers proven to leave it alone
 // (ProbeList::gpr_only) run without. *at_hit: regs as they were before any handler (of
 // its fields, the general registers, flags and sp are read).
-bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first,
-                      bool ext_saved, pt_regs *at_hit) {
+__attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc,
+                                                            pt_regs &regs, uint32_t first, bool ext_saved,
+                                                            pt_regs *at_hit) {
     ThreadState &ts = t_state;
     const uint64_t hit_ip = pt->addr + 1;
     bool redirected = false;
@@ -564,8 +581,8 @@ bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs 
         if (ran) before = regs;
         ts.hit_point = pt;
         ts.hit_position = i;
-        const int r = call_guarded(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
-                                   ext_saved || list->gpr_only(i));
+        const int r = guarded_handler_call(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
+                                           ext_saved || list->gpr_only(i));
         if (r < 0) {
             if (!ran) {
                 before = *at_hit; // the general registers, flags and sp: the rest is the same at every hit
@@ -674,11 +691,7 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
 }
 
 int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven) {
-    const auto guarded = [&] { return run_guarded(p, [&] { return ukp_call_handler(fn, a, b); }); };
-    if (proven) return guarded();
-    int r = 0;
-    outside_gpr(false, [&] { r = guarded(); });
-    return r;
+    return guarded_handler_call(p, fn, a, b, proven);
 }
 
 } // namespace ukp::core
@@ -735,13 +748,13 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     using namespace ukp::core;
     ThreadState &ts = thread_state();
     const uint64_t copy = pt->detour_code + pt->layout.copy;
-    const unsigned idx = read_lock();
+    const unsigned idx = read_lock_here();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
         if (ts.depth > 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)
                 if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
-        read_unlock(idx);
+        read_unlock_here(idx);
         regs->ip = copy;
         return;
     }
@@ -755,7 +768,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
         if (list->any_post && any_post_handler(list)) outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
     }
     --ts.depth;
-    read_unlock(idx);
+    read_unlock_here(idx);
 }
 
 namespace ukp::core {
