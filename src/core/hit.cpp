@@ -717,9 +717,6 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_post_dispatch(uk
     read_unlock(idx);
 }
 
-// Called by ukp_optprobe_trampoline when an optimized probe's jump was taken: the
-// breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
-// as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
 namespace ukp::core {
 namespace {
 
@@ -739,10 +736,13 @@ void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
 } // namespace
 } // namespace ukp::core
 
-// Called by the optprobe trampoline. Without the vector state saved (ext_saved 0) when
-// ukp_gpr_dispatch is set: then everything this calls either is proven to leave that state
-// alone or goes through outside_gpr(). *at_hit: the general registers, flags and sp at
-// the hit, saved a second time by the trampoline.
+// Called by ukp_optprobe_trampoline when an optimized probe's jump was taken: the
+// breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
+// as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
+// Without the vector state saved (ext_saved 0) when ukp_gpr_dispatch is set: then
+// everything this calls either is proven to leave that state alone or goes through
+// outside_gpr(). *at_hit: the general registers, flags and sp at the hit, saved a second
+// time by the trampoline.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs,
                                                                                  int ext_saved, pt_regs *at_hit) {
     using namespace ukp::core;
@@ -765,7 +765,8 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
         regs->ip = copy;
         // A post_handler arrived while the jump was still in place: the first instruction
         // and the post_handlers run as on the breakpoint path.
-        if (list->any_post && any_post_handler(list)) outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
+        if (list->any_post && any_post_handler(list))
+            outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
     }
     --ts.depth;
     read_unlock_here(idx);
