@@ -99,7 +99,8 @@ void grace_init();
 void gpr_dispatch_init();
 enum class Dispatcher { kOptprobe, kKretprobe };
 const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
-// Whether a handler's code is proven to leave that state alone (true for none).
+// Whether a handler's code is proven to leave that state alone (true for none). Under
+// registry_mutex(), as gpr_dispatch_init(): the scan reads the code under the probes.
 bool handler_is_gpr_only(const void *fn);
 // How many threads can have a slot for their read sections at once.
 constexpr size_t kGraceSlots = 1024;

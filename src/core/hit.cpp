@@ -363,12 +363,14 @@ void grace_after_fork_child() {
 namespace {
 arch::VectorScan g_gpr_dispatch_scans[2];
 
-// The scan, with the two stubs where the agent's calls of unproven code go as stops
-// (outside_gpr: a stop either saves the state or is given proven code).
+// The scan of the code as it was before the probes (read_original_code: under the
+// registry mutex), with the two stubs where the agent's calls of unproven code go as
+// stops (outside_gpr: a stop either saves the state or is given proven code).
 arch::VectorScan scan_with_stops(const void *fn) {
     const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
                               reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
-    return arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), stops, std::size(stops));
+    return arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), stops, std::size(stops), 20000,
+                                 read_original_code);
 }
 } // namespace
 

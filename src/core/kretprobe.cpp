@@ -583,8 +583,11 @@ int register_kretprobe(struct kretprobe *rp) {
     create_exit_key();
     RetPool *pool = make_pool(rp);
     if (pool == nullptr) return -ENOMEM;
-    pool->entry_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->entry_handler));
-    pool->handler_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->handler));
+    {
+        std::lock_guard lock(registry_mutex());
+        pool->entry_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->entry_handler));
+        pool->handler_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->handler));
+    }
     rp->nmissed = 0;
     rp->ukp_unwound = 0;
     rp->ukp_private = pool;

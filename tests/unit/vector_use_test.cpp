@@ -68,6 +68,7 @@ asm(R"(
         VU_FUNC vu_xmm
         movq    %rdi, %xmm0
         ret
+        .size   vu_xmm, .-vu_xmm
         VU_FUNC vu_xmm_on_one_branch
         test    %rdi, %rdi
         je      1f
@@ -338,6 +339,24 @@ TEST_F(VectorPath, TheSharedLibrarysDispatchersAreProvenClean) {
     EXPECT_EQ(pclose(out), 0);
     EXPECT_EQ(std::atoi(line), UKP_LEAN_KPROBE | UKP_LEAN_KRETPROBE) << line;
 #endif
+}
+
+// A probe on a function that a handler calls: the scan reads the code under the int3,
+// which would otherwise look like the end of the path, and judges the function by it.
+TEST_F(VectorPath, AProbeOnCalledCodeDoesNotHideItFromTheScan) {
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0); // the int3 stays (a jump would be read through too)
+    kprobe on_callee{};
+    on_callee.addr = reinterpret_cast<kprobe_opcode_t *>(vu_xmm);
+    ASSERT_EQ(register_kprobe(&on_callee), 0);
+    ASSERT_EQ(*reinterpret_cast<const volatile uint8_t *>(vu_xmm), 0xcc);
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = reinterpret_cast<kprobe_pre_handler_t>(vu_calls_xmm);
+    EXPECT_EQ(register_kprobe(&kp), 0);
+    EXPECT_EQ(gpr_bits(kp), "0");
+    unregister_kprobe(&kp);
+    unregister_kprobe(&on_callee);
+    ukp_set_kprobes_optimization(1);
 }
 
 // Each probe of an aggregate keeps its own bit as others come and go.

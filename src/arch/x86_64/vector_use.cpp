@@ -66,18 +66,23 @@ bool ends_in_trap(ZydisMnemonic m) {
            m == ZYDIS_MNEMONIC_UD2 || m == ZYDIS_MNEMONIC_HLT;
 }
 
-// Decodes the instruction at addr from this process's memory, of which the bytes up to
-// a page end may be all there is.
-int decode_here(uint64_t addr, Insn *in) {
+int read_in_place(uint64_t addr, uint8_t *buf, size_t n) {
+    return ukp_safe_copy(buf, reinterpret_cast<const void *>(addr), n);
+}
+
+// Decodes the instruction at addr, of which the bytes up to a page end may be all there
+// is.
+int decode_here(uint64_t addr, CodeReader read, Insn *in) {
     uint8_t buf[ZYDIS_MAX_INSTRUCTION_LENGTH];
     size_t n = sizeof buf;
-    while (n > 0 && ukp_safe_copy(buf, reinterpret_cast<const void *>(addr), n) != 0) --n;
+    while (n > 0 && read(addr, buf, n) != 0) --n;
     return n == 0 ? -EFAULT : decode(addr, buf, n, in);
 }
 
 } // namespace
 
-VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops, size_t budget) {
+VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops, size_t budget, CodeReader read) {
+    if (read == nullptr) read = read_in_place;
     VectorScan scan;
     const auto fail = [&](uint64_t at, const char *why) {
         scan.at = at;
@@ -94,7 +99,7 @@ VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops,
         todo.pop_back();
         if (++scan.instructions > budget) return fail(addr, "too much code to follow");
         Insn in;
-        if (const int err = decode_here(addr, &in); err != 0)
+        if (const int err = decode_here(addr, read, &in); err != 0)
             return fail(addr, err == -EFAULT ? "unreadable code" : "undecodable bytes");
         if (is_state_instruction(in.zi)) return fail(addr, "floating-point or vector state instruction");
         for (int i = 0; i < in.zi.operand_count; ++i) {

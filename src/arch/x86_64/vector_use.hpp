@@ -23,8 +23,14 @@ struct VectorScan {
     size_t instructions = 0; // how many instructions were decoded
 };
 
-// Scans the code reachable from `entry` in this process (read fault-safe). Gives up
-// (clean = false) past `budget` instructions.
-VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops, size_t budget = 20000);
+// Reads n bytes of code at addr into buf: 0, or non-zero if they cannot be read.
+using CodeReader = int (*)(uint64_t addr, uint8_t *buf, size_t n);
+
+// Scans the code reachable from `entry` in this process. Gives up (clean = false) past
+// `budget` instructions. `read` supplies the bytes: the agent's reader gives the code as
+// it was before its probes (an int3 would otherwise look like the end of a path, a jump
+// to a detour like the detour's code); null reads the bytes in place, fault-safe.
+VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops, size_t budget = 20000,
+                           CodeReader read = nullptr);
 
 } // namespace ukp::arch
