@@ -643,8 +643,9 @@ void probe_hit(Point *pt, ucontext_t *uc) {
     // (The kprobes/enabled knob works by disarming: a hit on a point disarmed meanwhile
     // still runs its handlers, as a hit already in flight does in the kernel.)
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
-        // A probe hit from inside a handler: its handlers do not run (seed 001).
-        if (ts.depth > 0 && list != nullptr)
+        // A probe hit from inside a handler: its handlers do not run (seed 001). From inside
+        // the agent's own work (quiet), even under one of its handlers: not counted either.
+        if (ts.depth > 0 && ts.quiet == 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)
                 if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
         uint64_t fault_addr = 0;
@@ -753,7 +754,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     const unsigned idx = read_lock_here();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
-        if (ts.depth > 0 && list != nullptr)
+        if (ts.depth > 0 && ts.quiet == 0 && list != nullptr)
             for (uint32_t i = 0; i < list->count; ++i)
                 if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
         read_unlock_here(idx);

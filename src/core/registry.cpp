@@ -378,6 +378,7 @@ void sync_objects_on_loader_stack(void *arg) {
 
 int on_link_map_event(kprobe *, pt_regs *) {
     if (g_loader_debug->r_state != r_debug::RT_CONSISTENT) return 0;
+    const AgentWork quiet; // what it calls (malloc, open) are not the program's calls
     if (g_loader_stack == nullptr || g_loader_stack_busy.exchange(true, std::memory_order_acquire)) {
         std::lock_guard lock(g_mutex);
         sync_objects_locked();

@@ -323,4 +323,22 @@ TEST(Dlopen, PendingKretprobeNeedsAFunctionEntry) {
     EXPECT_EQ(list(), "");
 }
 
+// The agent re-reads the loaded objects when the loader reports a change, from inside a
+// hit on its own probe, and allocates while it does. That is the agent's work, not the
+// program's: a probe on malloc neither runs for those calls nor counts them as missed
+// (python3 importing a module showed hundreds of misses in kprobe_profile).
+TEST(Dlopen, TheAgentsOwnCallsOnALoadAreNotMissedHits) {
+    kprobe kp{};
+    kp.symbol_name = "libc.so.6:malloc";
+    kp.pre_handler = count_hit;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    g_hits = 0;
+    void *lib = dlopen(UKP_DL_TARGET, RTLD_NOW);
+    ASSERT_NE(lib, nullptr) << dlerror();
+    ASSERT_EQ(dlclose(lib), 0);
+    unregister_kprobe(&kp);
+    EXPECT_GT(g_hits.load(), 0) << "the loader's own allocations were seen";
+    EXPECT_EQ(kp.nmissed, 0ul);
+}
+
 } // namespace
