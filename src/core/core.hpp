@@ -230,11 +230,12 @@ UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven);
 template <typename F>
 void outside_gpr(bool ext_saved, F &&f) {
     using Closure = std::remove_reference_t<F>;
-    void (*const thunk)(void *) = [](void *c) { (*static_cast<Closure *>(c))(); };
-    if (ext_saved)
+    if (ext_saved) {
+        void (*const thunk)(void *) = [](void *c) { (*static_cast<Closure *>(c))(); };
         ukp_call_handler(reinterpret_cast<void *>(thunk), &f, nullptr);
-    else
-        ukp_call_saving_vectors(thunk, &f);
+    } else {
+        arch::saving_vectors(f);
+    }
 }
 
 // The thread id of the calling thread, cached per thread.

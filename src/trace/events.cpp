@@ -21,6 +21,8 @@
 #include <sstream>
 
 #include "arch/x86_64/safe_access.hpp"
+#include "arch/x86_64/this_cpu.hpp"
+#include "core/core.hpp"
 #include "symbols/symbols.hpp"
 #include "trace/filter.hpp"
 #include "trace/output.hpp"
@@ -46,9 +48,13 @@ thread_local ThreadInfo t_info __attribute__((tls_model("initial-exec")));
 
 const ThreadInfo &this_thread() {
     if (t_info.tid == 0) {
-        prctl(PR_GET_NAME, t_info.comm, 0, 0, 0);
-        t_info.comm[15] = '\0';
-        t_info.tid = static_cast<int32_t>(syscall(SYS_gettid));
+        // Once per thread, into the C library: with the vector state saved (a hit path
+        // proven to leave it alone calls no C library code directly).
+        arch::saving_vectors([] {
+            prctl(PR_GET_NAME, t_info.comm, 0, 0, 0);
+            t_info.comm[15] = '\0';
+            t_info.tid = static_cast<int32_t>(syscall(SYS_gettid));
+        });
     }
     return t_info;
 }
@@ -126,7 +132,7 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 }
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
-    const int cpu = sched_getcpu(); // rseq or the vDSO: no system call; the record's too
+    const int cpu = arch::this_cpu(); // from rseq: no system call; the record's too
     hits.add(cpu);
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
@@ -921,6 +927,13 @@ int apply_startup_events(std::string_view spec) {
         start = semi + 1;
     }
     return first;
+}
+
+bool hit_handlers_lean() {
+    for (const void *fn : {reinterpret_cast<const void *>(&on_kprobe), reinterpret_cast<const void *>(&on_entry),
+                           reinterpret_cast<const void *>(&on_return)})
+        if (!core::handler_is_gpr_only(fn)) return false;
+    return true;
 }
 
 } // namespace ukp::trace

@@ -48,4 +48,10 @@ std::vector<Field> event_fields(std::string_view group, std::string_view event);
 // "sym+0xoff/0xsize" for an address of the process, "0x..." when no symbol holds it.
 std::string symbolize(uint64_t addr, bool with_size);
 
+// Whether the handlers that record an event's hits (entry, kretprobe entry, return) are
+// proven to leave the vector state alone (arch/x86_64/vector_use.hpp): on a lean path
+// (ukp_lean_dispatch) an event's hit then saves none of it. Scans their code; under the
+// registry mutex, as every handler's scan.
+bool hit_handlers_lean();
+
 } // namespace ukp::trace

@@ -1,4 +1,5 @@
 #include "trace/fetch.hpp"
+#include "trace/bytes.hpp"
 
 #include <ukprobes/kprobes.h>
 
@@ -89,13 +90,6 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
 }
 
 constexpr uint64_t kPage = 4096;
-
-// n bytes from src to dst, a word at a time: no call to memcpy (a probe could sit there).
-inline void copy_bytes(char *dst, const char *src, uint32_t n) {
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) __builtin_memcpy(dst + i, src + i, 8);
-    for (; i < n; ++i) dst[i] = src[i];
-}
 
 // The length of the string at addr with its NUL, as the kernel's uprobe tracer measures it
 // (fetch_store_strlen: strnlen_user up to MAX_STRING_SIZE): 0 when it is unreadable

@@ -27,6 +27,13 @@ extern "C" int ukp_trace_read(const char *path, char **out) {
     return 0;
 }
 
+extern "C" int ukp_trace_lean(void) {
+    const AgentWork quiet;
+    if (const int r = ukp_lean_dispatch(); r < 0) return r; // starts the agent
+    std::lock_guard lock(ukp::core::registry_mutex());
+    return ukp::trace::hit_handlers_lean() ? 1 : 0;
+}
+
 extern "C" int ukp_trace_pipe_read(int timeout_ms, unsigned long max_bytes, char **out) {
     if (out == nullptr || timeout_ms < 0) return -EINVAL;
     const AgentWork quiet;

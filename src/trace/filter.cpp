@@ -1,4 +1,6 @@
 #include "trace/filter.hpp"
+#include "trace/bytes.hpp"
+#include "arch/x86_64/this_cpu.hpp"
 
 #include <sched.h>
 
@@ -174,11 +176,11 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
     }
     case Src::kNever: return false;
     case Src::kCpu: {
-        const int cpu = sched_getcpu(); // glibc reads it from rseq or the vDSO: no system call
+        const int cpu = arch::this_cpu(); // from rseq: no system call
         return compare<int64_t>(p.op, cpu, int64_t(p.val));
     }
     case Src::kComm:
-        if (comm) { s = comm; n = strnlen(comm, 16); }
+        if (comm) { s = comm; n = bounded_strlen(comm, 16); }
         break;
     case Src::kString: {
         if (uint64_t(p.offset) + 4 > size) return false;
@@ -188,13 +190,13 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
         if (ln != 0 && off + ln <= size) {
             len = ln - 1;
             s = reinterpret_cast<const char *>(rec + off);
-            n = strnlen(s, len); // the stored length counts the NUL; stop at an early one too
+            n = bounded_strlen(s, len); // the stored length counts the NUL; stop at an early one too
         }
         break;
     }
     }
     bool r = p.op == Op::kGlob ? glob_match(p.pat.data(), p.pat.size(), s, n)
-                               : (n == p.pat.size() && std::memcmp(s, p.pat.data(), n) == 0);
+                               : (n == p.pat.size() && same_bytes(s, p.pat.data(), n));
     return r != p.negate;
 }
 

@@ -1,4 +1,6 @@
 #include "trace/hist.hpp"
+#include "trace/bytes.hpp"
+#include "arch/x86_64/this_cpu.hpp"
 
 #include <sched.h>
 
@@ -55,7 +57,7 @@ struct HistTable {
             if (test == h) {
                 const uint32_t e = bucket_elt[idx].load(std::memory_order_acquire);
                 if (e) {
-                    if (std::memcmp(keys.get() + size_t(e - 1) * key_bytes, key, key_bytes) == 0) return e - 1;
+                    if (same_bytes(keys.get() + size_t(e - 1) * key_bytes, key, key_bytes)) return e - 1;
                 } else {
                     // Another hit is filling this bucket in; look again, boundedly.
                     if (++waits > n_buckets) break;
@@ -72,8 +74,8 @@ struct HistTable {
                         bucket_hash[idx].store(0, std::memory_order_release);
                         break;
                     }
-                    std::memcpy(keys.get() + size_t(el) * key_bytes, key, key_bytes);
-                    if (comm) std::strncpy(comms.get() + size_t(el) * 16, comm, 15);
+                    copy_bytes(keys.get() + size_t(el) * key_bytes, key, key_bytes);
+                    if (comm) copy_bytes(comms.get() + size_t(el) * 16, comm, bounded_strlen(comm, 15));
                     bucket_elt[idx].store(el + 1, std::memory_order_release); // publishes key and comm
                     return el;
                 }
@@ -322,7 +324,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
     if (paused_.load(std::memory_order_acquire)) return;
     HistTable *t = table_.load(std::memory_order_acquire);
     uint8_t key[kMaxKeys * kMaxStringKey];
-    std::memset(key, 0, key_bytes_);
+    zero_bytes(key, key_bytes_);
     for (const Column &c : keys_) {
         uint8_t *slot = key + c.key_off;
         if (c.is_string) {
@@ -332,12 +334,12 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
             const uint32_t off = loc & 0xffff, n = loc >> 16;
             if (n == 0 || off + n > size) continue;
             const char *s = reinterpret_cast<const char *>(rec + off);
-            std::memcpy(slot, s, strnlen(s, std::min<uint32_t>(n - 1, kMaxStringKey - 1)));
+            copy_bytes(slot, s, bounded_strlen(s, std::min<uint32_t>(n - 1, kMaxStringKey - 1)));
             continue;
         }
         uint64_t v = 0;
         if (c.size == 0) {
-            v = uint64_t(int64_t(sched_getcpu())); // rseq or vDSO: no system call
+            v = uint64_t(int64_t(arch::this_cpu())); // from rseq: no system call
         } else if (uint64_t(c.offset) + c.size <= size) {
             v = load_int(rec + c.offset, c.size, c.is_signed);
         }
@@ -353,7 +355,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
     for (size_t i = 1; i < vals_.size(); i++) {
         const Column &c = vals_[i];
         uint64_t v = 0;
-        if (c.size == 0) v = uint64_t(int64_t(sched_getcpu()));
+        if (c.size == 0) v = uint64_t(int64_t(arch::this_cpu()));
         else if (uint64_t(c.offset) + c.size <= size) v = load_int(rec + c.offset, c.size, c.is_signed);
         sums[i].fetch_add(v, std::memory_order_relaxed);
     }

@@ -1,5 +1,6 @@
 #include "trace/ring.hpp"
 #include "text/high_fd.hpp"
+#include "arch/x86_64/this_cpu.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -409,8 +410,9 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
         if (!w.hooked) {
             w.hooked = true;
             // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
-            // descriptor: no allocation.
-            pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
+            // descriptor: no allocation. (Calls into the C library from here go through
+            // saving_vectors: this path is proven to leave the vector state alone.)
+            arch::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
         }
         // The caller's name for the thread (read once per thread, where the events layer
         // makes its own system calls); whose it is, the first commit says (common_pid).
@@ -469,17 +471,21 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     }
     const uint64_t rec_off = pad != 0 ? 0 : off;
     auto *rh = reinterpret_cast<RecordHeader *>(w.data + rec_off);
-    if (cpu < 0) cpu = sched_getcpu(); // rseq or the vDSO's getcpu: no system call
+    if (cpu < 0) cpu = arch::this_cpu(); // from rseq: no system call
     rh->cpu = static_cast<uint16_t>(cpu < 0 ? 0 : cpu);
     rh->kind = kRecordKind;
     rh->reserved = 0;
     if (w.tsc) {
         const uint64_t now = __rdtsc();
         rh->ts = now;
-        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed)) [[unlikely]]
-            clock_extend(w.hdr);
+        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed)) [[unlikely]] {
+            RingHeader *hdr = w.hdr;
+            arch::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
+        }
     } else {
-        rh->ts = now_ns();
+        uint64_t ns = 0;
+        arch::saving_vectors([&ns] { ns = now_ns(); }); // no invariant TSC: the vDSO's clock
+        rh->ts = ns;
     }
     w.pend = rh;
     w.pend_pos = h + pad;

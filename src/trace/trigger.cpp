@@ -1,4 +1,5 @@
 #include "trace/trigger.hpp"
+#include "arch/x86_64/trampoline.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -264,6 +265,10 @@ std::string TriggerSet::hist_text() const {
     return out;
 }
 
+// On the probe-hit path, proven to leave the vector state alone with the rest of it
+// (arch/x86_64/vector_use.hpp): the host's actions are calls through a virtual table,
+// which that proof does not follow, so they run with the state saved. They are rare (an
+// effective traceon, a stacktrace, a snapshot); filters and histograms are not.
 void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept {
     const TriggerList *cur = cur_.load(std::memory_order_acquire);
     if (!cur) return;
@@ -279,15 +284,17 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
         case Kind::kTraceOn:
         case Kind::kTraceOff: {
             const bool on = t->kind == Kind::kTraceOn;
-            if (t->host->tracing_is_on() == on) break; // the kernel counts only effective hits
-            if (t->take()) t->host->set_tracing_on(on);
+            bool is_on = false;
+            arch::saving_vectors([&] { is_on = t->host->tracing_is_on(); });
+            if (is_on == on) break; // the kernel counts only effective hits
+            if (t->take()) arch::saving_vectors([&] { t->host->set_tracing_on(on); });
             break;
         }
         case Kind::kStacktrace:
-            if (t->take()) t->host->record_stacktrace(regs);
+            if (t->take()) arch::saving_vectors([&] { t->host->record_stacktrace(regs); });
             break;
         case Kind::kSnapshot:
-            if (t->take()) t->host->take_snapshot();
+            if (t->take()) arch::saving_vectors([&] { t->host->take_snapshot(); });
             break;
         case Kind::kEnableEvent:
         case Kind::kDisableEvent: {

@@ -3,6 +3,7 @@
 // saves no vector state, handlers proven clean called as they are, the rest with the
 // state saved around them.
 #include <ukprobes/kprobes.h>
+#include <ukprobes/trace.h>
 
 #include "arch/x86_64/trampoline.hpp"
 #include "arch/x86_64/vector_use.hpp"
@@ -337,7 +338,21 @@ TEST_F(VectorPath, TheSharedLibrarysDispatchersAreProvenClean) {
     char line[64] = {};
     ASSERT_NE(std::fgets(line, sizeof line, out), nullptr);
     EXPECT_EQ(pclose(out), 0);
-    EXPECT_EQ(std::atoi(line), UKP_LEAN_KPROBE | UKP_LEAN_KRETPROBE) << line;
+    int dispatch = -1, trace = -1;
+    ASSERT_EQ(std::sscanf(line, "%d %d", &dispatch, &trace), 2) << line;
+    EXPECT_EQ(dispatch, UKP_LEAN_KPROBE | UKP_LEAN_KRETPROBE) << line;
+    EXPECT_EQ(trace, 1) << "an event's hit handlers call nothing through the PLT: " << line;
+#endif
+}
+
+// The tracer's hit handlers (fetch, ring buffer, filter, histogram, triggers) are proven
+// too: they call into the C library only through saving_vectors (a thread's first hit,
+// a clock segment, a trigger's action), and read the CPU from rseq.
+TEST_F(VectorPath, TheTracersHitHandlersAreProvenClean) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "the sanitizers' checks call out through the PLT";
+#else
+    EXPECT_EQ(ukp_trace_lean(), 1);
 #endif
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 extern "C" {
 // trampolines.S: saves a pt_regs, calls ukp_post_dispatch(point, regs), resumes.
@@ -24,6 +25,16 @@ extern uint8_t ukp_gpr_ret_dispatch;
 }
 
 namespace ukp::arch {
+
+// Runs f() with the vector and floating-point state saved around it, through
+// ukp_call_saving_vectors: how code proven to leave that state alone (vector_use.hpp)
+// makes its rare calls into code that is not (the C library), without the scan that
+// proves it following into them.
+template <typename F>
+void saving_vectors(F &&f) {
+    using Closure = std::remove_reference_t<F>;
+    ukp_call_saving_vectors([](void *c) { (*static_cast<Closure *>(c))(); }, &f);
+}
 
 // Emits, for code placed at `dest`:  lea -128(%rsp),%rsp ; push <context> ;
 // jmp ukp_post_trampoline — the tail of a copy whose post_handlers run in user mode.

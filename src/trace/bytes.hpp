@@ -1,0 +1,50 @@
+// memcpy, memcmp, memset and strnlen, written out for the probe-hit path. That path
+// calls nothing in the C library: a probe could sit on the function (a probe on memcpy
+// would fire inside every hit), and a call through the PLT ends the proof that the path
+// leaves the vector state alone (arch/x86_64/vector_use.hpp), which spares it saving
+// that state. The loops stay loops: the agent is built with
+// -fno-tree-loop-distribute-patterns, which keeps GCC from turning them back into calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ukp::trace {
+
+// n bytes from src to dst, a word at a time.
+inline void copy_bytes(void *dst, const void *src, size_t n) noexcept {
+    auto *d = static_cast<char *>(dst);
+    const auto *s = static_cast<const char *>(src);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) __builtin_memcpy(d + i, s + i, 8);
+    for (; i < n; ++i) d[i] = s[i];
+}
+
+inline bool same_bytes(const void *a, const void *b, size_t n) noexcept {
+    const auto *x = static_cast<const char *>(a), *y = static_cast<const char *>(b);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t u, v;
+        __builtin_memcpy(&u, x + i, 8);
+        __builtin_memcpy(&v, y + i, 8);
+        if (u != v) return false;
+    }
+    for (; i < n; ++i)
+        if (x[i] != y[i]) return false;
+    return true;
+}
+
+inline void zero_bytes(void *dst, size_t n) noexcept {
+    auto *d = static_cast<char *>(dst);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) __builtin_memset(d + i, 0, 8);
+    for (; i < n; ++i) d[i] = 0;
+}
+
+inline size_t bounded_strlen(const char *s, size_t max) noexcept {
+    size_t n = 0;
+    while (n < max && s[n] != '\0') ++n;
+    return n;
+}
+
+} // namespace ukp::trace
