@@ -28,6 +28,7 @@ namespace {
 constexpr uint64_t kDefaultKb = 1408; // ftrace's default per-CPU size
 constexpr uint32_t kDefaultSlots = 256;
 constexpr uint32_t kRecHdr = sizeof(RecordHeader);
+constexpr uint64_t kEvictAhead = 4096; // bytes a full ring evicts beyond what a record needs
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -439,24 +440,33 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
         return nullptr;
     }
     const uint64_t end = h + pad + need;
-    // Overwrite mode: evict the oldest records until the new one fits.
+    // Overwrite mode: evict the oldest records until the new one fits, and up to
+    // kEvictAhead bytes more (a 16th of a small buffer), in one compare-exchange (with a reader consuming the same
+    // slot): a full ring then pays for one every few dozen records, not every record. The
+    // kernel's ring buffer, too, overwrites a page at a time.
     uint64_t t = s->tail.load(std::memory_order_acquire);
     while (end - t > cap) {
-        const uint64_t back = h - t; // <= cap
-        const uint64_t t_off = off >= back ? off - back : off + cap - back;
-        const auto *old = reinterpret_cast<const RecordHeader *>(w.data + t_off);
-        const uint64_t len = old->len;
-        if (len < 8 || len % 8 != 0 || t + len > h) { // cannot happen unless memory was scribbled on
-            count_drop(s);
-            s->busy.store(0, std::memory_order_release);
-            w.busy = false;
-            return nullptr;
+        const uint64_t must = end - cap, want = std::min(h, must + std::min(kEvictAhead, cap / 16));
+        uint64_t nt = t, records = 0;
+        while (nt < must || nt < want) {
+            const uint64_t back = h - nt; // <= cap
+            const uint64_t at = off >= back ? off - back : off + cap - back;
+            const auto *old = reinterpret_cast<const RecordHeader *>(w.data + at);
+            const uint64_t len = old->len;
+            if (len < 8 || len % 8 != 0 || nt + len > h) { // cannot happen unless memory was scribbled on
+                count_drop(s);
+                s->busy.store(0, std::memory_order_release);
+                w.busy = false;
+                return nullptr;
+            }
+            if (nt >= must && nt + len > want) break; // the rest of the batch would overshoot
+            records += old->kind == kRecordKind;
+            nt += len;
         }
-        const uint16_t kind = old->kind;
-        if (s->tail.compare_exchange_weak(t, t + len, std::memory_order_acq_rel, std::memory_order_acquire)) {
-            if (kind == kRecordKind)
-                s->overrun.store(s->overrun.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-            t += len;
+        if (s->tail.compare_exchange_weak(t, nt, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            if (records != 0)
+                s->overrun.store(s->overrun.load(std::memory_order_relaxed) + records, std::memory_order_release);
+            t = nt;
         }
     }
     // Published before the data is overwritten: a reader that copied bytes this write
