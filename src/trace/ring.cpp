@@ -441,14 +441,16 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     }
     const uint64_t end = h + pad + need;
     // Overwrite mode: evict the oldest records until the new one fits, and up to
-    // kEvictAhead bytes more (a 16th of a small buffer), in one compare-exchange (with a reader consuming the same
-    // slot): a full ring then pays for one every few dozen records, not every record. The
-    // kernel's ring buffer, too, overwrites a page at a time.
+    // kEvictAhead bytes more (a 16th of a small buffer), in one compare-exchange (a
+    // reader may be consuming the same slot): a full ring pays for one every few dozen
+    // records, not for every record. The kernel's ring buffer, too, overwrites a page at
+    // a time.
     uint64_t t = s->tail.load(std::memory_order_acquire);
     while (end - t > cap) {
+        // must <= h: a record never needs more than the whole buffer (checked above).
         const uint64_t must = end - cap, want = std::min(h, must + std::min(kEvictAhead, cap / 16));
         uint64_t nt = t, records = 0;
-        while (nt < must || nt < want) {
+        while (nt < want) {
             const uint64_t back = h - nt; // <= cap
             const uint64_t at = off >= back ? off - back : off + cap - back;
             const auto *old = reinterpret_cast<const RecordHeader *>(w.data + at);
