@@ -229,13 +229,10 @@ UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven);
 // (vector_use.hpp) does not follow into f.
 template <typename F>
 void outside_gpr(bool ext_saved, F &&f) {
-    using Closure = std::remove_reference_t<F>;
-    if (ext_saved) {
-        void (*const thunk)(void *) = [](void *c) { (*static_cast<Closure *>(c))(); };
-        ukp_call_handler(reinterpret_cast<void *>(thunk), &f, nullptr);
-    } else {
+    if (ext_saved)
+        ukp_call_handler(reinterpret_cast<void *>(&arch::closure_thunk<std::remove_reference_t<F>>), &f, nullptr);
+    else
         arch::saving_vectors(f);
-    }
 }
 
 // The thread id of the calling thread, cached per thread.

@@ -554,6 +554,15 @@ void run_post_handlers(const ProbeList *list, pt_regs *regs) {
     }
 }
 
+// A hit whose handlers do not run. From inside a handler, each enabled probe counts a
+// miss (seed 001); from inside the agent's own work (quiet), even under one of its
+// handlers, nothing is counted: the program did not make that call.
+__attribute__((always_inline)) inline void count_skipped_hit(const ThreadState &ts, const ProbeList *list) {
+    if (ts.depth > 0 && ts.quiet == 0 && list != nullptr)
+        for (uint32_t i = 0; i < list->count; ++i)
+            if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
+}
+
 bool any_post_handler(const ProbeList *list) {
     for (uint32_t i = 0; i < list->count; ++i)
         if (!probe_disabled(list->probes[i]) && list->probes[i]->post_handler != nullptr) return true;
@@ -643,11 +652,7 @@ void probe_hit(Point *pt, ucontext_t *uc) {
     // (The kprobes/enabled knob works by disarming: a hit on a point disarmed meanwhile
     // still runs its handlers, as a hit already in flight does in the kernel.)
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
-        // A probe hit from inside a handler: its handlers do not run (seed 001). From inside
-        // the agent's own work (quiet), even under one of its handlers: not counted either.
-        if (ts.depth > 0 && ts.quiet == 0 && list != nullptr)
-            for (uint32_t i = 0; i < list->count; ++i)
-                if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
+        count_skipped_hit(ts, list);
         uint64_t fault_addr = 0;
         const bool ok = execute_unprobed(pt, uc, &fault_addr); // decided inside the section
         read_unlock(idx);
@@ -754,9 +759,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     const unsigned idx = read_lock_here();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
-        if (ts.depth > 0 && ts.quiet == 0 && list != nullptr)
-            for (uint32_t i = 0; i < list->count; ++i)
-                if (!probe_disabled(list->probes[i])) count_missed(list->probes[i]);
+        count_skipped_hit(ts, list);
         read_unlock_here(idx);
         regs->ip = copy;
         return;

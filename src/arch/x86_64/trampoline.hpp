@@ -26,14 +26,19 @@ extern uint8_t ukp_gpr_ret_dispatch;
 
 namespace ukp::arch {
 
+// Calls the closure its argument points to: how a lambda goes through the calling stubs.
+template <typename Closure>
+void closure_thunk(void *c) {
+    (*static_cast<Closure *>(c))();
+}
+
 // Runs f() with the vector and floating-point state saved around it, through
 // ukp_call_saving_vectors: how code proven to leave that state alone (vector_use.hpp)
 // makes its rare calls into code that is not (the C library), without the scan that
 // proves it following into them.
 template <typename F>
 void saving_vectors(F &&f) {
-    using Closure = std::remove_reference_t<F>;
-    ukp_call_saving_vectors([](void *c) { (*static_cast<Closure *>(c))(); }, &f);
+    ukp_call_saving_vectors(closure_thunk<std::remove_reference_t<F>>, &f);
 }
 
 // Emits, for code placed at `dest`:  lea -128(%rsp),%rsp ; push <context> ;
