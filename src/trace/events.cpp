@@ -27,6 +27,7 @@
 #include "trace/filter.hpp"
 #include "trace/output.hpp"
 #include "trace/print.hpp"
+#include "trace/profile_table.hpp"
 #include "trace/ring.hpp"
 #include "trace/trigger.hpp"
 
@@ -90,6 +91,10 @@ public:
         uint64_t n = 0;
         for (const Shard &s : shards_) n += s.n.load(std::memory_order_relaxed);
         return n;
+    }
+    // Where the shards are, for the counter table (profile_table.hpp).
+    void describe(ProfileTableBuilder &b) const {
+        b.add_counter(&shards_[0].n, sizeof(uint64_t), kShards, sizeof(Shard), false);
     }
 
 private:
@@ -341,6 +346,10 @@ public:
     std::map<uint16_t, Event *> by_id;             // live and removed, for printing
     uint16_t next_id = kFirstEventId;
     ErrorLog errors;
+    // kprobe_profile's counters, listed for a reader in another process (profile_table.hpp):
+    // the table the ring's header names, and the one before it, kept for a reader that
+    // was reading it as it was replaced.
+    std::vector<uint8_t> profile_table, profile_table_before;
 
     Event *find(std::string_view group, std::string_view name) {
         for (auto &e : events)
@@ -349,6 +358,7 @@ public:
     }
     int define(std::string_view line, char separator, bool enable);
     int remove(Event *e);
+    void publish_profile();
     int set_enabled(Event *e, bool on);
     void arm(Event *e);
 
@@ -584,6 +594,7 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         by_id[fresh->id] = fresh.get();
         events.push_back(std::move(fresh));
     }
+    publish_profile();
     if (enable) return set_enabled(e, true);
     arm(e);
     return 0;
@@ -603,7 +614,27 @@ int Tracer::remove(Event *e) {
     auto it = std::find_if(events.begin(), events.end(), [&](auto &x) { return x.get() == e; });
     graveyard.push_back(std::move(*it));
     events.erase(it);
+    publish_profile();
     return 0;
+}
+
+// What kprobe_profile sums (profile_text), as addresses: the table a child of fork()
+// gives `ukprobe run`, which cannot ask it (it serves no socket).
+void Tracer::publish_profile() {
+    ProfileTableBuilder b;
+    for (const auto &e : events) {
+        b.add_event(e->name);
+        e->hits.describe(b);
+        b.add_counter(&e->faults, sizeof(uint64_t), 1, 0, true);
+        b.add_counter(&e->too_big, sizeof(uint64_t), 1, 0, true);
+        for (const auto &p : e->points) {
+            b.add_counter(&p->hook.rp.kp.nmissed, sizeof p->hook.rp.kp.nmissed, 1, 0, true);
+            if (e->is_return) b.add_counter(&p->hook.rp.nmissed, sizeof p->hook.rp.nmissed, 1, 0, true);
+        }
+    }
+    profile_table_before = std::move(profile_table);
+    profile_table = b.finish();
+    ring_publish_profile(profile_table.data());
 }
 
 int Tracer::set_enabled(Event *e, bool on) {
@@ -699,12 +730,7 @@ std::string event_table_locked(Tracer &t) {
 
 std::string profile_text(Tracer &t) {
     std::string s;
-    char buf[128];
-    for (auto &e : t.events) {
-        std::snprintf(buf, sizeof buf, "  %-44s %15" PRIu64 " %15" PRIu64 "\n", e->name.c_str(), e->hits.load(),
-                      e->misses());
-        s += buf;
-    }
+    for (auto &e : t.events) s += profile_line(e->name, e->hits.load(), e->misses());
     return s;
 }
 

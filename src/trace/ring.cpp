@@ -1,4 +1,5 @@
 #include "trace/ring.hpp"
+#include "trace/profile_table.hpp"
 #include "text/high_fd.hpp"
 #include "arch/x86_64/this_cpu.hpp"
 
@@ -56,6 +57,7 @@ std::atomic<bool> g_swap_busy{false}; // held while main and snapshot change pla
 uint64_t g_kb = kDefaultKb;         // under g_mu
 uint32_t g_slots = kDefaultSlots;   // under g_mu
 std::atomic<uint32_t> g_gen{0};
+std::atomic<const uint8_t *> g_profile{nullptr}; // the kprobe_profile counter table
 pthread_key_t g_exit_key;
 bool g_key_made = false;            // under g_mu
 bool g_atfork_done = false;         // under g_mu
@@ -253,6 +255,8 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     h->data_size = cap;
     h->pid = static_cast<int32_t>(raw_syscall(SYS_getpid));
     h->generation = r->gen;
+    h->profile_addr.store(reinterpret_cast<uint64_t>(g_profile.load(std::memory_order_acquire)),
+                          std::memory_order_release);
     if (tsc_usable()) clock_start(h);
     return r;
 }
@@ -321,6 +325,9 @@ void after_fork_child() {
     Region *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
     g_snap.store(nullptr, std::memory_order_relaxed);
     t_w.slot = nullptr;
+    // The child's kprobe_profile counts its own hits, as its ring holds its own records:
+    // what the parent counted before the fork stays the parent's.
+    if (const uint8_t *table = g_profile.load(std::memory_order_acquire)) profile_table_zero(table);
     if (r == nullptr) return;
     const RingHeader *h = r->hdr();
     Region *own = make_region(h->data_size / 1024, h->slot_count);
@@ -590,6 +597,14 @@ int set_ring_slot_count(uint32_t n) {
 void ring_clear() {
     std::lock_guard lock(g_mu);
     if (Region *r = g_main.load(std::memory_order_acquire)) ring_clear_view(r->view());
+}
+
+void ring_publish_profile(const uint8_t *table) {
+    std::lock_guard lock(g_mu);
+    g_profile.store(table, std::memory_order_release);
+    for (const std::atomic<Region *> *which : {&g_main, &g_snap})
+        if (Region *r = which->load(std::memory_order_acquire))
+            r->hdr()->profile_addr.store(reinterpret_cast<uint64_t>(table), std::memory_order_release);
 }
 
 namespace {

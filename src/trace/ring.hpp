@@ -49,6 +49,10 @@ uint32_t ring_slot_count();
 int set_ring_slot_count(uint32_t n);
 // Empties the buffers and resets their counters (writing to the trace file).
 void ring_clear();
+// Names the kprobe_profile counter table (profile_table.hpp) in the buffers' header, now
+// and in every region made later; null: none. The table stays valid until replaced. The
+// child of a fork() sets the counters it lists to 0 before it makes its own buffers.
+void ring_publish_profile(const uint8_t *table);
 
 // The snapshot file: ftrace's semantics. take: allocate the spare buffers if needed and
 // swap them with the main ones (writing 1); clear: empty the snapshot (any other
@@ -66,7 +70,7 @@ bool snapshot_allocated();
 // ---- The shared layout, for a reader in another process ----
 
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
-inline constexpr uint32_t kRingVersion = 2;
+inline constexpr uint32_t kRingVersion = 3;
 inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
 inline constexpr uint32_t kClockMonotonicNs = 0, kClockTsc = 1;
 inline constexpr uint32_t kClockSegments = 64;
@@ -116,6 +120,9 @@ struct RingHeader {
     std::atomic<uint64_t> clock_next;    // TSC at which the next segment is due (~0: table full)
     uint64_t clock_mono0;                // CLOCK_MONOTONIC at segments[0].tsc0, as measured
     ClockSegment segments[kClockSegments];
+    // Where the process keeps its kprobe_profile counters (profile_table.hpp): the address
+    // of the table in its memory, for a reader with process_vm_readv; 0 when none.
+    std::atomic<uint64_t> profile_addr;
 };
 
 // One per-thread buffer. Positions are byte counts since the buffer was created; a

@@ -5,7 +5,8 @@
 //   e2e_fork_child wait FILE     the child calls e2e_fork_child_mark(i) for i = 1..3, then
 //                                reads FILE (ukprobe's trace, as ukprobe writes it) until a
 //                                line of its own shows "mark: ... i=3", at most 5 s; it
-//                                exits 0 if one came while it lived, 1 if not.
+//                                then calls e2e_fork_child_mark(4) and exits 0 if one
+//                                came while it lived, 1 if not.
 // The parent prints "child PID exit STATUS" or "child PID signal SIGNAL" and exits 0.
 #include <signal.h>
 #include <stdio.h>
@@ -41,7 +42,7 @@ static int child(const char *mode, const char *file) {
         return 2; // not reached
     }
     for (int i = 0; i < 500; ++i) {
-        if (shows_mark(file, getpid())) return sum == 18 ? 0 : 2;
+        if (shows_mark(file, getpid())) return sum + e2e_fork_child_mark(4) == 30 ? 0 : 2;
         const struct timespec t = {0, 10 * 1000 * 1000};
         nanosleep(&t, NULL);
     }

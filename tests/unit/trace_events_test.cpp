@@ -2,6 +2,7 @@
 // recorded, a bad filter keeps the old one, triggers act on hits, symstr/seed 003 forms.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "trace/events.hpp"
+#include "trace/profile_table.hpp"
+#include "trace/ring.hpp"
 #include "trace_target.h"
 
 using namespace ukp::trace;
@@ -156,6 +159,101 @@ TEST_F(TraceEvents, ForkChildRecordsItsOwnThreadId) {
     ASSERT_EQ(waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// kprobe_profile as a reader in another process reads it (ukprobe run, for a child of
+// fork() that serves no socket): through the counter table the ring's header names.
+std::string profile_through_the_table(std::string *why) {
+    size_t size = 0;
+    const int fd = ring_memfd(&size);
+    if (fd < 0) return "no ring";
+    void *p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return "not mapped";
+    const RingHeader *h = RingView{static_cast<const uint8_t *>(p), size}.header();
+    const uint64_t addr = h != nullptr ? h->profile_addr.load() : 0;
+    munmap(p, size);
+    return read_profile(getpid(), addr, why);
+}
+
+TEST_F(TraceEvents, TheCounterTableReadsAsKprobeProfileDoes) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_append("kprobe_events", "p:other ttarget_pointer s=+0(%di):string"), 0);
+    ASSERT_EQ(file_append("kprobe_events", "r:back ttarget_triple"), 0);
+    for (const char *e : {"flt", "other", "back"})
+        ASSERT_EQ(file_write(std::string("events/kprobes/") + e + "/enable", "1"), 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+        threads.emplace_back([t] {
+            cpu_set_t one; // hits on every CPU: the hit count is kept per CPU
+            CPU_ZERO(&one);
+            CPU_SET(t % std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)), &one);
+            pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+            for (int i = 0; i <= t; ++i) g_triple(i);
+        });
+    for (auto &t : threads) t.join();
+    g_pointer(ttarget_greeting);
+    g_pointer(reinterpret_cast<const char *>(8)); // a fault: a miss
+    std::string why;
+    const std::string table = profile_through_the_table(&why);
+    const std::string file = read("kprobe_profile");
+    EXPECT_EQ(table, file) << why;
+    char want[256];
+    snprintf(want, sizeof want, "  %-44s %15d %15d\n  %-44s %15d %15d\n  %-44s %15d %15d\n", "flt", 6, 0, "other", 2, 1,
+             "back", 6, 0);
+    EXPECT_EQ(file, want);
+    // Removed events leave the table.
+    for (const char *e : {"flt", "other", "back"})
+        ASSERT_EQ(file_write(std::string("events/kprobes/") + e + "/enable", "0"), 0);
+    ASSERT_EQ(file_append("kprobe_events", "-:other"), 0);
+    EXPECT_EQ(profile_through_the_table(&why), read("kprobe_profile")) << why;
+    EXPECT_EQ(read("kprobe_profile").find("other"), std::string::npos);
+}
+
+TEST_F(TraceEvents, TheCounterTableReaderRefusesWhatIsNoTable) {
+    std::string why;
+    EXPECT_EQ(read_profile(getpid(), 0, &why), "");
+    EXPECT_EQ(why, "the process publishes no counters");
+    const uint64_t junk[8] = {0x1234, 99, 7, 7};
+    EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(junk), &why), "");
+    EXPECT_EQ(why, "the process's counter table is not valid");
+    // A table that lists a counter at an address the process does not map.
+    ProfileTableBuilder b;
+    b.add_event("gone");
+    b.add_counter(reinterpret_cast<const void *>(16), 8, 1, 0, false);
+    const std::vector<uint8_t> t = b.finish();
+    EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(t.data()), &why), "");
+    EXPECT_EQ(why.rfind("process_vm_readv: ", 0), 0u) << why;
+}
+
+// The child of a fork() counts its own hits from 0, as its ring holds its own records:
+// added up with its parent's, the counts are the kernel's (one for all processes).
+TEST_F(TraceEvents, AForkedChildCountsItsOwnHits) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    g_triple(1);
+    g_triple(2);
+    char two[128], one[128], zero[128];
+    snprintf(two, sizeof two, "  %-44s %15d %15d\n", "flt", 2, 0);
+    snprintf(one, sizeof one, "  %-44s %15d %15d\n", "flt", 1, 0);
+    snprintf(zero, sizeof zero, "  %-44s %15d %15d\n", "flt", 0, 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        std::string p, why;
+        file_read("kprobe_profile", &p);
+        if (p != zero) _exit(1);
+        g_triple(3);
+        file_read("kprobe_profile", &p);
+        if (p != one) _exit(2);
+        // Its own ring's header names the same table.
+        if (profile_through_the_table(&why) != one) _exit(3);
+        _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_EQ(read("kprobe_profile"), two);
 }
 
 TEST_F(TraceEvents, ThreadsHitAtOnce) {

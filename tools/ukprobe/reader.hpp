@@ -58,6 +58,9 @@ public:
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
     // Unmaps the ring (a process that is gone: its memory goes once nobody maps it).
     void unmap();
+    // Where the process keeps its kprobe_profile counters (the mapped ring's header names
+    // them: src/trace/profile_table.hpp), or 0 when unmapped or none.
+    uint64_t profile_addr() const;
     // The process's objects as last read (for another reader's `known`).
     const ukp::sym::Registry &symbols() const { return symbols_; }
 

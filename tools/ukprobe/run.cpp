@@ -25,9 +25,11 @@
 #include "client.hpp"
 #include "reader.hpp"
 #include "control/fd_passing.hpp"
+#include "trace/profile_table.hpp"
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -199,10 +201,20 @@ std::string comm_of(int pid) {
     return s;
 }
 
+// kprobe_profile of one process image, printed when everything ends.
+struct ProfileBlock {
+    uint64_t seq;      // the order processes were met in
+    int pid;
+    std::string comm;
+    std::string text;  // the file's lines; empty if never read
+    bool final;        // read at its exit_group or execve, not as last read while it ran
+    bool forked;       // a child of fork() that had not exec'd
+};
+
 // The agent of one process: a connection, and a thread that reads trace_pipe on it.
 class Agent {
 public:
-    Agent(int pid, Output &out) : pid_(pid), comm_(comm_of(pid)), out_(out) {}
+    Agent(int pid, uint64_t seq, Output &out) : pid_(pid), seq_(seq), comm_(comm_of(pid)), out_(out) {}
     ~Agent() {
         if (thread_.joinable()) thread_.join();
     }
@@ -243,11 +255,6 @@ public:
         cv_.wait_for(lock, kDrainTimeout, [&] { return ended_ || drain_done_ >= gen; });
     }
 
-    bool drained() {
-        std::lock_guard lock(mu_);
-        return drain_done_ > 0;
-    }
-
     bool ended() {
         std::lock_guard lock(mu_);
         return ended_;
@@ -258,9 +265,9 @@ public:
         if (thread_.joinable()) thread_.join();
     }
 
-    std::string profile() {
+    ProfileBlock profile() {
         std::lock_guard lock(mu_);
-        return profile_;
+        return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0, false};
     }
 
 private:
@@ -300,6 +307,7 @@ private:
     }
 
     const int pid_;
+    const uint64_t seq_;     // the order processes were met in (their kprobe_profile's)
     const std::string comm_; // the program's name when connected
     ino_t socket_ino_ = 0;
     Output &out_;
@@ -350,7 +358,8 @@ int ring_of(int pid, int pidfd, int *number = nullptr) {
 // memfd: the records outlive the process) or exec'd.
 class ForkedRing {
 public:
-    ForkedRing(int pid, int events_pid, Output &out) : pid_(pid), events_pid_(events_pid), out_(out) {}
+    ForkedRing(int pid, int events_pid, uint64_t seq, Output &out)
+        : pid_(pid), events_pid_(events_pid), seq_(seq), comm_(comm_of(pid)), out_(out) {}
     ~ForkedRing() {
         if (thread_.joinable()) thread_.join();
         reader_.reset();
@@ -359,6 +368,18 @@ public:
 
     int pid() const { return pid_; }
     int events_pid() const { return events_pid_; }
+
+    // kprobe_profile of the process (profile_table.hpp: its agent serves no socket), read
+    // at its exit_group or execve, or as last read while it ran (`final` false).
+    ProfileBlock profile() {
+        std::lock_guard lock(mu_);
+        return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0, true};
+    }
+
+    // Waits for the stream's end (the process is gone).
+    void join() {
+        if (thread_.joinable()) thread_.join();
+    }
 
     // Takes the ring, the event table and the process's objects (`known`: objects parsed
     // before, TraceReader), while the process waits in its notice; false if the ring or
@@ -435,6 +456,15 @@ public:
     }
 
 private:
+    void read_profile() {
+        std::string why;
+        std::string text = ukp::trace::read_profile(pid_, reader_->profile_addr(), &why);
+        profile_read_ = Clock::now();
+        if (text.empty()) return;
+        std::lock_guard lock(mu_);
+        profile_ = std::move(text);
+    }
+
     // Whether the process still has the ring: an execve that succeeded closed it (the
     // memfd is close-on-exec), one that failed did not.
     bool holds_ring() const {
@@ -461,11 +491,14 @@ private:
                 if (gone || finish || asked > drain_done_) {
                     drain_ring(*reader_, out_, gone ? 0 : kPipeWaitMs); // held or gone
                     if (gone || finish) break;
+                    read_profile(); // it waits in exit_group or execve: its last counts
                     std::lock_guard lock(mu_);
                     drain_done_ = asked;
                     cv_.notify_all();
                     continue;
                 }
+                // The counts so far, for a process that dies of a signal (no exit_group).
+                if (asked == 0 && Clock::now() - profile_read_ >= kProfileInterval) read_profile();
                 const std::string text = reader_->pipe(0, 1 << 20);
                 if (!text.empty()) {
                     out_.add(text);
@@ -487,6 +520,8 @@ private:
 
     const int pid_;
     const int events_pid_; // the process whose agent gave the event table
+    const uint64_t seq_;   // the order processes were met in (their kprobe_profile's)
+    const std::string comm_; // the program's name when taken
     Output &out_;
     int pidfd_ = -1;       // the process, ready to read once it is gone
     int ring_number_ = -1; // the ring's descriptor in the process
@@ -502,6 +537,8 @@ private:
     bool finish_ = false;      // under mu_: the process exec'd; a last read, then the end
     bool exec_asked_ = false;  // under mu_: a drain at an execve came (it may have failed)
     bool ended_ = false;       // under mu_: the stream is over
+    std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
+    Clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 
 // UKP_EVENTS: definitions separated by ';', their words by ','.
@@ -619,6 +656,41 @@ bool forked_ring_notice(const seccomp_notif &req) {
     return req.data.nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0;
 }
 
+// The counts as each process image left them, apart from the trace (stderr, as a second
+// file), in the order the processes were met. A child of fork() that had not exec'd only
+// if it counted something: a shell forks for every command it runs, and most of those
+// children exec before they hit anything. Then, when more than one process was printed,
+// the sums by event name: kprobe_profile as the kernel keeps it, for all of them at once.
+void print_profiles(std::vector<ProfileBlock> blocks) {
+    std::stable_sort(blocks.begin(), blocks.end(), [](const auto &a, const auto &b) { return a.seq < b.seq; });
+    struct Sum {
+        std::string name;
+        uint64_t hits = 0, misses = 0;
+    };
+    std::vector<Sum> sums;
+    size_t printed = 0;
+    for (const ProfileBlock &b : blocks) {
+        std::vector<Sum> lines;
+        std::istringstream in(b.text);
+        for (Sum one; in >> one.name >> one.hits >> one.misses;) lines.push_back(one);
+        const bool counted = std::any_of(lines.begin(), lines.end(), [](const Sum &x) { return x.hits + x.misses != 0; });
+        if (b.text.empty() || (b.forked && !counted)) continue;
+        fmt::print(stderr, "# kprobe_profile: process {} ({}){}{}\n{}", b.pid, b.comm, b.forked ? ", forked" : "",
+                   b.final ? "" : ", as last read before it ended", b.text);
+        ++printed;
+        for (const Sum &x : lines) {
+            auto it = std::find_if(sums.begin(), sums.end(), [&](const Sum &y) { return y.name == x.name; });
+            if (it == sums.end()) it = sums.insert(sums.end(), Sum{x.name});
+            it->hits += x.hits;
+            it->misses += x.misses;
+        }
+    }
+    if (printed < 2) return;
+    std::string total;
+    for (const Sum &x : sums) total += ukp::trace::profile_line(x.name, x.hits, x.misses);
+    fmt::print(stderr, "# kprobe_profile: all {} processes\n{}", printed, total);
+}
+
 class Runner {
 public:
     explicit Runner(const RunOptions &o) : o_(o) {}
@@ -651,6 +723,8 @@ private:
     std::map<int, ForkedRing *> forked_by_pid_;       // the latest of each process
     ukp::sym::Registry forked_symbols_; // the objects of the last forked child taken: its
                                         // siblings have the same ones at the same addresses
+    std::vector<ProfileBlock> forked_profiles_; // of forked children whose stream ended
+    uint64_t next_seq_ = 0;
     bool failed_ = false;                         // the program's definitions were refused
 };
 
@@ -701,7 +775,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
 void Runner::on_socket(int pid) {
     if (!new_agent_in(pid)) return;
     if (pid != child_ && (!o_.follow || !descends_from_us(pid))) return;
-    auto agent = std::make_unique<Agent>(pid, *out_);
+    auto agent = std::make_unique<Agent>(pid, next_seq_++, *out_);
     if (agent->connect() != 0) return;
     try {
         const Reply defs = agent->ask(Op::kRead, "kprobe_events");
@@ -878,7 +952,7 @@ void Runner::take_forked(int pid) {
     if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end() && !it->second->gone()) return;
     const int source = events_source(pid);
     if (source <= 0) return;
-    auto ring = std::make_unique<ForkedRing>(pid, source, *out_);
+    auto ring = std::make_unique<ForkedRing>(pid, source, next_seq_++, *out_);
     if (!ring->open(forked_symbols_)) return;
     forked_symbols_ = ring->symbols();
     ring->start();
@@ -909,6 +983,9 @@ void Runner::drain_forked(int pid) {
     try {
         TraceReader reader(events, pid, ring);
         drain_ring(reader, *out_, 0);
+        std::string why;
+        forked_profiles_.push_back(ProfileBlock{next_seq_++, pid, comm_of(pid),
+                                                ukp::trace::read_profile(pid, reader.profile_addr(), &why), true, true});
     } catch (const std::runtime_error &) {
         // The ancestor is gone meanwhile: its event table with it.
     }
@@ -991,6 +1068,7 @@ int Runner::run() {
             if (!f->ended()) return false;
             if (auto it = forked_by_pid_.find(f->pid()); it != forked_by_pid_.end() && it->second == f.get())
                 forked_by_pid_.erase(it);
+            forked_profiles_.push_back(f->profile());
             return true;
         });
         out_->flush(false);
@@ -998,16 +1076,16 @@ int Runner::run() {
     }
     // Every process is gone: the streams end by themselves.
     for (auto &a : agents_) a->join();
-    forked_.clear(); // joins their threads
+    for (auto &f : forked_) {
+        f->join();
+        forked_profiles_.push_back(f->profile());
+    }
+    forked_.clear();
     out_->flush(true);
     if (file_ != nullptr) fclose(file_);
-    // The counts as each process left them, apart from the trace (stderr, as a second file).
-    for (auto &a : agents_) {
-        const std::string profile = a->profile();
-        if (profile.empty()) continue;
-        fmt::print(stderr, "# kprobe_profile: process {} ({}){}\n{}", a->pid(), a->comm(),
-                   a->drained() ? "" : ", as last read before it ended", profile);
-    }
+    std::vector<ProfileBlock> blocks = std::move(forked_profiles_);
+    for (auto &a : agents_) blocks.push_back(a->profile());
+    print_profiles(std::move(blocks));
     if (!exec_error.empty()) {
         fmt::print(stderr, "ukprobe: {}\n", exec_error);
         return 127; // as a shell
