@@ -104,6 +104,10 @@ constexpr int kForkedTableTimeoutMs = 1000;
 constexpr auto kForkedPollInterval = std::chrono::milliseconds(5);
 // How often kprobe_profile is read while a process runs (its counts if it is killed).
 constexpr auto kProfileInterval = std::chrono::milliseconds(200);
+// The same for a child of fork(), whose counters are copied out of it (a few microseconds,
+// no request to its agent): more often, as such children are often the workers a pool or
+// a server kills with a signal once done with them.
+constexpr auto kForkedProfileInterval = std::chrono::milliseconds(50);
 
 // The timestamp of a trace line ("  prog-42  [001] .....  12.345678: e: ..."), in
 // nanoseconds; 0 if it has none.
@@ -498,7 +502,7 @@ private:
                     continue;
                 }
                 // The counts so far, for a process that dies of a signal (no exit_group).
-                if (asked == 0 && Clock::now() - profile_read_ >= kProfileInterval) read_profile();
+                if (asked == 0 && Clock::now() - profile_read_ >= kForkedProfileInterval) read_profile();
                 const std::string text = reader_->pipe(0, 1 << 20);
                 if (!text.empty()) {
                     out_.add(text);
