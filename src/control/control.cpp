@@ -8,6 +8,7 @@
 #include "text/high_fd.hpp"
 #include "control/fd_passing.hpp"
 #include "control/protocol.hpp"
+#include "arch/x86_64/region.hpp"
 #include "core/core.hpp"
 #include "core/fork.hpp"
 #include "trace/ring.hpp"
@@ -330,6 +331,11 @@ int32_t Server::handle_read(const std::string &path, std::string *reply) {
         *reply = ukp_kprobes_optimization() ? "1\n" : "0\n";
         return 0;
     }
+    if (path == kRefsCacheDirPath) {
+        const std::string dir = arch::refs_cache_dir();
+        *reply = dir.empty() ? "" : dir + "\n";
+        return 0;
+    }
     const int rc = trace_read(path, reply);
     if (rc == -ENOENT) *reply = "no such file: " + path;
     return rc;
@@ -361,6 +367,18 @@ int32_t Server::handle_write(Connection &c, const std::string &path, const std::
     if (path == "kprobes/list") {
         *reply = "kprobes/list is read-only";
         return -EACCES;
+    }
+    if (path == kRefsCacheDirPath) {
+        // Where the agent keeps the reference tables of the objects it probes (refs_cache.cpp),
+        // for a process that got no UKP_CACHE_DIR: the one `ukprobe attach` uses itself.
+        std::string dir = payload;
+        while (!dir.empty() && (dir.back() == '\n' || dir.back() == ' ')) dir.pop_back();
+        if (!dir.empty() && dir[0] != '/') {
+            *reply = path + ": an absolute path, or nothing";
+            return -EINVAL;
+        }
+        arch::set_refs_cache_dir(dir);
+        return 0;
     }
     const bool defs = is_definitions_file(path);
     std::string before_text, after_text;

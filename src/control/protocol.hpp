@@ -47,6 +47,10 @@ constexpr const char *kTraceRingPath = "trace_ring";
 // file printed by the controller. Status 0 without a descriptor when no snapshot is
 // allocated; an agent that does not serve it answers -ENOENT.
 constexpr const char *kSnapshotRingPath = "snapshot_ring";
+// Read and written (Op::kRead, kWrite) like a file: the directory where the agent keeps
+// the reference tables of the objects it probes, when its environment has no
+// UKP_CACHE_DIR (`ukprobe attach` names its own). Written empty: none.
+constexpr const char *kRefsCacheDirPath = "ukprobes/refs_cache_dir";
 
 struct RequestHeader {
     uint32_t magic;       // kMagic

@@ -238,4 +238,22 @@ TEST_F(RefsCache, NothingIsWrittenWithoutTheVariable) {
     EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
 }
 
+// A controller's directory (ukprobe attach) serves where the environment names none; the
+// environment's wins; written empty again, there is none.
+TEST_F(RefsCache, TheControllersDirectoryServesWithoutTheVariable) {
+    unsetenv("UKP_CACHE_DIR");
+    EXPECT_EQ(ukp::arch::refs_cache_dir(), "");
+    ukp::arch::set_refs_cache_dir(dir_);
+    EXPECT_EQ(ukp::arch::refs_cache_dir(), dir_);
+    const std::string entry = store_libc();
+    EXPECT_FALSE(entry.empty());
+    EXPECT_NE(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
+    setenv("UKP_CACHE_DIR", "/nonexistent-parent/ukprobes", 1);
+    EXPECT_EQ(ukp::arch::refs_cache_dir(), ""); // the variable's, which cannot be made
+    unsetenv("UKP_CACHE_DIR");
+    ukp::arch::set_refs_cache_dir("");
+    EXPECT_EQ(ukp::arch::refs_cache_dir(), "");
+    EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
+}
+
 } // namespace

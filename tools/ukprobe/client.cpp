@@ -5,11 +5,13 @@
 #include <fmt/core.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <poll.h>
 #include <stdexcept>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -130,6 +132,17 @@ Reply Client::request(Op op, const std::string &path, const std::string &payload
     reply.payload.resize(rh.payload_len);
     read_all(fd_, reply.payload.data(), reply.payload.size());
     return reply;
+}
+
+std::string refs_cache_dir() {
+    if (const char *given = getenv("UKP_CACHE_DIR")) return given;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const std::string base = xdg != nullptr && xdg[0] == '/'     ? std::string(xdg)
+                             : home != nullptr && home[0] == '/' ? std::string(home) + "/.cache"
+                                                                 : std::string();
+    if (base.empty()) return {};
+    mkdir(base.c_str(), 0700);
+    return base + "/ukprobes";
 }
 
 } // namespace ukprobe

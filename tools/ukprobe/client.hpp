@@ -43,4 +43,10 @@ std::string refusal(const Reply &r, ukp::control::Op op, const std::string &path
 // The uid whose socket directory serves `pid` (its effective uid), or -1.
 long process_euid(int pid);
 
+// Where agents keep the reference tables of the objects they probe (the agent's
+// refs_cache.cpp): UKP_CACHE_DIR if set (empty: none), else $XDG_CACHE_HOME/ukprobes or
+// ~/.cache/ukprobes, whose parent is made if missing (the agent makes the last component,
+// mode 0700). Empty when there is no such place.
+std::string refs_cache_dir();
+
 } // namespace ukprobe

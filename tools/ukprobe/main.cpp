@@ -80,6 +80,14 @@ void connect_or_fail(const Options &o, ukprobe::Client &c) {
     if (c.connect(o.pid, &why) != 0) fail(why);
 }
 
+// The process got no UKP_CACHE_DIR: its agent is told the directory `run` would give
+// (the reference tables of libc and the rest are then decoded once per file, not once per
+// attach). An older agent refuses the path: it goes without.
+void name_refs_cache(ukprobe::Client &c) {
+    if (const std::string dir = ukprobe::refs_cache_dir(); !dir.empty())
+        c.request(Op::kWrite, ukp::control::kRefsCacheDirPath, dir);
+}
+
 int cmd_attach(const Options &o) {
     require_pid(o);
     {
@@ -88,6 +96,7 @@ int cmd_attach(const Options &o) {
         if (c.connect(o.pid, &why) == 0) {
             const ukprobe::Reply r = c.request(Op::kPing);
             if (r.status >= 0) {
+                name_refs_cache(c);
                 fmt::print("process {}: agent already attached, reused\n", o.pid);
                 if (o.verbose) fmt::print("{}\n", r.payload);
                 return 0;
@@ -99,6 +108,7 @@ int cmd_attach(const Options &o) {
     ukprobe::Client c;
     connect_or_fail(o, c);
     const ukprobe::Reply r = ask(o, c, Op::kPing);
+    name_refs_cache(c);
     fmt::print("process {}: agent attached\n", o.pid);
     if (o.verbose) {
         fmt::print("agent: {}\n", agent);

@@ -757,12 +757,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
     // each exec'd process after the first skips decoding libc again. One given is kept
     // (empty: none).
     if (getenv("UKP_CACHE_DIR") == nullptr) {
-        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        std::string base = xdg != nullptr && xdg[0] == '/' ? xdg : home != nullptr && home[0] == '/' ? std::string(home) + "/.cache" : "";
-        if (!base.empty()) {
-            mkdir(base.c_str(), 0700); // the agent makes the last component, not its parents
-            setenv("UKP_CACHE_DIR", (base + "/ukprobes").c_str(), 1);
-        }
+        if (const std::string dir = refs_cache_dir(); !dir.empty()) setenv("UKP_CACHE_DIR", dir.c_str(), 1);
     }
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);

@@ -1,6 +1,7 @@
 // The reference tables of objects kept on disk, so that the next process that loads the
 // same file skips the sweep (a tenth of a second for libc, most of a traced process's
-// start). Only where UKP_CACHE_DIR names a directory (ukprobe run sets it).
+// start). Only where UKP_CACHE_DIR names a directory (ukprobe run sets it), or, without
+// it, where a controller named one (ukprobe attach: set_refs_cache_dir).
 //
 // A table is stored with its addresses relative to the load bias, under a name derived
 // from the file's identity (path, device, inode, size, modification time) and the agent's
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,11 +81,23 @@ uint64_t agent_id() {
     return id;
 }
 
-// The cache directory, if UKP_CACHE_DIR names one that only this user can write (made,
-// mode 0700, if missing and its parent exists).
+std::mutex g_dir_mu;
+std::string &given_dir() { // under g_dir_mu
+    static auto *dir = new std::string(); // never destroyed: a probe may register at exit
+    return *dir;
+}
+
+// The cache directory, if UKP_CACHE_DIR (else the controller's) names one that only this
+// user can write (made, mode 0700, if missing and its parent exists).
 std::string cache_dir() {
+    std::string given;
     const char *dir = getenv("UKP_CACHE_DIR");
-    if (dir == nullptr || dir[0] != '/') return {};
+    if (dir == nullptr) {
+        std::lock_guard lock(g_dir_mu);
+        given = given_dir();
+        dir = given.c_str();
+    }
+    if (dir[0] != '/') return {};
     struct stat st{};
     if (lstat(dir, &st) != 0 && (mkdir(dir, 0700) != 0 || lstat(dir, &st) != 0)) return {};
     if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) return {};
@@ -140,6 +154,13 @@ void prune(const std::string &dir) {
 }
 
 } // namespace
+
+void set_refs_cache_dir(const std::string &dir) {
+    std::lock_guard lock(g_dir_mu);
+    given_dir() = dir;
+}
+
+std::string refs_cache_dir() { return cache_dir(); }
 
 std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias) {
     const std::string dir = cache_dir();

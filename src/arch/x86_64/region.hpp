@@ -158,6 +158,12 @@ std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t 
 // names a directory: the table of the file at path, rebased to bias, or null.
 std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias);
 void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs &refs);
+// The cache directory a controller names (ukprobe attach: a process it loaded the agent
+// into has no UKP_CACHE_DIR). UKP_CACHE_DIR, when set, wins. An absolute path, or empty.
+void set_refs_cache_dir(const std::string &dir);
+// The directory in use: checked as the cache checks it (this user's, not writable by
+// others; made if missing), empty if none.
+std::string refs_cache_dir();
 // Entries the cache directory keeps at most (the least recently used go first).
 constexpr size_t kObjectRefsCacheEntries = 64;
 // How many tables this process took from the disk cache.
