@@ -104,7 +104,10 @@ std::string read_profile(pid_t pid, uint64_t addr, std::string *why) {
     const auto *names = reinterpret_cast<const char *>(counters + h.counters);
     const size_t names_size = table.size() - static_cast<size_t>(names - reinterpret_cast<const char *>(table.data()));
 
-    // Every integer the counters list, read in batches of IOV_MAX.
+    // Every integer the counters list, read in batches of IOV_MAX. A table read while it was
+    // replaced could list anything: at most kMaxValues (16 per-CPU shards and a few misses
+    // per event: tens of thousands of events).
+    constexpr size_t kMaxValues = 1u << 20;
     std::vector<uint64_t> values;
     std::vector<iovec> local, remote;
     std::vector<size_t> first_value(h.counters); // counter i's integers start at values[first_value[i]]
@@ -113,6 +116,10 @@ std::string read_profile(pid_t pid, uint64_t addr, std::string *why) {
         const ProfileCounter &c = counters[i];
         if ((c.size != 4 && c.size != 8) || c.count == 0 || c.count > 64) {
             *why = "the process's counter table is not valid";
+            return {};
+        }
+        if (remote.size() + c.count > kMaxValues) {
+            *why = "the process's counter table lists too many counters";
             return {};
         }
         for (uint32_t k = 0; k < c.count; ++k) remote.push_back({reinterpret_cast<void *>(c.addr + uint64_t{k} * c.stride), c.size});

@@ -223,6 +223,13 @@ TEST_F(TraceEvents, TheCounterTableReaderRefusesWhatIsNoTable) {
     const std::vector<uint8_t> t = b.finish();
     EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(t.data()), &why), "");
     EXPECT_EQ(why.rfind("process_vm_readv: ", 0), 0u) << why;
+    // One that lists more integers than any real table: refused before anything is read.
+    ProfileTableBuilder many;
+    many.add_event("many");
+    for (int i = 0; i < (1 << 20) / 64 + 1; ++i) many.add_counter(t.data(), 8, 64, 0, false);
+    const std::vector<uint8_t> big = many.finish();
+    EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(big.data()), &why), "");
+    EXPECT_EQ(why, "the process's counter table lists too many counters");
 }
 
 // The child of a fork() counts its own hits from 0, as its ring holds its own records:
