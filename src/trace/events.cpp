@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>

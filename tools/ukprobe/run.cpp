@@ -674,11 +674,12 @@ void print_profiles(std::vector<ProfileBlock> blocks) {
     std::vector<Sum> sums;
     size_t printed = 0;
     for (const ProfileBlock &b : blocks) {
+        if (b.text.empty()) continue; // never read
         std::vector<Sum> lines;
         std::istringstream in(b.text);
         for (Sum one; in >> one.name >> one.hits >> one.misses;) lines.push_back(one);
         const bool counted = std::any_of(lines.begin(), lines.end(), [](const Sum &x) { return x.hits + x.misses != 0; });
-        if (b.text.empty() || (b.forked && !counted)) continue;
+        if (b.forked && !counted) continue;
         fmt::print(stderr, "# kprobe_profile: process {} ({}){}{}\n{}", b.pid, b.comm, b.forked ? ", forked" : "",
                    b.final ? "" : ", as last read before it ended", b.text);
         ++printed;
