@@ -83,9 +83,7 @@ public:
 // from, which the bouncing line used to share).
 class PerCpuCount {
 public:
-    void add(int cpu) noexcept {
-        shards_[static_cast<unsigned>(cpu < 0 ? 0 : cpu) % kShards].n.fetch_add(1, std::memory_order_relaxed);
-    }
+    void add() noexcept { arch::count_on_this_cpu<kShards, sizeof(Shard)>(shards_); }
     uint64_t load() const noexcept {
         uint64_t n = 0;
         for (const Shard &s : shards_) n += s.n.load(std::memory_order_relaxed);
@@ -137,7 +135,7 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
     const int cpu = arch::this_cpu(); // from rseq: no system call; the record's too
-    hits.add(cpu);
+    hits.add();
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
     const ThreadInfo &me = this_thread();
