@@ -35,10 +35,17 @@ struct ProbeList {
     // state alone (arch::scan_vector_use), so the optimized path calls it without saving
     // that state. Probes past the 64th are not looked at: they run with it saved.
     uint64_t gpr_mask = 0;
+    // Bit i: probes[i]'s pre_handler is the agent's own (handler_is_own): called without
+    // a recovery point. Probes past the 64th are guarded.
+    uint64_t own_mask = 0;
     bool any_post = false; // a probe has a post_handler (enabled or not)
+    // One probe, without a post_handler, whose pre_handler is the agent's own and proven
+    // lean: the optimized path calls it straight (ukp_optprobe_dispatch).
+    bool sole_own = false;
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
 
     bool gpr_only(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
+    bool own(uint32_t i) const { return i < 64 && ((own_mask >> i) & 1) != 0; }
 };
 
 // One probed address. Created at the first registration there and kept for the life of
@@ -102,6 +109,14 @@ const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
 // Whether a handler's code is proven to leave that state alone (true for none). Under
 // registry_mutex(), as gpr_dispatch_init(): the scan reads the code under the probes.
 bool handler_is_gpr_only(const void *fn);
+// The agent's own handlers (kretprobe's entry handler, the tracer's): every access they
+// make to the program's memory goes through the fixup table (ukp_safe_copy), and the
+// memory they write is the agent's, so the hit path calls them as it runs the rest of
+// its own code, without the recovery point a user's handler runs under (a fault there
+// is a bug of the agent, as one in the dispatcher is). Marked before a probe uses them;
+// a probe takes the mark at its registration.
+void mark_own_handler(const void *fn);
+bool handler_is_own(const void *fn);
 // How many threads can have a slot for their read sections at once.
 constexpr size_t kGraceSlots = 1024;
 // Slots of the per-thread words held now (by live threads, or by dead ones the next
@@ -218,8 +233,9 @@ void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayabl
 
 // Runs fn(a, b), a handler of p taking two pointers, under a recovery point: a fault
 // inside it abandons it and returns -1. With the vector state saved around it unless
-// `proven` (fn proven to leave that state alone, or the state saved already).
-UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven);
+// `proven` (fn proven to leave that state alone, or the state saved already). An `own`
+// handler (handler_is_own) runs without the recovery point.
+UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own);
 
 // Runs f() with the vector and floating-point state saved around it, unless the caller
 // says it is saved already (the breakpoint path: the kernel saved it in the signal frame).

@@ -395,6 +395,26 @@ const arch::VectorScan &gpr_dispatch_scan(Dispatcher which) {
 
 bool handler_is_gpr_only(const void *fn) { return fn == nullptr || scan_with_stops(fn).clean; }
 
+namespace {
+constexpr size_t kOwnHandlers = 8;
+std::atomic<const void *> g_own_handlers[kOwnHandlers];
+} // namespace
+
+void mark_own_handler(const void *fn) {
+    for (auto &slot : g_own_handlers) {
+        const void *expected = nullptr;
+        if (slot.compare_exchange_strong(expected, fn) || expected == fn) return;
+    }
+    std::abort(); // more of the agent's own handlers than kOwnHandlers: a build mistake
+}
+
+bool handler_is_own(const void *fn) {
+    if (fn == nullptr) return false;
+    for (const auto &slot : g_own_handlers)
+        if (slot.load(std::memory_order_acquire) == fn) return true;
+    return false;
+}
+
 // ---- the hit path --------------------------------------------------------------------
 
 namespace {
@@ -435,8 +455,12 @@ __attribute__((noinline)) int run_guarded(kprobe *p, const Call &call) {
 }
 
 // call_guarded(), inlined into this file's hit path.
-__attribute__((always_inline)) inline int guarded_handler_call(kprobe *p, void *fn, void *a, void *b, bool proven) {
-    const auto guarded = [&] { return run_guarded(p, [&] { return ukp_call_handler(fn, a, b); }); };
+__attribute__((always_inline)) inline int guarded_handler_call(kprobe *p, void *fn, void *a, void *b, bool proven,
+                                                               bool own) {
+    const auto guarded = [&] {
+        if (own) return ukp_call_handler(fn, a, b); // the agent's own: no recovery point
+        return run_guarded(p, [&] { return ukp_call_handler(fn, a, b); });
+    };
     if (proven) return guarded();
     int r = 0;
     outside_gpr(false, [&] { r = guarded(); });
@@ -593,7 +617,7 @@ __attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const Pro
         ts.hit_point = pt;
         ts.hit_position = i;
         const int r = guarded_handler_call(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
-                                           ext_saved || list->gpr_only(i));
+                                           ext_saved || list->gpr_only(i), list->own(i));
         if (r < 0) {
             if (!ran) {
                 before = *at_hit; // the general registers, flags and sp: the rest is the same at every hit
@@ -698,8 +722,8 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
     probe_hit(pt, uc);
 }
 
-int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven) {
-    return guarded_handler_call(p, fn, a, b, proven);
+int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own) {
+    return guarded_handler_call(p, fn, a, b, proven, own);
 }
 
 } // namespace ukp::core
@@ -764,9 +788,20 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
         regs->ip = copy;
         return;
     }
-    regs->ip = pt->addr + 1;
+    const uint64_t hit_ip = pt->addr + 1;
+    regs->ip = hit_ip;
     ++ts.depth;
-    const bool redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0, at_hit);
+    bool redirected;
+    if (list->sole_own) {
+        // One probe, whose handler is the agent's own and proven lean (a trace event, a
+        // kretprobe's entry): no recovery point, no copy of the registers to roll back
+        // to, nothing for a jprobe to find.
+        kprobe *p = list->probes[0];
+        redirected = !probe_disabled(p) && p->pre_handler != nullptr &&
+                     ukp_call_handler(reinterpret_cast<void *>(p->pre_handler), p, regs) != 0 && regs->ip != hit_ip;
+    } else {
+        redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0, at_hit);
+    }
     if (!redirected) {
         regs->ip = copy;
         // A post_handler arrived while the jump was still in place: the first instruction

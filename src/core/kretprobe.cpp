@@ -159,7 +159,8 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
     ri->pub.fp = slot;
     if (rp->entry_handler != nullptr) {
         // Non-zero: leave this call alone. A fault: the same, and the instance goes back.
-        if (call_guarded(p, reinterpret_cast<void *>(rp->entry_handler), &ri->pub, regs, pool->entry_gpr_only) != 0) {
+        if (call_guarded(p, reinterpret_cast<void *>(rp->entry_handler), &ri->pub, regs, pool->entry_gpr_only,
+                         pool->entry_own) != 0) {
             pool_push(ri);
             return 0;
         }
@@ -555,7 +556,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispat
         kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire);
         if (rp != nullptr && rp->handler != nullptr && !g_handlers_silenced.load(std::memory_order_relaxed)) {
             call_guarded(&rp->kp, reinterpret_cast<void *>(rp->handler), &ri->pub, regs,
-                         ext_saved != 0 || ri->pool->handler_gpr_only);
+                         ext_saved != 0 || ri->pool->handler_gpr_only, ri->pool->handler_own);
         }
         // Another thread's instance (its stack moved here) goes back when that thread
         // next walks its list; ours goes back now.
@@ -587,10 +588,13 @@ int register_kretprobe(struct kretprobe *rp) {
         std::lock_guard lock(registry_mutex());
         pool->entry_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->entry_handler));
         pool->handler_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->handler));
+        pool->entry_own = handler_is_own(reinterpret_cast<const void *>(rp->entry_handler));
+        pool->handler_own = handler_is_own(reinterpret_cast<const void *>(rp->handler));
     }
     rp->nmissed = 0;
     rp->ukp_unwound = 0;
     rp->ukp_private = pool;
+    mark_own_handler(reinterpret_cast<const void *>(&kretprobe_pre));
     rp->kp.pre_handler = kretprobe_pre;
     rp->kp.post_handler = nullptr;
     if (int err = register_kprobe(&rp->kp); err != 0) {

@@ -41,6 +41,9 @@ struct RetPool {
     // called without saving it on the optimized and return paths.
     bool entry_gpr_only = false;
     bool handler_gpr_only = false;
+    // The handlers that are the agent's own (core.hpp, handler_is_own): called unguarded.
+    bool entry_own = false;
+    bool handler_own = false;
     // The free instances, in shards: threads on different CPUs take and give back
     // instances without writing the same cache line (kretprobe.cpp, pool_pop). Each
     // instance belongs to one shard (a contiguous range of indexes) and goes back there.

@@ -272,14 +272,19 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
     if (mem == nullptr) return nullptr;
     auto *list = new (mem) ProbeList;
     list->count = 0;
-    const auto put = [list](kprobe *p, bool gpr_only) {
+    const auto put = [list](kprobe *p, bool gpr_only, bool own) {
         if (gpr_only && list->count < 64) list->gpr_mask |= uint64_t{1} << list->count;
+        if (own && list->count < 64) list->own_mask |= uint64_t{1} << list->count;
         list->any_post = list->any_post || p->post_handler != nullptr;
         list->probes[list->count++] = p;
     };
     for (uint32_t i = 0; i < n; ++i)
-        if (from->probes[i] != drop) put(from->probes[i], from->gpr_only(i));
-    if (add != nullptr) put(add, handler_is_gpr_only(reinterpret_cast<const void *>(add->pre_handler)));
+        if (from->probes[i] != drop) put(from->probes[i], from->gpr_only(i), from->own(i));
+    if (add != nullptr) {
+        const auto *fn = reinterpret_cast<const void *>(add->pre_handler);
+        put(add, handler_is_gpr_only(fn), handler_is_own(fn));
+    }
+    list->sole_own = list->count == 1 && !list->any_post && (list->own_mask & list->gpr_mask & 1) != 0;
     return list;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -220,6 +221,12 @@ int on_return(struct kretprobe_instance *ri, struct pt_regs *regs) {
     return 0;
 }
 
+// The handlers above, as the core sees them.
+std::array<const void *, 3> hit_handlers() {
+    return {reinterpret_cast<const void *>(&on_kprobe), reinterpret_cast<const void *>(&on_entry),
+            reinterpret_cast<const void *>(&on_return)};
+}
+
 // --- printing --------------------------------------------------------------------------
 
 std::string print_fmt_of(const Event &e) {
@@ -382,6 +389,9 @@ void forget_thread_after_fork() { t_info.tid = 0; }
 Tracer &tracer() {
     static Tracer *t = [] {
         pthread_atfork(nullptr, nullptr, forget_thread_after_fork);
+        // The hit handlers read the program's memory only through ukp_safe_copy and
+        // write only the agent's: the core calls them unguarded (core.hpp).
+        for (const void *fn : hit_handlers()) core::mark_own_handler(fn);
         return new Tracer; // never destroyed: probes may fire during exit
     }();
     return *t;
@@ -953,8 +963,7 @@ int apply_startup_events(std::string_view spec) {
 }
 
 bool hit_handlers_lean() {
-    for (const void *fn : {reinterpret_cast<const void *>(&on_kprobe), reinterpret_cast<const void *>(&on_entry),
-                           reinterpret_cast<const void *>(&on_return)})
+    for (const void *fn : hit_handlers())
         if (!core::handler_is_gpr_only(fn)) return false;
     return true;
 }

@@ -222,9 +222,14 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
     const uint64_t stride = align_up(sizeof(SlotHeader) + cap, 4096);
     const uint64_t total = align_up(header_size + slots * stride, 4096);
-    const int fd = text::move_fd_high(static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC)));
+    const int fd = text::move_fd_high(
+        static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
     if (fd < 0) return nullptr;
-    if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    // Sealed at its size: a reader holding the memfd cannot shrink it under the writers,
+    // whose stores into a page past the end would raise SIGBUS in the traced program
+    // (the hit path writes the ring without a recovery point: core.hpp, handler_is_own).
+    if (ftruncate(fd, static_cast<off_t>(total)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         close(fd);
         return nullptr;
     }

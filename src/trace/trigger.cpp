@@ -308,6 +308,4 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
     }
 }
 
-bool TriggerSet::empty() const noexcept { return cur_.load(std::memory_order_acquire) == nullptr; }
-
 } // namespace ukp::trace

@@ -60,7 +60,7 @@ public:
     std::string hist_text() const; // the hist file's content (the kernel's format)
     // Hot path, after the record is written: runs every trigger whose filter matches.
     void fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept;
-    bool empty() const noexcept;
+    bool empty() const noexcept { return cur_.load(std::memory_order_acquire) == nullptr; }
 
     // For hist keys with .sym/.sym-offset; set by the owner of the events.
     void set_symbolizer(Symbolizer sym);

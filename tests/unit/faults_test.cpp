@@ -101,6 +101,80 @@ TEST_F(FaultTest, FaultInPostHandler) {
     unregister_kprobe(&kp);
 }
 
+// A kretprobe's own entry handler (the agent's, run without a recovery point) beside a
+// user's kprobe on the same entry, in both orders: the user's handler stays guarded.
+std::atomic<int> g_returns{0};
+int count_return(kretprobe_instance *, pt_regs *) {
+    ++g_returns;
+    return 0;
+}
+
+TEST_F(FaultTest, AUserHandlerBesideAKretprobeStaysGuarded) {
+    for (const bool kretprobe_first : {true, false}) {
+        g_faults = 0;
+        g_returns = 0;
+        kretprobe rp{};
+        rp.kp.symbol_name = "ukpt_twice";
+        rp.handler = count_return;
+        kprobe kp{};
+        kp.symbol_name = "ukpt_twice";
+        kp.pre_handler = faulting_pre;
+        kp.fault_handler = fault_unhandled;
+        if (kretprobe_first) {
+            ASSERT_EQ(register_kretprobe(&rp), 0);
+        }
+        ASSERT_EQ(register_kprobe(&kp), 0);
+        if (!kretprobe_first) {
+            ASSERT_EQ(register_kretprobe(&rp), 0);
+        }
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(ukpt_twice(21), 42) << kretprobe_first;
+        EXPECT_EQ(g_faults, 3) << kretprobe_first;
+        EXPECT_EQ(kp.nmissed, 3u) << kretprobe_first;
+        EXPECT_EQ(g_returns, 3) << kretprobe_first;
+        unregister_kprobe(&kp);
+        unregister_kretprobe(&rp);
+    }
+}
+
+// A user's entry and return handlers that fault: the agent's kretprobe entry runs them
+// guarded. A faulting entry handler leaves the call unprobed (its instance goes back);
+// a faulting return handler is abandoned, and the function returns as it would.
+std::atomic<int> g_bad_entries{0};
+int faulting_entry(kretprobe_instance *, pt_regs *) {
+    ++g_bad_entries;
+    return static_cast<int>(*static_cast<volatile long *>(kBadPointer));
+}
+int faulting_return(kretprobe_instance *, pt_regs *) {
+    ++g_returns;
+    return static_cast<int>(*static_cast<volatile long *>(kBadPointer));
+}
+
+TEST_F(FaultTest, FaultingKretprobeHandlersAreSurvived) {
+    g_returns = 0;
+    g_bad_entries = 0;
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_twice";
+    rp.entry_handler = faulting_entry;
+    rp.handler = count_return;
+    rp.maxactive = 4;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(ukpt_twice(i), 2 * i);
+    EXPECT_EQ(g_bad_entries, 10);
+    EXPECT_EQ(g_returns, 0) << "a call whose entry handler faulted is not probed";
+    EXPECT_EQ(rp.kp.nmissed, 10u);
+    EXPECT_EQ(rp.nmissed, 0) << "every instance went back: none ran short";
+    unregister_kretprobe(&rp);
+
+    kretprobe rp2{};
+    rp2.kp.symbol_name = "ukpt_twice";
+    rp2.handler = faulting_return;
+    ASSERT_EQ(register_kretprobe(&rp2), 0);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(ukpt_twice(i), 2 * i);
+    EXPECT_EQ(g_returns, 3);
+    EXPECT_EQ(rp2.kp.nmissed, 3u);
+    unregister_kretprobe(&rp2);
+}
+
 // The probed instruction itself faults: `mov (%rdi),%rax` with a bad pointer. The
 // fault_handler skips it and supplies a value.
 int skip_load(kprobe *, pt_regs *regs, int trapnr) {
