@@ -174,6 +174,9 @@ int load_on_a_small_alternate_stack() {
     if (register_kprobe(&kp) != 0) return 13;
     pthread_t self = pthread_self(), sender;
     if (pthread_create(&sender, nullptr, send_usr1, &self) != 0) return 14;
+    // The signals are coming before the loads start (on a loaded machine the sender may
+    // not have run yet when 20 loads are over).
+    for (int i = 0; i < 5000 && g_usr1 == 0; ++i) usleep(1000);
     g_hits = 0;
     int loads = 0;
     for (; loads < 20; ++loads) {
