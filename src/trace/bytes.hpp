@@ -15,9 +15,23 @@ namespace ukp::trace {
 inline void copy_bytes(void *dst, const void *src, size_t n) noexcept {
     auto *d = static_cast<char *>(dst);
     const auto *s = static_cast<const char *>(src);
+    if (n >= 8) {
+        // Words, the last one overlapping the one before it (a byte at a time, the tail
+        // of a 31-byte string cost more than its words).
+        for (size_t i = 0; i + 8 < n; i += 8) __builtin_memcpy(d + i, s + i, 8);
+        __builtin_memcpy(d + n - 8, s + n - 8, 8);
+        return;
+    }
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) __builtin_memcpy(d + i, s + i, 8);
-    for (; i < n; ++i) d[i] = s[i];
+    if (n & 4) {
+        __builtin_memcpy(d, s, 4);
+        i = 4;
+    }
+    if (n & 2) {
+        __builtin_memcpy(d + i, s + i, 2);
+        i += 2;
+    }
+    if (n & 1) d[i] = s[i];
 }
 
 inline bool same_bytes(const void *a, const void *b, size_t n) noexcept {

@@ -24,6 +24,8 @@
 
 namespace ukp::trace {
 
+std::atomic<bool> g_tracing_on{true};
+
 namespace {
 
 constexpr uint64_t kDefaultKb = 1408; // ftrace's default per-CPU size
@@ -52,7 +54,6 @@ struct Region {
 std::mutex g_mu;                    // control operations and in-process readers
 std::atomic<Region *> g_main{nullptr};
 std::atomic<Region *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
-std::atomic<bool> g_on{true};
 std::atomic<bool> g_swap_busy{false}; // held while main and snapshot change places (also from a hit)
 uint64_t g_kb = kDefaultKb;         // under g_mu
 uint32_t g_slots = kDefaultSlots;   // under g_mu
@@ -389,7 +390,7 @@ void count_drop(SlotHeader *s) {
 // ---- Hot path ----
 
 uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
-    if (!g_on.load(std::memory_order_relaxed)) return nullptr;
+    if (!g_tracing_on.load(std::memory_order_relaxed)) return nullptr;
     Writer &w = t_w;
     if (w.busy) {
         // A probe hit in a signal handler that interrupted this thread's own record.
@@ -555,8 +556,7 @@ int ring_init() {
     return init_locked();
 }
 
-bool tracing_on() { return g_on.load(std::memory_order_relaxed); }
-void set_tracing_on(bool on) { g_on.store(on, std::memory_order_relaxed); }
+void set_tracing_on(bool on) { g_tracing_on.store(on, std::memory_order_relaxed); }
 
 uint64_t buffer_size_kb() {
     std::lock_guard lock(g_mu);

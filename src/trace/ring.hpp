@@ -38,7 +38,8 @@ void ring_commit(uint8_t *rec, uint32_t used);
 // Maps the shared region (idempotent). Call when the tracer starts: a thread's first
 // record must find the region mapped. 0 or -errno. The other functions call it too.
 int ring_init();
-bool tracing_on();
+extern std::atomic<bool> g_tracing_on; // tracing_on's flag (ring.cpp)
+inline bool tracing_on() { return g_tracing_on.load(std::memory_order_relaxed); }
 void set_tracing_on(bool on);
 // Size of each per-thread buffer in KiB (the buffer_size_kb file). Setting it replaces
 // the buffers (their records are dropped, as a resize may in ftrace). 0 or -errno.

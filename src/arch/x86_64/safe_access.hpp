@@ -27,7 +27,10 @@ inline uint64_t find_nul(const char *p, uint64_t n) {
     for (; i + 8 <= n; i += 8) {
         uint64_t w;
         __builtin_memcpy(&w, p + i, 8);
-        if (((w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull) != 0) break; // a zero byte in w
+        // A zero byte in w sets the top bit of its byte here; bytes above the first zero
+        // may be marked too (the borrow), never one below: the lowest mark is the first.
+        const uint64_t zeros = (w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull;
+        if (zeros != 0) return i + static_cast<uint64_t>(__builtin_ctzll(zeros)) / 8;
     }
     for (; i < n; ++i)
         if (p[i] == '\0') return i;
