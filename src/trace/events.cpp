@@ -110,6 +110,7 @@ public:
     std::vector<FetchProgram> progs;              // one per argument, in order
     std::vector<std::string> arg_names, arg_types; // for comparing definitions
     std::vector<uint16_t> entry_args;             // $argN saved at entry (return probes)
+    std::vector<DirectStore> direct;              // every argument a register as it is: these
     uint32_t fixed_size = 0;                      // record bytes before the string data
     bool dynamic = false;                         // has string data (measured at each hit)
     std::unique_ptr<SymbolTable> symbols;         // for symstr arguments
@@ -168,8 +169,12 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
     __builtin_memcpy(buf + kCommonSize, &ip, 8);
     if (is_return) __builtin_memcpy(buf + kCommonSize + 8, &ret_addr, 8);
     uint32_t nfault = 0;
-    const uint32_t used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(),
-                                    buf, fixed_size, cap, &nfault, &stash);
+    uint32_t used = fixed_size;
+    if (!direct.empty())
+        run_direct(direct.data(), static_cast<uint32_t>(direct.size()), regs, buf);
+    else
+        used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(), buf, fixed_size, cap,
+                         &nfault, &stash);
     if (nfault != 0) faults.fetch_add(1, std::memory_order_relaxed);
     if (rec != nullptr) {
         const Filter *f = filter.load(std::memory_order_acquire);
@@ -541,6 +546,7 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
             e->fields.push_back({"__probe_ip", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
         }
         e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
+        e->direct = direct_stores(e->progs);
         if (e->fixed_size > kMaxEventSize) { log(Err::EVENT_TOO_BIG, 0, 0); return -E2BIG; }
         bool symstr = false;
         for (auto &p : e->progs) {

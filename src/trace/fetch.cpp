@@ -195,6 +195,16 @@ uint32_t SymbolTable::format(uint64_t addr, char *out, uint32_t room) const noex
     return n;
 }
 
+std::vector<DirectStore> direct_stores(const std::vector<FetchProgram> &progs) {
+    std::vector<DirectStore> out;
+    for (const FetchProgram &p : progs) {
+        if (p.direct_reg < 0 || p.offset > UINT16_MAX) return {};
+        out.push_back({static_cast<uint16_t>(p.offset), static_cast<uint8_t>(p.direct_reg),
+                       static_cast<uint8_t>(p.type.size)});
+    }
+    return out;
+}
+
 uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names,
                        uint32_t base, std::vector<Field> *fields) {
     uint32_t off = base;

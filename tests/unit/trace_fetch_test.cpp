@@ -101,6 +101,26 @@ TEST_F(TraceFetch, EveryTypeAndFetchargAtEntry) {
     EXPECT_NE(read("kprobe_profile").find("vals"), std::string::npos);
 }
 
+// An event whose every argument is a register as it is (the hit stores them from a
+// four-byte plan each, not through the programs): every size and signedness, the same
+// register twice, a field after a narrow one.
+TEST_F(TraceFetch, AnEventOfRegistersOnlyStoresEverySize) {
+    ASSERT_EQ(file_write("kprobe_events", "p:regs ttarget_record s8=%dx:s8 u8=%cx:u8 x8=%dx:x8 s16=%dx:s16 "
+                                          "u16=%cx:u16 s32=%dx:s32 x32=%dx:x32 u32=%cx:u32 s64=%dx:s64 "
+                                          "x64=%cx:x64 a3=$arg3:s16 a4=$arg4 dflt=%dx"),
+              0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/regs/enable", "1"), 0);
+    // edx = -7 (an int: the upper half of rdx is 0), rcx = 12345 (0x3039)
+    g_record(&ttarget_first, ttarget_greeting, -7, 12345);
+    const auto lines = events_in_trace("regs");
+    ASSERT_EQ(lines.size(), 1u) << read("trace");
+    const std::string tail = "s8=-7 u8=57 x8=0xf9 s16=-7 u16=12345 s32=-7 x32=0xfffffff9 u32=12345 s64=4294967289 "
+                             "x64=0x3039 a3=-7 a4=0x3039 dflt=0xfffffff9";
+    ASSERT_GE(lines[0].size(), tail.size()) << lines[0];
+    EXPECT_EQ(lines[0].substr(lines[0].size() - tail.size()), tail) << lines[0];
+}
+
 // A char of value 0 prints as the kernel prints it: the NUL byte between its quotes (the
 // line went on to the end before, at the NUL, without the closing quote and what follows).
 TEST_F(TraceFetch, ANulCharKeepsItsQuotesAndTheRestOfTheLine) {
