@@ -24,4 +24,14 @@ inline int move_fd_high(int fd) {
     return high;
 }
 
+// Grows the process's descriptor table to the numbers move_fd_high() uses, by moving a
+// descriptor there and closing it. The kernel grows a table that several threads share
+// only after an RCU grace period (10 ms on this VM, in the first move_fd_high() of a
+// process whose agent had started its threads), and one of a single thread at once: the
+// agent calls this at load. The table keeps its size.
+inline void grow_fd_table() {
+    const int fd = open("/", O_PATH | O_CLOEXEC);
+    if (fd >= 0) close(move_fd_high(fd));
+}
+
 } // namespace ukp::text

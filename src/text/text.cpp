@@ -32,6 +32,7 @@ std::mutex g_mutex; // guards everything below except the published chunk array
 int g_mem_fd = -1;
 pid_t g_mem_pid = 0;
 bool g_sync_core = false; // membarrier SYNC_CORE registered for this process
+pid_t g_sync_pid = 0;     // the process g_sync_core was decided for
 
 // Published chunk starts, read by signal handlers without a lock: entries are written
 // before g_chunk_count is raised and never change afterwards.
@@ -41,6 +42,14 @@ std::vector<Chunk> g_chunks; // the same chunks, with their fill level
 
 long membarrier(int cmd) { return syscall(__NR_membarrier, cmd, 0, 0); }
 
+// Once per process (a child of fork() registers again: the registration belongs to the
+// address space).
+void register_sync_core_locked() {
+    if (g_sync_pid == getpid()) return;
+    g_sync_core = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
+    g_sync_pid = getpid();
+}
+
 int open_mem_locked() {
     // After fork() an inherited descriptor still designates the parent's memory, and the
     // membarrier registration (per address space) did not come along.
@@ -49,7 +58,7 @@ int open_mem_locked() {
     g_mem_fd = move_fd_high(open("/proc/self/mem", O_RDWR | O_CLOEXEC));
     if (g_mem_fd < 0) return -errno;
     g_mem_pid = getpid();
-    g_sync_core = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
+    register_sync_core_locked();
     return 0;
 }
 
@@ -114,6 +123,11 @@ uint64_t map_chunk_near(uint64_t near) {
 void lock_for_fork() { g_mutex.lock(); }
 void unlock_after_fork() { g_mutex.unlock(); }
 std::once_flag g_fork_once;
+
+void register_membarrier() {
+    std::lock_guard lock(g_mutex);
+    register_sync_core_locked();
+}
 
 int init() {
     std::call_once(g_fork_once, [] { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); });
