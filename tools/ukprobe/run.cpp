@@ -256,6 +256,7 @@ public:
         std::unique_lock lock(mu_);
         if (ended_) return;
         const uint64_t gen = ++drain_asked_;
+        cv_.notify_all(); // the streaming thread may be waiting for a record
         cv_.wait_for(lock, kDrainTimeout, [&] { return ended_ || drain_done_ >= gen; });
     }
 
@@ -292,13 +293,23 @@ private:
                     cv_.notify_all();
                     continue;
                 }
-                out_.add(reader_.pipe(kPipeWaitMs, 1 << 20));
+                // What is there now. The ring mapped here is polled: when it held nothing
+                // the thread waits kPipeWaitMs, cut short by a drain asked (the process
+                // waits for it in exit_group or execve: a short-lived process's first
+                // wait used to hold its exit 5 ms). Served by the agent, trace_pipe's
+                // read itself waits.
+                const std::string text = reader_.pipe(0, 1 << 20);
+                out_.add(text);
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (Clock::now() - profile_read_ >= kProfileInterval) {
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
                     profile_read_ = Clock::now();
                     std::lock_guard lock(mu_);
                     if (p.status >= 0 && drain_done_ == 0) profile_ = p.payload;
+                }
+                if (text.empty() && reader_.formats_locally()) {
+                    std::unique_lock lock(mu_);
+                    cv_.wait_for(lock, std::chrono::milliseconds(kPipeWaitMs), [&] { return drain_asked_ != asked; });
                 }
             }
         } catch (const std::runtime_error &) {
