@@ -5,64 +5,52 @@
 // at the matching fixup label, which returns -EFAULT. No system call per access.
         .text
 
+// The label of one of ukp_safe_copy's access instructions: a fault there resumes at
+// ukp_safe_copy_fixup (regs.cpp, fixup_for), which returns -EFAULT.
+        .macro  SAFE_ACCESS name
+        .globl  \name
+        .hidden \name
+\name:
+        .endm
+
 // int ukp_safe_copy(void *dst, const void *src, size_t n): 0, or -EFAULT (-14).
         .globl  ukp_safe_copy
         .hidden ukp_safe_copy
         .type   ukp_safe_copy, @function
 ukp_safe_copy:
         .cfi_startproc
-        // One word (a pointer, a return address, a u64 argument): two moves. REP MOVSB's
-        // start-up would cost more than the copy (about 11 ns on the EPYC here, for any
-        // size up to 64 bytes).
+        // 8 to 256 bytes (a pointer, a return address, a string's first chunk): words,
+        // the last one overlapping the one before it; every byte read lies in
+        // [src, src + n), as with REP MOVSB, whose start-up would cost more than the
+        // copy (about 11 ns on the EPYC here, for any size up to 64 bytes).
         cmp     $8, %rdx
-        jne     1f
-        .globl  ukp_safe_copy_load8
-        .hidden ukp_safe_copy_load8
-ukp_safe_copy_load8:
-        mov     (%rsi), %rax
-        .globl  ukp_safe_copy_store8
-        .hidden ukp_safe_copy_store8
-ukp_safe_copy_store8:
-        mov     %rax, (%rdi)
-        xor     %eax, %eax
-        ret
-1:
-        // 9 to 256 bytes (a string's first chunk): words, the last one overlapping the
-        // one before it; every byte read lies in [src, src + n), as with REP MOVSB.
         jb      3f
         cmp     $256, %rdx
         ja      3f
         lea     -8(%rsi,%rdx), %r8      // the last word's source
         lea     -8(%rdi,%rdx), %r9      // and destination
+        cmp     %r8, %rsi
+        jae     4f                      // one word
 2:
-        .globl  ukp_safe_copy_loop_load
-        .hidden ukp_safe_copy_loop_load
-ukp_safe_copy_loop_load:
+        SAFE_ACCESS ukp_safe_copy_loop_load
         mov     (%rsi), %rax
-        .globl  ukp_safe_copy_loop_store
-        .hidden ukp_safe_copy_loop_store
-ukp_safe_copy_loop_store:
+        SAFE_ACCESS ukp_safe_copy_loop_store
         mov     %rax, (%rdi)
         add     $8, %rsi
         add     $8, %rdi
         cmp     %r8, %rsi
         jb      2b
-        .globl  ukp_safe_copy_last_load
-        .hidden ukp_safe_copy_last_load
-ukp_safe_copy_last_load:
+4:
+        SAFE_ACCESS ukp_safe_copy_last_load
         mov     (%r8), %rax
-        .globl  ukp_safe_copy_last_store
-        .hidden ukp_safe_copy_last_store
-ukp_safe_copy_last_store:
+        SAFE_ACCESS ukp_safe_copy_last_store
         mov     %rax, (%r9)
         xor     %eax, %eax
         ret
 3:
         cld                     // the interrupted code may have left DF set
         mov     %rdx, %rcx
-        .globl  ukp_safe_copy_insn
-        .hidden ukp_safe_copy_insn
-ukp_safe_copy_insn:
+        SAFE_ACCESS ukp_safe_copy_insn
         rep movsb
         xor     %eax, %eax
         ret
