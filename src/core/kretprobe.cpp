@@ -176,6 +176,12 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
     return 0;
 }
 
+// kretprobe_pre reads the program's memory only through ukp_safe_copy: the hit path calls
+// it as the agent's own (core.hpp, handler_is_own). Marked at load, before any probe.
+__attribute__((constructor(101))) void mark_kretprobe_pre_own() {
+    mark_own_handler(reinterpret_cast<const void *>(&kretprobe_pre));
+}
+
 // Takes ri out of this thread's list, releasing as unwound the instances whose frames
 // must be gone: newer ones deeper on the stack (they never returned), and older ones at
 // or below ri's frame (their frames were left, and ri's call reused the stack) - except
@@ -594,7 +600,6 @@ int register_kretprobe(struct kretprobe *rp) {
     rp->nmissed = 0;
     rp->ukp_unwound = 0;
     rp->ukp_private = pool;
-    mark_own_handler(reinterpret_cast<const void *>(&kretprobe_pre));
     rp->kp.pre_handler = kretprobe_pre;
     rp->kp.post_handler = nullptr;
     if (int err = register_kprobe(&rp->kp); err != 0) {

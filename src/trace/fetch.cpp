@@ -29,16 +29,6 @@ inline bool load64(uint64_t addr, uint64_t *out) {
     return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), 8) == 0;
 }
 
-// Stores the low `size` bytes of v; constant-size copies, so no call to memcpy.
-inline void put(uint8_t *dst, uint64_t v, uint32_t size) {
-    switch (size) {
-    case 1: { uint8_t x = static_cast<uint8_t>(v); __builtin_memcpy(dst, &x, 1); break; }
-    case 2: { uint16_t x = static_cast<uint16_t>(v); __builtin_memcpy(dst, &x, 2); break; }
-    case 4: { uint32_t x = static_cast<uint32_t>(v); __builtin_memcpy(dst, &x, 4); break; }
-    default: __builtin_memcpy(dst, &v, 8); break;
-    }
-}
-
 inline uint64_t get(const uint8_t *src, uint32_t size) {
     switch (size) {
     case 1: return *src;
@@ -143,10 +133,10 @@ inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t ca
     }
     if (n < 0) {
         *fault = true;
-        put(loc, uint64_t(dyn) & 0xffff, 4); // length 0: the reader prints (fault)
+        put_value(loc, uint64_t(dyn) & 0xffff, 4); // length 0: the reader prints (fault)
         return 0;
     }
-    put(loc, (uint64_t(uint32_t(n)) << 16) | dyn, 4);
+    put_value(loc, (uint64_t(uint32_t(n)) << 16) | dyn, 4);
     return static_cast<uint32_t>(n);
 }
 
@@ -280,7 +270,7 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
         const ArgType &t = p.type;
         uint8_t *dst = rec + p.offset;
         if (p.direct_reg >= 0) {
-            put(dst, reg_at(ctx.regs, p.direct_reg), t.size);
+            put_value(dst, reg_at(ctx.regs, p.direct_reg), t.size);
             continue;
         }
         const uint32_t count = t.array_len > 0 ? t.array_len : 1;
@@ -288,7 +278,7 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
         bool fault = !run_ops(p, ctx, &v);
         switch (p.store) {
         case Store::kRaw:
-            put(dst, fault ? 0 : (t.bitfield ? bitfield(v, t) : v), t.size);
+            put_value(dst, fault ? 0 : (t.bitfield ? bitfield(v, t) : v), t.size);
             break;
         case Store::kMem:
             for (uint32_t i = 0; i < count; ++i) {
@@ -300,12 +290,12 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
                     else fault = true;
                 }
                 if (fault) x = 0;
-                put(dst + i * t.size, t.bitfield ? bitfield(x, t) : x, t.size);
+                put_value(dst + i * t.size, t.bitfield ? bitfield(x, t) : x, t.size);
             }
             break;
         case Store::kString: {
             const uint64_t at = p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v;
-            if (fault) put(dst, dyn & 0xffff, 4);
+            if (fault) put_value(dst, dyn & 0xffff, 4);
             else dyn += put_string(rec, dst, dyn, cap, at, &fault, stash);
             break;
         }
@@ -314,20 +304,20 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
                 uint64_t ptr = 0;
                 bool f = fault;
                 if (!f && !load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) f = true;
-                if (f) put(dst + 4 * i, dyn & 0xffff, 4);
+                if (f) put_value(dst + 4 * i, dyn & 0xffff, 4);
                 else dyn += put_string(rec, dst + 4 * i, dyn, cap, ptr, &f, stash);
                 if (f) fault = true;
             }
             break;
         case Store::kSymStr: {
             if (fault || symbols == nullptr || cap <= dyn) {
-                put(dst, dyn & 0xffff, 4);
+                put_value(dst, dyn & 0xffff, 4);
                 break;
             }
             uint32_t room = cap - dyn;
             if (room > kMaxStringLen) room = kMaxStringLen;
             const uint32_t n = symbols->format(v, reinterpret_cast<char *>(rec + dyn), room);
-            put(dst, (uint64_t(n) << 16) | dyn, 4);
+            put_value(dst, (uint64_t(n) << 16) | dyn, 4);
             dyn += n;
             break;
         }

@@ -100,20 +100,21 @@ struct DirectStore {
 // The direct stores of progs (after layout_fields), if every program is one; else none.
 std::vector<DirectStore> direct_stores(const std::vector<FetchProgram> &progs);
 
+// Stores the low `size` bytes (1, 2, 4, else 8) of v at dst; constant-size copies, so
+// no call to memcpy (a probe may sit on it).
+inline void put_value(uint8_t *dst, uint64_t v, uint32_t size) noexcept {
+    switch (size) {
+    case 1: { const auto x = static_cast<uint8_t>(v); __builtin_memcpy(dst, &x, 1); break; }
+    case 2: { const auto x = static_cast<uint16_t>(v); __builtin_memcpy(dst, &x, 2); break; }
+    case 4: { const auto x = static_cast<uint32_t>(v); __builtin_memcpy(dst, &x, 4); break; }
+    default: __builtin_memcpy(dst, &v, 8); break;
+    }
+}
+
 // Stores the registers into rec as run_fetch would; no fault is possible.
 inline void run_direct(const DirectStore *stores, uint32_t n, const struct pt_regs *regs, uint8_t *rec) noexcept {
     const auto *r = reinterpret_cast<const unsigned long *>(regs);
-    for (uint32_t i = 0; i < n; ++i) {
-        const DirectStore &d = stores[i];
-        const uint64_t v = r[d.reg];
-        uint8_t *dst = rec + d.offset;
-        switch (d.size) { // constant sizes: no call to memcpy
-        case 1: { const auto x = static_cast<uint8_t>(v); __builtin_memcpy(dst, &x, 1); break; }
-        case 2: { const auto x = static_cast<uint16_t>(v); __builtin_memcpy(dst, &x, 2); break; }
-        case 4: { const auto x = static_cast<uint32_t>(v); __builtin_memcpy(dst, &x, 4); break; }
-        default: __builtin_memcpy(dst, &v, 8); break;
-        }
-    }
+    for (uint32_t i = 0; i < n; ++i) put_value(rec + stores[i].offset, r[stores[i].reg], stores[i].size);
 }
 
 // What a hit gives the fetch programs.

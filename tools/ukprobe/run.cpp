@@ -768,9 +768,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
     // The agents keep the reference tables of the objects they probe there (refs_cache.cpp):
     // each exec'd process after the first skips decoding libc again. One given is kept
     // (empty: none).
-    if (getenv("UKP_CACHE_DIR") == nullptr) {
-        if (const std::string dir = refs_cache_dir(); !dir.empty()) setenv("UKP_CACHE_DIR", dir.c_str(), 1);
-    }
+    if (const std::string dir = refs_cache_dir(); !dir.empty()) setenv("UKP_CACHE_DIR", dir.c_str(), 0);
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     std::vector<char *> argv;
