@@ -738,11 +738,7 @@ bool first_exec_vaddr(Elf *elf, uint64_t *vaddr)
     return false;
 }
 
-// One object as /proc/PID/maps shows it.
-struct MappedFile {
-    std::string path;        // as maps names it ("[vdso]" for the vdso)
-    uint64_t first_exec = 0; // start of its lowest executable mapping
-};
+using MappedFile = Registry::ProcessMaps::File;
 
 std::vector<MappedFile> mapped_files(int pid)
 {
@@ -777,13 +773,35 @@ std::vector<MappedFile> mapped_files(int pid)
 
 } // namespace
 
-void Registry::refresh_from_maps(int pid)
+Registry::ProcessMaps Registry::read_maps(int pid)
+{
+    ProcessMaps m;
+    try {
+        m.files = mapped_files(pid);
+        if (!m.files.empty())
+            m.exe = real_path(("/proc/" + std::to_string(pid) + "/exe").c_str());
+    } catch (...) {
+        m = ProcessMaps{};
+    }
+    return m;
+}
+
+void Registry::refresh_from_maps(int pid, ProcessMaps *remembered)
 {
     try {
         const std::string proc = "/proc/" + std::to_string(pid);
-        const std::string exe = real_path((proc + "/exe").c_str());
+        ProcessMaps now = read_maps(pid);
+        // The process alive: its maps (and /proc/PID/exe, which opens a program deleted
+        // since). Gone: the maps remembered, and the files they name.
+        const bool alive = !now.files.empty();
+        if (alive && remembered != nullptr)
+            *remembered = now;
+        const ProcessMaps &use = alive || remembered == nullptr ? now : *remembered;
+        if (use.files.empty())
+            return; // nothing known: the objects parsed so far stay
+        const std::string &exe = use.exe;
         const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-        std::vector<MappedFile> files = mapped_files(pid);
+        std::vector<MappedFile> files = use.files;
         // The main program first, as in the link map.
         std::stable_partition(files.begin(), files.end(), [&](const MappedFile &m) { return m.path == exe; });
         std::vector<std::shared_ptr<const Object>> fresh;
@@ -799,7 +817,7 @@ void Registry::refresh_from_maps(int pid)
                             reinterpret_cast<const char *>(image.first) + image.second);
                 if (!elf.open_memory(copy.data(), copy.size()))
                     continue;
-            } else if (!elf.open_file(main_program ? proc + "/exe" : m.path)) {
+            } else if (!elf.open_file(main_program && alive ? proc + "/exe" : m.path)) {
                 continue; // not ELF, or gone: nothing to name addresses with
             }
             uint64_t vaddr = 0;

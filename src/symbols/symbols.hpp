@@ -78,6 +78,16 @@ struct Object {
 // first refresh(). Not synchronized: callers serialize refresh() against queries.
 class Registry {
 public:
+    // The objects a process maps, as /proc/PID/maps showed them.
+    struct ProcessMaps {
+        struct File {
+            std::string path;        // as maps names it ("[vdso]" for the vdso)
+            uint64_t first_exec = 0; // start of its lowest executable mapping
+        };
+        std::string exe;         // the main program's path
+        std::vector<File> files; // with an executable mapping
+    };
+
     Registry();
     ~Registry();
 
@@ -85,7 +95,13 @@ public:
     // The same for another process, from outside it: the objects of /proc/PID/maps
     // (files with an executable mapping, and the vdso, whose image is this process's
     // own), the main program first. For a reader that prints the process's addresses.
-    void refresh_from_maps(int pid);
+    // `remembered`, when given, keeps what maps showed (read_maps), and is used instead
+    // once the process is gone: its maps with it, its files stay. Objects already parsed
+    // are kept when neither names any.
+    struct ProcessMaps;
+    void refresh_from_maps(int pid, ProcessMaps *remembered = nullptr);
+    // What /proc/PID/maps shows now (a read of one small file; nothing is parsed).
+    static ProcessMaps read_maps(int pid);
     const std::vector<std::shared_ptr<const Object>> &objects() const { return objects_; }
 
     // The object whose executable ranges contain addr, or null.

@@ -2,6 +2,9 @@
 // (its agent, copied, serves no socket) and waits for it.
 //   e2e_fork_child kill          the child calls e2e_fork_child_mark(i) for i = 1..3, then
 //                                sends itself SIGKILL: it never calls exit_group.
+//   e2e_fork_child killboth      as kill; then the parent, once it printed the child's end,
+//                                calls e2e_fork_child_mark(i) for i = 11..13 and sends
+//                                itself SIGKILL.
 //   e2e_fork_child wait FILE     the child calls e2e_fork_child_mark(i) for i = 1..3, then
 //                                reads FILE (ukprobe's trace, as ukprobe writes it) until a
 //                                line of its own shows "mark: ... i=3", at most 5 s; it
@@ -37,7 +40,7 @@ static int shows_mark(const char *path, int pid) {
 static int child(const char *mode, const char *file) {
     int sum = 0;
     for (int i = 1; i <= 3; ++i) sum += e2e_fork_child_mark(i);
-    if (strcmp(mode, "kill") == 0) {
+    if (strcmp(mode, "kill") == 0 || strcmp(mode, "killboth") == 0) {
         kill(getpid(), SIGKILL);
         return 2; // not reached
     }
@@ -50,8 +53,10 @@ static int child(const char *mode, const char *file) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || (strcmp(argv[1], "kill") != 0 && (strcmp(argv[1], "wait") != 0 || argc < 3))) {
-        fprintf(stderr, "usage: e2e_fork_child kill | wait FILE\n");
+    const int known = argc >= 2 && (strcmp(argv[1], "kill") == 0 || strcmp(argv[1], "killboth") == 0 ||
+                                     (strcmp(argv[1], "wait") == 0 && argc >= 3));
+    if (!known) {
+        fprintf(stderr, "usage: e2e_fork_child kill | killboth | wait FILE\n");
         return 2;
     }
     fflush(stdout);
@@ -64,5 +69,10 @@ int main(int argc, char **argv) {
         printf("child %d signal %d\n", (int)pid, WTERMSIG(status));
     else
         printf("child %d exit %d\n", (int)pid, WEXITSTATUS(status));
+    if (strcmp(argv[1], "killboth") == 0) {
+        fflush(stdout);
+        for (int i = 11; i <= 13; ++i) e2e_fork_child_mark(i);
+        kill(getpid(), SIGKILL);
+    }
     return 0;
 }

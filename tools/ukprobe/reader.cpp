@@ -88,7 +88,7 @@ bool TraceReader::map_ring() {
                 // Read while the process surely lives (it waits in the call that gave the
                 // ring up): one killed later has no maps left to name its addresses with.
                 // Objects of `known` still mapped where they were are not parsed again.
-                symbols_.refresh_from_maps(pid_);
+                symbols_.refresh_from_maps(pid_, &maps_);
             } else {
                 unmap(m);
             }
@@ -132,6 +132,7 @@ bool TraceReader::map_ring() {
 }
 
 bool TraceReader::load_events() {
+    if (agent_gone_) return false;
     const Reply r = client_.request(Op::kRead, "event_table");
     if (r.status < 0) return false;
     std::map<uint16_t, trace::EventInfo> table;
@@ -153,11 +154,11 @@ const trace::EventInfo *TraceReader::find_event(uint16_t id) {
 }
 
 std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
-    if (symbols_.objects().empty()) symbols_.refresh_from_maps(pid_);
+    if (symbols_.objects().empty()) symbols_.refresh_from_maps(pid_, &maps_);
     std::string text = trace::symbol_text(symbols_.objects(), addr, with_size);
     if (text.empty() && !symbols_fresh_) {
         symbols_fresh_ = true; // an object loaded since
-        symbols_.refresh_from_maps(pid_);
+        symbols_.refresh_from_maps(pid_, &maps_);
         text = trace::symbol_text(symbols_.objects(), addr, with_size);
     }
     return text.empty() ? trace::hex_address(addr) : text;

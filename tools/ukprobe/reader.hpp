@@ -58,9 +58,17 @@ public:
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
     // Unmaps the ring (a process that is gone: its memory goes once nobody maps it).
     void unmap();
+    // The agent is gone (its process died, or exec'd): the ring mapped stays readable
+    // (ukprobe maps the memfd), and is read from now on without asking the agent
+    // anything, as a ring taken from its process is: what the process recorded last,
+    // after the stream's last read, is not lost with it.
+    void agent_gone() { taken_ = agent_gone_ = true; }
     // Where the process keeps its kprobe_profile counters (the mapped ring's header names
     // them: src/trace/profile_table.hpp), or 0 when unmapped or none.
     uint64_t profile_addr() const;
+    // Notes which objects the process maps now (cheap: nothing is parsed), for printing
+    // its addresses should it be gone by the time its records are read.
+    void remember_maps() { maps_ = ukp::sym::Registry::read_maps(pid_); }
     // The process's objects as last read (for another reader's `known`).
     const ukp::sym::Registry &symbols() const { return symbols_; }
 
@@ -91,6 +99,7 @@ private:
     bool agent_snapshots_ = false;  // for good: the agent does not serve the snapshot's
     int taken_fd_ = -1;             // the taken ring's descriptor, until mapped
     bool taken_ = false;            // the ring was taken from the process, not served
+    bool agent_gone_ = false;       // the connection is lost: nothing more is asked
     uint8_t *mapped_ = nullptr;
     size_t size_ = 0;
     dev_t dev_ = 0;
@@ -100,6 +109,7 @@ private:
     bool events_fresh_ = false;     // loaded during this read: an unknown id stays unknown
     ukp::sym::Registry symbols_;    // the process's objects, from its maps
     bool symbols_fresh_ = false;    // likewise, re-read during this read
+    ukp::sym::Registry::ProcessMaps maps_; // the process's maps as last read
     ukp::trace::PipeReader pipe_;
 };
 

@@ -248,7 +248,12 @@ public:
         return client_.request(op, path, payload);
     }
 
-    void start() { thread_ = std::thread([this] { loop(); }); }
+    void start() {
+        thread_ = std::thread([this] {
+            reader_.remember_maps(); // its objects, should it die before its records are read
+            loop();
+        });
+    }
 
     // Empties the ring while the process waits in exit_group or execve; kprobe_profile is
     // read afterwards. Returns when done, the connection lost, or after kDrainTimeout.
@@ -313,7 +318,14 @@ private:
                 }
             }
         } catch (const std::runtime_error &) {
-            // The process is gone (or exec'd): its sockets closed.
+            // The process is gone (or exec'd): its sockets closed. What it recorded after
+            // the last read is still in the ring mapped here: a process killed by a
+            // signal never waits in exit_group for a drain.
+            reader_.agent_gone();
+            try {
+                drain_ring(reader_, out_, 0);
+            } catch (const std::runtime_error &) {
+            }
         }
         reader_.unmap();
         std::lock_guard lock(mu_);
