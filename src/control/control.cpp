@@ -11,6 +11,7 @@
 #include "arch/x86_64/region.hpp"
 #include "core/core.hpp"
 #include "core/fork.hpp"
+#include "trace/counters.hpp"
 #include "trace/ring.hpp"
 
 #include <ukprobes/kprobes.h>
@@ -291,9 +292,15 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
             *reply_fd = fd;
             return 0;
         }
+        if (path == kCountersPath) {
+            const int fd = trace::counters_memfd_copy();
+            if (fd < 0) return fd;
+            *reply_fd = fd;
+            return 0;
+        }
         if (path != kTraceRingPath) {
-            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + " and " +
-                     kSnapshotRingPath + ")";
+            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + ", " +
+                     kSnapshotRingPath + " and " + kCountersPath + ")";
             return -ENOENT;
         }
         *reply_fd = trace::ring_memfd_copy(&size);

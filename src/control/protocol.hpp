@@ -47,6 +47,10 @@ constexpr const char *kTraceRingPath = "trace_ring";
 // file printed by the controller. Status 0 without a descriptor when no snapshot is
 // allocated; an agent that does not serve it answers -ENOENT.
 constexpr const char *kSnapshotRingPath = "snapshot_ring";
+// Op::kOpenFd's path for the memfd of kprobe_profile's counters and their table
+// (src/trace/counters.hpp): the controller reads the counts from it, also once the
+// process is gone. An agent that does not serve it answers -ENOENT.
+constexpr const char *kCountersPath = "counters";
 // Read and written (Op::kRead, kWrite) like a file: the directory where the agent keeps
 // the reference tables of the objects it probes, when its environment has no
 // UKP_CACHE_DIR (`ukprobe attach` names its own). Written empty: none.

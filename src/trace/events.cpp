@@ -27,6 +27,7 @@
 #include "trace/filter.hpp"
 #include "trace/output.hpp"
 #include "trace/print.hpp"
+#include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
 #include "trace/ring.hpp"
 #include "trace/trigger.hpp"
@@ -69,38 +70,59 @@ struct Hook {
     ProbePoint *point;
 };
 
+// An object kept where kprobe_profile's readers find its counters (counters.hpp): the
+// shared memory of the counters, else the heap.
+template <typename T>
+class SharedCounted {
+public:
+    SharedCounted() : p_(new (counters_alloc(sizeof(T))) T{}) {}
+    ~SharedCounted() {
+        p_->~T();
+        counters_free(p_, sizeof(T));
+    }
+    SharedCounted(const SharedCounted &) = delete;
+    SharedCounted &operator=(const SharedCounted &) = delete;
+    T *operator->() const noexcept { return p_; }
+    T &operator*() const noexcept { return *p_; }
+
+private:
+    T *const p_;
+};
+
 class ProbePoint {
 public:
-    Hook hook{};            // what the core calls; hook.point is this
+    SharedCounted<Hook> hook; // what the core calls; hook->point is this (its nmissed counted)
     Event *event = nullptr; // the event the hits are recorded for
     ProbeDef def;           // as defined, for the kprobe_events file
-    std::string symbol;     // kept alive for hook.rp.kp.symbol_name
+    std::string symbol;     // kept alive for hook->rp.kp.symbol_name
     bool registered = false; // hook is registered with the core
     bool semaphore_held = false; // this point counts in its SDT semaphore
 };
 
-// kprobe_profile's hit count, kept per CPU as the kernel keeps nhit: hits on different
-// CPUs do not write one cache line (nor the one the hit path reads the event's state
-// from, which the bouncing line used to share).
-class PerCpuCount {
-public:
-    void add() noexcept { arch::count_on_this_cpu<kShards, sizeof(Shard)>(shards_); }
-    uint64_t load() const noexcept {
-        uint64_t n = 0;
-        for (const Shard &s : shards_) n += s.n.load(std::memory_order_relaxed);
-        return n;
-    }
-    // Where the shards are, for the counter table (profile_table.hpp).
-    void describe(ProfileTableBuilder &b) const {
-        b.add_counter(&shards_[0].n, sizeof(uint64_t), kShards, sizeof(Shard), false);
-    }
-
-private:
+// kprobe_profile's counts of one event. The hit count is kept per CPU as the kernel keeps
+// nhit: hits on different CPUs do not write one cache line (nor the one the hit path reads
+// the event's state from, which the bouncing line used to share).
+struct EventCounts {
     static constexpr unsigned kShards = 16;
     struct alignas(64) Shard {
         std::atomic<uint64_t> n{0};
     };
-    Shard shards_[kShards];
+    Shard hits[kShards];
+    alignas(64) std::atomic<uint64_t> faults{0}; // hits whose fetches read a bad address
+    std::atomic<uint64_t> too_big{0};            // hits dropped: their record passed kMaxEventSize
+
+    void hit() noexcept { arch::count_on_this_cpu<kShards, sizeof(Shard)>(hits); }
+    uint64_t load_hits() const noexcept {
+        uint64_t n = 0;
+        for (const Shard &s : hits) n += s.n.load(std::memory_order_relaxed);
+        return n;
+    }
+    // Where they are, for the counter table (profile_table.hpp).
+    void describe(ProfileTableBuilder &b) const {
+        b.add_counter(&hits[0].n, sizeof(uint64_t), kShards, sizeof(Shard), false);
+        b.add_counter(&faults, sizeof(uint64_t), 1, 0, true);
+        b.add_counter(&too_big, sizeof(uint64_t), 1, 0, true);
+    }
 };
 
 // The probes and records of one event; what printing takes (EventInfo: id, names,
@@ -118,9 +140,7 @@ public:
 
     std::atomic<bool> enabled{false};    // the enable file (and enable_event triggers)
     bool trigger_target = false;         // an enable_event/disable_event trigger names it
-    PerCpuCount hits;                    // kprobe_profile's hits: every armed hit
-    std::atomic<uint64_t> faults{0};     // hits whose fetches read a bad address
-    std::atomic<uint64_t> too_big{0};    // hits dropped: their record passed kMaxEventSize
+    SharedCounted<EventCounts> counts;   // kprobe_profile's: every armed hit, and the misses
     std::atomic<const Filter *> filter{nullptr}; // the filter file's; null: all pass
     std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
     TriggerSet triggers;                 // the trigger file's
@@ -137,7 +157,7 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
     const int cpu = arch::this_cpu(); // from rseq: no system call; the record's too
-    hits.add();
+    counts->hit();
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
     const ThreadInfo &me = this_thread();
@@ -150,7 +170,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
                                                                symbols.get(), &stash)
                                   : fixed_size;
     if (size > kMaxEventSize) {
-        too_big.fetch_add(1, std::memory_order_relaxed);
+        counts->too_big.fetch_add(1, std::memory_order_relaxed);
         return;
     }
     uint8_t *rec = record ? ring_reserve(size, me.comm, cpu) : nullptr;
@@ -175,7 +195,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
     else
         used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(), buf, fixed_size, cap,
                          &nfault, &stash);
-    if (nfault != 0) faults.fetch_add(1, std::memory_order_relaxed);
+    if (nfault != 0) counts->faults.fetch_add(1, std::memory_order_relaxed);
     if (rec != nullptr) {
         const Filter *f = filter.load(std::memory_order_acquire);
         const bool match = f == nullptr || f->match(rec, used, me.comm);
@@ -185,10 +205,10 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
 }
 
 uint64_t Event::misses() const {
-    uint64_t n = faults.load(std::memory_order_relaxed) + too_big.load(std::memory_order_relaxed);
+    uint64_t n = counts->faults.load(std::memory_order_relaxed) + counts->too_big.load(std::memory_order_relaxed);
     for (const auto &p : points) {
-        n += p->hook.rp.kp.nmissed;
-        if (is_return) n += static_cast<uint64_t>(p->hook.rp.nmissed);
+        n += p->hook->rp.kp.nmissed;
+        if (is_return) n += static_cast<uint64_t>(p->hook->rp.nmissed);
     }
     return n;
 }
@@ -221,7 +241,7 @@ int on_entry(struct kretprobe_instance *ri, struct pt_regs *regs) {
 int on_return(struct kretprobe_instance *ri, struct pt_regs *regs) {
     Hook *h = reinterpret_cast<Hook *>(ri->rp);
     h->point->event->hit(regs, reinterpret_cast<const uint64_t *>(ri->data),
-                         reinterpret_cast<uint64_t>(h->point->hook.rp.kp.addr),
+                         reinterpret_cast<uint64_t>(h->point->hook->rp.kp.addr),
                          reinterpret_cast<uint64_t>(ri->ret_addr));
     return 0;
 }
@@ -355,10 +375,6 @@ public:
     std::map<uint16_t, Event *> by_id;             // live and removed, for printing
     uint16_t next_id = kFirstEventId;
     ErrorLog errors;
-    // kprobe_profile's counters, listed for a reader in another process (profile_table.hpp):
-    // the table the ring's header names, and the one before it, kept for a reader that
-    // was reading it as it was replaced.
-    std::vector<uint8_t> profile_table, profile_table_before;
 
     Event *find(std::string_view group, std::string_view name) {
         for (auto &e : events)
@@ -458,8 +474,8 @@ void Tracer::arm(Event *e) {
 // says. The kernel's trace_kprobe keeps the event's state and sets that flag from it when
 // it registers the probe of a module that comes: the same is done here.
 void set_point_armed(ProbePoint &p, bool is_return, bool want) {
-    kprobe &kp = p.hook.rp.kp;
-    const int r = is_return ? (want ? enable_kretprobe(&p.hook.rp) : disable_kretprobe(&p.hook.rp))
+    kprobe &kp = p.hook->rp.kp;
+    const int r = is_return ? (want ? enable_kretprobe(&p.hook->rp) : disable_kretprobe(&p.hook->rp))
                             : (want ? enable_kprobe(&kp) : disable_kprobe(&kp));
     if (r == 0 || (__atomic_load_n(&kp.flags, __ATOMIC_SEQ_CST) & KPROBE_FLAG_GONE) == 0) return;
     if (p.def.where != Where::kSymbol) return; // given by address: never armed again
@@ -482,7 +498,7 @@ void set_point_armed(ProbePoint &p, bool is_return, bool want) {
     else
         __atomic_or_fetch(&kp.flags, unsigned(KPROBE_FLAG_DISABLED), __ATOMIC_SEQ_CST);
     if ((__atomic_load_n(&kp.flags, __ATOMIC_SEQ_CST) & KPROBE_FLAG_GONE) == 0)
-        want ? enable_kretprobe(&p.hook.rp) : disable_kretprobe(&p.hook.rp);
+        want ? enable_kretprobe(&p.hook->rp) : disable_kretprobe(&p.hook->rp);
 }
 
 int Tracer::define(std::string_view line, char separator, bool enable) {
@@ -572,8 +588,8 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
 
     auto point = std::make_unique<ProbePoint>();
     point->event = e;
-    point->hook.point = point.get();
-    kprobe &kp = point->hook.rp.kp;
+    point->hook->point = point.get();
+    kprobe &kp = point->hook->rp.kp;
     if (def->where == Where::kSymbol) {
         point->symbol = def->symbol;
         kp.symbol_name = point->symbol.c_str();
@@ -583,11 +599,11 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     }
     kp.flags = KPROBE_FLAG_DISABLED;
     if (def->is_return) {
-        point->hook.rp.handler = on_return;
-        point->hook.rp.entry_handler = on_entry;
-        point->hook.rp.maxactive = def->maxactive;
-        point->hook.rp.data_size = 8 * std::max<size_t>(1, def->entry_args.size());
-        r = register_kretprobe(&point->hook.rp);
+        point->hook->rp.handler = on_return;
+        point->hook->rp.entry_handler = on_entry;
+        point->hook->rp.maxactive = def->maxactive;
+        point->hook->rp.data_size = 8 * std::max<size_t>(1, def->entry_args.size());
+        r = register_kretprobe(&point->hook->rp);
     } else {
         kp.pre_handler = on_kprobe;
         r = register_kprobe(&kp);
@@ -621,7 +637,7 @@ int Tracer::remove(Event *e) {
             __atomic_sub_fetch(reinterpret_cast<uint16_t *>(p->def.ref_ctr_addr), 1, __ATOMIC_RELAXED);
             p->semaphore_held = false;
         }
-        if (e->is_return) unregister_kretprobe(&p->hook.rp); else unregister_kprobe(&p->hook.rp.kp);
+        if (e->is_return) unregister_kretprobe(&p->hook->rp); else unregister_kprobe(&p->hook->rp.kp);
         p->registered = false;
     }
     auto it = std::find_if(events.begin(), events.end(), [&](auto &x) { return x.get() == e; });
@@ -637,17 +653,13 @@ void Tracer::publish_profile() {
     ProfileTableBuilder b;
     for (const auto &e : events) {
         b.add_event(e->name);
-        e->hits.describe(b);
-        b.add_counter(&e->faults, sizeof(uint64_t), 1, 0, true);
-        b.add_counter(&e->too_big, sizeof(uint64_t), 1, 0, true);
+        e->counts->describe(b);
         for (const auto &p : e->points) {
-            b.add_counter(&p->hook.rp.kp.nmissed, sizeof p->hook.rp.kp.nmissed, 1, 0, true);
-            if (e->is_return) b.add_counter(&p->hook.rp.nmissed, sizeof p->hook.rp.nmissed, 1, 0, true);
+            b.add_counter(&p->hook->rp.kp.nmissed, sizeof p->hook->rp.kp.nmissed, 1, 0, true);
+            if (e->is_return) b.add_counter(&p->hook->rp.nmissed, sizeof p->hook->rp.nmissed, 1, 0, true);
         }
     }
-    profile_table_before = std::move(profile_table);
-    profile_table = b.finish();
-    ring_publish_profile(profile_table.data());
+    ring_publish_profile(counters_publish_table(b.finish()));
 }
 
 int Tracer::set_enabled(Event *e, bool on) {
@@ -743,7 +755,7 @@ std::string event_table_locked(Tracer &t) {
 
 std::string profile_text(Tracer &t) {
     std::string s;
-    for (auto &e : t.events) s += profile_line(e->name, e->hits.load(), e->misses());
+    for (auto &e : t.events) s += profile_line(e->name, e->counts->load_hits(), e->misses());
     return s;
 }
 

@@ -1,11 +1,10 @@
 #include "trace/profile_table.hpp"
-
-#include <sys/uio.h>
+#include "trace/counters.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
-#include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 
@@ -51,11 +50,6 @@ bool plausible(const ProfileTableHeader &h) {
     return h.magic == kProfileMagic && h.total_size <= kProfileMaxSize && fixed <= h.total_size;
 }
 
-bool read_remote(pid_t pid, uint64_t addr, void *out, size_t n) {
-    iovec local{out, n}, remote{reinterpret_cast<void *>(addr), n};
-    return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(n);
-}
-
 } // namespace
 
 void profile_table_zero(const uint8_t *table) {
@@ -80,76 +74,73 @@ std::string profile_line(std::string_view name, uint64_t hits, uint64_t misses) 
     return line + buf;
 }
 
-std::string read_profile(pid_t pid, uint64_t addr, std::string *why) {
-    ProfileTableHeader h{};
-    if (addr == 0) {
-        *why = "the process publishes no counters";
+std::string read_profile(const uint8_t *map, size_t size, std::string *why) {
+    CountersHeader h;
+    if (map == nullptr || size < sizeof h) {
+        *why = "the process shares no counters";
         return {};
     }
-    if (!read_remote(pid, addr, &h, sizeof h)) {
-        *why = std::string("process_vm_readv: ") + std::strerror(errno);
+    std::memcpy(static_cast<void *>(&h), map, offsetof(CountersHeader, table_seq));
+    if (h.magic != kCountersMagic || h.version != kCountersVersion || h.size > size) {
+        *why = "the process's counters are not of this version";
         return {};
     }
-    if (!plausible(h)) {
+    const auto *live = reinterpret_cast<const CountersHeader *>(map);
+    // The table, copied between two equal even readings of table_seq (the agent may be
+    // replacing it: a new event defined).
+    std::vector<uint8_t> table;
+    for (int tries = 0;; ++tries) {
+        if (tries == 1000) {
+            *why = "the process's counter table kept changing while it was read";
+            return {};
+        }
+        const uint64_t seq = live->table_seq.load(std::memory_order_acquire);
+        if (seq % 2 != 0) continue;
+        const uint64_t off = live->table_off.load(std::memory_order_relaxed);
+        const uint64_t n = live->table_size.load(std::memory_order_relaxed);
+        if (off == 0 || n < sizeof(ProfileTableHeader) || n > kProfileMaxSize || off > h.size || n > h.size - off) {
+            *why = "the process publishes no counter table";
+            return {};
+        }
+        table.resize(n);
+        for (uint64_t i = 0; i < n; ++i) table[i] = __atomic_load_n(map + off + i, __ATOMIC_RELAXED);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (live->table_seq.load(std::memory_order_relaxed) == seq) break;
+    }
+    ProfileTableHeader th;
+    std::memcpy(&th, table.data(), sizeof th);
+    if (!plausible(th) || th.total_size != table.size()) {
         *why = "the process's counter table is not valid";
         return {};
     }
-    std::vector<uint8_t> table(h.total_size);
-    if (!read_remote(pid, addr, table.data(), table.size()) || std::memcmp(table.data(), &h, sizeof h) != 0) {
-        *why = "the process's counter table changed while it was read";
-        return {};
-    }
-    const auto *events = reinterpret_cast<const ProfileEventEntry *>(table.data() + sizeof h);
-    const ProfileCounter *counters = counters_of(table.data(), h);
-    const auto *names = reinterpret_cast<const char *>(counters + h.counters);
+    const auto *events = reinterpret_cast<const ProfileEventEntry *>(table.data() + sizeof th);
+    const ProfileCounter *counters = counters_of(table.data(), th);
+    const auto *names = reinterpret_cast<const char *>(counters + th.counters);
     const size_t names_size = table.size() - static_cast<size_t>(names - reinterpret_cast<const char *>(table.data()));
 
-    // Every integer the counters list, read in batches of IOV_MAX. A table read while it was
-    // replaced could list anything: at most kMaxValues (16 per-CPU shards and a few misses
-    // per event: tens of thousands of events).
-    constexpr size_t kMaxValues = 1u << 20;
-    std::vector<uint64_t> values;
-    std::vector<iovec> local, remote;
-    std::vector<size_t> first_value(h.counters); // counter i's integers start at values[first_value[i]]
-    for (uint32_t i = 0; i < h.counters; ++i) {
-        first_value[i] = remote.size();
-        const ProfileCounter &c = counters[i];
-        if ((c.size != 4 && c.size != 8) || c.count == 0 || c.count > 64) {
-            *why = "the process's counter table is not valid";
-            return {};
-        }
-        if (remote.size() + c.count > kMaxValues) {
-            *why = "the process's counter table lists too many counters";
-            return {};
-        }
-        for (uint32_t k = 0; k < c.count; ++k) remote.push_back({reinterpret_cast<void *>(c.addr + uint64_t{k} * c.stride), c.size});
-    }
-    values.assign(remote.size(), 0);
-    for (size_t i = 0; i < remote.size(); ++i) local.push_back({&values[i], remote[i].iov_len});
-    for (size_t at = 0; at < remote.size(); at += IOV_MAX) {
-        const size_t n = std::min<size_t>(IOV_MAX, remote.size() - at);
-        size_t bytes = 0;
-        for (size_t i = at; i < at + n; ++i) bytes += remote[i].iov_len;
-        if (process_vm_readv(pid, &local[at], n, &remote[at], n, 0) != static_cast<ssize_t>(bytes)) {
-            *why = std::string("process_vm_readv: ") + (errno != 0 ? std::strerror(errno) : "short read");
-            return {};
-        }
-    }
-
     std::string text;
-    for (uint32_t e = 0; e < h.events; ++e) {
+    for (uint32_t e = 0; e < th.events; ++e) {
         const ProfileEventEntry &ev = events[e];
-        if (uint64_t{ev.name_off} + ev.name_len > names_size || uint64_t{ev.first_counter} + ev.counters > h.counters) {
+        if (uint64_t{ev.name_off} + ev.name_len > names_size || uint64_t{ev.first_counter} + ev.counters > th.counters) {
             *why = "the process's counter table is not valid";
             return {};
         }
         uint64_t sums[2] = {0, 0};
         for (uint32_t i = ev.first_counter; i < ev.first_counter + ev.counters; ++i) {
             const ProfileCounter &c = counters[i];
-            for (uint32_t k = 0; k < c.count; ++k) {
+            // Where the integers are here: the table names them by the process's addresses.
+            const uint64_t span = c.count == 0 ? 0 : uint64_t{c.count - 1u} * c.stride + c.size;
+            if ((c.size != 4 && c.size != 8) || c.addr < h.base || c.addr - h.base > h.size ||
+                span > h.size - (c.addr - h.base) || (c.addr - h.base) % c.size != 0 || c.stride % c.size != 0) {
+                *why = "the process keeps a counter outside its shared counters";
+                return {};
+            }
+            const uint8_t *at = map + (c.addr - h.base);
+            for (uint32_t k = 0; k < c.count; ++k, at += c.stride) {
                 // A 4-byte counter is a kretprobe's int nmissed: summed as the agent sums it.
-                const uint64_t raw = values[first_value[i] + k];
-                const uint64_t x = c.size == 4 ? static_cast<uint64_t>(static_cast<int32_t>(raw)) : raw;
+                const uint64_t x = c.size == 4 ? static_cast<uint64_t>(static_cast<int64_t>(__atomic_load_n(
+                                                     reinterpret_cast<const int32_t *>(at), __ATOMIC_RELAXED)))
+                                               : __atomic_load_n(reinterpret_cast<const uint64_t *>(at), __ATOMIC_RELAXED);
                 sums[c.misses != 0 ? 1 : 0] += x;
             }
         }

@@ -1,12 +1,12 @@
 // kprobe_profile for a reader in another process: where an agent's counters are.
 //
-// A child of fork() that has not exec'd serves no control socket, so `ukprobe run`
-// cannot ask it for kprobe_profile. Its agent keeps this table instead, in its own
-// memory, and names it in its ring's header (RingHeader::profile_addr). The reader
-// copies the table, then the counters it lists, out of the process (process_vm_readv)
-// while the process waits in exit_group or execve, and sums them as the agent's
-// kprobe_profile file does. The table is rebuilt (and the header's address changed) when
-// events are defined or removed.
+// `ukprobe run` prints each process's kprobe_profile as the process left it, and cannot
+// always ask the process: a child of fork() that has not exec'd serves no control socket,
+// and a process killed by a signal is gone before anyone can ask. So the agent lists its
+// counters in this table, kept with the counters themselves in the memory it shares with
+// readers (counters.hpp); a reader that holds that memfd sums them as the agent's
+// kprobe_profile file does, alive or not. The table is rebuilt when events are defined or
+// removed; a child of fork() zeroes the counters it lists (its counts are its own).
 //
 // Layout: ProfileTableHeader, then `events` ProfileEventEntry, then `counters`
 // ProfileCounter, then the names (not NUL-terminated), `total_size` bytes in all.
@@ -69,8 +69,9 @@ void profile_table_zero(const uint8_t *table);
 // One line of kprobe_profile: the event's name, its hits and its misses.
 std::string profile_line(std::string_view name, uint64_t hits, uint64_t misses);
 
-// The reader's side: kprobe_profile of process `pid` from its table at `addr`, read with
-// process_vm_readv. Empty, with *why set, when the table cannot be read or is not valid.
-std::string read_profile(pid_t pid, uint64_t addr, std::string *why);
+// The reader's side: kprobe_profile from a process's shared counters (counters.hpp),
+// mapped at `map` (`size` bytes), as the process left them: alive, exited or killed.
+// Empty, with *why set, when they hold no valid table.
+std::string read_profile(const uint8_t *map, size_t size, std::string *why);
 
 } // namespace ukp::trace

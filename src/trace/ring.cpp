@@ -1,6 +1,8 @@
 #include "trace/ring.hpp"
+#include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
 #include "text/high_fd.hpp"
+#include "arch/x86_64/raw_syscall.hpp"
 #include "arch/x86_64/this_cpu.hpp"
 
 #include <fcntl.h>
@@ -84,14 +86,7 @@ struct Writer {
 };
 thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
-// System calls made straight, not through the C library's wrappers: the agent's own
-// calls must not hit a probe placed on getpid, gettid, prctl or syscall.
-long raw_syscall(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0) {
-    long ret;
-    register long r10 asm("r10") = a4;
-    asm volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10) : "rcx", "r11", "memory");
-    return ret;
-}
+using arch::raw_syscall;
 
 // Saves the calling thread's name in its buffer (SlotHeader::comm). Not on the hot path
 // (two system calls): at exit().
@@ -325,6 +320,8 @@ __attribute__((destructor)) void save_comm_at_exit() {
 }
 
 void after_fork_child() {
+    // Its counters first, in memory of its own (they are shared memory too).
+    counters_after_fork_child();
     // The child must not write into the parent's buffers (shared memory): new ones. It
     // lets go of the parent's first: a probe hit in what follows (making the region
     // calls into the C library) would otherwise record there, under the child's pid.

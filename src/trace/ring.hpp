@@ -121,8 +121,9 @@ struct RingHeader {
     std::atomic<uint64_t> clock_next;    // TSC at which the next segment is due (~0: table full)
     uint64_t clock_mono0;                // CLOCK_MONOTONIC at segments[0].tsc0, as measured
     ClockSegment segments[kClockSegments];
-    // Where the process keeps its kprobe_profile counters (profile_table.hpp): the address
-    // of the table in its memory, for a reader with process_vm_readv; 0 when none.
+    // Where the process keeps its kprobe_profile counter table (profile_table.hpp): its
+    // address there, 0 when none. Readers take the counts from the counters' own memfd
+    // (counters.hpp), which outlives the process; this stays for debuggers.
     std::atomic<uint64_t> profile_addr;
 };
 

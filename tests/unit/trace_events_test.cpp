@@ -2,16 +2,23 @@
 // recorded, a bad filter keeps the old one, triggers act on hits, symstr/seed 003 forms.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstddef>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "trace/counters.hpp"
 #include "trace/events.hpp"
 #include "trace/profile_table.hpp"
 #include "trace/ring.hpp"
@@ -162,17 +169,43 @@ TEST_F(TraceEvents, ForkChildRecordsItsOwnThreadId) {
 }
 
 // kprobe_profile as a reader in another process reads it (ukprobe run, for a child of
-// fork() that serves no socket): through the counter table the ring's header names.
-std::string profile_through_the_table(std::string *why) {
-    size_t size = 0;
-    const int fd = ring_memfd(&size);
-    if (fd < 0) return "no ring";
-    void *p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+// fork() that serves no socket, or a process killed by a signal): from the memfd of the
+// shared counters (counters.hpp), mapped.
+std::string profile_from_memfd(int fd, std::string *why) {
+    struct stat st{};
+    if (fd < 0 || fstat(fd, &st) != 0) return "no counters";
+    void *p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
     if (p == MAP_FAILED) return "not mapped";
-    const RingHeader *h = RingView{static_cast<const uint8_t *>(p), size}.header();
-    const uint64_t addr = h != nullptr ? h->profile_addr.load() : 0;
-    munmap(p, size);
-    return read_profile(getpid(), addr, why);
+    std::string text = read_profile(static_cast<const uint8_t *>(p), static_cast<size_t>(st.st_size), why);
+    munmap(p, static_cast<size_t>(st.st_size));
+    return text;
+}
+
+std::string profile_through_the_table(std::string *why) { return profile_from_memfd(counters_memfd_copy(), why); }
+
+// The memfd of `pid`'s own shared counters, taken with pidfd_getfd (its parent may), or -1.
+int counters_of_process(pid_t pid) {
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) return -1;
+    int found = -1;
+    const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+    DIR *d = opendir(dir.c_str());
+    while (d != nullptr && found < 0) {
+        const dirent *e = readdir(d);
+        if (e == nullptr) break;
+        char link[128] = {};
+        if (readlink((dir + "/" + e->d_name).c_str(), link, sizeof link - 1) <= 0 ||
+            strncmp(link, "/memfd:ukprobes-counters", 24) != 0)
+            continue;
+        const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, atoi(e->d_name), 0));
+        CountersHeader h{};
+        if (fd >= 0 && pread(fd, &h, offsetof(CountersHeader, table_seq), 0) > 0 && h.pid == pid) found = fd;
+        else if (fd >= 0) close(fd);
+    }
+    if (d != nullptr) closedir(d);
+    close(pidfd);
+    return found;
 }
 
 TEST_F(TraceEvents, TheCounterTableReadsAsKprobeProfileDoes) {
@@ -209,27 +242,95 @@ TEST_F(TraceEvents, TheCounterTableReadsAsKprobeProfileDoes) {
     EXPECT_EQ(read("kprobe_profile").find("other"), std::string::npos);
 }
 
+// Shared counters as a process lays them out, in a buffer of this test: the header, then
+// a table at kCountersFirstBlock, then one counter after it.
+struct FakeCounters {
+    alignas(64) uint8_t mem[8192] = {};
+    CountersHeader *hdr() { return reinterpret_cast<CountersHeader *>(mem); }
+    uint64_t *counter() { return reinterpret_cast<uint64_t *>(mem + 6144); }
+    FakeCounters() {
+        hdr()->magic = kCountersMagic;
+        hdr()->version = kCountersVersion;
+        hdr()->base = reinterpret_cast<uint64_t>(mem);
+        hdr()->size = sizeof mem;
+    }
+    void publish(const std::vector<uint8_t> &t) {
+        memcpy(mem + kCountersFirstBlock, t.data(), t.size());
+        hdr()->table_off = kCountersFirstBlock;
+        hdr()->table_size = t.size();
+    }
+};
+
 TEST_F(TraceEvents, TheCounterTableReaderRefusesWhatIsNoTable) {
     std::string why;
-    EXPECT_EQ(read_profile(getpid(), 0, &why), "");
-    EXPECT_EQ(why, "the process publishes no counters");
+    EXPECT_EQ(read_profile(nullptr, 0, &why), "");
+    EXPECT_EQ(why, "the process shares no counters");
+    FakeCounters f;
+    f.hdr()->version = 99;
+    EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), "");
+    EXPECT_EQ(why, "the process's counters are not of this version");
+    f.hdr()->version = kCountersVersion;
+    EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), "");
+    EXPECT_EQ(why, "the process publishes no counter table");
+    // A good one: a hit count of 5 in the shared memory.
+    ProfileTableBuilder good;
+    good.add_event("here");
+    good.add_counter(f.counter(), 8, 1, 0, false);
+    *f.counter() = 5;
+    f.publish(good.finish());
+    EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), profile_line("here", 5, 0)) << why;
+    // Mapped smaller than the process says it is.
+    EXPECT_EQ(read_profile(f.mem, 4096, &why), "");
+    EXPECT_EQ(why, "the process's counters are not of this version");
+    // A table changing for ever (table_seq odd) is given up, not waited for.
+    f.hdr()->table_seq = 1;
+    EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), "");
+    EXPECT_EQ(why, "the process's counter table kept changing while it was read");
+    f.hdr()->table_seq = 2;
+    // Junk where the table is.
     const uint64_t junk[8] = {0x1234, 99, 7, 7};
-    EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(junk), &why), "");
+    f.publish(std::vector<uint8_t>(reinterpret_cast<const uint8_t *>(junk), reinterpret_cast<const uint8_t *>(junk + 8)));
+    EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), "");
     EXPECT_EQ(why, "the process's counter table is not valid");
-    // A table that lists a counter at an address the process does not map.
-    ProfileTableBuilder b;
-    b.add_event("gone");
-    b.add_counter(reinterpret_cast<const void *>(16), 8, 1, 0, false);
-    const std::vector<uint8_t> t = b.finish();
-    EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(t.data()), &why), "");
-    EXPECT_EQ(why.rfind("process_vm_readv: ", 0), 0u) << why;
-    // One that lists more integers than any real table: refused before anything is read.
-    ProfileTableBuilder many;
-    many.add_event("many");
-    for (int i = 0; i < (1 << 20) / 64 + 1; ++i) many.add_counter(t.data(), 8, 64, 0, false);
-    const std::vector<uint8_t> big = many.finish();
-    EXPECT_EQ(read_profile(getpid(), reinterpret_cast<uint64_t>(big.data()), &why), "");
-    EXPECT_EQ(why, "the process's counter table lists too many counters");
+    // A table that lists a counter outside the shared memory (the heap: no room there), or
+    // running past its end.
+    for (const uint64_t at : {uint64_t{16}, reinterpret_cast<uint64_t>(f.mem) + sizeof f.mem - 8}) {
+        ProfileTableBuilder b;
+        b.add_event("gone");
+        b.add_counter(reinterpret_cast<const void *>(at), 8, 2, 8, false);
+        f.publish(b.finish());
+        EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), "");
+        EXPECT_EQ(why, "the process keeps a counter outside its shared counters");
+    }
+}
+
+// A child of fork() killed by a signal: its counts stay readable in the memfd its parent
+// took from it, and are its own (the parent's do not move).
+TEST_F(TraceEvents, AKilledChildsCountsOutliveIt) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    g_triple(1);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        for (int i = 0; i < 3; ++i) g_triple(i);
+        raise(SIGSTOP);
+        for (int i = 0; i < 4; ++i) g_triple(i);
+        raise(SIGKILL);
+        _exit(1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+    ASSERT_TRUE(WIFSTOPPED(status));
+    const int fd = counters_of_process(child);
+    kill(child, SIGCONT);
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    ASSERT_GE(fd, 0);
+    std::string why;
+    EXPECT_EQ(profile_from_memfd(fd, &why), profile_line("flt", 7, 0)) << why;
+    EXPECT_EQ(read("kprobe_profile"), profile_line("flt", 1, 0));
+    EXPECT_EQ(profile_through_the_table(&why), profile_line("flt", 1, 0)) << why;
 }
 
 // The child of a fork() counts its own hits from 0, as its ring holds its own records:

@@ -222,9 +222,4 @@ uint64_t TraceReader::entries() {
     return counts.entries;
 }
 
-uint64_t TraceReader::profile_addr() const {
-    const trace::RingHeader *h = trace::RingView{mapped_, size_}.header();
-    return h != nullptr ? h->profile_addr.load(std::memory_order_acquire) : 0;
-}
-
 } // namespace ukprobe

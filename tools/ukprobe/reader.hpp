@@ -63,9 +63,6 @@ public:
     // anything, as a ring taken from its process is: what the process recorded last,
     // after the stream's last read, is not lost with it.
     void agent_gone() { taken_ = agent_gone_ = true; }
-    // Where the process keeps its kprobe_profile counters (the mapped ring's header names
-    // them: src/trace/profile_table.hpp), or 0 when unmapped or none.
-    uint64_t profile_addr() const;
     // Notes which objects the process maps now (cheap: nothing is parsed), for printing
     // its addresses should it be gone by the time its records are read.
     void remember_maps() { maps_ = ukp::sym::Registry::read_maps(pid_); }

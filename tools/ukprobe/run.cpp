@@ -25,6 +25,7 @@
 #include "client.hpp"
 #include "reader.hpp"
 #include "control/fd_passing.hpp"
+#include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
 
 #include <fmt/core.h>
@@ -54,6 +55,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -205,6 +207,45 @@ std::string comm_of(int pid) {
     return s;
 }
 
+// A process's kprobe_profile counters, mapped from the memfd it shares them in
+// (src/trace/counters.hpp): read as the process left them, alive or gone.
+class SharedCounts {
+public:
+    SharedCounts() = default;
+    ~SharedCounts() { unmap(); }
+    SharedCounts(const SharedCounts &) = delete;
+    SharedCounts &operator=(const SharedCounts &) = delete;
+
+    // Maps the memfd `fd` (taking it); false if it cannot.
+    bool map(int fd) {
+        unmap();
+        struct stat st{};
+        if (fd < 0) return false;
+        if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+            close(fd);
+            return false;
+        }
+        void *p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return false;
+        base_ = static_cast<const uint8_t *>(p);
+        size_ = static_cast<size_t>(st.st_size);
+        return true;
+    }
+    bool mapped() const { return base_ != nullptr; }
+    // kprobe_profile's text; empty (and *why) when not mapped or not valid.
+    std::string read(std::string *why) const { return ukp::trace::read_profile(base_, size_, why); }
+
+private:
+    void unmap() {
+        if (base_ != nullptr) munmap(const_cast<uint8_t *>(base_), size_);
+        base_ = nullptr;
+        size_ = 0;
+    }
+    const uint8_t *base_ = nullptr;
+    size_t size_ = 0;
+};
+
 // kprobe_profile of one process image, printed when everything ends.
 struct ProfileBlock {
     uint64_t seq;      // the order processes were met in
@@ -233,6 +274,14 @@ public:
             socket_ino_ = st.st_ino;
         std::string why;
         return client_.connect(pid_, &why);
+    }
+
+    // Maps the agent's kprobe_profile counters (Op::kOpenFd kCountersPath): the counts of
+    // a process killed by a signal, which never waits in exit_group to be asked for them.
+    void share_counts() {
+        const Reply r = client_.request(Op::kOpenFd, ukp::control::kCountersPath);
+        if (r.status >= 0) counts_.map(r.fd);
+        else if (r.fd >= 0) close(r.fd);
     }
 
     // The inode of the socket connected to: after an exec the new image's agent binds
@@ -277,7 +326,7 @@ public:
 
     ProfileBlock profile() {
         std::lock_guard lock(mu_);
-        return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0, false};
+        return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0 || final_, false};
     }
 
 private:
@@ -326,6 +375,13 @@ private:
                 drain_ring(reader_, out_, 0);
             } catch (const std::runtime_error &) {
             }
+            // Nor was it asked for its counts: they are read where it left them.
+            std::string why, text = counts_.read(&why);
+            std::lock_guard lock(mu_);
+            if (drain_done_ == 0 && !text.empty()) {
+                profile_ = std::move(text);
+                final_ = true;
+            }
         }
         reader_.unmap();
         std::lock_guard lock(mu_);
@@ -340,6 +396,7 @@ private:
     Output &out_;
     Client client_;
     TraceReader reader_{client_, pid_, true}; // trace_pipe, read and printed here
+    SharedCounts counts_; // its kprobe_profile counters, mapped (share_counts)
     std::thread thread_;
     std::mutex mu_;
     std::condition_variable cv_;
@@ -347,26 +404,27 @@ private:
     uint64_t drain_done_ = 0;  // under mu_
     bool ended_ = false;       // under mu_: the connection is gone
     std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
+    bool final_ = false;       // under mu_: profile_ read from counts_ once the process was gone
     Clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 
-// The memfd of `pid`'s own ring buffers, taken from the process (pidfd_getfd through
-// `pidfd`: ukprobe is its ancestor), or -1; *number, when given, is its descriptor there.
-// The child of a fork also holds its parent's (their RingHeader names the parent's pid).
-int ring_of(int pid, int pidfd, int *number = nullptr) {
+// A memfd of the agent of `pid` whose name starts with `prefix`, taken from the process
+// (pidfd_getfd through `pidfd`: ukprobe is its ancestor), for which `own` says the process
+// is `pid` itself (a child of fork() also holds its parent's); -1 if none. *number, when
+// given, is its descriptor there.
+template <typename Own>
+int memfd_of(int pid, int pidfd, const char *prefix, Own own, int *number = nullptr) {
     int found = -1;
     const std::string dir = fmt::format("/proc/{}/fd", pid);
     if (DIR *d = opendir(dir.c_str())) {
         while (const dirent *e = readdir(d)) {
             char link[128] = {};
             const std::string path = dir + "/" + e->d_name;
-            if (readlink(path.c_str(), link, sizeof link - 1) <= 0 || strncmp(link, "/memfd:ukprobes-trace", 21) != 0)
+            if (readlink(path.c_str(), link, sizeof link - 1) <= 0 || strncmp(link, prefix, strlen(prefix)) != 0)
                 continue;
             const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, atoi(e->d_name), 0));
             if (fd < 0) continue;
-            ukp::trace::RingHeader h{};
-            if (pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == ukp::trace::kRingMagic &&
-                h.pid == pid) {
+            if (own(fd)) {
                 found = fd;
                 if (number != nullptr) *number = atoi(e->d_name);
                 break;
@@ -376,6 +434,28 @@ int ring_of(int pid, int pidfd, int *number = nullptr) {
         closedir(d);
     }
     return found;
+}
+
+// The memfd of `pid`'s own ring buffers (memfd_of).
+int ring_of(int pid, int pidfd, int *number = nullptr) {
+    return memfd_of(
+        pid, pidfd, "/memfd:ukprobes-trace",
+        [pid](int fd) {
+            ukp::trace::RingHeader h{};
+            return pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == ukp::trace::kRingMagic &&
+                   h.pid == pid;
+        },
+        number);
+}
+
+// The memfd of `pid`'s own kprobe_profile counters (memfd_of).
+int counters_of(int pid, int pidfd) {
+    return memfd_of(pid, pidfd, "/memfd:ukprobes-counters", [pid](int fd) {
+        ukp::trace::CountersHeader h{};
+        constexpr size_t kFixed = offsetof(ukp::trace::CountersHeader, table_seq);
+        return pread(fd, &h, kFixed, 0) == static_cast<ssize_t>(kFixed) && h.magic == ukp::trace::kCountersMagic &&
+               h.pid == pid;
+    });
 }
 
 // The ring of a child of fork() that has not exec'd: its agent (copied) serves no socket,
@@ -400,7 +480,7 @@ public:
     // at its exit_group or execve, or as last read while it ran (`final` false).
     ProfileBlock profile() {
         std::lock_guard lock(mu_);
-        return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0, true};
+        return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0 || final_, true};
     }
 
     // Waits for the stream's end (the process is gone).
@@ -422,6 +502,7 @@ public:
             ring_dev_ = st.st_dev;
             ring_ino_ = st.st_ino;
         }
+        counts_.map(counters_of(pid_, pidfd_));
         std::string why;
         if (events_.connect(events_pid_, &why) != 0) {
             close(ring);
@@ -483,13 +564,15 @@ public:
     }
 
 private:
-    void read_profile() {
+    // `gone`: the process is; these are its last counts.
+    void read_profile(bool gone = false) {
         std::string why;
-        std::string text = ukp::trace::read_profile(pid_, reader_->profile_addr(), &why);
+        std::string text = counts_.read(&why);
         profile_read_ = Clock::now();
         if (text.empty()) return;
         std::lock_guard lock(mu_);
         profile_ = std::move(text);
+        final_ = final_ || gone;
     }
 
     // Whether the process still has the ring: an execve that succeeded closed it (the
@@ -517,6 +600,7 @@ private:
                 finish = finish || (exec && asked == drain_done_ && !holds_ring());
                 if (gone || finish || asked > drain_done_) {
                     drain_ring(*reader_, out_, gone ? 0 : kPipeWaitMs); // held or gone
+                    if (gone && drain_done_ == 0) read_profile(true); // killed: never held in exit_group
                     if (gone || finish) break;
                     read_profile(); // it waits in exit_group or execve: its last counts
                     std::lock_guard lock(mu_);
@@ -556,6 +640,7 @@ private:
     ino_t ring_ino_ = 0;
     Client events_;        // to events_pid_'s agent: its event table only
     std::unique_ptr<TraceReader> reader_; // the taken ring, read and printed here
+    SharedCounts counts_;  // its kprobe_profile counters, taken with the ring
     std::thread thread_;
     std::mutex mu_;
     std::condition_variable cv_;
@@ -565,6 +650,7 @@ private:
     bool exec_asked_ = false;  // under mu_: a drain at an execve came (it may have failed)
     bool ended_ = false;       // under mu_: the stream is over
     std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
+    bool final_ = false;       // under mu_: profile_ read once the process was gone
     Clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 
@@ -799,6 +885,7 @@ void Runner::on_socket(int pid) {
     auto agent = std::make_unique<Agent>(pid, next_seq_++, *out_);
     if (agent->connect() != 0) return;
     try {
+        agent->share_counts();
         const Reply defs = agent->ask(Op::kRead, "kprobe_events");
         const Reply log = agent->ask(Op::kRead, "error_log");
         if (log.status >= 0 && !log.payload.empty()) {
@@ -990,6 +1077,8 @@ void Runner::drain_forked(int pid) {
     const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
     if (pidfd < 0) return;
     const int ring = ring_of(pid, pidfd);
+    SharedCounts counts;
+    if (ring >= 0) counts.map(counters_of(pid, pidfd));
     close(pidfd);
     if (ring < 0) return;
     Client events;
@@ -1006,7 +1095,7 @@ void Runner::drain_forked(int pid) {
         drain_ring(reader, *out_, 0);
         std::string why;
         forked_profiles_.push_back(ProfileBlock{next_seq_++, pid, comm_of(pid),
-                                                ukp::trace::read_profile(pid, reader.profile_addr(), &why), true, true});
+                                                counts.read(&why), true, true});
     } catch (const std::runtime_error &) {
         // The ancestor is gone meanwhile: its event table with it.
     }
