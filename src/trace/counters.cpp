@@ -10,6 +10,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <cerrno>
 #include <iterator>
 #include <map>
@@ -113,6 +117,13 @@ uint8_t *arena_alloc_locked(size_t size) {
     if (g_used + size > kArenaSize) return nullptr;
     uint8_t *p = g_base + g_used; // never handed out: still zero
     g_used += size;
+#if defined(__SANITIZE_ADDRESS__)
+    // The hooks kept here point at the heap (a kretprobe's instances): LeakSanitizer
+    // scans what is used of the arena as it scans globals, a MiB at a time.
+    static uint64_t registered = 0;
+    for (constexpr uint64_t kChunk = 1u << 20; registered < g_used; registered += kChunk)
+        __lsan_register_root_region(g_base + registered, kChunk);
+#endif
     return p;
 }
 

@@ -232,7 +232,6 @@ public:
         size_ = static_cast<size_t>(st.st_size);
         return true;
     }
-    bool mapped() const { return base_ != nullptr; }
     // kprobe_profile's text; empty (and *why) when not mapped or not valid.
     std::string read(std::string *why) const { return ukp::trace::read_profile(base_, size_, why); }
 
@@ -476,8 +475,9 @@ public:
     int pid() const { return pid_; }
     int events_pid() const { return events_pid_; }
 
-    // kprobe_profile of the process (profile_table.hpp: its agent serves no socket), read
-    // at its exit_group or execve, or as last read while it ran (`final` false).
+    // kprobe_profile of the process (its agent serves no socket: from its shared counters),
+    // read at its exit_group or execve or once it was gone, else as last read while it
+    // ran (`final` false).
     ProfileBlock profile() {
         std::lock_guard lock(mu_);
         return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0 || final_, true};
