@@ -62,6 +62,10 @@ struct Point {
     arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
     bool armed = false;       // int3 in place; changed under the registry mutex
+    // Times the int3 was taken out (under the registry mutex): threads may then run into the
+    // region through the original code, so the optimizer that looked for them before one
+    // of these looks again (optimizer.cpp).
+    uint64_t disarms = 0;
     // Jump optimization (optimizer.cpp). The detour is built when the point is prepared,
     // if the region check passes, and kept for the life of the process.
     uint64_t detour = 0;        // its slot (text::kSlotSize bytes, the Point * first), or 0

@@ -330,6 +330,7 @@ void worker() {
         work_cv().wait(lock, [] { return !pending().empty(); });
         const uint64_t target = g_requested;
         std::vector<Point *> batch;
+        std::vector<uint64_t> disarms; // each one's count when the threads were looked for
         for (Point *pt : pending()) {
             pt->queued = false;
             auto it = all_points().find(pt->addr);
@@ -338,8 +339,10 @@ void worker() {
             // Bringing it back (the strict pass below) still lets a thread through, as
             // concurrency_test shows with optimization on; such points stay breakpoints.
             if (!pt->optimized && qualifies(pt) && batch.size() < kMaxBatch &&
-                pt->dcr_copy.load(std::memory_order_relaxed) != 0)
+                pt->dcr_copy.load(std::memory_order_relaxed) != 0) {
                 batch.push_back(pt);
+                disarms.push_back(pt->disarms);
+            }
         }
         pending().clear();
         bool retry = false;
@@ -372,13 +375,22 @@ void worker() {
             if (err == 0) {
                 // The registry may have changed while the threads answered: check again.
                 std::vector<Point *> still;
-                for (Point *pt : batch) {
+                for (size_t i = 0; i < batch.size(); ++i) {
+                    Point *pt = batch[i];
                     auto it = all_points().find(pt->addr);
                     // A probe armed inside the region meanwhile took the copy away (only this
                     // thread gives it back): threads may be in the region by the old path.
-                    if (it != all_points().end() && it->second == pt && !pt->optimized && qualifies(pt) &&
-                        pt->dcr_copy.load(std::memory_order_relaxed) != 0)
-                        still.push_back(pt);
+                    if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt) ||
+                        pt->dcr_copy.load(std::memory_order_relaxed) == 0)
+                        continue;
+                    // Disarmed meanwhile (unregistered, then registered again): a thread may
+                    // have run into the region through the original code after it answered.
+                    // Looked for again.
+                    if (pt->disarms != disarms[i]) {
+                        retry = true;
+                        continue;
+                    }
+                    still.push_back(pt);
                 }
                 for (Point *pt : batch) pt->copy_fresh = false;
                 write_jumps(still.data(), still.size());

@@ -261,7 +261,10 @@ int update_arming(Point *pt) {
         if (int err = opt_unoptimize(pt); err != 0) return err;
     }
     const int err = text::poke_byte(pt->addr, want ? uint8_t{BREAKPOINT_INSTRUCTION} : pt->orig_byte);
-    if (err == 0) pt->armed = want;
+    if (err == 0) {
+        pt->armed = want;
+        pt->disarms += want ? 0 : 1;
+    }
     opt_update(pt);
     return err;
 }
@@ -485,7 +488,10 @@ void after_fork_child() {
             if (pt->optimized && opt_unoptimize(pt) != 0) continue;
             if (!pt->armed) continue;
             // The child's own copy of the page: the parent keeps its int3.
-            if (text::poke_byte(addr, pt->orig_byte) == 0) pt->armed = false;
+            if (text::poke_byte(addr, pt->orig_byte) == 0) {
+                pt->armed = false;
+                ++pt->disarms;
+            }
         }
     }
     opt_after_fork_child();
