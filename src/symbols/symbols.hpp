@@ -98,7 +98,6 @@ public:
     // `remembered`, when given, keeps what maps showed (read_maps), and is used instead
     // once the process is gone: its maps with it, its files stay. Objects already parsed
     // are kept when neither names any.
-    struct ProcessMaps;
     void refresh_from_maps(int pid, ProcessMaps *remembered = nullptr);
     // What /proc/PID/maps shows now (a read of one small file; nothing is parsed).
     static ProcessMaps read_maps(int pid);

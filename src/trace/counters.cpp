@@ -34,7 +34,6 @@ constexpr size_t kAlign = 64;
 struct Table {
     uint8_t *p = nullptr;
     size_t size = 0;
-    bool shared = false; // in the arena (else a heap copy)
 };
 
 std::mutex g_mu;
@@ -147,53 +146,50 @@ void arena_free_locked(uint8_t *p, size_t size) {
     blocks.emplace(off, len);
 }
 
-void release_locked(Table &t) {
-    if (t.p == nullptr) return;
-    if (t.shared) arena_free_locked(t.p, round_up(t.size));
-    else ::operator delete(t.p);
-    t = Table{};
+// `size` (rounded) bytes, zeroed: the arena's, else the heap's. Under g_mu.
+uint8_t *alloc_locked(size_t size) {
+    size = round_up(size);
+    if (uint8_t *p = arena_alloc_locked(size)) return p;
+    auto *p = static_cast<uint8_t *>(::operator new(size, std::align_val_t{kAlign}));
+    zero_bytes(p, size);
+    return p;
+}
+
+// What alloc_locked gave. Under g_mu.
+void free_locked(void *p, size_t size) {
+    if (p == nullptr) return;
+    if (in_arena(p)) arena_free_locked(static_cast<uint8_t *>(p), round_up(size));
+    else ::operator delete(p, std::align_val_t{kAlign});
 }
 
 } // namespace
 
 void *counters_alloc(size_t size) {
-    size = round_up(size);
-    {
-        std::lock_guard lock(g_mu);
-        if (uint8_t *p = arena_alloc_locked(size)) return p;
-    }
-    void *p = ::operator new(size, std::align_val_t{kAlign});
-    zero_bytes(p, size);
-    return p;
+    std::lock_guard lock(g_mu);
+    return alloc_locked(size);
 }
 
 void counters_free(void *p, size_t size) noexcept {
-    if (p == nullptr) return;
-    {
-        std::lock_guard lock(g_mu);
-        if (in_arena(p)) {
-            arena_free_locked(static_cast<uint8_t *>(p), round_up(size));
-            return;
-        }
-    }
-    ::operator delete(p, std::align_val_t{kAlign});
+    std::lock_guard lock(g_mu);
+    free_locked(p, size);
 }
 
 const uint8_t *counters_publish_table(const std::vector<uint8_t> &table) {
     std::lock_guard lock(g_mu);
-    Table t{arena_alloc_locked(round_up(table.size())), table.size(), true};
-    if (t.p == nullptr) t = Table{static_cast<uint8_t *>(::operator new(table.size())), table.size(), false};
+    const Table t{alloc_locked(table.size()), table.size()};
     copy_bytes(t.p, table.data(), table.size());
     if (g_base != nullptr) {
+        // A table on the heap (no room left) is published as none.
+        const bool shared = in_arena(t.p);
         CountersHeader *h = hdr();
         h->table_seq.fetch_add(1, std::memory_order_acq_rel); // odd: changing
-        h->table_off.store(t.shared ? static_cast<uint64_t>(t.p - g_base) : 0, std::memory_order_relaxed);
-        h->table_size.store(t.shared ? t.size : 0, std::memory_order_relaxed);
+        h->table_off.store(shared ? static_cast<uint64_t>(t.p - g_base) : 0, std::memory_order_relaxed);
+        h->table_size.store(shared ? t.size : 0, std::memory_order_relaxed);
         h->table_seq.fetch_add(1, std::memory_order_release);
     }
     // A reader (and ring.cpp's g_profile, until it is given this one) may still read the
     // table before: the one before it goes.
-    release_locked(g_table_before);
+    free_locked(g_table_before.p, g_table_before.size);
     g_table_before = g_table;
     g_table = t;
     return t.p;

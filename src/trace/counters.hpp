@@ -47,8 +47,8 @@ void *counters_alloc(size_t size);
 void counters_free(void *p, size_t size) noexcept;
 
 // Makes `table` the one readers sum. The one before stays readable until the next call.
-// Returns the table's address in this process (null if it has no room: readers then
-// find none).
+// Returns the table's address in this process (on the heap when the shared memory has no
+// room: readers in other processes then find none).
 const uint8_t *counters_publish_table(const std::vector<uint8_t> &table);
 
 // A descriptor of the memfd of its own (close-on-exec), or a negative errno (-ENOENT: the
