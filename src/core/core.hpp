@@ -9,6 +9,7 @@
 #include "arch/x86_64/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "arch/x86_64/vector_use.hpp"
+#include "core/fast_path.h"
 
 #include <atomic>
 #include <cstddef>
@@ -39,9 +40,10 @@ struct ProbeList {
     // a recovery point. Probes past the 64th are guarded.
     uint64_t own_mask = 0;
     bool any_post = false; // a probe has a post_handler (enabled or not)
-    // One probe, without a post_handler, whose pre_handler is the agent's own and proven
-    // lean: the optimized path calls it straight (ukp_optprobe_dispatch).
-    bool sole_own = false;
+    // UKP_FAST_* (fast_path.h): one probe, without a post_handler, whose pre_handler is
+    // proven lean, so that the optimized path's trampoline calls it itself (a user's
+    // under a recovery point of its own, the agent's own as it is); else UKP_FAST_NONE.
+    uint8_t fast = UKP_FAST_NONE;
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
 
     bool gpr_only(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
@@ -133,6 +135,10 @@ struct ReaderSlot;
 struct ThreadState {
     int depth;              // > 0 while this thread runs probe handlers
     int quiet;              // > 0 while it does the agent's own work (AgentWork)
+    // While ukp_optprobe_trampoline's fast path runs a user's pre_handler: its frame, where
+    // a fault in the handler resumes (at ukp_optprobe_fast_recovery); else null. Beside
+    // depth, which that path writes with it.
+    pt_regs *fast_frame;
     bool recovery_armed;    // a handler is running under `recovery`
     ukp_recovery recovery;  // where a faulting handler is abandoned to
     int fault_trapnr;       // trap number of that fault
@@ -209,8 +215,9 @@ inline constexpr unsigned kNoDecision = ~0u;
 
 // Global knobs (kprobes/enabled).
 extern std::atomic<bool> g_kprobes_enabled;
-// Set in a child of fork() under UKP_FORK_REMOVE: no handler runs there any more.
-extern std::atomic<bool> g_handlers_silenced;
+// Set in a child of fork() under UKP_FORK_REMOVE: no handler runs there any more. Named
+// for trampolines.S, whose fast path reads it.
+extern std::atomic<bool> g_handlers_silenced __asm__("ukp_handlers_silenced") UKP_HOT;
 
 // Takes the signals the agent needs delivered (SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL)
 // out of a mask the program asked for: blocked, they would kill the process (sigmask.cpp).

@@ -26,16 +26,16 @@ extern "C" void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs, i
 namespace ukp::core {
 
 std::atomic<bool> g_kprobes_enabled{true};
-std::atomic<bool> g_handlers_silenced{false};
+std::atomic<bool> g_handlers_silenced __asm__("ukp_handlers_silenced"){false};
 std::atomic<unsigned> g_copy_epoch{1};
 thread_local unsigned t_decision_epoch __attribute__((tls_model("initial-exec")));
 
 // ---- per-thread state ----------------------------------------------------------------
 
-namespace {
 // Initial-exec TLS: reachable from a signal handler with a plain %fs-relative access.
-thread_local ThreadState t_state __attribute__((tls_model("initial-exec")));
-} // namespace
+// Named for trampolines.S, whose fast path reads it.
+thread_local ThreadState t_state __asm__("ukp_thread_state")
+    __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
 ThreadState &thread_state() { return t_state; }
 
@@ -160,7 +160,11 @@ constexpr size_t kReaderSlots = kGraceSlots;
 constexpr unsigned kPrivateSection = 2; // read_lock()'s answer for a section in a slot
 
 ReaderSlot g_slots[kReaderSlots];
-ReaderSlot g_no_slot; // the `reader` of a thread that uses the shared counters
+} // namespace
+// The `reader` of a thread that uses the shared counters. Its word shows depth 1 for good
+// (nothing writes it): trampolines.S's fast path then goes to the dispatcher.
+ReaderSlot g_no_slot{{1}, {0}};
+namespace {
 std::atomic<size_t> g_slot_hint{0};
 std::atomic<bool> g_membarrier{false};
 
@@ -480,6 +484,18 @@ void handler_faulted(kprobe *p, pt_regs *regs, const pt_regs &at_hit) {
     if (handled != 1) *regs = at_hit;
 }
 
+// The registers at an optimized hit, from the trampoline's second copy (*at_hit: of its
+// fields, the general registers, flags and sp are written) and what is the same at every
+// hit: where a faulting handler of the first probe is rolled back to.
+pt_regs registers_at_hit(const pt_regs &at_hit, uint64_t hit_ip, const pt_regs &regs) {
+    pt_regs before = at_hit;
+    before.orig_ax = ~0ul;
+    before.ip = hit_ip;
+    before.cs = regs.cs;
+    before.ss = regs.ss;
+    return before;
+}
+
 // Sends the thread on with the probed instruction executed, and no handler run
 // (recursion, disabled or unregistered probes, a late hit on a removed int3).
 // Returns false if a branch's emulation faulted (*fault_addr says where).
@@ -619,13 +635,7 @@ __attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const Pro
         const int r = guarded_handler_call(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
                                            ext_saved || list->gpr_only(i), list->own(i));
         if (r < 0) {
-            if (!ran) {
-                before = *at_hit; // the general registers, flags and sp: the rest is the same at every hit
-                before.orig_ax = ~0ul;
-                before.ip = hit_ip;
-                before.cs = regs.cs;
-                before.ss = regs.ss;
-            }
+            if (!ran) before = registers_at_hit(*at_hit, hit_ip, regs);
             outside_gpr(ext_saved, [&] { handler_faulted(p, &regs, before); });
         } else if (r != 0 && regs.ip != hit_ip) {
             // "Changing Execution Path": a non-zero return resumes at regs->ip. A non-zero
@@ -792,7 +802,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     regs->ip = hit_ip;
     ++ts.depth;
     bool redirected;
-    if (list->sole_own) {
+    if (list->fast == UKP_FAST_OWN) {
         // One probe, whose handler is the agent's own and proven lean (a trace event, a
         // kretprobe's entry): no recovery point, no copy of the registers to roll back
         // to, nothing for a jprobe to find.
@@ -813,7 +823,34 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     read_unlock_here(idx);
 }
 
+// Where ukp_optprobe_trampoline's fast path goes when the handler it called faulted (from
+// ukp_optprobe_fast_recovery, with rsp at the frame again). The thread is inside its
+// read section, at depth 1, as the C path would have it after run_guarded() came back
+// with -1: the miss is counted, the probe's fault_handler asked, the registers rolled back
+// unless it answered 1; then the section ends and the relocated region runs. With the
+// vector state saved.
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fault(ukp::core::Point *pt, pt_regs *regs,
+                                                                                   int, pt_regs *at_hit, kprobe *p) {
+    using namespace ukp::core;
+    count_missed(p);
+    handler_faulted(p, regs, registers_at_hit(*at_hit, pt->addr + 1, *regs));
+    regs->ip = pt->detour_code + pt->layout.copy;
+    --thread_state().depth;
+    read_unlock_here(kPrivateSection);
+}
+
 namespace ukp::core {
+
+// The layout trampolines.S's fast path assumes (fast_path.h).
+static_assert(offsetof(ThreadState, depth) == UKP_TS_DEPTH && offsetof(ThreadState, quiet) == UKP_TS_DEPTH + 4);
+static_assert(offsetof(ThreadState, reader) == UKP_TS_READER);
+static_assert(offsetof(ThreadState, fast_frame) == UKP_TS_FAST_FRAME);
+static_assert(offsetof(ReaderSlot, word) == 0 && kDepthMask == UKP_SECTION_DEPTH_MASK &&
+              kSectionOne + 1 == UKP_SECTION_NEW);
+static_assert(offsetof(Point, addr) == UKP_PT_ADDR && offsetof(Point, list) == UKP_PT_LIST);
+static_assert(offsetof(ProbeList, fast) == UKP_LIST_FAST && offsetof(ProbeList, probes) == UKP_LIST_PROBE0);
+static_assert(offsetof(kprobe, pre_handler) == UKP_KP_PRE_HANDLER && offsetof(kprobe, flags) == UKP_KP_FLAGS);
+static_assert((KPROBE_FLAG_GONE | KPROBE_FLAG_DISABLED) == UKP_KP_OFF_FLAGS);
 
 bool on_fault(int sig, siginfo_t *info, ucontext_t *uc) {
     const uint64_t ip = arch::context_ip(uc);
@@ -830,6 +867,17 @@ bool on_fault(int sig, siginfo_t *info, ucontext_t *uc) {
         ts.recovery_armed = false;
         ts.fault_trapnr = arch::trap_number(uc);
         arch::resume_at_recovery(uc, ts.recovery, 1);
+        return true;
+    }
+    if (ts.fast_frame != nullptr) {
+        // The same for a handler that ukp_optprobe_trampoline called itself: it goes on at
+        // its recovery label, with the stack pointer at its frame.
+        ukp_recovery rec{};
+        rec.rsp = reinterpret_cast<uint64_t>(ts.fast_frame);
+        rec.rip = reinterpret_cast<uint64_t>(&ukp_optprobe_fast_recovery);
+        ts.fast_frame = nullptr;
+        ts.fault_trapnr = arch::trap_number(uc);
+        arch::resume_at_recovery(uc, rec, 1);
         return true;
     }
     const uint64_t slot = text::slot_containing(ip);

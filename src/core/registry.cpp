@@ -288,7 +288,8 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
         const auto *fn = reinterpret_cast<const void *>(add->pre_handler);
         put(add, handler_is_gpr_only(fn), handler_is_own(fn));
     }
-    list->sole_own = list->count == 1 && !list->any_post && (list->own_mask & list->gpr_mask & 1) != 0;
+    if (list->count == 1 && !list->any_post && list->gpr_only(0) && list->probes[0]->pre_handler != nullptr)
+        list->fast = list->own(0) ? UKP_FAST_OWN : UKP_FAST_GUARDED;
     return list;
 }
 

@@ -110,6 +110,16 @@
         ret
         .size   ukpt_opt_flags, .-ukpt_opt_flags
 
+// long ukpt_opt_flags_down(long a, long b): the same with the direction flag set around
+// the call (as a hand-written backward copy might have it), cleared again on return.
+        FUNC    ukpt_opt_flags_down
+        std
+        cmp     %rsi, %rdi
+        call    ukpt_opt_flags_probe
+        cld
+        ret
+        .size   ukpt_opt_flags_down, .-ukpt_opt_flags_down
+
         FUNC    ukpt_opt_flags_probe
         mov     %rdi, %rdx              // 3 bytes: leaves the flags alone
         nop

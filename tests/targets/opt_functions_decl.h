@@ -7,4 +7,5 @@ long ukpt_opt_work(long x);
 long ukpt_opt_inner(long x);
 void ukpt_opt_vectors(const void *in, void *out);
 long ukpt_opt_flags(long a, long b);
+long ukpt_opt_flags_down(long a, long b);
 }

@@ -3,6 +3,7 @@
 #include <ukprobes/kprobes.h>
 
 #include "asm_functions.h"
+#include "core/core.hpp"
 #include "opt_functions_decl.h"
 
 #include <gtest/gtest.h>
@@ -46,6 +47,17 @@ std::string list_text() {
     std::string s = t != nullptr ? t : "";
     std::free(t);
     return s;
+}
+
+// Registers kp on `symbol` with `pre` and lets the optimizer put its jump in.
+void put_optimized(kprobe &kp, kprobe_pre_handler_t pre, kprobe_fault_handler_t fault = nullptr,
+                   const char *symbol = "ukpt_opt_work") {
+    kp.symbol_name = symbol;
+    kp.pre_handler = pre;
+    kp.fault_handler = fault;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp)) << list_text();
 }
 
 class OptimizerTest : public ::testing::Test {
@@ -183,6 +195,82 @@ TEST_F(OptimizerTest, APreHandlerChangingIpIsHonoured) {
     EXPECT_EQ(ukpt_opt_work(7), (8 * 3) ^ 7);
 }
 
+// Faults on purpose after changing a register. It calls nothing, so it is proven to leave
+// the vector state alone, and the trampoline calls it itself, under a recovery point of
+// its own frame (trampolines.S), rather than through the C dispatcher's.
+long *volatile g_bad_pointer = reinterpret_cast<long *>(16);
+std::atomic<int> g_opt_faults{0};
+int g_opt_trapnr = -1;
+int faulting_pre(kprobe *, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->di = 1000;
+    return static_cast<int>(*static_cast<volatile long *>(g_bad_pointer));
+}
+int fault_rolls_back(kprobe *, pt_regs *, int trapnr) {
+    ++g_opt_faults;
+    g_opt_trapnr = trapnr;
+    return 0;
+}
+int fault_keeps(kprobe *, pt_regs *, int) {
+    ++g_opt_faults;
+    return 1;
+}
+
+// As on the breakpoint path (faults_test): a miss is counted, the fault_handler asked, and
+// the registers go back to the hit's unless it answers 1. The thread leaves the handler's
+// read section (unregister_kprobe returns) and its depth (every hit runs the handler).
+TEST_F(OptimizerTest, AFaultingPreHandlerIsRolledBackUnlessItsFaultHandlerKeepsTheChange) {
+    const struct {
+        kprobe_fault_handler_t fault_handler;
+        bool kept;
+    } cases[] = {{fault_rolls_back, false}, {nullptr, false}, {fault_keeps, true}};
+    for (const auto &c : cases) {
+        kprobe kp{};
+        put_optimized(kp, faulting_pre, c.fault_handler);
+        g_hits = 0;
+        g_opt_faults = 0;
+        g_opt_trapnr = -1;
+        for (long i = 0; i < 3; ++i) {
+            const long x = c.kept ? 1000 : 5 + i;
+            ASSERT_EQ(ukpt_opt_work(5 + i), ((x + 1) * 3) ^ x) << "kept " << c.kept << ", hit " << i;
+        }
+        EXPECT_EQ(g_hits.load(), 3);
+        EXPECT_EQ(kp.nmissed, 3u);
+        EXPECT_EQ(g_opt_faults.load(), c.fault_handler != nullptr ? 3 : 0);
+        if (c.fault_handler == fault_rolls_back) {
+            EXPECT_EQ(g_opt_trapnr, 14) << "page fault";
+        }
+        unregister_kprobe(&kp);
+        EXPECT_EQ(ukpt_opt_work(5), (6 * 3) ^ 5);
+    }
+}
+
+// A hit while the thread runs a handler runs no handler and counts a miss (seed 001), and
+// a hit in the agent's own work neither: the trampoline's fast case leaves both to the
+// dispatcher. The handler calls the probed function directly, so it is still proven.
+long g_inner = 0;
+int recursing_pre(kprobe *, pt_regs *) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    g_inner = ukpt_opt_work(1);
+    return 0;
+}
+
+TEST_F(OptimizerTest, HitsInsideAHandlerOrTheAgentsWorkRunNoHandler) {
+    kprobe kp{};
+    put_optimized(kp, recursing_pre);
+    for (long i = 0; i < 3; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_hits.load(), 3);
+    EXPECT_EQ(kp.nmissed, 3u);
+    EXPECT_EQ(g_inner, (2 * 3) ^ 1);
+    {
+        const ukp::core::AgentWork quiet;
+        EXPECT_EQ(ukpt_opt_work(4), (5 * 3) ^ 4);
+    }
+    EXPECT_EQ(g_hits.load(), 3);
+    EXPECT_EQ(kp.nmissed, 3u);
+    unregister_kprobe(&kp);
+}
+
 // A pre_handler that makes the thread call ukpt_opt_bump (which only counts) before the
 // probed function: it pushes the probe address as the return address and resumes at
 // ukpt_opt_bump, whose `ret` comes back to the probe, hit a second time, which lets the
@@ -215,29 +303,44 @@ int push_call_pre(kprobe *p, pt_regs *regs) {
     return 1;
 }
 
-// A handler that lowers the stack pointer (here to push a return address; the dispatcher
-// itself does it when it emulates a probed `call` for a post_handler that came while the
-// jump was in place): the trampoline must not put the word it resumes through into its
-// own frame, where the new stack pointer's red zone now begins.
-TEST_F(OptimizerTest, APreHandlerPushingOntoTheStackIsHonoured) {
+// Puts `pre` on ukpt_opt_work, which must come out optimized, and calls the function 20
+// times on the jump path, then 20 on the breakpoint path: each call returns its result,
+// goes through ukpt_opt_bump once and runs the handler `hits_per_call` times.
+void expect_each_call_bumped(kprobe_pre_handler_t pre, long hits_per_call) {
     kprobe kp{};
-    kp.symbol_name = "ukpt_opt_work";
-    kp.pre_handler = push_call_pre;
-    ASSERT_EQ(register_kprobe(&kp), 0);
-    ukp_optimizer_flush();
-    ASSERT_TRUE(optimized(kp)) << list_text();
+    put_optimized(kp, pre);
     g_opt_bumps = 0;
     for (long i = 0; i < 20; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
     EXPECT_EQ(g_opt_bumps, 20);
-    EXPECT_EQ(g_hits.load(), 40);
-    // The breakpoint path does the same.
+    EXPECT_EQ(g_hits.load(), 20 * hits_per_call);
     ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
     ASSERT_EQ(first_byte(kp.addr), 0xcc);
     for (long i = 0; i < 20; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
     EXPECT_EQ(g_opt_bumps, 40);
-    EXPECT_EQ(g_hits.load(), 80);
+    EXPECT_EQ(g_hits.load(), 40 * hits_per_call);
     ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
     unregister_kprobe(&kp);
+}
+
+// A handler that lowers the stack pointer (here to push a return address; the dispatcher
+// itself does it when it emulates a probed `call` for a post_handler that came while the
+// jump was in place): the trampoline must not put the word it resumes through into its
+// own frame, where the new stack pointer's red zone now begins. The breakpoint path does
+// the same.
+TEST_F(OptimizerTest, APreHandlerPushingOntoTheStackIsHonoured) { expect_each_call_bumped(push_call_pre, 2); }
+
+// A pre_handler that returns 0 after lowering the stack pointer: the region runs with
+// the stack as the handler left it. Here it pushes ukpt_opt_bump as a return address, so
+// the function returns into it, and its `ret` goes on to the caller.
+int push_bounce_pre(kprobe *, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->sp -= 8;
+    *reinterpret_cast<unsigned long *>(regs->sp) = reinterpret_cast<unsigned long>(&ukpt_opt_bump);
+    return 0;
+}
+
+TEST_F(OptimizerTest, APreHandlerLoweringTheStackWithoutRedirectingIsHonoured) {
+    expect_each_call_bumped(push_bounce_pre, 1);
 }
 
 // The same from a post_handler, which runs from the post trampoline after the probed
@@ -376,8 +479,12 @@ TEST_F(OptimizerTest, VectorRegistersSurviveTheHandlers) {
     unregister_kprobe(&kp);
 }
 
+unsigned long g_seen_flags = 0;    // regs->flags at the last hit
+unsigned long g_handler_flags = 0; // the flags the handler itself ran with
 int flag_changing_pre(kprobe *, pt_regs *regs) {
     g_hits.fetch_add(1, std::memory_order_relaxed);
+    g_seen_flags = regs->flags;
+    g_handler_flags = __builtin_ia32_readeflags_u64();
     // Compares in C code change the real flags; regs->flags is what the program gets.
     return regs->ax == 12345 ? 1 : 0;
 }
@@ -393,9 +500,27 @@ TEST_F(OptimizerTest, FlagsSurviveTheHandlers) {
     ASSERT_EQ(register_kprobe(&kp), 0);
     ukp_optimizer_flush();
     ASSERT_TRUE(optimized(kp));
-    for (size_t i = 0; i < std::size(cases); ++i)
+    for (size_t i = 0; i < std::size(cases); ++i) {
         EXPECT_EQ(ukpt_opt_flags(cases[i][0], cases[i][1]), expected[i]) << i;
+        EXPECT_EQ(g_seen_flags, static_cast<unsigned long>(expected[i])) << "regs->flags is the flags at the hit, " << i;
+    }
     EXPECT_EQ(g_hits.load(), static_cast<long>(std::size(cases)));
+    unregister_kprobe(&kp);
+}
+
+// The direction flag set at the hit: the handler sees it in regs->flags, runs with it
+// clear (the C code it is), and the program goes on with it set.
+TEST_F(OptimizerTest, TheDirectionFlagIsSeenAndKept) {
+    constexpr unsigned long kDf = 0x400;
+    const long before = ukpt_opt_flags_down(1, 2);
+    ASSERT_NE(before & kDf, 0);
+    kprobe kp{};
+    put_optimized(kp, flag_changing_pre, nullptr, "ukpt_opt_flags_probe");
+    EXPECT_EQ(ukpt_opt_flags_down(1, 2), before);
+    EXPECT_EQ(g_seen_flags, static_cast<unsigned long>(before));
+    EXPECT_EQ(g_handler_flags & kDf, 0u);
+    EXPECT_EQ(ukpt_opt_flags(2, 1) & kDf, 0) << "and clear where it was clear";
+    EXPECT_EQ(g_seen_flags & kDf, 0u);
     unregister_kprobe(&kp);
 }
 

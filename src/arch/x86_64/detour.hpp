@@ -28,6 +28,9 @@
 extern "C" {
 // trampolines.S: called with the context pushed below the red zone.
 void ukp_optprobe_trampoline();
+// Inside it: where a fault in a pre_handler its fast path called resumes, with rsp at the
+// frame that path recorded (ThreadState::fast_frame).
+void ukp_optprobe_fast_recovery();
 }
 
 namespace ukp::arch {

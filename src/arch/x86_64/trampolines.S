@@ -8,6 +8,8 @@
 // address goes 136 bytes below the new sp, rsp is set to point at it in one instruction,
 // and `ret $128` pops it and steps over the red zone.
 
+#include "core/fast_path.h"
+
 #define R15 0
 #define R14 8
 #define R13 16
@@ -83,47 +85,66 @@
 // %rsp there. \prog_sp is the program's stack pointer's distance from %rsp on entry.
 // With \snap, also into the frame's second pt_regs at AT_HIT (the general registers,
 // flags and sp; the dispatcher fills in the rest if it needs it): where a handler that
-// faults is rolled back to, which costs less written here than copied later.
+// faults is rolled back to, which costs less written here than copied later. The stores
+// go in address order, each copy's in one run: on the EPYC of docs/performance.md, the
+// same stores interleaved between the two copies cost 3 ns more per hit.
         .macro  SAVE_PT_REGS prog_sp, snap=0
         lea     -FRAME(%rsp), %rsp      // lea, not sub: the flags are not saved yet
         .cfi_adjust_cfa_offset FRAME
-        SAVE_GPR %r15, R15, \snap
-        SAVE_GPR %r14, R14, \snap
-        SAVE_GPR %r13, R13, \snap
-        SAVE_GPR %r12, R12, \snap
-        SAVE_GPR %rbp, RBP, \snap
-        SAVE_GPR %rbx, RBX, \snap
-        SAVE_GPR %r11, R11, \snap
-        SAVE_GPR %r10, R10, \snap
-        SAVE_GPR %r9, R9, \snap
-        SAVE_GPR %r8, R8, \snap
-        SAVE_GPR %rax, RAX, \snap
-        SAVE_GPR %rcx, RCX, \snap
-        SAVE_GPR %rdx, RDX, \snap
-        SAVE_GPR %rsi, RSI, \snap
-        SAVE_GPR %rdi, RDI, \snap
-        movq    $-1, ORIG_AX(%rsp)
-        pushfq
-        .cfi_adjust_cfa_offset 8
-        popq    EFLAGS(%rsp)
-        .cfi_adjust_cfa_offset -8
+        SAVE_GPRS 0
         .if \snap
-        mov     EFLAGS(%rsp), %rax
-        mov     %rax, AT_HIT+EFLAGS(%rsp)
+        SAVE_GPRS AT_HIT
         .endif
-        lea     FRAME+\prog_sp(%rsp), %rax
-        SAVE_GPR %rax, RSP, \snap
-        movq    $0x33, CS(%rsp)         // Linux's __USER_CS and __USER_DS: constants, and
-        movq    $0x2b, SS(%rsp)         // reading the segment registers costs more
-        movq    $0, RIP(%rsp)           // the dispatcher fills in where to resume
+        // The flags without PUSHFQ, which alone cost 2 ns of the 11 an optimized hit took
+        // on the EPYC of docs/performance.md: LAHF gives SF ZF AF PF CF, SETO gives OF,
+        // and a string instruction tells DF by the way it steps. IF is always set in user
+        // mode. TF, AC, ID and NT, which only a POPF of the program can set, are shown
+        // clear (RESTORE_FLAGS_AND_GPRS never changes them unless a handler wrote flags).
+        lahf
+        seto    %cl
+        lea     RDI(%rsp), %rsi
+        lodsb                           // rsi: RDI(%rsp) + 1, or - 1 under DF
+        movzbl  %ah, %eax
+        movzbl  %cl, %ecx
+        shl     $11, %ecx
+        or      %ecx, %eax
+        lea     RDI(%rsp), %rdx
+        sub     %rdx, %rsi              // 1 or -1
+        shr     $63, %rsi               // DF
+        jz      .Ldf_clear\@
         cld                             // the ABI's promise to the C code we call
+        or      $0x400, %eax
+.Ldf_clear\@:
+        or      $0x200, %eax            // IF (LAHF gave bit 1, always set)
+        movq    $-1, ORIG_AX(%rsp)
+        movq    $0x33, CS(%rsp)         // Linux's __USER_CS and __USER_DS: constants, and
+        mov     %rax, EFLAGS(%rsp)      // reading the segment registers costs more
+        lea     FRAME+\prog_sp(%rsp), %rcx
+        mov     %rcx, RSP(%rsp)
+        movq    $0x2b, SS(%rsp)         // (RIP: each dispatcher fills in where to resume)
+        .if \snap
+        mov     %rax, AT_HIT+EFLAGS(%rsp)
+        mov     %rcx, AT_HIT+RSP(%rsp)
+        .endif
         .endm
 
-        .macro  SAVE_GPR reg, at, snap
-        mov     \reg, \at(%rsp)
-        .if \snap
-        mov     \reg, AT_HIT+\at(%rsp)
-        .endif
+// The general registers but rsp, into a pt_regs at \at(%rsp).
+        .macro  SAVE_GPRS at
+        mov     %r15, \at+R15(%rsp)
+        mov     %r14, \at+R14(%rsp)
+        mov     %r13, \at+R13(%rsp)
+        mov     %r12, \at+R12(%rsp)
+        mov     %rbp, \at+RBP(%rsp)
+        mov     %rbx, \at+RBX(%rsp)
+        mov     %r11, \at+R11(%rsp)
+        mov     %r10, \at+R10(%rsp)
+        mov     %r9, \at+R9(%rsp)
+        mov     %r8, \at+R8(%rsp)
+        mov     %rax, \at+RAX(%rsp)
+        mov     %rcx, \at+RCX(%rsp)
+        mov     %rdx, \at+RDX(%rsp)
+        mov     %rsi, \at+RSI(%rsp)
+        mov     %rdi, \at+RDI(%rsp)
         .endm
 
 // Calls \target (a symbol, or *reg) with the extended state saved around it: C code
@@ -394,7 +415,91 @@ ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
         SAVE_PT_REGS 144, 1
+        // The fast case (fast_path.h): the point's one probe has a proven pre_handler
+        // (ProbeList::fast), the thread runs no handler and no agent work, and has a
+        // reader slot of its own, outside any section. Then the handler is called from
+        // here, as ukp_optprobe_dispatch would call it, without the C dispatcher's
+        // checks, loops and setjmp: a fault in it resumes at ukp_optprobe_fast_recovery
+        // with rsp at this frame. Anything else goes to the dispatcher. Callee-saved
+        // here: r12 the thread's state (an %fs offset), r13 its slot, r14 the Point, r15
+        // the slot's word after the section ends; all are in the frame already.
+        mov     FRAME+8(%rsp), %r14
+        mov     ukp_thread_state@gottpoff(%rip), %r12
+        cmpq    $0, %fs:UKP_TS_DEPTH(%r12)      // depth and quiet
+        jne     .Lopt_dispatch
+        mov     %fs:UKP_TS_READER(%r12), %r13
+        test    %r13, %r13                      // the first hit: the dispatcher claims a slot
+        jz      .Lopt_dispatch
+        mov     (%r13), %r15
+        test    $UKP_SECTION_DEPTH_MASK, %r15d  // a section this handler interrupted, or
+        jnz     .Lopt_dispatch                  // the shared counters' stand-in slot
+        lea     UKP_SECTION_NEW(%r15), %rax
+        add     $UKP_SECTION_NEW-1, %r15        // the word once the section is over
+        mov     %rax, (%r13)                    // the read section begins: loads after this
+        cmpb    $0, ukp_handlers_silenced(%rip) // store are ordered by the writer's membarrier
+        jne     .Lopt_fast_declined
+        mov     UKP_PT_LIST(%r14), %rax
+        test    %rax, %rax
+        jz      .Lopt_fast_declined
+        movzbl  UKP_LIST_FAST(%rax), %ecx
+        cmp     $UKP_FAST_NONE, %ecx
+        je      .Lopt_fast_declined
+        mov     UKP_LIST_PROBE0(%rax), %rdi     // the probe
+        testl   $UKP_KP_OFF_FLAGS, UKP_KP_FLAGS(%rdi)
+        jnz     .Lopt_fast_declined
+        mov     UKP_KP_PRE_HANDLER(%rdi), %rax
+        test    %rax, %rax
+        jz      .Lopt_fast_declined
+        mov     UKP_PT_ADDR(%r14), %rdx
+        inc     %rdx
+        mov     %rdx, RIP(%rsp)                 // regs->ip: the probe address + 1
+        movl    $1, %fs:UKP_TS_DEPTH(%r12)
+        cmp     $UKP_FAST_OWN, %ecx
+        je      .Lopt_fast_call
+        mov     %rsp, %fs:UKP_TS_FAST_FRAME(%r12)
+        mov     %rdi, RESUME(%rsp)              // for ukp_optprobe_fast_fault
+.Lopt_fast_call:
+        mov     %rsp, %rsi                      // struct pt_regs *
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        and     $-16, %rsp
+        call    *%rax
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        movl    $0, %fs:UKP_TS_DEPTH(%r12)
+        movq    $0, %fs:UKP_TS_FAST_FRAME(%r12)
+        mov     %r15, (%r13)                    // the section ends (a signal handler's own,
+        test    %eax, %eax                      // inside it, ended before it returned)
+        jnz     .Lopt_fast_answered
+.Lopt_fast_copy:                                // resume at the copy, as the handler left
+        lea     FRAME+144(%rsp), %rax           // the registers: by `ret` if sp is unmoved
+        cmp     RSP(%rsp), %rax
+        jne     .Lopt_fast_sp_moved
+        RESTORE_FLAGS_AND_GPRS
+        lea     FRAME(%rsp), %rsp
+        ret
+.Lopt_fast_answered:                            // a non-zero answer with ip changed goes
+        mov     UKP_PT_ADDR(%r14), %rax         // there ("Changing Execution Path")
+        inc     %rax
+        cmp     RIP(%rsp), %rax
+        je      .Lopt_fast_copy
+        jmp     .Lopt_elsewhere
+.Lopt_fast_sp_moved:
+        mov     FRAME(%rsp), %rax
+        add     $DETOUR_BACK_LEN, %rax
+        mov     %rax, RIP(%rsp)
+        jmp     .Lopt_elsewhere
+        .globl  ukp_optprobe_fast_recovery
+        .hidden ukp_optprobe_fast_recovery
+ukp_optprobe_fast_recovery:
+        mov     RESUME(%rsp), %r8               // the probe whose handler faulted
+        CALL_DISPATCH ukp_optprobe_fast_fault, FRAME+8
+        jmp     .Lopt_dispatched
+.Lopt_fast_declined:
+        mov     %r15, (%r13)                    // the section ends unused
+.Lopt_dispatch:
         CALL_DISPATCH_GPR ukp_optprobe_dispatch, FRAME+8, ukp_gpr_dispatch
+.Lopt_dispatched:
         mov     FRAME(%rsp), %rax
         add     $DETOUR_BACK_LEN, %rax
         cmp     RIP(%rsp), %rax
