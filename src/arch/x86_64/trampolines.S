@@ -475,9 +475,12 @@ ukp_optprobe_trampoline:
         lea     FRAME+144(%rsp), %rax           // the registers: by `ret` if sp is unmoved
         cmp     RSP(%rsp), %rax
         jne     .Lopt_fast_sp_moved
+        .cfi_remember_state
         RESTORE_FLAGS_AND_GPRS
         lea     FRAME(%rsp), %rsp
+        .cfi_adjust_cfa_offset -FRAME
         ret
+        .cfi_restore_state
 .Lopt_fast_answered:                            // a non-zero answer with ip changed goes
         mov     UKP_PT_ADDR(%r14), %rax         // there ("Changing Execution Path")
         inc     %rax
@@ -507,9 +510,12 @@ ukp_optprobe_fast_recovery:
         lea     FRAME+144(%rsp), %rax
         cmp     RSP(%rsp), %rax
         jne     .Lopt_elsewhere
+        .cfi_remember_state
         RESTORE_FLAGS_AND_GPRS
         lea     FRAME(%rsp), %rsp       // lea: the flags are the program's again
+        .cfi_adjust_cfa_offset -FRAME
         ret
+        .cfi_restore_state
 .Lopt_elsewhere:
         FRAME_BELOW_RESUME
         RESUME_PT_REGS
