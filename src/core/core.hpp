@@ -76,7 +76,8 @@ struct Point {
     uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)
     // The detour's relocated region while the breakpoint path runs it instead of the
     // first instruction alone (so no thread ever enters the region past its first byte);
-    // 0 once another probe went inside the region, for good.
+    // 0 while another probe is inside the region; the optimizer gives it back (its strict
+    // pass) when that probe is gone.
     std::atomic<uint64_t> dcr_copy{0};
     bool optimized = false;     // the jmp is in place; changed under the registry mutex
     bool queued = false;        // waiting for the optimizer; under the registry mutex

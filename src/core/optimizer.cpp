@@ -335,11 +335,9 @@ void worker() {
             pt->queued = false;
             auto it = all_points().find(pt->addr);
             if (it == all_points().end() || it->second != pt) continue; // its object is gone
-            // Not yet: points whose region copy was taken away by a probe inside the region.
-            // Bringing it back (the strict pass below) still lets a thread through, as
-            // concurrency_test shows with optimization on; such points stay breakpoints.
-            if (!pt->optimized && qualifies(pt) && batch.size() < kMaxBatch &&
-                pt->dcr_copy.load(std::memory_order_relaxed) != 0) {
+            // A point whose region copy was taken away by a probe inside the region (gone
+            // now) comes back through the strict pass below.
+            if (!pt->optimized && qualifies(pt) && batch.size() < kMaxBatch) {
                 batch.push_back(pt);
                 disarms.push_back(pt->disarms);
             }
