@@ -166,6 +166,9 @@ ReaderSlot g_slots[kReaderSlots];
 ReaderSlot g_no_slot{{1}, {0}};
 namespace {
 std::atomic<size_t> g_slot_hint{0};
+// One past the highest slot ever claimed: the slots above it were never written, and
+// grace_after_fork_child() leaves their pages alone (reading one would fault it in).
+std::atomic<size_t> g_slots_touched{0};
 std::atomic<bool> g_membarrier{false};
 
 std::atomic<unsigned> g_epoch{0};
@@ -214,7 +217,11 @@ __attribute__((noinline)) ReaderSlot *claim_slot(ThreadState &ts) {
         if (slot.claim.compare_exchange_strong(c, mine, std::memory_order_seq_cst)) {
             // An ended thread may have left its depth behind; the section count goes on.
             slot.word.store(slot.word.load(std::memory_order_relaxed) & ~kDepthMask, std::memory_order_relaxed);
-            g_slot_hint.store((start + n + 1) % kReaderSlots, std::memory_order_relaxed);
+            const size_t index = (start + n) % kReaderSlots;
+            g_slot_hint.store((index + 1) % kReaderSlots, std::memory_order_relaxed);
+            for (size_t seen = g_slots_touched.load(std::memory_order_relaxed);
+                 seen <= index && !g_slots_touched.compare_exchange_weak(seen, index + 1, std::memory_order_relaxed);)
+                ;
             got = &slot;
         }
     }
@@ -344,14 +351,20 @@ size_t grace_slots_in_use() {
 void grace_after_fork_child() {
     // The other threads' read sections ended with them. The forking thread holds none,
     // unless it forked from inside a handler (not supported: fork.hpp).
+    // Only words that hold something are written, and only slots ever claimed are read: a
+    // write would copy its page (copy-on-write), a read of a page never written would map
+    // it, for nothing: the table spans 16 pages, a child goes through it at every fork.
     if (t_state.depth > 0) return;
-    for (ReaderSlot &slot : g_slots) {
+    const size_t touched = g_slots_touched.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < touched; ++i) {
+        ReaderSlot &slot = g_slots[i];
         if (&slot == t_state.reader) continue;
-        slot.word.store(0, std::memory_order_relaxed);
-        slot.claim.store(slot.claim.load(std::memory_order_relaxed) & ~kOwnerMask, std::memory_order_relaxed);
+        if (slot.word.load(std::memory_order_relaxed) != 0) slot.word.store(0, std::memory_order_relaxed);
+        if (const uint64_t c = slot.claim.load(std::memory_order_relaxed); (c & kOwnerMask) != 0)
+            slot.claim.store(c & ~kOwnerMask, std::memory_order_relaxed);
     }
-    g_readers[0].n.store(0, std::memory_order_relaxed);
-    g_readers[1].n.store(0, std::memory_order_relaxed);
+    for (ReaderCount &count : g_readers)
+        if (count.n.load(std::memory_order_relaxed) != 0) count.n.store(0, std::memory_order_relaxed);
     // The registration belongs to the parent's address space; without it here, this
     // thread goes over to the shared counters (it is in no section).
     if (g_membarrier.load(std::memory_order_relaxed) && sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) {

@@ -93,6 +93,11 @@ public:
             b.first += bias_;
             b.second += bias_;
         }
+        // Kept for the life of the object, and copied at every fork() (the page tables of
+        // the heap): no room to spare. libc's branch list had twice its size reserved.
+        values_.shrink_to_fit();
+        branches_.shrink_to_fit();
+        starts_.shrink_to_fit();
         out->values = std::move(values_);
         out->branches = std::move(branches_);
         out->starts = std::move(starts_);
