@@ -427,6 +427,13 @@ const DecodeCase kDecodeCases[] = {
     {"Sysenter", "0f 34", Flow::kUnsupported},
     {"Xbegin", "c7 f8 00 01 00 00", Flow::kUnsupported, 0x1106},
     {"EipRelative", "67 8b 05 10 00 00 00", Flow::kUnsupported},
+    // An operand-size prefix on a near branch: ignored by Intel, honoured by AMD.
+    {"OpsizeJgRel8", "66 7f 00", Flow::kUnsupported, 0x1003},
+    {"OpsizeJmpRel32", "66 e9 00 01 00 00", Flow::kUnsupported, 0x1106},
+    {"OpsizeCallRel32", "66 e8 00 01 00 00", Flow::kUnsupported, 0x1106},
+    {"OpsizeJmpRax", "66 ff e0", Flow::kUnsupported},
+    {"OpsizeRet", "66 c3", Flow::kUnsupported},
+    {"OpsizeMovIsSequential", "66 89 c8", Flow::kSequential},
 };
 
 void PrintTo(const DecodeCase &c, std::ostream *os) { *os << c.name; }

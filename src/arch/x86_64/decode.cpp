@@ -70,6 +70,12 @@ bool touches_ip(const Insn &in) {
     return false;
 }
 
+bool has_prefix(const ZydisDecodedInstruction &zi, uint8_t byte) {
+    for (ZyanU8 i = 0; i < zi.raw.prefix_count; ++i)
+        if (zi.raw.prefixes[i].value == byte) return true;
+    return false;
+}
+
 Flow classify(const Insn &in, int rel) {
     const ZydisDecodedInstruction &zi = in.zi;
     // Far transfers reload cs: nothing we can emulate from user space.
@@ -136,6 +142,12 @@ int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out) {
         }
     }
     in.flow = eip_relative ? Flow::kUnsupported : classify(in, rel);
+    // An operand-size prefix (0x66) on a near branch is ignored by Intel's CPUs in 64-bit
+    // mode, and honoured by AMD's (a 16-bit target, a 2-byte return address, a rel16 that
+    // changes the instruction's length): what the copy would do depends on the CPU.
+    const bool branch = in.flow == Flow::kJump || in.flow == Flow::kIndirectJump || in.flow == Flow::kCall ||
+                        in.flow == Flow::kIndirectCall || in.flow == Flow::kRet || in.flow == Flow::kCondJump;
+    if (branch && has_prefix(in.zi, 0x66)) in.flow = Flow::kUnsupported;
     *out = in;
     return 0;
 }
