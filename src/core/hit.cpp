@@ -160,11 +160,9 @@ constexpr size_t kReaderSlots = kGraceSlots;
 constexpr unsigned kPrivateSection = 2; // read_lock()'s answer for a section in a slot
 
 ReaderSlot g_slots[kReaderSlots];
-} // namespace
 // The `reader` of a thread that uses the shared counters. Its word shows depth 1 for good
 // (nothing writes it): trampolines.S's fast path then goes to the dispatcher.
 ReaderSlot g_no_slot{{1}, {0}};
-namespace {
 std::atomic<size_t> g_slot_hint{0};
 // One past the highest slot ever claimed: the slots above it were never written, and
 // grace_after_fork_child() leaves their pages alone (reading one would fault it in).

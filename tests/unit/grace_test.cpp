@@ -290,6 +290,18 @@ TEST_F(Grace, WithoutMembarrierTheSharedCountersServe) {
         ukp_optimizer_flush();
         ASSERT_TRUE(optimized(jump));
         expect_unregister_waits_for_the_handler(&jump, [] { EXPECT_EQ(ukpt_opt_work(4), (5 * 3) ^ 4); });
+        // A proven handler, which the trampoline would call itself for a thread with a slot
+        // of its own: this thread has the shared counters' stand-in, so the dispatcher does.
+        kprobe proven{};
+        proven.symbol_name = "ukpt_opt_work";
+        proven.pre_handler = proven_blocking_pre;
+        ASSERT_EQ(register_kprobe(&proven), 0);
+        ukp_optimizer_flush();
+        ASSERT_TRUE(optimized(proven));
+        expect_unregister_waits_for_the_handler(&proven, [] {
+            ukp::core::read_unlock(ukp::core::read_lock()); // the stand-in, not a slot
+            EXPECT_EQ(ukpt_opt_work(3), (4 * 3) ^ 3);
+        });
         EXPECT_EQ(ukp::core::grace_slots_in_use(), 0u);
         return;
     }
