@@ -7,6 +7,7 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <link.h>
+#include <pthread.h>
 #include <sys/auxv.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <tuple>
 
@@ -420,6 +422,42 @@ void parse_elf(Elf *elf, uint64_t bias, Object &obj)
     obj.symbols = finish_symbols(std::move(raw));
 }
 
+// Objects a Registry of this process parsed, for the others: the core and the tracer keep
+// one each, and the second to refresh takes the first one's objects instead of parsing
+// the same files again (libc's table is about a megabyte with its names, and a fork()
+// copies the page tables of every one). Weak: an object goes with its last registry.
+std::mutex g_shared_mu;
+std::vector<std::weak_ptr<const Object>> g_shared; // under g_shared_mu
+
+void forget_shared_lock_after_fork()
+{
+    new (&g_shared_mu) std::mutex; // a thread that held it is not in the child
+}
+
+// A live object another registry made for this link-map entry, or null.
+std::shared_ptr<const Object> find_shared(const std::string &path, uint64_t bias, unsigned load_index,
+                                          bool main_program,
+                                          const std::vector<std::pair<uint64_t, uint64_t>> &exec_ranges)
+{
+    std::lock_guard lock(g_shared_mu);
+    for (const auto &weak : g_shared) {
+        std::shared_ptr<const Object> o = weak.lock();
+        if (o && o->path == path && o->bias == bias && o->load_index == load_index &&
+            o->main_program == main_program && o->exec_ranges == exec_ranges)
+            return o;
+    }
+    return nullptr;
+}
+
+void publish_shared(const std::shared_ptr<const Object> &obj)
+{
+    static std::once_flag once;
+    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, forget_shared_lock_after_fork); });
+    std::lock_guard lock(g_shared_mu);
+    std::erase_if(g_shared, [](const auto &weak) { return weak.expired(); });
+    g_shared.push_back(obj);
+}
+
 std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias)
 {
     ElfFile file;
@@ -696,6 +734,10 @@ void Registry::refresh()
                 continue;
             }
 
+            if (auto shared = find_shared(path, e.bias, static_cast<unsigned>(i), main_program, e.exec_ranges)) {
+                fresh.push_back(std::move(shared));
+                continue;
+            }
             std::shared_ptr<Object> obj;
             if (same != objects_.end())
                 obj = std::make_shared<Object>(**same); // moved in the link map only
@@ -711,6 +753,7 @@ void Registry::refresh()
             obj->main_program = main_program;
             obj->load_index = static_cast<unsigned>(i);
             obj->exec_ranges = std::move(e.exec_ranges);
+            publish_shared(obj);
             fresh.push_back(std::move(obj));
         }
         objects_ = std::move(fresh);

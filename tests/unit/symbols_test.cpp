@@ -156,6 +156,21 @@ TEST(symbols, RegistryRefreshReusesParsedObjects)
         EXPECT_EQ(r.objects()[i].get(), before[i].get()) << before[i]->path;
 }
 
+// Two registries of one process (the core's and the tracer's) share the objects the first
+// parsed, and only they hold them: once none does, an object goes.
+TEST(symbols, RegistriesShareParsedObjects)
+{
+    Registry &global = registry(); // this file's, parsed first
+    Registry second;
+    second.refresh();
+    ASSERT_EQ(second.objects().size(), global.objects().size());
+    for (size_t i = 0; i < global.objects().size(); ++i)
+        EXPECT_EQ(second.objects()[i].get(), global.objects()[i].get()) << global.objects()[i]->path;
+    EXPECT_EQ(global.objects().front().use_count(), 2) << "held by the two registries alone";
+    second = Registry();
+    EXPECT_EQ(global.objects().front().use_count(), 1);
+}
+
 TEST(symbols, ResolveOwnFunctions)
 {
     Registry &r = registry();
