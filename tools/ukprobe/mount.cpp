@@ -149,15 +149,18 @@ public:
     // A trace_pipe read by `reader` (on a connection of its own). One the agent formats
     // holds its thread: it waits until no other operation is under way. -EINTR when
     // `interrupted` says so while it waits for its turn.
+    // Asked before the first read too: a reader that had not mapped the ring yet waited
+    // at the gate, and a `cat trace` every 50 ms (a script waiting for the ring to empty)
+    // kept it there for good.
     template <typename Interrupted> Answer ask_pipe(TraceReader &reader, Interrupted interrupted) {
-        if (!reader.formats_locally()) {
-            std::unique_lock lock(gate_mu_);
-            while (active_ > 0 || std::chrono::steady_clock::now() - last_done_ < kPipeGrace) {
-                if (interrupted()) return {-EINTR, {}};
-                gate_cv_.wait_for(lock, kPipeRecheck);
-            }
-        }
         try {
+            if (!reader.will_format_locally()) {
+                std::unique_lock lock(gate_mu_);
+                while (active_ > 0 || std::chrono::steady_clock::now() - last_done_ < kPipeGrace) {
+                    if (interrupted()) return {-EINTR, {}};
+                    gate_cv_.wait_for(lock, kPipeRecheck);
+                }
+            }
             return {0, reader.pipe(kPipeWaitMs, 1 << 20)};
         } catch (const std::runtime_error &) {
             return {-ENODEV, {}};
