@@ -88,6 +88,14 @@ bool refuse_membarrier(int err) {
 
 bool optimized(const kprobe &kp) { return (__atomic_load_n(&kp.flags, __ATOMIC_RELAXED) & KPROBE_FLAG_OPTIMIZED) != 0; }
 
+// Registers kp (its symbol and handler set) and lets the optimizer put its jump in.
+// Callers wrap it in ASSERT_NO_FATAL_FAILURE.
+void register_on_jump_path(kprobe *kp) {
+    ASSERT_EQ(register_kprobe(kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(*kp));
+}
+
 template <typename Pred>
 bool wait_until(Pred pred, std::chrono::milliseconds limit = 10s) {
     const auto end = std::chrono::steady_clock::now() + limit;
@@ -138,9 +146,7 @@ TEST_F(Grace, UnregisterWaitsForAHandlerOnTheBreakpointPath) {
 TEST_F(Grace, UnregisterWaitsForAHandlerOnTheJumpPath) {
     ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
     kprobe kp = blocking_probe("ukpt_opt_work");
-    ASSERT_EQ(register_kprobe(&kp), 0);
-    ukp_optimizer_flush();
-    ASSERT_TRUE(optimized(kp));
+    ASSERT_NO_FATAL_FAILURE(register_on_jump_path(&kp));
     expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukpt_opt_work(4), (5 * 3) ^ 4); });
 }
 
@@ -151,9 +157,7 @@ TEST_F(Grace, UnregisterWaitsForAProvenHandlerOnTheJumpPath) {
     kprobe kp{};
     kp.symbol_name = "ukpt_opt_work";
     kp.pre_handler = proven_blocking_pre;
-    ASSERT_EQ(register_kprobe(&kp), 0);
-    ukp_optimizer_flush();
-    ASSERT_TRUE(optimized(kp));
+    ASSERT_NO_FATAL_FAILURE(register_on_jump_path(&kp));
     bool proven;
     {
         std::lock_guard lock(ukp::core::registry_mutex());
@@ -286,18 +290,14 @@ TEST_F(Grace, WithoutMembarrierTheSharedCountersServe) {
         expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
         ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
         kprobe jump = blocking_probe("ukpt_opt_work");
-        ASSERT_EQ(register_kprobe(&jump), 0);
-        ukp_optimizer_flush();
-        ASSERT_TRUE(optimized(jump));
+        ASSERT_NO_FATAL_FAILURE(register_on_jump_path(&jump));
         expect_unregister_waits_for_the_handler(&jump, [] { EXPECT_EQ(ukpt_opt_work(4), (5 * 3) ^ 4); });
         // A proven handler, which the trampoline would call itself for a thread with a slot
         // of its own: this thread has the shared counters' stand-in, so the dispatcher does.
         kprobe proven{};
         proven.symbol_name = "ukpt_opt_work";
         proven.pre_handler = proven_blocking_pre;
-        ASSERT_EQ(register_kprobe(&proven), 0);
-        ukp_optimizer_flush();
-        ASSERT_TRUE(optimized(proven));
+        ASSERT_NO_FATAL_FAILURE(register_on_jump_path(&proven));
         expect_unregister_waits_for_the_handler(&proven, [] {
             ukp::core::read_unlock(ukp::core::read_lock()); // the stand-in, not a slot
             EXPECT_EQ(ukpt_opt_work(3), (4 * 3) ^ 3);
