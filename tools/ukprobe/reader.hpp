@@ -56,9 +56,10 @@ public:
     uint64_t entries();
     // Whether the last read was formatted here (false: by the agent).
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
-    // Whether the next read will be formatted here: maps the ring first if the agent
-    // serves it (one quick request; it throws as pipe() does when the agent is gone).
-    bool will_format_locally() { return map_ring() && !agent_formats_; }
+    // Whether the next read will be formatted here: before the first read, maps the ring
+    // if the agent serves it (one quick request; it throws as pipe() does when the agent
+    // is gone).
+    bool will_format_locally() { return formats_locally() || (map_ring() && !agent_formats_); }
     // Unmaps the ring (a process that is gone: its memory goes once nobody maps it).
     void unmap();
     // The agent is gone (its process died, or exec'd): the ring mapped stays readable

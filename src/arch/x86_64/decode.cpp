@@ -78,17 +78,21 @@ bool has_prefix(const ZydisDecodedInstruction &zi, uint8_t byte) {
 
 Flow classify(const Insn &in, int rel) {
     const ZydisDecodedInstruction &zi = in.zi;
-    // Far transfers reload cs: nothing we can emulate from user space.
+    // Far transfers reload cs: nothing we can emulate from user space. An operand-size
+    // prefix (0x66) on a near branch is ignored by Intel's CPUs in 64-bit mode and honoured
+    // by AMD's (a 16-bit target, a 2-byte return address, a rel16 that changes the
+    // instruction's length): what a copy would do depends on the CPU.
     const bool far = zi.meta.branch_type == ZYDIS_BRANCH_TYPE_FAR;
+    const bool cpu_dependent = far || has_prefix(zi, 0x66);
     switch (zi.mnemonic) {
     case ZYDIS_MNEMONIC_JMP:
-        if (far) return Flow::kUnsupported;
+        if (cpu_dependent) return Flow::kUnsupported;
         return rel >= 0 ? Flow::kJump : Flow::kIndirectJump;
     case ZYDIS_MNEMONIC_CALL:
-        if (far) return Flow::kUnsupported;
+        if (cpu_dependent) return Flow::kUnsupported;
         return rel >= 0 ? Flow::kCall : Flow::kIndirectCall;
     case ZYDIS_MNEMONIC_RET:
-        return far ? Flow::kUnsupported : Flow::kRet;
+        return cpu_dependent ? Flow::kUnsupported : Flow::kRet;
     case ZYDIS_MNEMONIC_SYSCALL:
         return Flow::kSyscall;
     case ZYDIS_MNEMONIC_INT:
@@ -100,7 +104,7 @@ Flow classify(const Insn &in, int rel) {
         break;
     }
     if ((is_jcc(zi.mnemonic) || is_loop_or_jrcxz(zi.mnemonic)) && rel >= 0) {
-        return Flow::kCondJump;
+        return cpu_dependent ? Flow::kUnsupported : Flow::kCondJump;
     }
     // Anything else with a relative operand (xbegin) or that reads/writes rip
     // (int3, int1, sysenter, iret, sysret, uiret, ...) only works at its own address.
@@ -142,12 +146,6 @@ int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out) {
         }
     }
     in.flow = eip_relative ? Flow::kUnsupported : classify(in, rel);
-    // An operand-size prefix (0x66) on a near branch is ignored by Intel's CPUs in 64-bit
-    // mode, and honoured by AMD's (a 16-bit target, a 2-byte return address, a rel16 that
-    // changes the instruction's length): what the copy would do depends on the CPU.
-    const bool branch = in.flow == Flow::kJump || in.flow == Flow::kIndirectJump || in.flow == Flow::kCall ||
-                        in.flow == Flow::kIndirectCall || in.flow == Flow::kRet || in.flow == Flow::kCondJump;
-    if (branch && has_prefix(in.zi, 0x66)) in.flow = Flow::kUnsupported;
     *out = in;
     return 0;
 }
