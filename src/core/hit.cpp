@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved, pt_regs *at_hit);
-extern "C" void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs, int ext_saved); // kretprobe.cpp
+extern "C" void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs, int ext_saved); // kretprobe.cpp
 
 namespace ukp::core {
 

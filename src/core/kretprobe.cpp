@@ -367,12 +367,22 @@ std::vector<uint8_t> sled_eh_frame(RetPool *pool, Unwinder unwinder, size_t *fde
         // frame-identity check to trip: DW_CFA_def_cfa rsp, 0.
         for (uint8_t b : std::initializer_list<uint8_t>{0x0c, 7, 0}) u8(b);
     }
+    // The CFA's offset from rsp at a stub's entry: after its push, 8 more.
+    const uint8_t cfa_offset = unwinder == Unwinder::kLibgcc ? 8 : 0;
+    static_assert(arch::kRetStubSize - arch::kRetStubPushed < 64); // one-byte DW_CFA_advance_loc
     for (uint32_t i = 0; i < pool->count; ++i) {
-        if (i > 0) u8(0x40 | arch::kRetStubSize); // DW_CFA_advance_loc
+        if (i > 0) {
+            u8(0x40 | (arch::kRetStubSize - arch::kRetStubPushed)); // DW_CFA_advance_loc
+            u8(0x0e); // DW_CFA_def_cfa_offset
+            u8(cfa_offset);
+        }
         // DW_CFA_val_expression(rip, {DW_OP_addr &ret_addr; DW_OP_deref})
         for (uint8_t b : std::initializer_list<uint8_t>{0x16, 16, 10, 0x03}) u8(b);
         u64(reinterpret_cast<uint64_t>(&pool->at(i)->pub.ret_addr));
         u8(0x06);
+        u8(0x40 | arch::kRetStubPushed);
+        u8(0x0e);
+        u8(cfa_offset + 8);
     }
     pad(fde);
     set_len(fde);
@@ -410,9 +420,9 @@ RetPool *make_pool(kretprobe *rp) {
     pool->mem = static_cast<uint8_t *>(std::aligned_alloc(64, pool->count * pool->stride));
     if (pool->mem != nullptr) std::memset(pool->mem, 0, pool->count * pool->stride);
     // The stubs, then a copy of their unwind information within 32-bit offsets of them
-    // (for libunwind's search table): about 14 bytes a stub plus headers.
+    // (for libunwind's search table): 19 bytes a stub plus headers.
     const size_t stubs = pool->count * arch::kRetStubSize;
-    pool->sled_size = (stubs + pool->count * 16 + 128 + 4095) & ~size_t{4095};
+    pool->sled_size = (stubs + pool->count * 24 + 128 + 4095) & ~size_t{4095};
     pool->sled = text::alloc_code(pool->sled_size);
     if (pool->mem == nullptr || pool->sled == 0) {
         free_pool(pool);
@@ -535,14 +545,12 @@ using namespace ukp::core;
 // Called by ukp_kretprobe_trampoline when a probed function returned into a stub.
 // Without the vector state saved (ext_saved 0) when ukp_gpr_ret_dispatch is set (see
 // ukp_optprobe_dispatch in hit.cpp).
-extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(const uint64_t *literal, pt_regs *regs,
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs,
                                                                                   int ext_saved) {
     ThreadState &ts = thread_state();
     ++ts.depth;
     const unsigned idx = read_lock();
-    // The literal sits at an odd offset in its stub: read it without assuming alignment.
-    uint64_t ret_addr_field;
-    __builtin_memcpy(&ret_addr_field, literal, sizeof ret_addr_field);
+    // The stub pushed its literal: the address of its instance's pub.ret_addr.
     auto *ri = reinterpret_cast<RetInstance *>(ret_addr_field - offsetof(RetInstance, pub) -
                                                offsetof(kretprobe_instance, ret_addr));
     regs->ip = reinterpret_cast<uint64_t>(ri->pub.ret_addr);

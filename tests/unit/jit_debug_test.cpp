@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fcntl.h>
+#include <atomic>
 #include <fstream>
 #include <regex>
 #include <spawn.h>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -110,7 +112,18 @@ GdbRun g_run;
 
 } // namespace
 
+// GdbInsideTheReturnPathWalksToTheRealCaller: ukj_stop waits there for gdb to set g_go_on.
+std::atomic<bool> g_wait_in_stop{false}, g_waiting{false};
+extern "C" {
+volatile int g_go_on = 0;
+}
+
 extern "C" __attribute__((noinline, noipa)) void ukj_stop() {
+    if (g_wait_in_stop.load()) {
+        g_waiting = true;
+        while (g_go_on == 0) usleep(1000);
+        return;
+    }
     g_run = run_gdb_here();
     asm volatile("" ::: "memory");
 }
@@ -288,6 +301,53 @@ TEST(JitDebug, GdbThatStartedTheProgramLearnsAndForgetsEachSled) {
     const std::string first = run.output.substr(stop1, stop2 - stop1), second = run.output.substr(stop2);
     EXPECT_NE(first.find("ukp_kretprobe_stub.ukj_level"), std::string::npos) << "registered while gdb ran";
     EXPECT_EQ(second.find("ukp_kretprobe_stub.ukj_level"), std::string::npos) << "withdrawn at unregister";
+}
+
+// Stopped inside the return path, between the instructions that move the stack: in the
+// stub after its push, and at the return trampoline's last jump, which leaves through the
+// word where the stub's literal was. The CFI of both places leads to the real caller. A
+// thread waits below the probed frame while gdb attaches, sets its breakpoints and lets
+// it go on.
+TEST(JitDebug, GdbInsideTheReturnPathWalksToTheRealCaller) {
+    if (started_by_gdb()) return;
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukj_mid";
+    rp.maxactive = 1; // one stub: gdb's breakpoint on it is the one that runs
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    g_wait_in_stop = true;
+    g_waiting = false;
+    g_go_on = 0;
+    std::thread worker([] {
+        int r = ukj_top(0);
+        asm volatile("" : "+r"(r));
+    });
+    while (!g_waiting.load()) usleep(1000);
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    const GdbRun run = run_gdb({"-p", std::to_string(getpid()), "-ex",
+                                "break *((char *) 'ukp_kretprobe_stub.ukj_mid' + 7)", "-ex",
+                                "break ukp_kretprobe_trampoline_exit", "-ex", "set var g_go_on = 1", "-ex", "continue",
+                                "-ex", "echo STUB\\n", "-ex", "bt", "-ex", "continue", "-ex", "echo EXIT\\n", "-ex",
+                                "bt", "-ex", "delete", "-ex", "detach"});
+    g_go_on = 1; // if gdb did not
+    worker.join();
+    g_wait_in_stop = false;
+    unregister_kretprobe(&rp);
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    SCOPED_TRACE(run.output);
+    const size_t stub = run.output.find("STUB"), exit = run.output.find("EXIT");
+    ASSERT_NE(stub, std::string::npos);
+    ASSERT_NE(exit, std::string::npos);
+    const std::vector<std::string> at_stub = frame_functions(run.output.substr(stub, exit - stub));
+    const std::vector<std::string> at_exit = frame_functions(run.output.substr(exit));
+    // ukj_top's frame then leads on to the worker's lambda: its stack pointer was right.
+    ASSERT_GE(at_stub.size(), 3u);
+    EXPECT_EQ(at_stub[0], "ukp_kretprobe_stub.ukj_mid");
+    EXPECT_EQ(at_stub[1], "ukj_top") << "the stub's frame after its push";
+    EXPECT_EQ(at_stub[2], "operator");
+    ASSERT_GE(at_exit.size(), 3u);
+    EXPECT_EQ(at_exit[0], "ukp_kretprobe_trampoline");
+    EXPECT_EQ(at_exit[1], "ukj_top") << "the trampoline's frame at its last jump";
+    EXPECT_EQ(at_exit[2], "operator");
 }
 
 } // namespace

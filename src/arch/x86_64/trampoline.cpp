@@ -38,14 +38,17 @@ __attribute__((constructor)) void measure_extended_state() {
 namespace ukp::arch {
 
 void emit_ret_stub(uint64_t literal, uint8_t *out) {
-    // call *8(%rip): pushes dest + 7, the address of the literal, and calls through the
-    // second literal, so the stub works at any distance from the trampoline.
-    static constexpr uint8_t kCode[] = {0x90, 0xff, 0x15, 0x08, 0x00, 0x00, 0x00};
+    // push 9(%rip) pushes the first literal (at +16), jmp *11(%rip) goes through the
+    // second (at +24), so the stub works at any distance from the trampoline. No `call`:
+    // the trampoline leaves by a jump, and a call here would leave its return address on
+    // the CPU's return stack, to be mispredicted by the caller's own `ret`.
+    static constexpr uint8_t kCode[] = {0x90, 0xff, 0x35, 0x09, 0x00, 0x00, 0x00, 0xff, 0x25, 0x0b, 0x00, 0x00, 0x00};
+    static_assert(kRetStubSize >= 32 && kRetStubPushed == 7);
     const auto trampoline = reinterpret_cast<uint64_t>(&ukp_kretprobe_trampoline);
     std::memset(out, 0xcc, kRetStubSize);
     std::memcpy(out, kCode, sizeof kCode);
-    std::memcpy(out + 7, &literal, sizeof literal);
-    std::memcpy(out + 15, &trampoline, sizeof trampoline);
+    std::memcpy(out + 16, &literal, sizeof literal);
+    std::memcpy(out + 24, &trampoline, sizeof trampoline);
 }
 
 int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) {

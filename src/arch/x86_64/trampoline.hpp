@@ -47,11 +47,14 @@ void saving_vectors(F &&f) {
 int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap);
 
 // A kretprobe instance's return stub, kRetStubSize bytes at `dest`:
-//     nop ; call *trampoline(%rip) ; .quad literal ; .quad ukp_kretprobe_trampoline
+//     nop ; push literal(%rip) ; jmp *trampoline(%rip) ; int3 ... ;
+//     .quad literal (at +16) ; .quad ukp_kretprobe_trampoline (at +24)
 // A hijacked return address is dest + kRetStubEntry. The nop makes the byte before the
-// entry part of the stub, where unwinders look up a return address's frame.
+// entry part of the stub, where unwinders look up a return address's frame. From
+// dest + kRetStubPushed on, the literal is on the stack (the CFI's frame is 8 bytes larger).
 inline constexpr size_t kRetStubSize = 32;
 inline constexpr size_t kRetStubEntry = 1;
+inline constexpr size_t kRetStubPushed = 7;
 void emit_ret_stub(uint64_t literal, uint8_t *out);
 
 } // namespace ukp::arch

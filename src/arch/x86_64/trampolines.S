@@ -523,13 +523,20 @@ ukp_optprobe_fast_recovery:
         .size   ukp_optprobe_trampoline, .-ukp_optprobe_trampoline
 
 // The return trampoline of kretprobes. A hijacked return address points at an
-// instance's stub in its pool's sled:   call ukp_kretprobe_trampoline ; .quad &ret_addr
-// so on entry (%rsp) = the address of that literal, and the program's stack pointer,
-// after its function returned, is %rsp + 8. Below it is dead: the caller made a call,
-// so it keeps nothing in its red zone. The frame still goes 128 bytes lower, as in the
-// other trampolines: the word RESUME_PT_REGS resumes through (136 bytes below the sp the
-// handler leaves) then lies above the frame, or FRAME_BELOW_RESUME moves the frame when a
-// handler lowered sp.
+// instance's stub in its pool's sled:   push literal(%rip) ; jmp *trampoline(%rip)
+// so on entry (%rsp) = the literal, the address of the instance's ret_addr, and the
+// program's stack pointer, after its function returned, is %rsp + 8. Below it is dead:
+// the caller made a call, so it keeps nothing in its red zone. The frame still goes 128
+// bytes lower, as in the other trampolines: the word RESUME_PT_REGS resumes through (136
+// bytes below the sp the handler leaves) then lies above the frame, or
+// FRAME_BELOW_RESUME moves the frame when a handler lowered sp.
+//
+// When the handler left sp alone, it leaves by `jmp *-8(%rsp)` from the program's sp,
+// with the return address where the literal was: a signal arriving between the two steps
+// keeps off that word, the 128 bytes below a user stack pointer that the kernel skips.
+// The probed function's `ret` to the stub missed the return stack's prediction once; a
+// `ret` here would miss it again (the stub made no call), where the indirect jump is
+// predicted from its own history, and the return stack stays in step with the program.
         .globl  ukp_kretprobe_trampoline
         .hidden ukp_kretprobe_trampoline
         .type   ukp_kretprobe_trampoline, @function
@@ -538,13 +545,29 @@ ukp_kretprobe_trampoline:
         .cfi_startproc
         .cfi_def_cfa rsp, 8
         // For unwinders (a backtrace taken in a return handler), this frame returns to
-        // the instance's ret_addr: *(*(*(CFA - 8))), valid wherever the CFA lives.
-        // DW_CFA_val_expression(rip, 5 bytes: lit8 minus deref deref deref)
-        .cfi_escape 0x16, 0x10, 0x05, 0x38, 0x1c, 0x06, 0x06, 0x06
+        // the instance's ret_addr: *(*(CFA - 8)), valid wherever the CFA lives.
+        // DW_CFA_val_expression(rip, 4 bytes: lit8 minus deref deref)
+        .cfi_escape 0x16, 0x10, 0x04, 0x38, 0x1c, 0x06, 0x06
         lea     -128(%rsp), %rsp
         .cfi_adjust_cfa_offset 128
         SAVE_PT_REGS 136
         CALL_DISPATCH_GPR ukp_kretprobe_dispatch, FRAME+128, ukp_gpr_ret_dispatch
+        lea     FRAME+136(%rsp), %rax
+        cmp     RSP(%rsp), %rax
+        jne     .Lret_elsewhere
+        mov     RIP(%rsp), %rax
+        mov     %rax, FRAME+128(%rsp)   // over the literal, 8 below the program's sp
+        .cfi_remember_state
+        .cfi_offset rip, -8             // from here on, the frame returns through that word
+        RESTORE_FLAGS_AND_GPRS
+        lea     FRAME+136(%rsp), %rsp   // lea: the flags are the program's again
+        .cfi_adjust_cfa_offset -FRAME-136
+        .globl  ukp_kretprobe_trampoline_exit   // for tests: a debugger stops here
+        .hidden ukp_kretprobe_trampoline_exit
+ukp_kretprobe_trampoline_exit:
+        jmp     *-8(%rsp)
+        .cfi_restore_state
+.Lret_elsewhere:
         FRAME_BELOW_RESUME
         RESUME_PT_REGS
         .cfi_endproc
