@@ -100,6 +100,8 @@ void insert_site(uint64_t addr, Point *p);
 // membarrier, and for threads beyond the slots, two shared counters (SRCU-like).
 UKP_HOT unsigned read_lock();
 UKP_HOT void read_unlock(unsigned idx);
+// Ends a section that a trampoline's fast case began in the thread's own slot.
+void read_unlock_own_slot();
 // Waits until every read section begun before the call has ended. Returns false,
 // without waiting, when called from inside a probe handler.
 bool synchronize();

@@ -31,3 +31,22 @@
  * begins a section only at depth 0, leaves those threads to the dispatcher. */
 #define UKP_SECTION_DEPTH_MASK 0xffff
 #define UKP_SECTION_NEW 0x10001 /* one more outermost section, at depth 1 */
+
+/* The return trampoline's fast case (kretprobe.hpp): struct RetInstance, as the stub's
+ * literal (the address of its pub.ret_addr) finds it, its pool, and its kretprobe. */
+#define UKP_RI_RET_ADDR 40      /* offsetof(RetInstance, pub) + offsetof(kretprobe_instance, ret_addr) */
+#define UKP_RI_NEXT 0           /* RetInstance *next: the thread's list, most recent first */
+#define UKP_RI_POOL 8
+#define UKP_RI_INDEX 16
+#define UKP_RI_SHARD 20
+#define UKP_RI_STATE 24         /* std::atomic<int> state */
+#define UKP_RI_NEXT_FREE 28
+#define UKP_RI_PUB 32           /* kretprobe_instance pub: what handlers see */
+#define UKP_RI_FP 56            /* pub.fp: where its return address was */
+#define UKP_RI_FREE 0           /* RetInstance::kFree */
+#define UKP_RI_LIVE 1           /* RetInstance::kLive */
+#define UKP_POOL_RP 0           /* std::atomic<kretprobe *> rp: null once unregistered */
+#define UKP_POOL_HANDLER_GPR 89 /* bool handler_gpr_only */
+#define UKP_POOL_HANDLER_OWN 91 /* bool handler_own */
+#define UKP_POOL_SHARDS 128     /* Shard shards[], 64 bytes each: free_head first */
+#define UKP_RP_HANDLER 72       /* struct kretprobe: handler */

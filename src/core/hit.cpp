@@ -309,6 +309,7 @@ __attribute__((always_inline)) inline void read_unlock_here(unsigned idx) {
 
 unsigned read_lock() { return read_lock_here(); }
 void read_unlock(unsigned idx) { read_unlock_here(idx); }
+void read_unlock_own_slot() { read_unlock_here(kPrivateSection); }
 
 bool synchronize() {
     // From inside a handler this thread holds a section itself: waiting would never end.

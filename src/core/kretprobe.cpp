@@ -11,6 +11,7 @@
 #include "core/core.hpp"
 
 #include "arch/x86_64/trampoline.hpp"
+#include "core/fast_path.h"
 #include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
 #include "text/text.hpp"
@@ -38,9 +39,13 @@ void __deregister_frame(void *begin);
 
 namespace ukp::core {
 
+// This thread's instances in flight, newest first. Named for the return trampoline's fast
+// case (trampolines.S), which reads and updates it: external, hidden.
+__attribute__((visibility("hidden"))) thread_local RetInstance *t_ret_head __asm__("ukp_ret_head")
+    __attribute__((tls_model("initial-exec")));
+
 namespace {
 
-thread_local RetInstance *t_ret_head __attribute__((tls_model("initial-exec")));
 // This thread's kSuspect instances: released by the thread's exit, or by a longjmp or a
 // caught exception past them, or returned to after all.
 thread_local RetInstance *t_suspect_head __attribute__((tls_model("initial-exec")));
@@ -109,7 +114,7 @@ RetInstance *pool_pop(RetPool *pool) {
 
 void pool_push(RetInstance *ri) {
     RetPool *pool = ri->pool;
-    RetPool::Shard &sh = pool->shards[pool->shard_of(ri->index)];
+    RetPool::Shard &sh = pool->shards[ri->shard];
     ri->state.store(RetInstance::kFree, std::memory_order_relaxed);
     uint64_t head = sh.free_head.load(std::memory_order_relaxed);
     for (;;) {
@@ -434,6 +439,7 @@ RetPool *make_pool(kretprobe *rp) {
         new (ri) RetInstance{};
         ri->pool = pool;
         ri->index = i;
+        ri->shard = pool->shard_of(i);
         // Each shard's list in index order; its last instance ends it.
         const bool last = i + 1 == pool->count || pool->shard_of(i + 1) != pool->shard_of(i);
         ri->next_free.store(last ? 0 : i + 2, std::memory_order_relaxed);
@@ -579,6 +585,33 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispat
     read_unlock(idx);
     --ts.depth;
 }
+
+// Where ukp_kretprobe_trampoline's fast case goes when the return handler it called
+// faulted (on_fault, then ukp_optprobe_fast_recovery): the thread is inside its read
+// section at depth 1, ri already out of its list. As ukp_kretprobe_dispatch after a
+// guarded call that came back with -1: the miss is counted, the instance goes back, then
+// the depth and the section end. With the vector state saved.
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_fast_fault(RetInstance *ri) {
+    if (kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire); rp != nullptr) count_missed(&rp->kp);
+    pool_push(ri);
+    --thread_state().depth;
+    read_unlock_own_slot();
+}
+
+// The layout trampolines.S's return fast case assumes (fast_path.h).
+static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, ret_addr) == UKP_RI_RET_ADDR);
+static_assert(offsetof(RetInstance, next) == UKP_RI_NEXT && offsetof(RetInstance, pool) == UKP_RI_POOL &&
+              offsetof(RetInstance, index) == UKP_RI_INDEX && offsetof(RetInstance, shard) == UKP_RI_SHARD &&
+              offsetof(RetInstance, state) == UKP_RI_STATE && offsetof(RetInstance, next_free) == UKP_RI_NEXT_FREE &&
+              offsetof(RetInstance, pub) == UKP_RI_PUB &&
+              offsetof(RetInstance, pub) + offsetof(kretprobe_instance, fp) == UKP_RI_FP);
+static_assert(sizeof(std::atomic<int>) == 4 && sizeof(std::atomic<uint32_t>) == 4 &&
+              sizeof(std::atomic<uint64_t>) == 8);
+static_assert(RetInstance::kFree == UKP_RI_FREE && RetInstance::kLive == UKP_RI_LIVE);
+static_assert(offsetof(RetPool, rp) == UKP_POOL_RP && offsetof(RetPool, handler_gpr_only) == UKP_POOL_HANDLER_GPR &&
+              offsetof(RetPool, handler_own) == UKP_POOL_HANDLER_OWN && offsetof(RetPool, shards) == UKP_POOL_SHARDS &&
+              sizeof(RetPool::Shard) == 64 && offsetof(RetPool::Shard, free_head) == 0);
+static_assert(offsetof(kretprobe, handler) == UKP_RP_HANDLER);
 
 extern "C" {
 

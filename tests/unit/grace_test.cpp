@@ -108,7 +108,8 @@ bool wait_until(Pred pred, std::chrono::milliseconds limit = 10s) {
 
 // Starts `hit` on a thread whose handler blocks, then unregisters kp on another: the
 // unregistration must wait for the handler. Returns once everything has joined.
-void expect_unregister_waits_for_the_handler(kprobe *kp, void (*hit)()) {
+void expect_unregister_waits_for_the_handler(kprobe *kp, void (*hit)(),
+                                             void (*unregister)(kprobe *) = unregister_kprobe) {
     g_inside = false;
     g_release = false;
     g_left = false;
@@ -118,7 +119,7 @@ void expect_unregister_waits_for_the_handler(kprobe *kp, void (*hit)()) {
     std::atomic<bool> returned{false};
     bool left_at_return = false;
     std::thread writer([&] {
-        unregister_kprobe(kp);
+        unregister(kp);
         left_at_return = g_left.load();
         returned = true;
     });
@@ -169,6 +170,34 @@ TEST_F(Grace, UnregisterWaitsForAProvenHandlerOnTheJumpPath) {
         ukp::core::read_unlock(ukp::core::read_lock()); // claims the thread's slot
         EXPECT_EQ(ukpt_opt_work(3), (4 * 3) ^ 3);      // g_block is set: this one blocks
     });
+    EXPECT_EQ(g_hits.load(), 1);
+}
+
+// A kretprobe's return handler, proven, called by the return trampoline itself: its
+// read section holds unregister_kretprobe back too.
+int proven_blocking_ret(kretprobe_instance *, pt_regs *regs) {
+    return proven_blocking_pre(nullptr, regs);
+}
+
+TEST_F(Grace, UnregisterWaitsForAProvenReturnHandler) {
+    static kretprobe rp{};
+    rp = kretprobe{};
+    rp.kp.symbol_name = "ukg_work";
+    rp.handler = proven_blocking_ret;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    bool proven;
+    {
+        std::lock_guard lock(ukp::core::registry_mutex());
+        proven = ukp::core::handler_is_gpr_only(reinterpret_cast<const void *>(&proven_blocking_ret));
+    }
+    EXPECT_EQ(proven, !UKP_UNDER_ASAN);
+    expect_unregister_waits_for_the_handler(
+        &rp.kp,
+        [] {
+            ukp::core::read_unlock(ukp::core::read_lock()); // claims the thread's slot
+            EXPECT_EQ(ukg_work(1), 4);
+        },
+        [](kprobe *kp) { unregister_kretprobe(reinterpret_cast<kretprobe *>(kp)); });
     EXPECT_EQ(g_hits.load(), 1);
 }
 

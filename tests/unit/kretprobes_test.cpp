@@ -751,7 +751,56 @@ extern "C" NOIPA int ukr_jump(int depth, int setjmp_at, int mode) {
     return r + 1;
 }
 
+void *g_bjb[5];
+
+extern "C" NOIPA void ukr_bjump_leaf() { __builtin_longjmp(g_bjb, 1); }
+
+void *g_bjb_in[5];
+extern "C" NOIPA void ukr_bjump_in_leaf() { __builtin_longjmp(g_bjb_in, 1); }
+
+// Probed: ukr_bjump_in(1) calls ukr_bjump_in(0), which jumps back into it; returns 9.
+extern "C" NOIPA long ukr_bjump_in(long outer) {
+    if (outer == 0) ukr_bjump_in_leaf();
+    if (__builtin_setjmp(g_bjb_in) == 0) {
+        long r = ukr_bjump_in(0);
+        OPAQUE(r);
+        return r;
+    }
+    return 9;
+}
+
+// Probed: returns 7, or jumps back to bjump_driver's __builtin_setjmp.
+extern "C" NOIPA long ukr_bjump(long jump) {
+    if (jump != 0) ukr_bjump_leaf();
+    asm volatile("" ::: "memory");
+    return 7;
+}
+
 namespace {
+
+int g_returns = 0;
+int count_return(kretprobe_instance *, pt_regs *) {
+    __atomic_fetch_add(&g_returns, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+// Proven too: calls the function it probes, from its handler.
+long g_inner_result = 0;
+int calling_return(kretprobe_instance *, pt_regs *) {
+    __atomic_fetch_add(&g_returns, 1, __ATOMIC_RELAXED);
+    g_inner_result = ukr_square(3);
+    return 0;
+}
+
+// Calls ukr_bjump(jump) from the same stack depth each time: -1 if it jumped back.
+NOIPA long bjump_driver(long jump) {
+    if (__builtin_setjmp(g_bjb) == 0) {
+        long r = ukr_bjump(jump);
+        OPAQUE(r);
+        return r;
+    }
+    return -1;
+}
 
 // Jumps out of depth + 1 probed frames to a target here; returns the value delivered.
 NOIPA int jump_out(int depth, int mode) {
@@ -805,6 +854,48 @@ TEST_F(KretprobesTest, LongjmpOutOfProbedFrames) {
         EXPECT_EQ(rp.ukp_unwound, 3ul * kIterations);
         unregister_kretprobe(&rp);
     }
+}
+
+// A jump out of a probed frame that the agent does not see (GCC's __builtin_longjmp is
+// inlined: no libc call to hook). The frame's instance stays in the thread's list until
+// the next return of a frame at the same place finds it there, dead, and counts it
+// unwound (quarantined as a suspect, in case that was a guess). That return takes the
+// dispatcher's path, not the return trampoline's fast case, which would leave it there.
+TEST_F(KretprobesTest, AJumpTheAgentDoesNotSeeIsFoundAtTheNextReturn) {
+    constexpr int kIterations = 50;
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukr_bjump";
+    rp.handler = count_return; // proven to leave the vector state alone: the fast case may take it
+    rp.maxactive = 2 * kIterations + 2; // suspects are not reused
+    g_returns = 0;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    int jumped = 0, returned = 0;
+    for (int i = 0; i < kIterations; ++i) {
+        jumped += bjump_driver(1) == -1;
+        returned += bjump_driver(0) == 7;
+    }
+    EXPECT_EQ(jumped, kIterations);
+    EXPECT_EQ(returned, kIterations);
+    EXPECT_EQ(rp.nmissed, 0);
+    EXPECT_EQ(rp.ukp_unwound, static_cast<unsigned long>(kIterations)) << "each jumped-over frame found";
+    EXPECT_EQ(g_returns, kIterations);
+    unregister_kretprobe(&rp);
+
+    // Out of a probed frame into another one: when the outer frame returns, the inner
+    // one's instance is the newest of the thread's list, above it.
+    rp = kretprobe{};
+    rp.kp.symbol_name = "ukr_bjump_in";
+    rp.handler = count_return;
+    rp.maxactive = 2 * kIterations + 2;
+    g_returns = 0;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    int nines = 0;
+    for (int i = 0; i < kIterations; ++i) nines += ukr_bjump_in(1) == 9;
+    EXPECT_EQ(nines, kIterations);
+    EXPECT_EQ(rp.nmissed, 0);
+    EXPECT_EQ(rp.ukp_unwound, static_cast<unsigned long>(kIterations)) << "each inner frame found";
+    EXPECT_EQ(g_returns, kIterations) << "the outer frames' returns";
+    unregister_kretprobe(&rp);
 }
 
 TEST_F(KretprobesTest, LongjmpToATargetInsideProbedRecursion) {
@@ -1020,6 +1111,60 @@ std::thread call_blocked_inside(long *result) {
     std::thread t([result] { *result = ukr_block(5); });
     while (g_block_inside.load() == 0) usleep(200);
     return t;
+}
+
+// The return trampoline's fast case: a handler proven to leave the vector state alone
+// (count_return) is called from the trampoline, the instance taken off the thread's list
+// and given back there. Recursion in LIFO order, threads at once with exactly maxactive
+// instances, a handler entered with nothing of its own to release, and no handler once
+// the probe is unregistered with calls still inside.
+TEST_F(KretprobesTest, TheReturnFastCase) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukr_rec";
+    rp.handler = count_return;
+    rp.maxactive = 4 * 11; // four threads, 11 frames each
+    g_returns = 0;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(ukr_rec(10), 10);
+    EXPECT_EQ(g_returns, 1100);
+    std::vector<std::thread> threads;
+    std::atomic<int> wrong{0};
+    for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&] {
+            for (int i = 0; i < 2000; ++i) wrong += ukr_rec(10) != 10;
+        });
+    for (auto &t : threads) t.join();
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(rp.nmissed, 0) << "every instance went back to the pool at its return";
+    EXPECT_EQ(g_returns, 1100 + 4 * 2000 * 11);
+    EXPECT_EQ(rp.ukp_unwound, 0u);
+    unregister_kretprobe(&rp);
+
+    // A call of the probed function from the handler is not probed, and counts a miss.
+    kretprobe calling{};
+    calling.kp.symbol_name = "ukr_square";
+    calling.handler = calling_return;
+    g_returns = 0;
+    ASSERT_EQ(register_kretprobe(&calling), 0);
+    EXPECT_EQ(ukr_square(2), 4);
+    EXPECT_EQ(g_inner_result, 9);
+    EXPECT_EQ(g_returns, 1);
+    EXPECT_EQ(calling.kp.nmissed, 1ul) << "the inner entry, hit inside a handler";
+    EXPECT_EQ(calling.nmissed, 0);
+    unregister_kretprobe(&calling);
+
+    kretprobe blocked{};
+    blocked.kp.symbol_name = "ukr_block";
+    blocked.handler = count_return;
+    g_returns = 0;
+    ASSERT_EQ(register_kretprobe(&blocked), 0);
+    long result = 0;
+    std::thread t = call_blocked_inside(&result);
+    unregister_kretprobe(&blocked);
+    g_block_release = 1;
+    t.join();
+    EXPECT_EQ(result, 506);
+    EXPECT_EQ(g_returns, 0) << "no handler after unregister_kretprobe";
 }
 
 TEST_F(KretprobesTest, UnregisterWhileAThreadIsInsideTheFunction) {

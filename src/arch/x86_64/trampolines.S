@@ -495,7 +495,9 @@ ukp_optprobe_trampoline:
         .globl  ukp_optprobe_fast_recovery
         .hidden ukp_optprobe_fast_recovery
 ukp_optprobe_fast_recovery:
-        mov     RESUME(%rsp), %r8               // the probe whose handler faulted
+        mov     RESUME(%rsp), %r8               // the probe whose handler faulted, or
+        test    $1, %r8b                        // the return trampoline's instance + 1
+        jnz     .Lret_fast_recovery
         CALL_DISPATCH ukp_optprobe_fast_fault, FRAME+8
         jmp     .Lopt_dispatched
 .Lopt_fast_declined:
@@ -551,7 +553,112 @@ ukp_kretprobe_trampoline:
         lea     -128(%rsp), %rsp
         .cfi_adjust_cfa_offset 128
         SAVE_PT_REGS 136
+        // The fast case (fast_path.h): the thread runs no handler and no agent work, has a
+        // reader slot of its own outside any section, and its instance is the newest of its
+        // list with the next older one's frame above it (nothing for ukp_kretprobe_dispatch
+        // to release as unwound); the kretprobe is registered and its handler, if any, is
+        // proven to leave the vector state alone. Then the instance is taken off the list,
+        // the handler called, and the instance given back from here, with this frame as
+        // the recovery point for a user's handler (ukp_optprobe_fast_recovery, tagged by
+        // bit 0 of RESUME). Callee-saved: r12 the thread's state (an %fs offset), r13 its
+        // slot, r14 the instance, r15 the slot's word once the section ends.
+        mov     FRAME+128(%rsp), %r14
+        sub     $UKP_RI_RET_ADDR, %r14          // the stub's literal: &ri->pub.ret_addr
+        mov     ukp_thread_state@gottpoff(%rip), %r12
+        cmpq    $0, %fs:UKP_TS_DEPTH(%r12)      // depth and quiet
+        jne     .Lret_dispatch
+        mov     %fs:UKP_TS_READER(%r12), %r13
+        test    %r13, %r13
+        jz      .Lret_dispatch
+        mov     (%r13), %r15
+        test    $UKP_SECTION_DEPTH_MASK, %r15d
+        jnz     .Lret_dispatch
+        mov     ukp_ret_head@gottpoff(%rip), %rax
+        cmp     %fs:(%rax), %r14                // the thread's newest instance
+        jne     .Lret_dispatch
+        cmpl    $UKP_RI_LIVE, UKP_RI_STATE(%r14)
+        jne     .Lret_dispatch
+        mov     UKP_RI_NEXT(%r14), %rax
+        test    %rax, %rax
+        jz      .Lret_list_ok
+        cmpl    $UKP_RI_LIVE, UKP_RI_STATE(%rax)
+        jne     .Lret_dispatch
+        mov     UKP_RI_FP(%rax), %rcx           // the next older frame lies above: live
+        cmp     UKP_RI_FP(%r14), %rcx
+        jbe     .Lret_dispatch
+.Lret_list_ok:
+        lea     UKP_SECTION_NEW(%r15), %rax
+        add     $UKP_SECTION_NEW-1, %r15        // the word once the section is over
+        mov     %rax, (%r13)                    // the read section begins
+        cmpb    $0, ukp_handlers_silenced(%rip)
+        jne     .Lret_fast_declined
+        mov     UKP_RI_POOL(%r14), %rcx
+        mov     UKP_POOL_RP(%rcx), %rdx         // null once unregistered
+        test    %rdx, %rdx
+        jz      .Lret_fast_declined
+        mov     UKP_RP_HANDLER(%rdx), %rax
+        test    %rax, %rax
+        jz      .Lret_fast_take
+        cmpb    $0, UKP_POOL_HANDLER_GPR(%rcx)
+        je      .Lret_fast_declined
+.Lret_fast_take:
+        mov     UKP_RI_NEXT(%r14), %rdx         // off the thread's list
+        mov     ukp_ret_head@gottpoff(%rip), %rsi
+        mov     %rdx, %fs:(%rsi)
+        mov     UKP_RI_PUB+8(%r14), %rdx        // regs->ip: the real return address
+        mov     %rdx, RIP(%rsp)
+        test    %rax, %rax
+        jz      .Lret_fast_release
+        movl    $1, %fs:UKP_TS_DEPTH(%r12)
+        cmpb    $0, UKP_POOL_HANDLER_OWN(%rcx)
+        jne     .Lret_fast_call
+        mov     %rsp, %fs:UKP_TS_FAST_FRAME(%r12)
+        lea     1(%r14), %rdx
+        mov     %rdx, RESUME(%rsp)              // for .Lret_fast_recovery
+.Lret_fast_call:
+        lea     UKP_RI_PUB(%r14), %rdi          // struct kretprobe_instance *
+        mov     %rsp, %rsi                      // struct pt_regs *
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        and     $-16, %rsp
+        call    *%rax
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        movl    $0, %fs:UKP_TS_DEPTH(%r12)
+        movq    $0, %fs:UKP_TS_FAST_FRAME(%r12)
+.Lret_fast_release:                             // back to its shard's free list
+        mov     UKP_RI_POOL(%r14), %rcx
+        mov     UKP_RI_SHARD(%r14), %eax
+        shl     $6, %eax
+        lea     UKP_POOL_SHARDS(%rcx,%rax), %rsi
+        movl    $UKP_RI_FREE, UKP_RI_STATE(%r14)
+        mov     UKP_RI_INDEX(%r14), %edi
+        inc     %edi                            // the list's link: index + 1
+        mov     (%rsi), %rax
+.Lret_push:
+        mov     %eax, UKP_RI_NEXT_FREE(%r14)
+        mov     %rax, %rdx
+        shr     $32, %rdx
+        inc     %rdx                            // a new tag in the high half
+        shl     $32, %rdx
+        or      %rdi, %rdx
+        lock cmpxchg %rdx, (%rsi)
+        jne     .Lret_push
+        mov     %r15, (%r13)                    // the section ends
+        jmp     .Lret_dispatched
+.Lret_fast_recovery:                            // from ukp_optprobe_fast_recovery
+        lea     -1(%r8), %rdi                   // the instance
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        SAVED_VECTOR_CALL ukp_kretprobe_fast_fault
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        jmp     .Lret_dispatched
+.Lret_fast_declined:
+        mov     %r15, (%r13)                    // the section ends unused
+.Lret_dispatch:
         CALL_DISPATCH_GPR ukp_kretprobe_dispatch, FRAME+128, ukp_gpr_ret_dispatch
+.Lret_dispatched:
         lea     FRAME+136(%rsp), %rax
         cmp     RSP(%rsp), %rax
         jne     .Lret_elsewhere
