@@ -1,8 +1,9 @@
 // Cost of a trace event hit against the bare probe hit, in one run: a direct call of the
 // probed function, a kprobe with an empty pre_handler (`bare`), and kprobe events on the
 // same function recording 0 arguments, 4 register arguments, and 4 arguments of which
-// one is a string and one a dereference. Every event hit writes its record into the ring
-// buffer (tracing on, no filter). Ratios to `bare` are printed at the end.
+// one is a string and one a dereference; and a return event (`r:`) with the return value.
+// Every event hit writes its record into the ring buffer (tracing on, no filter). Ratios
+// to `bare` are printed at the end.
 //
 // These VMs change speed within minutes, so unless told otherwise the run repeats each
 // benchmark 5 times in random order (Google Benchmark's random interleaving), and the
@@ -75,6 +76,8 @@ void BM_Event4Regs(benchmark::State &state) {
 void BM_Event4StringDeref(benchmark::State &state) {
     run_event(state, "e4s", "p:e4s utb_target a=%di s=+0(%si):string v=+0(%dx):s64 d=%cx");
 }
+// A return event: the kretprobe's entry and its return through the return trampoline.
+void BM_ReturnEvent(benchmark::State &state) { run_event(state, "rv", "r:rv utb_target ret=$retval"); }
 
 // The bare probe and the 4-register event with two threads hitting at once, one per CPU
 // here: what their hits share. The first thread sets up before the timed loop and tears
@@ -124,6 +127,7 @@ BENCHMARK(BM_BareProbe);
 BENCHMARK(BM_Event0);
 BENCHMARK(BM_Event4Regs);
 BENCHMARK(BM_Event4StringDeref);
+BENCHMARK(BM_ReturnEvent);
 BENCHMARK(BM_BareProbe_TwoThreads)->Threads(2);
 BENCHMARK(BM_Event4Regs_TwoThreads)->Threads(2);
 
@@ -171,7 +175,7 @@ int main(int argc, char **argv) {
     const double bare = rep.ns["BM_BareProbe"];
     if (bare > 0) {
         std::printf("\nratio to the bare probe hit, fastest repetitions (direct call subtracted from neither):\n");
-        for (const char *n : {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref"})
+        for (const char *n : {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent"})
             std::printf("  %-22s %6.2fx\n", n, rep.ns[n] / bare);
     }
     benchmark::Shutdown();
