@@ -1,7 +1,7 @@
 // Return probes (kprobes.rst, "Return Probes").
 //
 // On entry the return address is saved in an instance and replaced by the address of
-// that instance's stub in its pool's sled; the stub calls the return trampoline, which
+// that instance's stub in its pool's sled; the stub jumps to the return trampoline, which
 // runs the handler and resumes at the real return address. The stub tells which
 // instance returned, so pairing needs no search; DWARF CFI registered for the sled (with
 // libgcc, libunwind, and debuggers through GDB's JIT interface) lets unwinders (C++
@@ -548,8 +548,8 @@ char probe_type(const kprobe *p) {
 
 using namespace ukp::core;
 
-// Called by ukp_kretprobe_trampoline when a probed function returned into a stub.
-// Without the vector state saved (ext_saved 0) when ukp_gpr_ret_dispatch is set (see
+// Called by ukp_kretprobe_trampoline when a probed function returned into a stub, and
+// its fast case (trampolines.S) did not take the return. Without the vector state saved (ext_saved 0) when ukp_gpr_ret_dispatch is set (see
 // ukp_optprobe_dispatch in hit.cpp).
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs,
                                                                                   int ext_saved) {
