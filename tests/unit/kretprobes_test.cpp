@@ -792,6 +792,16 @@ int calling_return(kretprobe_instance *, pt_regs *) {
     return 0;
 }
 
+// A kretprobe on `sym` with a return handler only; g_returns starts again from 0.
+kretprobe handler_only_rp(const char *sym, kretprobe_handler_t handler, int maxactive = 0) {
+    kretprobe rp{};
+    rp.kp.symbol_name = sym;
+    rp.handler = handler;
+    rp.maxactive = maxactive;
+    g_returns = 0;
+    return rp;
+}
+
 // Calls ukr_bjump(jump) from the same stack depth each time: -1 if it jumped back.
 NOIPA long bjump_driver(long jump) {
     if (__builtin_setjmp(g_bjb) == 0) {
@@ -863,11 +873,8 @@ TEST_F(KretprobesTest, LongjmpOutOfProbedFrames) {
 // dispatcher's path, not the return trampoline's fast case, which would leave it there.
 TEST_F(KretprobesTest, AJumpTheAgentDoesNotSeeIsFoundAtTheNextReturn) {
     constexpr int kIterations = 50;
-    kretprobe rp{};
-    rp.kp.symbol_name = "ukr_bjump";
-    rp.handler = count_return; // proven to leave the vector state alone: the fast case may take it
-    rp.maxactive = 2 * kIterations + 2; // suspects are not reused
-    g_returns = 0;
+    // count_return is proven to leave the vector state alone: the fast case may take it.
+    kretprobe rp = handler_only_rp("ukr_bjump", count_return, 2 * kIterations + 2); // suspects are not reused
     ASSERT_EQ(register_kretprobe(&rp), 0);
     int jumped = 0, returned = 0;
     for (int i = 0; i < kIterations; ++i) {
@@ -883,11 +890,7 @@ TEST_F(KretprobesTest, AJumpTheAgentDoesNotSeeIsFoundAtTheNextReturn) {
 
     // Out of a probed frame into another one: when the outer frame returns, the inner
     // one's instance is the newest of the thread's list, above it.
-    rp = kretprobe{};
-    rp.kp.symbol_name = "ukr_bjump_in";
-    rp.handler = count_return;
-    rp.maxactive = 2 * kIterations + 2;
-    g_returns = 0;
+    rp = handler_only_rp("ukr_bjump_in", count_return, 2 * kIterations + 2);
     ASSERT_EQ(register_kretprobe(&rp), 0);
     int nines = 0;
     for (int i = 0; i < kIterations; ++i) nines += ukr_bjump_in(1) == 9;
@@ -1119,11 +1122,7 @@ std::thread call_blocked_inside(long *result) {
 // instances, a handler entered with nothing of its own to release, and no handler once
 // the probe is unregistered with calls still inside.
 TEST_F(KretprobesTest, TheReturnFastCase) {
-    kretprobe rp{};
-    rp.kp.symbol_name = "ukr_rec";
-    rp.handler = count_return;
-    rp.maxactive = 4 * 11; // four threads, 11 frames each
-    g_returns = 0;
+    kretprobe rp = handler_only_rp("ukr_rec", count_return, 4 * 11); // four threads, 11 frames each
     ASSERT_EQ(register_kretprobe(&rp), 0);
     for (int i = 0; i < 100; ++i) ASSERT_EQ(ukr_rec(10), 10);
     EXPECT_EQ(g_returns, 1100);
@@ -1141,10 +1140,7 @@ TEST_F(KretprobesTest, TheReturnFastCase) {
     unregister_kretprobe(&rp);
 
     // A call of the probed function from the handler is not probed, and counts a miss.
-    kretprobe calling{};
-    calling.kp.symbol_name = "ukr_square";
-    calling.handler = calling_return;
-    g_returns = 0;
+    kretprobe calling = handler_only_rp("ukr_square", calling_return);
     ASSERT_EQ(register_kretprobe(&calling), 0);
     EXPECT_EQ(ukr_square(2), 4);
     EXPECT_EQ(g_inner_result, 9);
@@ -1153,10 +1149,7 @@ TEST_F(KretprobesTest, TheReturnFastCase) {
     EXPECT_EQ(calling.nmissed, 0);
     unregister_kretprobe(&calling);
 
-    kretprobe blocked{};
-    blocked.kp.symbol_name = "ukr_block";
-    blocked.handler = count_return;
-    g_returns = 0;
+    kretprobe blocked = handler_only_rp("ukr_block", count_return);
     ASSERT_EQ(register_kretprobe(&blocked), 0);
     long result = 0;
     std::thread t = call_blocked_inside(&result);

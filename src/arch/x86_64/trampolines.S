@@ -290,6 +290,28 @@
 .Lcalled\@:
         .endm
 
+// The fast cases' call of the handler at *%rax, its first argument in rdi and the
+// pt_regs frame at %rsp its second, at depth 1 (r12: the thread's state, as an %fs
+// offset). Unless ZF is set (the agent's own handler, called as it is), with the frame
+// as the thread's recovery point (ThreadState::fast_frame) and \resume in its RESUME
+// slot, for the recovery code to know what faulted. rbx keeps the frame across the call.
+        .macro  FAST_HANDLER_CALL resume
+        movl    $1, %fs:UKP_TS_DEPTH(%r12)
+        jz      .Lunguarded\@
+        mov     %rsp, %fs:UKP_TS_FAST_FRAME(%r12)
+        mov     \resume, RESUME(%rsp)
+.Lunguarded\@:
+        mov     %rsp, %rsi                      // struct pt_regs *
+        mov     %rsp, %rbx
+        .cfi_def_cfa_register rbx
+        and     $-16, %rsp
+        call    *%rax
+        mov     %rbx, %rsp
+        .cfi_def_cfa_register rsp
+        movl    $0, %fs:UKP_TS_DEPTH(%r12)
+        movq    $0, %fs:UKP_TS_FAST_FRAME(%r12)
+        .endm
+
 // Resumes the program from the pt_regs frame at %rsp.
         .macro  RESUME_PT_REGS
         mov     RSP(%rsp), %rax         // new sp, as the handlers left it
@@ -453,21 +475,8 @@ ukp_optprobe_trampoline:
         mov     UKP_PT_ADDR(%r14), %rdx
         inc     %rdx
         mov     %rdx, RIP(%rsp)                 // regs->ip: the probe address + 1
-        movl    $1, %fs:UKP_TS_DEPTH(%r12)
         cmp     $UKP_FAST_OWN, %ecx
-        je      .Lopt_fast_call
-        mov     %rsp, %fs:UKP_TS_FAST_FRAME(%r12)
-        mov     %rdi, RESUME(%rsp)              // for ukp_optprobe_fast_fault
-.Lopt_fast_call:
-        mov     %rsp, %rsi                      // struct pt_regs *
-        mov     %rsp, %rbx
-        .cfi_def_cfa_register rbx
-        and     $-16, %rsp
-        call    *%rax
-        mov     %rbx, %rsp
-        .cfi_def_cfa_register rsp
-        movl    $0, %fs:UKP_TS_DEPTH(%r12)
-        movq    $0, %fs:UKP_TS_FAST_FRAME(%r12)
+        FAST_HANDLER_CALL %rdi                  // RESUME: the probe, for ukp_optprobe_fast_fault
         mov     %r15, (%r13)                    // the section ends (a signal handler's own,
         test    %eax, %eax                      // inside it, ended before it returned)
         jnz     .Lopt_fast_answered
@@ -609,23 +618,10 @@ ukp_kretprobe_trampoline:
         mov     %rdx, RIP(%rsp)
         test    %rax, %rax
         jz      .Lret_fast_release
-        movl    $1, %fs:UKP_TS_DEPTH(%r12)
-        cmpb    $0, UKP_POOL_HANDLER_OWN(%rcx)
-        jne     .Lret_fast_call
-        mov     %rsp, %fs:UKP_TS_FAST_FRAME(%r12)
-        lea     1(%r14), %rdx
-        mov     %rdx, RESUME(%rsp)              // for .Lret_fast_recovery
-.Lret_fast_call:
         lea     UKP_RI_PUB(%r14), %rdi          // struct kretprobe_instance *
-        mov     %rsp, %rsi                      // struct pt_regs *
-        mov     %rsp, %rbx
-        .cfi_def_cfa_register rbx
-        and     $-16, %rsp
-        call    *%rax
-        mov     %rbx, %rsp
-        .cfi_def_cfa_register rsp
-        movl    $0, %fs:UKP_TS_DEPTH(%r12)
-        movq    $0, %fs:UKP_TS_FAST_FRAME(%r12)
+        lea     1(%r14), %rdx                   // RESUME: the instance + 1, for .Lret_fast_recovery
+        cmpb    $1, UKP_POOL_HANDLER_OWN(%rcx)
+        FAST_HANDLER_CALL %rdx
 .Lret_fast_release:                             // back to its shard's free list
         mov     UKP_RI_POOL(%r14), %rcx
         mov     UKP_RI_SHARD(%r14), %eax
