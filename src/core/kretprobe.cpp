@@ -549,10 +549,10 @@ char probe_type(const kprobe *p) {
 using namespace ukp::core;
 
 // Called by ukp_kretprobe_trampoline when a probed function returned into a stub, and
-// its fast case (trampolines.S) did not take the return. Without the vector state saved (ext_saved 0) when ukp_gpr_ret_dispatch is set (see
-// ukp_optprobe_dispatch in hit.cpp).
-extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs,
-                                                                                  int ext_saved) {
+// its fast case (trampolines.S) did not take the return. Without the vector state saved
+// (ext_saved 0) when ukp_gpr_ret_dispatch is set (see ukp_optprobe_dispatch in hit.cpp).
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(uint64_t ret_addr_field,
+                                                                                  pt_regs *regs, int ext_saved) {
     ThreadState &ts = thread_state();
     ++ts.depth;
     const unsigned idx = read_lock();
