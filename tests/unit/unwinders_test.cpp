@@ -23,6 +23,8 @@ using UnwGetReg = int (*)(void *, int, uint64_t *);
 UnwGetContext g_unw_getcontext;
 UnwInitLocal g_unw_init_local;
 UnwGetReg g_unw_get_reg;
+using UnwInitLocal2 = int (*)(void *, ucontext_t *, int);
+UnwInitLocal2 g_unw_init_local2; // libunwind 1.3 and later
 bool g_use_step; // walk with unw_step instead of unw_backtrace
 
 struct Trace {
@@ -68,7 +70,40 @@ extern "C" __attribute__((noinline, noipa)) int ukw_level(int depth, Trace *t) {
     return r + 1;
 }
 
+// ukw_stub_step: a hijacked function that steps libunwind once from inside its own
+// return stub, after the stub's push, with a context made up for that instant.
+void *g_entry_ret_addr;   // the real return address, as the kretprobe's entry saw it
+void *g_stepped_ip, *g_stepped_sp;
+uint64_t g_fake_sp;       // the stack pointer of the made-up context
+
+extern "C" __attribute__((noinline, noipa)) int ukw_stub_step() {
+    // The stub's entry is the hijacked return address; its push is 6 bytes on.
+    const auto entry = reinterpret_cast<uint64_t>(__builtin_return_address(0));
+    alignas(16) uint64_t stack[4] = {0, 0, 0, 0}; // the pushed literal at stack[0]
+    ucontext_t context;
+    if (g_unw_getcontext(&context) != 0) return -1;
+    context.uc_mcontext.gregs[REG_RIP] = static_cast<greg_t>(entry + 6);
+    context.uc_mcontext.gregs[REG_RSP] = static_cast<greg_t>(reinterpret_cast<uint64_t>(stack));
+    g_fake_sp = reinterpret_cast<uint64_t>(stack);
+    alignas(16) uint64_t cursor[127];
+    uint64_t ip = 0, sp = 0;
+    // As for a thread a signal stopped there (UNW_INIT_SIGNAL_FRAME): the row of the pc
+    // itself, not of the instruction before it, as for a return address.
+    if (g_unw_init_local2 == nullptr || g_unw_init_local2(cursor, &context, 1) != 0 || _ULx86_64_step(cursor) <= 0 ||
+        g_unw_get_reg(cursor, 16, &ip) != 0 || g_unw_get_reg(cursor, 7, &sp) != 0) // UNW_REG_IP, RSP
+        return -2;
+    g_stepped_ip = reinterpret_cast<void *>(ip);
+    g_stepped_sp = reinterpret_cast<void *>(sp);
+    asm volatile("" ::: "memory");
+    return 1;
+}
+
 namespace {
+
+int save_entry_ret_addr(kretprobe_instance *ri, pt_regs *) {
+    g_entry_ret_addr = ri->ret_addr;
+    return 0;
+}
 
 // One call instruction for both runs, so that every return address can be the same.
 __attribute__((noinline, noipa)) void take(Trace *t, kretprobe *rp) {
@@ -97,6 +132,7 @@ bool load_libunwind() {
     g_unw_getcontext = reinterpret_cast<UnwGetContext>(dlsym(lib, "_Ux86_64_getcontext"));
     g_unw_init_local = reinterpret_cast<UnwInitLocal>(dlsym(lib, "_ULx86_64_init_local"));
     g_unw_get_reg = reinterpret_cast<UnwGetReg>(dlsym(lib, "_ULx86_64_get_reg"));
+    g_unw_init_local2 = reinterpret_cast<UnwInitLocal2>(dlsym(lib, "_ULx86_64_init_local2"));
     return g_unw_getcontext != nullptr && g_unw_init_local != nullptr && g_unw_get_reg != nullptr;
 }
 
@@ -134,6 +170,25 @@ TEST(Unwinders, LibunwindStepWalksFromHijackedFramesToTheRealCallers) {
     if (!load_libunwind()) GTEST_SKIP() << "libunwind.so.8 is not installed";
     g_use_step = true;
     expect_no_stub_frames();
+}
+
+// The sled's unwind information for libunwind at a stub's second instruction, after its
+// push: the caller's pc is the instance's real return address, its sp the one before the
+// push.
+TEST(Unwinders, LibunwindStepsFromAStubAfterItsPush) {
+    if (!load_libunwind()) GTEST_SKIP() << "libunwind.so.8 is not installed";
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukw_stub_step";
+    rp.entry_handler = save_entry_ret_addr;
+    rp.maxactive = 2;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    g_entry_ret_addr = g_stepped_ip = g_stepped_sp = nullptr;
+    const int r = ukw_stub_step();
+    unregister_kretprobe(&rp);
+    ASSERT_EQ(r, 1) << "libunwind stepped";
+    ASSERT_NE(g_entry_ret_addr, nullptr);
+    EXPECT_EQ(g_stepped_ip, g_entry_ret_addr) << "the caller's pc: the instance's real return address";
+    EXPECT_EQ(reinterpret_cast<uint64_t>(g_stepped_sp), g_fake_sp + 8) << "the caller's sp: above the pushed literal";
 }
 
 } // namespace
