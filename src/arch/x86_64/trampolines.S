@@ -290,6 +290,26 @@
 .Lcalled\@:
         .endm
 
+// The fast cases' first steps: goes to \declined, with nothing changed, unless the
+// thread runs no handler and no agent work (depth and quiet, one 8-byte word) and has a
+// reader slot of its own outside any section; else begins a read section there (loads
+// after its store are ordered by the writer's membarrier). Leaves r12 the thread's state
+// (an %fs offset), r13 its slot, r15 the slot's word once the section ends.
+        .macro  FAST_SECTION_BEGIN declined
+        mov     ukp_thread_state@gottpoff(%rip), %r12
+        cmpq    $0, %fs:UKP_TS_DEPTH(%r12)
+        jne     \declined
+        mov     %fs:UKP_TS_READER(%r12), %r13
+        test    %r13, %r13                      // the first hit: the dispatcher claims a slot
+        jz      \declined
+        mov     (%r13), %r15
+        test    $UKP_SECTION_DEPTH_MASK, %r15d  // a section this hit interrupted, or the
+        jnz     \declined                       // shared counters' stand-in slot
+        lea     UKP_SECTION_NEW(%r15), %rax
+        add     $UKP_SECTION_NEW-1, %r15
+        mov     %rax, (%r13)
+        .endm
+
 // The fast cases' call of the handler at *%rax, its first argument in rdi and the
 // pt_regs frame at %rsp its second, at depth 1 (r12: the thread's state, as an %fs
 // offset). Unless ZF is set (the agent's own handler, called as it is), with the frame
@@ -446,19 +466,8 @@ ukp_optprobe_trampoline:
         // here: r12 the thread's state (an %fs offset), r13 its slot, r14 the Point, r15
         // the slot's word after the section ends; all are in the frame already.
         mov     FRAME+8(%rsp), %r14
-        mov     ukp_thread_state@gottpoff(%rip), %r12
-        cmpq    $0, %fs:UKP_TS_DEPTH(%r12)      // depth and quiet
-        jne     .Lopt_dispatch
-        mov     %fs:UKP_TS_READER(%r12), %r13
-        test    %r13, %r13                      // the first hit: the dispatcher claims a slot
-        jz      .Lopt_dispatch
-        mov     (%r13), %r15
-        test    $UKP_SECTION_DEPTH_MASK, %r15d  // a section this handler interrupted, or
-        jnz     .Lopt_dispatch                  // the shared counters' stand-in slot
-        lea     UKP_SECTION_NEW(%r15), %rax
-        add     $UKP_SECTION_NEW-1, %r15        // the word once the section is over
-        mov     %rax, (%r13)                    // the read section begins: loads after this
-        cmpb    $0, ukp_handlers_silenced(%rip) // store are ordered by the writer's membarrier
+        FAST_SECTION_BEGIN .Lopt_dispatch
+        cmpb    $0, ukp_handlers_silenced(%rip)
         jne     .Lopt_fast_declined
         mov     UKP_PT_LIST(%r14), %rax
         test    %rax, %rax
@@ -569,36 +578,25 @@ ukp_kretprobe_trampoline:
         // proven to leave the vector state alone. Then the instance is taken off the list,
         // the handler called, and the instance given back from here, with this frame as
         // the recovery point for a user's handler (ukp_optprobe_fast_recovery, tagged by
-        // bit 0 of RESUME). Callee-saved: r12 the thread's state (an %fs offset), r13 its
-        // slot, r14 the instance, r15 the slot's word once the section ends.
+        // bit 0 of RESUME). Callee-saved: r12 to r15 as FAST_SECTION_BEGIN leaves them,
+        // r14 the instance; rbx the list head (an %fs offset) until the handler's call.
         mov     FRAME+128(%rsp), %r14
         sub     $UKP_RI_RET_ADDR, %r14          // the stub's literal: &ri->pub.ret_addr
-        mov     ukp_thread_state@gottpoff(%rip), %r12
-        cmpq    $0, %fs:UKP_TS_DEPTH(%r12)      // depth and quiet
-        jne     .Lret_dispatch
-        mov     %fs:UKP_TS_READER(%r12), %r13
-        test    %r13, %r13
-        jz      .Lret_dispatch
-        mov     (%r13), %r15
-        test    $UKP_SECTION_DEPTH_MASK, %r15d
-        jnz     .Lret_dispatch
-        mov     ukp_ret_head@gottpoff(%rip), %rax
-        cmp     %fs:(%rax), %r14                // the thread's newest instance
-        jne     .Lret_dispatch
+        FAST_SECTION_BEGIN .Lret_dispatch
+        mov     ukp_ret_head@gottpoff(%rip), %rbx
+        cmp     %fs:(%rbx), %r14                // the thread's newest instance
+        jne     .Lret_fast_declined
         cmpl    $UKP_RI_LIVE, UKP_RI_STATE(%r14)
-        jne     .Lret_dispatch
+        jne     .Lret_fast_declined
         mov     UKP_RI_NEXT(%r14), %rax
         test    %rax, %rax
         jz      .Lret_list_ok
         cmpl    $UKP_RI_LIVE, UKP_RI_STATE(%rax)
-        jne     .Lret_dispatch
+        jne     .Lret_fast_declined
         mov     UKP_RI_FP(%rax), %rcx           // the next older frame lies above: live
         cmp     UKP_RI_FP(%r14), %rcx
-        jbe     .Lret_dispatch
+        jbe     .Lret_fast_declined
 .Lret_list_ok:
-        lea     UKP_SECTION_NEW(%r15), %rax
-        add     $UKP_SECTION_NEW-1, %r15        // the word once the section is over
-        mov     %rax, (%r13)                    // the read section begins
         cmpb    $0, ukp_handlers_silenced(%rip)
         jne     .Lret_fast_declined
         mov     UKP_RI_POOL(%r14), %rcx
@@ -612,9 +610,8 @@ ukp_kretprobe_trampoline:
         je      .Lret_fast_declined
 .Lret_fast_take:
         mov     UKP_RI_NEXT(%r14), %rdx         // off the thread's list
-        mov     ukp_ret_head@gottpoff(%rip), %rsi
-        mov     %rdx, %fs:(%rsi)
-        mov     UKP_RI_PUB+8(%r14), %rdx        // regs->ip: the real return address
+        mov     %rdx, %fs:(%rbx)
+        mov     UKP_RI_RET_ADDR(%r14), %rdx     // regs->ip: the real return address
         mov     %rdx, RIP(%rsp)
         test    %rax, %rax
         jz      .Lret_fast_release
