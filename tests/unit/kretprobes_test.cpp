@@ -901,6 +901,58 @@ TEST_F(KretprobesTest, AJumpTheAgentDoesNotSeeIsFoundAtTheNextReturn) {
     unregister_kretprobe(&rp);
 }
 
+// A signal handler that calls a probed function which jumps out unseen (bjump_driver),
+// while the interrupted thread may be anywhere in a return, the fast case's steps on the
+// thread's list included: every entry of the inner function either found no instance or
+// had its instance found dead (unwound) at a later return. None may drop out of the list
+// unaccounted for, as one would if the fast case took its instance off the list at
+// depth 0, where the handler's entry goes on the list at the same moment.
+std::atomic<int> g_storm_entries{0};
+void storm_handler(int) {
+    const int saved = errno;
+    bjump_driver(1);
+    g_storm_entries.fetch_add(1, std::memory_order_relaxed);
+    errno = saved;
+}
+
+TEST_F(KretprobesTest, ASignalHandlersJumpDuringAReturnLosesNoInstance) {
+    kretprobe outer = handler_only_rp("ukr_square", count_return, 8);
+    kretprobe inner{};
+    inner.kp.symbol_name = "ukr_bjump";
+    inner.handler = count_return;
+    inner.maxactive = 4096; // instances found dead are quarantined, not reused
+    ASSERT_EQ(register_kretprobe(&outer), 0);
+    ASSERT_EQ(register_kretprobe(&inner), 0);
+    ukp_optimizer_flush(); // a return costs some 30 ns: the fast case is a good share of it
+    struct sigaction sa {}, old{};
+    sa.sa_handler = storm_handler;
+    ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+    g_storm_entries = 0;
+    const pthread_t target = pthread_self();
+    std::atomic<bool> stop{false};
+    std::thread sender([&] {
+        for (int i = 0; i < 3000 && !stop.load(); ++i) {
+            pthread_kill(target, SIGUSR1);
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+        stop = true;
+    });
+    long wrong = 0;
+    while (!stop.load())
+        for (int i = 0; i < 1000; ++i) wrong += ukr_square(i) != long{i} * i;
+    sender.join();
+    ASSERT_EQ(sigaction(SIGUSR1, &old, nullptr), 0);
+    EXPECT_EQ(ukr_square(5), 25); // the last jumped-over instance is found here
+    EXPECT_EQ(wrong, 0);
+    const long entries = g_storm_entries.load();
+    EXPECT_GT(entries, 1000);
+    const long accounted = static_cast<long>(inner.ukp_unwound) + inner.nmissed + static_cast<long>(inner.kp.nmissed);
+    EXPECT_EQ(accounted, entries) << "unwound " << inner.ukp_unwound << ", no instance " << inner.nmissed
+                                  << ", hit inside a handler " << inner.kp.nmissed;
+    unregister_kretprobe(&inner);
+    unregister_kretprobe(&outer);
+}
+
 TEST_F(KretprobesTest, LongjmpToATargetInsideProbedRecursion) {
     for (int mode : {1, 2}) {
         SCOPED_TRACE(mode == 1 ? "longjmp" : "siglongjmp");

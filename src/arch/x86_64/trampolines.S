@@ -293,8 +293,10 @@
 // The fast cases' first steps: goes to \declined, with nothing changed, unless the
 // thread runs no handler and no agent work (depth and quiet, one 8-byte word) and has a
 // reader slot of its own outside any section; else begins a read section there (loads
-// after its store are ordered by the writer's membarrier). Leaves r12 the thread's state
-// (an %fs offset), r13 its slot, r15 the slot's word once the section ends.
+// after its store are ordered by the writer's membarrier) at depth 1, so that a signal
+// handler's probe hit meanwhile leaves the thread's state alone, as in the dispatcher.
+// Leaves r12 the thread's state (an %fs offset), r13 its slot, r15 the slot's word once
+// the section ends (FAST_SECTION_END).
         .macro  FAST_SECTION_BEGIN declined
         mov     ukp_thread_state@gottpoff(%rip), %r12
         cmpq    $0, %fs:UKP_TS_DEPTH(%r12)
@@ -307,16 +309,22 @@
         jnz     \declined                       // shared counters' stand-in slot
         lea     UKP_SECTION_NEW(%r15), %rax
         add     $UKP_SECTION_NEW-1, %r15
+        movl    $1, %fs:UKP_TS_DEPTH(%r12)
         mov     %rax, (%r13)
         .endm
 
+// Ends the section FAST_SECTION_BEGIN began, and the thread's depth with it.
+        .macro  FAST_SECTION_END
+        mov     %r15, (%r13)
+        movl    $0, %fs:UKP_TS_DEPTH(%r12)
+        .endm
+
 // The fast cases' call of the handler at *%rax, its first argument in rdi and the
-// pt_regs frame at %rsp its second, at depth 1 (r12: the thread's state, as an %fs
-// offset). Unless ZF is set (the agent's own handler, called as it is), with the frame
-// as the thread's recovery point (ThreadState::fast_frame) and \resume in its RESUME
-// slot, for the recovery code to know what faulted. rbx keeps the frame across the call.
+// pt_regs frame at %rsp its second (r12: the thread's state, as an %fs offset). Unless
+// ZF is set (the agent's own handler, called as it is), with the frame as the thread's
+// recovery point (ThreadState::fast_frame) and \resume in its RESUME slot, for the
+// recovery code to know what faulted. rbx keeps the frame across the call.
         .macro  FAST_HANDLER_CALL resume
-        movl    $1, %fs:UKP_TS_DEPTH(%r12)
         jz      .Lunguarded\@
         mov     %rsp, %fs:UKP_TS_FAST_FRAME(%r12)
         mov     \resume, RESUME(%rsp)
@@ -328,7 +336,6 @@
         call    *%rax
         mov     %rbx, %rsp
         .cfi_def_cfa_register rsp
-        movl    $0, %fs:UKP_TS_DEPTH(%r12)
         movq    $0, %fs:UKP_TS_FAST_FRAME(%r12)
         .endm
 
@@ -486,8 +493,8 @@ ukp_optprobe_trampoline:
         mov     %rdx, RIP(%rsp)                 // regs->ip: the probe address + 1
         cmp     $UKP_FAST_OWN, %ecx
         FAST_HANDLER_CALL %rdi                  // RESUME: the probe, for ukp_optprobe_fast_fault
-        mov     %r15, (%r13)                    // the section ends (a signal handler's own,
-        test    %eax, %eax                      // inside it, ended before it returned)
+        FAST_SECTION_END                        // (a signal handler's own, inside it, ended
+        test    %eax, %eax                      // before it returned)
         jnz     .Lopt_fast_answered
 .Lopt_fast_copy:                                // resume at the copy, as the handler left
         lea     FRAME+144(%rsp), %rax           // the registers: by `ret` if sp is unmoved
@@ -519,7 +526,7 @@ ukp_optprobe_fast_recovery:
         CALL_DISPATCH ukp_optprobe_fast_fault, FRAME+8
         jmp     .Lopt_dispatched
 .Lopt_fast_declined:
-        mov     %r15, (%r13)                    // the section ends unused
+        FAST_SECTION_END                        // unused
 .Lopt_dispatch:
         CALL_DISPATCH_GPR ukp_optprobe_dispatch, FRAME+8, ukp_gpr_dispatch
 .Lopt_dispatched:
@@ -637,7 +644,7 @@ ukp_kretprobe_trampoline:
         or      %rdi, %rdx
         lock cmpxchg %rdx, (%rsi)
         jne     .Lret_push
-        mov     %r15, (%r13)                    // the section ends
+        FAST_SECTION_END
         jmp     .Lret_dispatched
 .Lret_fast_recovery:                            // from ukp_optprobe_fast_recovery
         lea     -1(%r8), %rdi                   // the instance
@@ -648,7 +655,7 @@ ukp_kretprobe_trampoline:
         .cfi_def_cfa_register rsp
         jmp     .Lret_dispatched
 .Lret_fast_declined:
-        mov     %r15, (%r13)                    // the section ends unused
+        FAST_SECTION_END                        // unused
 .Lret_dispatch:
         CALL_DISPATCH_GPR ukp_kretprobe_dispatch, FRAME+128, ukp_gpr_ret_dispatch
 .Lret_dispatched:
