@@ -267,6 +267,8 @@ void outside_gpr(bool ext_saved, F &&f) {
 
 // The thread id of the calling thread, cached per thread.
 UKP_HOT int current_tid();
+// In the child of fork(): the thread that forked has another id there.
+void forget_tid_after_fork();
 
 // Registry services for the other probe types (registry.cpp).
 bool is_registered(const kprobe *p);

@@ -498,6 +498,8 @@ int current_tid() {
     return t_tid;
 }
 
+void forget_tid_after_fork() { t_tid = 0; }
+
 void release_frames_below(uint64_t sp) {
     ThreadState &ts = thread_state();
     ++ts.depth; // a signal handler's probe hits must not touch the list meanwhile

@@ -117,6 +117,30 @@ TEST_F(ForkTest, RegisteringInTheChildWorks) {
     EXPECT_EQ(status, 0);
 }
 
+std::atomic<int> g_ret_task{0};
+int note_task(kretprobe_instance *ri, pt_regs *) {
+    g_ret_task = ri->task;
+    return 0;
+}
+
+// ri->task is the calling thread's id: in a child of fork(), the child's, although the
+// thread that forked had hit a kretprobe (and its id was known) before.
+TEST_F(ForkTest, AKretprobeInTheChildSeesTheChildsThreadId) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukf_work";
+    rp.handler = note_task;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    EXPECT_EQ(ukf_work(1), 8);
+    EXPECT_EQ(g_ret_task.load(), static_cast<int>(gettid()));
+    const int status = in_child([] {
+        g_ret_task = 0;
+        ukf_work(2);
+        return g_ret_task.load() == static_cast<int>(gettid()) ? 0 : 1;
+    });
+    unregister_kretprobe(&rp);
+    EXPECT_EQ(status, 0) << "1: ri->task was not the child's thread id";
+}
+
 // One request on a connected control socket; false when the agent did not answer.
 bool request(int fd, ukp::control::Op op, const std::string &path, const std::string &payload = "") {
     using namespace ukp::control;
