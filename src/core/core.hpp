@@ -73,6 +73,11 @@ struct Point {
     uint64_t detour = 0;        // its slot (text::kSlotSize bytes, the Point * first), or 0
     uint64_t detour_code = 0;   // the detour's entry (detour + 16)
     arch::DetourLayout layout;  // where the relocated region is in it
+    // The kretprobe detour's entry (arch::emit_kret_detour), after the detour in the same
+    // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
+    // a kretprobe without an entry_handler (opt_target).
+    uint64_t kret_code = 0;
+    uint64_t jump_target = 0;   // where the jmp in place leads (optimized)
     uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)
     // The detour's relocated region while the breakpoint path runs it instead of the
     // first instruction alone (so no thread ever enters the region past its first byte);

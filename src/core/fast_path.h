@@ -49,4 +49,19 @@
 #define UKP_POOL_HANDLER_GPR 89 /* bool handler_gpr_only */
 #define UKP_POOL_HANDLER_OWN 91 /* bool handler_own */
 #define UKP_POOL_SHARDS 128     /* Shard shards[], 64 bytes each: free_head first */
+#define UKP_POOL_STRIDE 16      /* size_t stride: bytes per instance */
+#define UKP_POOL_MEM 24         /* uint8_t *mem: the instances */
+#define UKP_POOL_SLED 32        /* uint64_t sled: the stubs, 1 << UKP_STUB_SHIFT bytes each */
+#define UKP_STUB_SHIFT 5        /* log2 of arch::kRetStubSize */
+#define UKP_STUB_ENTRY 1        /* arch::kRetStubEntry: a hijacked return address's offset */
+#define UKP_RI_RP 32            /* pub.rp */
+#define UKP_RI_TASK 48          /* pub.task */
 #define UKP_RP_HANDLER 72       /* struct kretprobe: handler */
+#define UKP_RP_ENTRY_HANDLER 80 /* entry_handler */
+#define UKP_RP_PRIVATE 112      /* ukp_private: its RetPool */
+
+/* struct RetThread (kretprobe.cpp), the thread's return-probe state, through %fs. */
+#define UKP_RT_HEAD 0           /* RetInstance *head: the instances in flight, newest first */
+#define UKP_RT_TID 8            /* int tid, 0 until known */
+#define UKP_RT_HOME 12          /* uint32_t home: 1 + the shard taken from first, 0 until chosen */
+#define UKP_RT_HOOKED 16        /* bool exit_hooked */

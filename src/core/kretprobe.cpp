@@ -39,9 +39,15 @@ void __deregister_frame(void *begin);
 
 namespace ukp::core {
 
-// This thread's instances in flight, newest first. Named for the return trampoline's fast
-// case (trampolines.S), which reads and updates it: external, hidden.
-__attribute__((visibility("hidden"))) thread_local RetInstance *t_ret_head __asm__("ukp_ret_head")
+// A thread's return-probe state. Named for the trampolines (trampolines.S), which read and
+// update it in their fast cases: external, hidden.
+struct RetThread {
+    RetInstance *head; // the instances in flight, newest first
+    int tid;           // gettid(), 0 until asked (and again in the child of a fork)
+    uint32_t home;     // 1 + the shard it takes instances from first, 0 until chosen
+    bool exit_hooked;  // exit_hook will run at its exit
+};
+__attribute__((visibility("hidden"))) thread_local RetThread t_ret __asm__("ukp_ret_thread")
     __attribute__((tls_model("initial-exec")));
 
 namespace {
@@ -49,8 +55,6 @@ namespace {
 // This thread's kSuspect instances: released by the thread's exit, or by a longjmp or a
 // caught exception past them, or returned to after all.
 thread_local RetInstance *t_suspect_head __attribute__((tls_model("initial-exec")));
-thread_local int t_tid __attribute__((tls_model("initial-exec")));
-thread_local bool t_exit_hooked __attribute__((tls_model("initial-exec")));
 
 pthread_key_t g_exit_key;
 std::once_flag g_exit_key_once;
@@ -81,10 +85,9 @@ uint64_t stub_entry(const RetPool *pool, uint32_t index) {
 // The shard a thread takes instances from first: spread over the threads in the order
 // they first hit a kretprobe.
 uint32_t home_shard() {
-    thread_local uint32_t shard __attribute__((tls_model("initial-exec"))) = 0; // 1 + the shard
     static std::atomic<uint32_t> next{0};
-    if (shard == 0) shard = 1 + next.fetch_add(1, std::memory_order_relaxed) % RetPool::kShards;
-    return shard - 1;
+    if (t_ret.home == 0) t_ret.home = 1 + next.fetch_add(1, std::memory_order_relaxed) % RetPool::kShards;
+    return t_ret.home - 1;
 }
 
 RetInstance *shard_pop(RetPool *pool, RetPool::Shard &sh) {
@@ -136,12 +139,16 @@ void exit_hook(void *) {
 }
 
 void ensure_exit_hook() {
-    if (t_exit_hooked) return;
-    t_exit_hooked = true;
+    if (t_ret.exit_hooked) return;
+    t_ret.exit_hooked = true;
     outside_gpr(false, [] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
 }
 
-int kretprobe_pre(kprobe *p, pt_regs *regs);
+} // namespace
+
+// A kretprobe's pre_handler. Named for ukp_kret_entry_trampoline (trampolines.S), which
+// does its work in the usual case and recognizes a kretprobe by it: external, hidden.
+__attribute__((visibility("hidden"))) int kretprobe_pre(kprobe *p, pt_regs *regs) __asm__("ukp_kretprobe_pre");
 
 int kretprobe_pre(kprobe *p, pt_regs *regs) {
     auto *rp = reinterpret_cast<kretprobe *>(p); // kp is the first member
@@ -175,11 +182,13 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
         pool_push(ri);
         return 0;
     }
-    ri->next = t_ret_head;
-    t_ret_head = ri;
+    ri->next = t_ret.head;
+    t_ret.head = ri;
     ensure_exit_hook();
     return 0;
 }
+
+namespace {
 
 // kretprobe_pre reads the program's memory only through ukp_safe_copy: the hit path calls
 // it as the agent's own (core.hpp, handler_is_own). Marked at load, before any probe.
@@ -195,7 +204,7 @@ __attribute__((constructor(101))) void mark_kretprobe_pre_own() {
 // Returns false if ri is not in this thread's list.
 bool take_from_list(RetInstance *ri) {
     const auto *fp = static_cast<const char *>(ri->pub.fp);
-    RetInstance **link = &t_ret_head;
+    RetInstance **link = &t_ret.head;
     bool found = false;
     const RetInstance *chain = ri; // the newest instance of ri's call seen so far
     const uint32_t stack = stack_of(reinterpret_cast<uint64_t>(fp));
@@ -494,11 +503,11 @@ void reap_dead_pools() {
 } // namespace
 
 int current_tid() {
-    if (t_tid == 0) outside_gpr(false, [] { t_tid = static_cast<int>(syscall(SYS_gettid)); }); // once per thread
-    return t_tid;
+    if (t_ret.tid == 0) outside_gpr(false, [] { t_ret.tid = static_cast<int>(syscall(SYS_gettid)); }); // once per thread
+    return t_ret.tid;
 }
 
-void forget_tid_after_fork() { t_tid = 0; }
+void forget_tid_after_fork() { t_ret.tid = 0; }
 
 void release_frames_below(uint64_t sp) {
     ThreadState &ts = thread_state();
@@ -517,7 +526,7 @@ void release_frames_below(uint64_t sp) {
             link = &cur->next;
         }
     }
-    RetInstance **link = &t_ret_head;
+    RetInstance **link = &t_ret.head;
     while (*link != nullptr) {
         RetInstance *cur = *link;
         const auto cur_fp = reinterpret_cast<uint64_t>(cur->pub.fp);
@@ -613,7 +622,16 @@ static_assert(RetInstance::kFree == UKP_RI_FREE && RetInstance::kLive == UKP_RI_
 static_assert(offsetof(RetPool, rp) == UKP_POOL_RP && offsetof(RetPool, handler_gpr_only) == UKP_POOL_HANDLER_GPR &&
               offsetof(RetPool, handler_own) == UKP_POOL_HANDLER_OWN && offsetof(RetPool, shards) == UKP_POOL_SHARDS &&
               sizeof(RetPool::Shard) == 64 && offsetof(RetPool::Shard, free_head) == 0);
-static_assert(offsetof(kretprobe, handler) == UKP_RP_HANDLER);
+static_assert(offsetof(kretprobe, handler) == UKP_RP_HANDLER &&
+              offsetof(kretprobe, entry_handler) == UKP_RP_ENTRY_HANDLER &&
+              offsetof(kretprobe, ukp_private) == UKP_RP_PRIVATE);
+static_assert(offsetof(RetPool, stride) == UKP_POOL_STRIDE && offsetof(RetPool, mem) == UKP_POOL_MEM &&
+              offsetof(RetPool, sled) == UKP_POOL_SLED && ukp::arch::kRetStubSize == 1u << UKP_STUB_SHIFT &&
+              ukp::arch::kRetStubEntry == UKP_STUB_ENTRY);
+static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, rp) == UKP_RI_RP &&
+              offsetof(RetInstance, pub) + offsetof(kretprobe_instance, task) == UKP_RI_TASK);
+static_assert(offsetof(RetThread, head) == UKP_RT_HEAD && offsetof(RetThread, tid) == UKP_RT_TID &&
+              offsetof(RetThread, home) == UKP_RT_HOME && offsetof(RetThread, exit_hooked) == UKP_RT_HOOKED);
 
 extern "C" {
 

@@ -294,13 +294,25 @@ void set_flags(const Point *pt) {
     }
 }
 
+// Where pt's jmp should lead: its kretprobe detour while its one probe is a kretprobe
+// without an entry_handler (the case ukp_kret_entry_trampoline does itself), else its
+// detour. Either is right for any probes at the point; this one is the faster.
+uint64_t opt_target(const Point *pt) {
+    const ProbeList *list = pt->list.load(std::memory_order_relaxed);
+    if (pt->kret_code == 0 || list == nullptr || list->count != 1 || probe_type(list->probes[0]) != 'r')
+        return pt->detour_code;
+    const auto *rp = reinterpret_cast<const kretprobe *>(list->probes[0]); // kp is the first member
+    return rp->entry_handler == nullptr ? pt->kret_code : pt->detour_code;
+}
+
 // Writes the jmps of batch[0..n) (whose int3s are in place): the tails, then the heads.
 void write_jumps(Point *const *batch, size_t n) {
     std::vector<bool> ok(n, false);
     for (size_t i = 0; i < n; ++i) {
         uint8_t jmp[5];
         Point *pt = batch[i];
-        if (!arch::encode_jmp_rel32(pt->addr, pt->detour_code, jmp)) continue;
+        pt->jump_target = opt_target(pt);
+        if (!arch::encode_jmp_rel32(pt->addr, pt->jump_target, jmp)) continue;
         ok[i] = text::write(pt->addr + 1, jmp + 1, 4) == 0;
     }
     // Every core must see the tails before any can see the jmp's first byte.
@@ -510,9 +522,18 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
         return;
     uint8_t jmp[5];
     if (!arch::encode_jmp_rel32(pt->addr, slot + kDetourOffset, jmp)) return; // slot out of reach
-    if (text::write(slot, buf, kDetourOffset + layout.size) != 0) return;
+    // The kretprobe detour after it, if it fits; every point gets one, since a point's
+    // probes change after it is prepared.
+    const size_t kret_at = (kDetourOffset + layout.size + 15) & ~size_t{15};
+    int kret_size = -ENOSPC;
+    if (kret_at < sizeof buf)
+        kret_size = arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt),
+                                           slot + kDetourOffset + layout.copy, buf + kret_at, sizeof buf - kret_at);
+    const size_t used = kret_size > 0 ? kret_at + static_cast<size_t>(kret_size) : kDetourOffset + layout.size;
+    if (text::write(slot, buf, used) != 0) return;
     pt->detour = slot;
     pt->detour_code = slot + kDetourOffset;
+    pt->kret_code = kret_size > 0 ? slot + kret_at : 0;
     pt->layout = layout;
     std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);
     // With another probe inside the region, the breakpoint path must reach it.
@@ -522,8 +543,15 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
 
 void opt_update(Point *pt, bool) {
     const bool q = qualifies(pt);
-    if (pt->optimized && !q) opt_unoptimize(pt);
-    else if (!pt->optimized && q) enqueue(pt);
+    if (pt->optimized && !q) {
+        opt_unoptimize(pt);
+    } else if (pt->optimized && opt_target(pt) != pt->jump_target) {
+        // The probes changed kind (a kretprobe alone, or not any more): the jmp goes to the
+        // other detour by way of the breakpoint, as any optimization does.
+        if (opt_unoptimize(pt) == 0) enqueue(pt);
+    } else if (!pt->optimized && q) {
+        enqueue(pt);
+    }
     set_flags(pt);
     if (pt->armed) return;
     // A probe inside another point's region went away: that one may qualify again.

@@ -129,4 +129,109 @@
         ret
         .size   ukpt_opt_flags_probe, .-ukpt_opt_flags_probe
 
+// void ukpt_opt_regs(const long in[16]): loads the 15 general registers but rsp from
+// in[0..14] (rax rbx rcx rdx rsi rdi rbp r8 .. r15) and the flags from in[15], calls
+// ukpt_opt_regs_probe, which stores what it was entered with into ukpt_regs_seen, and
+// stores what the call left into ukpt_regs_after (the same order). A probe on the
+// callee, entry or return, must leave both equal to in.
+        FUNC    ukpt_opt_regs
+        push    %rbx
+        push    %rbp
+        push    %r12
+        push    %r13
+        push    %r14
+        push    %r15
+        mov     0(%rdi), %rax
+        mov     8(%rdi), %rbx
+        mov     16(%rdi), %rcx
+        mov     24(%rdi), %rdx
+        mov     32(%rdi), %rsi
+        mov     48(%rdi), %rbp
+        mov     56(%rdi), %r8
+        mov     64(%rdi), %r9
+        mov     72(%rdi), %r10
+        mov     80(%rdi), %r11
+        mov     88(%rdi), %r12
+        mov     96(%rdi), %r13
+        mov     104(%rdi), %r14
+        mov     112(%rdi), %r15
+        pushq   120(%rdi)
+        popfq
+        mov     40(%rdi), %rdi          // mov: the flags stay
+        call    ukpt_opt_regs_probe
+        .globl  ukpt_opt_regs_return    // the call's return address
+ukpt_opt_regs_return:
+        pushfq
+        popq    ukpt_regs_after+120(%rip)
+        mov     %rax, ukpt_regs_after+0(%rip)
+        mov     %rbx, ukpt_regs_after+8(%rip)
+        mov     %rcx, ukpt_regs_after+16(%rip)
+        mov     %rdx, ukpt_regs_after+24(%rip)
+        mov     %rsi, ukpt_regs_after+32(%rip)
+        mov     %rdi, ukpt_regs_after+40(%rip)
+        mov     %rbp, ukpt_regs_after+48(%rip)
+        mov     %r8, ukpt_regs_after+56(%rip)
+        mov     %r9, ukpt_regs_after+64(%rip)
+        mov     %r10, ukpt_regs_after+72(%rip)
+        mov     %r11, ukpt_regs_after+80(%rip)
+        mov     %r12, ukpt_regs_after+88(%rip)
+        mov     %r13, ukpt_regs_after+96(%rip)
+        mov     %r14, ukpt_regs_after+104(%rip)
+        mov     %r15, ukpt_regs_after+112(%rip)
+        cld
+        pop     %r15
+        pop     %r14
+        pop     %r13
+        pop     %r12
+        pop     %rbp
+        pop     %rbx
+        ret
+        .size   ukpt_opt_regs, .-ukpt_opt_regs
+
+        FUNC    ukpt_opt_regs_probe
+        nopl    0(%rax,%rax,1)          // 5 bytes
+        mov     %rax, ukpt_regs_seen+0(%rip)
+        mov     %rbx, ukpt_regs_seen+8(%rip)
+        mov     %rcx, ukpt_regs_seen+16(%rip)
+        mov     %rdx, ukpt_regs_seen+24(%rip)
+        mov     %rsi, ukpt_regs_seen+32(%rip)
+        mov     %rdi, ukpt_regs_seen+40(%rip)
+        mov     %rbp, ukpt_regs_seen+48(%rip)
+        mov     %r8, ukpt_regs_seen+56(%rip)
+        mov     %r9, ukpt_regs_seen+64(%rip)
+        mov     %r10, ukpt_regs_seen+72(%rip)
+        mov     %r11, ukpt_regs_seen+80(%rip)
+        mov     %r12, ukpt_regs_seen+88(%rip)
+        mov     %r13, ukpt_regs_seen+96(%rip)
+        mov     %r14, ukpt_regs_seen+104(%rip)
+        mov     %r15, ukpt_regs_seen+112(%rip)
+        pushfq
+        popq    ukpt_regs_seen+120(%rip)
+        ret
+        .size   ukpt_opt_regs_probe, .-ukpt_opt_regs_probe
+
+// void ukpt_on_stack(void (*fn)(const long *), const long *arg, void *sp): fn(arg) with
+// the stack pointer at sp (16-byte aligned) for the call.
+        FUNC    ukpt_on_stack
+        push    %rbx
+        mov     %rsp, %rbx
+        mov     %rdx, %rsp
+        mov     %rdi, %rax
+        mov     %rsi, %rdi
+        call    *%rax
+        mov     %rbx, %rsp
+        pop     %rbx
+        ret
+        .size   ukpt_on_stack, .-ukpt_on_stack
+
+        .bss
+        .p2align 6
+        .globl  ukpt_regs_seen
+ukpt_regs_seen:
+        .zero   128
+        .globl  ukpt_regs_after
+ukpt_regs_after:
+        .zero   128
+        .text
+
         .section .note.GNU-stack,"",@progbits

@@ -35,10 +35,11 @@ struct Emitted {
     DetourLayout layout;
 };
 
-// Checks what every detour has, and returns where the call's target is read from (the
-// rel32's end for a near call, the literal for a far one) through *call_target.
-void check_common(const Emitted &e, uint64_t dest, uint64_t context, uint64_t *call_target) {
-    const uint8_t *b = e.bytes;
+// Checks the head every detour has (the skip over the red zone, the push of the context,
+// the call, the way back over the red zone) in b[0, size), and returns where the call's
+// target is read from (the rel32's end for a near call, the literal for a far one)
+// through *call_target and the offset after the head through *end.
+void check_head(const uint8_t *b, size_t size, uint64_t dest, uint64_t context, uint64_t *call_target, size_t *end) {
     // lea -0x80(%rsp),%rsp
     const uint8_t skip[] = {0x48, 0x8d, 0x64, 0x24, 0x80};
     ASSERT_EQ(std::memcmp(b, skip, sizeof skip), 0);
@@ -46,6 +47,7 @@ void check_common(const Emitted &e, uint64_t dest, uint64_t context, uint64_t *c
     ASSERT_EQ(b[5], 0xff);
     ASSERT_EQ(b[6], 0x35);
     const uint64_t literal = dest + 11 + static_cast<int64_t>(rel32_at(b + 7));
+    ASSERT_LE(literal + 8, dest + size);
     EXPECT_EQ(u64_at(b + (literal - dest)), context);
     size_t at = 11;
     if (b[at] == 0xe8) {
@@ -55,18 +57,25 @@ void check_common(const Emitted &e, uint64_t dest, uint64_t context, uint64_t *c
         ASSERT_EQ(b[at], 0xff);
         ASSERT_EQ(b[at + 1], 0x15); // call *disp32(%rip)
         const uint64_t lit = dest + at + 6 + static_cast<int64_t>(rel32_at(b + at + 2));
-        ASSERT_LE(lit + 8, dest + e.layout.size);
+        ASSERT_LE(lit + 8, dest + size);
         *call_target = u64_at(b + (lit - dest));
         at += 6;
     }
-    // The trampoline returns to its return address + 8 (DETOUR_BACK_LEN) when the handlers
-    // changed nothing: that must be the relocated copy, right after `lea 0x88(%rsp),%rsp`.
     const uint8_t back[] = {0x48, 0x8d, 0xa4, 0x24, 0x88, 0x00, 0x00, 0x00};
     ASSERT_EQ(std::memcmp(b + at, back, sizeof back), 0);
-    EXPECT_EQ(e.layout.copy, at + sizeof back);
+    *end = at + sizeof back;
+}
+
+// Checks what every detour of a region has, and returns the call's target.
+void check_common(const Emitted &e, uint64_t dest, uint64_t context, uint64_t *call_target) {
+    size_t end = 0;
+    check_head(e.bytes, e.layout.size, dest, context, call_target, &end);
+    // The trampoline returns to its return address + 8 (DETOUR_BACK_LEN) when the handlers
+    // changed nothing: that must be the relocated copy, right after `lea 0x88(%rsp),%rsp`.
+    EXPECT_EQ(e.layout.copy, end);
     // The copy: the two instructions as they were (no rip-relative operand), then the jump back.
-    EXPECT_EQ(b[e.layout.copy], 0x48);
-    EXPECT_EQ(b[e.layout.copy + 1], 0x89);
+    EXPECT_EQ(e.bytes[e.layout.copy], 0x48);
+    EXPECT_EQ(e.bytes[e.layout.copy + 1], 0x89);
 }
 
 TEST(Detour, CallsTheTrampolineNearByRel32) {
@@ -110,6 +119,28 @@ TEST(Detour, TooSmallABufferIsEnospc) {
     for (size_t cap = 0; cap < e.layout.size; ++cap) {
         DetourLayout l;
         EXPECT_EQ(emit_detour(dest, 42, dcr, 2, e.bytes, cap, &l), -ENOSPC) << cap;
+    }
+}
+
+// A kretprobe's detour: the same head, calling ukp_kret_entry_trampoline, then a jump to
+// the copy of the point's detour (here 96 bytes before it, as in one slot).
+TEST(Detour, TheKretprobeDetourCallsItsTrampolineThenJumpsToTheCopy) {
+    const auto trampoline = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
+    for (const uint64_t dest : {trampoline + (1ull << 20), (trampoline + (64ull << 30)) & ~uint64_t{0xfff}}) {
+        const uint64_t copy = dest - 96;
+        uint8_t b[128];
+        const int size = emit_kret_detour(dest, 0x1122334455667788ull, copy, b, sizeof b);
+        ASSERT_GT(size, 0);
+        uint64_t target = 0;
+        size_t end = 0;
+        check_head(b, static_cast<size_t>(size), dest, 0x1122334455667788ull, &target, &end);
+        EXPECT_EQ(target, trampoline);
+        EXPECT_EQ(b[11], dest < trampoline + (1ull << 30) ? 0xe8 : 0xff) << "near, then far";
+        ASSERT_EQ(b[end], 0xe9); // jmp rel32
+        EXPECT_EQ(dest + end + 5 + static_cast<int64_t>(rel32_at(b + end + 1)), copy);
+        EXPECT_EQ(size % 8, 0) << "ends with its literals";
+        for (size_t cap = 0; cap < static_cast<size_t>(size); ++cap)
+            EXPECT_EQ(emit_kret_detour(dest, 42, copy, b, cap), -ENOSPC) << cap;
     }
 }
 

@@ -549,6 +549,149 @@ TEST_F(OptimizerTest, AKretprobeOnAnOptimizedEntryTakesNoTrap) {
     unregister_kretprobe(&rp);
 }
 
+// The trampoline the detour that a probe's jmp leads to calls (detour.hpp's layout:
+// lea, push, then the call, near or through a literal), or 0 if fn does not start with a jmp.
+uint64_t jumped_trampoline(const void *fn) {
+    const auto *p = static_cast<const uint8_t *>(fn);
+    if (p[0] != 0xe9) return 0;
+    int32_t rel;
+    std::memcpy(&rel, p + 1, sizeof rel);
+    const auto *d = p + 5 + rel;
+    std::memcpy(&rel, d + 12, sizeof rel);
+    if (d[11] == 0xe8) return reinterpret_cast<uint64_t>(d + 16 + rel);
+    EXPECT_EQ(d[11], 0xff) << "call *disp32(%rip)";
+    uint64_t target;
+    std::memcpy(&target, d + 17 + rel, sizeof target);
+    return target;
+}
+
+int entry_nothing(kretprobe_instance *, pt_regs *) { return 0; }
+
+// A kretprobe alone on an entry (no entry_handler) has a detour of its own, whose
+// trampoline does the entry in a few instructions; any other set of probes there gets the
+// usual one, and the jmp follows the probes as they come and go.
+TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
+    const auto usual = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
+    const auto kret = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
+    const void *fn = reinterpret_cast<const void *>(&ukpt_opt_work);
+    kprobe kp{};
+    put_optimized(kp, count_pre);
+    EXPECT_EQ(jumped_trampoline(fn), usual);
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_opt_work";
+    rp.handler = ret_handler;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), usual) << "a kprobe beside it";
+    g_ret_sum = 0;
+    EXPECT_EQ(ukpt_opt_work(4), 11); // ((4 + 1) * 3) ^ 4
+    EXPECT_EQ(g_hits.load(), 1);
+    EXPECT_EQ(g_ret_sum.load(), 11);
+    unregister_kprobe(&kp);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), kret) << "alone now";
+    EXPECT_TRUE(optimized(rp.kp));
+    long expect = 11;
+    for (long i = 0; i < 20; ++i) {
+        expect += ((i + 1) * 3) ^ i;
+        ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    }
+    EXPECT_EQ(g_ret_sum.load(), expect);
+    kprobe again{};
+    put_optimized(again, count_pre);
+    EXPECT_EQ(jumped_trampoline(fn), usual) << "a kprobe came back";
+    unregister_kprobe(&again);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), kret);
+    unregister_kretprobe(&rp);
+
+    kretprobe with_entry{};
+    with_entry.kp.symbol_name = "ukpt_opt_work";
+    with_entry.handler = ret_handler;
+    with_entry.entry_handler = entry_nothing;
+    ASSERT_EQ(register_kretprobe(&with_entry), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), usual) << "an entry_handler is the usual trampoline's work";
+    EXPECT_TRUE(optimized(with_entry.kp));
+    unregister_kretprobe(&with_entry);
+}
+
+// What the return handler of RegistersAndFlagsSurviveAKretprobe saw last.
+struct SeenInstance {
+    long ax;
+    int task;
+    uint64_t ret_addr, fp;
+} g_seen_ri;
+int record_instance(kretprobe_instance *ri, pt_regs *regs) {
+    g_seen_ri = {static_cast<long>(regs_return_value(regs)), ri->task, reinterpret_cast<uint64_t>(ri->ret_addr),
+                 reinterpret_cast<uint64_t>(ri->fp)};
+    ri->task = -1; // the next call that takes this instance must fill it in again
+    return 0;
+}
+
+// Every general register and the flags (DF included) reach the probed function, and come
+// back from it, as they were without the probe: through a kretprobe's own entry, on the
+// thread's first hit (which the trampoline leaves to the usual one) and later ones, and
+// where the return address and the detour's push below the red zone lie on different
+// pages (left to the usual trampoline too).
+TEST_F(OptimizerTest, RegistersAndFlagsSurviveAKretprobe) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_opt_regs_probe";
+    rp.handler = record_instance;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    ukp_optimizer_flush();
+    ASSERT_EQ(jumped_trampoline(reinterpret_cast<const void *>(&ukpt_opt_regs_probe)),
+              reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline));
+    // The stacks: the probed function's sp 8 bytes into a page (the push 128 + 8 below it,
+    // on the page before), and in the middle of one.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    auto *stack = static_cast<char *>(std::aligned_alloc(page, 4 * page));
+    ASSERT_NE(stack, nullptr);
+    // ukpt_opt_regs pushes 6 registers and calls: its callee's sp is 64 below the one given.
+    char *const tops[] = {nullptr, stack + 2 * page + 8 + 64, stack + 2 * page + page / 2 + 64};
+    // The arithmetic flags in turn, all of them, and DF; IF and bit 1 as user mode has them.
+    const long flag_sets[] = {0x202, 0x203, 0x206, 0x212, 0x242, 0x282, 0xa02, 0xad7, 0x602, 0xed7};
+    long calls = 0;
+    std::thread([&] {
+        for (int round = 0; round < 3; ++round) {
+            for (char *top : tops) {
+                for (long flags : flag_sets) {
+                    long in[16];
+                    for (int r = 0; r < 15; ++r) in[r] = static_cast<long>(0x0101010101010101ull * (r + 1)) ^ flags;
+                    in[15] = flags;
+                    std::memset(ukpt_regs_seen, 0, sizeof ukpt_regs_seen);
+                    std::memset(ukpt_regs_after, 0, sizeof ukpt_regs_after);
+                    g_seen_ri = {};
+                    if (top == nullptr)
+                        ukpt_opt_regs(in);
+                    else
+                        ukpt_on_stack(ukpt_opt_regs, in, top);
+                    ++calls;
+                    constexpr long kMask = 0xed7; // OF DF SF ZF AF PF CF
+                    for (int r = 0; r < 15; ++r) {
+                        EXPECT_EQ(ukpt_regs_seen[r], in[r]) << "entry, register " << r << ", flags " << flags;
+                        EXPECT_EQ(ukpt_regs_after[r], in[r]) << "return, register " << r << ", flags " << flags;
+                    }
+                    EXPECT_EQ(ukpt_regs_seen[15] & kMask, flags & kMask) << "entry";
+                    EXPECT_EQ(ukpt_regs_after[15] & kMask, flags & kMask) << "return";
+                    // The instance, as the entry filled it in.
+                    EXPECT_EQ(g_seen_ri.ax, in[0]) << "the handler saw rax";
+                    EXPECT_EQ(g_seen_ri.task, gettid());
+                    EXPECT_EQ(g_seen_ri.ret_addr, reinterpret_cast<uint64_t>(ukpt_opt_regs_return));
+                    if (top != nullptr) {
+                        EXPECT_EQ(g_seen_ri.fp, reinterpret_cast<uint64_t>(top - 64));
+                    }
+                }
+            }
+        }
+    }).join();
+    std::free(stack);
+    EXPECT_EQ(rp.nmissed, 0);
+    EXPECT_EQ(rp.kp.nmissed, 0ul);
+    EXPECT_EQ(calls, 3 * 3 * static_cast<long>(std::size(flag_sets)));
+    unregister_kretprobe(&rp);
+}
+
 // A thread blocked in read(2) inside the region (its instruction pointer just after the
 // syscall, 4 bytes into the 5 the jump replaces) is moved into the relocated copy: when
 // it wakes up it goes on correctly, where it would otherwise run the jmp's displacement.

@@ -17,6 +17,64 @@ void put_rip_disp(uint8_t *out, size_t insn_at, size_t insn_len, size_t literal_
     const auto disp = static_cast<int32_t>(literal_at - (insn_at + insn_len));
     std::memcpy(out + insn_at + insn_len - sizeof disp, &disp, sizeof disp);
 }
+
+// What both kinds of detour begin with: up to and including the way back over the red
+// zone, the literals' references left for put_literals.
+struct Head {
+    size_t push_at = 0;  // push context(%rip)
+    size_t call_at = 0;  // call trampoline, near or through a literal
+    bool near = false;
+    uint64_t trampoline = 0;
+    size_t end = 0;      // after `lea 0x88(%rsp),%rsp`
+};
+
+int emit_head(uint64_t dest, void (*trampoline_fn)(), uint8_t *out, size_t cap, Head *h) {
+    size_t at = sizeof kSkipRedZone;
+    if (cap < at + kPushLen) return -ENOSPC;
+    std::memcpy(out, kSkipRedZone, at);
+    h->push_at = at;
+    at += kPushLen;
+    // A call, so that the trampoline's usual way back is a `ret` the CPU predicts (the
+    // return stack stays paired); far, through a literal placed after the context.
+    h->trampoline = reinterpret_cast<uint64_t>(trampoline_fn);
+    const int64_t rel = static_cast<int64_t>(h->trampoline - (dest + at + 5));
+    h->near = rel >= INT32_MIN && rel <= INT32_MAX;
+    h->call_at = at;
+    const size_t call_len = h->near ? 5 : kFarCallLen;
+    if (cap < at + call_len + sizeof kBackOverRedZone) return -ENOSPC;
+    if (h->near) {
+        out[at] = 0xe8;
+        const auto rel32 = static_cast<int32_t>(rel);
+        std::memcpy(out + at + 1, &rel32, sizeof rel32);
+    } else {
+        out[at] = 0xff;
+        out[at + 1] = 0x15;
+    }
+    at += call_len;
+    std::memcpy(out + at, kBackOverRedZone, sizeof kBackOverRedZone);
+    h->end = at + sizeof kBackOverRedZone;
+    return 0;
+}
+
+// Pads the code that ends at code_end with int3 to 8 bytes, then places the context (and
+// the trampoline's address for a far call) and points the head's instructions at them.
+// The size emitted, or -ENOSPC.
+int put_literals(const Head &h, uint64_t context, size_t code_end, uint8_t *out, size_t cap) {
+    size_t at = (code_end + 7) & ~size_t{7};
+    if (cap < at + sizeof context + (h.near ? 0 : sizeof h.trampoline)) return -ENOSPC;
+    std::memset(out + code_end, 0xcc, at - code_end);
+    out[h.push_at] = 0xff;
+    out[h.push_at + 1] = 0x35;
+    put_rip_disp(out, h.push_at, kPushLen, at);
+    std::memcpy(out + at, &context, sizeof context);
+    at += sizeof context;
+    if (!h.near) {
+        put_rip_disp(out, h.call_at, kFarCallLen, at);
+        std::memcpy(out + at, &h.trampoline, sizeof h.trampoline);
+        at += sizeof h.trampoline;
+    }
+    return static_cast<int>(at);
+}
 } // namespace
 
 bool encode_jmp_rel32(uint64_t from, uint64_t to, uint8_t out[5]) {
@@ -33,30 +91,9 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
     if (n == 0 || n > kMaxDcrInsns) return -EINVAL;
     DetourLayout l;
     const uint64_t probe = dcr[0].addr;
-    size_t at = sizeof kSkipRedZone;
-    if (cap < at + kPushLen) return -ENOSPC;
-    std::memcpy(out, kSkipRedZone, at);
-    const size_t push_at = at;
-    at += kPushLen;
-    // A call, so that the trampoline's usual way back is a `ret` the CPU predicts (the
-    // return stack stays paired); far, through a literal placed after the context.
-    const auto trampoline = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
-    const int64_t rel = static_cast<int64_t>(trampoline - (dest + at + 5));
-    const bool near = rel >= INT32_MIN && rel <= INT32_MAX;
-    const size_t call_at = at;
-    const size_t call_len = near ? 5 : kFarCallLen;
-    if (cap < at + call_len + sizeof kBackOverRedZone) return -ENOSPC;
-    if (near) {
-        out[at] = 0xe8;
-        const auto rel32 = static_cast<int32_t>(rel);
-        std::memcpy(out + at + 1, &rel32, sizeof rel32);
-    } else {
-        out[at] = 0xff;
-        out[at + 1] = 0x15;
-    }
-    at += call_len;
-    std::memcpy(out + at, kBackOverRedZone, sizeof kBackOverRedZone);
-    at += sizeof kBackOverRedZone;
+    Head h;
+    if (int err = emit_head(dest, ukp_optprobe_trampoline, out, cap, &h); err != 0) return err;
+    size_t at = h.end;
     l.copy = static_cast<uint16_t>(at);
     int r = 0;
     uint64_t next = probe;
@@ -74,26 +111,21 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
     // pushes the original return address, which is there too).
     r = emit_jmp(dest + at, next, out + at, cap - at);
     if (r < 0) return r;
-    at += static_cast<size_t>(r);
-    const size_t code_end = at;
-    at = (at + 7) & ~size_t{7};
-    if (cap < at + sizeof context + (near ? 0 : sizeof trampoline)) return -ENOSPC;
-    std::memset(out + code_end, 0xcc, at - code_end);
-    out[push_at] = 0xff;
-    out[push_at + 1] = 0x35;
-    put_rip_disp(out, push_at, kPushLen, at);
-    std::memcpy(out + at, &context, sizeof context);
-    at += sizeof context;
-    if (!near) {
-        put_rip_disp(out, call_at, kFarCallLen, at);
-        std::memcpy(out + at, &trampoline, sizeof trampoline);
-        at += sizeof trampoline;
-    }
-    l.size = static_cast<uint16_t>(at);
+    r = put_literals(h, context, at + static_cast<size_t>(r), out, cap);
+    if (r < 0) return r;
+    l.size = static_cast<uint16_t>(r);
     l.count = static_cast<uint8_t>(n);
     l.dcr_len = static_cast<uint8_t>(next - probe);
     *layout = l;
     return 0;
+}
+
+int emit_kret_detour(uint64_t dest, uint64_t context, uint64_t copy, uint8_t *out, size_t cap) {
+    Head h;
+    if (int err = emit_head(dest, ukp_kret_entry_trampoline, out, cap, &h); err != 0) return err;
+    const int r = emit_jmp(dest + h.end, copy, out + h.end, cap - h.end);
+    if (r < 0) return r;
+    return put_literals(h, context, h.end + static_cast<size_t>(r), out, cap);
 }
 
 uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t orig) {

@@ -13,6 +13,10 @@
 //   context: .quad <context>
 //            .quad ukp_optprobe_trampoline, when out of rel32 reach (call *literal(%rip))
 //
+// A point whose one probe is a kretprobe is entered by a second, shorter detour instead
+// (emit_kret_detour): the same first three instructions calling ukp_kret_entry_trampoline,
+// then `lea 136(%rsp),%rsp ; jmp copy`, to the first detour's copy.
+//
 // The dispatcher resumes at `copy` (or wherever a handler sent the thread). The copy is
 // also what the breakpoint path runs once a detour exists, and where a thread found inside
 // the DCR is moved to: each DCR instruction's copy starts at a known offset.
@@ -28,6 +32,9 @@
 extern "C" {
 // trampolines.S: called with the context pushed below the red zone.
 void ukp_optprobe_trampoline();
+// The same for a kretprobe's point (emit_kret_detour): does the kretprobe's entry with a
+// few registers saved, and leaves anything else to ukp_optprobe_trampoline.
+void ukp_kret_entry_trampoline();
 // Inside it: where a fault in a pre_handler its fast path called resumes, with rsp at the
 // frame that path recorded (ThreadState::fast_frame).
 void ukp_optprobe_fast_recovery();
@@ -57,6 +64,11 @@ struct DetourLayout {
 //   -EOPNOTSUPP an instruction cannot be relocated
 int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint8_t *out, size_t cap,
                 DetourLayout *layout);
+
+// Emits into out[0, cap), to run at `dest`, the detour of a point whose one probe is a
+// kretprobe: it calls ukp_kret_entry_trampoline with `context`, then jumps to `copy` (the
+// relocated region of the point's detour). Returns the bytes emitted, or -ENOSPC.
+int emit_kret_detour(uint64_t dest, uint64_t context, uint64_t copy, uint8_t *out, size_t cap);
 
 // The address in the detour at `dest` where execution that reached `orig` (the start of a
 // DCR instruction, probe address included) goes on; 0 if orig starts no DCR instruction.

@@ -549,6 +549,142 @@ ukp_optprobe_fast_recovery:
         .cfi_endproc
         .size   ukp_optprobe_trampoline, .-ukp_optprobe_trampoline
 
+// What a detour calls at a point prepared for a kretprobe (optimizer.cpp), entered as
+// ukp_optprobe_trampoline is. In the usual case, the point's one probe a kretprobe without
+// an entry_handler, it does what kretprobe_pre (kretprobe.cpp) would: takes an instance
+// from the thread's home shard, saves the return address in it, puts the address of the
+// instance's stub in its place, and puts the instance on the thread's list; with the 13
+// registers that takes saved here and the arithmetic flags kept by LAHF and SETO, where
+// a pt_regs and the C code cost three times as much. Left to ukp_optprobe_trampoline,
+// with the registers and flags as they came: what its fast case declines (this thread
+// runs a handler or agent work, or has no reader slot of its own); a thread's first
+// entry (its id, home shard and exit hook are set there); another probe at the point, or
+// none; an entry_handler; an empty home shard; and a return address outside the page of
+// the detour's push below the red zone, the page this thread just wrote, where
+// kretprobe_pre's fault-safe copies are needed.
+#define KSAVE 112       /* rax rcx rdx rsi rdi r8-r11 rbx r12 r13 r15, the flags */
+#define KFLAGS 104
+        .macro  KRET_RESTORE
+        movzwl  KFLAGS(%rsp), %eax
+        add     $0x7f, %al              // OF = (al == 1)
+        sahf                            // SF ZF AF PF CF
+        mov     (%rsp), %rax
+        mov     8(%rsp), %rcx
+        mov     16(%rsp), %rdx
+        mov     24(%rsp), %rsi
+        mov     32(%rsp), %rdi
+        mov     40(%rsp), %r8
+        mov     48(%rsp), %r9
+        mov     56(%rsp), %r10
+        mov     64(%rsp), %r11
+        mov     72(%rsp), %rbx
+        mov     80(%rsp), %r12
+        mov     88(%rsp), %r13
+        mov     96(%rsp), %r15
+        lea     KSAVE(%rsp), %rsp       // lea: the flags are the program's again
+        .endm
+
+        .globl  ukp_kret_entry_trampoline
+        .hidden ukp_kret_entry_trampoline
+        .type   ukp_kret_entry_trampoline, @function
+        .p2align 4
+ukp_kret_entry_trampoline:
+        .cfi_startproc
+        .cfi_undefined rip
+        lea     -KSAVE(%rsp), %rsp
+        mov     %rax, (%rsp)
+        mov     %rcx, 8(%rsp)
+        mov     %rdx, 16(%rsp)
+        mov     %rsi, 24(%rsp)
+        mov     %rdi, 32(%rsp)
+        mov     %r8, 40(%rsp)
+        mov     %r9, 48(%rsp)
+        mov     %r10, 56(%rsp)
+        mov     %r11, 64(%rsp)
+        mov     %rbx, 72(%rsp)
+        mov     %r12, 80(%rsp)
+        mov     %r13, 88(%rsp)
+        mov     %r15, 96(%rsp)
+        lahf
+        seto    %al
+        mov     %ax, KFLAGS(%rsp)
+        FAST_SECTION_BEGIN .Lkret_declined
+        cmpb    $0, ukp_handlers_silenced(%rip)
+        jne     .Lkret_section_declined
+        mov     KSAVE+8(%rsp), %rax             // the Point
+        mov     UKP_PT_LIST(%rax), %rax
+        test    %rax, %rax
+        jz      .Lkret_section_declined
+        cmpl    $1, (%rax)                      // ProbeList::count
+        jne     .Lkret_section_declined
+        mov     UKP_LIST_PROBE0(%rax), %rdi     // the probe
+        lea     ukp_kretprobe_pre(%rip), %rcx
+        cmp     UKP_KP_PRE_HANDLER(%rdi), %rcx
+        jne     .Lkret_section_declined
+        testl   $UKP_KP_OFF_FLAGS, UKP_KP_FLAGS(%rdi)
+        jnz     .Lkret_section_declined
+        cmpq    $0, UKP_RP_ENTRY_HANDLER(%rdi)
+        jne     .Lkret_section_declined
+        mov     UKP_RP_PRIVATE(%rdi), %r8       // the pool
+        test    %r8, %r8
+        jz      .Lkret_section_declined
+        mov     ukp_ret_thread@gottpoff(%rip), %rbx
+        cmpb    $0, %fs:UKP_RT_HOOKED(%rbx)
+        je      .Lkret_section_declined
+        mov     %fs:UKP_RT_TID(%rbx), %r10d
+        test    %r10d, %r10d
+        jz      .Lkret_section_declined
+        mov     %fs:UKP_RT_HOME(%rbx), %eax
+        test    %eax, %eax
+        jz      .Lkret_section_declined
+        lea     KSAVE+144(%rsp), %r9            // the program's sp, at its return address
+        lea     7(%r9), %rdx
+        lea     KSAVE+8(%rsp), %rcx             // the detour's push
+        xor     %rcx, %rdx
+        shr     $12, %rdx
+        jnz     .Lkret_section_declined
+        shl     $6, %eax
+        lea     UKP_POOL_SHARDS-64(%r8,%rax), %rsi // the home shard's free list
+        mov     (%rsi), %rax
+.Lkret_pop:                                     // (a tag << 32) | (index + 1) on top
+        test    %eax, %eax
+        jz      .Lkret_section_declined
+        lea     -1(%rax), %edx
+        imul    UKP_POOL_STRIDE(%r8), %rdx
+        add     UKP_POOL_MEM(%r8), %rdx         // the instance on top
+        mov     UKP_RI_NEXT_FREE(%rdx), %ecx
+        mov     %rax, %r11
+        shr     $32, %r11
+        inc     %r11                            // a new tag, so that a stale next_free
+        shl     $32, %r11                       // (popped and pushed back meanwhile)
+        or      %rcx, %r11                      // makes the exchange fail
+        lock cmpxchg %r11, (%rsi)
+        jne     .Lkret_pop
+        movl    $UKP_RI_LIVE, UKP_RI_STATE(%rdx)
+        mov     %rdi, UKP_RI_RP(%rdx)
+        mov     (%r9), %rax
+        mov     %rax, UKP_RI_RET_ADDR(%rdx)
+        mov     %r10d, UKP_RI_TASK(%rdx)
+        mov     %r9, UKP_RI_FP(%rdx)
+        mov     UKP_RI_INDEX(%rdx), %eax
+        shl     $UKP_STUB_SHIFT, %rax
+        mov     UKP_POOL_SLED(%r8), %rcx
+        lea     UKP_STUB_ENTRY(%rcx,%rax), %rax
+        mov     %rax, (%r9)                     // the return goes to the instance's stub
+        mov     %fs:UKP_RT_HEAD(%rbx), %rax
+        mov     %rax, UKP_RI_NEXT(%rdx)
+        mov     %rdx, %fs:UKP_RT_HEAD(%rbx)     // the newest of the thread's list
+        FAST_SECTION_END
+        KRET_RESTORE
+        ret
+.Lkret_section_declined:
+        FAST_SECTION_END
+.Lkret_declined:
+        KRET_RESTORE
+        jmp     ukp_optprobe_trampoline
+        .cfi_endproc
+        .size   ukp_kret_entry_trampoline, .-ukp_kret_entry_trampoline
+
 // The return trampoline of kretprobes. A hijacked return address points at an
 // instance's stub in its pool's sled:   push literal(%rip) ; jmp *trampoline(%rip)
 // so on entry (%rsp) = the literal, the address of the instance's ret_addr, and the
@@ -590,8 +726,8 @@ ukp_kretprobe_trampoline:
         mov     FRAME+128(%rsp), %r14
         sub     $UKP_RI_RET_ADDR, %r14          // the stub's literal: &ri->pub.ret_addr
         FAST_SECTION_BEGIN .Lret_dispatch
-        mov     ukp_ret_head@gottpoff(%rip), %rbx
-        cmp     %fs:(%rbx), %r14                // the thread's newest instance
+        mov     ukp_ret_thread@gottpoff(%rip), %rbx
+        cmp     %fs:UKP_RT_HEAD(%rbx), %r14     // the thread's newest instance
         jne     .Lret_fast_declined
         cmpl    $UKP_RI_LIVE, UKP_RI_STATE(%r14)
         jne     .Lret_fast_declined
@@ -617,7 +753,7 @@ ukp_kretprobe_trampoline:
         je      .Lret_fast_declined
 .Lret_fast_take:
         mov     UKP_RI_NEXT(%r14), %rdx         // off the thread's list
-        mov     %rdx, %fs:(%rbx)
+        mov     %rdx, %fs:UKP_RT_HEAD(%rbx)
         mov     UKP_RI_RET_ADDR(%r14), %rdx     // regs->ip: the real return address
         mov     %rdx, RIP(%rsp)
         test    %rax, %rax
