@@ -63,6 +63,7 @@ struct Point {
     uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
     arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
+    uint64_t copy_code = 0;   // the detour's relocated region (optimizer.cpp), 0 without one
     bool armed = false;       // int3 in place; changed under the registry mutex
     // Times the int3 was taken out (under the registry mutex): threads may then run into the
     // region through the original code, so the optimizer that looked for them before one
@@ -75,7 +76,7 @@ struct Point {
     arch::DetourLayout layout;  // where the relocated region is in it
     // The kretprobe detour's entry (arch::emit_kret_detour), after the detour in the same
     // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
-    // a kretprobe without an entry_handler (opt_target).
+    // a kretprobe without an entry_handler (opt_target). It resumes at copy_code.
     uint64_t kret_code = 0;
     uint64_t jump_target = 0;   // where the jmp in place leads (optimized)
     uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)

@@ -12,6 +12,7 @@
 /* struct Point */
 #define UKP_PT_ADDR 0
 #define UKP_PT_LIST 104         /* std::atomic<ProbeList *> list */
+#define UKP_PT_COPY 112         /* uint64_t copy_code: the detour's relocated region */
 
 /* struct ProbeList */
 #define UKP_LIST_FAST 25        /* uint8_t fast: one of the UKP_FAST_* below */
@@ -38,7 +39,8 @@
 #define UKP_RI_NEXT 0           /* RetInstance *next: the thread's list, most recent first */
 #define UKP_RI_POOL 8
 #define UKP_RI_INDEX 16
-#define UKP_RI_SHARD 20
+#define UKP_RI_SHARD 20         /* uint16_t shard */
+#define UKP_RI_CALLED 22        /* bool called */
 #define UKP_RI_STATE 24         /* std::atomic<int> state */
 #define UKP_RI_NEXT_FREE 28
 #define UKP_RI_PUB 32           /* kretprobe_instance pub: what handlers see */
@@ -52,8 +54,8 @@
 #define UKP_POOL_STRIDE 16      /* size_t stride: bytes per instance */
 #define UKP_POOL_MEM 24         /* uint8_t *mem: the instances */
 #define UKP_POOL_SLED 32        /* uint64_t sled: the stubs, 1 << UKP_STUB_SHIFT bytes each */
-#define UKP_STUB_SHIFT 5        /* log2 of arch::kRetStubSize */
-#define UKP_STUB_ENTRY 1        /* arch::kRetStubEntry: a hijacked return address's offset */
+#define UKP_STUB_SHIFT 6        /* log2 of arch::kRetStubSize */
+#define UKP_STUB_CALL 0         /* arch::kRetStubCall: where a kretprobe's detour sends a call */
 #define UKP_RI_RP 32            /* pub.rp */
 #define UKP_RI_TASK 48          /* pub.task */
 #define UKP_RP_HANDLER 72       /* struct kretprobe: handler */

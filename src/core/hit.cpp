@@ -859,7 +859,8 @@ static_assert(offsetof(ThreadState, reader) == UKP_TS_READER);
 static_assert(offsetof(ThreadState, fast_frame) == UKP_TS_FAST_FRAME);
 static_assert(offsetof(ReaderSlot, word) == 0 && kDepthMask == UKP_SECTION_DEPTH_MASK &&
               kSectionOne + 1 == UKP_SECTION_NEW);
-static_assert(offsetof(Point, addr) == UKP_PT_ADDR && offsetof(Point, list) == UKP_PT_LIST);
+static_assert(offsetof(Point, addr) == UKP_PT_ADDR && offsetof(Point, list) == UKP_PT_LIST &&
+              offsetof(Point, copy_code) == UKP_PT_COPY);
 static_assert(offsetof(ProbeList, fast) == UKP_LIST_FAST && offsetof(ProbeList, probes) == UKP_LIST_PROBE0);
 static_assert(offsetof(kprobe, pre_handler) == UKP_KP_PRE_HANDLER && offsetof(kprobe, flags) == UKP_KP_FLAGS);
 static_assert((KPROBE_FLAG_GONE | KPROBE_FLAG_DISABLED) == UKP_KP_OFF_FLAGS);

@@ -2,7 +2,9 @@
 //
 // On entry the return address is saved in an instance and replaced by the address of
 // that instance's stub in its pool's sled; the stub jumps to the return trampoline, which
-// runs the handler and resumes at the real return address. The stub tells which
+// runs the handler and resumes at the real return address. On the jump path (a kretprobe
+// alone on its entry) the stub calls the function instead, which puts the same address
+// in the same place and keeps the CPU's return predictions right (trampolines.S). The stub tells which
 // instance returned, so pairing needs no search; DWARF CFI registered for the sled (with
 // libgcc, libunwind, and debuggers through GDB's JIT interface) lets unwinders (C++
 // exceptions, backtraces, gdb's bt) walk through a hijacked frame to its real caller. Frames left without returning (exceptions, longjmp, thread exit) release their
@@ -169,6 +171,7 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
     ri->pub.ret_addr = reinterpret_cast<kprobe_opcode_t *>(ret);
     ri->pub.task = current_tid();
     ri->pub.fp = slot;
+    ri->called = false;
     if (rp->entry_handler != nullptr) {
         // Non-zero: leave this call alone. A fault: the same, and the instance goes back.
         if (call_guarded(p, reinterpret_cast<void *>(rp->entry_handler), &ri->pub, regs, pool->entry_gpr_only,
@@ -381,22 +384,29 @@ std::vector<uint8_t> sled_eh_frame(RetPool *pool, Unwinder unwinder, size_t *fde
         // frame-identity check to trip: DW_CFA_def_cfa rsp, 0.
         for (uint8_t b : std::initializer_list<uint8_t>{0x0c, 7, 0}) u8(b);
     }
-    // The CFA's offset from rsp at a stub's entry: after its push, 8 more.
+    // The CFA's offset from rsp at a stub's entry (and at its call): 8 more while the
+    // return address or the literal is on the stack, before the call and after the push.
     const uint8_t cfa_offset = unwinder == Unwinder::kLibgcc ? 8 : 0;
-    static_assert(arch::kRetStubSize - arch::kRetStubPushed < 64); // one-byte DW_CFA_advance_loc
+    const auto row = [&](size_t advance, uint8_t offset) {
+        u8(static_cast<uint8_t>(0x40 | advance)); // DW_CFA_advance_loc
+        u8(0x0e);                                 // DW_CFA_def_cfa_offset
+        u8(offset);
+    };
+    static_assert(arch::kRetStubCall == 0 && arch::kRetStubCalling < arch::kRetStubEntry &&
+                  arch::kRetStubSize - arch::kRetStubPushed < 64); // one-byte DW_CFA_advance_loc
     for (uint32_t i = 0; i < pool->count; ++i) {
         if (i > 0) {
-            u8(0x40 | (arch::kRetStubSize - arch::kRetStubPushed)); // DW_CFA_advance_loc
-            u8(0x0e); // DW_CFA_def_cfa_offset
-            u8(cfa_offset);
+            row(arch::kRetStubSize - arch::kRetStubPushed, cfa_offset + 8);
+        } else {
+            u8(0x0e);
+            u8(cfa_offset + 8);
         }
         // DW_CFA_val_expression(rip, {DW_OP_addr &ret_addr; DW_OP_deref})
         for (uint8_t b : std::initializer_list<uint8_t>{0x16, 16, 10, 0x03}) u8(b);
         u64(reinterpret_cast<uint64_t>(&pool->at(i)->pub.ret_addr));
         u8(0x06);
-        u8(0x40 | arch::kRetStubPushed);
-        u8(0x0e);
-        u8(cfa_offset + 8);
+        row(arch::kRetStubCalling, cfa_offset);
+        row(arch::kRetStubPushed - arch::kRetStubCalling, cfa_offset + 8);
     }
     pad(fde);
     set_len(fde);
@@ -434,9 +444,9 @@ RetPool *make_pool(kretprobe *rp) {
     pool->mem = static_cast<uint8_t *>(std::aligned_alloc(64, pool->count * pool->stride));
     if (pool->mem != nullptr) std::memset(pool->mem, 0, pool->count * pool->stride);
     // The stubs, then a copy of their unwind information within 32-bit offsets of them
-    // (for libunwind's search table): 19 bytes a stub plus headers.
+    // (for libunwind's search table): 22 bytes a stub plus headers.
     const size_t stubs = pool->count * arch::kRetStubSize;
-    pool->sled_size = (stubs + pool->count * 24 + 128 + 4095) & ~size_t{4095};
+    pool->sled_size = (stubs + pool->count * 32 + 128 + 4095) & ~size_t{4095};
     pool->sled = text::alloc_code(pool->sled_size);
     if (pool->mem == nullptr || pool->sled == 0) {
         free_pool(pool);
@@ -448,7 +458,7 @@ RetPool *make_pool(kretprobe *rp) {
         new (ri) RetInstance{};
         ri->pool = pool;
         ri->index = i;
-        ri->shard = pool->shard_of(i);
+        ri->shard = static_cast<uint16_t>(pool->shard_of(i));
         // Each shard's list in index order; its last instance ends it.
         const bool last = i + 1 == pool->count || pool->shard_of(i + 1) != pool->shard_of(i);
         ri->next_free.store(last ? 0 : i + 2, std::memory_order_relaxed);
@@ -627,7 +637,8 @@ static_assert(offsetof(kretprobe, handler) == UKP_RP_HANDLER &&
               offsetof(kretprobe, ukp_private) == UKP_RP_PRIVATE);
 static_assert(offsetof(RetPool, stride) == UKP_POOL_STRIDE && offsetof(RetPool, mem) == UKP_POOL_MEM &&
               offsetof(RetPool, sled) == UKP_POOL_SLED && ukp::arch::kRetStubSize == 1u << UKP_STUB_SHIFT &&
-              ukp::arch::kRetStubEntry == UKP_STUB_ENTRY);
+              ukp::arch::kRetStubCall == UKP_STUB_CALL && offsetof(RetInstance, called) == UKP_RI_CALLED &&
+              RetPool::kShards < 65536);
 static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, rp) == UKP_RI_RP &&
               offsetof(RetInstance, pub) + offsetof(kretprobe_instance, task) == UKP_RI_TASK);
 static_assert(offsetof(RetThread, head) == UKP_RT_HEAD && offsetof(RetThread, tid) == UKP_RT_TID &&

@@ -527,13 +527,14 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     const size_t kret_at = (kDetourOffset + layout.size + 15) & ~size_t{15};
     int kret_size = -ENOSPC;
     if (kret_at < sizeof buf)
-        kret_size = arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt),
-                                           slot + kDetourOffset + layout.copy, buf + kret_at, sizeof buf - kret_at);
+        kret_size = arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at,
+                                           sizeof buf - kret_at);
     const size_t used = kret_size > 0 ? kret_at + static_cast<size_t>(kret_size) : kDetourOffset + layout.size;
     if (text::write(slot, buf, used) != 0) return;
     pt->detour = slot;
     pt->detour_code = slot + kDetourOffset;
     pt->kret_code = kret_size > 0 ? slot + kret_at : 0;
+    pt->copy_code = pt->detour_code + layout.copy;
     pt->layout = layout;
     std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);
     // With another probe inside the region, the breakpoint path must reach it.

@@ -324,8 +324,8 @@ TEST(JitDebug, GdbInsideTheReturnPathWalksToTheRealCaller) {
     while (!g_waiting.load()) usleep(1000);
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     const GdbRun run = run_gdb({"-p", std::to_string(getpid()), "-ex",
-                                "break *((char *) 'ukp_kretprobe_stub.ukj_mid' + 7)", "-ex",
-                                "break ukp_kretprobe_trampoline_exit", "-ex", "set var g_go_on = 1", "-ex", "continue",
+                                "break *((char *) 'ukp_kretprobe_stub.ukj_mid' + 15)", "-ex",
+                                "break ukp_kretprobe_trampoline_exit", "-ex", "break ukp_kretprobe_trampoline_ret", "-ex", "set var g_go_on = 1", "-ex", "continue",
                                 "-ex", "echo STUB\\n", "-ex", "bt", "-ex", "continue", "-ex", "echo EXIT\\n", "-ex",
                                 "bt", "-ex", "delete", "-ex", "detach"});
     g_go_on = 1; // if gdb did not

@@ -1128,6 +1128,80 @@ TEST_F(KretprobesTest, BacktracesShowTheRealCallers) {
     }
 }
 
+// Registers a handler-only kretprobe (ret_record) on sym and waits for its jump: alone on
+// the entry, it is entered through its own detour, whose trampoline sends the call
+// through the instance's stub (the frame's return address is the stub's call's).
+void put_called_rp(kretprobe *rp, const char *sym, int maxactive) {
+    *rp = make_rp(sym, maxactive, /*with_entry=*/false);
+    ASSERT_EQ(register_kretprobe(rp), 0);
+    ukp_optimizer_flush();
+    ASSERT_NE(rp->kp.flags & KPROBE_FLAG_OPTIMIZED, 0u) << sym;
+}
+
+void register_called_bt_probes() {
+    g_bt_rc[0] = g_bt_rc[1] = -1;
+    put_called_rp(&g_bt_level, "ukr_bt_level", 16);
+    put_called_rp(&g_bt_capture, "ukr_bt_capture", 16);
+    g_bt_rc[0] = g_bt_rc[1] = 0;
+    // The thread's first hit is the C path's, the rest the trampoline's.
+    g_nevents = 0;
+    Trace warm;
+    EXPECT_EQ(ukr_bt_level(2, &warm), 3) << "warm-up";
+    g_nevents = 0;
+}
+
+// Frames entered through a kretprobe's own detour (the stub calls the function, see
+// trampoline.hpp) unwind as hijacked ones do: backtraces show the real callers, C++
+// exceptions and longjmp through them release their instances, on a thread whose entries
+// take the trampoline's way.
+TEST_F(KretprobesTest, FramesTheStubCalledUnwindAsOthers) {
+    std::thread([] {
+        Trace traces[2];
+        Trace warm;
+        take_trace(&warm); // loads libgcc_s for backtrace()
+        trace_twice(traces, register_called_bt_probes);
+        ASSERT_EQ(g_bt_rc[0], 0);
+        ASSERT_EQ(g_bt_rc[1], 0);
+        EXPECT_EQ(g_nevents, 5) << "ukr_bt_capture and four ukr_bt_level frames returned through probes";
+        unregister_kretprobe(&g_bt_capture);
+        unregister_kretprobe(&g_bt_level);
+        const Trace &ref = traces[0], &got = traces[1];
+        ASSERT_EQ(got.nbt, ref.nbt) << "backtrace(): same depth as without probes";
+        for (int i = 0; i < ref.nbt; ++i) EXPECT_EQ(got.bt[i], ref.bt[i]) << "backtrace() frame " << i;
+        ASSERT_EQ(got.nuw, ref.nuw) << "_Unwind_Backtrace: same depth as without probes";
+        for (int i = 0; i < ref.nuw; ++i) EXPECT_EQ(got.uw[i], ref.uw[i]) << "_Unwind_Backtrace frame " << i;
+
+        kretprobe dive{};
+        put_called_rp(&dive, "ukr_dive", 64);
+        EXPECT_EQ(ukr_dive(2, -1, 0), 2) << "warm-up";
+        g_ctor = g_dtor = 0;
+        g_nevents = 0;
+        int value = 0;
+        EXPECT_TRUE(throw_through(49, &value)) << "caught where it should be";
+        EXPECT_EQ(value, 7);
+        EXPECT_EQ(g_dtor, 50) << "every skipped frame's destructor ran";
+        EXPECT_EQ(g_nevents, 0) << "skipped frames get no return handler";
+        EXPECT_EQ(dive.ukp_unwound, 50ul) << "the skipped frames' instances were released";
+        EXPECT_EQ(ukr_dive(3, -1, 0), 3);
+        ASSERT_EQ(g_nevents, 4);
+        for (int i = 0; i < 4; ++i) EXPECT_EQ(g_events[i].value, i);
+        EXPECT_EQ(dive.nmissed, 0);
+        unregister_kretprobe(&dive);
+
+        kretprobe jump{};
+        put_called_rp(&jump, "ukr_jump", 4);
+        EXPECT_EQ(ukr_jump(1, -1, 0), 1) << "warm-up";
+        g_nevents = 0;
+        for (int i = 0; i < 100; ++i) ASSERT_EQ(jump_out(2, 1), 5);
+        EXPECT_EQ(g_nevents, 0);
+        for (int i = 0; i < 5; ++i) EXPECT_EQ(ukr_jump(3, -1, 0), 3);
+        EXPECT_EQ(jump.nmissed, 0) << "instances of jumped-over frames came back to the pool";
+        EXPECT_EQ(g_nevents, 5 * 4);
+        EXPECT_EQ(jump.ukp_unwound, 300ul);
+        unregister_kretprobe(&jump);
+    }).join();
+}
+
 // ---- unregister with live instances ------------------------------------------------------------
 
 std::atomic<int> g_block_inside{0}, g_block_release{0};

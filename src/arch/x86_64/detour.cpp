@@ -120,12 +120,15 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
     return 0;
 }
 
-int emit_kret_detour(uint64_t dest, uint64_t context, uint64_t copy, uint8_t *out, size_t cap) {
+int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) {
+    // jmp *-8(%rsp): to the address the trampoline left in the red zone, dead at a
+    // function's entry, and out of a signal frame's way (the kernel skips 128 bytes).
+    static constexpr uint8_t kJmpLeft[] = {0xff, 0x64, 0x24, 0xf8};
     Head h;
     if (int err = emit_head(dest, ukp_kret_entry_trampoline, out, cap, &h); err != 0) return err;
-    const int r = emit_jmp(dest + h.end, copy, out + h.end, cap - h.end);
-    if (r < 0) return r;
-    return put_literals(h, context, h.end + static_cast<size_t>(r), out, cap);
+    if (cap < h.end + sizeof kJmpLeft) return -ENOSPC;
+    std::memcpy(out + h.end, kJmpLeft, sizeof kJmpLeft);
+    return put_literals(h, context, h.end + sizeof kJmpLeft, out, cap);
 }
 
 uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t orig) {

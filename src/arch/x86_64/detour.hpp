@@ -15,7 +15,9 @@
 //
 // A point whose one probe is a kretprobe is entered by a second, shorter detour instead
 // (emit_kret_detour): the same first three instructions calling ukp_kret_entry_trampoline,
-// then `lea 136(%rsp),%rsp ; jmp copy`, to the first detour's copy.
+// then `lea 136(%rsp),%rsp ; jmp *-8(%rsp)`, to where the trampoline chose: the first
+// detour's copy, or the return stub of the instance it took (trampoline.hpp), which calls
+// that copy so that the function's own `ret` is predicted.
 //
 // The dispatcher resumes at `copy` (or wherever a handler sent the thread). The copy is
 // also what the breakpoint path runs once a detour exists, and where a thread found inside
@@ -66,9 +68,10 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
                 DetourLayout *layout);
 
 // Emits into out[0, cap), to run at `dest`, the detour of a point whose one probe is a
-// kretprobe: it calls ukp_kret_entry_trampoline with `context`, then jumps to `copy` (the
-// relocated region of the point's detour). Returns the bytes emitted, or -ENOSPC.
-int emit_kret_detour(uint64_t dest, uint64_t context, uint64_t copy, uint8_t *out, size_t cap);
+// kretprobe: it calls ukp_kret_entry_trampoline with `context`, then jumps to the address
+// the trampoline left 8 bytes below the program's stack pointer. Returns the bytes
+// emitted, or -ENOSPC.
+int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap);
 
 // The address in the detour at `dest` where execution that reached `orig` (the start of a
 // DCR instruction, probe address included) goes on; 0 if orig starts no DCR instruction.

@@ -38,17 +38,24 @@ __attribute__((constructor)) void measure_extended_state() {
 namespace ukp::arch {
 
 void emit_ret_stub(uint64_t literal, uint8_t *out) {
-    // push 9(%rip) pushes the first literal (at +16), jmp *11(%rip) goes through the
-    // second (at +24), so the stub works at any distance from the trampoline. No `call`:
-    // the trampoline leaves by a jump, and a call here would leave its return address on
-    // the CPU's return stack, to be mispredicted by the caller's own `ret`.
-    static constexpr uint8_t kCode[] = {0x90, 0xff, 0x35, 0x09, 0x00, 0x00, 0x00, 0xff, 0x25, 0x0b, 0x00, 0x00, 0x00};
-    static_assert(kRetStubSize >= 32 && kRetStubPushed == 7);
+    // push 33(%rip) pushes the first literal (at +48), jmp *35(%rip) goes through the
+    // second (at +56), so the stub works at any distance from the trampoline. No `call`
+    // there: the trampoline leaves by a jump (or by `ret` after a call from the stub's
+    // start), and a call would leave its return address on the CPU's return stack, to be
+    // mispredicted by the caller's own `ret`.
+    static constexpr uint8_t kCode[] = {
+        0x48, 0x8d, 0x64, 0x24, 0x08,       // lea 8(%rsp),%rsp
+        0xff, 0x54, 0x24, 0xe8,             // call *-24(%rsp)
+        0xff, 0x35, 0x21, 0x00, 0x00, 0x00, // push 0x21(%rip)
+        0xff, 0x25, 0x23, 0x00, 0x00, 0x00, // jmp *0x23(%rip)
+    };
+    static_assert(kRetStubSize == 64 && kRetStubCalling == 5 && kRetStubEntry == 9 && kRetStubPushed == 15 &&
+                  sizeof kCode == 21);
     const auto trampoline = reinterpret_cast<uint64_t>(&ukp_kretprobe_trampoline);
     std::memset(out, 0xcc, kRetStubSize);
     std::memcpy(out, kCode, sizeof kCode);
-    std::memcpy(out + 16, &literal, sizeof literal);
-    std::memcpy(out + 24, &trampoline, sizeof trampoline);
+    std::memcpy(out + 48, &literal, sizeof literal);
+    std::memcpy(out + 56, &trampoline, sizeof trampoline);
 }
 
 int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) {

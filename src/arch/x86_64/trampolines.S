@@ -513,8 +513,7 @@ ukp_optprobe_trampoline:
         je      .Lopt_fast_copy
         jmp     .Lopt_elsewhere
 .Lopt_fast_sp_moved:
-        mov     FRAME(%rsp), %rax
-        add     $DETOUR_BACK_LEN, %rax
+        mov     UKP_PT_COPY(%r14), %rax
         mov     %rax, RIP(%rsp)
         jmp     .Lopt_elsewhere
         .globl  ukp_optprobe_fast_recovery
@@ -549,18 +548,23 @@ ukp_optprobe_fast_recovery:
         .cfi_endproc
         .size   ukp_optprobe_trampoline, .-ukp_optprobe_trampoline
 
-// What a detour calls at a point prepared for a kretprobe (optimizer.cpp), entered as
+// What a kretprobe's own detour (detour.hpp, emit_kret_detour) calls, entered as
 // ukp_optprobe_trampoline is. In the usual case, the point's one probe a kretprobe without
-// an entry_handler, it does what kretprobe_pre (kretprobe.cpp) would: takes an instance
-// from the thread's home shard, saves the return address in it, puts the address of the
-// instance's stub in its place, and puts the instance on the thread's list; with the 13
-// registers that takes saved here and the arithmetic flags kept by LAHF and SETO, where
-// a pt_regs and the C code cost three times as much. Left to ukp_optprobe_trampoline,
-// with the registers and flags as they came: what its fast case declines (this thread
-// runs a handler or agent work, or has no reader slot of its own); a thread's first
-// entry (its id, home shard and exit hook are set there); another probe at the point, or
-// none; an entry_handler; an empty home shard; and a return address outside the page of
-// the detour's push below the red zone, the page this thread just wrote, where
+// an entry_handler, it does what kretprobe_pre (kretprobe.cpp) would, another way: takes
+// an instance from the thread's home shard, saves the return address in it and puts it
+// on the thread's list, but leaves the return address in place: the detour goes on to the
+// instance's stub (trampoline.hpp), which drops it and calls the relocated region, so
+// that the function returns to the stub where the CPU's return stack predicts, and the
+// return trampoline leaves by a predicted `ret` too. The stub's address and the region's
+// go 8 and 16 bytes below the program's stack pointer, in the red zone of a function
+// that has not started. It saves the 13 registers that takes and the arithmetic flags
+// (LAHF and SETO), where a pt_regs and the C code cost three times as much.
+// Left to ukp_optprobe_trampoline, with the registers and flags as they came and the
+// region's address where the detour jumps: what its fast case declines (this thread runs
+// a handler or agent work, or has no reader slot of its own); a thread's first entry (its
+// id, home shard and exit hook are set there); another probe at the point, or none; an
+// entry_handler; an empty home shard; and a return address outside the page of the
+// detour's push below the red zone, the page this thread just wrote, where
 // kretprobe_pre's fault-safe copies are needed.
 #define KSAVE 112       /* rax rcx rdx rsi rdi r8-r11 rbx r12 r13 r15, the flags */
 #define KFLAGS 104
@@ -666,11 +670,14 @@ ukp_kret_entry_trampoline:
         mov     %rax, UKP_RI_RET_ADDR(%rdx)
         mov     %r10d, UKP_RI_TASK(%rdx)
         mov     %r9, UKP_RI_FP(%rdx)
+        movb    $1, UKP_RI_CALLED(%rdx)
         mov     UKP_RI_INDEX(%rdx), %eax
         shl     $UKP_STUB_SHIFT, %rax
-        mov     UKP_POOL_SLED(%r8), %rcx
-        lea     UKP_STUB_ENTRY(%rcx,%rax), %rax
-        mov     %rax, (%r9)                     // the return goes to the instance's stub
+        add     UKP_POOL_SLED(%r8), %rax        // the instance's stub (UKP_STUB_CALL: 0)
+        mov     %rax, -8(%r9)                   // where the detour jumps, and the copy
+        mov     KSAVE+8(%rsp), %rcx             // of the region the stub calls
+        mov     UKP_PT_COPY(%rcx), %rcx
+        mov     %rcx, -16(%r9)
         mov     %fs:UKP_RT_HEAD(%rbx), %rax
         mov     %rax, UKP_RI_NEXT(%rdx)
         mov     %rdx, %fs:UKP_RT_HEAD(%rbx)     // the newest of the thread's list
@@ -679,14 +686,18 @@ ukp_kret_entry_trampoline:
         ret
 .Lkret_section_declined:
         FAST_SECTION_END
-.Lkret_declined:
+.Lkret_declined:                                // where the detour jumps if the usual
+        mov     KSAVE+8(%rsp), %rax             // trampoline returns to it: the copy
+        mov     UKP_PT_COPY(%rax), %rax
+        mov     %rax, KSAVE+136(%rsp)
         KRET_RESTORE
         jmp     ukp_optprobe_trampoline
         .cfi_endproc
         .size   ukp_kret_entry_trampoline, .-ukp_kret_entry_trampoline
 
-// The return trampoline of kretprobes. A hijacked return address points at an
-// instance's stub in its pool's sled:   push literal(%rip) ; jmp *trampoline(%rip)
+// The return trampoline of kretprobes. A hijacked return address, or the return address
+// of the stub's call, points at an instance's stub in its pool's sled (trampoline.hpp):
+//     push literal(%rip) ; jmp *trampoline(%rip)
 // so on entry (%rsp) = the literal, the address of the instance's ret_addr, and the
 // program's stack pointer, after its function returned, is %rsp + 8. Below it is dead:
 // the caller made a call, so it keeps nothing in its red zone. The frame still goes 128
@@ -697,9 +708,11 @@ ukp_kret_entry_trampoline:
 // When the handler left sp alone, it leaves by `jmp *-8(%rsp)` from the program's sp,
 // with the return address where the literal was: a signal arriving between the two steps
 // keeps off that word, the 128 bytes below a user stack pointer that the kernel skips.
-// The probed function's `ret` to the stub missed the return stack's prediction once; a
-// `ret` here would miss it again (the stub made no call), where the indirect jump is
-// predicted from its own history, and the return stack stays in step with the program.
+// The probed function's `ret` to a hijacked address missed the return stack's prediction
+// once; a `ret` here would miss it again (the stub made no call), where the indirect jump
+// is predicted from its own history, and the return stack stays in step with the program.
+// When the stub called the function (RetInstance::called) its `ret` was predicted, and
+// the caller's return address is on top of the return stack: then it leaves by `ret`.
         .globl  ukp_kretprobe_trampoline
         .hidden ukp_kretprobe_trampoline
         .type   ukp_kretprobe_trampoline, @function
@@ -725,6 +738,8 @@ ukp_kretprobe_trampoline:
         // r14 the instance; rbx the list head (an %fs offset) until the handler's call.
         mov     FRAME+128(%rsp), %r14
         sub     $UKP_RI_RET_ADDR, %r14          // the stub's literal: &ri->pub.ret_addr
+        movzbl  UKP_RI_CALLED(%r14), %eax       // how to leave, kept where the frame
+        mov     %rax, AT_HIT(%rsp)              // has room (SAVE_PT_REGS's snap is unused)
         FAST_SECTION_BEGIN .Lret_dispatch
         mov     ukp_ret_thread@gottpoff(%rip), %rbx
         cmp     %fs:UKP_RT_HEAD(%rbx), %r14     // the thread's newest instance
@@ -764,7 +779,7 @@ ukp_kretprobe_trampoline:
         FAST_HANDLER_CALL %rdx
 .Lret_fast_release:                             // back to its shard's free list
         mov     UKP_RI_POOL(%r14), %rcx
-        mov     UKP_RI_SHARD(%r14), %eax
+        movzwl  UKP_RI_SHARD(%r14), %eax
         shl     $6, %eax
         lea     UKP_POOL_SHARDS(%rcx,%rax), %rsi
         movl    $UKP_RI_FREE, UKP_RI_STATE(%r14)
@@ -800,6 +815,8 @@ ukp_kretprobe_trampoline:
         jne     .Lret_elsewhere
         mov     RIP(%rsp), %rax
         mov     %rax, FRAME+128(%rsp)   // over the literal, 8 below the program's sp
+        cmpq    $0, AT_HIT(%rsp)
+        jne     .Lret_by_ret
         .cfi_remember_state
         .cfi_offset rip, -8             // from here on, the frame returns through that word
         RESTORE_FLAGS_AND_GPRS
@@ -809,6 +826,17 @@ ukp_kretprobe_trampoline:
         .hidden ukp_kretprobe_trampoline_exit
 ukp_kretprobe_trampoline_exit:
         jmp     *-8(%rsp)
+        .cfi_restore_state
+.Lret_by_ret:                           // the stub called the function: the CPU's return
+        .cfi_remember_state             // stack holds the caller's return address on top
+        .cfi_offset rip, -8
+        RESTORE_FLAGS_AND_GPRS
+        lea     FRAME+128(%rsp), %rsp
+        .cfi_adjust_cfa_offset -FRAME-128
+        .globl  ukp_kretprobe_trampoline_ret    // for tests: a debugger stops here
+        .hidden ukp_kretprobe_trampoline_ret
+ukp_kretprobe_trampoline_ret:
+        ret
         .cfi_restore_state
 .Lret_elsewhere:
         FRAME_BELOW_RESUME
