@@ -600,7 +600,10 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     kp.flags = KPROBE_FLAG_DISABLED;
     if (def->is_return) {
         point->hook->rp.handler = on_return;
-        point->hook->rp.entry_handler = on_entry;
+        // Only for $argN: a kretprobe without one is entered by the core's shortest path
+        // (an armed but disabled event then takes an instance, and its return is counted
+        // as its entry would be: Event::hit).
+        point->hook->rp.entry_handler = def->entry_args.empty() ? nullptr : on_entry;
         point->hook->rp.maxactive = def->maxactive;
         point->hook->rp.data_size = 8 * std::max<size_t>(1, def->entry_args.size());
         r = register_kretprobe(&point->hook->rp);

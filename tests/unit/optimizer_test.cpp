@@ -4,6 +4,7 @@
 
 #include "asm_functions.h"
 #include "core/core.hpp"
+#include "jumps.h"
 #include "opt_functions_decl.h"
 
 #include <gtest/gtest.h>
@@ -547,22 +548,6 @@ TEST_F(OptimizerTest, AKretprobeOnAnOptimizedEntryTakesNoTrap) {
     EXPECT_EQ(g_ret_sum.load(), expect);
     EXPECT_EQ(rp.nmissed, 0);
     unregister_kretprobe(&rp);
-}
-
-// The trampoline the detour that a probe's jmp leads to calls (detour.hpp's layout:
-// lea, push, then the call, near or through a literal), or 0 if fn does not start with a jmp.
-uint64_t jumped_trampoline(const void *fn) {
-    const auto *p = static_cast<const uint8_t *>(fn);
-    if (p[0] != 0xe9) return 0;
-    int32_t rel;
-    std::memcpy(&rel, p + 1, sizeof rel);
-    const auto *d = p + 5 + rel;
-    std::memcpy(&rel, d + 12, sizeof rel);
-    if (d[11] == 0xe8) return reinterpret_cast<uint64_t>(d + 16 + rel);
-    EXPECT_EQ(d[11], 0xff) << "call *disp32(%rip)";
-    uint64_t target;
-    std::memcpy(&target, d + 17 + rel, sizeof target);
-    return target;
 }
 
 int entry_nothing(kretprobe_instance *, pt_regs *) { return 0; }

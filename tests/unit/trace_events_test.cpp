@@ -18,6 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include <ukprobes/kprobes.h>
+
+#include "arch/x86_64/detour.hpp"
+#include "jumps.h"
 #include "trace/counters.hpp"
 #include "trace/events.hpp"
 #include "trace/profile_table.hpp"
@@ -240,6 +244,31 @@ TEST_F(TraceEvents, TheCounterTableReadsAsKprobeProfileDoes) {
     ASSERT_EQ(file_append("kprobe_events", "-:other"), 0);
     EXPECT_EQ(profile_through_the_table(&why), read("kprobe_profile")) << why;
     EXPECT_EQ(read("kprobe_profile").find("other"), std::string::npos);
+}
+
+// A return event without $argN is a kretprobe without an entry_handler: alone on a
+// function's entry, its jump leads to the kretprobe's own detour (the core's shortest
+// way in). With $argN it keeps its entry handler, which saves them: the usual detour.
+TEST_F(TraceEvents, AReturnEventSavingNoArgumentTakesTheKretprobesOwnDetour) {
+    const void *fn = reinterpret_cast<const void *>(ttarget_triple);
+    ASSERT_EQ(file_write("kprobe_events", "r:back ttarget_triple ret=$retval:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/back/enable", "1"), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline));
+    std::thread([] {
+        for (long i = 0; i < 100; ++i) g_triple(i); // the thread's first by the usual way
+    }).join();
+    EXPECT_EQ(count_events("back"), 100u);
+    EXPECT_NE(read("trace").find(" ret=297\n"), std::string::npos) << "ttarget_triple(99)";
+    ASSERT_EQ(file_write("events/kprobes/back/enable", "0"), 0);
+
+    ASSERT_EQ(file_write("kprobe_events", "r:args ttarget_triple x=$arg1:s64 ret=$retval:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/args/enable", "1"), 0);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline));
+    g_triple(7);
+    EXPECT_NE(read("trace").find(" x=7 ret=21\n"), std::string::npos) << read("trace");
+    ASSERT_EQ(file_write("events/kprobes/args/enable", "0"), 0);
 }
 
 // Shared counters as a process lays them out, in a buffer of this test: the header, then
