@@ -146,6 +146,18 @@ extern "C" __attribute__((noinline, noipa)) int ukj_level(int depth) {
     return r + 1;
 }
 
+// GdbInTheStubsCallWalksToTheRealCaller: a function a jump can enter (one 5-byte lea
+// before its ret), and its caller.
+extern "C" __attribute__((noinline, noipa)) long ukj_called(long x) {
+    asm volatile("" ::: "memory");
+    return 3 * x + 1;
+}
+extern "C" __attribute__((noinline, noipa)) long ukj_calls(long x) {
+    long r = ukj_called(x);
+    asm volatile("" : "+r"(r));
+    return r + 1;
+}
+
 extern "C" __attribute__((noinline, noipa)) int ukj_top(int which) {
     int r = which == 0 ? ukj_mid(1) : ukj_level(2);
     asm volatile("" : "+r"(r));
@@ -348,6 +360,61 @@ TEST(JitDebug, GdbInsideTheReturnPathWalksToTheRealCaller) {
     EXPECT_EQ(at_exit[0], "ukp_kretprobe_trampoline");
     EXPECT_EQ(at_exit[1], "ukj_top") << "the trampoline's frame at its last jump";
     EXPECT_EQ(at_exit[2], "operator");
+}
+
+// The same on the kretprobe's own jump path, where the stub calls the function: stopped
+// at the stub's first instruction (the return address still on the stack), at its call
+// (the return address dropped), and at the return trampoline's `ret`, the CFI leads to
+// the real caller each time.
+TEST(JitDebug, GdbInTheStubsCallWalksToTheRealCaller) {
+    if (started_by_gdb()) return;
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukj_called";
+    rp.maxactive = 1;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    ukp_optimizer_flush();
+    ASSERT_NE(rp.kp.flags & KPROBE_FLAG_OPTIMIZED, 0u);
+    g_waiting = false;
+    g_go_on = 0;
+    std::atomic<long> result{0};
+    std::thread worker([&result] {
+        long r = ukj_calls(1); // the thread's first entry goes the C way, hijacking
+        g_waiting = true;
+        while (g_go_on == 0) usleep(1000);
+        r += ukj_calls(2);
+        result = r;
+    });
+    while (!g_waiting.load()) usleep(1000);
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    const GdbRun run =
+        run_gdb({"-p", std::to_string(getpid()), "-ex", "break *((char *) 'ukp_kretprobe_stub.ukj_called' + 0)", "-ex",
+                 "break *((char *) 'ukp_kretprobe_stub.ukj_called' + 5)", "-ex", "break ukp_kretprobe_trampoline_ret",
+                 "-ex", "set var g_go_on = 1", "-ex", "continue", "-ex", "echo FIRST\n", "-ex", "bt", "-ex",
+                 "continue", "-ex", "echo CALL\n", "-ex", "bt", "-ex", "continue", "-ex", "echo RET\n", "-ex", "bt",
+                 "-ex", "delete", "-ex", "detach"});
+    g_go_on = 1; // if gdb did not
+    worker.join();
+    unregister_kretprobe(&rp);
+    EXPECT_EQ(result.load(), 5 + 8);
+    if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
+    SCOPED_TRACE(run.output);
+    const size_t first = run.output.find("FIRST"), call = run.output.find("CALL"), ret = run.output.find("RET");
+    ASSERT_NE(first, std::string::npos);
+    ASSERT_NE(call, std::string::npos);
+    ASSERT_NE(ret, std::string::npos);
+    const std::vector<std::string> at_first = frame_functions(run.output.substr(first, call - first));
+    const std::vector<std::string> at_call = frame_functions(run.output.substr(call, ret - call));
+    const std::vector<std::string> at_ret = frame_functions(run.output.substr(ret));
+    for (const auto *frames : {&at_first, &at_call}) {
+        ASSERT_GE(frames->size(), 3u);
+        EXPECT_EQ((*frames)[0], "ukp_kretprobe_stub.ukj_called");
+        EXPECT_EQ((*frames)[1], "ukj_calls");
+        EXPECT_EQ((*frames)[2], "operator");
+    }
+    ASSERT_GE(at_ret.size(), 3u);
+    EXPECT_EQ(at_ret[0], "ukp_kretprobe_trampoline");
+    EXPECT_EQ(at_ret[1], "ukj_calls") << "the trampoline's frame at its ret";
+    EXPECT_EQ(at_ret[2], "operator");
 }
 
 } // namespace
