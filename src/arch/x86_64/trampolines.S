@@ -586,6 +586,7 @@ ukp_optprobe_fast_recovery:
         mov     88(%rsp), %r13
         mov     96(%rsp), %r15
         lea     KSAVE(%rsp), %rsp       // lea: the flags are the program's again
+        .cfi_adjust_cfa_offset -KSAVE
         .endm
 
         .globl  ukp_kret_entry_trampoline
@@ -596,6 +597,7 @@ ukp_kret_entry_trampoline:
         .cfi_startproc
         .cfi_undefined rip
         lea     -KSAVE(%rsp), %rsp
+        .cfi_adjust_cfa_offset KSAVE
         mov     %rax, (%rsp)
         mov     %rcx, 8(%rsp)
         mov     %rdx, 16(%rsp)
@@ -682,8 +684,10 @@ ukp_kret_entry_trampoline:
         mov     %rax, UKP_RI_NEXT(%rdx)
         mov     %rdx, %fs:UKP_RT_HEAD(%rbx)     // the newest of the thread's list
         FAST_SECTION_END
+        .cfi_remember_state
         KRET_RESTORE
         ret
+        .cfi_restore_state
 .Lkret_section_declined:
         FAST_SECTION_END
 .Lkret_declined:                                // where the detour jumps if the usual
