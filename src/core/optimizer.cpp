@@ -522,11 +522,13 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
         return;
     uint8_t jmp[5];
     if (!arch::encode_jmp_rel32(pt->addr, slot + kDetourOffset, jmp)) return; // slot out of reach
-    // The kretprobe detour after it, if it fits; every point gets one, since a point's
-    // probes change after it is prepared.
+    // The kretprobe detour after it, if it fits, at a function's entry: any point there
+    // gets one, since a point's probes change after it is prepared. Not where the function
+    // jumps back to its entry: the kretprobe trampoline writes into the red zone below the
+    // entry's stack pointer, dead only when the entry is reached by a call.
     const size_t kret_at = (kDetourOffset + layout.size + 15) & ~size_t{15};
     int kret_size = -ENOSPC;
-    if (kret_at < sizeof buf)
+    if (kret_at < sizeof buf && pt->addr == fn_start && !f.start_jumped)
         kret_size = arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at,
                                            sizeof buf - kret_at);
     const size_t used = kret_size > 0 ? kret_at + static_cast<size_t>(kret_size) : kDetourOffset + layout.size;

@@ -129,6 +129,22 @@
         ret
         .size   ukpt_opt_flags_probe, .-ukpt_opt_flags_probe
 
+// long ukpt_opt_reentry(long n, long started): n + (n - 1) + ... + 1 for started = 0.
+// It loops by jumping back to its first instruction with the running sum in its red zone:
+// a probe there must leave the red zone alone (a kretprobe's own detour would not).
+        FUNC    ukpt_opt_reentry
+        test    %rsi, %rsi              // 3 bytes
+        jz      1f                      // 2 bytes
+        add     %rdi, -8(%rsp)
+        jmp     2f
+1:      mov     %rdi, -8(%rsp)
+        mov     $1, %esi
+2:      dec     %rdi
+        jnz     ukpt_opt_reentry
+        mov     -8(%rsp), %rax
+        ret
+        .size   ukpt_opt_reentry, .-ukpt_opt_reentry
+
 // void ukpt_opt_regs(const long in[16]): loads the 15 general registers but rsp from
 // in[0..14] (rax rbx rcx rdx rsi rdi rbp r8 .. r15) and the flags from in[15], calls
 // ukpt_opt_regs_probe, which stores what it was entered with into ukpt_regs_seen, and

@@ -8,6 +8,7 @@ long ukpt_opt_inner(long x);
 void ukpt_opt_vectors(const void *in, void *out);
 long ukpt_opt_flags(long a, long b);
 long ukpt_opt_flags_down(long a, long b);
+long ukpt_opt_reentry(long n, long started);
 void ukpt_opt_regs(const long in[16]);
 void ukpt_opt_regs_probe();
 extern char ukpt_opt_regs_return[];

@@ -601,6 +601,25 @@ TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
     unregister_kretprobe(&with_entry);
 }
 
+// A function that jumps back to its own first instruction may keep data below its stack
+// pointer there (the red zone): a kretprobe alone on it keeps the usual detour, which
+// steps over the red zone, and the function's result is right.
+TEST_F(OptimizerTest, AFunctionJumpingBackToItsEntryKeepsItsRedZone) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_opt_reentry";
+    rp.handler = ret_handler;
+    rp.maxactive = 64;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(rp.kp));
+    EXPECT_EQ(jumped_trampoline(reinterpret_cast<const void *>(&ukpt_opt_reentry)),
+              reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline));
+    std::thread([] {
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(ukpt_opt_reentry(5, 0), 15) << i;
+    }).join();
+    unregister_kretprobe(&rp);
+}
+
 // What the return handler of RegistersAndFlagsSurviveAKretprobe saw last.
 struct SeenInstance {
     long ax;

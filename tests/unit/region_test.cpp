@@ -330,6 +330,24 @@ TEST(region, AnalyzeRecordsBoundariesTargetsAndTables) {
     EXPECT_FALSE(f.has_unresolved_indirect_jump());
 }
 
+// Whether the function's own code jumps to its first instruction: a jcc or jmp back does,
+// a recursive call does not; a jump table's entry does too (the case above: no).
+TEST(region, AJumpBackToTheStartIsRecorded) {
+    const ukp::arch::ReadFn none = [](uint64_t, void *, size_t) { return false; };
+    // dec %rdi; jnz start; ret
+    std::vector<uint8_t> code = unhex("48 ff cf | 75 fb | c3");
+    EXPECT_TRUE(analyze_function(kStart, code.data(), code.size(), none).start_jumped);
+    // dec %rdi; jmp start
+    code = unhex("48 ff cf | eb fb");
+    EXPECT_TRUE(analyze_function(kStart, code.data(), code.size(), none).start_jumped);
+    // dec %rdi; call start; ret
+    code = unhex("48 ff cf | e8 f8 ff ff ff | c3");
+    const FunctionMap f = analyze_function(kStart, code.data(), code.size(), none);
+    ASSERT_TRUE(f.reliable());
+    EXPECT_EQ(f.branch_targets, std::vector<uint64_t>{kStart});
+    EXPECT_FALSE(f.start_jumped);
+}
+
 TEST(region, AbsoluteJumpTableResolved) {
     // cmp $1,%edi; ja ret; jmp *T(,%rdi,8); ret, with T = 0x1100 (absolute, non-PIE style)
     const uint64_t start = 0x1000;

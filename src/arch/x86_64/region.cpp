@@ -635,6 +635,7 @@ void classify_pointers(FunctionMap &f, const ReadFn &read) {
         for (int32_t e : raw) ij.targets.push_back(table + static_cast<uint64_t>(static_cast<int64_t>(e)));
         for (uint64_t t : ij.targets) {
             if (in_function(f, t)) f.branch_targets.push_back(t);
+            f.start_jumped = f.start_jumped || t == f.start;
         }
         std::sort(walked.begin(), walked.end());
         walked.erase(std::unique(walked.begin(), walked.end()), walked.end());
@@ -694,6 +695,8 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
         switch (in.flow) {
         case Flow::kJump:
         case Flow::kCondJump:
+            f.start_jumped = f.start_jumped || in.target == start;
+            [[fallthrough]];
         case Flow::kCall:
             if (in_function(f, in.target)) f.branch_targets.push_back(in.target);
             break;
@@ -703,6 +706,7 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
             match_jump_table(window, f, read, ij);
             for (uint64_t t : ij.targets) {
                 if (in_function(f, t)) f.branch_targets.push_back(t);
+                f.start_jumped = f.start_jumped || t == start;
             }
             f.indirect_jumps.push_back(std::move(ij));
             break;

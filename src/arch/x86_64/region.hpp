@@ -74,6 +74,10 @@ struct FunctionMap {
     // instruction runs past start + size: boundaries and targets are not to be trusted.
     bool decode_failed = false;
     bool ran_past_end = false;
+    // A direct jmp/jcc or a resolved jump table of the function goes to its first
+    // instruction (a loop back to the top, or a tail call of itself): that instruction is
+    // not only reached with the caller's stack, the red zone below it dead.
+    bool start_jumped = false;
     uint64_t decode_fail_addr = 0;
 
     bool reliable() const { return !decode_failed && !ran_past_end; }
