@@ -5,6 +5,11 @@
 // finish, and reads the frames gdb printed.
 #include <ukprobes/kprobes.h>
 
+#include "arch/x86_64/trampoline.hpp"
+#include "core/kretprobe.hpp"
+
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -147,7 +152,12 @@ extern "C" __attribute__((noinline, noipa)) int ukj_level(int depth) {
 }
 
 // GdbInTheStubsCallWalksToTheRealCaller: a function a jump can enter (one 5-byte lea
-// before its ret), and its caller.
+// before its ret), its caller, and the return handler that notes the last instance.
+std::atomic<const kretprobe_instance *> g_noted_instance{nullptr};
+int note_instance(kretprobe_instance *ri, pt_regs *) {
+    g_noted_instance = ri;
+    return 0;
+}
 extern "C" __attribute__((noinline, noipa)) long ukj_called(long x) {
     asm volatile("" ::: "memory");
     return 3 * x + 1;
@@ -370,7 +380,8 @@ TEST(JitDebug, GdbInTheStubsCallWalksToTheRealCaller) {
     if (started_by_gdb()) return;
     kretprobe rp{};
     rp.kp.symbol_name = "ukj_called";
-    rp.maxactive = 1;
+    rp.handler = note_instance;
+    rp.maxactive = 8; // one in each shard: the thread's home shard has one for the jump path
     ASSERT_EQ(register_kretprobe(&rp), 0);
     ukp_optimizer_flush();
     ASSERT_NE(rp.kp.flags & KPROBE_FLAG_OPTIMIZED, 0u);
@@ -378,24 +389,33 @@ TEST(JitDebug, GdbInTheStubsCallWalksToTheRealCaller) {
     g_go_on = 0;
     std::atomic<long> result{0};
     std::thread worker([&result] {
-        long r = ukj_calls(1); // the thread's first entry goes the C way, hijacking
+        // The thread's first entry goes the C way (hijacking); the second is the jump
+        // path's, and the instance it took (its home shard's one) is the next one's too.
+        long r = ukj_calls(1) + ukj_calls(1);
         g_waiting = true;
         while (g_go_on == 0) usleep(1000);
         r += ukj_calls(2);
         result = r;
     });
     while (!g_waiting.load()) usleep(1000);
+    const auto *ri = reinterpret_cast<const ukp::core::RetInstance *>(
+        reinterpret_cast<const char *>(g_noted_instance.load()) - offsetof(ukp::core::RetInstance, pub));
+    ASSERT_TRUE(ri->called) << "the second call took the jump path";
+    const uint64_t stub = ri->pool->sled + ri->index * ukp::arch::kRetStubSize;
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    // The hijacked way's exit too: a call that went that way stops there (and fails the
+    // test) instead of running on while gdb waits.
     const GdbRun run =
-        run_gdb({"-p", std::to_string(getpid()), "-ex", "break *((char *) 'ukp_kretprobe_stub.ukj_called' + 0)", "-ex",
-                 "break *((char *) 'ukp_kretprobe_stub.ukj_called' + 5)", "-ex", "break ukp_kretprobe_trampoline_ret",
-                 "-ex", "set var g_go_on = 1", "-ex", "continue", "-ex", "echo FIRST\n", "-ex", "bt", "-ex",
-                 "continue", "-ex", "echo CALL\n", "-ex", "bt", "-ex", "continue", "-ex", "echo RET\n", "-ex", "bt",
-                 "-ex", "delete", "-ex", "detach"});
+        run_gdb({"-p", std::to_string(getpid()), "-ex", fmt::format("break *{:#x}", stub), "-ex",
+                 fmt::format("break *{:#x}", stub + ukp::arch::kRetStubCalling), "-ex",
+                 "break ukp_kretprobe_trampoline_ret", "-ex", "break ukp_kretprobe_trampoline_exit", "-ex",
+                 "set var g_go_on = 1", "-ex", "continue", "-ex", "echo FIRST\\n", "-ex", "bt", "-ex", "continue",
+                 "-ex", "echo CALL\\n", "-ex", "bt", "-ex", "continue", "-ex", "echo RET\\n", "-ex", "bt", "-ex",
+                 "delete", "-ex", "detach"});
     g_go_on = 1; // if gdb did not
     worker.join();
     unregister_kretprobe(&rp);
-    EXPECT_EQ(result.load(), 5 + 8);
+    EXPECT_EQ(result.load(), 2 * 5 + 8);
     if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
     SCOPED_TRACE(run.output);
     const size_t first = run.output.find("FIRST"), call = run.output.find("CALL"), ret = run.output.find("RET");
