@@ -760,6 +760,59 @@ TEST_F(OptimizerTest, HotLoopWhileOptimizingAndUnoptimizing) {
     ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
 }
 
+std::atomic<long> g_returns{0};
+int count_return(kretprobe_instance *, pt_regs *) {
+    g_returns.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+}
+
+// 4 threads run through a kretprobed function while a kprobe beside it comes and goes, so
+// that its jump moves between the kretprobe's own detour and the usual one (through the
+// breakpoint each time): every call is right, and every entry either comes back through
+// the return handler or is counted missed.
+TEST_F(OptimizerTest, HotLoopWhileTheJumpMovesBetweenDetours) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "ukpt_opt_work";
+    rp.handler = count_return;
+    rp.maxactive = 64;
+    g_returns = 0;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    std::atomic<bool> stop{false};
+    std::atomic<long> calls{0}, wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+            long n = 0;
+            for (long i = t; !stop.load(std::memory_order_relaxed); ++i, ++n)
+                if (ukpt_opt_work(i) != (((i + 1) * 3) ^ i)) wrong.fetch_add(1);
+            calls.fetch_add(n);
+        });
+    }
+    const auto kret = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
+    const auto usual = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
+    const void *fn = reinterpret_cast<const void *>(&ukpt_opt_work);
+    int kret_rounds = 0, usual_rounds = 0;
+    for (int round = 0; round < 200; ++round) {
+        kprobe kp{};
+        kp.symbol_name = "ukpt_opt_work";
+        kp.pre_handler = count_pre;
+        ukp_optimizer_flush();
+        kret_rounds += jumped_trampoline(fn) == kret;
+        ASSERT_EQ(register_kprobe(&kp), 0);
+        ukp_optimizer_flush();
+        usual_rounds += jumped_trampoline(fn) == usual;
+        unregister_kprobe(&kp);
+    }
+    stop = true;
+    for (auto &th : threads) th.join();
+    unregister_kretprobe(&rp);
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(g_returns.load() + rp.nmissed + static_cast<long>(rp.kp.nmissed), calls.load());
+    EXPECT_EQ(rp.ukp_unwound, 0u);
+    EXPECT_GT(kret_rounds, 100) << "the kretprobe's own detour, alone";
+    EXPECT_GT(usual_rounds, 100) << "the usual one, with the kprobe";
+}
+
 // The same while 8 threads run through the region: the inner probe comes and goes, the
 // entry goes from jump to breakpoint (running the first instruction alone, into the
 // region) and back to a jump when the optimizer's strict pass finds no thread on its way
