@@ -1189,7 +1189,7 @@ TEST_F(KretprobesTest, FramesTheStubCalledUnwindAsOthers) {
         unregister_kretprobe(&dive);
 
         kretprobe jump{};
-        put_called_rp(&jump, "ukr_jump", 4);
+        put_called_rp(&jump, "ukr_jump", 8); // one in each shard: the thread's home shard has one
         EXPECT_EQ(ukr_jump(1, -1, 0), 1) << "warm-up";
         g_nevents = 0;
         for (int i = 0; i < 100; ++i) ASSERT_EQ(jump_out(2, 1), 5);
