@@ -1098,13 +1098,14 @@ void register_bt_probes() {
     g_bt_rc[1] = register_kretprobe(&g_bt_capture);
 }
 
-TEST_F(KretprobesTest, BacktracesShowTheRealCallers) {
+// Takes a trace from one call site without probes, then with the kretprobes that
+// `registration` puts on ukr_bt_level and ukr_bt_capture, and checks that both walks
+// are the same; unregisters them.
+void expect_traces_unchanged_by(void (*registration)()) {
     Trace traces[2];
     Trace warm;
     take_trace(&warm); // loads libgcc_s for backtrace()
-    g_bt_level = make_rp("ukr_bt_level", 16, false);
-    g_bt_capture = make_rp("ukr_bt_capture", 16, false);
-    trace_twice(traces, register_bt_probes);
+    trace_twice(traces, registration);
     ASSERT_EQ(g_bt_rc[0], 0);
     ASSERT_EQ(g_bt_rc[1], 0);
     EXPECT_EQ(g_nevents, 5) << "ukr_bt_capture and four ukr_bt_level frames returned through probes";
@@ -1126,6 +1127,12 @@ TEST_F(KretprobesTest, BacktracesShowTheRealCallers) {
         SCOPED_TRACE(i);
         EXPECT_EQ(got.uw[i], ref.uw[i]) << "_Unwind_Backtrace frame";
     }
+}
+
+TEST_F(KretprobesTest, BacktracesShowTheRealCallers) {
+    g_bt_level = make_rp("ukr_bt_level", 16, false);
+    g_bt_capture = make_rp("ukr_bt_capture", 16, false);
+    expect_traces_unchanged_by(register_bt_probes);
 }
 
 // Registers a handler-only kretprobe (ret_record) on sym and waits for its jump: alone on
@@ -1156,20 +1163,7 @@ void register_called_bt_probes() {
 // take the trampoline's way.
 TEST_F(KretprobesTest, FramesTheStubCalledUnwindAsOthers) {
     std::thread([] {
-        Trace traces[2];
-        Trace warm;
-        take_trace(&warm); // loads libgcc_s for backtrace()
-        trace_twice(traces, register_called_bt_probes);
-        ASSERT_EQ(g_bt_rc[0], 0);
-        ASSERT_EQ(g_bt_rc[1], 0);
-        EXPECT_EQ(g_nevents, 5) << "ukr_bt_capture and four ukr_bt_level frames returned through probes";
-        unregister_kretprobe(&g_bt_capture);
-        unregister_kretprobe(&g_bt_level);
-        const Trace &ref = traces[0], &got = traces[1];
-        ASSERT_EQ(got.nbt, ref.nbt) << "backtrace(): same depth as without probes";
-        for (int i = 0; i < ref.nbt; ++i) EXPECT_EQ(got.bt[i], ref.bt[i]) << "backtrace() frame " << i;
-        ASSERT_EQ(got.nuw, ref.nuw) << "_Unwind_Backtrace: same depth as without probes";
-        for (int i = 0; i < ref.nuw; ++i) EXPECT_EQ(got.uw[i], ref.uw[i]) << "_Unwind_Backtrace frame " << i;
+        expect_traces_unchanged_by(register_called_bt_probes);
 
         kretprobe dive{};
         put_called_rp(&dive, "ukr_dive", 64);

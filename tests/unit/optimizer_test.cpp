@@ -61,6 +61,19 @@ void put_optimized(kprobe &kp, kprobe_pre_handler_t pre, kprobe_fault_handler_t 
     ASSERT_TRUE(optimized(kp)) << list_text();
 }
 
+// Registers rp on `symbol` with `handler` (and an entry_handler, maxactive) and lets the
+// optimizer put its jump in.
+void put_optimized_rp(kretprobe &rp, const char *symbol, kretprobe_handler_t handler, int maxactive = 0,
+                      kretprobe_handler_t entry = nullptr) {
+    rp.kp.symbol_name = symbol;
+    rp.handler = handler;
+    rp.entry_handler = entry;
+    rp.maxactive = maxactive;
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(rp.kp)) << list_text();
+}
+
 class OptimizerTest : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -563,10 +576,7 @@ TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
     put_optimized(kp, count_pre);
     EXPECT_EQ(jumped_trampoline(fn), usual);
     kretprobe rp{};
-    rp.kp.symbol_name = "ukpt_opt_work";
-    rp.handler = ret_handler;
-    ASSERT_EQ(register_kretprobe(&rp), 0);
-    ukp_optimizer_flush();
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_work", ret_handler));
     EXPECT_EQ(jumped_trampoline(fn), usual) << "a kprobe beside it";
     g_ret_sum = 0;
     EXPECT_EQ(ukpt_opt_work(4), 11); // ((4 + 1) * 3) ^ 4
@@ -591,13 +601,8 @@ TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
     unregister_kretprobe(&rp);
 
     kretprobe with_entry{};
-    with_entry.kp.symbol_name = "ukpt_opt_work";
-    with_entry.handler = ret_handler;
-    with_entry.entry_handler = entry_nothing;
-    ASSERT_EQ(register_kretprobe(&with_entry), 0);
-    ukp_optimizer_flush();
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(with_entry, "ukpt_opt_work", ret_handler, 0, entry_nothing));
     EXPECT_EQ(jumped_trampoline(fn), usual) << "an entry_handler is the usual trampoline's work";
-    EXPECT_TRUE(optimized(with_entry.kp));
     unregister_kretprobe(&with_entry);
 }
 
@@ -606,12 +611,7 @@ TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
 // steps over the red zone, and the function's result is right.
 TEST_F(OptimizerTest, AFunctionJumpingBackToItsEntryKeepsItsRedZone) {
     kretprobe rp{};
-    rp.kp.symbol_name = "ukpt_opt_reentry";
-    rp.handler = ret_handler;
-    rp.maxactive = 64;
-    ASSERT_EQ(register_kretprobe(&rp), 0);
-    ukp_optimizer_flush();
-    ASSERT_TRUE(optimized(rp.kp));
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_reentry", ret_handler, 64));
     EXPECT_EQ(jumped_trampoline(reinterpret_cast<const void *>(&ukpt_opt_reentry)),
               reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline));
     std::thread([] {
@@ -640,10 +640,7 @@ int record_instance(kretprobe_instance *ri, pt_regs *regs) {
 // pages (left to the usual trampoline too).
 TEST_F(OptimizerTest, RegistersAndFlagsSurviveAKretprobe) {
     kretprobe rp{};
-    rp.kp.symbol_name = "ukpt_opt_regs_probe";
-    rp.handler = record_instance;
-    ASSERT_EQ(register_kretprobe(&rp), 0);
-    ukp_optimizer_flush();
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_regs_probe", record_instance));
     ASSERT_EQ(jumped_trampoline(reinterpret_cast<const void *>(&ukpt_opt_regs_probe)),
               reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline));
     // The stacks: the probed function's sp 8 bytes into a page (the push 128 + 8 below it,
@@ -729,32 +726,43 @@ TEST_F(OptimizerTest, AThreadInsideTheRegionIsMovedOut) {
 
 // 8 threads call the probed function in a loop while the probe goes from int3 to jmp and
 // back thousands of times: every call gives the right result and is counted once.
+// `n` threads calling ukpt_opt_work and checking its results until stop().
+struct WorkLoop {
+    std::atomic<bool> stopping{false};
+    std::atomic<long> calls{0}, wrong{0};
+    std::vector<std::thread> threads;
+    explicit WorkLoop(int n) {
+        for (int t = 0; t < n; ++t)
+            threads.emplace_back([this, t] {
+                long k = 0;
+                for (long i = t; !stopping.load(std::memory_order_relaxed); ++i, ++k)
+                    if (ukpt_opt_work(i) != (((i + 1) * 3) ^ i)) wrong.fetch_add(1);
+                calls.fetch_add(k);
+            });
+    }
+    void stop() {
+        stopping = true;
+        for (auto &th : threads) th.join();
+        threads.clear();
+    }
+    ~WorkLoop() { stop(); }
+};
+
 TEST_F(OptimizerTest, HotLoopWhileOptimizingAndUnoptimizing) {
     kprobe kp{};
     kp.symbol_name = "ukpt_opt_work";
     kp.pre_handler = count_pre;
     ASSERT_EQ(register_kprobe(&kp), 0);
-    std::atomic<bool> stop{false};
-    std::atomic<long> calls{0}, wrong{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 8; ++t) {
-        threads.emplace_back([&, t] {
-            long n = 0;
-            for (long i = t; !stop.load(std::memory_order_relaxed); ++i, ++n)
-                if (ukpt_opt_work(i) != (((i + 1) * 3) ^ i)) wrong.fetch_add(1);
-            calls.fetch_add(n);
-        });
-    }
+    WorkLoop loop(8);
     int optimized_rounds = 0;
     for (int round = 0; round < 2000; ++round) {
         ASSERT_EQ(ukp_set_kprobes_optimization(round % 2), 0);
         ukp_optimizer_flush();
         if (first_byte(kp.addr) == 0xe9) ++optimized_rounds;
     }
-    stop = true;
-    for (auto &th : threads) th.join();
-    EXPECT_EQ(wrong.load(), 0);
-    EXPECT_EQ(g_hits.load(), calls.load());
+    loop.stop();
+    EXPECT_EQ(loop.wrong.load(), 0);
+    EXPECT_EQ(g_hits.load(), loop.calls.load());
     EXPECT_GT(optimized_rounds, 900);
     unregister_kprobe(&kp);
     ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
@@ -772,22 +780,9 @@ int count_return(kretprobe_instance *, pt_regs *) {
 // the return handler or is counted missed.
 TEST_F(OptimizerTest, HotLoopWhileTheJumpMovesBetweenDetours) {
     kretprobe rp{};
-    rp.kp.symbol_name = "ukpt_opt_work";
-    rp.handler = count_return;
-    rp.maxactive = 64;
     g_returns = 0;
-    ASSERT_EQ(register_kretprobe(&rp), 0);
-    std::atomic<bool> stop{false};
-    std::atomic<long> calls{0}, wrong{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t) {
-        threads.emplace_back([&, t] {
-            long n = 0;
-            for (long i = t; !stop.load(std::memory_order_relaxed); ++i, ++n)
-                if (ukpt_opt_work(i) != (((i + 1) * 3) ^ i)) wrong.fetch_add(1);
-            calls.fetch_add(n);
-        });
-    }
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_work", count_return, 64));
+    WorkLoop loop(4);
     const auto kret = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
     const auto usual = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
     const void *fn = reinterpret_cast<const void *>(&ukpt_opt_work);
@@ -803,11 +798,10 @@ TEST_F(OptimizerTest, HotLoopWhileTheJumpMovesBetweenDetours) {
         usual_rounds += jumped_trampoline(fn) == usual;
         unregister_kprobe(&kp);
     }
-    stop = true;
-    for (auto &th : threads) th.join();
+    loop.stop();
     unregister_kretprobe(&rp);
-    EXPECT_EQ(wrong.load(), 0);
-    EXPECT_EQ(g_returns.load() + rp.nmissed + static_cast<long>(rp.kp.nmissed), calls.load());
+    EXPECT_EQ(loop.wrong.load(), 0);
+    EXPECT_EQ(g_returns.load() + rp.nmissed + static_cast<long>(rp.kp.nmissed), loop.calls.load());
     EXPECT_EQ(rp.ukp_unwound, 0u);
     EXPECT_GT(kret_rounds, 100) << "the kretprobe's own detour, alone";
     EXPECT_GT(usual_rounds, 100) << "the usual one, with the kprobe";
