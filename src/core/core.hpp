@@ -63,7 +63,7 @@ struct Point {
     uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
     arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
-    uint64_t copy_code = 0;   // the detour's relocated region (optimizer.cpp), 0 without one
+    uint64_t copy_code = 0;   // the detour's relocated region (detour_code + layout.copy), 0 without one
     bool armed = false;       // int3 in place; changed under the registry mutex
     // Times the int3 was taken out (under the registry mutex): threads may then run into the
     // region through the original code, so the optimizer that looked for them before one

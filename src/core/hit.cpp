@@ -801,7 +801,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
                                                                                  int ext_saved, pt_regs *at_hit) {
     using namespace ukp::core;
     ThreadState &ts = thread_state();
-    const uint64_t copy = pt->detour_code + pt->layout.copy;
+    const uint64_t copy = pt->copy_code;
     const unsigned idx = read_lock_here();
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
@@ -846,7 +846,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fa
     using namespace ukp::core;
     count_missed(p);
     handler_faulted(p, regs, registers_at_hit(*at_hit, pt->addr + 1, *regs));
-    regs->ip = pt->detour_code + pt->layout.copy;
+    regs->ip = pt->copy_code;
     --thread_state().depth;
     read_unlock_here(kPrivateSection);
 }

@@ -4,10 +4,11 @@
 // that instance's stub in its pool's sled; the stub jumps to the return trampoline, which
 // runs the handler and resumes at the real return address. On the jump path (a kretprobe
 // alone on its entry) the stub calls the function instead, which puts the same address
-// in the same place and keeps the CPU's return predictions right (trampolines.S). The stub tells which
-// instance returned, so pairing needs no search; DWARF CFI registered for the sled (with
-// libgcc, libunwind, and debuggers through GDB's JIT interface) lets unwinders (C++
-// exceptions, backtraces, gdb's bt) walk through a hijacked frame to its real caller. Frames left without returning (exceptions, longjmp, thread exit) release their
+// in the same place and keeps the CPU's return predictions right (trampolines.S). The
+// stub tells which instance returned, so pairing needs no search; DWARF CFI registered
+// for the sled (with libgcc, libunwind, and debuggers through GDB's JIT interface) lets
+// unwinders (C++ exceptions, backtraces, gdb's bt) walk through a hijacked frame to its
+// real caller. Frames left without returning (exceptions, longjmp, thread exit) release their
 // instances as soon as that is known (unwind.cpp), and at the latest when a frame below
 // them on the stack returns.
 #include "core/core.hpp"

@@ -365,7 +365,7 @@ void worker() {
             bool strict = false;
             for (Point *pt : batch) {
                 if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) {
-                    pt->dcr_copy.store(pt->detour_code + pt->layout.copy, std::memory_order_release);
+                    pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
                     pt->copy_fresh = true;
                 }
                 strict = strict || pt->copy_fresh;
@@ -541,7 +541,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);
     // With another probe inside the region, the breakpoint path must reach it.
     if (!other_point_inside(pt, pt->addr, layout.dcr_len))
-        pt->dcr_copy.store(pt->detour_code + layout.copy, std::memory_order_release);
+        pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
 }
 
 void opt_update(Point *pt, bool) {
