@@ -140,7 +140,7 @@ int decode_at_boundary(const sym::Object &obj, const sym::Symbol *fn, uint64_t a
         start = fn->value;
         end = fn->value + fn->size;
     } else {
-        for (auto [lo, hi] : obj.plt_ranges)
+        for (auto [lo, hi] : obj.plt_ranges())
             if (addr >= lo && addr < hi) start = lo, end = hi;
     }
     if (start == 0) return -EILSEQ; // no known code around it: cannot prove a boundary
@@ -217,7 +217,7 @@ int prepare_point(uint64_t addr, Point **out) {
     if (fn != nullptr && fn->size > 0) {
         // Other symbols inside the function are entries too (asm labels, aliases).
         std::vector<uint64_t> inner;
-        const auto &syms = obj->symbols;
+        const auto &syms = obj->symbols();
         auto it = std::upper_bound(syms.begin(), syms.end(), fn->value,
                                    [](uint64_t v, const sym::Symbol &s) { return v < s.value; });
         for (; it != syms.end() && it->value < fn->value + fn->size; ++it) inner.push_back(it->value);

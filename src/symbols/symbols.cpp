@@ -381,18 +381,10 @@ void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymb
     }
 }
 
-void parse_elf(Elf *elf, uint64_t bias, Object &obj)
+// The symbols and PLT ranges of an ELF image.
+detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias)
 {
-    size_t phnum = 0;
-    if (elf_getphdrnum(elf, &phnum) == 0) {
-        for (size_t i = 0; i < phnum; ++i) {
-            GElf_Phdr ph;
-            if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD &&
-                (ph.p_flags & PF_X))
-                obj.exec_ranges.emplace_back(bias + ph.p_vaddr, bias + ph.p_vaddr + ph.p_memsz);
-        }
-    }
-
+    detail::LazySymbols::Contents out;
     size_t shstrndx = 0;
     bool have_names = elf_getshdrstrndx(elf, &shstrndx) == 0;
     Elf_Scn *symtab = nullptr, *dynsym = nullptr, *scn = nullptr;
@@ -408,7 +400,7 @@ void parse_elf(Elf *elf, uint64_t bias, Object &obj)
         if (name && sh.sh_addr != 0 && sh.sh_size != 0 &&
             (!std::strcmp(name, ".plt") || !std::strcmp(name, ".plt.sec") ||
              !std::strcmp(name, ".plt.got")))
-            obj.plt_ranges.emplace_back(bias + sh.sh_addr, bias + sh.sh_addr + sh.sh_size);
+            out.plt_ranges.emplace_back(bias + sh.sh_addr, bias + sh.sh_addr + sh.sh_size);
     }
 
     std::vector<RawSymbol> raw;
@@ -419,7 +411,25 @@ void parse_elf(Elf *elf, uint64_t bias, Object &obj)
     // .dynsym adds what a .symtab lacks (rare); the copies go in finish_symbols().
     if (dynsym)
         read_symbol_table(elf, dynsym, bias, raw);
-    obj.symbols = finish_symbols(std::move(raw));
+    out.symbols = finish_symbols(std::move(raw));
+    return out;
+}
+
+// Everything load_object() promises: exec_ranges from the program headers, and the
+// contents, read now.
+void parse_elf(Elf *elf, uint64_t bias, Object &obj)
+{
+    size_t phnum = 0;
+    if (elf_getphdrnum(elf, &phnum) == 0) {
+        for (size_t i = 0; i < phnum; ++i) {
+            GElf_Phdr ph;
+            if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD &&
+                (ph.p_flags & PF_X))
+                obj.exec_ranges.emplace_back(bias + ph.p_vaddr, bias + ph.p_vaddr + ph.p_memsz);
+        }
+    }
+    detail::LazySymbols::Contents c = read_contents(elf, bias);
+    obj.contents.set(std::move(c.symbols), std::move(c.plt_ranges));
 }
 
 // Objects a Registry of this process parsed, for the others: the core and the tracer keep
@@ -428,10 +438,19 @@ void parse_elf(Elf *elf, uint64_t bias, Object &obj)
 // copies the page tables of every one). Weak: an object goes with its last registry.
 std::mutex g_shared_mu;
 std::vector<std::weak_ptr<const Object>> g_shared; // under g_shared_mu
+// Serializes the lazy reading of symbols (LazySymbols::load), all objects at once.
+std::mutex g_load_mu;
 
-void forget_shared_lock_after_fork()
+void forget_locks_after_fork()
 {
-    new (&g_shared_mu) std::mutex; // a thread that held it is not in the child
+    new (&g_shared_mu) std::mutex; // a thread that held them is not in the child
+    new (&g_load_mu) std::mutex;
+}
+
+void forget_locks_at_fork()
+{
+    static std::once_flag once;
+    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, forget_locks_after_fork); });
 }
 
 // A live object another registry made for this link-map entry, or null.
@@ -451,8 +470,7 @@ std::shared_ptr<const Object> find_shared(const std::string &path, uint64_t bias
 
 void publish_shared(const std::shared_ptr<const Object> &obj)
 {
-    static std::once_flag once;
-    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, forget_shared_lock_after_fork); });
+    forget_locks_at_fork();
     std::lock_guard lock(g_shared_mu);
     std::erase_if(g_shared, [](const auto &weak) { return weak.expired(); });
     g_shared.push_back(obj);
@@ -487,20 +505,6 @@ std::pair<uint64_t, uint64_t> vdso_image()
     for (unsigned i = 0; i < eh->e_phnum; ++i)
         size = std::max<uint64_t>(size, ph[i].p_offset + ph[i].p_filesz);
     return {base, size};
-}
-
-std::shared_ptr<Object> load_vdso(std::pair<uint64_t, uint64_t> image, uint64_t bias)
-{
-    // libelf reads from a private copy, so nothing can ever write to the kernel's pages.
-    std::vector<char> copy(reinterpret_cast<const char *>(image.first),
-                           reinterpret_cast<const char *>(image.first) + image.second);
-    ElfFile mem;
-    if (!mem.open_memory(copy.data(), copy.size()))
-        return nullptr;
-    auto obj = std::make_shared<Object>();
-    obj->bias = bias;
-    parse_elf(mem.get(), bias, *obj);
-    return obj;
 }
 
 std::string real_path(const char *path)
@@ -577,6 +581,67 @@ size_t module_separator(std::string_view spec)
 
 } // namespace
 
+// ---- LazySymbols ----------------------------------------------------------------------
+
+namespace detail {
+
+LazySymbols::LazySymbols(const LazySymbols &other) : source_(other.source_)
+{
+    if (other.loaded()) {
+        contents_ = other.contents_;
+        loaded_.store(true, std::memory_order_release);
+    }
+}
+
+LazySymbols &LazySymbols::operator=(const LazySymbols &other)
+{
+    if (this != &other) {
+        source_ = other.source_;
+        const bool loaded = other.loaded();
+        contents_ = loaded ? other.contents_ : Contents{};
+        loaded_.store(loaded, std::memory_order_release);
+    }
+    return *this;
+}
+
+void LazySymbols::set(std::vector<Symbol> symbols, std::vector<std::pair<uint64_t, uint64_t>> plt_ranges)
+{
+    contents_.symbols = std::move(symbols);
+    contents_.plt_ranges = std::move(plt_ranges);
+    loaded_.store(true, std::memory_order_release);
+}
+
+const LazySymbols::Contents &LazySymbols::load() const
+{
+    if (loaded())
+        return contents_;
+    forget_locks_at_fork();
+    std::lock_guard lock(g_load_mu);
+    if (loaded())
+        return contents_;
+    try {
+        ElfFile elf;
+        std::vector<char> copy; // libelf reads the vdso from a private copy: the kernel's
+                                // pages are never written
+        bool open = false;
+        if (!source_.open_path.empty()) {
+            open = elf.open_file(source_.open_path);
+        } else if (source_.image.second != 0) {
+            const auto *image = reinterpret_cast<const char *>(source_.image.first);
+            copy.assign(image, image + source_.image.second);
+            open = elf.open_memory(copy.data(), copy.size());
+        }
+        if (open)
+            contents_ = read_contents(elf.get(), source_.bias);
+        loaded_.store(true, std::memory_order_release); // unreadable: no symbols, for good
+    } catch (...) {
+        contents_ = Contents{}; // out of memory: none this time, tried again at the next call
+    }
+    return contents_;
+}
+
+} // namespace detail
+
 // ---- Object -------------------------------------------------------------------------
 
 bool Object::contains_exec(uint64_t addr) const
@@ -590,28 +655,29 @@ bool Object::contains_exec(uint64_t addr) const
 
 const Symbol *Object::function_at(uint64_t addr) const
 {
+    const std::vector<Symbol> &syms = symbols();
     try {
         detail::Tables &t = tables.get();
         std::call_once(t.ends_once, [&] {
-            std::vector<uint64_t> ends(symbols.size());
+            std::vector<uint64_t> ends(syms.size());
             uint64_t high = 0;
-            for (size_t i = 0; i < symbols.size(); ++i) {
-                const Symbol &s = symbols[i];
+            for (size_t i = 0; i < syms.size(); ++i) {
+                const Symbol &s = syms[i];
                 if (s.function)
                     high = std::max(high, s.value + std::max<uint64_t>(s.size, 1));
                 ends[i] = high;
             }
             t.ends = std::move(ends);
         });
-        auto above = std::upper_bound(symbols.begin(), symbols.end(), addr,
+        auto above = std::upper_bound(syms.begin(), syms.end(), addr,
                                       [](uint64_t a, const Symbol &s) { return a < s.value; });
-        if (t.ends.size() != symbols.size())
+        if (t.ends.size() != syms.size())
             return nullptr; // symbols changed after the first query
         const Symbol *best = nullptr;
-        for (size_t i = static_cast<size_t>(above - symbols.begin()); i-- > 0;) {
+        for (size_t i = static_cast<size_t>(above - syms.begin()); i-- > 0;) {
             if (t.ends[i] <= addr)
                 break; // no function at or below i reaches addr
-            const Symbol &s = symbols[i];
+            const Symbol &s = syms[i];
             if (best && s.value != best->value)
                 break;
             bool contains = s.size == 0 ? addr == s.value : addr - s.value < s.size;
@@ -628,11 +694,12 @@ const Symbol *Object::function_at_or_before(uint64_t addr) const
 {
     if (const Symbol *s = function_at(addr))
         return s;
-    auto above = std::upper_bound(symbols.begin(), symbols.end(), addr,
+    const std::vector<Symbol> &syms = symbols();
+    auto above = std::upper_bound(syms.begin(), syms.end(), addr,
                                   [](uint64_t a, const Symbol &s) { return a < s.value; });
     const Symbol *best = nullptr;
-    for (size_t i = static_cast<size_t>(above - symbols.begin()); i-- > 0;) {
-        const Symbol &s = symbols[i];
+    for (size_t i = static_cast<size_t>(above - syms.begin()); i-- > 0;) {
+        const Symbol &s = syms[i];
         if (best && s.value != best->value)
             break;
         if (s.function)
@@ -646,8 +713,9 @@ const Symbol *Object::find(std::string_view name) const
     if (name.empty())
         return nullptr;
     try {
+        const std::vector<Symbol> &syms = symbols();
         const Symbol *data = nullptr;
-        for (const Symbol &s : symbols) {
+        for (const Symbol &s : syms) {
             if (s.name != name)
                 continue;
             if (s.function)
@@ -661,10 +729,10 @@ const Symbol *Object::find(std::string_view name) const
         detail::Tables &t = tables.get();
         std::call_once(t.names_once, [&] {
             std::vector<detail::NameKey> keys;
-            for (size_t i = 0; i < symbols.size(); ++i) {
-                if (!std::string_view(symbols[i].name).starts_with("_Z"))
+            for (size_t i = 0; i < syms.size(); ++i) {
+                if (!std::string_view(syms[i].name).starts_with("_Z"))
                     continue;
-                DemangledNames(symbols[i].name).for_each([&](std::string_view n) {
+                DemangledNames(syms[i].name).for_each([&](std::string_view n) {
                     keys.push_back({name_hash(n), static_cast<uint32_t>(i)});
                 });
             }
@@ -679,9 +747,9 @@ const Symbol *Object::find(std::string_view name) const
             t.names.begin(), t.names.end(), h,
             [](const detail::NameKey &k, uint64_t v) { return k.hash < v; });
         for (auto it = first; it != t.names.end() && it->hash == h; ++it) {
-            if (it->symbol >= symbols.size())
+            if (it->symbol >= syms.size())
                 break; // symbols changed after the first query
-            const Symbol &s = symbols[it->symbol];
+            const Symbol &s = syms[it->symbol];
             if ((s.function || !data) && DemangledNames(s.name).matches(name)) {
                 if (s.function)
                     return &s;
@@ -739,14 +807,20 @@ void Registry::refresh()
                 continue;
             }
             std::shared_ptr<Object> obj;
-            if (same != objects_.end())
+            if (same != objects_.end()) {
                 obj = std::make_shared<Object>(**same); // moved in the link map only
-            else if (e.vdso)
-                obj = load_vdso(ctx.vdso, e.bias);
-            else
-                obj = load_file(open_path, e.bias);
-            if (!obj)
-                obj = std::make_shared<Object>(); // unreadable: still an address range
+            } else {
+                // Its symbols are read at the first question; an unreadable file gives
+                // none, and the object is still an address range.
+                obj = std::make_shared<Object>();
+                detail::LazySymbols::Source source;
+                if (e.vdso)
+                    source.image = ctx.vdso;
+                else
+                    source.open_path = open_path;
+                source.bias = e.bias;
+                obj->contents = detail::LazySymbols(std::move(source));
+            }
             obj->path = path;
             obj->name = file_name(path);
             obj->bias = e.bias;

@@ -3,6 +3,7 @@
 // Not on any hot path: everything here may allocate and take locks.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -36,6 +37,41 @@ public:
 private:
     std::unique_ptr<Tables> tables_;
 };
+
+// An Object's symbols and PLT ranges, read from its ELF image on first use: a refresh()
+// reads only the link map, and a process probing one function of libc parses libc alone
+// (the agent's own libraries, libstdc++ among them, cost milliseconds each at every start).
+// Loading is thread-safe; a copy takes the loaded contents, or the source to load them from.
+class LazySymbols {
+public:
+    struct Source {
+        std::string open_path;                        // a file to open, or
+        std::pair<uint64_t, uint64_t> image{0, 0};    // an ELF image in memory (the vdso)
+        uint64_t bias = 0;
+    };
+
+    LazySymbols() = default;
+    explicit LazySymbols(Source source) : source_(std::move(source)) {}
+    LazySymbols(const LazySymbols &other);
+    LazySymbols &operator=(const LazySymbols &other);
+
+    const std::vector<Symbol> &symbols() const { return load().symbols; }
+    const std::vector<std::pair<uint64_t, uint64_t>> &plt_ranges() const { return load().plt_ranges; }
+    void set(std::vector<Symbol> symbols, std::vector<std::pair<uint64_t, uint64_t>> plt_ranges);
+    bool loaded() const { return loaded_.load(std::memory_order_acquire); }
+
+    struct Contents {
+        std::vector<Symbol> symbols;
+        std::vector<std::pair<uint64_t, uint64_t>> plt_ranges;
+    };
+
+private:
+    const Contents &load() const;
+
+    Source source_;
+    mutable Contents contents_;
+    mutable std::atomic<bool> loaded_{false};
+};
 } // namespace detail
 
 // One ELF object mapped into the process (the main program, a shared library, the vdso).
@@ -48,13 +84,18 @@ struct Object {
     unsigned load_index = 0; // order in the link map: 0 for the main program
     // Executable PT_LOAD ranges, run-time addresses, [start, end).
     std::vector<std::pair<uint64_t, uint64_t>> exec_ranges;
-    // Sections holding PLT stubs, run-time addresses, [start, end): decoding may start there.
-    std::vector<std::pair<uint64_t, uint64_t>> plt_ranges;
     // Symbols from .symtab when the file has one (or its separate debug file under
     // /usr/lib/debug/.build-id has one), merged with .dynsym; sorted by value, and at
     // one address the preferred name first (function, sized, global, fewer leading
-    // underscores, shorter). Must not change once the object has been queried.
-    std::vector<Symbol> symbols;
+    // underscores, shorter). Read from the file at the first call (see LazySymbols).
+    const std::vector<Symbol> &symbols() const { return contents.symbols(); }
+    // Sections holding PLT stubs, run-time addresses, [start, end): decoding may start there.
+    const std::vector<std::pair<uint64_t, uint64_t>> &plt_ranges() const { return contents.plt_ranges(); }
+    // For hand-made objects (tests): the symbols as they are, sorted as above. Must not
+    // change once the object has been queried.
+    void set_symbols(std::vector<Symbol> s) { contents.set(std::move(s), {}); }
+
+    detail::LazySymbols contents;
     // Built from `symbols` by the first function_at()/find().
     detail::LazyTables tables;
 
@@ -139,7 +180,7 @@ private:
 
 // Parses one ELF file's symbols (for tests and for Registry). `bias` is added to values.
 // Fills path, name (path's file name), bias, exec_ranges (from the file's program
-// headers), plt_ranges and symbols. Null when the file cannot be read as ELF.
+// headers), plt_ranges and symbols (read now). Null when the file cannot be read as ELF.
 std::shared_ptr<Object> load_object(const std::string &path, uint64_t bias);
 
 // "_ZN2ns1fEi" -> "ns::f(int)"; a non-mangled name (one not starting with "_Z") or

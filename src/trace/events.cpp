@@ -572,7 +572,7 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         if (symstr) {
             auto t = std::make_unique<SymbolTable>();
             for (const auto &obj : resolver.symbols.objects())
-                for (const sym::Symbol &s : obj->symbols) {
+                for (const sym::Symbol &s : obj->symbols()) {
                     if (s.value == 0) continue;
                     t->entries.push_back({s.value, s.size, static_cast<uint32_t>(t->names.size())});
                     t->names += s.name;

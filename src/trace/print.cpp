@@ -18,7 +18,7 @@ namespace {
 // local symbols may sit in between).
 const sym::Symbol *symbol_holding(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr) {
     for (const auto &obj : objects) {
-        const auto &v = obj->symbols;
+        const auto &v = obj->symbols();
         auto it = std::upper_bound(v.begin(), v.end(), addr,
                                    [](uint64_t a, const sym::Symbol &s) { return a < s.value; });
         const sym::Symbol *best = nullptr;

@@ -62,7 +62,7 @@ std::vector<NewEntry> newly_covered(const std::string &file) {
     EXPECT_TRUE(img && refs) << err;
     if (!img || !refs) return out;
     uint64_t last = 0;
-    for (const ukp::sym::Symbol &s : obj->symbols) {
+    for (const ukp::sym::Symbol &s : obj->symbols()) {
         if (!s.function || s.size == 0 || s.value == last || s.ifunc) continue;
         last = s.value;
         const uint8_t *code = img->bytes(s.value, s.size);

@@ -454,7 +454,7 @@ TEST_F(OddCode, ProbeOnAPltEntry) {
     auto exe = ukp::sym::load_object("/proc/self/exe", bias);
     ASSERT_NE(exe, nullptr);
     bool in_plt = false;
-    for (auto [lo, hi] : exe->plt_ranges) in_plt |= plt >= lo && plt < hi;
+    for (auto [lo, hi] : exe->plt_ranges()) in_plt |= plt >= lo && plt < hi;
     ASSERT_TRUE(in_plt) << std::hex << plt << " is not in a PLT section";
 
     const long expect = static_cast<long>(syscall(SYS_getppid));

@@ -500,7 +500,7 @@ TEST(region, EveryEntryOfThisBinary) {
     size_t total = 0, ok = 0, pad_errors = 0;
     std::map<std::string, size_t> by_reason;
     uint64_t last = 0;
-    for (const ukp::sym::Symbol &sym : s.obj->symbols) {
+    for (const ukp::sym::Symbol &sym : s.obj->symbols()) {
         if (!sym.function || sym.size == 0 || sym.value == last || !s.obj->contains_exec(sym.value) ||
             !s.obj->contains_exec(sym.value + sym.size - 1)) {
             continue;
@@ -557,10 +557,10 @@ std::map<std::string, EntryVerdict> entry_verdicts(const std::string &path) {
     EXPECT_TRUE(obj && img && refs) << path << ": " << err;
     if (!obj || !img || !refs) return out;
     std::vector<uint64_t> starts;
-    for (const ukp::sym::Symbol &s : obj->symbols) starts.push_back(s.value);
+    for (const ukp::sym::Symbol &s : obj->symbols()) starts.push_back(s.value);
     std::sort(starts.begin(), starts.end());
     uint64_t last = ~0ull;
-    for (const ukp::sym::Symbol &s : obj->symbols) {
+    for (const ukp::sym::Symbol &s : obj->symbols()) {
         if (!s.function || s.size == 0 || s.value == last) continue;
         last = s.value;
         EntryVerdict &v = out[s.name];

@@ -172,7 +172,7 @@ bool add_function(const sym::Registry &reg, const char *level, const ukpt_sweep_
     if (!load_code(level, e, name, *s, &f)) return false;
     out->push_back(std::move(f));
     const std::string cold = s->name + ".cold";
-    for (const sym::Symbol &c : obj->symbols) {
+    for (const sym::Symbol &c : obj->symbols()) {
         if (!c.function || c.size == 0 || c.name.compare(0, cold.size(), cold) != 0) continue;
         Function part;
         if (!load_code(level, e, name + c.name.substr(s->name.size()), c, &part)) return false;

@@ -202,7 +202,7 @@ TEST(symbols, ResolveLibcMallocMatchesDlsym)
     EXPECT_EQ(resolved(r, "malloc"), expected); // the test program defines none
     const Object *obj = object_named(r, "libc.so.6");
     ASSERT_NE(obj, nullptr);
-    EXPECT_FALSE(obj->plt_ranges.empty());
+    EXPECT_FALSE(obj->plt_ranges().empty());
     const Symbol *s = obj->function_at(expected);
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->name, "malloc"); // preferred over its alias __libc_malloc
@@ -331,14 +331,14 @@ Object synthetic()
 {
     Object o;
     o.name = "synthetic";
-    o.symbols = {
+    o.set_symbols({
         {"alpha", 0x1000, 0x10, true},     {"alpha_alias", 0x1000, 0x10, true},
         {"zero", 0x1020, 0, true},         {"datum", 0x1030, 8, false},
         {"outer", 0x2000, 0x100, true},    {"inner", 0x2010, 0x10, true},
         {"twin", 0x3000, 4, false},        {"twin", 0x3010, 4, true},
         {"_ZN2ns1fEi", 0x4000, 4, true},   {"_ZN2ns1fEd", 0x4010, 4, true},
         {"_ZN2ns3varE", 0x4020, 4, false},
-    };
+    });
     return o;
 }
 
@@ -380,7 +380,9 @@ TEST(symbols, FindSyntheticTable)
 
     // A copy builds its own tables from its own symbols.
     Object copy = o;
-    copy.symbols.erase(copy.symbols.begin() + 8);
+    std::vector<Symbol> fewer = copy.symbols();
+    fewer.erase(fewer.begin() + 8);
+    copy.set_symbols(std::move(fewer));
     EXPECT_EQ(copy.find("ns::f")->value, 0x4010u);
     EXPECT_EQ(o.find("ns::f")->value, 0x4000u);
 }
@@ -437,7 +439,7 @@ TEST(symbols, RegistryRefreshSeesDlopen)
     const Object *obj = object_named(r, chosen);
     ASSERT_NE(obj, nullptr);
     EXPECT_FALSE(obj->exec_ranges.empty());
-    EXPECT_FALSE(obj->symbols.empty());
+    EXPECT_FALSE(obj->symbols().empty());
     EXPECT_GT(obj->load_index, 0u);
     EXPECT_EQ(r.objects().front()->name, exe_name());
     dlclose(h);
@@ -452,7 +454,7 @@ TEST(symbols, RegistryVdsoSymbolsWork)
             vdso = o.get();
     }
     ASSERT_NE(vdso, nullptr);
-    EXPECT_FALSE(vdso->symbols.empty());
+    EXPECT_FALSE(vdso->symbols().empty());
     uint64_t addr = resolved(r, vdso->name + ":__vdso_clock_gettime");
     ASSERT_TRUE(vdso->contains_exec(addr));
     const Symbol *s = vdso->function_at(addr);
@@ -472,7 +474,7 @@ TEST(symbols, LibstdcxxLoadsAndFindsDemangledNames)
     auto start = std::chrono::steady_clock::now();
     auto obj = load_object(reg_obj->path, reg_obj->bias);
     ASSERT_NE(obj, nullptr);
-    EXPECT_GT(obj->symbols.size(), 1000u);
+    EXPECT_GT(obj->symbols().size(), 1000u);
     const Symbol *s = obj->find("std::terminate");
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                   std::chrono::steady_clock::now() - start)
@@ -504,14 +506,14 @@ TEST(symbols, LoadObjectAppliesBiasAndSorts)
     ASSERT_NE(a, nullptr);
     ASSERT_NE(b, nullptr);
     EXPECT_EQ(a->name, "exe");
-    ASSERT_EQ(a->symbols.size(), b->symbols.size());
+    ASSERT_EQ(a->symbols().size(), b->symbols().size());
     ASSERT_NE(a->find("ukp_symtest_beta"), nullptr);
     EXPECT_EQ(a->find("ukp_symtest_beta")->value, addr_of(&ukp_symtest_beta));
     EXPECT_EQ(b->find("ukp_symtest_beta")->value, addr_of(&ukp_symtest_beta) + 0x1000);
     EXPECT_EQ(a->exec_ranges, main.exec_ranges);
-    for (size_t i = 1; i < a->symbols.size(); ++i)
-        ASSERT_LE(a->symbols[i - 1].value, a->symbols[i].value);
-    for (const Symbol &s : a->symbols)
+    for (size_t i = 1; i < a->symbols().size(); ++i)
+        ASSERT_LE(a->symbols()[i - 1].value, a->symbols()[i].value);
+    for (const Symbol &s : a->symbols())
         ASSERT_NE(s.value, main.bias) << s.name; // zero-valued symbols are skipped
 }
 

@@ -141,7 +141,7 @@ int run_object(const std::string &path, const Options &opt) {
     std::vector<const ukp::sym::Symbol *> funcs;
     std::vector<uint64_t> all_starts; // any symbol: entries other code may jump to
     size_t func_symbols = 0;
-    for (const ukp::sym::Symbol &s : obj->symbols) {
+    for (const ukp::sym::Symbol &s : obj->symbols()) {
         all_starts.push_back(s.value);
         if (!s.function || s.size == 0) continue;
         ++func_symbols;
