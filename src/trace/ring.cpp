@@ -47,9 +47,9 @@ struct Region {
     uint32_t gen = 0;
     RingHeader *hdr() const { return reinterpret_cast<RingHeader *>(base); }
     SlotHeader *slot(uint32_t i) const {
-        return reinterpret_cast<SlotHeader *>(base + hdr()->header_size + i * hdr()->slot_stride);
+        return reinterpret_cast<SlotHeader *>(base + hdr()->header_size) + i;
     }
-    uint8_t *data(uint32_t i) const { return reinterpret_cast<uint8_t *>(slot(i)) + sizeof(SlotHeader); }
+    uint8_t *data(uint32_t i) const { return base + hdr()->data_offset + i * hdr()->slot_stride; }
     RingView view() const { return RingView{base, size}; }
 };
 
@@ -216,8 +216,8 @@ void clock_extend(RingHeader *h) {
 Region *make_region(uint64_t kb, uint32_t slots) {
     const uint64_t cap = std::max<uint64_t>(align_up(kb * 1024, 4096), 4096);
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
-    const uint64_t stride = align_up(sizeof(SlotHeader) + cap, 4096);
-    const uint64_t total = align_up(header_size + slots * stride, 4096);
+    const uint64_t data_offset = align_up(header_size + uint64_t(slots) * sizeof(SlotHeader), 4096);
+    const uint64_t total = data_offset + slots * cap; // cap: whole pages
     const int fd = text::move_fd_high(
         static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
     if (fd < 0) return nullptr;
@@ -252,8 +252,9 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     h->header_size = static_cast<uint32_t>(header_size);
     h->slot_count = slots;
     h->slot_header_size = sizeof(SlotHeader);
-    h->slot_stride = stride;
+    h->slot_stride = cap;
     h->data_size = cap;
+    h->data_offset = data_offset;
     h->pid = static_cast<int32_t>(raw_syscall(SYS_getpid));
     h->generation = r->gen;
     h->profile_addr.store(reinterpret_cast<uint64_t>(g_profile.load(std::memory_order_acquire)),

@@ -2,8 +2,10 @@
 // thread, written lock-free by probe hits and read by the trace files here or by a
 // reader in another process that maps the memfd (docs/tracer-internals.md).
 //
-// The memfd holds a RingHeader, then slot_count slots, each a SlotHeader followed by
-// data_size bytes of records. Everything in it is positions and sizes, no pointers, so
+// The memfd holds a RingHeader, the slot_count SlotHeaders side by side, then from
+// data_offset the slots' data, data_size bytes of records each, slot_stride apart. The
+// headers are together so that a reader looking at every slot touches a few pages, not
+// one per slot (a page of a memfd first read is a page allocated). Everything in it is positions and sizes, no pointers, so
 // any process can map it anywhere. A record in a slot is a RecordHeader followed by the
 // record of record.hpp (common_type first), padded to 8 bytes.
 #pragma once
@@ -71,7 +73,7 @@ bool snapshot_allocated();
 // ---- The shared layout, for a reader in another process ----
 
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
-inline constexpr uint32_t kRingVersion = 3;
+inline constexpr uint32_t kRingVersion = 4;
 inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
 inline constexpr uint32_t kClockMonotonicNs = 0, kClockTsc = 1;
 inline constexpr uint32_t kClockSegments = 64;
@@ -100,10 +102,10 @@ struct CommEntry {
 struct RingHeader {
     uint64_t magic;              // kRingMagic
     uint32_t version;            // kRingVersion
-    uint32_t header_size;        // sizeof(RingHeader): where slot 0 begins
+    uint32_t header_size;        // sizeof(RingHeader), rounded up: where SlotHeader 0 is
     uint32_t slot_count;         // number of per-thread buffers
-    uint32_t slot_header_size;   // sizeof(SlotHeader): where a slot's data begins
-    uint64_t slot_stride;        // bytes from one slot to the next
+    uint32_t slot_header_size;   // sizeof(SlotHeader): from one SlotHeader to the next
+    uint64_t slot_stride;        // bytes from one slot's data to the next's
     uint64_t data_size;          // bytes of records a slot holds (a multiple of 8)
     int32_t pid;                 // the traced process (for /proc/PID/task/TID/comm)
     uint32_t generation;         // distinct per region of this process
@@ -125,6 +127,7 @@ struct RingHeader {
     // address there, 0 when none. Readers take the counts from the counters' own memfd
     // (counters.hpp), which outlives the process; this stays for debuggers.
     std::atomic<uint64_t> profile_addr;
+    uint64_t data_offset;        // where slot 0's data begins (page-aligned)
 };
 
 // One per-thread buffer. Positions are byte counts since the buffer was created; a
@@ -157,7 +160,7 @@ struct alignas(64) SlotHeader {
     std::atomic<int32_t> comm_tid;      // whose name comm holds; 0 while it is written
     char comm[16];                      // NUL-terminated
 };
-static_assert(sizeof(SlotHeader) == 192, "the layout readers of version 2 expect");
+static_assert(sizeof(SlotHeader) == 192, "the layout readers of version 2 and later expect");
 
 // In front of each record in a slot.
 struct RecordHeader {

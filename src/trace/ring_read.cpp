@@ -18,18 +18,22 @@ const RingHeader *RingView::header() const {
     const auto *h = reinterpret_cast<const RingHeader *>(base);
     if (h->magic != kRingMagic || h->version != kRingVersion) return nullptr;
     if (h->header_size < sizeof(RingHeader) || h->slot_header_size != sizeof(SlotHeader)) return nullptr;
-    if (h->data_size == 0 || h->data_size % 8 != 0 || h->slot_stride < sizeof(SlotHeader) + h->data_size) return nullptr;
-    if (h->header_size + uint64_t(h->slot_count) * h->slot_stride > size) return nullptr;
+    if (h->data_size == 0 || h->data_size % 8 != 0 || h->slot_stride < h->data_size) return nullptr;
+    if (h->header_size % alignof(SlotHeader) != 0 ||
+        h->data_offset < h->header_size + uint64_t(h->slot_count) * sizeof(SlotHeader) || h->data_offset > size ||
+        (size - h->data_offset) / h->slot_stride < h->slot_count)
+        return nullptr;
     return h;
 }
 
 SlotHeader *RingView::slot(uint32_t i) const {
     const RingHeader *h = header();
-    return reinterpret_cast<SlotHeader *>(const_cast<uint8_t *>(base) + h->header_size + i * h->slot_stride);
+    return reinterpret_cast<SlotHeader *>(const_cast<uint8_t *>(base) + h->header_size) + i;
 }
 
 const uint8_t *RingView::data(uint32_t i) const {
-    return reinterpret_cast<const uint8_t *>(slot(i)) + sizeof(SlotHeader);
+    const RingHeader *h = header();
+    return base + h->data_offset + i * h->slot_stride;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -598,6 +599,31 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
     uint32_t w, seq;
     ASSERT_TRUE(check_record(left[0].rec, &w, &seq));
     EXPECT_EQ(seq, 100u);
+}
+
+// A reader looking at every buffer of a new ring (ukprobe does, for every process it
+// follows) reads their headers only: a page of the memfd first read is a page allocated,
+// so the headers lie side by side, before the data, and nothing of the data is touched.
+TEST_F(RingTest, ReadingANewRingAllocatesItsHeadersOnly) {
+    ASSERT_EQ(set_ring_slot_count(256), 0);
+    size_t size = 0;
+    const int fd = ring_memfd_copy(&size);
+    ASSERT_GE(fd, 0);
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    const RingView v{static_cast<const uint8_t *>(p), size};
+    const RingHeader *h = v.header();
+    ASSERT_NE(h, nullptr);
+    EXPECT_FALSE(ring_has_data(v));
+    RingCounts c;
+    EXPECT_TRUE(ring_collect(v, &c).empty());
+    struct stat st{};
+    ASSERT_EQ(fstat(fd, &st), 0);
+    EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, h->data_offset)
+        << "pages allocated by reading " << h->slot_count << " empty buffers";
+    EXPECT_LT(h->data_offset, 64u * 1024);
+    munmap(p, size);
+    close(fd);
 }
 
 // trace_pipe read by several controllers at once (ukprobe trace-pipe twice): readers in

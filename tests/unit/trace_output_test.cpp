@@ -54,8 +54,9 @@ class FakeRing {
 public:
     FakeRing(uint32_t slots, uint64_t data_size) {
         header_size_ = (sizeof(RingHeader) + 63) / 64 * 64;
-        stride_ = sizeof(SlotHeader) + data_size;
-        size_ = header_size_ + slots * stride_;
+        data_offset_ = header_size_ + slots * sizeof(SlotHeader);
+        stride_ = data_size;
+        size_ = data_offset_ + slots * stride_;
         base_ = static_cast<uint8_t *>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
         auto *h = reinterpret_cast<RingHeader *>(base_);
         h->magic = kRingMagic;
@@ -65,6 +66,7 @@ public:
         h->slot_header_size = sizeof(SlotHeader);
         h->slot_stride = stride_;
         h->data_size = data_size;
+        h->data_offset = data_offset_;
         h->pid = getpid();
     }
     ~FakeRing() { munmap(base_, size_); }
@@ -73,7 +75,7 @@ public:
     SlotHeader *slot(uint32_t i) { return view().slot(i); }
     void add(uint32_t slot_index, uint16_t cpu, uint64_t ts, const std::vector<uint8_t> &rec, uint32_t dropped_before = 0) {
         SlotHeader *s = slot(slot_index);
-        uint8_t *data = base_ + header_size_ + slot_index * stride_ + sizeof(SlotHeader);
+        uint8_t *data = base_ + data_offset_ + slot_index * stride_;
         const uint64_t pos = s->head.load();
         RecordHeader rh{};
         rh.len = static_cast<uint16_t>((sizeof(RecordHeader) + rec.size() + 7) / 8 * 8);
@@ -95,7 +97,7 @@ public:
 
 private:
     uint8_t *base_ = nullptr;
-    size_t size_ = 0, header_size_ = 0, stride_ = 0;
+    size_t size_ = 0, header_size_ = 0, data_offset_ = 0, stride_ = 0;
 };
 
 struct KernelLine {
