@@ -191,33 +191,30 @@ uint64_t name_hash(std::string_view s) { return std::hash<std::string_view>{}(s)
 
 // ---- ELF parsing ----------------------------------------------------------------------
 
-// A symbol with what is needed to rank aliases; dropped after sorting.
+// A symbol as read, its name still in the ELF file's string table (which outlives it):
+// sorting these is cheap, and only the symbols kept get a std::string.
 struct RawSymbol {
-    Symbol symbol;
-    uint8_t binding_rank = 0; // 0 global, 1 weak, 2 local, 3 other
+    std::string_view name;
+    uint64_t value = 0;
+    uint64_t size = 0;
+    uint64_t rank = 0; // alias preference, lower first: see rank_of()
+    bool function = false;
+    bool ifunc = false;
 };
 
-size_t leading_underscores(const std::string &s)
+// Preference among symbols at one address, as a number: function, sized, global (then
+// weak, local, other), fewer leading underscores, shorter.
+uint64_t rank_of(std::string_view name, bool function, uint64_t size, unsigned binding_rank)
 {
-    size_t n = 0;
-    while (n < s.size() && s[n] == '_')
-        ++n;
-    return n;
+    const size_t underscores = std::min<size_t>(name.find_first_not_of('_'), name.size());
+    return uint64_t(!function) << 62 | uint64_t(size == 0) << 61 | uint64_t(binding_rank) << 56 |
+           std::min<uint64_t>(underscores, 0xff) << 48 | std::min<uint64_t>(name.size(), 0xffffffffffffull);
 }
 
 // Strict order among symbols at one address: the preferred one first.
 bool preferred(const RawSymbol &a, const RawSymbol &b)
 {
-    const Symbol &x = a.symbol, &y = b.symbol;
-    auto rank = [](const RawSymbol &r) {
-        const Symbol &s = r.symbol;
-        return std::make_tuple(!s.function, s.size == 0, r.binding_rank,
-                               leading_underscores(s.name), s.name.size());
-    };
-    auto ra = rank(a), rb = rank(b);
-    if (ra != rb)
-        return ra < rb;
-    return x.name < y.name;
+    return a.rank != b.rank ? a.rank < b.rank : a.name < b.name;
 }
 
 void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSymbol> &out)
@@ -226,8 +223,12 @@ void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSym
     if (!gelf_getshdr(scn, &sh) || sh.sh_entsize == 0)
         return;
     Elf_Data *data = elf_getdata(scn, nullptr);
-    if (!data)
+    Elf_Scn *strscn = elf_getscn(elf, sh.sh_link);
+    Elf_Data *strings = strscn ? elf_getdata(strscn, nullptr) : nullptr;
+    if (!data || !strings || !strings->d_buf)
         return;
+    const auto *names = static_cast<const char *>(strings->d_buf);
+    const size_t names_size = strings->d_size;
     size_t count = sh.sh_size / sh.sh_entsize;
     if (count > INT_MAX)
         return;
@@ -244,22 +245,26 @@ void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSym
         // An SHN_ABS value is no address in the object, so the bias would not apply.
         if (s.st_shndx == SHN_UNDEF || s.st_shndx == SHN_ABS || s.st_value == 0)
             continue;
-        const char *name = elf_strptr(elf, sh.sh_link, s.st_name);
-        if (!name || !*name)
+        if (s.st_name == 0 || s.st_name >= names_size)
             continue;
-        RawSymbol r;
-        r.symbol.name = name;
-        r.symbol.value = s.st_value + bias;
-        r.symbol.size = s.st_size;
-        r.symbol.function = function;
-        r.symbol.ifunc = type == STT_GNU_IFUNC;
+        const size_t len = strnlen(names + s.st_name, names_size - s.st_name);
+        if (len == names_size - s.st_name)
+            continue; // not terminated inside the table
+        unsigned binding_rank;
         switch (GELF_ST_BIND(s.st_info)) {
-        case STB_GLOBAL: r.binding_rank = 0; break;
-        case STB_WEAK: r.binding_rank = 1; break;
-        case STB_LOCAL: r.binding_rank = 2; break;
-        default: r.binding_rank = 3; break;
+        case STB_GLOBAL: binding_rank = 0; break;
+        case STB_WEAK: binding_rank = 1; break;
+        case STB_LOCAL: binding_rank = 2; break;
+        default: binding_rank = 3; break;
         }
-        out.push_back(std::move(r));
+        RawSymbol r;
+        r.name = std::string_view(names + s.st_name, len);
+        r.value = s.st_value + bias;
+        r.size = s.st_size;
+        r.function = function;
+        r.ifunc = type == STT_GNU_IFUNC;
+        r.rank = rank_of(r.name, function, r.size, binding_rank);
+        out.push_back(r);
     }
 }
 
@@ -267,27 +272,26 @@ void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSym
 std::vector<Symbol> finish_symbols(std::vector<RawSymbol> raw)
 {
     std::sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
-        if (a.symbol.value != b.symbol.value)
-            return a.symbol.value < b.symbol.value;
-        if (a.symbol.name != b.symbol.name)
-            return a.symbol.name < b.symbol.name;
+        if (a.value != b.value)
+            return a.value < b.value;
+        if (a.name != b.name)
+            return a.name < b.name;
         return preferred(a, b);
     });
     raw.erase(std::unique(raw.begin(), raw.end(),
                           [](const RawSymbol &a, const RawSymbol &b) {
-                              return a.symbol.value == b.symbol.value &&
-                                     a.symbol.name == b.symbol.name;
+                              return a.value == b.value && a.name == b.name;
                           }),
               raw.end());
-    std::stable_sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
-        if (a.symbol.value != b.symbol.value)
-            return a.symbol.value < b.symbol.value;
-        return preferred(a, b);
+    std::sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
+        if (a.value != b.value)
+            return a.value < b.value;
+        return preferred(a, b); // a strict total order: the names break ties
     });
     std::vector<Symbol> out;
     out.reserve(raw.size());
-    for (RawSymbol &r : raw)
-        out.push_back(std::move(r.symbol));
+    for (const RawSymbol &r : raw)
+        out.push_back(Symbol{std::string(r.name), r.value, r.size, r.function, r.ifunc});
     return out;
 }
 
@@ -363,14 +367,14 @@ private:
     Elf *elf_ = nullptr;
 };
 
-// The .symtab of the separate debug file of the object with this build id, if installed.
-void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out)
+// The .symtab of the separate debug file of the object with this build id, if installed,
+// opened in `debug` (the names point into it).
+void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out, ElfFile &debug)
 {
     if (id.size() < 3)
         return;
     std::string path = "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) +
                        ".debug";
-    ElfFile debug;
     if (!debug.open_file(path))
         return;
     Elf_Scn *scn = nullptr;
@@ -404,10 +408,11 @@ detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias)
     }
 
     std::vector<RawSymbol> raw;
+    ElfFile debug; // until finish_symbols() has copied the names
     if (symtab)
         read_symbol_table(elf, symtab, bias, raw);
     else
-        read_debug_symtab(build_id(elf), bias, raw);
+        read_debug_symtab(build_id(elf), bias, raw, debug);
     // .dynsym adds what a .symtab lacks (rare); the copies go in finish_symbols().
     if (dynsym)
         read_symbol_table(elf, dynsym, bias, raw);
