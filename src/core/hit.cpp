@@ -409,12 +409,29 @@ const arch::VectorScan &gpr_dispatch_scan(Dispatcher which) {
     return g_gpr_dispatch_scans[which == Dispatcher::kOptprobe ? 0 : 1];
 }
 
-bool handler_is_gpr_only(const void *fn) { return fn == nullptr || scan_with_stops(fn).clean; }
-
 namespace {
 constexpr size_t kOwnHandlers = 8;
 std::atomic<const void *> g_own_handlers[kOwnHandlers];
+// handler_is_gpr_only()'s verdict on each once asked: 0 not yet, 1 clean, 2 not.
+std::atomic<uint8_t> g_own_verdicts[kOwnHandlers];
 } // namespace
+
+// The agent's own handlers (the tracer's, for every event) are scanned once: their code
+// neither changes nor goes. Any other function is scanned at every question, as another
+// library may have been loaded where its own was.
+bool handler_is_gpr_only(const void *fn) {
+    if (fn == nullptr) return true;
+    for (size_t i = 0; i < kOwnHandlers; ++i) {
+        if (g_own_handlers[i].load(std::memory_order_acquire) != fn) continue;
+        uint8_t verdict = g_own_verdicts[i].load(std::memory_order_acquire);
+        if (verdict == 0) {
+            verdict = scan_with_stops(fn).clean ? 1 : 2;
+            g_own_verdicts[i].store(verdict, std::memory_order_release);
+        }
+        return verdict == 1;
+    }
+    return scan_with_stops(fn).clean;
+}
 
 void mark_own_handler(const void *fn) {
     for (auto &slot : g_own_handlers) {

@@ -356,6 +356,23 @@ TEST_F(VectorPath, TheTracersHitHandlersAreProvenClean) {
 #endif
 }
 
+// The agent's own handlers (the tracer's, asked about at every event's registration) are
+// scanned once; any other function at every question, as another library may since have
+// been loaded where its own was.
+TEST_F(VectorPath, AnOwnHandlerIsScannedOnceOthersAtEveryQuestion) {
+    const void *own = reinterpret_cast<const void *>(vu_int);
+    const void *other = reinterpret_cast<const void *>(vu_loop);
+    ukp::core::mark_own_handler(own);
+    ASSERT_TRUE(ukp::core::handler_is_gpr_only(own));
+    const uint64_t scans = ukp::arch::vector_scans();
+    EXPECT_TRUE(ukp::core::handler_is_gpr_only(own));
+    EXPECT_EQ(ukp::arch::vector_scans(), scans) << "the verdict on an own handler is kept";
+    EXPECT_TRUE(ukp::core::handler_is_gpr_only(other));
+    EXPECT_TRUE(ukp::core::handler_is_gpr_only(other));
+    EXPECT_EQ(ukp::arch::vector_scans(), scans + 2);
+    EXPECT_FALSE(ukp::core::handler_is_gpr_only(reinterpret_cast<const void *>(vu_xmm)));
+}
+
 // A probe on a function that a handler calls: the scan reads the code under the int3,
 // which would otherwise look like the end of the path, and judges the function by it.
 TEST_F(VectorPath, AProbeOnCalledCodeDoesNotHideItFromTheScan) {

@@ -4,6 +4,7 @@
 #include "arch/x86_64/safe_access.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <unordered_set>
 #include <vector>
@@ -81,7 +82,14 @@ int decode_here(uint64_t addr, CodeReader read, Insn *in) {
 
 } // namespace
 
+namespace {
+std::atomic<uint64_t> g_scans{0};
+} // namespace
+
+uint64_t vector_scans() { return g_scans.load(std::memory_order_relaxed); }
+
 VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops, size_t budget, CodeReader read) {
+    g_scans.fetch_add(1, std::memory_order_relaxed);
     if (read == nullptr) read = read_in_place;
     VectorScan scan;
     const auto fail = [&](uint64_t at, const char *why) {

@@ -33,4 +33,7 @@ using CodeReader = int (*)(uint64_t addr, uint8_t *buf, size_t n);
 VectorScan scan_vector_use(uint64_t entry, const uint64_t *stops, size_t nstops, size_t budget = 20000,
                            CodeReader read = nullptr);
 
+// How many scans this process has made (for tests).
+uint64_t vector_scans();
+
 } // namespace ukp::arch
