@@ -1,11 +1,12 @@
 // End-to-end target of `ukprobe run` (tests/e2e/run.txt): calls its own function with
 // typed arguments and libc's strtol, optionally starts itself again as a child (fork and
 // exec), and exits with the status it was given.
-//   e2e_run [--spawn|--reexec] COUNT STATUS
+//   e2e_run [--spawn|--reexec|--reexec-path] COUNT STATUS
 // calls e2e_run_work(i, "tagI", i * 1000000007) for i = 1..COUNT, then strtol("-321"),
 // prints "pid PID sum SUM agent yes|no" (whether libukprobes is mapped) and, with --spawn,
 // "child PID exit STATUS" for the child it waited for; with --reexec it then execs itself
-// (same process) to do it all again, and that image exits STATUS.
+// (same process) to do it all again, and that image exits STATUS; --reexec-path does so by
+// execvp() through a PATH whose first two directories do not exist (as a shell tries them).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,9 +32,10 @@ int main(int argc, char **argv) {
     int arg = 1;
     const int spawn = argc > arg && strcmp(argv[arg], "--spawn") == 0;
     const int reexec = argc > arg && strcmp(argv[arg], "--reexec") == 0;
-    arg += spawn || reexec;
+    const int reexec_path = argc > arg && strcmp(argv[arg], "--reexec-path") == 0;
+    arg += spawn || reexec || reexec_path;
     if (argc < arg + 2) {
-        fprintf(stderr, "usage: e2e_run [--spawn|--reexec] COUNT STATUS\n");
+        fprintf(stderr, "usage: e2e_run [--spawn|--reexec|--reexec-path] COUNT STATUS\n");
         return 2;
     }
     const int count = atoi(argv[arg]);
@@ -62,6 +64,17 @@ int main(int argc, char **argv) {
     }
     if (reexec) {
         execl("/proc/self/exe", "e2e_run", argv[arg], argv[arg + 1], (char *)NULL);
+        return 127;
+    }
+    if (reexec_path) {
+        char self[4096], path[4200];
+        const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) return 126;
+        self[n] = '\0';
+        *strrchr(self, '/') = '\0';
+        snprintf(path, sizeof path, "/nonexistent-ukp-a:/nonexistent-ukp-b/c:%s", self);
+        setenv("PATH", path, 1);
+        execlp("e2e_run", "e2e_run", argv[arg], argv[arg + 1], (char *)NULL);
         return 127;
     }
     return status;

@@ -61,6 +61,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <thread>
@@ -764,6 +765,34 @@ int send_ping(int pid) {
     return fd;
 }
 
+// Whether an execve(2) the process waits in will fail for want of its file: a shell or
+// execvp() tries every directory of PATH in turn, and ukprobe need not empty a ring for
+// each miss. Reads the path from the process's memory (nothing else may change it: the
+// caller waits in the call); anything unclear answers false, and the ring is emptied.
+bool exec_file_missing(const seccomp_notif &req) {
+    if (req.data.nr != __NR_execve) return false;
+    const auto pid = static_cast<pid_t>(req.pid);
+    std::string path;
+    uint64_t at = req.data.args[0];
+    constexpr uint64_t kPage = 4096;
+    while (path.size() < PATH_MAX) {
+        char chunk[kPage];
+        const size_t n = kPage - at % kPage; // up to the end of the page: the next may be unmapped
+        const iovec local{chunk, n};
+        const iovec remote{reinterpret_cast<void *>(at), n};
+        if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(n)) return false;
+        const void *nul = memchr(chunk, '\0', n);
+        path.append(chunk, nul != nullptr ? static_cast<const char *>(nul) - chunk : n);
+        if (nul != nullptr) break;
+        at += n;
+    }
+    if (path.empty() || path.size() >= PATH_MAX) return false;
+    // As the process sees it: its root for an absolute path, its working directory else.
+    const std::string proc = "/proc/" + std::to_string(pid) + (path[0] == '/' ? "/root" : "/cwd/");
+    struct stat st{};
+    return stat((proc + path).c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
+}
+
 // ring.cpp's notice of a forked child's new buffers: SIG_SETMASK with no mask given.
 bool forked_ring_notice(const seccomp_notif &req) {
     return req.data.nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0;
@@ -1015,7 +1044,7 @@ void Runner::handle(const seccomp_notif &req) {
         } else if (nr == __NR_unlink || nr == __NR_unlinkat) {
             // An agent's destructor about to remove its socket: connect while it waits.
             if (new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
-        } else {
+        } else if (!exec_file_missing(req)) {
             // exit_group, execve, execveat. A child that exec'd into an agent has both.
             bool streamed = false;
             if (auto it = forked_by_pid_.find(tgid); it != forked_by_pid_.end() && it->second->streaming()) {
