@@ -367,15 +367,21 @@ private:
     Elf *elf_ = nullptr;
 };
 
+// Where the separate debug file of the object with this build id is installed ("" for no
+// id).
+std::string debug_file_of(const std::string &id)
+{
+    if (id.size() < 3)
+        return {};
+    return "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
+}
+
 // The .symtab of the separate debug file of the object with this build id, if installed,
 // opened in `debug` (the names point into it).
 void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out, ElfFile &debug)
 {
-    if (id.size() < 3)
-        return;
-    std::string path = "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) +
-                       ".debug";
-    if (!debug.open_file(path))
+    const std::string path = debug_file_of(id);
+    if (path.empty() || !debug.open_file(path))
         return;
     Elf_Scn *scn = nullptr;
     while ((scn = elf_nextscn(debug.get(), scn))) {
@@ -420,6 +426,20 @@ detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias)
     return out;
 }
 
+// The separate debug file read_contents() takes the .symtab from, or "" when it takes
+// none (the file has its own .symtab, or no debug file is installed).
+std::string debug_symtab_path(Elf *elf)
+{
+    Elf_Scn *scn = nullptr;
+    while ((scn = elf_nextscn(elf, scn))) {
+        GElf_Shdr sh;
+        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB)
+            return {};
+    }
+    const std::string path = debug_file_of(build_id(elf));
+    return !path.empty() && access(path.c_str(), R_OK) == 0 ? path : std::string();
+}
+
 // Everything load_object() promises: exec_ranges from the program headers, and the
 // contents, read now.
 void parse_elf(Elf *elf, uint64_t bias, Object &obj)
@@ -445,6 +465,7 @@ std::mutex g_shared_mu;
 std::vector<std::weak_ptr<const Object>> g_shared; // under g_shared_mu
 // Serializes the lazy reading of symbols (LazySymbols::load), all objects at once.
 std::mutex g_load_mu;
+std::atomic<const TableStore *> g_store{nullptr};
 
 void forget_locks_after_fork()
 {
@@ -588,6 +609,11 @@ size_t module_separator(std::string_view spec)
 
 // ---- LazySymbols ----------------------------------------------------------------------
 
+void set_table_store(const TableStore *store)
+{
+    g_store.store(store, std::memory_order_release);
+}
+
 namespace detail {
 
 LazySymbols::LazySymbols(const LazySymbols &other) : source_(other.source_)
@@ -631,6 +657,18 @@ const LazySymbols::Contents &LazySymbols::load() const
         bool open = false;
         if (!source_.open_path.empty()) {
             open = elf.open_file(source_.open_path);
+            const TableStore *store = g_store.load(std::memory_order_acquire);
+            if (open && store != nullptr) {
+                const std::string debug = debug_symtab_path(elf.get());
+                Contents cached;
+                if (!store->load(source_.open_path, debug, source_.bias, &cached)) {
+                    cached = read_contents(elf.get(), source_.bias);
+                    store->store(source_.open_path, debug, source_.bias, cached);
+                }
+                contents_ = std::move(cached);
+                loaded_.store(true, std::memory_order_release);
+                return contents_;
+            }
         } else if (source_.image.second != 0) {
             const auto *image = reinterpret_cast<const char *>(source_.image.first);
             copy.assign(image, image + source_.image.second);

@@ -74,6 +74,19 @@ private:
 };
 } // namespace detail
 
+// Parsed tables kept between processes: the agent keeps them beside its reference tables
+// (arch/x86_64/refs_cache.cpp), where a cache directory is set. Keyed by the file a table
+// was read from and the separate debug file that gave its .symtab ("" when none); values
+// relative to nothing: `bias` is what the caller's table has added (load adds it back).
+struct TableStore {
+    bool (*load)(const std::string &path, const std::string &debug_path, uint64_t bias,
+                 detail::LazySymbols::Contents *out);
+    void (*store)(const std::string &path, const std::string &debug_path, uint64_t bias,
+                  const detail::LazySymbols::Contents &in);
+};
+// The store LazySymbols asks before it parses a file, and gives what it parsed; null: none.
+void set_table_store(const TableStore *store);
+
 // One ELF object mapped into the process (the main program, a shared library, the vdso).
 struct Object {
     std::string path;   // as the dynamic linker knows it ("" for the main program is

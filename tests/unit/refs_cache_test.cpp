@@ -1,7 +1,8 @@
-// The disk cache of reference tables (refs_cache.cpp): a table comes back as built, at any
-// bias; entries that are damaged, writable by others, for another file or under no
-// UKP_CACHE_DIR are not used.
+// The disk cache of reference tables and symbol tables (refs_cache.cpp): a table comes
+// back as built, at any bias; entries that are damaged, writable by others, for another
+// file or under no UKP_CACHE_DIR are not used.
 #include "arch/x86_64/region.hpp"
+#include "symbols/symbols.hpp"
 
 #include <gtest/gtest.h>
 
@@ -42,11 +43,11 @@ Loaded find_libc() {
     return l;
 }
 
-std::vector<std::string> entries(const std::string &dir) {
+std::vector<std::string> entries(const std::string &dir, const char *prefix = "refs-") {
     std::vector<std::string> names;
     if (DIR *d = opendir(dir.c_str())) {
         while (const dirent *e = readdir(d))
-            if (std::strncmp(e->d_name, "refs-", 5) == 0) names.push_back(dir + "/" + e->d_name);
+            if (std::strncmp(e->d_name, prefix, std::strlen(prefix)) == 0) names.push_back(dir + "/" + e->d_name);
         closedir(d);
     }
     return names;
@@ -254,6 +255,68 @@ TEST_F(RefsCache, TheControllersDirectoryServesWithoutTheVariable) {
     ukp::arch::set_refs_cache_dir("");
     EXPECT_EQ(ukp::arch::refs_cache_dir(), "");
     EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
+}
+
+// libc's symbol table, read lazily (symbols.cpp): parsed and kept the first time, taken
+// from the directory the next, at another bias, the same as a fresh parse at that bias.
+std::vector<ukp::sym::Symbol> lazy_symbols(const std::string &path, uint64_t bias) {
+    ukp::sym::detail::LazySymbols lazy({path, {0, 0}, bias});
+    return lazy.symbols();
+}
+
+void expect_same(const std::vector<ukp::sym::Symbol> &a, const std::vector<ukp::sym::Symbol> &b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].name, b[i].name) << i;
+        EXPECT_EQ(a[i].value, b[i].value) << a[i].name;
+        EXPECT_EQ(a[i].size, b[i].size) << a[i].name;
+        EXPECT_EQ(a[i].function, b[i].function) << a[i].name;
+        EXPECT_EQ(a[i].ifunc, b[i].ifunc) << a[i].name;
+    }
+}
+
+TEST_F(RefsCache, ASymbolTableComesBackAsParsedAtAnyBias) {
+    const uint64_t loads = ukp::arch::symbol_tables_loaded_from_disk();
+    const auto first = lazy_symbols(libc_.path, libc_.bias);
+    ASSERT_GT(first.size(), 1000u);
+    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads) << "parsed, not loaded";
+    ASSERT_EQ(entries(dir_, "syms-").size(), 1u);
+    const uint64_t other_bias = libc_.bias + 0x12345000;
+    const auto again = lazy_symbols(libc_.path, other_bias);
+    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads + 1);
+    const auto parsed = ukp::sym::load_object(libc_.path, other_bias);
+    ASSERT_TRUE(parsed);
+    expect_same(again, parsed->symbols());
+    ukp::sym::detail::LazySymbols lazy({libc_.path, {0, 0}, other_bias});
+    EXPECT_EQ(lazy.plt_ranges(), parsed->plt_ranges());
+}
+
+TEST_F(RefsCache, DamagedSymbolEntriesAreIgnored) {
+    lazy_symbols(libc_.path, libc_.bias);
+    const auto names = entries(dir_, "syms-");
+    ASSERT_EQ(names.size(), 1u);
+    struct stat st{};
+    ASSERT_EQ(stat(names[0].c_str(), &st), 0);
+    const int fd = open(names[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, st.st_size - 10), 1); // in the names
+    byte ^= 0x20;
+    ASSERT_EQ(pwrite(fd, &byte, 1, st.st_size - 10), 1);
+    close(fd);
+    const uint64_t loads = ukp::arch::symbol_tables_loaded_from_disk();
+    const auto again = lazy_symbols(libc_.path, libc_.bias);
+    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads) << "a changed byte";
+    expect_same(again, ukp::sym::load_object(libc_.path, libc_.bias)->symbols());
+}
+
+TEST_F(RefsCache, NoSymbolTableIsKeptWithoutTheVariable) {
+    unsetenv("UKP_CACHE_DIR");
+    const uint64_t loads = ukp::arch::symbol_tables_loaded_from_disk();
+    lazy_symbols(libc_.path, libc_.bias);
+    lazy_symbols(libc_.path, libc_.bias);
+    EXPECT_TRUE(entries(dir_, "syms-").empty());
+    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads);
 }
 
 } // namespace

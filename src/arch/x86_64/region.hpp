@@ -172,6 +172,9 @@ std::string refs_cache_dir();
 constexpr size_t kObjectRefsCacheEntries = 64;
 // How many tables this process took from the disk cache.
 uint64_t object_refs_loaded_from_disk();
+// How many symbol tables this process took from the same directory (the agent keeps
+// there the tables symbols.cpp parses: sym::set_table_store).
+uint64_t symbol_tables_loaded_from_disk();
 // Drops the kept references of the object that was loaded at bias (it was unloaded).
 void forget_object_refs(uint64_t bias);
 // How many objects' references are kept.
