@@ -259,6 +259,14 @@ for def in "${DEFS[@]}"; do
     [ "$ret" = 1 ] && [ "$delta" != 0 ] && die "$sym: its first instruction moves %rsp: a kernel return probe after it would take the wrong return address"
     [ "$clobber" = - ] && clobber=""
     kaddr=$(printf '%x' $((0x$vaddr + len)))
+    # The kernel steps the probed instruction out of line; a system call there (getpid is
+    # `mov $0x27,%eax; syscall`) kills the process with SIGSEGV on this kernel, and the
+    # probe is armed in every process that maps the file (the script's own shell too).
+    kmn=$(objdump -d --no-show-raw-insn "$obj" --start-address=0x$kaddr --stop-address=$(printf 0x%x $((0x$kaddr + 16))) |
+        awk -F'\t' '/^ *[0-9a-f]+:\t/ { split($2, w, " "); print w[1]; exit }')
+    case "$kmn" in syscall|sysenter|int|int1|int3|into)
+        die "$sym: its second instruction, where the kernel's probe would go, is a $kmn, which the kernel's uprobes cannot step out of line (the process dies of SIGSEGV); probe another function" ;;
+    esac
     koff=$(file_offset "$obj" "$kaddr")
     [ -n "$koff" ] || die "$sym: no file offset for 0x$kaddr"
     # shellcheck disable=SC2086
