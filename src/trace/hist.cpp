@@ -1,4 +1,5 @@
 #include "trace/hist.hpp"
+#include "trace/hist_table.hpp"
 #include "trace/bytes.hpp"
 #include "arch/x86_64/this_cpu.hpp"
 
@@ -10,84 +11,6 @@
 #include <cstdlib>
 
 namespace ukp::trace {
-
-// One generation of a hist table (see hist.hpp): fixed arrays sized at creation.
-struct HistTable {
-    uint32_t n_elts = 0;     // elements: the trigger's size
-    uint32_t n_buckets = 0;  // 2 * n_elts, a power of two
-    uint32_t key_bytes = 0;  // packed key size
-    uint32_t n_vals = 0;     // sums per element, hitcount first
-    std::unique_ptr<std::atomic<uint32_t>[]> bucket_hash; // 0: free
-    std::unique_ptr<std::atomic<uint32_t>[]> bucket_elt;  // element index + 1; 0: not yet published
-    std::unique_ptr<uint8_t[]> keys;                      // n_elts * key_bytes
-    std::unique_ptr<std::atomic<uint64_t>[]> sums;        // n_elts * n_vals
-    std::unique_ptr<char[]> comms;                        // n_elts * 16: .execname
-    std::atomic<uint32_t> next_elt{0};                    // elements handed out
-    std::atomic<uint64_t> hits{0};  // hits that found or made their element
-    std::atomic<uint64_t> drops{0}; // hits whose new key found the table full
-
-    HistTable(uint32_t elts, uint32_t kbytes, uint32_t vals)
-        : n_elts(elts), n_buckets(elts * 2), key_bytes(kbytes), n_vals(vals),
-          bucket_hash(new std::atomic<uint32_t>[elts * 2]), bucket_elt(new std::atomic<uint32_t>[elts * 2]),
-          keys(new uint8_t[size_t(elts) * kbytes]()), sums(new std::atomic<uint64_t>[size_t(elts) * vals]),
-          comms(new char[size_t(elts) * 16]()) {
-        for (uint32_t i = 0; i < n_buckets; i++) {
-            bucket_hash[i].store(0, std::memory_order_relaxed);
-            bucket_elt[i].store(0, std::memory_order_relaxed);
-        }
-        for (size_t i = 0; i < size_t(elts) * vals; i++) sums[i].store(0, std::memory_order_relaxed);
-    }
-
-    // The element of `key`, created on first sight; -1 when the table is full (dropped).
-    int64_t find_or_insert(const uint8_t *key, const char *comm) noexcept {
-        // Keys are whole 8-byte words (numbers, zero-padded strings): mix a word at a time.
-        uint64_t acc = 0x9e3779b97f4a7c15ull;
-        for (uint32_t i = 0; i < key_bytes; i += 8) {
-            uint64_t w;
-            std::memcpy(&w, key + i, 8);
-            acc = (acc ^ w) * 0xff51afd7ed558ccdull;
-            acc ^= acc >> 32;
-        }
-        uint32_t h = uint32_t(acc ^ (acc >> 29));
-        if (h == 0) h = 1;
-        uint32_t idx = h, probes = 0, waits = 0;
-        for (;;) {
-            idx &= n_buckets - 1;
-            uint32_t test = bucket_hash[idx].load(std::memory_order_acquire);
-            if (test == h) {
-                const uint32_t e = bucket_elt[idx].load(std::memory_order_acquire);
-                if (e) {
-                    if (same_bytes(keys.get() + size_t(e - 1) * key_bytes, key, key_bytes)) return e - 1;
-                } else {
-                    // Another hit is filling this bucket in; look again, boundedly.
-                    if (++waits > n_buckets) break;
-                    continue;
-                }
-            } else if (test == 0) {
-                if (bucket_hash[idx].compare_exchange_strong(test, h, std::memory_order_acq_rel)) {
-                    if (next_elt.load(std::memory_order_relaxed) >= n_elts) {
-                        bucket_hash[idx].store(0, std::memory_order_release);
-                        break;
-                    }
-                    const uint32_t el = next_elt.fetch_add(1, std::memory_order_relaxed);
-                    if (el >= n_elts) {
-                        bucket_hash[idx].store(0, std::memory_order_release);
-                        break;
-                    }
-                    copy_bytes(keys.get() + size_t(el) * key_bytes, key, key_bytes);
-                    if (comm) copy_bytes(comms.get() + size_t(el) * 16, comm, bounded_strlen(comm, 15));
-                    bucket_elt[idx].store(el + 1, std::memory_order_release); // publishes key and comm
-                    return el;
-                }
-                continue; // lost the race for this bucket: look at it again
-            }
-            idx++;
-            if (++probes > n_buckets) break;
-        }
-        drops.fetch_add(1, std::memory_order_relaxed);
-        return -1;
-    }
-};
 
 namespace {
 
@@ -405,20 +328,8 @@ std::string HistTrigger::show(const Symbolizer &sym) const {
     const HistTable *t = table_.load(std::memory_order_acquire);
     std::string out = "# event histogram\n#\n# trigger info: " + spec_text() + "\n#\n\n";
 
-    struct Entry {
-        const uint8_t *key;
-        const char *comm;
-        std::vector<uint64_t> sums;
-    };
-    std::vector<Entry> entries;
-    for (uint32_t b = 0; b < t->n_buckets; b++) {
-        const uint32_t e = t->bucket_elt[b].load(std::memory_order_acquire);
-        if (!e) continue;
-        Entry en{t->keys.get() + size_t(e - 1) * t->key_bytes, t->comms.get() + size_t(e - 1) * 16, {}};
-        for (uint32_t v = 0; v < t->n_vals; v++)
-            en.sums.push_back(t->sums[size_t(e - 1) * t->n_vals + v].load(std::memory_order_relaxed));
-        entries.push_back(std::move(en));
-    }
+    using Entry = HistTable::Published;
+    std::vector<Entry> entries = t->published();
     auto key_u64 = [](const Entry &e, const Column &c) {
         uint64_t v;
         std::memcpy(&v, e.key + c.key_off, 8);

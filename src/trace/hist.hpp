@@ -6,7 +6,10 @@
 // 2048) elements and twice as many buckets. A hit hashes its key, claims an empty bucket
 // with a compare-and-swap on its hash word, takes the next free element with one atomic
 // increment and publishes it; values are summed with atomic adds. No lock, no allocation.
-// When every element is taken a new key is counted in Dropped, as the kernel does.
+// When every element is taken a new key is counted in Dropped, as the kernel does. A hit
+// whose bucket another hit is still filling in waits a little, then passes it over where
+// the kernel drops (its inserters are never preempted; threads here are): the reader adds
+// up a key made twice (hist_table.hpp).
 #pragma once
 
 #include <atomic>

@@ -1,6 +1,7 @@
 // Hist triggers: the hist file against golden text (the kernel's format), drops when the
 // table is full, pause/cont/clear, .sym through the symbolizer, and 8 threads updating one
 // table with exact totals.
+#include "trace/hist_table.hpp"
 #include "trace/trigger.hpp"
 
 #include <ukprobes/kprobes.h>
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -168,6 +170,40 @@ TEST(Hist, BadSpecsAreRejectedWithTheKernelsMessages) {
         EXPECT_EQ(err.pos, c.pos) << c.text;
     }
     EXPECT_TRUE(f.set.empty());
+}
+
+// A hit whose key's bucket is claimed by a hit that has not published it yet (a thread
+// preempted between the two stores) is not dropped: it passes the bucket over, and the
+// reader adds up the key once the other hit publishes it too.
+TEST(Hist, ABucketLeftHalfFilledIsPassedOverNotDropped) {
+    const uint8_t key[8] = {42};
+    HistTable first(128, 8, 2);
+    const int64_t el = first.find_or_insert(key, "a");
+    ASSERT_GE(el, 0);
+    uint32_t bucket = 0;
+    while (bucket < first.n_buckets && first.bucket_elt[bucket].load() != uint32_t(el) + 1) bucket++;
+    ASSERT_LT(bucket, first.n_buckets);
+    const uint32_t hash = first.bucket_hash[bucket].load();
+
+    // The same key's first bucket, claimed and left unfilled by another hit.
+    HistTable t(128, 8, 2);
+    t.bucket_hash[bucket].store(hash);
+    const int64_t mine = t.find_or_insert(key, "b");
+    ASSERT_GE(mine, 0) << "dropped";
+    EXPECT_EQ(t.drops.load(), 0u);
+    t.sums[size_t(mine) * 2].fetch_add(1);
+    t.sums[size_t(mine) * 2 + 1].fetch_add(10);
+    // The other hit goes on: it takes an element and publishes it in its bucket.
+    const uint32_t other = t.next_elt.fetch_add(1);
+    std::memcpy(t.keys.get() + size_t(other) * 8, key, 8);
+    t.bucket_elt[bucket].store(other + 1);
+    t.sums[size_t(other) * 2].fetch_add(1);
+    t.sums[size_t(other) * 2 + 1].fetch_add(5);
+    // Later hits find the first bucket; the reader shows one line with both.
+    EXPECT_EQ(t.find_or_insert(key, "c"), int64_t(other));
+    const auto lines = t.published();
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].sums, (std::vector<uint64_t>{2, 15}));
 }
 
 TEST(Hist, EightThreadsExactTotals) {
