@@ -238,6 +238,12 @@ int prepare_point(uint64_t addr, Point **out) {
 
 extern kprobe g_link_map_probe;
 
+namespace {
+// The agent keeps the symbol tables it parses beside its reference tables: set before
+// its other constructors, UKP_EVENTS being applied in one (trace/files.cpp).
+__attribute__((constructor(101))) void keep_symbol_tables() { sym::set_table_store(arch::symbol_table_store()); }
+} // namespace
+
 bool wants_arming(const Point *pt) {
     const ProbeList *list = pt->list.load(std::memory_order_relaxed);
     const bool enabled = g_kprobes_enabled.load(std::memory_order_relaxed);

@@ -410,10 +410,9 @@ void store_cached_symbols(const std::string &path, const std::string &debug_path
 
 const sym::TableStore kSymbolStore{load_cached_symbols, store_cached_symbols};
 
-// Before the agent's other constructors: UKP_EVENTS is applied in one.
-__attribute__((constructor(101))) void use_symbol_store() { sym::set_table_store(&kSymbolStore); }
-
 } // namespace
+
+const sym::TableStore *symbol_table_store() { return &kSymbolStore; }
 
 uint64_t symbol_tables_loaded_from_disk() { return g_symbol_loads.load(std::memory_order_relaxed); }
 

@@ -19,6 +19,10 @@
 #include <utility>
 #include <vector>
 
+namespace ukp::sym {
+struct TableStore;
+}
+
 namespace ukp::arch {
 
 // Reads n bytes at (run-time or file) address addr into out; false if they are not
@@ -172,8 +176,10 @@ std::string refs_cache_dir();
 constexpr size_t kObjectRefsCacheEntries = 64;
 // How many tables this process took from the disk cache.
 uint64_t object_refs_loaded_from_disk();
-// How many symbol tables this process took from the same directory (the agent keeps
-// there the tables symbols.cpp parses: sym::set_table_store).
+// The same directory keeps the symbol tables symbols.cpp parses: the store the agent
+// gives sym::set_table_store (core/registry.cpp), and how many tables this process took
+// from it.
+const sym::TableStore *symbol_table_store();
 uint64_t symbol_tables_loaded_from_disk();
 // Drops the kept references of the object that was loaded at bias (it was unloaded).
 void forget_object_refs(uint64_t bias);
