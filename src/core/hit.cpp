@@ -414,6 +414,14 @@ constexpr size_t kOwnHandlers = 8;
 std::atomic<const void *> g_own_handlers[kOwnHandlers];
 // handler_is_gpr_only()'s verdict on each once asked: 0 not yet, 1 clean, 2 not.
 std::atomic<uint8_t> g_own_verdicts[kOwnHandlers];
+
+// fn's index in g_own_handlers, or -1.
+int own_index(const void *fn) {
+    if (fn == nullptr) return -1;
+    for (size_t i = 0; i < kOwnHandlers; ++i)
+        if (g_own_handlers[i].load(std::memory_order_acquire) == fn) return static_cast<int>(i);
+    return -1;
+}
 } // namespace
 
 // The agent's own handlers (the tracer's, for every event) are scanned once: their code
@@ -421,16 +429,14 @@ std::atomic<uint8_t> g_own_verdicts[kOwnHandlers];
 // library may have been loaded where its own was.
 bool handler_is_gpr_only(const void *fn) {
     if (fn == nullptr) return true;
-    for (size_t i = 0; i < kOwnHandlers; ++i) {
-        if (g_own_handlers[i].load(std::memory_order_acquire) != fn) continue;
-        uint8_t verdict = g_own_verdicts[i].load(std::memory_order_acquire);
-        if (verdict == 0) {
-            verdict = scan_with_stops(fn).clean ? 1 : 2;
-            g_own_verdicts[i].store(verdict, std::memory_order_release);
-        }
-        return verdict == 1;
+    const int own = own_index(fn);
+    if (own < 0) return scan_with_stops(fn).clean;
+    uint8_t verdict = g_own_verdicts[own].load(std::memory_order_acquire);
+    if (verdict == 0) {
+        verdict = scan_with_stops(fn).clean ? 1 : 2;
+        g_own_verdicts[own].store(verdict, std::memory_order_release);
     }
-    return scan_with_stops(fn).clean;
+    return verdict == 1;
 }
 
 void mark_own_handler(const void *fn) {
@@ -441,12 +447,7 @@ void mark_own_handler(const void *fn) {
     std::abort(); // more of the agent's own handlers than kOwnHandlers: a build mistake
 }
 
-bool handler_is_own(const void *fn) {
-    if (fn == nullptr) return false;
-    for (const auto &slot : g_own_handlers)
-        if (slot.load(std::memory_order_acquire) == fn) return true;
-    return false;
-}
+bool handler_is_own(const void *fn) { return own_index(fn) >= 0; }
 
 // ---- the hit path --------------------------------------------------------------------
 

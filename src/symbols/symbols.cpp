@@ -440,6 +440,25 @@ std::string debug_symtab_path(Elf *elf)
     return !path.empty() && access(path.c_str(), R_OK) == 0 ? path : std::string();
 }
 
+// The table store set_table_store() was given, or null.
+std::atomic<const TableStore *> g_store{nullptr};
+
+// read_contents() of a file, through the table store when one is set: a table kept for
+// the file (and its debug file) is taken instead, and one read is given to the store.
+detail::LazySymbols::Contents read_file_contents(Elf *elf, const std::string &path, uint64_t bias)
+{
+    const TableStore *store = g_store.load(std::memory_order_acquire);
+    if (store == nullptr)
+        return read_contents(elf, bias);
+    const std::string debug = debug_symtab_path(elf);
+    detail::LazySymbols::Contents c;
+    if (!store->load(path, debug, bias, &c)) {
+        c = read_contents(elf, bias);
+        store->store(path, debug, bias, c);
+    }
+    return c;
+}
+
 // Everything load_object() promises: exec_ranges from the program headers, and the
 // contents, read now.
 void parse_elf(Elf *elf, uint64_t bias, Object &obj)
@@ -465,7 +484,6 @@ std::mutex g_shared_mu;
 std::vector<std::weak_ptr<const Object>> g_shared; // under g_shared_mu
 // Serializes the lazy reading of symbols (LazySymbols::load), all objects at once.
 std::mutex g_load_mu;
-std::atomic<const TableStore *> g_store{nullptr};
 
 void forget_locks_after_fork()
 {
@@ -657,25 +675,14 @@ const LazySymbols::Contents &LazySymbols::load() const
         bool open = false;
         if (!source_.open_path.empty()) {
             open = elf.open_file(source_.open_path);
-            const TableStore *store = g_store.load(std::memory_order_acquire);
-            if (open && store != nullptr) {
-                const std::string debug = debug_symtab_path(elf.get());
-                Contents cached;
-                if (!store->load(source_.open_path, debug, source_.bias, &cached)) {
-                    cached = read_contents(elf.get(), source_.bias);
-                    store->store(source_.open_path, debug, source_.bias, cached);
-                }
-                contents_ = std::move(cached);
-                loaded_.store(true, std::memory_order_release);
-                return contents_;
-            }
         } else if (source_.image.second != 0) {
             const auto *image = reinterpret_cast<const char *>(source_.image.first);
             copy.assign(image, image + source_.image.second);
             open = elf.open_memory(copy.data(), copy.size());
         }
         if (open)
-            contents_ = read_contents(elf.get(), source_.bias);
+            contents_ = source_.open_path.empty() ? read_contents(elf.get(), source_.bias)
+                                                  : read_file_contents(elf.get(), source_.open_path, source_.bias);
         loaded_.store(true, std::memory_order_release); // unreadable: no symbols, for good
     } catch (...) {
         contents_ = Contents{}; // out of memory: none this time, tried again at the next call

@@ -254,6 +254,36 @@ int cmd_session(const Options &o) {
     return failed ? 1 : 0;
 }
 
+// The TEXT of write and append, and add's DEF, may start with '-': the kernel removes an
+// event with `echo '-:GRP/EVENT' >> kprobe_events`. CLI11 would take such a word for an
+// option: in `args` (a copy of argv) it is replaced by kStandIn, and returned, to be put
+// back after parsing; "" when there is none.
+constexpr char kStandIn[] = "\x01ukprobe-text";
+
+std::string take_dashed_text(int argc, char **argv, char **args) {
+    auto takes_value = [](std::string_view a) { return a == "-p" || a == "--pid" || a == "--agent"; };
+    auto is_option = [&](std::string_view a) {
+        return takes_value(a) || a == "-v" || a == "--verbose" || a == "-h" || a == "--help" ||
+               a.starts_with("--pid=") || a.starts_with("--agent=") ||
+               (a.size() > 2 && a.starts_with("-p") && std::isdigit(static_cast<unsigned char>(a[2])));
+    };
+    std::vector<int> words; // positional words, the command first
+    for (int i = 1; i < argc && words.size() < 3; ++i) {
+        const std::string_view a = argv[i];
+        if (a == "--") break;
+        if (is_option(a))
+            i += takes_value(a);
+        else
+            words.push_back(i);
+    }
+    if (words.empty()) return {};
+    const std::string_view verb = argv[words[0]];
+    const size_t at = verb == "add" ? 1 : verb == "write" || verb == "append" ? 2 : 0;
+    if (at == 0 || words.size() <= at || argv[words[at]][0] != '-') return {};
+    args[words[at]] = const_cast<char *>(kStandIn);
+    return argv[words[at]];
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -312,40 +342,10 @@ int main(int argc, char **argv) {
     ukprobe::MountOptions mount_options;
     auto *mount = ukprobe::add_mount_command(app, mount_options);
 
-    // The TEXT of write and append, and add's DEF, may start with '-': the kernel removes
-    // an event with `echo '-:GRP/EVENT' >> kprobe_events`. CLI11 would take such a word for
-    // an option; it is given a stand-in instead, and put back after parsing.
-    static const char kStandIn[] = "\x01ukprobe-text";
-    std::string dashed_text;
+    // TEXT or DEF words starting with '-' go to CLI11 as a stand-in (take_dashed_text).
     std::vector<char *> args(argv, argv + argc);
-    {
-        auto takes_value = [](std::string_view a) { return a == "-p" || a == "--pid" || a == "--agent"; };
-        auto is_option = [&](std::string_view a) {
-            return takes_value(a) || a == "-v" || a == "--verbose" || a == "-h" || a == "--help" ||
-                   a.starts_with("--pid=") || a.starts_with("--agent=") ||
-                   (a.size() > 2 && a.starts_with("-p") && std::isdigit(static_cast<unsigned char>(a[2])));
-        };
-        std::vector<int> words; // positional words, the command first
-        for (int i = 1; i < argc; ++i) {
-            const std::string_view a = argv[i];
-            if (a == "--") break;
-            if (is_option(a)) {
-                i += takes_value(a);
-                continue;
-            }
-            words.push_back(i);
-            if (words.size() == 3) break;
-        }
-        if (!words.empty()) {
-            const std::string_view verb = argv[words[0]];
-            const size_t at = verb == "add" ? 1 : verb == "write" || verb == "append" ? 2 : 0;
-            if (at != 0 && words.size() > at && argv[words[at]][0] == '-') {
-                dashed_text = argv[words[at]];
-                args[static_cast<size_t>(words[at])] = const_cast<char *>(kStandIn);
-            }
-        }
-        argv = args.data();
-    }
+    const std::string dashed_text = take_dashed_text(argc, argv, args.data());
+    argv = args.data();
 
     // run's PROG ARGS after "--" are the program's own: CLI11 never sees them.
     std::vector<std::string> program;
