@@ -37,6 +37,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <thread>
 #include <unistd.h>
@@ -337,6 +338,12 @@ void worker() {
     sigfillset(&async);
     for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) sigdelset(&async, sig);
     pthread_sigmask(SIG_BLOCK, &async, nullptr);
+    // The files it reads (/proc/self/task, /proc/self/status, object files) would take
+    // the lowest free numbers of the program's table for a moment, the ones a program
+    // opening right then expects. Without a table of its own it goes on with the
+    // process's, as before.
+    text::use_own_fd_table();
+    prctl(PR_SET_NAME, "ukp-optimizer"); // as `ps -L` and /proc/PID/task/TID/comm show it
     std::unique_lock lock(registry_mutex());
     for (;;) {
         work_cv().wait(lock, [] { return !pending().empty(); });

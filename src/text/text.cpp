@@ -5,10 +5,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <linux/membarrier.h>
 #include <mutex>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -34,6 +37,11 @@ pid_t g_mem_pid = 0;
 bool g_sync_core = false; // membarrier SYNC_CORE registered for this process
 pid_t g_sync_pid = 0;     // the process g_sync_core was decided for
 
+// A thread with a descriptor table of its own (use_own_fd_table()) writes through its own
+// /proc/self/mem: g_mem_fd's number means nothing in its table.
+thread_local bool t_own_table __attribute__((tls_model("initial-exec"))) = false;
+thread_local int t_own_mem_fd __attribute__((tls_model("initial-exec"))) = -1;
+
 // Published chunk starts, read by signal handlers without a lock: entries are written
 // before g_chunk_count is raised and never change afterwards.
 uint64_t g_chunk_start[kMaxChunks];
@@ -51,6 +59,9 @@ void register_sync_core_locked() {
 }
 
 int open_mem_locked() {
+    // A thread with its own table never opens the process's descriptor: the number would
+    // designate nothing, or another file, in every other thread.
+    if (t_own_table) return 0;
     // After fork() an inherited descriptor still designates the parent's memory, and the
     // membarrier registration (per address space) did not come along.
     if (g_mem_fd >= 0 && g_mem_pid == getpid()) return 0;
@@ -138,9 +149,11 @@ int init() {
 int write(uint64_t addr, const void *data, size_t n) {
     std::lock_guard lock(g_mutex);
     if (int err = open_mem_locked(); err != 0) return err;
+    const int fd = t_own_table ? t_own_mem_fd : g_mem_fd;
+    if (fd < 0) return -EBADF;
     const char *src = static_cast<const char *>(data);
     while (n > 0) {
-        ssize_t w = pwrite(g_mem_fd, src, n, static_cast<off_t>(addr));
+        ssize_t w = pwrite(fd, src, n, static_cast<off_t>(addr));
         if (w < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -156,11 +169,51 @@ int write(uint64_t addr, const void *data, size_t n) {
 void sync_cores() {
     {
         std::lock_guard lock(g_mutex);
-        open_mem_locked(); // registers membarrier again in a child of fork()
+        if (t_own_table)
+            register_sync_core_locked();
+        else
+            open_mem_locked(); // registers membarrier again in a child of fork()
     }
     // Without SYNC_CORE (kernels before 4.16), the write through /proc/self/mem is still
     // a kernel entry and exit on this core; other cores see the byte change atomically.
     if (g_sync_core) membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
+}
+
+namespace {
+
+// Closes every descriptor of a table this thread has just unshared, on kernels without
+// close_range() (before 5.9).
+void close_all_listed() {
+    DIR *dir = opendir("/proc/thread-self/fd");
+    if (dir == nullptr) return;
+    const int own = dirfd(dir);
+    std::vector<int> fds;
+    while (dirent *e = readdir(dir)) {
+        if (e->d_name[0] == '.') continue;
+        const int fd = atoi(e->d_name);
+        if (fd != own) fds.push_back(fd);
+    }
+    closedir(dir);
+    for (int fd : fds) close(fd);
+}
+
+} // namespace
+
+int use_own_fd_table() {
+    if (!t_own_table) {
+        // CLOSE_RANGE_UNSHARE over every number: the kernel gives the thread a new, empty
+        // table, without holding the program's files even for a moment.
+        if (syscall(SYS_close_range, 0u, ~0u, CLOSE_RANGE_UNSHARE) != 0) {
+            if (unshare(CLONE_FILES) != 0) return -errno;
+            close_all_listed();
+        }
+        t_own_table = true;
+        // 0-2 lead nowhere (O_PATH: reads and writes fail): a stray write to standard
+        // error cannot land in a file this thread opened next.
+        for (int fd = 0; fd < 3; ++fd) open("/", O_PATH);
+    }
+    if (t_own_mem_fd < 0) t_own_mem_fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    return t_own_mem_fd < 0 ? -errno : 0;
 }
 
 int poke_byte(uint64_t addr, uint8_t byte) {

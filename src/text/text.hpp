@@ -22,6 +22,16 @@ void register_membarrier();
 // Writes n bytes at addr in this process, whatever the page protection. 0 or -errno.
 int write(uint64_t addr, const void *data, size_t n);
 
+// Gives the calling thread a descriptor table of its own, empty but for 0-2 (which lead
+// nowhere) and a /proc/self/mem that write() uses on this thread from then on. For the agent's
+// worker threads: a file they open never takes a number the program counts on (open()
+// returns the lowest free one: `close(0); open("/dev/null")` expects 0), and they hold
+// none of the program's files (a pipe's reader waits for its end of file until every
+// copy of the writing end is closed). 0 or -errno: the table could not be unshared (the
+// thread goes on with the process's) or write() will fail here. The thread must not keep
+// a descriptor for others to use, nor close one of theirs.
+int use_own_fd_table();
+
 // Serializes the instruction stream of every thread of the process.
 void sync_cores();
 

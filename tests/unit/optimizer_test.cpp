@@ -14,7 +14,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
 #include <iterator>
+#include <map>
+#include <poll.h>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -100,6 +104,62 @@ TEST_F(OptimizerTest, APreHandlerProbeIsOptimizedAndStillHit) {
     EXPECT_EQ(ukp_verify(nullptr), 0);
     EXPECT_EQ(ukpt_opt_work(5), (6 * 3) ^ 5);
     EXPECT_EQ(g_hits.load(), 100);
+}
+
+// The worker reads /proc and object files in a descriptor table of its own: they never
+// take, even for a moment, the lowest free number a program opening right then expects,
+// and it holds none of the program's files open past their close.
+int optimizer_tid() {
+    DIR *d = opendir("/proc/self/task");
+    if (d == nullptr) return -1;
+    int found = -1;
+    while (dirent *e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        char path[320], name[32] = {};
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        if (FILE *f = fopen(path, "re")) {
+            if (fgets(name, sizeof name, f) != nullptr && strcmp(name, "ukp-optimizer\n") == 0)
+                found = atoi(e->d_name);
+            fclose(f);
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+TEST_F(OptimizerTest, TheWorkerKeepsADescriptorTableOfItsOwn) {
+    int pipe_fds[2];
+    ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+    kprobe kp{};
+    put_optimized(kp, count_pre); // the worker has run
+    const int tid = optimizer_tid();
+    ASSERT_GT(tid, 0) << "no thread named ukp-optimizer";
+    const std::string dir = "/proc/self/task/" + std::to_string(tid) + "/fd";
+    std::map<int, std::string> table;
+    DIR *d = opendir(dir.c_str());
+    ASSERT_NE(d, nullptr);
+    while (dirent *e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        char target[4096];
+        const ssize_t n = readlinkat(dirfd(d), e->d_name, target, sizeof target - 1);
+        table[atoi(e->d_name)] = n > 0 ? std::string(target, static_cast<size_t>(n)) : "?";
+    }
+    closedir(d);
+    std::string listing;
+    for (const auto &[fd, what] : table) listing += std::to_string(fd) + " -> " + what + "\n";
+    // 0-2 lead nowhere, and its own /proc/self/mem: not the program's pipe, nor its own
+    // listing's directory (that is this thread's, in the process's table).
+    ASSERT_EQ(table.size(), 4u) << listing;
+    for (int fd = 0; fd < 3; ++fd) EXPECT_EQ(table[fd], "/") << listing;
+    EXPECT_EQ(table[3], "/proc/" + std::to_string(getpid()) + "/mem") << listing;
+    // The pipe's reader sees its end of file once the program closes the writing end.
+    close(pipe_fds[1]);
+    pollfd pfd{pipe_fds[0], POLLIN, 0};
+    ASSERT_EQ(poll(&pfd, 1, 2000), 1) << "a copy of the writing end is still open";
+    char c;
+    EXPECT_EQ(read(pipe_fds[0], &c, 1), 0);
+    close(pipe_fds[0]);
+    unregister_kprobe(&kp);
 }
 
 TEST_F(OptimizerTest, TheKnobUnoptimizesAllAndBack) {
