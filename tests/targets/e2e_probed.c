@@ -1,5 +1,6 @@
 // End-to-end target linked with the agent: registers a kprobe on its own function
-// e2e_work() and calls it for argv[1] seconds. Exits 0 if the results were right and the
+// e2e_work() and calls it for argv[1] seconds, pausing argv[2] ns (default 1 ms; 0: never,
+// so that the main thread makes no system call) after each 1000 calls. Exits 0 if the results were right and the
 // probe hit (at least once, at most once per call: kprobes may be off for a while).
 #include <ukprobes/kprobes.h>
 
@@ -24,6 +25,7 @@ static int pre(struct kprobe *p, struct pt_regs *regs) {
 
 int main(int argc, char **argv) {
     const double seconds = argc > 1 ? atof(argv[1]) : 5.0;
+    const long pause_ns = argc > 2 ? atol(argv[2]) : 1000000;
     struct kprobe kp = {0};
     kp.symbol_name = "e2e_work";
     kp.pre_handler = pre;
@@ -40,8 +42,8 @@ int main(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &start);
     do {
         for (int i = 0; i < 1000; ++i, ++calls) sum += e2e_work(i);
-        struct timespec pause = {0, 1000000};
-        nanosleep(&pause, NULL);
+        struct timespec pause = {0, pause_ns};
+        if (pause_ns > 0) nanosleep(&pause, NULL);
         clock_gettime(CLOCK_MONOTONIC, &now);
     } while ((double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
     unregister_kprobe(&kp);

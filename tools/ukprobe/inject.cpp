@@ -14,6 +14,7 @@
 #include <fstream>
 #include <gelf.h>
 #include <libelf.h>
+#include <linux/kcmp.h>
 #include <sstream>
 #include <stdexcept>
 #include <sys/mman.h>
@@ -160,8 +161,19 @@ std::vector<uint64_t> dynamic_symbols(const std::string &path, uint64_t base, co
     return found;
 }
 
+// Whether thread tid works in the process's descriptor table. The agent's optimizer has
+// one of its own (text::use_own_fd_table): a loader started from it would start the control
+// thread there too, where the agent's descriptors mean nothing.
+bool shares_process_files(int pid, int tid) {
+    if (tid == pid) return true;
+    const long same = syscall(SYS_kcmp, pid, tid, KCMP_FILES, 0, 0);
+    if (same >= 0) return same == 0;
+    return read_text(fmt::format("/proc/{}/task/{}/comm", pid, tid)) != "ukp-optimizer\n"; // no kcmp
+}
+
 // The thread to run the calls on: one blocked in a system call holds no library lock as
 // a rule (a thread stopped inside malloc could deadlock dlopen); the leader otherwise.
+// Only a thread that shares the process's descriptor table.
 int pick_thread(int pid, bool *in_syscall) {
     std::vector<int> tids;
     if (DIR *d = opendir(fmt::format("/proc/{}/task", pid).c_str())) {
@@ -178,6 +190,7 @@ int pick_thread(int pid, bool *in_syscall) {
         if (paren == std::string::npos || paren + 2 >= state.size()) continue;
         const char s = state[paren + 2];
         if (s == 'Z' || s == 'X' || s == 't' || s == 'T') continue;
+        if (!shares_process_files(pid, tid)) continue;
         const std::string sys = read_text(fmt::format("/proc/{}/task/{}/syscall", pid, tid));
         if (!sys.empty() && std::isdigit(static_cast<unsigned char>(sys[0]))) {
             *in_syscall = true;
