@@ -585,6 +585,11 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     --ts.depth;
     read_unlock(idx);
     if (handled) {
+        // A handler that skips the faulting instruction resumes inside the region a jump
+        // replaces, or is about to: the thread goes on in the region's copy, as every path
+        // past the first byte does (optimizer.cpp), not in what may be the jump's bytes.
+        t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
+        regs.ip = into_copy(pt, regs.ip);
         arch::regs_to_context(&regs, uc);
         return;
     }

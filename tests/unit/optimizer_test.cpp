@@ -319,6 +319,30 @@ TEST_F(OptimizerTest, AFaultingPreHandlerIsRolledBackUnlessItsFaultHandlerKeepsT
     }
 }
 
+// A fault_handler that skips the probed instruction when it faults (regs->ip past it, as
+// the kernel's exception fixups do) sends the thread into the region the jump replaced:
+// it goes on in the region's copy, here the copy's `ret`, not in the jump's bytes.
+int skip_the_load(kprobe *, pt_regs *regs, int trapnr) {
+    g_opt_trapnr = trapnr;
+    regs->ax = 5;
+    regs->ip += 3; // mov (%rdi), %rax
+    return 1;
+}
+
+TEST_F(OptimizerTest, AFaultHandlerResumingInsideTheRegionGoesOnInItsCopy) {
+    kprobe kp{};
+    put_optimized(kp, count_pre, skip_the_load, "ukpt_load");
+    g_hits = 0;
+    g_opt_trapnr = -1;
+    long *volatile bad = nullptr;
+    EXPECT_EQ(ukpt_load(bad), 5);
+    EXPECT_EQ(g_opt_trapnr, 14) << "page fault";
+    EXPECT_EQ(g_hits.load(), 1);
+    long good = 42;
+    EXPECT_EQ(ukpt_load(&good), 42);
+    unregister_kprobe(&kp);
+}
+
 // A hit while the thread runs a handler runs no handler and counts a miss (seed 001), and
 // a hit in the agent's own work neither: the trampoline's fast case leaves both to the
 // dispatcher. The handler calls the probed function directly, so it is still proven.
