@@ -60,8 +60,11 @@ void register_sync_core_locked() {
 
 int open_mem_locked() {
     // A thread with its own table never opens the process's descriptor: the number would
-    // designate nothing, or another file, in every other thread.
-    if (t_own_table) return 0;
+    // designate nothing, or another file, in every other thread. It writes through its own.
+    if (t_own_table) {
+        register_sync_core_locked();
+        return 0;
+    }
     // After fork() an inherited descriptor still designates the parent's memory, and the
     // membarrier registration (per address space) did not come along.
     if (g_mem_fd >= 0 && g_mem_pid == getpid()) return 0;
@@ -169,10 +172,7 @@ int write(uint64_t addr, const void *data, size_t n) {
 void sync_cores() {
     {
         std::lock_guard lock(g_mutex);
-        if (t_own_table)
-            register_sync_core_locked();
-        else
-            open_mem_locked(); // registers membarrier again in a child of fork()
+        open_mem_locked(); // registers membarrier again in a child of fork()
     }
     // Without SYNC_CORE (kernels before 4.16), the write through /proc/self/mem is still
     // a kernel entry and exit on this core; other cores see the byte change atomically.
