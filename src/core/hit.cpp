@@ -526,6 +526,15 @@ pt_regs registers_at_hit(const pt_regs &at_hit, uint64_t hit_ip, const pt_regs &
     return before;
 }
 
+// Where a thread that a handler sent to ip goes on, decided now (the signal handler's
+// t_decision_epoch): ip, or its copy when ip lies inside the region a jump replaces or
+// is about to (a pre_handler or fault_handler that did the probed instruction's work and
+// skipped it), as every path past the region's first byte goes (optimizer.cpp).
+uint64_t resume_where_sent(const Point *pt, uint64_t ip) {
+    t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
+    return into_copy(pt, ip);
+}
+
 // Sends the thread on with the probed instruction executed, and no handler run
 // (recursion, disabled or unregistered probes, a late hit on a removed int3).
 // Returns false if a branch's emulation faulted (*fault_addr says where).
@@ -585,11 +594,7 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     --ts.depth;
     read_unlock(idx);
     if (handled) {
-        // A handler that skips the faulting instruction resumes inside the region a jump
-        // replaces, or is about to: the thread goes on in the region's copy, as every path
-        // past the first byte does (optimizer.cpp), not in what may be the jump's bytes.
-        t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
-        regs.ip = into_copy(pt, regs.ip);
+        regs.ip = resume_where_sent(pt, regs.ip); // skipping the faulting instruction, say
         arch::regs_to_context(&regs, uc);
         return;
     }
@@ -694,7 +699,9 @@ void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, ui
 
     uint64_t fault_addr = 0;
     bool fault = false;
-    if (!redirected) {
+    if (redirected) {
+        regs.ip = resume_where_sent(pt, regs.ip);
+    } else {
         const bool post = any_post_handler(list);
         regs.ip = pt->addr;
         t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
@@ -847,7 +854,11 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     } else {
         redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0, at_hit);
     }
-    if (!redirected) {
+    if (redirected) {
+        // Past the region's first byte is in the jump's bytes: the copy's instead. (Not
+        // for the vector state: a walk of a few bytes' table, which the scan checks.)
+        regs->ip = into_copy(pt, regs->ip);
+    } else {
         regs->ip = copy;
         // A post_handler arrived while the jump was still in place: the first instruction
         // and the post_handlers run as on the breakpoint path.
@@ -856,6 +867,15 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     }
     --ts.depth;
     read_unlock_here(idx);
+}
+
+// Called by ukp_optprobe_trampoline's fast case when the handler answered 1 and sent the
+// thread a few bytes past the probe address + 1, maybe inside the region its jump
+// replaced: there it goes on in the copy, as in ukp_optprobe_dispatch. In the read
+// section, with the vector state saved.
+extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_into_copy(ukp::core::Point *pt,
+                                                                                  pt_regs *regs) {
+    regs->ip = ukp::core::into_copy(pt, regs->ip);
 }
 
 // Where ukp_optprobe_trampoline's fast path goes when the handler it called faulted (from

@@ -343,6 +343,38 @@ TEST_F(OptimizerTest, AFaultHandlerResumingInsideTheRegionGoesOnInItsCopy) {
     unregister_kprobe(&kp);
 }
 
+// A pre_handler that does the probed instruction's work itself and skips it (the
+// fault-injection habit of returning a value without the load) resumes inside the region
+// too: past the first instruction, in the jump's bytes. Both ways through the trampoline:
+// its fast case (one probe) and the C dispatcher (two probes on the point).
+int do_the_load(kprobe *p, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->ax = regs->di == 0 ? 7 : *reinterpret_cast<const long *>(regs->di);
+    regs->ip = reinterpret_cast<unsigned long>(p->addr) + 3; // past mov (%rdi), %rax
+    return 1;
+}
+
+TEST_F(OptimizerTest, APreHandlerSkippingTheProbedInstructionGoesOnInTheCopy) {
+    for (const bool two : {false, true}) {
+        kprobe kp{};
+        kprobe second{};
+        put_optimized(kp, do_the_load, nullptr, "ukpt_load");
+        if (two) {
+            put_optimized(second, count_pre, nullptr, "ukpt_load");
+            ASSERT_TRUE(optimized(kp));
+        }
+        g_hits = 0;
+        long *volatile none = nullptr;
+        EXPECT_EQ(ukpt_load(none), 7) << "two probes: " << two;
+        long good = 42;
+        EXPECT_EQ(ukpt_load(&good), 42) << "two probes: " << two;
+        // The second probe's handler does not run: the first one's answer ends the chain.
+        EXPECT_EQ(g_hits.load(), 2) << "two probes: " << two;
+        if (two) unregister_kprobe(&second);
+        unregister_kprobe(&kp);
+    }
+}
+
 // A hit while the thread runs a handler runs no handler and counts a miss (seed 001), and
 // a hit in the agent's own work neither: the trampoline's fast case leaves both to the
 // dispatcher. The handler calls the probed function directly, so it is still proven.

@@ -493,10 +493,11 @@ ukp_optprobe_trampoline:
         mov     %rdx, RIP(%rsp)                 // regs->ip: the probe address + 1
         cmp     $UKP_FAST_OWN, %ecx
         FAST_HANDLER_CALL %rdi                  // RESUME: the probe, for ukp_optprobe_fast_fault
-        FAST_SECTION_END                        // (a signal handler's own, inside it, ended
-        test    %eax, %eax                      // before it returned)
+        test    %eax, %eax
         jnz     .Lopt_fast_answered
-.Lopt_fast_copy:                                // resume at the copy, as the handler left
+        FAST_SECTION_END                        // (a signal handler's own, inside it, ended
+.Lopt_fast_copy:                                // before it returned)
+                                                // resume at the copy, as the handler left
         lea     FRAME+144(%rsp), %rax           // the registers: by `ret` if sp is unmoved
         cmp     RSP(%rsp), %rax
         jne     .Lopt_fast_sp_moved
@@ -507,11 +508,20 @@ ukp_optprobe_trampoline:
         ret
         .cfi_restore_state
 .Lopt_fast_answered:                            // a non-zero answer with ip changed goes
-        mov     UKP_PT_ADDR(%r14), %rax         // there ("Changing Execution Path")
-        inc     %rax
-        cmp     RIP(%rsp), %rax
-        je      .Lopt_fast_copy
+        mov     RIP(%rsp), %rcx                 // there ("Changing Execution Path"), in
+        sub     UKP_PT_ADDR(%r14), %rcx         // the copy if that is past the first byte
+        dec     %rcx                            // of the region (ukp_optprobe_into_copy):
+        jz      .Lopt_fast_unchanged            // rcx = ip - (probe address + 1)
+        cmp     $15, %rcx                       // no region is longer than 16 bytes
+        jae     .Lopt_fast_away
+        CALL_DISPATCH ukp_optprobe_into_copy, FRAME+8 // in the section: the Point stays
+        mov     ukp_thread_state@gottpoff(%rip), %r12 // (the call took r12)
+.Lopt_fast_away:
+        FAST_SECTION_END
         jmp     .Lopt_elsewhere
+.Lopt_fast_unchanged:
+        FAST_SECTION_END
+        jmp     .Lopt_fast_copy
 .Lopt_fast_sp_moved:
         mov     UKP_PT_COPY(%r14), %rax
         mov     %rax, RIP(%rsp)
