@@ -138,8 +138,33 @@ constexpr size_t kGraceSlots = 1024;
 // synchronize() has not reclaimed yet); for tests.
 size_t grace_slots_in_use();
 
+// A thread's slot (hit.cpp, "grace periods"): where it marks its read sections, and
+// where its return trampoline keeps one free return-probe instance for its next call
+// (kretprobe.cpp, "spare instances"). Static memory, never freed: a slot outlives its
+// thread, which lets other threads look into it at any time.
+struct alignas(64) ReaderSlot {
+    // The depth of the owner's read sections in the low 16 bits, and above them the count
+    // of its outermost sections.
+    std::atomic<uint64_t> word{0};
+    // The owner's ThreadState in the low 48 bits (0: free), and above them a count of the
+    // claims, so that a reclaiming writer cannot free a claim newer than the one it judged.
+    std::atomic<uint64_t> claim{0};
+    void *spare = nullptr;                   // a free RetInstance, valid while spare_pool is set
+    std::atomic<void *> spare_pool{nullptr}; // its RetPool, or null: no spare
+    std::atomic<uint32_t> spare_lock{0};     // 1 while a thread other than the owner handles the spare
+};
+
+// The slots ever claimed: a stealing thread looks through them (kretprobe.cpp).
+ReaderSlot *claimed_slots(size_t *n);
+// The calling thread's own slot, or null (none yet, or the shared counters').
+ReaderSlot *own_slot();
+// Whether the word of a slot shows its owner inside a read section.
+bool slot_in_section(uint64_t word);
+// Makes every running thread of the process execute a full memory barrier (membarrier);
+// false, doing nothing, when the process has no private slots (membarrier missing).
+bool barrier_everywhere();
+
 // Per-thread state of the hit path (initial-exec TLS: no allocation, no lock).
-struct ReaderSlot;
 
 struct ThreadState {
     int depth;              // > 0 while this thread runs probe handlers

@@ -9,6 +9,11 @@
 #define UKP_TS_READER 120       /* ReaderSlot *reader */
 #define UKP_TS_FAST_FRAME 8     /* pt_regs *fast_frame */
 
+/* struct ReaderSlot (core.hpp): the thread's spare return-probe instance (kretprobe.cpp). */
+#define UKP_SLOT_SPARE 16       /* void *spare: a free RetInstance while spare_pool is set */
+#define UKP_SLOT_SPARE_POOL 24  /* std::atomic<void *> spare_pool: its RetPool, or 0 */
+#define UKP_SLOT_SPARE_LOCK 32  /* std::atomic<uint32_t> spare_lock: another thread handles it */
+
 /* struct Point */
 #define UKP_PT_ADDR 0
 #define UKP_PT_LIST 104         /* std::atomic<ProbeList *> list */
@@ -50,6 +55,7 @@
 #define UKP_POOL_RP 0           /* std::atomic<kretprobe *> rp: null once unregistered */
 #define UKP_POOL_HANDLER_GPR 89 /* bool handler_gpr_only */
 #define UKP_POOL_HANDLER_OWN 91 /* bool handler_own */
+#define UKP_POOL_NO_SPARES 92   /* std::atomic<bool> no_spares: keep no spare of it */
 #define UKP_POOL_SHARDS 128     /* Shard shards[], 64 bytes each: free_head first */
 #define UKP_POOL_STRIDE 16      /* size_t stride: bytes per instance */
 #define UKP_POOL_MEM 24         /* uint8_t *mem: the instances */

@@ -143,13 +143,6 @@ void insert_site(uint64_t addr, Point *p) {
 // a slot whose owner's ThreadState no longer names it belongs to a thread that ended (its
 // memory is free, or another thread's now). That memory is read fault-safe.
 
-struct alignas(64) ReaderSlot {
-    std::atomic<uint64_t> word{0};
-    // The owner's ThreadState in the low 48 bits (0: free), and above them a count of the
-    // claims, so that a reclaiming writer cannot free a claim newer than the one it judged.
-    std::atomic<uint64_t> claim{0};
-};
-
 namespace {
 
 constexpr uint64_t kDepthMask = 0xffff;
@@ -311,12 +304,29 @@ unsigned read_lock() { return read_lock_here(); }
 void read_unlock(unsigned idx) { read_unlock_here(idx); }
 void read_unlock_own_slot() { read_unlock_here(kPrivateSection); }
 
+ReaderSlot *claimed_slots(size_t *n) {
+    *n = g_slots_touched.load(std::memory_order_acquire);
+    return g_slots;
+}
+
+ReaderSlot *own_slot() {
+    ReaderSlot *slot = t_state.reader;
+    return slot == &g_no_slot ? nullptr : slot;
+}
+
+bool slot_in_section(uint64_t word) { return (word & kDepthMask) != 0; }
+
+bool barrier_everywhere() {
+    if (!g_membarrier.load(std::memory_order_acquire)) return false;
+    if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) barrier_by_tlb_shootdown();
+    return true;
+}
+
 bool synchronize() {
     // From inside a handler this thread holds a section itself: waiting would never end.
     if (t_state.depth > 0) return false;
     if (g_membarrier.load(std::memory_order_acquire)) {
-        // After it, every section begun before the call shows in its slot.
-        if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) barrier_by_tlb_shootdown();
+        barrier_everywhere(); // after it, every section begun before the call shows in its slot
         reclaim_slots();
         for (const ReaderSlot &slot : g_slots) {
             const uint64_t claim = slot.claim.load(std::memory_order_acquire);
@@ -357,6 +367,8 @@ void grace_after_fork_child() {
     const size_t touched = g_slots_touched.load(std::memory_order_relaxed);
     for (size_t i = 0; i < touched; ++i) {
         ReaderSlot &slot = g_slots[i];
+        // A thread that was taking another's spare (kretprobe.cpp) is not here to unlock it.
+        if (slot.spare_lock.load(std::memory_order_relaxed) != 0) slot.spare_lock.store(0, std::memory_order_relaxed);
         if (&slot == t_state.reader) continue;
         if (slot.word.load(std::memory_order_relaxed) != 0) slot.word.store(0, std::memory_order_relaxed);
         if (const uint64_t c = slot.claim.load(std::memory_order_relaxed); (c & kOwnerMask) != 0)

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <new>
 #include <pthread.h>
+#include <sched.h>
 #include <string>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -109,15 +110,6 @@ RetInstance *shard_pop(RetPool *pool, RetPool::Shard &sh) {
     return ri;
 }
 
-// A free instance: from the thread's shard, else from the others in turn (null only when
-// every shard was found empty: maxactive instances are live).
-RetInstance *pool_pop(RetPool *pool) {
-    const uint32_t first = home_shard();
-    for (uint32_t k = 0; k < RetPool::kShards; ++k)
-        if (RetInstance *ri = shard_pop(pool, pool->shards[(first + k) % RetPool::kShards])) return ri;
-    return nullptr;
-}
-
 void pool_push(RetInstance *ri) {
     RetPool *pool = ri->pool;
     RetPool::Shard &sh = pool->shards[ri->shard];
@@ -130,6 +122,132 @@ void pool_push(RetInstance *ri) {
     }
 }
 
+// ---- spare instances -----------------------------------------------------------------
+//
+// Taking an instance from a shard and giving it back are a locked instruction each, some
+// 4 ns apiece here, a fifth of an optimized kretprobe's cost. So the return trampoline's
+// fast case keeps the instance it frees in the thread's slot (ReaderSlot::spare) when the
+// slot has none, and the entry trampoline's fast case takes it from there when it is of
+// the probe's pool: plain loads and stores, inside the thread's read section.
+//
+// A spare is still free for every thread: maxactive keeps its meaning. A thread that
+// finds every shard empty takes spares from other threads' slots before it counts a miss
+// (steal_spares). It cannot stop the owner, so it uses the grace-period protocol: it
+// locks the slot (spare_lock), has every running thread execute a memory barrier, and
+// then reads the slot's section word. An owner's section begun before the barrier shows
+// there (that slot is passed over: its owner may be taking the spare that very moment);
+// one begun after it sees the lock, and leaves the spare alone. A section that ended
+// before shows its stores to the slot. The barrier is a system call, on a hit that would
+// otherwise miss; the pool then stops keeping spares (RetPool::no_spares), so that a
+// pool shared by more threads than it has instances pays for it a few times, not at every
+// call.
+//
+// The owner's own C path (kretprobe_pre) takes its spare too: inside its section, as the
+// trampolines. Other threads touch a slot's spare only under its lock: a steal, the
+// thread's exit (flush_own_spare), a dead pool's reaping (forget_spares).
+
+// Locks slot's spare against the other lockers; the owner's trampolines are kept off by
+// the steal's protocol, not by this.
+void lock_spare(ReaderSlot &slot) {
+    for (uint32_t free = 0; !slot.spare_lock.compare_exchange_weak(free, 1, std::memory_order_acquire); free = 0)
+        sched_yield();
+}
+
+// The calling thread's spare, if it is of pool (inside a read section, see above).
+RetInstance *take_own_spare(RetPool *pool) {
+    ReaderSlot *own = own_slot();
+    if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) != pool ||
+        own->spare_lock.load(std::memory_order_relaxed) != 0)
+        return nullptr;
+    auto *ri = static_cast<RetInstance *>(own->spare);
+    own->spare_pool.store(nullptr, std::memory_order_relaxed);
+    return ri;
+}
+
+// Takes back every spare of pool from the other threads' slots it can; returns one of
+// them (the rest go back to the shards), or null.
+RetInstance *steal_spares(RetPool *pool) {
+    size_t count = 0;
+    ReaderSlot *slots = claimed_slots(&count);
+    const ReaderSlot *own = own_slot();
+    constexpr size_t kAtOnce = 64;
+    ReaderSlot *locked[kAtOnce];
+    size_t n = 0;
+    for (size_t i = 0; i < count && n < kAtOnce; ++i) {
+        ReaderSlot &slot = slots[i];
+        uint32_t free = 0;
+        if (&slot != own && slot.spare_pool.load(std::memory_order_relaxed) == pool &&
+            slot.spare_lock.compare_exchange_strong(free, 1, std::memory_order_acquire))
+            locked[n++] = &slot;
+    }
+    if (n == 0) return nullptr;
+    pool->no_spares.store(true, std::memory_order_relaxed);
+    RetInstance *got = nullptr;
+    if (barrier_everywhere()) {
+        for (size_t i = 0; i < n; ++i) {
+            ReaderSlot &slot = *locked[i];
+            if (slot_in_section(slot.word.load(std::memory_order_acquire)) ||
+                slot.spare_pool.load(std::memory_order_acquire) != pool)
+                continue;
+            auto *ri = static_cast<RetInstance *>(slot.spare);
+            slot.spare_pool.store(nullptr, std::memory_order_relaxed);
+            if (got == nullptr) {
+                got = ri;
+            } else {
+                pool_push(ri);
+            }
+        }
+    }
+    for (size_t i = 0; i < n; ++i) locked[i]->spare_lock.store(0, std::memory_order_release);
+    if (got != nullptr) got->state.store(RetInstance::kLive, std::memory_order_relaxed);
+    return got;
+}
+
+// At the thread's exit: its spare goes back to its shard.
+void flush_own_spare() {
+    ReaderSlot *own = own_slot();
+    if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) == nullptr) return;
+    lock_spare(*own);
+    if (own->spare_pool.load(std::memory_order_relaxed) != nullptr) {
+        auto *ri = static_cast<RetInstance *>(own->spare);
+        own->spare_pool.store(nullptr, std::memory_order_relaxed);
+        pool_push(ri);
+    }
+    own->spare_lock.store(0, std::memory_order_release);
+}
+
+// Before pool's memory goes: no slot may name it (a new pool could come at its address).
+// No trampoline takes or keeps a spare of it any more (a grace period passed since its
+// kretprobe was unregistered).
+void forget_spares(const RetPool *pool) {
+    size_t count = 0;
+    ReaderSlot *slots = claimed_slots(&count);
+    for (size_t i = 0; i < count; ++i) {
+        ReaderSlot &slot = slots[i];
+        if (slot.spare_pool.load(std::memory_order_relaxed) != pool) continue;
+        lock_spare(slot);
+        if (slot.spare_pool.load(std::memory_order_relaxed) == pool)
+            slot.spare_pool.store(nullptr, std::memory_order_relaxed);
+        slot.spare_lock.store(0, std::memory_order_release);
+    }
+}
+
+// A free instance: the thread's spare, else from the thread's shard, else from the
+// others in turn, else the other threads' spares (null only when all those were found
+// empty: maxactive instances are live).
+RetInstance *pool_pop(RetPool *pool) {
+    if (RetInstance *ri = take_own_spare(pool)) {
+        ri->state.store(RetInstance::kLive, std::memory_order_relaxed);
+        return ri;
+    }
+    const uint32_t first = home_shard();
+    for (uint32_t k = 0; k < RetPool::kShards; ++k)
+        if (RetInstance *ri = shard_pop(pool, pool->shards[(first + k) % RetPool::kShards])) return ri;
+    RetInstance *ri = nullptr;
+    outside_gpr(false, [&] { ri = steal_spares(pool); }); // a system call: the vector state saved
+    return ri;
+}
+
 void count_unwound(RetInstance *ri) {
     // The user's struct may be gone after unregister: count only while it is ours.
     if (kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire); rp != nullptr)
@@ -139,6 +257,7 @@ void count_unwound(RetInstance *ri) {
 void exit_hook(void *) {
     // The thread is exiting: none of its probed frames will return.
     release_frames_below(~0ull);
+    flush_own_spare();
 }
 
 void ensure_exit_hook() {
@@ -508,7 +627,10 @@ void reap_dead_pools() {
         dead_pools().insert(dead_pools().end(), ready.begin(), ready.end());
         return;
     }
-    for (RetPool *p : ready) free_pool(p);
+    for (RetPool *p : ready) {
+        forget_spares(p);
+        free_pool(p);
+    }
 }
 
 } // namespace
@@ -636,6 +758,9 @@ static_assert(offsetof(RetPool, rp) == UKP_POOL_RP && offsetof(RetPool, handler_
 static_assert(offsetof(kretprobe, handler) == UKP_RP_HANDLER &&
               offsetof(kretprobe, entry_handler) == UKP_RP_ENTRY_HANDLER &&
               offsetof(kretprobe, ukp_private) == UKP_RP_PRIVATE);
+static_assert(offsetof(RetPool, no_spares) == UKP_POOL_NO_SPARES && sizeof(std::atomic<bool>) == 1);
+static_assert(offsetof(ReaderSlot, spare) == UKP_SLOT_SPARE && offsetof(ReaderSlot, spare_pool) == UKP_SLOT_SPARE_POOL &&
+              offsetof(ReaderSlot, spare_lock) == UKP_SLOT_SPARE_LOCK && sizeof(std::atomic<void *>) == 8);
 static_assert(offsetof(RetPool, stride) == UKP_POOL_STRIDE && offsetof(RetPool, mem) == UKP_POOL_MEM &&
               offsetof(RetPool, sled) == UKP_POOL_SLED && ukp::arch::kRetStubSize == 1u << UKP_STUB_SHIFT &&
               ukp::arch::kRetStubCall == UKP_STUB_CALL && offsetof(RetInstance, called) == UKP_RI_CALLED &&

@@ -48,6 +48,10 @@ struct RetPool {
     // The handlers that are the agent's own (core.hpp, handler_is_own): called unguarded.
     bool entry_own = false;
     bool handler_own = false;
+    // Set once a thread had to take a spare from another's slot (kretprobe.cpp, "spare
+    // instances"): more threads share the pool than it has instances to spare, and the
+    // return trampoline gives them back to the shards from then on.
+    std::atomic<bool> no_spares{false};
     // The free instances, in shards: threads on different CPUs take and give back
     // instances without writing the same cache line (kretprobe.cpp, pool_pop). Each
     // instance belongs to one shard (a contiguous range of indexes) and goes back there.
@@ -59,7 +63,8 @@ struct RetPool {
 
     RetInstance *at(uint32_t i) { return reinterpret_cast<RetInstance *>(mem + i * stride); }
     uint32_t shard_of(uint32_t index) const { return static_cast<uint32_t>(uint64_t{index} * kShards / count); }
-    // Instances not free: taken by a call, or released as unwound but kept (kSuspect).
+    // Instances not free: taken by a call, or released as unwound but kept (kSuspect). A
+    // spare in a thread's slot is free.
     // Read by walking them all rather than counted on the hit path (two locked adds per
     // call); exact once no call can be taking one (the probe unregistered, a grace period
     // past), which is when the pool's reaper asks.

@@ -565,7 +565,7 @@ ukp_optprobe_fast_recovery:
 // What a kretprobe's own detour (detour.hpp, emit_kret_detour) calls, entered as
 // ukp_optprobe_trampoline is. In the usual case, the point's one probe a kretprobe without
 // an entry_handler, it does what kretprobe_pre (kretprobe.cpp) would, another way: takes
-// an instance from the thread's home shard, saves the return address in it and puts it
+// the thread's spare instance, or one from its home shard, saves the return address in it and puts it
 // on the thread's list, but leaves the return address in place: the detour goes on to the
 // instance's stub (trampoline.hpp), which drops it and calls the relocated region, so
 // that the function returns to the stub where the CPU's return stack predicts, and the
@@ -577,7 +577,7 @@ ukp_optprobe_fast_recovery:
 // region's address where the detour jumps: what its fast case declines (this thread runs
 // a handler or agent work, or has no reader slot of its own); a thread's first entry (its
 // id, home shard and exit hook are set there); another probe at the point, or none; an
-// entry_handler; an empty home shard; and a return address outside the page of the
+// entry_handler; no spare and an empty home shard; and a return address outside the page of the
 // detour's push below the red zone, the page this thread just wrote, where
 // kretprobe_pre's fault-safe copies are needed.
 #define KSAVE 112       /* rax rcx rdx rsi rdi r8-r11 rbx r12 r13 r15, the flags */
@@ -663,6 +663,14 @@ ukp_kret_entry_trampoline:
         xor     %rcx, %rdx
         shr     $12, %rdx
         jnz     .Lkret_section_declined
+        cmp     UKP_SLOT_SPARE_POOL(%r13), %r8  // the spare the thread's last return kept
+        jne     .Lkret_shard                    // in its slot (kretprobe.cpp, "spare
+        cmpl    $0, UKP_SLOT_SPARE_LOCK(%r13)   // instances"), unless another thread is
+        jne     .Lkret_shard                    // taking it
+        mov     UKP_SLOT_SPARE(%r13), %rdx
+        movq    $0, UKP_SLOT_SPARE_POOL(%r13)
+        jmp     .Lkret_taken
+.Lkret_shard:
         shl     $6, %eax
         lea     UKP_POOL_SHARDS-64(%r8,%rax), %rsi // the home shard's free list
         mov     (%rsi), %rax
@@ -680,6 +688,7 @@ ukp_kret_entry_trampoline:
         or      %rcx, %r11                      // makes the exchange fail
         lock cmpxchg %r11, (%rsi)
         jne     .Lkret_pop
+.Lkret_taken:
         movl    $UKP_RI_LIVE, UKP_RI_STATE(%rdx)
         mov     %rdi, UKP_RI_RP(%rdx)
         mov     (%r9), %rax
@@ -750,7 +759,8 @@ ukp_kretprobe_trampoline:
         // list with the next older one's frame above it (nothing for ukp_kretprobe_dispatch
         // to release as unwound); the kretprobe is registered and its handler, if any, is
         // proven to leave the vector state alone. Then the instance is taken off the list,
-        // the handler called, and the instance given back from here, with this frame as
+        // the handler called, and the instance kept as the thread's spare or given back
+        // to its shard from here, with this frame as
         // the recovery point for a user's handler (ukp_optprobe_fast_recovery, tagged by
         // bit 0 of RESUME). Callee-saved: r12 to r15 as FAST_SECTION_BEGIN leaves them,
         // r14 the instance; rbx the list head (an %fs offset) until the handler's call.
@@ -795,8 +805,20 @@ ukp_kretprobe_trampoline:
         lea     1(%r14), %rdx                   // RESUME: the instance + 1, for .Lret_fast_recovery
         cmpb    $1, UKP_POOL_HANDLER_OWN(%rcx)
         FAST_HANDLER_CALL %rdx
-.Lret_fast_release:                             // back to its shard's free list
-        mov     UKP_RI_POOL(%r14), %rcx
+.Lret_fast_release:                             // kept as the thread's spare if it has
+        mov     UKP_RI_POOL(%r14), %rcx         // none (kretprobe.cpp, "spare instances")
+        cmpq    $0, UKP_SLOT_SPARE_POOL(%r13)
+        jne     .Lret_shard_push
+        cmpl    $0, UKP_SLOT_SPARE_LOCK(%r13)
+        jne     .Lret_shard_push
+        cmpb    $0, UKP_POOL_NO_SPARES(%rcx)
+        jne     .Lret_shard_push
+        movl    $UKP_RI_FREE, UKP_RI_STATE(%r14)
+        mov     %r14, UKP_SLOT_SPARE(%r13)
+        mov     %rcx, UKP_SLOT_SPARE_POOL(%r13)
+        FAST_SECTION_END
+        jmp     .Lret_dispatched
+.Lret_shard_push:                               // else back to its shard's free list
         movzwl  UKP_RI_SHARD(%r14), %eax
         shl     $6, %eax
         lea     UKP_POOL_SHARDS(%rcx,%rax), %rsi
