@@ -44,6 +44,10 @@ struct ProbeList {
     // proven lean, so that the optimized path's trampoline calls it itself (a user's
     // under a recovery point of its own, the agent's own as it is); else UKP_FAST_NONE.
     uint8_t fast = UKP_FAST_NONE;
+    // One probe, a kretprobe without an entry_handler: its RetPool, for the kretprobe's
+    // own trampoline (ukp_kret_entry_trampoline), which then reads no more of the probe
+    // than its flags; else null.
+    void *kret_pool = nullptr;
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
 
     bool gpr_only(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
@@ -310,6 +314,8 @@ int resolve_probe(const kprobe *p, uint64_t *addr, bool *entry);
 bool waits_for_object(const kprobe *p);
 // 'k', 'r' or 'j' for kprobes/list (kretprobe.cpp).
 char probe_type(const kprobe *p);
+// p's RetPool if p is a kretprobe without an entry_handler, else null (kretprobe.cpp).
+void *kret_pool_without_entry_handler(const kprobe *p);
 
 // The addresses and original bytes of the armed int3s, for ukp_verify (registry.cpp).
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes();

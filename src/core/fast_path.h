@@ -21,7 +21,8 @@
 
 /* struct ProbeList */
 #define UKP_LIST_FAST 25        /* uint8_t fast: one of the UKP_FAST_* below */
-#define UKP_LIST_PROBE0 32      /* kprobe *probes[0] */
+#define UKP_LIST_KRET_POOL 32   /* void *kret_pool: a lone kretprobe's pool, without entry_handler */
+#define UKP_LIST_PROBE0 40      /* kprobe *probes[0] */
 #define UKP_FAST_NONE 0         /* the C dispatcher decides */
 #define UKP_FAST_GUARDED 1      /* one user probe: called under a recovery point */
 #define UKP_FAST_OWN 2          /* one of the agent's own handlers: called as it is */
@@ -56,17 +57,14 @@
 #define UKP_POOL_HANDLER_GPR 89 /* bool handler_gpr_only */
 #define UKP_POOL_HANDLER_OWN 91 /* bool handler_own */
 #define UKP_POOL_NO_SPARES 92   /* std::atomic<bool> no_spares: keep no spare of it */
+#define UKP_POOL_HANDLER 96     /* kretprobe_handler_t handler: rp->handler */
 #define UKP_POOL_SHARDS 128     /* Shard shards[], 64 bytes each: free_head first */
 #define UKP_POOL_STRIDE 16      /* size_t stride: bytes per instance */
 #define UKP_POOL_MEM 24         /* uint8_t *mem: the instances */
 #define UKP_POOL_SLED 32        /* uint64_t sled: the stubs, 1 << UKP_STUB_SHIFT bytes each */
 #define UKP_STUB_SHIFT 6        /* log2 of arch::kRetStubSize */
 #define UKP_STUB_CALL 0         /* arch::kRetStubCall: where a kretprobe's detour sends a call */
-#define UKP_RI_RP 32            /* pub.rp */
 #define UKP_RI_TASK 48          /* pub.task */
-#define UKP_RP_HANDLER 72       /* struct kretprobe: handler */
-#define UKP_RP_ENTRY_HANDLER 80 /* entry_handler */
-#define UKP_RP_PRIVATE 112      /* ukp_private: its RetPool */
 
 /* struct RetThread (kretprobe.cpp), the thread's return-probe state, through %fs. */
 #define UKP_RT_HEAD 0           /* RetInstance *head: the instances in flight, newest first */

@@ -916,7 +916,8 @@ static_assert(offsetof(ReaderSlot, word) == 0 && kDepthMask == UKP_SECTION_DEPTH
               kSectionOne + 1 == UKP_SECTION_NEW);
 static_assert(offsetof(Point, addr) == UKP_PT_ADDR && offsetof(Point, list) == UKP_PT_LIST &&
               offsetof(Point, copy_code) == UKP_PT_COPY);
-static_assert(offsetof(ProbeList, fast) == UKP_LIST_FAST && offsetof(ProbeList, probes) == UKP_LIST_PROBE0);
+static_assert(offsetof(ProbeList, fast) == UKP_LIST_FAST && offsetof(ProbeList, probes) == UKP_LIST_PROBE0 &&
+              offsetof(ProbeList, kret_pool) == UKP_LIST_KRET_POOL);
 static_assert(offsetof(kprobe, pre_handler) == UKP_KP_PRE_HANDLER && offsetof(kprobe, flags) == UKP_KP_FLAGS);
 static_assert((KPROBE_FLAG_GONE | KPROBE_FLAG_DISABLED) == UKP_KP_OFF_FLAGS);
 

@@ -287,7 +287,6 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
         pool_push(ri);
         return 0;
     }
-    ri->pub.rp = rp;
     ri->pub.ret_addr = reinterpret_cast<kprobe_opcode_t *>(ret);
     ri->pub.task = current_tid();
     ri->pub.fp = slot;
@@ -577,6 +576,7 @@ RetPool *make_pool(kretprobe *rp) {
         RetInstance *ri = pool->at(i);
         new (ri) RetInstance{};
         ri->pool = pool;
+        ri->pub.rp = rp; // for good: an instance serves one kretprobe
         ri->index = i;
         ri->shard = static_cast<uint16_t>(pool->shard_of(i));
         // Each shard's list in index order; its last instance ends it.
@@ -682,6 +682,12 @@ bool in_return_stub(uint64_t addr) {
     return false;
 }
 
+void *kret_pool_without_entry_handler(const kprobe *p) {
+    if (p->pre_handler != kretprobe_pre) return nullptr;
+    const auto *rp = reinterpret_cast<const kretprobe *>(p);
+    return rp->entry_handler == nullptr ? rp->ukp_private : nullptr;
+}
+
 char probe_type(const kprobe *p) {
     if (p->pre_handler == kretprobe_pre) return 'r';
     if (is_jprobe(p)) return 'j';
@@ -755,18 +761,15 @@ static_assert(RetInstance::kFree == UKP_RI_FREE && RetInstance::kLive == UKP_RI_
 static_assert(offsetof(RetPool, rp) == UKP_POOL_RP && offsetof(RetPool, handler_gpr_only) == UKP_POOL_HANDLER_GPR &&
               offsetof(RetPool, handler_own) == UKP_POOL_HANDLER_OWN && offsetof(RetPool, shards) == UKP_POOL_SHARDS &&
               sizeof(RetPool::Shard) == 64 && offsetof(RetPool::Shard, free_head) == 0);
-static_assert(offsetof(kretprobe, handler) == UKP_RP_HANDLER &&
-              offsetof(kretprobe, entry_handler) == UKP_RP_ENTRY_HANDLER &&
-              offsetof(kretprobe, ukp_private) == UKP_RP_PRIVATE);
-static_assert(offsetof(RetPool, no_spares) == UKP_POOL_NO_SPARES && sizeof(std::atomic<bool>) == 1);
+static_assert(offsetof(RetPool, no_spares) == UKP_POOL_NO_SPARES && sizeof(std::atomic<bool>) == 1 &&
+              offsetof(RetPool, handler) == UKP_POOL_HANDLER);
 static_assert(offsetof(ReaderSlot, spare) == UKP_SLOT_SPARE && offsetof(ReaderSlot, spare_pool) == UKP_SLOT_SPARE_POOL &&
               offsetof(ReaderSlot, spare_lock) == UKP_SLOT_SPARE_LOCK && sizeof(std::atomic<void *>) == 8);
 static_assert(offsetof(RetPool, stride) == UKP_POOL_STRIDE && offsetof(RetPool, mem) == UKP_POOL_MEM &&
               offsetof(RetPool, sled) == UKP_POOL_SLED && ukp::arch::kRetStubSize == 1u << UKP_STUB_SHIFT &&
               ukp::arch::kRetStubCall == UKP_STUB_CALL && offsetof(RetInstance, called) == UKP_RI_CALLED &&
               RetPool::kShards < 65536);
-static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, rp) == UKP_RI_RP &&
-              offsetof(RetInstance, pub) + offsetof(kretprobe_instance, task) == UKP_RI_TASK);
+static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, task) == UKP_RI_TASK);
 static_assert(offsetof(RetThread, head) == UKP_RT_HEAD && offsetof(RetThread, tid) == UKP_RT_TID &&
               offsetof(RetThread, home) == UKP_RT_HOME && offsetof(RetThread, exit_hooked) == UKP_RT_HOOKED);
 
@@ -794,6 +797,7 @@ int register_kretprobe(struct kretprobe *rp) {
         pool->handler_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->handler));
         pool->entry_own = handler_is_own(reinterpret_cast<const void *>(rp->entry_handler));
         pool->handler_own = handler_is_own(reinterpret_cast<const void *>(rp->handler));
+        pool->handler = rp->handler;
     }
     rp->nmissed = 0;
     rp->ukp_unwound = 0;

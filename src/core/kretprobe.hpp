@@ -52,6 +52,9 @@ struct RetPool {
     // instances"): more threads share the pool than it has instances to spare, and the
     // return trampoline gives them back to the shards from then on.
     std::atomic<bool> no_spares{false};
+    // rp->handler as registered: the return trampoline's fast case reads it here, a load
+    // sooner than through rp.
+    kretprobe_handler_t handler = nullptr;
     // The free instances, in shards: threads on different CPUs take and give back
     // instances without writing the same cache line (kretprobe.cpp, pool_pop). Each
     // instance belongs to one shard (a contiguous range of indexes) and goes back there.

@@ -635,19 +635,12 @@ ukp_kret_entry_trampoline:
         mov     UKP_PT_LIST(%rax), %rax
         test    %rax, %rax
         jz      .Lkret_section_declined
-        cmpl    $1, (%rax)                      // ProbeList::count
-        jne     .Lkret_section_declined
+        mov     UKP_LIST_KRET_POOL(%rax), %r8   // the pool of the point's one probe, a
+        test    %r8, %r8                        // kretprobe without an entry_handler
+        jz      .Lkret_section_declined         // (ProbeList::kret_pool)
         mov     UKP_LIST_PROBE0(%rax), %rdi     // the probe
-        lea     ukp_kretprobe_pre(%rip), %rcx
-        cmp     UKP_KP_PRE_HANDLER(%rdi), %rcx
-        jne     .Lkret_section_declined
         testl   $UKP_KP_OFF_FLAGS, UKP_KP_FLAGS(%rdi)
         jnz     .Lkret_section_declined
-        cmpq    $0, UKP_RP_ENTRY_HANDLER(%rdi)
-        jne     .Lkret_section_declined
-        mov     UKP_RP_PRIVATE(%rdi), %r8       // the pool
-        test    %r8, %r8
-        jz      .Lkret_section_declined
         mov     ukp_ret_thread@gottpoff(%rip), %rbx
         cmpb    $0, %fs:UKP_RT_HOOKED(%rbx)
         je      .Lkret_section_declined
@@ -690,7 +683,6 @@ ukp_kret_entry_trampoline:
         jne     .Lkret_pop
 .Lkret_taken:
         movl    $UKP_RI_LIVE, UKP_RI_STATE(%rdx)
-        mov     %rdi, UKP_RI_RP(%rdx)
         mov     (%r9), %rax
         mov     %rax, UKP_RI_RET_ADDR(%rdx)
         mov     %r10d, UKP_RI_TASK(%rdx)
@@ -786,10 +778,9 @@ ukp_kretprobe_trampoline:
         cmpb    $0, ukp_handlers_silenced(%rip)
         jne     .Lret_fast_declined
         mov     UKP_RI_POOL(%r14), %rcx
-        mov     UKP_POOL_RP(%rcx), %rdx         // null once unregistered
-        test    %rdx, %rdx
-        jz      .Lret_fast_declined
-        mov     UKP_RP_HANDLER(%rdx), %rax
+        cmpq    $0, UKP_POOL_RP(%rcx)           // null once unregistered
+        je      .Lret_fast_declined
+        mov     UKP_POOL_HANDLER(%rcx), %rax    // rp->handler
         test    %rax, %rax
         jz      .Lret_fast_take
         cmpb    $0, UKP_POOL_HANDLER_GPR(%rcx)
