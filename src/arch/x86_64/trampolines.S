@@ -571,8 +571,9 @@ ukp_optprobe_fast_recovery:
 // that the function returns to the stub where the CPU's return stack predicts, and the
 // return trampoline leaves by a predicted `ret` too. The stub's address and the region's
 // go 8 and 16 bytes below the program's stack pointer, in the red zone of a function
-// that has not started. It saves the 13 registers that takes and the arithmetic flags
-// (LAHF and SETO), where a pt_regs and the C code cost three times as much.
+// that has not started. It saves the 8 registers that takes (10 when the instance comes
+// from a shard) and the arithmetic flags (LAHF and SETO), where a pt_regs and the C code
+// cost three times as much.
 // Left to ukp_optprobe_trampoline, with the registers and flags as they came and the
 // region's address where the detour jumps: what its fast case declines (this thread runs
 // a handler or agent work, or has no reader slot of its own); a thread's first entry (its
@@ -580,8 +581,8 @@ ukp_optprobe_fast_recovery:
 // entry_handler; no spare and an empty home shard; and a return address outside the page of the
 // detour's push below the red zone, the page this thread just wrote, where
 // kretprobe_pre's fault-safe copies are needed.
-#define KSAVE 112       /* rax rcx rdx rsi rdi r8-r11 rbx r12 r13 r15, the flags */
-#define KFLAGS 104
+#define KSAVE 88        /* rax rcx rdx r8 rbx r12 r13 r15; rsi r11 on the shard's way; the flags */
+#define KFLAGS 80
         .macro  KRET_RESTORE
         movzwl  KFLAGS(%rsp), %eax
         add     $0x7f, %al              // OF = (al == 1)
@@ -589,16 +590,11 @@ ukp_optprobe_fast_recovery:
         mov     (%rsp), %rax
         mov     8(%rsp), %rcx
         mov     16(%rsp), %rdx
-        mov     24(%rsp), %rsi
-        mov     32(%rsp), %rdi
-        mov     40(%rsp), %r8
-        mov     48(%rsp), %r9
-        mov     56(%rsp), %r10
-        mov     64(%rsp), %r11
-        mov     72(%rsp), %rbx
-        mov     80(%rsp), %r12
-        mov     88(%rsp), %r13
-        mov     96(%rsp), %r15
+        mov     24(%rsp), %r8
+        mov     32(%rsp), %rbx
+        mov     40(%rsp), %r12
+        mov     48(%rsp), %r13
+        mov     56(%rsp), %r15
         lea     KSAVE(%rsp), %rsp       // lea: the flags are the program's again
         .cfi_adjust_cfa_offset -KSAVE
         .endm
@@ -615,16 +611,11 @@ ukp_kret_entry_trampoline:
         mov     %rax, (%rsp)
         mov     %rcx, 8(%rsp)
         mov     %rdx, 16(%rsp)
-        mov     %rsi, 24(%rsp)
-        mov     %rdi, 32(%rsp)
-        mov     %r8, 40(%rsp)
-        mov     %r9, 48(%rsp)
-        mov     %r10, 56(%rsp)
-        mov     %r11, 64(%rsp)
-        mov     %rbx, 72(%rsp)
-        mov     %r12, 80(%rsp)
-        mov     %r13, 88(%rsp)
-        mov     %r15, 96(%rsp)
+        mov     %r8, 24(%rsp)
+        mov     %rbx, 32(%rsp)
+        mov     %r12, 40(%rsp)
+        mov     %r13, 48(%rsp)
+        mov     %r15, 56(%rsp)
         lahf
         seto    %al
         mov     %ax, KFLAGS(%rsp)
@@ -638,21 +629,19 @@ ukp_kret_entry_trampoline:
         mov     UKP_LIST_KRET_POOL(%rax), %r8   // the pool of the point's one probe, a
         test    %r8, %r8                        // kretprobe without an entry_handler
         jz      .Lkret_section_declined         // (ProbeList::kret_pool)
-        mov     UKP_LIST_PROBE0(%rax), %rdi     // the probe
-        testl   $UKP_KP_OFF_FLAGS, UKP_KP_FLAGS(%rdi)
+        mov     UKP_LIST_PROBE0(%rax), %rcx     // the probe
+        testl   $UKP_KP_OFF_FLAGS, UKP_KP_FLAGS(%rcx)
         jnz     .Lkret_section_declined
         mov     ukp_ret_thread@gottpoff(%rip), %rbx
         cmpb    $0, %fs:UKP_RT_HOOKED(%rbx)
         je      .Lkret_section_declined
-        mov     %fs:UKP_RT_TID(%rbx), %r10d
-        test    %r10d, %r10d
-        jz      .Lkret_section_declined
+        cmpl    $0, %fs:UKP_RT_TID(%rbx)
+        je      .Lkret_section_declined
         mov     %fs:UKP_RT_HOME(%rbx), %eax
         test    %eax, %eax
         jz      .Lkret_section_declined
-        lea     KSAVE+144(%rsp), %r9            // the program's sp, at its return address
-        lea     7(%r9), %rdx
-        lea     KSAVE+8(%rsp), %rcx             // the detour's push
+        lea     KSAVE+144+7(%rsp), %rdx         // the last byte of the return address, at
+        lea     KSAVE+8(%rsp), %rcx             // the program's sp, and the detour's push
         xor     %rcx, %rdx
         shr     $12, %rdx
         jnz     .Lkret_section_declined
@@ -662,14 +651,39 @@ ukp_kret_entry_trampoline:
         jne     .Lkret_shard                    // taking it
         mov     UKP_SLOT_SPARE(%r13), %rdx
         movq    $0, UKP_SLOT_SPARE_POOL(%r13)
-        jmp     .Lkret_taken
-.Lkret_shard:
+.Lkret_taken:                                   // the instance in rdx
+        movl    $UKP_RI_LIVE, UKP_RI_STATE(%rdx)
+        mov     KSAVE+144(%rsp), %rax           // the return address, at the program's sp
+        mov     %rax, UKP_RI_RET_ADDR(%rdx)
+        mov     %fs:UKP_RT_TID(%rbx), %eax
+        mov     %eax, UKP_RI_TASK(%rdx)
+        lea     KSAVE+144(%rsp), %rax
+        mov     %rax, UKP_RI_FP(%rdx)
+        movb    $1, UKP_RI_CALLED(%rdx)
+        mov     UKP_RI_INDEX(%rdx), %eax
+        shl     $UKP_STUB_SHIFT, %rax
+        add     UKP_POOL_SLED(%r8), %rax        // the instance's stub (UKP_STUB_CALL: 0)
+        mov     %rax, KSAVE+136(%rsp)           // where the detour jumps, and the copy of
+        mov     KSAVE+8(%rsp), %rcx             // the region the stub calls: 8 and 16
+        mov     UKP_PT_COPY(%rcx), %rcx         // below the program's sp
+        mov     %rcx, KSAVE+128(%rsp)
+        mov     %fs:UKP_RT_HEAD(%rbx), %rax
+        mov     %rax, UKP_RI_NEXT(%rdx)
+        mov     %rdx, %fs:UKP_RT_HEAD(%rbx)     // the newest of the thread's list
+        FAST_SECTION_END
+        .cfi_remember_state
+        KRET_RESTORE
+        ret
+        .cfi_restore_state
+.Lkret_shard:                                   // from the home shard: rsi and r11 are
+        mov     %rsi, 64(%rsp)                  // needed too, saved on this way only
+        mov     %r11, 72(%rsp)
         shl     $6, %eax
         lea     UKP_POOL_SHARDS-64(%r8,%rax), %rsi // the home shard's free list
         mov     (%rsi), %rax
 .Lkret_pop:                                     // (a tag << 32) | (index + 1) on top
         test    %eax, %eax
-        jz      .Lkret_section_declined
+        jz      .Lkret_shard_empty
         lea     -1(%rax), %edx
         imul    UKP_POOL_STRIDE(%r8), %rdx
         add     UKP_POOL_MEM(%r8), %rdx         // the instance on top
@@ -681,28 +695,12 @@ ukp_kret_entry_trampoline:
         or      %rcx, %r11                      // makes the exchange fail
         lock cmpxchg %r11, (%rsi)
         jne     .Lkret_pop
-.Lkret_taken:
-        movl    $UKP_RI_LIVE, UKP_RI_STATE(%rdx)
-        mov     (%r9), %rax
-        mov     %rax, UKP_RI_RET_ADDR(%rdx)
-        mov     %r10d, UKP_RI_TASK(%rdx)
-        mov     %r9, UKP_RI_FP(%rdx)
-        movb    $1, UKP_RI_CALLED(%rdx)
-        mov     UKP_RI_INDEX(%rdx), %eax
-        shl     $UKP_STUB_SHIFT, %rax
-        add     UKP_POOL_SLED(%r8), %rax        // the instance's stub (UKP_STUB_CALL: 0)
-        mov     %rax, -8(%r9)                   // where the detour jumps, and the copy
-        mov     KSAVE+8(%rsp), %rcx             // of the region the stub calls
-        mov     UKP_PT_COPY(%rcx), %rcx
-        mov     %rcx, -16(%r9)
-        mov     %fs:UKP_RT_HEAD(%rbx), %rax
-        mov     %rax, UKP_RI_NEXT(%rdx)
-        mov     %rdx, %fs:UKP_RT_HEAD(%rbx)     // the newest of the thread's list
-        FAST_SECTION_END
-        .cfi_remember_state
-        KRET_RESTORE
-        ret
-        .cfi_restore_state
+        mov     64(%rsp), %rsi
+        mov     72(%rsp), %r11
+        jmp     .Lkret_taken
+.Lkret_shard_empty:
+        mov     64(%rsp), %rsi
+        mov     72(%rsp), %r11
 .Lkret_section_declined:
         FAST_SECTION_END
 .Lkret_declined:                                // where the detour jumps if the usual
