@@ -83,14 +83,15 @@ size_t spares_of(const void *pool) {
     return n;
 }
 
-// A kretprobe of one instance on ukpool_wait, optimized: only its trampolines keep spares.
+// A kretprobe of one instance on ukpool_wait, optimized: only its trampolines' fast cases
+// keep spares. Without a handler: the return trampoline takes the fast case for a handler
+// only if it is proven to leave the vector state alone, which no scan proves under the
+// sanitizers. A call that got no instance counts a miss.
 void put_one_instance(kretprobe &rp) {
     rp.kp.symbol_name = "ukpool_wait";
-    rp.handler = ret_handler;
     rp.maxactive = 1;
     ASSERT_EQ(register_kretprobe(&rp), 0);
     ukp_optimizer_flush();
-    g_returns = 0;
     g_leave = true; // ukpool_wait returns at once
 }
 
@@ -123,7 +124,6 @@ TEST(KretprobePool, AnotherThreadsSpareIsTakenBeforeAMiss) {
         ASSERT_EQ(spares_of(pool), 1u) << "the holder's return trampoline kept its instance";
         EXPECT_EQ(ukpool_wait(10), 11);
         EXPECT_EQ(rp.nmissed, 0) << "the call missed while the instance was another thread's spare";
-        EXPECT_EQ(g_returns.load(), 4);
         EXPECT_TRUE(pool->no_spares.load());
         EXPECT_EQ(spares_of(pool), 0u);
         EXPECT_EQ(pool->in_use(), 0);
@@ -141,7 +141,6 @@ TEST(KretprobePool, AThreadsSpareGoesBackWhenTheThreadEnds) {
         for (int i = 0; i < 3; ++i) EXPECT_EQ(ukpool_wait(i), i + 1);
         EXPECT_EQ(spares_of(pool), 1u) << "the thread's return trampoline kept its instance";
     }).join();
-    EXPECT_EQ(g_returns.load(), 3);
     EXPECT_EQ(spares_of(pool), 0u);
     EXPECT_EQ(ukpool_wait(10), 11);
     EXPECT_EQ(rp.nmissed, 0);
