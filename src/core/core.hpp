@@ -162,6 +162,8 @@ struct alignas(64) ReaderSlot {
 ReaderSlot *claimed_slots(size_t *n);
 // The calling thread's own slot, or null (none yet, or the shared counters').
 ReaderSlot *own_slot();
+// Whether threads mark their sections in slots of their own (membarrier is there).
+bool private_slots();
 // Whether the word of a slot shows its owner inside a read section.
 bool slot_in_section(uint64_t word);
 // Makes every running thread of the process execute a full memory barrier (membarrier);
@@ -304,6 +306,9 @@ void outside_gpr(bool ext_saved, F &&f) {
 UKP_HOT int current_tid();
 // In the child of fork(): the thread that forked has another id there.
 void forget_tid_after_fork();
+// In the child of fork(), after grace_after_fork_child(): when the child has no slots of
+// its own (membarrier refused), the spare return-probe instances go back to their pools.
+void spares_after_fork_child();
 
 // Registry services for the other probe types (registry.cpp).
 bool is_registered(const kprobe *p);

@@ -314,6 +314,8 @@ ReaderSlot *own_slot() {
     return slot == &g_no_slot ? nullptr : slot;
 }
 
+bool private_slots() { return g_membarrier.load(std::memory_order_acquire); }
+
 bool slot_in_section(uint64_t word) { return (word & kDepthMask) != 0; }
 
 bool barrier_everywhere() {

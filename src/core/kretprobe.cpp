@@ -164,54 +164,70 @@ RetInstance *take_own_spare(RetPool *pool) {
     return ri;
 }
 
-// Takes back every spare of pool from the other threads' slots it can; returns one of
-// them (the rest go back to the shards), or null.
+// Takes back every spare of pool from the other threads' slots it can, 64 slots and one
+// barrier at a time until it has one; returns one of them (the rest go back to the
+// shards), or null.
 RetInstance *steal_spares(RetPool *pool) {
     size_t count = 0;
     ReaderSlot *slots = claimed_slots(&count);
     const ReaderSlot *own = own_slot();
-    constexpr size_t kAtOnce = 64;
-    ReaderSlot *locked[kAtOnce];
-    size_t n = 0;
-    for (size_t i = 0; i < count && n < kAtOnce; ++i) {
-        ReaderSlot &slot = slots[i];
-        uint32_t free = 0;
-        if (&slot != own && slot.spare_pool.load(std::memory_order_relaxed) == pool &&
-            slot.spare_lock.compare_exchange_strong(free, 1, std::memory_order_acquire))
-            locked[n++] = &slot;
-    }
-    if (n == 0) return nullptr;
-    pool->no_spares.store(true, std::memory_order_relaxed);
     RetInstance *got = nullptr;
-    if (barrier_everywhere()) {
+    for (size_t next = 0; next < count && got == nullptr;) {
+        constexpr size_t kAtOnce = 64; // on the hit path's stack, which may be a small signal stack
+        ReaderSlot *locked[kAtOnce];
+        size_t n = 0;
+        for (; next < count && n < kAtOnce; ++next) {
+            ReaderSlot &slot = slots[next];
+            uint32_t free = 0;
+            if (&slot != own && slot.spare_pool.load(std::memory_order_relaxed) == pool &&
+                slot.spare_lock.compare_exchange_strong(free, 1, std::memory_order_acquire))
+                locked[n++] = &slot;
+        }
+        if (n == 0) break;
+        pool->no_spares.store(true, std::memory_order_relaxed);
+        const bool barrier = barrier_everywhere();
         for (size_t i = 0; i < n; ++i) {
             ReaderSlot &slot = *locked[i];
-            if (slot_in_section(slot.word.load(std::memory_order_acquire)) ||
-                slot.spare_pool.load(std::memory_order_acquire) != pool)
-                continue;
-            auto *ri = static_cast<RetInstance *>(slot.spare);
-            slot.spare_pool.store(nullptr, std::memory_order_relaxed);
-            if (got == nullptr) {
-                got = ri;
-            } else {
-                pool_push(ri);
+            if (barrier && !slot_in_section(slot.word.load(std::memory_order_acquire)) &&
+                slot.spare_pool.load(std::memory_order_acquire) == pool) {
+                auto *ri = static_cast<RetInstance *>(slot.spare);
+                slot.spare_pool.store(nullptr, std::memory_order_relaxed);
+                if (got == nullptr) {
+                    got = ri;
+                } else {
+                    pool_push(ri);
+                }
             }
+            slot.spare_lock.store(0, std::memory_order_release);
         }
     }
-    for (size_t i = 0; i < n; ++i) locked[i]->spare_lock.store(0, std::memory_order_release);
-    if (got != nullptr) got->state.store(RetInstance::kLive, std::memory_order_relaxed);
     return got;
 }
 
-// At the thread's exit: its spare goes back to its shard.
+// The calling thread's spare of pool, which a stealer had locked when take_own_spare()
+// looked: the stealer passes over this thread's slot (it is inside a read section) or
+// takes the spare, and unlocks within its one system call. Waits for that, not longer
+// than some milliseconds (a stealer preempted meanwhile: the call then counts a miss).
+RetInstance *take_own_spare_after_steal(RetPool *pool) {
+    ReaderSlot *own = own_slot();
+    if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) != pool) return nullptr;
+    for (unsigned spins = 0; own->spare_lock.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins == (1u << 16)) return nullptr;
+        __builtin_ia32_pause();
+    }
+    return take_own_spare(pool);
+}
+
+// At the thread's exit: its spare goes back to its shard. The slot names the pool until
+// the push is done: a reaper that finds it there waits for the lock before it frees the
+// pool (forget_spares).
 void flush_own_spare() {
     ReaderSlot *own = own_slot();
     if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) == nullptr) return;
     lock_spare(*own);
     if (own->spare_pool.load(std::memory_order_relaxed) != nullptr) {
-        auto *ri = static_cast<RetInstance *>(own->spare);
-        own->spare_pool.store(nullptr, std::memory_order_relaxed);
-        pool_push(ri);
+        pool_push(static_cast<RetInstance *>(own->spare));
+        own->spare_pool.store(nullptr, std::memory_order_release);
     }
     own->spare_lock.store(0, std::memory_order_release);
 }
@@ -245,6 +261,8 @@ RetInstance *pool_pop(RetPool *pool) {
         if (RetInstance *ri = shard_pop(pool, pool->shards[(first + k) % RetPool::kShards])) return ri;
     RetInstance *ri = nullptr;
     outside_gpr(false, [&] { ri = steal_spares(pool); }); // a system call: the vector state saved
+    if (ri == nullptr) ri = take_own_spare_after_steal(pool);
+    if (ri != nullptr) ri->state.store(RetInstance::kLive, std::memory_order_relaxed);
     return ri;
 }
 
@@ -642,9 +660,27 @@ int current_tid() {
 
 void forget_tid_after_fork() { t_ret.tid = 0; }
 
+void spares_after_fork_child() {
+    // Without membarrier here (grace_after_fork_child() could not register the child), no
+    // thread has a slot of its own and no spare could be taken: all go back to the shards.
+    // The child has one thread, this one.
+    if (private_slots()) return;
+    size_t count = 0;
+    ReaderSlot *slots = claimed_slots(&count);
+    for (size_t i = 0; i < count; ++i) {
+        ReaderSlot &slot = slots[i];
+        if (slot.spare_pool.load(std::memory_order_relaxed) == nullptr) continue;
+        pool_push(static_cast<RetInstance *>(slot.spare));
+        slot.spare_pool.store(nullptr, std::memory_order_relaxed);
+    }
+}
+
 void release_frames_below(uint64_t sp) {
     ThreadState &ts = thread_state();
     ++ts.depth; // a signal handler's probe hits must not touch the list meanwhile
+    // In a read section: a reaper that found these instances in use waits for it before
+    // it frees their pool (reap_dead_pools), so the pushes below never land in freed memory.
+    const unsigned idx = read_lock();
     const bool all = sp == ~0ull;
     const uint32_t stack = all ? 0 : stack_of(sp);
     // Suspects are certainly gone now when they lie below sp (already counted unwound).
@@ -672,6 +708,7 @@ void release_frames_below(uint64_t sp) {
             link = &cur->next;
         }
     }
+    read_unlock(idx);
     --ts.depth;
 }
 

@@ -505,6 +505,7 @@ void after_fork_child() {
     forget_tid_after_fork();
     opt_after_fork_child();
     grace_after_fork_child();
+    spares_after_fork_child();
     g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
     g_mutex.unlock();
     g_optimizer_gate.unlock();
