@@ -153,6 +153,14 @@ void lock_spare(ReaderSlot &slot) {
         sched_yield();
 }
 
+// Gives slot's spare back to its shard, by a thread that may touch it (see above). The
+// slot names the pool until the push is done: a reaper that finds it there waits for the
+// lock before it frees the pool (forget_spares).
+void give_spare_back(ReaderSlot &slot) {
+    pool_push(static_cast<RetInstance *>(slot.spare));
+    slot.spare_pool.store(nullptr, std::memory_order_release);
+}
+
 // The calling thread's spare, if it is of pool (inside a read section, see above).
 RetInstance *take_own_spare(RetPool *pool) {
     ReaderSlot *own = own_slot();
@@ -190,12 +198,11 @@ RetInstance *steal_spares(RetPool *pool) {
             ReaderSlot &slot = *locked[i];
             if (barrier && !slot_in_section(slot.word.load(std::memory_order_acquire)) &&
                 slot.spare_pool.load(std::memory_order_acquire) == pool) {
-                auto *ri = static_cast<RetInstance *>(slot.spare);
-                slot.spare_pool.store(nullptr, std::memory_order_relaxed);
                 if (got == nullptr) {
-                    got = ri;
+                    got = static_cast<RetInstance *>(slot.spare);
+                    slot.spare_pool.store(nullptr, std::memory_order_relaxed);
                 } else {
-                    pool_push(ri);
+                    give_spare_back(slot);
                 }
             }
             slot.spare_lock.store(0, std::memory_order_release);
@@ -218,17 +225,12 @@ RetInstance *take_own_spare_after_steal(RetPool *pool) {
     return take_own_spare(pool);
 }
 
-// At the thread's exit: its spare goes back to its shard. The slot names the pool until
-// the push is done: a reaper that finds it there waits for the lock before it frees the
-// pool (forget_spares).
+// At the thread's exit: its spare goes back to its shard.
 void flush_own_spare() {
     ReaderSlot *own = own_slot();
     if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) == nullptr) return;
     lock_spare(*own);
-    if (own->spare_pool.load(std::memory_order_relaxed) != nullptr) {
-        pool_push(static_cast<RetInstance *>(own->spare));
-        own->spare_pool.store(nullptr, std::memory_order_release);
-    }
+    if (own->spare_pool.load(std::memory_order_relaxed) != nullptr) give_spare_back(*own);
     own->spare_lock.store(0, std::memory_order_release);
 }
 
@@ -669,9 +671,7 @@ void spares_after_fork_child() {
     ReaderSlot *slots = claimed_slots(&count);
     for (size_t i = 0; i < count; ++i) {
         ReaderSlot &slot = slots[i];
-        if (slot.spare_pool.load(std::memory_order_relaxed) == nullptr) continue;
-        pool_push(static_cast<RetInstance *>(slot.spare));
-        slot.spare_pool.store(nullptr, std::memory_order_relaxed);
+        if (slot.spare_pool.load(std::memory_order_relaxed) != nullptr) give_spare_back(slot);
     }
 }
 
