@@ -542,8 +542,6 @@ int start_locked() {
     // The thread starts with every asynchronous signal blocked, so it never takes one
     // meant for the program. Synchronous faults stay open: the fault-safe reads of
     // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.
-    // SIG_BLOCK and SIG_UNBLOCK, not SIG_SETMASK: under `ukprobe run` a SIG_SETMASK
-    // waits for ukprobe, which would try to reach a control thread not there yet.
     sigset_t all, sync, old;
     sigfillset(&all);
     sigemptyset(&sync);
@@ -603,6 +601,8 @@ __attribute__((constructor)) void start_from_environment() {
     if (v != nullptr && strcmp(v, "1") == 0) {
         if (const int rc = start(); rc != 0)
             fprintf(stderr, "ukprobes: control socket not started: %s\n", strerror(-rc));
+        else
+            trace::notify_supervisor(trace::kNoticeControlReady); // `ukprobe run` connects now, before main
     }
 }
 } // namespace

@@ -339,12 +339,9 @@ void after_fork_child() {
     // Another thread of the parent may have held them at the fork; it does not exist here.
     new (&g_mu) std::mutex;
     g_swap_busy.store(false, std::memory_order_relaxed);
-    // The notice that this process has buffers of its own, for `ukprobe run`: it hands
-    // SIG_SETMASK calls to itself (tools/ukprobe/run.cpp), takes the memfd from the process
-    // while it waits here and streams it: the child serves no socket. A null mask changes
-    // nothing, so elsewhere this is one cheap system call per fork. Made straight: the C
-    // library's wrapper may be probed.
-    if (own != nullptr) raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, 0, 0, 8 /* the kernel's sigset_t */);
+    // This process serves no socket: `ukprobe run` takes the memfd from it while it
+    // waits in the notice, and streams it.
+    if (own != nullptr) notify_supervisor(kNoticeForkedRing);
 }
 
 int init_locked() {
@@ -548,6 +545,11 @@ void ring_commit(uint8_t *rec, uint32_t used) {
 }
 
 // ---- Control ----
+
+void notify_supervisor(long kind) {
+    // Made straight: the C library's wrapper may be probed.
+    raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, 0, 0, 8 /* the kernel's sigset_t */, kNoticeMagic, kind);
+}
 
 int ring_init() {
     std::lock_guard lock(g_mu);

@@ -70,6 +70,20 @@ void snapshot_clear();
 void snapshot_free();
 bool snapshot_allocated();
 
+// ---- Notices to a supervisor (`ukprobe run`) ----
+
+// A system call that changes nothing, rt_sigprocmask(SIG_SETMASK, NULL, NULL, 8), with
+// kNoticeMagic in its fifth argument register and the kind in its sixth (both ignored by
+// the kernel). `ukprobe run`'s seccomp filter hands exactly these to it, and lets every
+// other rt_sigprocmask of the program run without a round trip.
+inline constexpr long kNoticeMagic = 0x75707262; // "brpu"
+// This process has buffers of its own (a child of fork()): the supervisor takes them now.
+inline constexpr long kNoticeForkedRing = 1;
+// The control thread listens: the supervisor connects while the caller waits, before main.
+inline constexpr long kNoticeControlReady = 2;
+// Gives notice `kind`; the caller waits while a supervisor acts on it.
+void notify_supervisor(long kind);
+
 // ---- The shared layout, for a reader in another process ----
 
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"

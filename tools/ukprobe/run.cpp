@@ -3,23 +3,25 @@
 //
 // Seeing the end: once a process is gone its socket is gone, and the agent's destructor
 // unlinks the socket path before exit_group. So the child installs, before exec, a seccomp
-// filter that hands exit_group, execve(at), unlink(at) (and rt_sigprocmask, below) to
-// ukprobe (SECCOMP_RET_USER_NOTIF, inherited by every descendant). A process calling
-// exit_group waits in the call while ukprobe empties its ring (mapped: reader.hpp) and
-// reads kprobe_profile over the connection it already holds;
-// then the call goes on (SECCOMP_USER_NOTIF_FLAG_CONTINUE). An unlink lets ukprobe connect
-// to a process it has not reached yet before the socket path goes; an execve empties the
-// ring of the image about to be replaced. No ptrace: probe hits (SIGTRAP) never stop.
+// filter that hands exit_group, execve(at), unlink(at) and the agents' notices (ring.hpp)
+// to ukprobe (SECCOMP_RET_USER_NOTIF, inherited by every descendant). A process calling
+// exit_group waits in the call while its stream empties its ring (mapped: reader.hpp) and
+// reads kprobe_profile over the connection it already holds; then the call goes on
+// (SECCOMP_USER_NOTIF_FLAG_CONTINUE: Hold). An unlink lets ukprobe connect to a process
+// it has not reached yet before the socket path goes; an execve empties the ring of the
+// image about to be replaced. No ptrace: probe hits (SIGTRAP) never stop.
 //
 // Seeing the children: they inherit the filter. A process whose agent's control thread
-// has just started is held in its next rt_sigprocmask(SIG_SETMASK) (pthread_create's),
-// before its main, while ukprobe connects, checks error_log and sets filters and
-// triggers. ukprobe is a subreaper: orphaned descendants stay in its tree. A child of
-// fork() that has not exec'd serves no socket: it gives notice of its new ring with an
-// rt_sigprocmask(SIG_SETMASK) that sets no mask (src/trace/ring.cpp), and while it waits
-// there its ring is taken from it (pidfd_getfd) and streamed from then on (ForkedRing),
-// emptied at its execve or exit_group, read to the end once it is gone. A ring not taken
-// then is read when the process waits in execve or exit_group (drain_forked).
+// listens gives notice before its main, and waits while ukprobe connects, checks
+// error_log and sets filters and triggers. ukprobe is a subreaper: orphaned descendants
+// stay in its tree. A child of fork() that has not exec'd serves no socket: it gives
+// notice of its new ring, and while it waits there its ring is taken from it
+// (pidfd_getfd) and streamed from then on (ForkedRing), emptied at its execve or
+// exit_group, read to the end once it is gone. A ring not taken then is read when the
+// process waits in execve or exit_group (drain_forked).
+//
+// Threads: the main one answers the notifications and signals and never waits for
+// output; one per stream reads and formats a ring; one writes the merged trace (Output).
 #include "run.hpp"
 
 #include "client.hpp"
@@ -27,6 +29,7 @@
 #include "control/fd_passing.hpp"
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
+#include "trace/ring.hpp"
 
 #include <fmt/core.h>
 
@@ -93,6 +96,8 @@ using Clock = std::chrono::steady_clock;
 // How long a line waits before it is written, so that lines of other processes read a
 // little later can still be put before it by timestamp.
 constexpr auto kMergeDelay = std::chrono::milliseconds(200);
+// How often the output is written.
+constexpr auto kWriteInterval = std::chrono::milliseconds(50);
 // Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
 // How long a trace_pipe read waits for a record: also how long a stream takes to see a
@@ -113,33 +118,47 @@ constexpr auto kProfileInterval = std::chrono::milliseconds(200);
 constexpr auto kForkedProfileInterval = std::chrono::milliseconds(50);
 
 // The timestamp of a trace line ("  prog-42  [001] .....  12.345678: e: ..."), in
-// nanoseconds; 0 if it has none.
-uint64_t line_timestamp(const std::string &line) {
+// nanoseconds: the first word after the CPU that is digits, '.', digits and ':'. 0 if it
+// has none.
+uint64_t line_timestamp(std::string_view line) {
     const size_t bracket = line.find("] ");
-    if (bracket == std::string::npos) return 0;
-    std::istringstream words(line.substr(bracket + 2));
-    std::string w;
-    while (words >> w) {
-        if (w.size() < 2 || w.back() != ':') continue;
-        const size_t dot = w.find('.');
-        if (dot == std::string::npos) continue;
-        char *end = nullptr;
-        const unsigned long long s = strtoull(w.c_str(), &end, 10);
-        if (end != w.c_str() + dot) continue;
-        std::string frac = w.substr(dot + 1, w.size() - dot - 2);
-        if (frac.empty() || frac.find_first_not_of("0123456789") != std::string::npos) continue;
-        frac.resize(9, '0');
-        return s * 1000000000ull + strtoull(frac.c_str(), nullptr, 10);
+    if (bracket == std::string_view::npos) return 0;
+    size_t i = bracket + 2;
+    while (i < line.size()) {
+        while (i < line.size() && line[i] == ' ') ++i;
+        const size_t word = i;
+        uint64_t sec = 0, frac = 0;
+        int digits = 0, frac_digits = 0;
+        while (i < line.size() && line[i] >= '0' && line[i] <= '9') sec = sec * 10 + uint64_t(line[i++] - '0'), ++digits;
+        if (digits > 0 && i < line.size() && line[i] == '.') {
+            ++i;
+            while (i < line.size() && line[i] >= '0' && line[i] <= '9') {
+                if (frac_digits < 9) frac = frac * 10 + uint64_t(line[i] - '0'), ++frac_digits;
+                ++i;
+            }
+            if (frac_digits > 0 && i < line.size() && line[i] == ':') {
+                for (; frac_digits < 9; ++frac_digits) frac *= 10;
+                return sec * 1000000000ull + frac;
+            }
+        }
+        i = line.find(' ', word);
+        if (i == std::string_view::npos) return 0;
     }
     return 0;
 }
 
-// The trace of every process, merged by timestamp as well as a short delay allows.
+// The trace of every process, merged by timestamp as well as a short delay allows, and
+// written by a thread of its own: a slow reader of the output (a pipe to a pager) holds
+// that thread, never the streams nor the thread that answers the traced processes.
 class Output {
 public:
-    explicit Output(FILE *f) : f_(f) {}
+    explicit Output(FILE *f) : f_(f), writer_([this] { write_loop(); }) {}
+    ~Output() { finish(); }
+    Output(const Output &) = delete;
+    Output &operator=(const Output &) = delete;
 
     void add(const std::string &text) {
+        if (text.empty()) return;
         std::lock_guard lock(mu_);
         const Clock::time_point now = Clock::now();
         size_t pos = 0;
@@ -156,43 +175,95 @@ public:
         }
     }
 
-    // Writes the lines that waited long enough (all of them: everything), in timestamp order.
-    void flush(bool all) {
-        std::lock_guard lock(mu_);
-        const Clock::time_point now = Clock::now();
-        bool wrote = false;
-        while (!pending_.empty()) {
-            auto it = pending_.begin();
-            if (!all) {
-                // A line waits until every line before it in time has waited its delay too.
-                bool ripe = true;
-                for (auto j = pending_.begin(); j != pending_.end(); ++j)
-                    if (now - j->second.arrived < kMergeDelay) {
-                        ripe = j != pending_.begin();
-                        break;
-                    }
-                if (!ripe) break;
-                if (now - it->second.arrived < kMergeDelay) break;
-            }
-            if (f_ != nullptr && fwrite(it->second.text.data(), 1, it->second.text.size(), f_) != it->second.text.size())
-                f_ = nullptr; // a closed pipe: the trace is dropped, the program runs on
-            pending_.erase(it);
-            wrote = true;
+    // Writes every line left and stops the writer.
+    void finish() {
+        {
+            std::lock_guard lock(mu_);
+            if (stop_) return;
+            stop_ = true;
         }
-        if (wrote && f_ != nullptr) fflush(f_);
+        cv_.notify_all();
+        writer_.join();
+        if (f_ != nullptr) fflush(f_);
     }
 
 private:
+    void write_loop() {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, nullptr); // signals are ukprobe's main thread's (signalfd)
+        std::unique_lock lock(mu_);
+        for (;;) {
+            const bool last = stop_;
+            // The lines that waited long enough (all of them at the end), in timestamp
+            // order: a line waits its delay, and so every line after it in time.
+            std::string block;
+            const Clock::time_point now = Clock::now();
+            while (!pending_.empty()) {
+                auto it = pending_.begin();
+                if (!last && now - it->second.arrived < kMergeDelay) break;
+                block += it->second.text;
+                pending_.erase(it);
+            }
+            if (!block.empty() && f_ != nullptr) {
+                lock.unlock();
+                if (fwrite(block.data(), 1, block.size(), f_) != block.size() || fflush(f_) != 0)
+                    f_ = nullptr; // a closed pipe: the trace is dropped, the program runs on
+                lock.lock();
+            }
+            if (last) return;
+            cv_.wait_for(lock, kWriteInterval, [&] { return stop_; });
+        }
+    }
+
     struct Pending {
         Clock::time_point arrived;
         std::string text;
     };
     std::mutex mu_;
-    FILE *f_;
-    std::map<std::pair<uint64_t, uint64_t>, Pending> pending_; // (timestamp, arrival order)
-    uint64_t seq_ = 0;
-    uint64_t last_ts_ = 0;
+    std::condition_variable cv_;
+    FILE *f_;                // the writer's
+    bool stop_ = false;      // under mu_
+    std::map<std::pair<uint64_t, uint64_t>, Pending> pending_; // under mu_: (timestamp, arrival order)
+    uint64_t seq_ = 0;       // under mu_
+    uint64_t last_ts_ = 0;   // under mu_
+    std::thread writer_;     // last: starts once the rest is made
 };
+
+// A system call waiting for ukprobe (a seccomp notification): let go once the last
+// stream that empties a ring for it drops its share, or by expire() at the latest. The
+// thread that answers notifications hands these out and goes on: it never waits for
+// output.
+class Hold {
+public:
+    Hold(int notify_fd, uint64_t id) : notify_fd_(notify_fd), id_(id), deadline_(Clock::now() + kDrainTimeout) {}
+    ~Hold() { let_go(); }
+    Hold(const Hold &) = delete;
+    Hold &operator=(const Hold &) = delete;
+
+    // Lets the call go if its time is up; whether it is gone.
+    bool expire(Clock::time_point now) {
+        if (now >= deadline_) let_go();
+        return gone_.load();
+    }
+
+    // The call goes on unchanged (once).
+    void let_go() {
+        if (gone_.exchange(true)) return;
+        seccomp_notif_resp resp;
+        memset(&resp, 0, sizeof resp);
+        resp.id = id_;
+        resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+        ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
+    }
+
+private:
+    const int notify_fd_;
+    const uint64_t id_;
+    const Clock::time_point deadline_;
+    std::atomic<bool> gone_{false};
+};
+using HoldPtr = std::shared_ptr<Hold>;
 
 // Empties a ring whose process is held or gone: reads until it counts no entry left,
 // what the process's other threads still write meanwhile included. `wait_ms`: how long
@@ -304,14 +375,14 @@ public:
         });
     }
 
-    // Empties the ring while the process waits in exit_group or execve; kprobe_profile is
-    // read afterwards. Returns when done, the connection lost, or after kDrainTimeout.
-    void drain() {
-        std::unique_lock lock(mu_);
+    // Empties the ring while the process waits in exit_group or execve (`hold`, dropped
+    // once done); kprobe_profile is read afterwards. Returns at once.
+    void drain(HoldPtr hold) {
+        std::lock_guard lock(mu_);
         if (ended_) return;
-        const uint64_t gen = ++drain_asked_;
+        holds_.push_back(std::move(hold));
+        ++drain_asked_;
         cv_.notify_all(); // the streaming thread may be waiting for a record
-        cv_.wait_for(lock, kDrainTimeout, [&] { return ended_ || drain_done_ >= gen; });
     }
 
     bool ended() {
@@ -334,9 +405,11 @@ private:
         try {
             for (;;) {
                 uint64_t asked;
+                std::vector<HoldPtr> held; // let go once the ring is empty
                 {
                     std::lock_guard lock(mu_);
                     asked = drain_asked_;
+                    held.swap(holds_);
                 }
                 if (asked > drain_done_) {
                     drain_ring(reader_, out_, kPipeWaitMs); // the process is held
@@ -344,7 +417,6 @@ private:
                     std::lock_guard lock(mu_);
                     if (p.status >= 0) profile_ = p.payload;
                     drain_done_ = asked;
-                    cv_.notify_all();
                     continue;
                 }
                 // What is there now. The ring mapped here is polled: when it held nothing
@@ -386,7 +458,7 @@ private:
         reader_.unmap();
         std::lock_guard lock(mu_);
         ended_ = true;
-        cv_.notify_all();
+        holds_.clear();
     }
 
     const int pid_;
@@ -402,6 +474,7 @@ private:
     std::condition_variable cv_;
     uint64_t drain_asked_ = 0; // under mu_
     uint64_t drain_done_ = 0;  // under mu_
+    std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
     bool ended_ = false;       // under mu_: the connection is gone
     std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
     bool final_ = false;       // under mu_: profile_ read from counts_ once the process was gone
@@ -532,16 +605,15 @@ public:
         return poll(&p, 1, 0) == 1;
     }
 
-    // Empties the ring while the process waits in exit_group or execve (`exec`: the stream
-    // ends once the image is replaced). Returns when done, the stream ended, or after
-    // kDrainTimeout.
-    void drain(bool exec) {
-        std::unique_lock lock(mu_);
+    // Empties the ring while the process waits in exit_group or execve (`hold`, dropped
+    // once done; `exec`: the stream ends once the image is replaced). Returns at once.
+    void drain(bool exec, HoldPtr hold) {
+        std::lock_guard lock(mu_);
         if (ended_ || finish_) return;
         exec_asked_ = exec_asked_ || exec;
-        const uint64_t gen = ++drain_asked_;
+        holds_.push_back(std::move(hold));
+        ++drain_asked_;
         cv_.notify_all();
-        cv_.wait_for(lock, kDrainTimeout, [&] { return ended_ || drain_done_ >= gen; });
     }
 
     // The process runs another image now (its agent is streamed): the ring was emptied at
@@ -589,11 +661,13 @@ private:
             for (;;) {
                 uint64_t asked;
                 bool finish, exec;
+                std::vector<HoldPtr> held; // let go once the ring is empty
                 {
                     std::lock_guard lock(mu_);
                     asked = drain_asked_;
                     finish = finish_;
                     exec = exec_asked_;
+                    held.swap(holds_);
                 }
                 // Checked before the read: what a process recorded before it died (or
                 // exec'd) is in the ring by then, and read below.
@@ -606,7 +680,6 @@ private:
                     read_profile(); // it waits in exit_group or execve: its last counts
                     std::lock_guard lock(mu_);
                     drain_done_ = asked;
-                    cv_.notify_all();
                     continue;
                 }
                 // The counts so far, for a process that dies of a signal (no exit_group).
@@ -627,7 +700,7 @@ private:
         reader_->unmap();
         std::lock_guard lock(mu_);
         ended_ = true;
-        cv_.notify_all();
+        holds_.clear();
     }
 
     const int pid_;
@@ -647,6 +720,7 @@ private:
     std::condition_variable cv_;
     uint64_t drain_asked_ = 0; // under mu_
     uint64_t drain_done_ = 0;  // under mu_
+    std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
     bool finish_ = false;      // under mu_: the process exec'd; a last read, then the end
     bool exec_asked_ = false;  // under mu_: a drain at an execve came (it may have failed)
     bool ended_ = false;       // under mu_: the stream is over
@@ -709,11 +783,10 @@ bool descends_from_us(int pid) {
 }
 
 // The seccomp filter of the child and its descendants. exit_group, execve(at), unlink(at)
-// and rt_sigprocmask(SIG_SETMASK) wait for ukprobe; every other call runs as usual. The
-// agent starts its control thread between two SIG_SETMASK calls (pthread_create blocks
-// every signal around the clone and restores the mask after it): the first such call
-// after the thread answers holds the program, before its main, while ukprobe sets the
-// filters and triggers.
+// and the agents' notices (ring.hpp: an rt_sigprocmask that changes nothing) wait for
+// ukprobe; every other call runs as usual, the program's own rt_sigprocmask included.
+// An agent whose control thread listens gives notice before main, and waits while
+// ukprobe connects and sets the filters and triggers.
 int install_filter() {
     constexpr uint32_t kNotify = SECCOMP_RET_USER_NOTIF, kAllow = SECCOMP_RET_ALLOW;
     sock_filter code[] = {
@@ -727,9 +800,9 @@ int install_filter() {
         /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unlink, 4, 0),
         /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unlinkat, 3, 0),
         /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_rt_sigprocmask, 0, 3),
-        // The low word of args[0] (little-endian): `how`.
-        /* 10 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])),
-        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SIG_SETMASK, 0, 1),
+        // The low word of args[4] (little-endian): an agent's notice, or the program's own call.
+        /* 10 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[4])),
+        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(ukp::trace::kNoticeMagic), 0, 1),
         /* 12 */ BPF_STMT(BPF_RET | BPF_K, kNotify),
         /* 13 */ BPF_STMT(BPF_RET | BPF_K, kAllow),
     };
@@ -793,9 +866,11 @@ bool exec_file_missing(const seccomp_notif &req) {
     return stat((proc + path).c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
 }
 
-// ring.cpp's notice of a forked child's new buffers: SIG_SETMASK with no mask given.
-bool forked_ring_notice(const seccomp_notif &req) {
-    return req.data.nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0;
+// An agent's notice (ring.hpp) of `kind`.
+bool notice(const seccomp_notif &req, long kind) {
+    return req.data.nr == __NR_rt_sigprocmask && req.data.args[1] == 0 && req.data.args[2] == 0 &&
+           req.data.args[4] == static_cast<uint64_t>(ukp::trace::kNoticeMagic) &&
+           req.data.args[5] == static_cast<uint64_t>(kind);
 }
 
 // The counts as each process image left them, apart from the trace (stderr, as a second
@@ -860,6 +935,7 @@ private:
     int child_status_ = -1; // wait status once the child is gone
     int notify_fd_ = -1, signal_fd_ = -1;
     std::deque<seccomp_notif> deferred_; // received while waiting for a ping's answer
+    std::vector<std::weak_ptr<Hold>> holds_; // calls held for the streams, let go by kDrainTimeout
     std::vector<std::unique_ptr<Agent>> agents_; // every agent connected, in order
     std::map<int, Agent *> by_pid_;               // the latest agent of each process
     std::vector<std::unique_ptr<ForkedRing>> forked_; // rings of forked children, until they end
@@ -993,10 +1069,7 @@ void Runner::on_notification() {
 }
 
 // Whether the agent of `pid` answers a ping in time. Notifications that come meanwhile
-// are not left waiting behind it: the control thread itself may be one of them (its first
-// SIG_SETMASK, in pthread's start of the thread), and could not answer before it is let
-// go. Such a SIG_SETMASK of a thread other than a process's first is let go at once
-// (handle() would do nothing else with it); the others wait their turn in deferred_.
+// wait their turn in deferred_.
 bool Runner::agent_answers(int pid) {
     const int fd = send_ping(pid);
     if (fd < 0) return false;
@@ -1015,14 +1088,7 @@ bool Runner::agent_answers(int pid) {
         }
         seccomp_notif req;
         memset(&req, 0, sizeof req);
-        if (ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) continue;
-        const int tgid = tgid_of(static_cast<int>(req.pid));
-        if (req.data.nr == __NR_rt_sigprocmask && !forked_ring_notice(req) && tgid > 0 &&
-            static_cast<int>(req.pid) != tgid) {
-            let_go(req.id);
-        } else {
-            deferred_.push_back(req);
-        }
+        if (ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, &req) == 0) deferred_.push_back(req);
     }
     close(fd);
     if (o_.verbose && !ok) fmt::print(stderr, "ukprobe: process {} did not answer a ping in {} ms\n", pid, kPingTimeoutMs);
@@ -1033,29 +1099,33 @@ void Runner::handle(const seccomp_notif &req) {
     const int tgid = tgid_of(static_cast<int>(req.pid));
     const int nr = req.data.nr;
     if (tgid > 0) {
-        if (forked_ring_notice(req)) {
+        if (notice(req, ukp::trace::kNoticeForkedRing)) {
             // A child of fork() with buffers of its own.
             take_forked(tgid);
+        } else if (notice(req, ukp::trace::kNoticeControlReady)) {
+            // An agent's control thread listens: connect while it waits, before main.
+            if (new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
         } else if (nr == __NR_rt_sigprocmask) {
-            // The first thread's SIG_SETMASK after an agent's control thread started
-            // (pthread_create's): connect while it waits, before main. Another thread's
-            // waits for nothing: it may be that control thread itself.
-            if (static_cast<int>(req.pid) == tgid && new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
+            // Matched by the filter by chance (a program's own call with that word in r8).
         } else if (nr == __NR_unlink || nr == __NR_unlinkat) {
             // An agent's destructor about to remove its socket: connect while it waits.
             if (new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
         } else if (!exec_file_missing(req)) {
-            // exit_group, execve, execveat. A child that exec'd into an agent has both.
+            // exit_group, execve, execveat: the call goes on once the streams of the
+            // image have emptied its rings (a child that exec'd into an agent has two).
+            auto hold = std::make_shared<Hold>(notify_fd_, req.id);
             bool streamed = false;
             if (auto it = forked_by_pid_.find(tgid); it != forked_by_pid_.end() && it->second->streaming()) {
-                it->second->drain(nr != __NR_exit_group);
+                it->second->drain(nr != __NR_exit_group, hold);
                 streamed = true;
             }
             if (auto it = by_pid_.find(tgid); it != by_pid_.end() && !it->second->ended()) {
-                it->second->drain();
+                it->second->drain(hold);
                 streamed = true;
             }
             if (!streamed) drain_forked(tgid);
+            holds_.push_back(hold);
+            return;
         }
     }
     let_go(req.id);
@@ -1210,7 +1280,11 @@ int Runner::run() {
             forked_profiles_.push_back(f->profile());
             return true;
         });
-        out_->flush(false);
+        const Clock::time_point now = Clock::now();
+        std::erase_if(holds_, [now](const std::weak_ptr<Hold> &w) {
+            const HoldPtr h = w.lock();
+            return h == nullptr || h->expire(now);
+        });
         if (child_status_ >= 0 && none_left) break;
     }
     // Every process is gone: the streams end by themselves.
@@ -1220,7 +1294,7 @@ int Runner::run() {
         forked_profiles_.push_back(f->profile());
     }
     forked_.clear();
-    out_->flush(true);
+    out_->finish();
     if (file_ != nullptr) fclose(file_);
     std::vector<ProfileBlock> blocks = std::move(forked_profiles_);
     for (auto &a : agents_) blocks.push_back(a->profile());
