@@ -1,6 +1,8 @@
 // Signals: the agent's handlers for SIGTRAP and the fault signals, chaining to the
 // program's own handlers, and interposition of sigaction()/signal() so that a program
-// installing a handler later records it with us instead of displacing ours.
+// installing a handler later records it with us instead of displacing ours. Each
+// interposed function answers as glibc 2.36's (result, errno, the action read back); the
+// one difference is the agent's signals left out of the sa_mask given to the kernel.
 #include "core/core.hpp"
 
 #include <atomic>
@@ -38,6 +40,37 @@ struct ProgramAction {
 ProgramAction g_program[NSIG];
 std::atomic<bool> g_installed{false};
 std::mutex g_install_mutex;
+
+// Flags of struct sigaction the kernel knows (UAPI_SA_FLAGS, x86-64): since Linux 5.11 it
+// clears every other bit of the action it stores.
+constexpr unsigned long kSaUnsupported = 0x400, kSaExposeTagbits = 0x800, kSaRestorer = 0x04000000;
+constexpr unsigned long kKernelSaFlags = SA_NOCLDSTOP | SA_NOCLDWAIT | SA_SIGINFO | SA_ONSTACK | SA_RESTART |
+                                         SA_NODEFER | SA_RESETHAND | kSaExposeTagbits | kSaRestorer;
+// Set by the kernel itself for the ABI of the caller: never kept from the program's flags.
+constexpr unsigned long kSaAbiFlags = 0x02000000 | 0x01000000;
+// Whether this kernel keeps unknown flag bits (older than 5.11), and glibc's sa_restorer:
+// both learnt from the agent's own action once installed.
+std::atomic<bool> g_kernel_keeps_unknown_flags{false};
+std::atomic<void (*)()> g_restorer{nullptr};
+// The signals siginterrupt() asked to interrupt system calls (glibc's _sigintr, which its
+// signal() reads and the agent's cannot).
+std::atomic<uint64_t> g_interrupting{0};
+
+// What glibc and the kernel make of `act` for a managed signal: the action the program
+// reads back from sigaction() afterwards.
+void as_kernel_stores(const struct sigaction &act, struct sigaction *stored) {
+    *stored = act;
+    // glibc's sigaction adds its own restorer.
+    unsigned long flags = static_cast<unsigned int>(act.sa_flags) | kSaRestorer;
+    flags &= g_kernel_keeps_unknown_flags.load(std::memory_order_relaxed) ? ~kSaAbiFlags : kKernelSaFlags;
+    stored->sa_flags = static_cast<int>(flags);
+    stored->sa_restorer = g_restorer.load(std::memory_order_relaxed);
+    // The kernel keeps 64 signals and never SIGKILL or SIGSTOP.
+    for (size_t i = 1; i < sizeof stored->sa_mask.__val / sizeof stored->sa_mask.__val[0]; ++i)
+        stored->sa_mask.__val[i] = 0;
+    sigdelset(&stored->sa_mask, SIGKILL);
+    sigdelset(&stored->sa_mask, SIGSTOP);
+}
 
 void resolve_real_sigaction() {
     if (g_real_sigaction != nullptr) return;
@@ -135,13 +168,20 @@ int install_signal_handlers() {
         // NODEFER: a probe hit or a fault inside a handler must nest, not kill the
         // process as a blocked synchronous signal would. ONSTACK: run on the program's
         // alternate stack if it has one (stack overflow handlers rely on it).
-        ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+        // SA_UNSUPPORTED: read back below, it tells whether the kernel clears unknown bits.
+        ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART | static_cast<int>(kSaUnsupported);
         if (g_real_sigaction(sig, &ours, nullptr) != 0) {
             result = -errno;
             break;
         }
     }
-    if (result == 0) g_installed.store(true, std::memory_order_release);
+    if (result == 0) {
+        struct sigaction check {};
+        g_real_sigaction(kManaged[0], nullptr, &check);
+        g_kernel_keeps_unknown_flags.store((check.sa_flags & kSaUnsupported) != 0, std::memory_order_relaxed);
+        g_restorer.store(check.sa_restorer, std::memory_order_relaxed);
+        g_installed.store(true, std::memory_order_release);
+    }
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     return result;
 }
@@ -163,9 +203,10 @@ void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayabl
     }
 
     if (act.sa_flags & SA_RESETHAND) {
-        struct sigaction dfl {};
-        dfl.sa_handler = SIG_DFL;
-        write_program_action(sig, &dfl);
+        // As the kernel does: the handler only goes back to SIG_DFL, flags and mask stay.
+        struct sigaction reset = act;
+        reset.sa_handler = SIG_DFL;
+        write_program_action(sig, &reset);
     }
     // Run the program's handler with the mask it asked for, as the kernel would have.
     sigset_t mask = uc->uc_sigmask, during;
@@ -191,25 +232,41 @@ int program_sigaction(int sig, const struct sigaction *act, struct sigaction *ol
         errno = ENOSYS;
         return -1;
     }
-    // No handler may block the agent's signals while it runs (a probe hit inside it).
-    struct sigaction stripped;
-    if (act != nullptr) {
-        stripped = *act;
-        strip_agent_signals(&stripped.sa_mask);
-        act = &stripped;
-    }
-    if (sig <= 0 || sig >= NSIG || !managed(sig) || !g_installed.load(std::memory_order_acquire))
+    if (sig <= 0 || sig >= NSIG || !managed(sig) || !g_installed.load(std::memory_order_acquire)) {
+        // No handler may block the agent's signals while it runs (a probe hit inside it).
+        struct sigaction stripped;
+        if (act != nullptr) {
+            stripped = *act;
+            strip_agent_signals(&stripped.sa_mask);
+            act = &stripped;
+        }
         return g_real_sigaction(sig, act, old);
+    }
+    // The program's mask is kept whole (it reads it back); deliver_to_program strips it.
+    struct sigaction stored;
+    if (act != nullptr) as_kernel_stores(*act, &stored);
     sigset_t all, saved;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &saved);
     struct sigaction prev;
     read_program_action(sig, &prev);
-    if (act != nullptr) write_program_action(sig, act);
+    if (act != nullptr) write_program_action(sig, &stored);
     pthread_sigmask(SIG_SETMASK, &saved, nullptr);
     if (old != nullptr) *old = prev;
     return 0;
 }
+
+namespace {
+
+// glibc's own signals (cancellation, set*id): its sigaction and signal() refuse them.
+bool internal_signal(int sig) { return sig == 32 || sig == 33; }
+
+// A handler installed with signal() restarts system calls unless siginterrupt() said not.
+int bsd_signal_flags(int sig) {
+    return (g_interrupting.load(std::memory_order_relaxed) >> (sig - 1)) & 1 ? 0 : SA_RESTART;
+}
+
+} // namespace
 
 } // namespace ukp::core
 
@@ -229,11 +286,15 @@ __attribute__((visibility("default"))) int __sigaction(int sig, const struct sig
 
 // signal() with glibc's (BSD) semantics: SA_RESTART, handler stays installed.
 __attribute__((visibility("default"))) sighandler_t signal(int sig, sighandler_t handler) {
+    if (handler == SIG_ERR || sig < 1 || sig >= NSIG || ukp::core::internal_signal(sig)) {
+        errno = EINVAL;
+        return SIG_ERR;
+    }
     struct sigaction act {}, old {};
     act.sa_handler = handler;
     sigemptyset(&act.sa_mask);
     sigaddset(&act.sa_mask, sig);
-    act.sa_flags = SA_RESTART;
+    act.sa_flags = ukp::core::bsd_signal_flags(sig);
     if (ukp::core::program_sigaction(sig, &act, &old) != 0) return SIG_ERR;
     return old.sa_handler;
 }
@@ -244,16 +305,37 @@ __attribute__((visibility("default"))) sighandler_t bsd_signal(int sig, sighandl
 
 // System V semantics: one-shot, no restart, not blocked during the handler.
 __attribute__((visibility("default"))) sighandler_t sysv_signal(int sig, sighandler_t handler) {
+    if (handler == SIG_ERR || sig < 1 || sig >= NSIG) {
+        errno = EINVAL;
+        return SIG_ERR;
+    }
     struct sigaction act {}, old {};
     act.sa_handler = handler;
     sigemptyset(&act.sa_mask);
-    act.sa_flags = SA_RESETHAND | SA_NODEFER;
+    // SA_INTERRUPT: glibc sets it; kernels older than 5.11 keep it in the action.
+    act.sa_flags = SA_RESETHAND | SA_NODEFER | SA_INTERRUPT;
     if (ukp::core::program_sigaction(sig, &act, &old) != 0) return SIG_ERR;
     return old.sa_handler;
 }
 
 __attribute__((visibility("default"))) sighandler_t __sysv_signal(int sig, sighandler_t handler) {
     return sysv_signal(sig, handler);
+}
+
+// glibc's reads and rewrites the action with its internal sigaction, bypassing the agent's
+// record, and keeps the choice where only its own signal() sees it.
+__attribute__((visibility("default"))) int siginterrupt(int sig, int interrupt) {
+    struct sigaction act;
+    if (ukp::core::program_sigaction(sig, nullptr, &act) != 0) return -1;
+    const uint64_t bit = uint64_t{1} << (sig - 1);
+    if (interrupt) {
+        ukp::core::g_interrupting.fetch_or(bit, std::memory_order_relaxed);
+        act.sa_flags &= ~SA_RESTART;
+    } else {
+        ukp::core::g_interrupting.fetch_and(~bit, std::memory_order_relaxed);
+        act.sa_flags |= SA_RESTART;
+    }
+    return ukp::core::program_sigaction(sig, &act, nullptr) != 0 ? -1 : 0;
 }
 
 } // extern "C"

@@ -11,11 +11,13 @@
 //   them) leave it out the same way.
 // - swapcontext/setcontext/sigaltstack: the stacks a thread runs on besides its own, so
 //   that frames are compared (deeper, gone) only with frames of the same stack.
+#include "arch/x86_64/raw_syscall.hpp"
 #include "core/core.hpp"
 #include "core/kretprobe.hpp"
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -120,8 +122,15 @@ uint64_t jmp_buf_sp(const struct __jmp_buf_tag *env) {
     return rotated ^ guard;
 }
 
+// The hooks keep errno: glibc's functions they stand for never touch it.
+void release_frames_keeping_errno(uint64_t sp) {
+    const int saved = errno;
+    release_frames_below(sp);
+    errno = saved;
+}
+
 [[noreturn]] void jump(LongjmpFn real, struct __jmp_buf_tag *env, int val) {
-    release_frames_below(jmp_buf_sp(env));
+    release_frames_keeping_errno(jmp_buf_sp(env));
     real(env, val);
     __builtin_unreachable();
 }
@@ -176,7 +185,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) void *__cxa_begin_catch(void *exception) noexcept {
     // Our CFA is the catching frame's stack pointer: every frame below it was unwound.
-    release_frames_below(reinterpret_cast<uint64_t>(__builtin_dwarf_cfa()));
+    release_frames_keeping_errno(reinterpret_cast<uint64_t>(__builtin_dwarf_cfa()));
     return g_begin_catch(exception);
 }
 
@@ -245,19 +254,31 @@ __attribute__((visibility("default"))) int _ULx86_64_step(void *cursor) {
 // stack first): resolve on first use when needed.
 __attribute__((visibility("default"))) int swapcontext(ucontext_t *oucp, const ucontext_t *ucp) {
     note_context_stack(ucp);
-    if (g_swapcontext == nullptr) g_swapcontext = lookup<SwapcontextFn>("swapcontext", "libc.so.6");
+    if (g_swapcontext == nullptr) {
+        const int saved = errno; // a failed dlsym or dlopen on the way may set it
+        g_swapcontext = lookup<SwapcontextFn>("swapcontext", "libc.so.6");
+        errno = saved;
+    }
     return g_swapcontext(oucp, ucp);
 }
 __attribute__((visibility("default"))) int setcontext(const ucontext_t *ucp) {
     note_context_stack(ucp);
-    if (g_setcontext == nullptr) g_setcontext = lookup<SetcontextFn>("setcontext", "libc.so.6");
+    if (g_setcontext == nullptr) {
+        const int saved = errno;
+        g_setcontext = lookup<SetcontextFn>("setcontext", "libc.so.6");
+        errno = saved;
+    }
     return g_setcontext(ucp);
 }
 // libc's sigaltstack is the bare system call: make it directly, nothing to resolve.
 __attribute__((visibility("default"))) int sigaltstack(const stack_t *ss, stack_t *old) {
     if (ss != nullptr && (ss->ss_flags & SS_DISABLE) == 0 && ss->ss_sp != nullptr)
         note_stack(reinterpret_cast<uint64_t>(ss->ss_sp), ss->ss_size);
-    return static_cast<int>(syscall(SYS_sigaltstack, ss, old));
+    const long r =
+        ukp::arch::raw_syscall(SYS_sigaltstack, reinterpret_cast<long>(ss), reinterpret_cast<long>(old));
+    if (r == 0) return 0;
+    errno = static_cast<int>(-r);
+    return -1;
 }
 
 } // extern "C"
