@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -140,14 +141,11 @@ std::string snapshot_text_of(const RingView &v, bool allocated, const EventPrint
 }
 
 std::string trace_pipe_text_of(const RingView &v, const EventPrinter &print, size_t max_bytes) {
-    std::string out, line;
+    std::string out;
     ThreadNames names(v);
+    RingMerger merger(v);
     RingEntry e;
-    while (out.size() < max_bytes && ring_consume(v, &e)) {
-        line.clear();
-        append_entry(e, names, print, line);
-        out += line;
-    }
+    while (out.size() < max_bytes && merger.next(&e)) append_entry(e, names, print, out);
     return out;
 }
 
@@ -170,27 +168,28 @@ std::string PipeReader::read(const WithView &with_view, const EventPrinter &prin
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     RingView view;
-    with_view([&](const RingView &v) { view = v; });
+    std::optional<RingMerger> merger;
+    with_view([&](const RingView &v) {
+        view = v;
+        merger.emplace(v);
+    });
     ThreadNames names(view);
-    std::string line;
+    RingEntry e;
     for (;;) {
         // Consumed under with_view, printed outside it: a printer may take other locks.
-        RingEntry e;
+        // A region replaced meanwhile stays mapped (ring.cpp): the merger reads it to its end.
         bool got = false;
-        with_view([&](const RingView &v) { got = ring_consume(v, &e); });
+        with_view([&](const RingView &) { got = merger->next(&e); });
         if (!got) break;
-        line.clear();
-        append_entry(e, names, print, line);
-        if (out.size() + line.size() > max_bytes) {
-            if (out.empty()) {
-                out = line.substr(0, max_bytes);
-                left_ = line.substr(max_bytes);
-            } else {
-                left_ = line;
-            }
+        const size_t before = out.size();
+        append_entry(e, names, print, out);
+        if (out.size() > max_bytes) {
+            // The line that does not fit waits for the next read (a part of it, when alone).
+            const size_t keep = before == 0 ? max_bytes : before;
+            left_ = out.substr(keep);
+            out.resize(keep);
             break;
         }
-        out += line;
     }
     return out;
 }

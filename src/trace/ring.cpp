@@ -32,6 +32,7 @@ namespace {
 
 constexpr uint64_t kDefaultKb = 1408; // ftrace's default per-CPU size
 constexpr uint32_t kDefaultSlots = 256;
+constexpr uint64_t kMaxKb = 1ull << 22; // 4 GiB a buffer
 constexpr uint32_t kRecHdr = sizeof(RecordHeader);
 constexpr uint64_t kEvictAhead = 4096; // bytes a full ring evicts beyond what a record needs
 
@@ -354,6 +355,13 @@ int init_locked() {
         g_atfork_done = true;
     }
     if (g_main.load(std::memory_order_relaxed) == nullptr) {
+        // UKP_BUFFER_SIZE_KB: the size the first buffers are made with (the kernel's
+        // trace_buf_size= boot parameter; `ukprobe run -b`).
+        if (const char *kb = getenv("UKP_BUFFER_SIZE_KB"); kb != nullptr) {
+            char *end = nullptr;
+            const unsigned long long n = strtoull(kb, &end, 10);
+            if (end != kb && *end == 0 && n > 0 && n <= kMaxKb) g_kb = n;
+        }
         Region *r = make_region(g_kb, g_slots);
         if (r == nullptr) return -ENOMEM;
         g_main.store(r, std::memory_order_release);
@@ -583,7 +591,7 @@ int replace_main_locked(uint64_t kb, uint32_t slots) {
 } // namespace
 
 int set_buffer_size_kb(uint64_t kb) {
-    if (kb == 0 || kb > (1ull << 22)) return -EINVAL;
+    if (kb == 0 || kb > kMaxKb) return -EINVAL;
     std::lock_guard lock(g_mu);
     return replace_main_locked(kb, g_slots);
 }

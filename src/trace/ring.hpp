@@ -238,7 +238,34 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts);
 // Consumes the oldest record of the view into *out (lost_before: overwritten and refused
 // records before it). False when the buffers are empty. Consumers in any number of
 // processes may run at once: each record goes to exactly one of them (a CAS on tail).
+// Looks at every buffer: to consume many records, use a RingMerger.
 bool ring_consume(const RingView &v, RingEntry *out);
+
+// Consumes records oldest first, as ring_consume does, at O(log n) a record for n
+// buffers holding records: a heap of each buffer's oldest record, made once (a buffer
+// that had none then is not looked at again; make a new merger to see it).
+class RingMerger {
+public:
+    explicit RingMerger(const RingView &v);
+    // The next record; false when the buffers seen are empty. *out's storage is reused.
+    bool next(RingEntry *out);
+
+private:
+    struct Head {
+        uint64_t ts;              // the record's raw timestamp
+        uint64_t pos;             // its position in the buffer
+        uint32_t slot;
+        RecordHeader rh;
+        std::vector<uint8_t> rec; // a copy of it
+    };
+    bool peek(uint32_t slot, Head *h); // the slot's oldest record
+    void push(Head h);
+    Head pop();
+
+    RingView v_;
+    const RingHeader *h_;
+    std::vector<Head> heap_; // min-heap on ts
+};
 // Whether the view has an unconsumed record.
 bool ring_has_data(const RingView &v);
 // Empties the buffers of a view and resets its counters (a reader can do it too).

@@ -138,54 +138,77 @@ bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint
 
 } // namespace
 
-bool ring_consume(const RingView &v, RingEntry *out) {
-    const RingHeader *h = v.header();
-    if (h == nullptr) return false;
-    for (int attempt = 0; attempt < 1000; ++attempt) {
-        bool found = false;
-        uint32_t best = 0;
-        uint64_t best_ts = 0, best_pos = 0;
-        RecordHeader best_rh{};
-        std::vector<uint8_t> best_rec, rec;
-        for (uint32_t i = 0; i < h->slot_count; ++i) {
-            SlotHeader *s = v.slot(i);
-            if (s->head.load(std::memory_order_acquire) == s->tail.load(std::memory_order_acquire)) continue;
-            RecordHeader rh;
-            uint64_t pos;
-            if (!peek_slot(v, i, &rh, &rec, &pos)) continue;
-            if (!found || rh.ts < best_ts) {
-                found = true;
-                best = i;
-                best_ts = rh.ts;
-                best_pos = pos;
-                best_rh = rh;
-                best_rec.swap(rec);
-            }
+namespace {
+
+// Takes the record at `pos` of slot `slot` (peeked), reporting the overruns before it
+// once; false when the writer overwrote it meanwhile (counted as an overrun).
+bool take(const RingView &v, const RingHeader *h, uint32_t slot, uint64_t pos, const RecordHeader &rh,
+          std::vector<uint8_t> &rec, RingEntry *out) {
+    SlotHeader *s = v.slot(slot);
+    const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
+    uint64_t expected = pos;
+    if (!s->tail.compare_exchange_strong(expected, pos + rh.len, std::memory_order_acq_rel)) return false;
+    // Each overrun is reported once, by the consumer that raises overrun_seen past it.
+    std::atomic_ref<uint64_t> seen_ref(s->overrun_seen);
+    uint64_t seen = seen_ref.load(std::memory_order_acquire);
+    uint64_t reported = 0;
+    for (;;) {
+        const uint64_t from = std::max(seen, s->overrun_base);
+        if (overrun <= from) break;
+        if (seen_ref.compare_exchange_weak(seen, overrun, std::memory_order_acq_rel)) {
+            reported = overrun - from;
+            break;
         }
-        if (!found) return false;
-        SlotHeader *s = v.slot(best);
-        const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
-        uint64_t expected = best_pos;
-        if (!s->tail.compare_exchange_strong(expected, best_pos + best_rh.len, std::memory_order_acq_rel))
-            continue; // the writer overwrote it meanwhile: counted as an overrun
-        // Each overrun is reported once, by the consumer that raises overrun_seen past it.
-        std::atomic_ref<uint64_t> seen_ref(s->overrun_seen);
-        uint64_t seen = seen_ref.load(std::memory_order_acquire);
-        uint64_t reported = 0;
-        for (;;) {
-            const uint64_t from = std::max(seen, s->overrun_base);
-            if (overrun <= from) break;
-            if (seen_ref.compare_exchange_weak(seen, overrun, std::memory_order_acq_rel)) {
-                reported = overrun - from;
-                break;
-            }
-        }
-        out->lost_before = reported + best_rh.dropped_before;
-        out->ts = ring_time_ns(h, best_rh.ts);
-        out->cpu = best_rh.cpu;
-        out->slot = best;
-        out->rec.swap(best_rec);
-        return true;
+    }
+    out->lost_before = reported + rh.dropped_before;
+    out->ts = ring_time_ns(h, rh.ts);
+    out->cpu = rh.cpu;
+    out->slot = slot;
+    out->rec.swap(rec);
+    return true;
+}
+
+} // namespace
+
+bool ring_consume(const RingView &v, RingEntry *out) { return RingMerger(v).next(out); }
+
+RingMerger::RingMerger(const RingView &v) : v_(v), h_(v.header()) {
+    if (h_ == nullptr) return;
+    for (uint32_t i = 0; i < h_->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        if (s->head.load(std::memory_order_acquire) == s->tail.load(std::memory_order_acquire)) continue;
+        Head head;
+        if (peek(i, &head)) push(std::move(head));
+    }
+}
+
+bool RingMerger::peek(uint32_t slot, Head *h) {
+    if (!peek_slot(v_, slot, &h->rh, &h->rec, &h->pos)) return false;
+    h->ts = h->rh.ts;
+    h->slot = slot;
+    return true;
+}
+
+void RingMerger::push(Head h) {
+    heap_.push_back(std::move(h));
+    std::push_heap(heap_.begin(), heap_.end(), [](const Head &a, const Head &b) { return a.ts > b.ts; });
+}
+
+RingMerger::Head RingMerger::pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), [](const Head &a, const Head &b) { return a.ts > b.ts; });
+    Head h = std::move(heap_.back());
+    heap_.pop_back();
+    return h;
+}
+
+bool RingMerger::next(RingEntry *out) {
+    for (int attempt = 0; attempt < 1000 && !heap_.empty(); ++attempt) {
+        Head h = pop();
+        const bool taken = take(v_, h_, h.slot, h.pos, h.rh, h.rec, out);
+        // The slot's next record (or, not taken, the one that overwrote it): h.rec now
+        // holds the storage *out had, reused.
+        if (peek(h.slot, &h)) push(std::move(h));
+        if (taken) return true;
     }
     return false;
 }

@@ -275,6 +275,44 @@ TEST_F(RingTest, ConcurrentWritersExactCounts) {
     for (uint32_t t = 0; t < kThreads; ++t) EXPECT_EQ(next[t], kPer);
 }
 
+// A merger hands out the records of every buffer in timestamp order, each once, the
+// same as ring_collect lists them, with the storage of the entry it is given reused.
+TEST_F(RingTest, AMergerConsumesEveryBufferInTimestampOrder) {
+    constexpr uint32_t kThreads = 8, kPer = 5000;
+    ASSERT_EQ(set_buffer_size_kb(4096), 0);
+    std::atomic<uint32_t> finished{0};
+    std::vector<std::thread> ts;
+    for (uint32_t t = 0; t < kThreads; ++t)
+        ts.emplace_back([t, &finished] {
+            for (uint32_t i = 0; i < kPer; ++i) ASSERT_TRUE(write_record(t, i));
+            finished.fetch_add(1);
+            while (finished.load() < kThreads) std::this_thread::yield(); // buffers stay apart
+        });
+    for (auto &t : ts) t.join();
+    RingCounts c;
+    const std::vector<RingEntry> listed = collect(&c);
+    ASSERT_EQ(listed.size(), size_t(kThreads) * kPer);
+    std::vector<RingEntry> merged;
+    with_ring_views([&](const RingView &main, const RingView &) {
+        RingMerger m(main);
+        RingEntry e;
+        while (m.next(&e)) merged.push_back(e);
+    });
+    ASSERT_EQ(merged.size(), listed.size());
+    std::vector<uint32_t> next(kThreads, 0);
+    for (size_t i = 0; i < merged.size(); ++i) {
+        if (i > 0) {
+            ASSERT_LE(merged[i - 1].ts, merged[i].ts) << "record " << i;
+        }
+        EXPECT_EQ(merged[i].ts, listed[i].ts);
+        uint32_t w, seq;
+        ASSERT_TRUE(check_record(merged[i].rec, &w, &seq));
+        ASSERT_EQ(seq, next[w]++) << "writer " << w;
+    }
+    RingEntry e;
+    EXPECT_FALSE(consume(&e)); // all consumed
+}
+
 TEST_F(RingTest, OverwriteKeepsTheNewestAndCountsTheRest) {
     ASSERT_EQ(set_buffer_size_kb(8), 0);
     constexpr uint32_t kN = 10000;

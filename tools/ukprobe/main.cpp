@@ -330,6 +330,9 @@ int main(int argc, char **argv) {
     run->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")
         ->allow_extra_args(false);
     run->add_option("-o,--output", o.run.output, "write the trace to FILE instead of stdout");
+    run->add_option("-b,--buffer-size-kb", o.run.buffer_size_kb,
+                    "KiB of each thread's ring buffer, as tracefs' buffer_size_kb (default 1408)")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
     bool no_follow = false;
     run->add_flag("--no-follow", no_follow, "only the program itself is traced, not the processes it starts");
     // PROG ARGS...: everything from the first word run does not know, or after "--".

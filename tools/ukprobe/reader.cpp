@@ -215,6 +215,11 @@ std::string TraceReader::snapshot() {
     return trace::snapshot_text_of(view, true, printer());
 }
 
+bool TraceReader::has_records() {
+    if (!map_ring()) return entries() != 0;
+    return trace::ring_has_data(trace::RingView{mapped_, size_});
+}
+
 uint64_t TraceReader::entries() {
     if (!map_ring()) return taken_ ? 0 : entries_of(agent_text("trace"));
     trace::RingCounts counts;

@@ -54,6 +54,8 @@ public:
     std::string snapshot();
     // Records in the buffers (the trace file's entries-in-buffer).
     uint64_t entries();
+    // Whether a record is left to read: entries() != 0 without copying them.
+    bool has_records();
     // Whether the last read was formatted here (false: by the agent).
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
     // Whether the next read will be formatted here: before the first read, maps the ring

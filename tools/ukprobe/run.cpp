@@ -269,7 +269,7 @@ using HoldPtr = std::shared_ptr<Hold>;
 // what the process's other threads still write meanwhile included. `wait_ms`: how long
 // each read waits for a record.
 void drain_ring(TraceReader &reader, Output &out, int wait_ms) {
-    for (int i = 0; i < 1000 && reader.entries() > 0; ++i) out.add(reader.pipe(wait_ms, 1 << 20));
+    for (int i = 0; i < 1000 && reader.has_records(); ++i) out.add(reader.pipe(wait_ms, 1 << 20));
 }
 
 std::string comm_of(int pid) {
@@ -967,6 +967,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
     setenv("LD_PRELOAD", preload.c_str(), 1);
     setenv("UKP_EVENTS", startup_events(o_.definitions).c_str(), 1);
     setenv("UKP_CONTROL", "1", 1);
+    if (o_.buffer_size_kb != 0) setenv("UKP_BUFFER_SIZE_KB", std::to_string(o_.buffer_size_kb).c_str(), 1);
     if (!o_.follow) setenv("UKP_NO_INHERIT", "1", 1);
     // The agents keep the reference tables of the objects they probe there (refs_cache.cpp):
     // each exec'd process after the first skips decoding libc again. One given is kept
