@@ -1,0 +1,140 @@
+// The whole path a user runs: a program's probe hits, the agent's records, `ukprobe run`
+// reading, merging and formatting them, the file written. Each benchmark is one run of a
+// command; its time is the wall time until ukprobe has exited (the file complete).
+//   Plain/calls        the program alone, 1,000,000 calls
+//   Run/calls          under `ukprobe run -b 262144 -o FILE -e 'p:... i=%di:u64'`: every
+//                      call a line (checked), so lines/s is the pipeline's rate
+//   Plain/masks, Run/masks   200,000 sigprocmask(SIG_SETMASK) calls, alone and under
+//                      `ukprobe run` with one event elsewhere: what ukprobe adds to them
+// Ratios to the plain runs are printed at the end, from each benchmark's fastest repetition.
+#include <benchmark/benchmark.h>
+
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fcntl.h>
+#include <map>
+#include <spawn.h>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+extern char **environ;
+
+namespace {
+
+constexpr long kCalls = 1000000, kMasks = 200000;
+const std::string kFile = fmt::format("/tmp/ukp_pipeline_bench.{}", getpid());
+
+int spawn_wait(const std::vector<std::string> &args) {
+    std::vector<char *> argv;
+    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) return -1;
+    posix_spawn_file_actions_destroy(&fa);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+long count_lines(const std::string &path) {
+    FILE *f = fopen(path.c_str(), "r");
+    if (f == nullptr) return -1;
+    long n = 0;
+    char buf[1 << 16];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0)
+        for (size_t i = 0; i < got; ++i) n += buf[i] == '\n';
+    fclose(f);
+    return n;
+}
+
+std::vector<std::string> run_args(const char *what, long n, const std::string &event) {
+    return {UKP_UKPROBE, "--agent", UKP_AGENT, "run", "-b", "262144", "-o", kFile, "-e", event, "--",
+            UKP_PIPELINE_TARGET, what, std::to_string(n)};
+}
+
+void one(benchmark::State &state, const std::vector<std::string> &args, long expect_lines, long items) {
+    for (auto _ : state) {
+        if (spawn_wait(args) != 0) {
+            state.SkipWithError("the command failed");
+            return;
+        }
+        if (expect_lines >= 0) {
+            state.PauseTiming();
+            const long lines = count_lines(kFile);
+            state.ResumeTiming();
+            if (lines != expect_lines) {
+                state.SkipWithError(fmt::format("{} lines written, {} expected", lines, expect_lines).c_str());
+                return;
+            }
+        }
+    }
+    state.SetItemsProcessed(state.iterations() * items);
+}
+
+const std::string kCallEvent = std::string("p:pb/w ") + UKP_PIPELINE_TARGET + ":pipeline_work i=%di:u64";
+
+void BM_Plain_calls(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "calls", std::to_string(kCalls)}, -1, kCalls); }
+void BM_Run_calls(benchmark::State &s) { one(s, run_args("calls", kCalls, kCallEvent), kCalls, kCalls); }
+void BM_Plain_masks(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "masks", std::to_string(kMasks)}, -1, kMasks); }
+void BM_Run_masks(benchmark::State &s) { one(s, run_args("masks", kMasks, kCallEvent), 0, kMasks); }
+
+BENCHMARK(BM_Plain_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Run_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Plain_masks)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Run_masks)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Keeps each benchmark's fastest repetition, and prints the ratios after the table.
+class Ratios : public benchmark::ConsoleReporter {
+public:
+    void ReportRuns(const std::vector<Run> &runs) override {
+        ConsoleReporter::ReportRuns(runs);
+        for (const Run &r : runs) {
+            if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
+            const double t = r.GetAdjustedRealTime();
+            auto [it, fresh] = best_.emplace(r.run_name.function_name, t);
+            if (!fresh && t < it->second) it->second = t;
+        }
+    }
+    void Finalize() override {
+        ConsoleReporter::Finalize();
+        auto ms = [&](const char *n) { return best_.count(n) ? best_[n] : 0.0; };
+        if (ms("BM_Run_calls") > 0)
+            fmt::print("run -o FILE: {:.0f} lines/s over the whole run; {:.1f} x the program alone\n",
+                       kCalls / (ms("BM_Run_calls") / 1e3), ms("BM_Run_calls") / ms("BM_Plain_calls"));
+        if (ms("BM_Run_masks") > 0)
+            fmt::print("sigprocmask: {:.0f} ns a call alone, {:.0f} ns under run\n", ms("BM_Plain_masks") * 1e6 / kMasks,
+                       ms("BM_Run_masks") * 1e6 / kMasks);
+    }
+
+private:
+    std::map<std::string, double> best_;
+};
+
+} // namespace
+
+int main(int argc, char **argv) {
+    std::vector<char *> args(argv, argv + argc);
+    std::string reps = "--benchmark_repetitions=5", order = "--benchmark_enable_random_interleaving=true";
+    bool given = false;
+    for (int i = 1; i < argc; ++i) given = given || std::string(argv[i]).rfind("--benchmark_repetitions", 0) == 0;
+    if (!given) {
+        args.push_back(reps.data());
+        args.push_back(order.data());
+    }
+    int n = static_cast<int>(args.size());
+    benchmark::Initialize(&n, args.data());
+    Ratios reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    benchmark::Shutdown();
+    std::remove(kFile.c_str());
+    return 0;
+}

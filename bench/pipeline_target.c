@@ -1,0 +1,28 @@
+// The program of pipeline_bench: `calls N` calls a probed function N times; `masks N`
+// sets its signal mask N times (what servers do around every wait).
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+__attribute__((noinline)) unsigned long pipeline_work(unsigned long i) {
+    __asm__ volatile("" ::: "memory");
+    return i * 3 + 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    const unsigned long n = strtoul(argv[2], NULL, 10);
+    unsigned long sum = 0;
+    if (strcmp(argv[1], "calls") == 0) {
+        for (unsigned long i = 0; i < n; ++i) sum += pipeline_work(i);
+    } else {
+        sigset_t a, b;
+        sigemptyset(&a);
+        sigemptyset(&b);
+        sigaddset(&b, SIGUSR1);
+        for (unsigned long i = 0; i < n; ++i) sigprocmask(SIG_SETMASK, i % 2 ? &a : &b, NULL);
+    }
+    printf("%lu\n", sum);
+    return 0;
+}
