@@ -5,13 +5,16 @@
 // prints the trace itself (Op::kOpenFd). Off every hot path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
+#include "text/held_fd.hpp"
 #include "text/high_fd.hpp"
+#include "text/text.hpp"
 #include "control/fd_passing.hpp"
 #include "control/protocol.hpp"
 #include "arch/x86_64/region.hpp"
 #include "core/core.hpp"
 #include "core/fork.hpp"
 #include "trace/counters.hpp"
+#include "trace/events.hpp"
 #include "trace/ring.hpp"
 
 #include <ukprobes/kprobes.h>
@@ -30,6 +33,7 @@
 #include <new>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <string>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,8 +62,13 @@ std::mutex g_start_mu;             // serializes start and stop requests from th
 std::atomic<bool> g_stopping{false}; // the thread is on its way out (after detach)
 bool g_thread_valid = false;       // g_thread is joinable; under g_start_mu
 pthread_t g_thread;
-int g_listen_fd = -1;              // owned by the thread once it runs
+// The thread's descriptors. It makes them in a table of its own (text::use_own_fd_table),
+// where the program can neither see nor close them, nor count them against its limit;
+// g_own_table says so (else, on a kernel that refuses, they are high in the program's).
+int g_listen_fd = -1;
 int g_wake_fd[2] = {-1, -1};       // a byte here makes the thread stop (ukp_control_stop)
+bool g_own_table = false;
+pid_t g_thread_tid = 0;
 // Where the socket is; plain chars so that the exit-time unlink never meets a destroyed string.
 char g_socket_path[sizeof(sockaddr_un::sun_path)];
 pid_t g_owner = 0; // the process the socket belongs to (a forked child must leave it alone)
@@ -441,8 +450,46 @@ void Server::close_connection(size_t index) {
 // control thread) still reaches its memory, so leak checkers in the child see no leak.
 Server *g_server = nullptr;
 
-void *thread_main(void *) {
+// What start_locked() and the thread it starts tell each other.
+struct Startup {
+    pid_t caller = 0; // a thread of the program's table, waiting for `done`
+    sem_t done;
+    int result = 0;   // 0 or -errno, set before `done` is posted
+};
+
+int listen_at(const sockaddr_un &addr);
+
+// The thread's first steps, before it serves: its own table, its socket and wake pipe
+// there, and the agent's memfds made so far in the program's table, taken over.
+int open_thread_fds(const Startup &s, const sockaddr_un &addr) {
+    g_own_table = text::use_own_fd_table() == 0 || text::has_own_fd_table();
+    const int fd = listen_at(addr);
+    if (fd < 0) return fd;
+    if (pipe2(g_wake_fd, O_CLOEXEC) != 0) {
+        const int err = -errno;
+        close(fd);
+        unlink(g_socket_path);
+        return err;
+    }
+    if (!g_own_table)
+        for (int &w : g_wake_fd) w = text::move_fd_high(w);
+    g_listen_fd = fd;
+    g_thread_tid = static_cast<pid_t>(gettid());
+    if (g_own_table) trace::adopt_program_fds(s.caller);
+    return 0;
+}
+
+sockaddr_un g_addr; // the socket's address, for the thread; under g_start_mu until it has read it
+
+void *thread_main(void *arg) {
     const core::AgentWork quiet; // the whole thread is the agent's
+    {
+        auto *s = static_cast<Startup *>(arg);
+        s->result = open_thread_fds(*s, g_addr);
+        const bool failed = s->result != 0;
+        sem_post(&s->done); // `s` is gone from here on
+        if (failed) return nullptr;
+    }
     {
         const core::ForkQuiet busy(core::ForkGate::kControl);
         g_server = new Server(g_listen_fd);
@@ -454,10 +501,29 @@ void *thread_main(void *) {
         g_server = nullptr;
     }
     if (!g_stopping.load()) unlink(g_socket_path);
+    // In its own table they would go with the thread; closed anyway.
     close(g_listen_fd);
+    for (int &w : g_wake_fd) {
+        close(w);
+        w = -1;
+    }
     g_listen_fd = -1;
     g_stopping.store(true);
     return nullptr;
+}
+
+// Makes the thread stop: a byte into its wake pipe, which is in the thread's own table,
+// so through /proc/self/task/TID/fd/N.
+int wake_to_stop() {
+    const char byte = 1;
+    if (!g_own_table) return write(g_wake_fd[1], &byte, 1) == 1 ? 0 : -errno;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", g_thread_tid, g_wake_fd[1]);
+    const int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    const int rc = write(fd, &byte, 1) == 1 ? 0 : -errno;
+    close(fd);
+    return rc;
 }
 
 // The user's socket directory, made if missing, and refused unless it is a real
@@ -487,19 +553,36 @@ void remove_stale_sockets(const std::string &dir) {
     closedir(d);
 }
 
-// A forked child has no control thread: forget the parent's, and close its descriptors.
+// A forked child has no control thread: forget the parent's, and close its descriptors
+// if the program's table held them (the child's table is a copy of it).
 void forget_in_child() {
-    if (g_listen_fd >= 0) close(g_listen_fd);
-    for (int &fd : g_wake_fd) {
-        if (fd >= 0) close(fd);
-        fd = -1;
+    if (!g_own_table) {
+        if (g_listen_fd >= 0) close(g_listen_fd);
+        for (int fd : g_wake_fd)
+            if (fd >= 0) close(fd);
     }
+    g_wake_fd[0] = g_wake_fd[1] = -1;
+    g_own_table = false;
     g_listen_fd = -1;
     g_thread_valid = false;
     g_stopping.store(false);
     g_socket_path[0] = 0;
     // A thread of the parent may have been starting or stopping the server at the fork.
     new (&g_start_mu) std::mutex;
+}
+
+// A socket listening at `addr`, or -errno.
+int listen_at(const sockaddr_un &addr) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    if (!g_own_table) fd = text::move_fd_high(fd);
+    unlink(g_socket_path); // a stale socket of an earlier process with this pid
+    if (bind(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof addr) != 0 || listen(fd, 8) != 0) {
+        const int err = -errno;
+        close(fd);
+        return err;
+    }
+    return fd;
 }
 
 int start_locked() {
@@ -520,25 +603,15 @@ int start_locked() {
     if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;
     memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     memcpy(g_socket_path, path.c_str(), path.size() + 1);
+    g_addr = addr;
     g_owner = getpid();
-    const int fd = text::move_fd_high(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (fd < 0) return -errno;
-    unlink(g_socket_path); // a stale socket of an earlier process with this pid
-    if (bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 || listen(fd, 8) != 0) {
-        const int err = -errno;
-        close(fd);
-        return err;
-    }
-    if (g_wake_fd[0] < 0 && pipe2(g_wake_fd, O_CLOEXEC) != 0) {
-        const int err = -errno;
-        close(fd);
-        unlink(g_socket_path);
-        return err;
-    }
-    g_wake_fd[0] = text::move_fd_high(g_wake_fd[0]);
-    g_wake_fd[1] = text::move_fd_high(g_wake_fd[1]);
-    g_listen_fd = fd;
     core::hook_fork(); // before the thread: a fork() must wait for its work
+    Startup startup;
+    // A thread of the program's table, whose memfds the new thread adopts: this one, or
+    // (for a loader run on the optimizer's thread, which has a table of its own) the
+    // main thread.
+    startup.caller = static_cast<pid_t>(text::has_own_fd_table() ? getpid() : gettid());
+    sem_init(&startup.done, 0, 0);
     // The thread starts with every asynchronous signal blocked, so it never takes one
     // meant for the program. Synchronous faults stay open: the fault-safe reads of
     // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.
@@ -548,14 +621,21 @@ int start_locked() {
     for (int sig : {SIGSEGV, SIGBUS, SIGTRAP, SIGILL, SIGFPE}) sigaddset(&sync, sig);
     pthread_sigmask(SIG_BLOCK, &all, &old);
     pthread_sigmask(SIG_UNBLOCK, &sync, nullptr);
-    const int rc = pthread_create(&g_thread, nullptr, thread_main, nullptr);
+    const int rc = pthread_create(&g_thread, nullptr, thread_main, &startup);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (rc != 0) {
-        close(fd);
-        g_listen_fd = -1;
-        unlink(g_socket_path);
+        sem_destroy(&startup.done);
         return -rc;
     }
+    while (sem_wait(&startup.done) != 0 && errno == EINTR) {
+    }
+    sem_destroy(&startup.done);
+    if (startup.result != 0) {
+        pthread_join(g_thread, nullptr);
+        return startup.result;
+    }
+    // The thread holds the memfds in its own table now: the program's copies go.
+    if (g_own_table) trace::close_adopted_program_fds();
     pthread_setname_np(g_thread, "ukp-control");
     static bool atfork_registered = false;
     if (!atfork_registered) atfork_registered = pthread_atfork(nullptr, nullptr, forget_in_child) == 0;
@@ -574,15 +654,11 @@ int start() {
 int stop() {
     std::lock_guard lock(g_start_mu);
     if (!g_thread_valid) return 0;
-    const char byte = 1;
-    if (!g_stopping.load() && write(g_wake_fd[1], &byte, 1) != 1) return -errno;
+    // A thread on its way out (after a detach) needs no wake, and may have closed its pipe.
+    if (!g_stopping.load())
+        if (const int err = wake_to_stop(); err != 0 && !g_stopping.load()) return err;
     pthread_join(g_thread, nullptr);
     g_thread_valid = false;
-    char drain[16];
-    while (true) {
-        pollfd p{g_wake_fd[0], POLLIN, 0};
-        if (poll(&p, 1, 0) != 1 || read(g_wake_fd[0], drain, sizeof drain) <= 0) break;
-    }
     return 0;
 }
 
@@ -599,6 +675,7 @@ __attribute__((constructor)) void start_from_environment() {
     const core::AgentWork quiet; // its getenv may run after UKP_EVENTS armed an event on it
     const char *v = getenv("UKP_CONTROL");
     if (v != nullptr && strcmp(v, "1") == 0) {
+        trace::apply_environment(); // the buffers it makes are the thread's to hold
         if (const int rc = start(); rc != 0)
             fprintf(stderr, "ukprobes: control socket not started: %s\n", strerror(-rc));
         else

@@ -480,8 +480,14 @@ void parse_elf(Elf *elf, uint64_t bias, Object &obj)
 // one each, and the second to refresh takes the first one's objects instead of parsing
 // the same files again (libc's table is about a megabyte with its names, and a fork()
 // copies the page tables of every one). Weak: an object goes with its last registry.
+// Never destroyed: the control thread may symbolize a record while exit() runs the
+// static destructors (a trace_pipe read formatted by the agent).
 std::mutex g_shared_mu;
-std::vector<std::weak_ptr<const Object>> g_shared; // under g_shared_mu
+std::vector<std::weak_ptr<const Object>> &shared_objects() // under g_shared_mu
+{
+    static auto *v = new std::vector<std::weak_ptr<const Object>>();
+    return *v;
+}
 // Serializes the lazy reading of symbols (LazySymbols::load), all objects at once.
 std::mutex g_load_mu;
 
@@ -503,7 +509,7 @@ std::shared_ptr<const Object> find_shared(const std::string &path, uint64_t bias
                                           const std::vector<std::pair<uint64_t, uint64_t>> &exec_ranges)
 {
     std::lock_guard lock(g_shared_mu);
-    for (const auto &weak : g_shared) {
+    for (const auto &weak : shared_objects()) {
         std::shared_ptr<const Object> o = weak.lock();
         if (o && o->path == path && o->bias == bias && o->load_index == load_index &&
             o->main_program == main_program && o->exec_ranges == exec_ranges)
@@ -516,8 +522,8 @@ void publish_shared(const std::shared_ptr<const Object> &obj)
 {
     forget_locks_at_fork();
     std::lock_guard lock(g_shared_mu);
-    std::erase_if(g_shared, [](const auto &weak) { return weak.expired(); });
-    g_shared.push_back(obj);
+    std::erase_if(shared_objects(), [](const auto &weak) { return weak.expired(); });
+    shared_objects().push_back(obj);
 }
 
 std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias)

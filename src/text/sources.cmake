@@ -1,1 +1,1 @@
-list(APPEND UKP_SOURCES text/text.cpp)
+list(APPEND UKP_SOURCES text/text.cpp text/held_fd.cpp)

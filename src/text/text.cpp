@@ -1,5 +1,4 @@
 #include "text/text.hpp"
-#include "text/high_fd.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -32,13 +31,11 @@ struct Chunk {
 };
 
 std::mutex g_mutex; // guards everything below except the published chunk array
-int g_mem_fd = -1;
-pid_t g_mem_pid = 0;
 bool g_sync_core = false; // membarrier SYNC_CORE registered for this process
 pid_t g_sync_pid = 0;     // the process g_sync_core was decided for
 
-// A thread with a descriptor table of its own (use_own_fd_table()) writes through its own
-// /proc/self/mem: g_mem_fd's number means nothing in its table.
+// A thread with a descriptor table of its own (use_own_fd_table()) keeps a /proc/self/mem
+// there; the program's threads open one for each write.
 thread_local bool t_own_table __attribute__((tls_model("initial-exec"))) = false;
 thread_local int t_own_mem_fd __attribute__((tls_model("initial-exec"))) = -1;
 
@@ -58,22 +55,21 @@ void register_sync_core_locked() {
     g_sync_pid = getpid();
 }
 
+// Registers membarrier for this process (again in a child of fork()), and says whether
+// the caller can write code: a thread with its own table has its own /proc/self/mem,
+// one of the program's opens it for each write (open_program_mem).
 int open_mem_locked() {
-    // A thread with its own table never opens the process's descriptor: the number would
-    // designate nothing, or another file, in every other thread. It writes through its own.
-    if (t_own_table) {
-        register_sync_core_locked();
-        return 0;
-    }
-    // After fork() an inherited descriptor still designates the parent's memory, and the
-    // membarrier registration (per address space) did not come along.
-    if (g_mem_fd >= 0 && g_mem_pid == getpid()) return 0;
-    if (g_mem_fd >= 0) close(g_mem_fd);
-    g_mem_fd = move_fd_high(open("/proc/self/mem", O_RDWR | O_CLOEXEC));
-    if (g_mem_fd < 0) return -errno;
-    g_mem_pid = getpid();
     register_sync_core_locked();
-    return 0;
+    return t_own_table && t_own_mem_fd < 0 ? -EBADF : 0;
+}
+
+// /proc/self/mem for one write by a thread of the program's table, closed after it: a
+// descriptor the agent kept there would be the program's to see, to close or to dup2()
+// over (a write through a number the program reused would land in its file), and every
+// child of fork() would inherit its parent's memory.
+int open_program_mem() {
+    const int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    return fd < 0 ? -errno : fd;
 }
 
 // Free gaps of the address space, from /proc/self/maps.
@@ -146,27 +142,41 @@ void register_membarrier() {
 int init() {
     std::call_once(g_fork_once, [] { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); });
     std::lock_guard lock(g_mutex);
-    return open_mem_locked();
+    if (int err = open_mem_locked(); err != 0) return err;
+    if (t_own_table) return 0;
+    // A process without /proc/self/mem (no /proc) gets its error now, not at a patch.
+    const int fd = open_program_mem();
+    if (fd < 0) return fd;
+    close(fd);
+    return 0;
 }
+
+bool own_fd_table_of_this_thread() { return t_own_table; }
 
 int write(uint64_t addr, const void *data, size_t n) {
     std::lock_guard lock(g_mutex);
     if (int err = open_mem_locked(); err != 0) return err;
-    const int fd = t_own_table ? t_own_mem_fd : g_mem_fd;
-    if (fd < 0) return -EBADF;
+    const int fd = t_own_table ? t_own_mem_fd : open_program_mem();
+    if (fd < 0) return fd;
+    int rc = 0;
     const char *src = static_cast<const char *>(data);
     while (n > 0) {
         ssize_t w = pwrite(fd, src, n, static_cast<off_t>(addr));
         if (w < 0) {
             if (errno == EINTR) continue;
-            return -errno;
+            rc = -errno;
+            break;
         }
-        if (w == 0) return -EIO;
+        if (w == 0) {
+            rc = -EIO;
+            break;
+        }
         src += w;
         addr += static_cast<uint64_t>(w);
         n -= static_cast<size_t>(w);
     }
-    return 0;
+    if (!t_own_table) close(fd);
+    return rc;
 }
 
 void sync_cores() {

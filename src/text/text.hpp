@@ -1,6 +1,7 @@
 // Code memory near a site, and writing into live code.
 //
-// Writes go through /proc/self/mem: no page of code is ever writable and executable,
+// Writes go through /proc/self/mem (opened for each write on the program's threads,
+// held by the agent's threads that have a table of their own): no page of code is ever writable and executable,
 // and no mprotect() touches pages other threads run in. After each step of a patch
 // every core is serialized with membarrier(PRIVATE_EXPEDITED_SYNC_CORE), as the
 // kernel's text_poke_bp() does with its IPIs.
@@ -11,7 +12,7 @@
 
 namespace ukp::text {
 
-// Opens /proc/self/mem and registers for membarrier. Idempotent; 0 or -errno.
+// Checks that /proc/self/mem opens and registers for membarrier. Idempotent; 0 or -errno.
 int init();
 
 // Registers for membarrier's SYNC_CORE command only (init() does it too). The kernel

@@ -1,12 +1,14 @@
 #include "trace/counters.hpp"
 
 #include "arch/x86_64/raw_syscall.hpp"
+#include "text/held_fd.hpp"
 #include "text/high_fd.hpp"
 #include "trace/bytes.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -38,7 +40,7 @@ struct Table {
 
 std::mutex g_mu;
 uint8_t *g_base = nullptr;             // the arena; null until first use, or when none could be made
-int g_fd = -1;                         // its memfd
+text::HeldFd g_fd;                     // its memfd
 bool g_tried = false;                  // under g_mu
 uint64_t g_used = kCountersFirstBlock; // under g_mu: bytes handed out from the start
 std::map<uint64_t, uint64_t> &free_blocks() { // under g_mu: offset -> bytes, merged
@@ -84,7 +86,7 @@ void init_locked() {
         raw_syscall(SYS_close, fd);
         return;
     }
-    g_fd = text::move_fd_high(static_cast<int>(fd));
+    g_fd.set(text::move_fd_high(static_cast<int>(fd)));
     g_base = reinterpret_cast<uint8_t *>(p);
     CountersHeader *h = hdr(); // the memfd starts zeroed
     h->magic = kCountersMagic;
@@ -197,9 +199,22 @@ const uint8_t *counters_publish_table(const std::vector<uint8_t> &table) {
 
 int counters_memfd_copy() {
     std::lock_guard lock(g_mu);
-    if (g_fd < 0) return -ENOENT;
-    const int fd = fcntl(g_fd, F_DUPFD_CLOEXEC, 0);
-    return fd >= 0 ? fd : -errno;
+    return g_fd.copy();
+}
+
+int counters_adopt(pid_t from) {
+    std::lock_guard lock(g_mu);
+    return g_fd.in_program_table() ? g_fd.adopt(from) : 0;
+}
+
+void counters_close_adopted() {
+    std::lock_guard lock(g_mu);
+    g_fd.close_program_copy();
+}
+
+void counters_release_fd() {
+    std::lock_guard lock(g_mu);
+    g_fd.release();
 }
 
 void counters_after_fork_child() noexcept {
@@ -225,14 +240,28 @@ void counters_after_fork_child() noexcept {
     copy_bytes(reinterpret_cast<void *>(tmp), g_base, used);
     raw_syscall(SYS_mremap, tmp, static_cast<long>(kArenaSize), static_cast<long>(kArenaSize),
                 MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<long>(g_base));
-    if (fd >= 0) {
-        // In place of the parent's descriptor (the same high number), which goes.
-        raw_syscall(SYS_dup3, fd, g_fd, O_CLOEXEC);
+    // The child's table has a copy of the parent's memfd if the parent held it in the
+    // program's table (at a high number: the child's takes its place), and none if the
+    // control thread's table held it (the child's goes high).
+    struct stat st{};
+    const long inherited = g_fd.in_program_table() ? g_fd.number() : -1;
+    const bool ours = inherited >= 0 && raw_syscall(SYS_fstat, inherited, reinterpret_cast<long>(&st)) == 0 &&
+                      g_fd.same_file(st.st_dev, st.st_ino);
+    g_fd.forget();
+    long kept = -1;
+    if (fd >= 0 && ours) {
+        raw_syscall(SYS_dup3, fd, inherited, O_CLOEXEC);
         raw_syscall(SYS_close, fd);
-    } else {
-        raw_syscall(SYS_close, g_fd);
-        g_fd = -1;
+        kept = inherited;
+    } else if (fd >= 0) {
+        kept = raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 512);
+        if (kept >= 0) raw_syscall(SYS_close, fd);
+        else kept = fd;
+    } else if (ours) {
+        raw_syscall(SYS_close, inherited);
     }
+    if (kept >= 0 && raw_syscall(SYS_fstat, kept, reinterpret_cast<long>(&st)) == 0)
+        g_fd.set_in_program_table(static_cast<int>(kept), st.st_dev, st.st_ino);
     h->pid = pid;
 }
 

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
 #include <vector>
 
 namespace ukp::trace {
@@ -54,6 +55,11 @@ const uint8_t *counters_publish_table(const std::vector<uint8_t> &table);
 // A descriptor of the memfd of its own (close-on-exec), or a negative errno (-ENOENT: the
 // counters are in memory no other process can map).
 int counters_memfd_copy();
+// The memfd moves to the calling thread's own table (ring.hpp, adopt_program_fds); then
+// the program's copy is closed; a child of fork() closes its own once its supervisor has it.
+int counters_adopt(pid_t from);
+void counters_close_adopted();
+void counters_release_fd();
 
 // In the child of fork(), first, single-threaded: its counters in a memfd of its own,
 // mapped where its parent's were, with their values (zeroed after by ring.cpp's

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <mutex>
 #include <string>
 
 #include "core/core.hpp"
@@ -87,13 +88,22 @@ void drop_inheritance() {
     else setenv("LD_PRELOAD", kept.c_str(), 1);
 }
 
-// The kernel's kprobe_event= boot parameter: tracing covers the program from main on.
-__attribute__((constructor)) void apply_ukp_events() {
-    const AgentWork quiet;
-    const char *spec = std::getenv("UKP_EVENTS");
-    const char *no_inherit = std::getenv("UKP_NO_INHERIT");
-    if (spec != nullptr && *spec != '\0') ukp::trace::apply_startup_events(spec);
-    if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
-}
+__attribute__((constructor)) void apply_ukp_events() { ukp::trace::apply_environment(); }
 
 } // namespace
+
+namespace ukp::trace {
+
+// The kernel's kprobe_event= boot parameter: tracing covers the program from main on.
+void apply_environment() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const AgentWork quiet;
+        const char *spec = std::getenv("UKP_EVENTS");
+        const char *no_inherit = std::getenv("UKP_NO_INHERIT");
+        if (spec != nullptr && *spec != '\0') apply_startup_events(spec);
+        if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
+    });
+}
+
+} // namespace ukp::trace

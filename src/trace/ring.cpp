@@ -1,6 +1,7 @@
 #include "trace/ring.hpp"
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
+#include "text/held_fd.hpp"
 #include "text/high_fd.hpp"
 #include "arch/x86_64/raw_syscall.hpp"
 #include "arch/x86_64/this_cpu.hpp"
@@ -11,6 +12,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,7 +43,7 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // A mapped region. Never unmapped while the process lives: a writer that loaded the old
 // region just before it was replaced may still write into it (harmlessly).
 struct Region {
-    int fd = -1;
+    text::HeldFd fd; // its memfd, for readers in other processes
     uint8_t *base = nullptr;
     size_t size = 0;
     uint64_t cap = 0;  // data bytes per slot
@@ -242,7 +244,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
         close(fd);
         return nullptr;
     }
-    r->fd = fd;
+    r->fd.set(fd);
     r->base = static_cast<uint8_t *>(p);
     r->size = total;
     r->cap = cap;
@@ -289,8 +291,7 @@ void retire_region(Region *r) {
     wait_writers(r);
     const uint64_t keep = align_up(r->hdr()->header_size, 4096);
     madvise(r->base + keep, r->size - keep, MADV_REMOVE);
-    close(r->fd);
-    r->fd = -1;
+    r->fd.release();
 }
 
 void thread_exit(void *) {
@@ -328,11 +329,23 @@ void after_fork_child() {
     // lets go of the parent's first: a probe hit in what follows (making the region
     // calls into the C library) would otherwise record there, under the child's pid.
     Region *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
-    g_snap.store(nullptr, std::memory_order_relaxed);
+    Region *snap = g_snap.exchange(nullptr, std::memory_order_relaxed);
     t_w.slot = nullptr;
     // The child's kprobe_profile counts its own hits, as its ring holds its own records:
     // what the parent counted before the fork stays the parent's.
     if (const uint8_t *table = g_profile.load(std::memory_order_acquire)) profile_table_zero(table);
+    // The parent's memfds are not the child's business: its table has copies of those the
+    // parent held in the program's table (closed), none of those of the control thread's.
+    for (Region *parents : {r, snap}) {
+        if (parents == nullptr) continue;
+        if (parents->fd.in_program_table()) {
+            struct stat st{};
+            const long fd = parents->fd.number();
+            if (raw_syscall(SYS_fstat, fd, reinterpret_cast<long>(&st)) == 0 && parents->fd.same_file(st.st_dev, st.st_ino))
+                raw_syscall(SYS_close, fd);
+        }
+        parents->fd.forget();
+    }
     if (r == nullptr) return;
     const RingHeader *h = r->hdr();
     Region *own = make_region(h->data_size / 1024, h->slot_count);
@@ -340,9 +353,15 @@ void after_fork_child() {
     // Another thread of the parent may have held them at the fork; it does not exist here.
     new (&g_mu) std::mutex;
     g_swap_busy.store(false, std::memory_order_relaxed);
-    // This process serves no socket: `ukprobe run` takes the memfd from it while it
-    // waits in the notice, and streams it.
-    if (own != nullptr) notify_supervisor(kNoticeForkedRing);
+    // This process serves no socket: `ukprobe run` takes the memfds from it while it
+    // waits in the notice, and streams the ring. Once it has them (or wants none), the
+    // child's copies go: a descriptor of ours in the program's table is the program's to
+    // see and to inherit. Without that answer they stay, for a reader to come (`ukprobe
+    // run` at the child's exit, or the control thread of an attach, which adopts them).
+    if (own != nullptr && notify_supervisor(kNoticeForkedRing) == kNoticeDone) {
+        own->fd.release();
+        counters_release_fd();
+    }
 }
 
 int init_locked() {
@@ -554,9 +573,9 @@ void ring_commit(uint8_t *rec, uint32_t used) {
 
 // ---- Control ----
 
-void notify_supervisor(long kind) {
+long notify_supervisor(long kind) {
     // Made straight: the C library's wrapper may be probed.
-    raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, 0, 0, 8 /* the kernel's sigset_t */, kNoticeMagic, kind);
+    return raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, 0, 0, 8 /* the kernel's sigset_t */, kNoticeMagic, kind);
 }
 
 int ring_init() {
@@ -691,7 +710,7 @@ int ring_memfd(size_t *size) {
     if (init_locked() != 0) return -1;
     Region *r = g_main.load(std::memory_order_acquire);
     if (size != nullptr) *size = r->size;
-    return r->fd;
+    return r->fd.number();
 }
 
 int ring_memfd_copy(size_t *size) {
@@ -700,8 +719,7 @@ int ring_memfd_copy(size_t *size) {
     Region *r = g_main.load(std::memory_order_acquire);
     if (size != nullptr) *size = r->size;
     // Under the lock: a resize retires (closes) the region's own descriptor.
-    const int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
-    return fd < 0 ? -errno : fd;
+    return r->fd.copy();
 }
 
 int snapshot_memfd(size_t *size) {
@@ -709,7 +727,7 @@ int snapshot_memfd(size_t *size) {
     Region *r = g_snap.load(std::memory_order_acquire);
     if (r == nullptr) return -1;
     if (size != nullptr) *size = r->size;
-    return r->fd;
+    return r->fd.number();
 }
 
 int snapshot_memfd_copy(size_t *size) {
@@ -717,8 +735,28 @@ int snapshot_memfd_copy(size_t *size) {
     Region *r = g_snap.load(std::memory_order_acquire);
     if (r == nullptr) return -ENOENT;
     if (size != nullptr) *size = r->size;
-    const int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
-    return fd < 0 ? -errno : fd;
+    return r->fd.copy();
+}
+
+int adopt_program_fds(pid_t from) {
+    int err = 0;
+    {
+        std::lock_guard lock(g_mu);
+        for (Region *r : {g_main.load(std::memory_order_acquire), g_snap.load(std::memory_order_acquire)})
+            if (r != nullptr && r->fd.in_program_table())
+                if (const int rc = r->fd.adopt(from); rc != 0) err = rc;
+    }
+    if (const int rc = counters_adopt(from); rc != 0) err = rc;
+    return err;
+}
+
+void close_adopted_program_fds() {
+    {
+        std::lock_guard lock(g_mu);
+        for (Region *r : {g_main.load(std::memory_order_acquire), g_snap.load(std::memory_order_acquire)})
+            if (r != nullptr) r->fd.close_program_copy();
+    }
+    counters_close_adopted();
 }
 
 void ring_lock_views() {

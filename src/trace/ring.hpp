@@ -81,8 +81,12 @@ inline constexpr long kNoticeMagic = 0x75707262; // "brpu"
 inline constexpr long kNoticeForkedRing = 1;
 // The control thread listens: the supervisor connects while the caller waits, before main.
 inline constexpr long kNoticeControlReady = 2;
-// Gives notice `kind`; the caller waits while a supervisor acts on it.
-void notify_supervisor(long kind);
+// What a supervisor answers to kNoticeForkedRing once it holds the child's memfds, or
+// wants none: the child closes its own (without a supervisor the call returns 0).
+inline constexpr long kNoticeDone = 0x656e6f64; // "done"
+// Gives notice `kind`; the caller waits while a supervisor acts on it. The supervisor's
+// answer, or 0.
+long notify_supervisor(long kind);
 
 // ---- The shared layout, for a reader in another process ----
 
@@ -211,6 +215,14 @@ int snapshot_memfd(size_t *size);
 // A descriptor of its own for the snapshot buffers' memfd, as ring_memfd_copy; -ENOENT
 // when no snapshot is allocated.
 int snapshot_memfd_copy(size_t *size);
+
+// The memfds of the buffers and of the counters, made on threads of the program, move to
+// the table of the calling thread, which has a table of its own (the control thread's,
+// text/held_fd.hpp): reopened from that of `from`, a thread of the program. 0, or the
+// last -errno (what could not be adopted stays where it was).
+int adopt_program_fds(pid_t from);
+// Then, on a thread of the program: the program's copies are closed.
+void close_adopted_program_fds();
 
 // ---- Reading (output.cpp and outside readers) ----
 

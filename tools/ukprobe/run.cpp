@@ -569,13 +569,10 @@ public:
     bool open(const ukp::sym::Registry &known) {
         pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
         if (pidfd_ < 0) return false;
-        const int ring = ring_of(pid_, pidfd_, &ring_number_);
+        const int ring = ring_of(pid_, pidfd_);
         if (ring < 0) return false;
         struct stat st{};
-        if (fstat(ring, &st) == 0) {
-            ring_dev_ = st.st_dev;
-            ring_ino_ = st.st_ino;
-        }
+        if (fstat(ring, &st) == 0) ring_ino_ = st.st_ino;
         counts_.map(counters_of(pid_, pidfd_));
         std::string why;
         if (events_.connect(events_pid_, &why) != 0) {
@@ -648,12 +645,21 @@ private:
         final_ = final_ || gone;
     }
 
-    // Whether the process still has the ring: an execve that succeeded closed it (the
-    // memfd is close-on-exec), one that failed did not.
+    // Whether the process still has the ring mapped: an execve that succeeded replaced
+    // its memory, one that failed did not. (Its descriptor says nothing: the process
+    // closes it once ukprobe holds a copy, ring.cpp's after_fork_child.)
     bool holds_ring() const {
-        struct stat st{};
-        return stat(fmt::format("/proc/{}/fd/{}", pid_, ring_number_).c_str(), &st) == 0 && st.st_dev == ring_dev_ &&
-               st.st_ino == ring_ino_;
+        std::ifstream maps(fmt::format("/proc/{}/maps", pid_));
+        std::string line;
+        while (std::getline(maps, line)) {
+            // "start-end perms offset dev inode path": the ring's inode, on a memfd of ours.
+            if (line.find("/memfd:ukprobes-trace") == std::string::npos) continue;
+            std::istringstream fields(line);
+            std::string range, perms, offset, dev;
+            unsigned long long inode = 0;
+            if (fields >> range >> perms >> offset >> dev >> inode && inode == ring_ino_) return true;
+        }
+        return false;
     }
 
     void loop() {
@@ -709,9 +715,7 @@ private:
     const std::string comm_; // the program's name when taken
     Output &out_;
     int pidfd_ = -1;       // the process, ready to read once it is gone
-    int ring_number_ = -1; // the ring's descriptor in the process
-    dev_t ring_dev_ = 0;   // and its file
-    ino_t ring_ino_ = 0;
+    ino_t ring_ino_ = 0;   // the ring's file (holds_ring)
     Client events_;        // to events_pid_'s agent: its event table only
     std::unique_ptr<TraceReader> reader_; // the taken ring, read and printed here
     SharedCounts counts_;  // its kprobe_profile counters, taken with the ring
@@ -919,11 +923,12 @@ private:
     void on_socket(int pid);
     bool new_agent_in(int pid);
     int events_source(int pid);
-    void take_forked(int pid);
+    bool take_forked(int pid);
     void drain_forked(int pid);
     void on_notification();
     void handle(const seccomp_notif &req);
     void let_go(uint64_t id);
+    void answer(uint64_t id, long value);
     bool agent_answers(int pid);
     void on_signals();
     void kill_program(int sig);
@@ -1101,8 +1106,12 @@ void Runner::handle(const seccomp_notif &req) {
     const int nr = req.data.nr;
     if (tgid > 0) {
         if (notice(req, ukp::trace::kNoticeForkedRing)) {
-            // A child of fork() with buffers of its own.
-            take_forked(tgid);
+            // A child of fork() with buffers of its own. Once ukprobe holds them (or
+            // wants none), the child closes its descriptors for them.
+            if (take_forked(tgid)) {
+                answer(req.id, ukp::trace::kNoticeDone);
+                return;
+            }
         } else if (notice(req, ukp::trace::kNoticeControlReady)) {
             // An agent's control thread listens: connect while it waits, before main.
             if (new_agent_in(tgid) && agent_answers(tgid)) on_socket(tgid);
@@ -1132,6 +1141,15 @@ void Runner::handle(const seccomp_notif &req) {
     let_go(req.id);
 }
 
+// The waiting system call returns `value` without running.
+void Runner::answer(uint64_t id, long value) {
+    seccomp_notif_resp resp;
+    memset(&resp, 0, sizeof resp);
+    resp.id = id;
+    resp.val = value;
+    ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
+}
+
 // The waiting system call goes on unchanged.
 void Runner::let_go(uint64_t id) {
     seccomp_notif_resp resp;
@@ -1155,17 +1173,18 @@ int Runner::events_source(int pid) {
 }
 
 // A child of fork() gave notice of its own ring (it waits meanwhile): streamed from now on.
-void Runner::take_forked(int pid) {
-    if (!o_.follow) return;
-    if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end() && !it->second->gone()) return;
+bool Runner::take_forked(int pid) {
+    if (!o_.follow) return true;
+    if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end() && !it->second->gone()) return false;
     const int source = events_source(pid);
-    if (source <= 0) return;
+    if (source <= 0) return true; // no event table to print it with, now or at its exit
     auto ring = std::make_unique<ForkedRing>(pid, source, next_seq_++, *out_);
-    if (!ring->open(forked_symbols_)) return;
+    if (!ring->open(forked_symbols_)) return false; // drain_forked tries again at its exit
     forked_symbols_ = ring->symbols();
     ring->start();
     forked_by_pid_[pid] = ring.get();
     forked_.push_back(std::move(ring));
+    return true;
 }
 
 // A child of fork() whose ring ukprobe did not take at its notice waits in exit_group or
