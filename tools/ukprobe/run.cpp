@@ -368,11 +368,16 @@ public:
         return client_.request(op, path, payload);
     }
 
+    // While the process waits in its notice: what its records need should it die before
+    // the stream reads them (a process killed right after its start): its objects, the
+    // ring mapped and the event table read. It throws as ask() does.
+    void prepare() {
+        reader_.remember_maps();
+        reader_.will_format_locally();
+    }
+
     void start() {
-        thread_ = std::thread([this] {
-            reader_.remember_maps(); // its objects, should it die before its records are read
-            loop();
-        });
+        thread_ = std::thread([this] { loop(); });
     }
 
     // Empties the ring while the process waits in exit_group or execve (`hold`, dropped
@@ -1041,6 +1046,7 @@ void Runner::on_socket(int pid) {
         };
         if (!apply(o_.filters, "filter", "filter", Op::kWrite)) return;
         if (!apply(o_.triggers, "trigger", "trigger", Op::kAppend)) return;
+        agent->prepare();
     } catch (const std::runtime_error &) {
         return; // gone meanwhile
     }
