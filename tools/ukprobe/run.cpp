@@ -32,6 +32,8 @@
 #include "trace/ring.hpp"
 
 #include <fmt/core.h>
+#include <gelf.h>
+#include <libelf.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1240,11 +1242,57 @@ void Runner::on_signals() {
     }
 }
 
+// Why the agent cannot be preloaded into `prog` (as execvp would find it), or "": the
+// dynamic loader is what reads LD_PRELOAD, so a static program runs without the agent,
+// and a set-user-ID or set-group-ID program that changes the caller's credentials runs
+// in secure mode, where the loader ignores it.
+std::string untraceable(const std::string &prog) {
+    std::string path = prog;
+    if (prog.find('/') == std::string::npos) {
+        path.clear();
+        const char *env = getenv("PATH");
+        std::istringstream dirs(env != nullptr ? env : "/usr/local/bin:/usr/bin:/bin");
+        for (std::string dir; std::getline(dirs, dir, ':');) {
+            const std::string candidate = (dir.empty() ? "." : dir) + "/" + prog;
+            if (access(candidate.c_str(), X_OK) == 0) {
+                path = candidate;
+                break;
+            }
+        }
+        if (path.empty()) return ""; // execvp says why
+    }
+    struct stat st{};
+    if (stat(path.c_str(), &st) != 0) return "";
+    if (((st.st_mode & S_ISUID) != 0 && st.st_uid != geteuid()) || ((st.st_mode & S_ISGID) != 0 && st.st_gid != getegid()))
+        return "set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD there, so the agent is not loaded";
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "";
+    elf_version(EV_CURRENT);
+    std::string why;
+    if (Elf *elf = elf_begin(fd, ELF_C_READ, nullptr)) {
+        size_t n = 0;
+        bool interp = false;
+        if (elf_kind(elf) == ELF_K_ELF && elf_getphdrnum(elf, &n) == 0) {
+            for (size_t i = 0; i < n; ++i) {
+                GElf_Phdr ph;
+                if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) continue;
+                interp = interp || ph.p_type == PT_INTERP;
+            }
+            if (!interp) why = "statically linked: no dynamic loader reads LD_PRELOAD, so the agent is not loaded";
+        }
+        elf_end(elf);
+    }
+    close(fd);
+    return why;
+}
+
 int Runner::run() {
     if (o_.argv.empty()) throw std::runtime_error("run: which program? give -- PROG ARGS...");
     startup_events(o_.definitions); // refuses what UKP_EVENTS cannot carry
     for (const std::string &f : o_.filters) split_assignment(f, "filter");
     for (const std::string &t : o_.triggers) split_assignment(t, "trigger");
+    if (const std::string why = untraceable(o_.argv[0]); !why.empty())
+        fmt::print(stderr, "ukprobe: {} is {}; it runs untraced (the programs it starts are traced)\n", o_.argv[0], why);
     if (!o_.output.empty()) {
         file_ = fopen(o_.output.c_str(), "we");
         if (file_ == nullptr) throw std::runtime_error(fmt::format("cannot write {}: {}", o_.output, strerror(errno)));
