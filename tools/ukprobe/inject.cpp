@@ -41,6 +41,17 @@ std::string read_text(const std::string &path) {
     return ss.str();
 }
 
+// A "Key:\tvalue" line of /proc/PID/task/TID/status: the value, or "".
+std::string status_field_of_task(int pid, int tid, const char *key) {
+    const std::string text = read_text(fmt::format("/proc/{}/task/{}/status", pid, tid));
+    const std::string k = std::string(key) + ":";
+    const size_t at = text.find(k);
+    if (at == std::string::npos) return "";
+    const size_t start = text.find_first_not_of(" \t", at + k.size());
+    const size_t end = text.find('\n', at);
+    return start == std::string::npos ? "" : text.substr(start, end == std::string::npos ? end : end - start);
+}
+
 // A "Key:\tvalue" line of /proc/PID/status.
 std::string status_field(int pid, const char *key) {
     std::istringstream in(read_text(fmt::format("/proc/{}/status", pid)));
@@ -665,6 +676,58 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     }
     result.ready_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     return result;
+}
+
+std::vector<UnblockedThread> unblock_agent_signals(int pid) {
+    uint64_t agent = 0;
+    for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) agent |= 1ull << (sig - 1);
+    std::vector<UnblockedThread> out;
+    const std::string dir = fmt::format("/proc/{}/task", pid);
+    DIR *d = opendir(dir.c_str());
+    if (d == nullptr) return out;
+    std::vector<int> tids;
+    while (const dirent *e = readdir(d))
+        if (e->d_name[0] != '.') tids.push_back(atoi(e->d_name));
+    closedir(d);
+    for (int tid : tids) {
+        const std::string blocked = status_field_of_task(pid, tid, "SigBlk");
+        if (blocked.empty() || (std::strtoull(blocked.c_str(), nullptr, 16) & agent) == 0) continue;
+        UnblockedThread u;
+        u.tid = tid;
+        if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
+            u.error = fmt::format("PTRACE_SEIZE: {}", strerror(errno));
+            u.signals = std::strtoull(blocked.c_str(), nullptr, 16) & agent;
+            out.push_back(u);
+            continue;
+        }
+        bool stopped = ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) == 0;
+        while (stopped) {
+            int status = 0;
+            if (waitpid(tid, &status, __WALL) != tid || WIFEXITED(status) || WIFSIGNALED(status)) {
+                stopped = false;
+                break;
+            }
+            if (WIFSTOPPED(status) && status >> 16 == PTRACE_EVENT_STOP) break;
+            // A signal that came first goes on to the thread.
+            if (WIFSTOPPED(status))
+                ptrace(PTRACE_CONT, tid, nullptr,
+                       reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
+        }
+        uint64_t mask = 0;
+        if (!stopped) {
+            u.error = "it could not be stopped";
+        } else if (ptrace(PTRACE_GETSIGMASK, tid, reinterpret_cast<void *>(sizeof mask), &mask) != 0) {
+            u.error = fmt::format("PTRACE_GETSIGMASK: {}", strerror(errno));
+        } else {
+            u.signals = mask & agent;
+            mask &= ~agent;
+            if (u.signals != 0 && ptrace(PTRACE_SETSIGMASK, tid, reinterpret_cast<void *>(sizeof mask), &mask) != 0)
+                u.error = fmt::format("PTRACE_SETSIGMASK: {}", strerror(errno));
+        }
+        ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+        if (u.signals != 0 || !u.error.empty()) out.push_back(u);
+    }
+    return out;
 }
 
 } // namespace ukprobe

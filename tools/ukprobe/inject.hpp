@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ukprobe {
 
@@ -21,5 +22,21 @@ struct InjectResult {
 // stack bytes used are restored exactly. Throws
 // std::runtime_error with the cause (a refusal names the policy and what to do).
 InjectResult inject_agent(int pid, const std::string &agent);
+
+// A thread of the process that blocked signals the agent lives on.
+struct UnblockedThread {
+    int tid = 0;
+    uint64_t signals = 0;  // the bits (1 << (sig - 1)) it blocked among them
+    std::string error;     // empty if they were taken out of its mask
+};
+
+// Takes SIGTRAP, SIGSEGV, SIGBUS, SIGFPE and SIGILL out of the mask of every thread of
+// `pid` that blocks them (read from /proc/PID/task/TID/status; only those threads are
+// stopped, by PTRACE_SEIZE and PTRACE_INTERRUPT, for PTRACE_GETSIGMASK/SETSIGMASK). On a
+// thread that blocks SIGTRAP a breakpoint hit is fatal: the kernel resets the action to
+// the default and kills the process. The agent keeps them out of masks set after it is
+// loaded where it can (docs/reference.md); threads that blocked them before an attach
+// are these.
+std::vector<UnblockedThread> unblock_agent_signals(int pid);
 
 } // namespace ukprobe

@@ -91,6 +91,21 @@ void name_refs_cache(ukprobe::Client &c) {
         c.request(Op::kWrite, ukp::control::kRefsCacheDirPath, dir);
 }
 
+// The agent's signals out of the masks of the threads that block them (inject.hpp), and
+// a line for each such thread.
+void unblock_agent_signals(int pid) {
+    for (const ukprobe::UnblockedThread &t : ukprobe::unblock_agent_signals(pid)) {
+        std::string names;
+        for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
+            if ((t.signals & (1ull << (sig - 1))) != 0) names += fmt::format("{}SIG{}", names.empty() ? "" : ",", sigabbrev_np(sig));
+        if (t.error.empty())
+            fmt::print("thread {}: {} unblocked (on a thread that blocks them a probe hit is fatal)\n", t.tid, names);
+        else
+            fmt::print(stderr, "ukprobe: thread {} blocks {} and keeps them ({}): a probe hit on it would be fatal\n",
+                       t.tid, names.empty() ? "the agent's signals" : names, t.error);
+    }
+}
+
 int cmd_attach(const Options &o) {
     require_pid(o);
     {
@@ -101,6 +116,7 @@ int cmd_attach(const Options &o) {
             if (r.status >= 0) {
                 name_refs_cache(c);
                 fmt::print("process {}: agent already attached, reused\n", o.pid);
+                unblock_agent_signals(o.pid);
                 if (o.verbose) fmt::print("{}\n", r.payload);
                 return 0;
             }
@@ -113,6 +129,7 @@ int cmd_attach(const Options &o) {
     const ukprobe::Reply r = ask(o, c, Op::kPing);
     name_refs_cache(c);
     fmt::print("process {}: agent attached\n", o.pid);
+    unblock_agent_signals(o.pid);
     if (o.verbose) {
         fmt::print("agent: {}\n", agent);
         fmt::print("thread {} paused {:.3f} ms from interrupt to detach (stopped {:.3f} ms, calls {:.3f} ms){}\n",
