@@ -478,17 +478,22 @@ std::mutex g_control_gate, g_optimizer_gate; // fork.hpp
 
 // Around fork(): the agent's threads are let finish what they do, then the registry mutex
 // is taken, so that the child never inherits a lock held by a thread it does not have.
+// The agent's locking around fork() is not the program's: a probe on the lock functions
+// neither runs nor counts (AgentWork).
 void before_fork() {
+    const AgentWork quiet;
     g_control_gate.lock();
     g_optimizer_gate.lock();
     g_mutex.lock();
 }
 void after_fork_parent() {
+    const AgentWork quiet;
     g_mutex.unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();
 }
 void after_fork_child() {
+    const AgentWork quiet;
     if (g_fork_policy.load() == UKP_FORK_REMOVE) {
         g_kprobes_enabled.store(false);
         g_handlers_silenced.store(true);

@@ -1,4 +1,5 @@
 #include "trace/ring.hpp"
+#include "core/core.hpp"
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
 #include "text/held_fd.hpp"
@@ -323,6 +324,10 @@ __attribute__((destructor)) void save_comm_at_exit() {
 }
 
 void after_fork_child() {
+    // The child's new buffers are the agent's work, not the program's: a probe on malloc
+    // or memfd_create neither runs nor counts while they are made (it counted one hit the
+    // ring could not hold: the buffers did not exist yet).
+    const core::AgentWork quiet;
     // Its counters first, in memory of its own (they are shared memory too).
     counters_after_fork_child();
     // The child must not write into the parent's buffers (shared memory): new ones. It
