@@ -15,6 +15,9 @@ packages=(
   gdb                    # tests: gdb walks through kretprobed frames (JIT interface)
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes
   sqlite3 python3        # tests/e2e/compare.txt: real programs traced by ukprobes and the kernel
+  # tests/compat (scripts/compat.sh): real programs run plain, preloaded, under ukprobe run
+  # and attached: PostgreSQL 15 + pgbench, python3's own regression tests, node, perl, make
+  postgresql postgresql-contrib libpython3.11-testsuite nodejs perl make
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,201 @@
+# Sourced by compat_test before each record of tests/compat/*.txt (POSIX sh), after the
+# end-to-end helpers of tests/e2e/lib.sh (start, output, finish), which it sources.
+# Given: $UKPROBE, $TARGETS, $E2E_TMP (this test's scratch directory, mode 755), $E2E_DIR
+# (tests/compat).
+. "$E2E_DIR/../e2e/lib.sh"
+
+# The agent next to the ukprobe that is tested (build/src/libukprobes.so).
+AGENT=${UKP_AGENT:-$(cd "$(dirname "$UKPROBE")/../../src" && pwd)/libukprobes.so}
+# ukprobe run and attach keep their decoded tables here, not in the user's home.
+UKP_CACHE_DIR=$E2E_TMP/cache
+export AGENT UKP_CACHE_DIR
+mkdir -p "$UKP_CACHE_DIR" && chmod 777 "$UKP_CACHE_DIR"
+
+# no_asan: true unless ukprobe and its agent were built with AddressSanitizer (then the
+# agent cannot be preloaded into an uninstrumented program: preload and run modes skip).
+no_asan() { ! ldd "$UKPROBE" | grep -q libasan; }
+
+# in_mode MODE NAME DEF... -- CMD ARGS...: runs CMD in MODE with its output (stdout and
+# stderr) in $E2E_TMP/NAME.out and returns its exit status:
+#   plain    as it is;
+#   preload  LD_PRELOAD=$AGENT, nothing else;
+#   run      under `ukprobe run` with the events DEF...: the trace in $E2E_TMP/NAME.trace,
+#            the kprobe_profile blocks in $E2E_TMP/NAME.profile (ukprobe's stderr from the
+#            first profile header on; the lines before it are the program's stderr).
+# The DEFs are ignored in the modes other than run. CMD reads $COMPAT_IN (default
+# /dev/null). COMPAT_AS=USER runs CMD (and ukprobe) as USER.
+in_mode() {
+    _mode=$1 _name=$2
+    shift 2
+    _indefs=1
+    for _a; do
+        shift
+        if [ $_indefs = 1 ]; then
+            if [ "$_a" = -- ]; then _indefs=0; set -- "$@" --
+            elif [ "$_mode" = run ]; then set -- "$@" -e "$_a"
+            fi
+        else
+            set -- "$@" "$_a"
+        fi
+    done
+    # "$@" is now: [-e DEF]... -- CMD ARGS...
+    _as=""
+    [ -n "$COMPAT_AS" ] && _as="setpriv --reuid=$COMPAT_AS --regid=$(id -g "$COMPAT_AS") --clear-groups"
+    _o=$E2E_TMP/$_name
+    case $_mode in
+    plain)
+        shift
+        $_as "$@" <"${COMPAT_IN:-/dev/null}" >"$_o.out" 2>&1 ;;
+    preload)
+        shift
+        $_as env LD_PRELOAD="$AGENT" "$@" <"${COMPAT_IN:-/dev/null}" >"$_o.out" 2>&1 ;;
+    run)
+        $_as "$UKPROBE" run -o "$_o.trace" "$@" <"${COMPAT_IN:-/dev/null}" >"$_o.out" 2>"$_o.stderr" ;;
+    *)
+        echo "in_mode: no mode $_mode" >&2; return 2 ;;
+    esac
+    _st=$?
+    if [ "$_mode" = run ]; then
+        sed -n '/^# kprobe_profile: process /,$p' "$_o.stderr" >"$_o.profile"
+        sed '/^# kprobe_profile: process /,$d' "$_o.stderr" >>"$_o.out"
+    fi
+    return $_st
+}
+
+# events_check TRACE PROFILE: compares the trace lines of each event in TRACE (ukprobe
+# run's -o file, or `ukprobe -p PID trace`) with the hits kprobe_profile counted for it
+# (the `all N processes` block if there is one, else the one block). Every event must have
+# been hit, and the records written must account for every hit: per event lines == hits
+# when nothing was LOST, else lines <= hits and the sum of lines plus the LOST records
+# (`[LOST N EVENTS]` of run, or entries-written minus entries-in-buffer of a trace file)
+# equals the sum of hits. Prints "events: consistent (N hits)", or the numbers.
+events_check() {
+    if grep -q '^# kprobe_profile: all ' "$2"; then
+        sed -n '/^# kprobe_profile: all /,$p' "$2" >"$2.used"
+    else
+        cp "$2" "$2.used"
+    fi
+    awk -v PROFILE="$2.used" '
+        BEGIN {
+            while ((getline l < PROFILE) > 0) {
+                if (l ~ /^#/) continue
+                n = split(l, f, " ")
+                if (n != 3) continue
+                if (!(f[1] in hits)) order[++nev] = f[1]
+                hits[f[1]] += f[2]; miss[f[1]] += f[3]
+            }
+        }
+        /\[LOST [0-9]+ EVENTS\]/ { m = $0; sub(/.*\[LOST /, "", m); lost += m + 0; next }
+        /^# entries-in-buffer\/entries-written: / {
+            split($3, ew, "/"); lost += ew[2] - ew[1]; next
+        }
+        /^#/ { next }
+        {
+            for (i = 1; i < NF; ++i)
+                if ($i ~ /^[0-9]+\.[0-9]+:$/) { name = $(i + 1); sub(/:$/, "", name); lines[name]++; break }
+        }
+        END {
+            if (nev == 0) { print "events: no kprobe_profile"; exit }
+            bad = ""; th = 0; tl = 0
+            for (k = 1; k <= nev; ++k) {
+                e = order[k]; th += hits[e]; tl += lines[e]
+                if (hits[e] == 0) bad = bad " " e " never hit;"
+                if (lines[e] > hits[e] || (lost == 0 && lines[e] != hits[e]))
+                    bad = bad " " e " hits " hits[e] " lines " lines[e] + 0 " missed " miss[e] ";"
+            }
+            if (tl + lost != th) bad = bad " total hits " th " lines " tl " LOST " lost ";"
+            if (bad == "") print "events: consistent (" th " hits)"
+            else print "events: inconsistent:" bad
+        }' "$1"
+}
+
+# same_lines NAME A B: prints "NAME: same" when files A and B hold the same lines, else
+# the difference (at most 40 lines).
+same_lines() {
+    if cmp -s "$2" "$3"; then echo "$1: same"; else echo "$1: differ"; diff "$2" "$3" | head -40; fi
+}
+
+# attach_events PID DEF...: attaches to PID, adds and enables each event.
+attach_events() {
+    _p=$1; shift
+    "$UKPROBE" attach "$_p" || return 1
+    for _d; do
+        "$UKPROBE" -p "$_p" add "$_d" || return 1
+        _e=${_d#*:}; _e=${_e%% *}
+        "$UKPROBE" -p "$_p" enable "$_e" || return 1
+    done
+}
+
+# attach_finish PID NAME: disables every event, keeps the profile and the trace as
+# $E2E_TMP/NAME.profile and NAME.trace, prints events_check's verdict, detaches, attaches
+# again to verify the code (then detaches again). Fails if a step fails.
+attach_finish() {
+    _p=$1 _o=$E2E_TMP/$2
+    "$UKPROBE" -p "$_p" write events/enable 0 || return 1
+    "$UKPROBE" -p "$_p" profile >"$_o.profile" || return 1
+    "$UKPROBE" -p "$_p" trace >"$_o.trace" || return 1
+    events_check "$_o.trace" "$_o.profile"
+    "$UKPROBE" -p "$_p" detach || return 1
+    "$UKPROBE" attach "$_p" >/dev/null || return 1
+    "$UKPROBE" -p "$_p" verify || return 1
+    "$UKPROBE" -p "$_p" detach >/dev/null || return 1
+}
+
+# compare MODE DEF... -- CMD ARGS...: runs CMD plain (the reference), then in MODE (see
+# in_mode), and prints "status PLAIN MODE", "output: same" or the difference, and in run
+# mode events_check's verdict. $COMPAT_PREP, if set, is eval'd before each of the two runs
+# (a fresh database, a clean build directory); $COMPAT_FILTER (default cat) turns each
+# output into what is compared (sort, where parallel jobs print in any order).
+compare() {
+    _cm=$1; shift
+    [ -n "$COMPAT_PREP" ] && eval "$COMPAT_PREP"
+    in_mode plain plain "$@"; _ps=$?
+    [ -n "$COMPAT_PREP" ] && eval "$COMPAT_PREP"
+    in_mode "$_cm" "$_cm" "$@"; _ms=$?
+    echo "status $_ps $_ms"
+    ${COMPAT_FILTER:-cat} <"$E2E_TMP/plain.out" >"$E2E_TMP/plain.cmp"
+    ${COMPAT_FILTER:-cat} <"$E2E_TMP/$_cm.out" >"$E2E_TMP/$_cm.cmp"
+    same_lines output "$E2E_TMP/plain.cmp" "$E2E_TMP/$_cm.cmp"
+    [ "$_cm" = run ] && events_check "$E2E_TMP/run.trace" "$E2E_TMP/run.profile"
+    return 0
+}
+
+# attach_mode DELAY WORK DEF... -- CMD ARGS...: runs CMD plain (the reference), then again
+# in the background; after DELAY s attaches to it and adds and enables the events, lets
+# it work WORK s, then attach_finish (events_check, detach, verify). Prints "status PLAIN
+# ATTACHED" and "output: same" or the difference; $COMPAT_PREP and $COMPAT_FILTER as for
+# compare; the background CMD reads $COMPAT_STDIN (default $COMPAT_IN), the reference
+# $COMPAT_IN. CMD must still run after DELAY + WORK s (and some time for the
+# commands).
+attach_mode() {
+    _delay=$1 _work=$2; shift 2
+    _defs=""
+    [ -n "$COMPAT_PREP" ] && eval "$COMPAT_PREP"
+    in_mode plain plain "$@"; _ps=$?
+    [ -n "$COMPAT_PREP" ] && eval "$COMPAT_PREP"
+    # the definitions to the front of a list of their own, CMD in "$@"
+    while [ "$1" != -- ]; do
+        _defs="$_defs$1
+"
+        shift
+    done
+    shift
+    "$@" <"${COMPAT_STDIN:-${COMPAT_IN:-/dev/null}}" >"$E2E_TMP/attach.out" 2>&1 &
+    _ap=$!
+    echo "$_ap" >>"$E2E_TMP/pids"
+    sleep "$_delay"
+    _old=$IFS
+    IFS='
+'
+    # shellcheck disable=SC2086
+    attach_events "$_ap" $_defs >/dev/null || echo "attach_events failed"
+    IFS=$_old
+    sleep "$_work"
+    kill -0 "$_ap" 2>/dev/null || echo "the program ended before the events were read: make it work longer"
+    attach_finish "$_ap" attach || echo "attach_finish failed"
+    wait "$_ap"; _xs=$?
+    echo "status $_ps $_xs"
+    ${COMPAT_FILTER:-cat} <"$E2E_TMP/plain.out" >"$E2E_TMP/plain.cmp"
+    ${COMPAT_FILTER:-cat} <"$E2E_TMP/attach.out" >"$E2E_TMP/attach.cmp"
+    same_lines output "$E2E_TMP/plain.cmp" "$E2E_TMP/attach.cmp"
+}
