@@ -12,6 +12,7 @@
 #include "core/fast_path.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -228,6 +229,9 @@ void opt_warm(uint64_t addr);
 // without the registry mutex: pthread_create waits for the dynamic linker's lock, which a
 // dlopen() in another thread holds while its link-map hook waits for the registry mutex.
 void optimizer_start();
+// Waits, at most `limit`, until the optimizer has been through the work queued before the
+// call (ukp_optimizer_flush). False if the time ran out.
+bool optimizer_flush_for(std::chrono::milliseconds limit);
 // Where a thread that reached `ip` (inside pt's region) goes on, in the relocated copy;
 // ip itself when the breakpoint path does not run the copy. Async-signal-safe.
 uint64_t into_copy(const Point *pt, uint64_t ip);

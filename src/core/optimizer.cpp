@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -663,6 +664,13 @@ void optimizer_flush() {
     if (!g_thread_started) return;
     const uint64_t target = g_requested;
     done_cv().wait(lock, [&] { return g_handled >= target && !g_busy; });
+}
+
+bool optimizer_flush_for(std::chrono::milliseconds limit) {
+    std::unique_lock lock(registry_mutex());
+    if (!g_thread_started) return true;
+    const uint64_t target = g_requested;
+    return done_cv().wait_for(lock, limit, [&] { return g_handled >= target && !g_busy; });
 }
 
 } // namespace ukp::core

@@ -94,6 +94,9 @@ __attribute__((constructor)) void apply_ukp_events() { ukp::trace::apply_environ
 
 namespace ukp::trace {
 
+// How long the start of a process waits for its probes' jumps (apply_environment).
+constexpr int kStartupOptimizeMs = 200;
+
 // The kernel's kprobe_event= boot parameter: tracing covers the program from main on.
 void apply_environment() {
     static std::once_flag once;
@@ -101,7 +104,14 @@ void apply_environment() {
         const AgentWork quiet;
         const char *spec = std::getenv("UKP_EVENTS");
         const char *no_inherit = std::getenv("UKP_NO_INHERIT");
-        if (spec != nullptr && *spec != '\0') apply_startup_events(spec);
+        if (spec != nullptr && *spec != '\0') {
+            apply_startup_events(spec);
+            // The jumps go in now, while the program has no thread of its own: until then
+            // each probe is a breakpoint, and a hit where SIGTRAP is blocked or reset is
+            // fatal (the child of posix_spawn, system and popen runs so, as do threads
+            // that block every signal). Bounded: a process that cannot optimize now goes on.
+            core::optimizer_flush_for(std::chrono::milliseconds(kStartupOptimizeMs));
+        }
         if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
     });
 }
