@@ -199,3 +199,67 @@ attach_mode() {
     ${COMPAT_FILTER:-cat} <"$E2E_TMP/attach.out" >"$E2E_TMP/attach.cmp"
     same_lines output "$E2E_TMP/plain.cmp" "$E2E_TMP/attach.cmp"
 }
+
+# PostgreSQL 15 (tests/compat/postgres.txt), as user nobody: a cluster in $E2E_TMP/pg with
+# its unix socket there, no TCP.
+PGBIN=/usr/lib/postgresql/15/bin
+PGD=$E2E_TMP/pg
+pg_as() { setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups "$@"; }
+# pg_init: initdb (trust, user postgres, fsync off: the test is the server, not the disk).
+pg_init() {
+    mkdir -p "$PGD" && chown nobody "$PGD" && chmod 700 "$PGD" || return 1
+    pg_as "$PGBIN/initdb" -D "$PGD" -U postgres -A trust --no-sync >"$E2E_TMP/initdb.out" 2>&1 ||
+        { cat "$E2E_TMP/initdb.out"; return 1; }
+}
+# pg_server MODE DEF...: starts postgres in MODE (in_mode, as nobody) in the background,
+# waits until it accepts connections; $PGPID is the background job (the mode's process).
+pg_server() {
+    _pm=$1; shift
+    : >"$E2E_TMP/pg.trace" && chown nobody "$E2E_TMP/pg.trace"
+    COMPAT_AS=nobody in_mode "$_pm" pg "$@" -- "$PGBIN/postgres" -D "$PGD" -k "$PGD" \
+        -c listen_addresses= -c fsync=off -c max_connections=20 &
+    PGPID=$!
+    _i=0
+    until "$PGBIN/pg_isready" -q -h "$PGD" -U postgres; do
+        _i=$((_i + 1))
+        [ $_i -gt 300 ] && { echo "postgres did not start"; cat "$E2E_TMP/pg.out"; return 1; }
+        sleep 0.1
+    done
+}
+# pg_bench SECONDS: pgbench -i (scale 2), then 2 clients for SECONDS; prints pgbench's
+# status and failed transactions, whether it did any, and the bank's own invariant (the
+# balances sum up to the history's deltas).
+pg_bench() {
+    "$PGBIN/pgbench" -h "$PGD" -U postgres -i -q -s 2 postgres >"$E2E_TMP/pgbench-i.out" 2>&1
+    echo "pgbench -i status $?"
+    "$PGBIN/pgbench" -h "$PGD" -U postgres -c 2 -j 2 -T "$1" postgres >"$E2E_TMP/pgbench.out" 2>&1
+    echo "pgbench status $?"
+    grep '^number of failed transactions' "$E2E_TMP/pgbench.out"
+    _n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\)$/\1/p' "$E2E_TMP/pgbench.out")
+    [ "${_n:-0}" -gt 100 ] && echo "transactions: more than 100" || { echo "transactions: ${_n:-none}"; cat "$E2E_TMP/pgbench.out"; }
+    "$PGBIN/psql" -h "$PGD" -U postgres -At -c "select (select sum(abalance) from pgbench_accounts) = (select sum(delta) from pgbench_history), (select count(*) from pgbench_history) > 0" postgres
+}
+# pg_stop: pg_ctl stop -m fast, then the server's exit status ("postgres exit S").
+pg_stop() {
+    pg_as "$PGBIN/pg_ctl" stop -D "$PGD" -m fast -w >"$E2E_TMP/pg_ctl.out" 2>&1
+    echo "pg_ctl stop status $?"
+    wait "$PGPID"
+    echo "postgres exit $?"
+    grep -c 'database system is shut down' "$E2E_TMP/pg.out" | sed 's/^/shut down: /'
+}
+
+# py_verdicts FILE: the verdicts of `python3 -m test -v` output in FILE, sorted: one line
+# per test case ("name (test.module.Class.name) ... ok|skipped '...'|FAIL|ERROR"), the
+# "Ran N tests", "OK"/"FAILED (...)" and "Tests result: ..." lines.
+py_verdicts() {
+    grep -E '^[A-Za-z_0-9]+ \(test\.[A-Za-z_0-9.]+\) \.\.\. |^Ran [0-9]+ tests? |^(OK|FAILED)( \(.*\))?$|^Tests result: ' "$1" |
+        sed 's/^\(Ran [0-9]* tests\{0,1\}\) in .*/\1/' | sort
+}
+
+# py_compare MODE DEF... -- TESTS...: /usr/bin/python3 -m test -v TESTS plain, then in MODE;
+# prints "status P M", "verdicts: same" or the difference, the plain run's result line,
+# and in run mode events_check's verdict.
+py_compare() {
+    COMPAT_FILTER="py_verdicts /dev/stdin" compare "$@"
+    grep '^Tests result: ' "$E2E_TMP/plain.out" | sed 's/^/plain /'
+}
