@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -68,7 +69,7 @@ void append_entry(const RingEntry &e, ThreadNames &names, const EventPrinter &pr
     if (e.lost_before != 0) out += lost_events_line(e.cpu, e.lost_before);
     CommonHeader c{};
     if (e.rec.size() >= kCommonSize) std::memcpy(&c, e.rec.data(), kCommonSize);
-    out += trace_line_prefix(names.of(c.pid), c.pid, e.cpu, c.flags, c.preempt_count, e.ts);
+    append_trace_line_prefix(out, names.of(c.pid), c.pid, e.cpu, c.flags, c.preempt_count, e.ts);
     print(e.rec.data(), static_cast<uint32_t>(e.rec.size()), out);
     out += '\n';
 }
@@ -96,16 +97,63 @@ std::string trace_header(uint64_t entries, uint64_t written, int cpus) {
     return s;
 }
 
+namespace {
+
+// `v` in decimal at `p`, in a field of `width` (zeros or blanks before, or blanks after
+// with `left`): printf's %0Nllu, %Nllu and %-Nlld, without its parsing. Returns the end.
+char *put_number(char *p, uint64_t v, bool negative, size_t width, char pad, bool left) {
+    char digits[24];
+    size_t n = 0;
+    do {
+        digits[n++] = static_cast<char>('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    if (negative) digits[n++] = '-';
+    const size_t fill = width > n ? width - n : 0;
+    if (!left) p = std::fill_n(p, fill, pad);
+    while (n > 0) *p++ = digits[--n];
+    if (left) p = std::fill_n(p, fill, ' ');
+    return p;
+}
+
+} // namespace
+
+void append_trace_line_prefix(std::string &out, const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
+                              uint8_t preempt_count, uint64_t ts_ns) {
+    const uint64_t usecs = (ts_ns + 500) / 1000; // ftrace's ns2usecs rounds
+    // "%16s-%-7d [%03u] %s %5llu.%06llu: ", built in one buffer and appended once (a
+    // reader formats a line per record: each append is a call).
+    char buf[128];
+    char *p = buf;
+    if (comm.size() < 16) p = std::fill_n(p, 16 - comm.size(), ' ');
+    out.append(buf, static_cast<size_t>(p - buf));
+    out += comm;
+    p = buf;
+    *p++ = '-';
+    const bool negative = pid < 0;
+    p = put_number(p, negative ? 0 - static_cast<uint64_t>(static_cast<int64_t>(pid)) : static_cast<uint64_t>(pid),
+                   negative, 7, ' ', true);
+    *p++ = ' ';
+    *p++ = '[';
+    p = put_number(p, cpu, false, 3, '0', false);
+    *p++ = ']';
+    *p++ = ' ';
+    lat_fmt(flags, preempt_count, p);
+    p += 5;
+    *p++ = ' ';
+    p = put_number(p, usecs / 1000000, false, 5, ' ', false);
+    *p++ = '.';
+    p = put_number(p, usecs % 1000000, false, 6, '0', false);
+    *p++ = ':';
+    *p++ = ' ';
+    out.append(buf, static_cast<size_t>(p - buf));
+}
+
 std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
                               uint8_t preempt_count, uint64_t ts_ns) {
-    char lat[6];
-    lat_fmt(flags, preempt_count, lat);
-    const uint64_t usecs = (ts_ns + 500) / 1000; // ftrace's ns2usecs rounds
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "%16s-%-7d [%03u] %s %5llu.%06llu: ", comm.c_str(), pid, cpu, lat,
-                  static_cast<unsigned long long>(usecs / 1000000),
-                  static_cast<unsigned long long>(usecs % 1000000));
-    return buf;
+    std::string out;
+    append_trace_line_prefix(out, comm, pid, cpu, flags, preempt_count, ts_ns);
+    return out;
 }
 
 std::string lost_events_line(uint32_t cpu, uint64_t lost) {

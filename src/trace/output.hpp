@@ -79,6 +79,9 @@ std::string trace_header(uint64_t entries, uint64_t written, int cpus);
 // "            TASK-PID     [CPU] FLAGS  SECS.USECS: " for one record.
 std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
                               uint8_t preempt_count, uint64_t ts_ns);
+// The same, appended to `out` (a reader formats a line per record: no snprintf, no string).
+void append_trace_line_prefix(std::string &out, const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
+                              uint8_t preempt_count, uint64_t ts_ns);
 // "CPU:N [LOST M EVENTS]\n"
 std::string lost_events_line(uint32_t cpu, uint64_t lost);
 // The number of online CPUs, as "#P:" shows it.

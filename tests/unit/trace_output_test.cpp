@@ -9,9 +9,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 #include <thread>
 
 #include "trace/output.hpp"
@@ -157,6 +160,29 @@ TEST(TraceText, LinePrefixWidths) {
     EXPECT_EQ(trace_line_prefix("a-very-long-nam", 12345678, 123, 0, 0, 5000499),
               " a-very-long-nam-12345678 [123] .....     0.005000: ");
     EXPECT_EQ(trace_line_prefix("x", 1, 0, 0, 0, 5000500), "               x-1       [000] .....     0.005001: ");
+}
+
+// The prefix is formatted by hand (a line per record): it matches printf's, the format the
+// kernel's trace uses, for names, pids, CPUs and times at and past every field's width.
+TEST(TraceText, LinePrefixIsPrintfs) {
+    const std::vector<std::string> comms = {"", "x", "<...>", "fifteen-chars-x", "sixteen-chars-xy", "a-name-longer-than-16"};
+    const std::vector<int32_t> pids = {0, 1, -1, 1234567, 12345678, INT32_MAX, INT32_MIN};
+    const std::vector<uint32_t> cpus = {0, 7, 99, 999, 1000, UINT32_MAX};
+    const std::vector<uint64_t> times = {0, 499, 500, 999999, 5000500, 99999999999999ull, UINT64_MAX - 1000};
+    int checked = 0;
+    for (const std::string &comm : comms)
+        for (int32_t pid : pids)
+            for (uint32_t cpu : cpus)
+                for (uint64_t ts : times) {
+                    const uint64_t usecs = (ts + 500) / 1000;
+                    char want[160];
+                    std::snprintf(want, sizeof want, "%16s-%-7d [%03u] %s %5llu.%06llu: ", comm.c_str(), pid, cpu,
+                                  ".....", static_cast<unsigned long long>(usecs / 1000000),
+                                  static_cast<unsigned long long>(usecs % 1000000));
+                    ASSERT_EQ(trace_line_prefix(comm, pid, cpu, 0, 0, ts), want);
+                    ++checked;
+                }
+    EXPECT_EQ(checked, 6 * 7 * 6 * 7);
 }
 
 TEST(TraceText, HandMadeRecordsPrintAsTheKernelsUprobeTrace) {

@@ -58,7 +58,9 @@
 #include <mutex>
 #include <poll.h>
 #include <sstream>
+#include <queue>
 #include <stdexcept>
+#include <string_view>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -70,6 +72,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 using ukp::control::Op;
@@ -152,6 +155,12 @@ uint64_t line_timestamp(std::string_view line) {
 // The trace of every process, merged by timestamp as well as a short delay allows, and
 // written by a thread of its own: a slow reader of the output (a pipe to a pager) holds
 // that thread, never the streams nor the thread that answers the traced processes.
+//
+// Each add() is a run: a stream's block of lines, in timestamp order as its ring gave
+// them (RingMerger). A line waits kMergeDelay, and so does every line after it in time:
+// the writer merges the runs old enough (a heap over their next lines), up to the
+// earliest line of a run still waiting, and writes whole stretches of a run at once. No
+// line is copied or allocated on its own.
 class Output {
 public:
     explicit Output(FILE *f) : f_(f), writer_([this] { write_loop(); }) {}
@@ -159,22 +168,32 @@ public:
     Output(const Output &) = delete;
     Output &operator=(const Output &) = delete;
 
-    void add(const std::string &text) {
+    void add(std::string text) {
         if (text.empty()) return;
-        std::lock_guard lock(mu_);
-        const Clock::time_point now = Clock::now();
-        size_t pos = 0;
-        while (pos < text.size()) {
-            size_t end = text.find('\n', pos);
-            end = end == std::string::npos ? text.size() : end + 1;
-            std::string line = text.substr(pos, end - pos);
+        auto run = std::make_unique<Run>();
+        run->arrived = Clock::now();
+        if (text.back() != '\n') text += '\n';
+        run->text = std::move(text);
+        const std::string_view all(run->text);
+        uint64_t prev = 0;
+        size_t untimed = 0; // lines before the first timestamp (a LOST line) take the next one's
+        for (size_t pos = 0; pos < all.size();) {
+            const size_t end = all.find('\n', pos) + 1;
+            uint64_t ts = line_timestamp(all.substr(pos, end - pos));
+            if (ts == 0 && prev == 0) ++untimed;
+            if (ts == 0) ts = prev;
+            if (ts != 0 && prev == 0)
+                for (size_t i = run->ts.size() - untimed; i < run->ts.size(); ++i) run->ts[i] = ts;
+            prev = ts;
+            run->start.push_back(static_cast<uint32_t>(pos));
+            run->ts.push_back(ts);
             pos = end;
-            if (line.back() != '\n') line += '\n';
-            uint64_t ts = line_timestamp(line);
-            if (ts == 0) ts = last_ts_;
-            last_ts_ = ts;
-            pending_.emplace(std::make_pair(ts, seq_++), Pending{now, std::move(line)});
         }
+        run->start.push_back(static_cast<uint32_t>(all.size()));
+        run->min_ts = *std::min_element(run->ts.begin(), run->ts.end());
+        std::lock_guard lock(mu_);
+        run->seq = seq_++;
+        runs_.push_back(std::move(run));
     }
 
     // Writes every line left and stops the writer.
@@ -190,45 +209,86 @@ public:
     }
 
 private:
+    struct Run {
+        Clock::time_point arrived;
+        uint64_t seq = 0;             // arrival order, for lines of equal timestamps
+        std::string text;             // whole lines
+        std::vector<uint32_t> start;  // each line's offset, then the end of the text
+        std::vector<uint64_t> ts;     // each line's timestamp
+        uint64_t min_ts = 0;
+        size_t next = 0;              // the first line not written yet
+    };
+    using RunPtr = std::unique_ptr<Run>;
+
+    // The lines of `runs` before `cutoff`, in timestamp order, as stretches of the runs'
+    // texts (`pieces`); the runs written to the end move to `done` (the pieces point into
+    // them), those with lines left stay in `runs`, in their order.
+    static void merge(std::vector<RunPtr> &runs, uint64_t cutoff, std::vector<std::string_view> &pieces,
+                      std::vector<RunPtr> &done) {
+        // (next line's timestamp, seq, index): the smallest first.
+        using Head = std::tuple<uint64_t, uint64_t, size_t>;
+        std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+        for (size_t i = 0; i < runs.size(); ++i)
+            if (runs[i]->next < runs[i]->ts.size()) heads.emplace(runs[i]->ts[runs[i]->next], runs[i]->seq, i);
+        while (!heads.empty()) {
+            const auto [ts, seq, i] = heads.top();
+            heads.pop();
+            if (ts >= cutoff) break;
+            Run &r = *runs[i];
+            // The stretch of this run that comes before every other run's next line.
+            const uint64_t limit = heads.empty() ? cutoff : std::min(cutoff, std::get<0>(heads.top()) + 1);
+            size_t end = r.next + 1;
+            while (end < r.ts.size() && r.ts[end] < limit && r.ts[end] >= r.ts[end - 1]) ++end;
+            pieces.emplace_back(r.text.data() + r.start[r.next], r.start[end] - r.start[r.next]);
+            r.next = end;
+            if (end < r.ts.size()) heads.emplace(r.ts[end], seq, i);
+        }
+        for (RunPtr &r : runs)
+            if (r->next == r->ts.size()) done.push_back(std::move(r));
+        std::erase_if(runs, [](const RunPtr &r) { return r == nullptr; });
+    }
+
     void write_loop() {
         sigset_t all;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, nullptr); // signals are ukprobe's main thread's (signalfd)
+        std::vector<RunPtr> ready, done; // runs old enough (and what is left of them); runs written
+        std::vector<std::string_view> pieces;
         std::unique_lock lock(mu_);
         for (;;) {
             const bool last = stop_;
-            // The lines that waited long enough (all of them at the end), in timestamp
-            // order: a line waits its delay, and so every line after it in time.
-            std::string block;
             const Clock::time_point now = Clock::now();
-            while (!pending_.empty()) {
-                auto it = pending_.begin();
-                if (!last && now - it->second.arrived < kMergeDelay) break;
-                block += it->second.text;
-                pending_.erase(it);
+            while (!runs_.empty() && (last || now - runs_.front()->arrived >= kMergeDelay)) {
+                ready.push_back(std::move(runs_.front()));
+                runs_.pop_front();
             }
-            if (!block.empty() && f_ != nullptr) {
-                lock.unlock();
-                if (fwrite(block.data(), 1, block.size(), f_) != block.size() || fflush(f_) != 0)
-                    f_ = nullptr; // a closed pipe: the trace is dropped, the program runs on
-                lock.lock();
+            // A line waits its delay, and so every line after it in time.
+            uint64_t cutoff = ~0ull;
+            for (const RunPtr &r : runs_) cutoff = std::min(cutoff, r->min_ts);
+            lock.unlock();
+            pieces.clear();
+            if (!ready.empty()) merge(ready, last ? ~0ull : cutoff, pieces, done);
+            // Written from the runs themselves: a stretch of a run is never copied.
+            bool wrote = false;
+            for (std::string_view piece : pieces) {
+                if (f_ == nullptr) break;
+                wrote = true;
+                if (fwrite(piece.data(), 1, piece.size(), f_) != piece.size()) f_ = nullptr;
             }
+            if (wrote && f_ != nullptr && fflush(f_) != 0) f_ = nullptr; // a closed pipe: the trace is dropped
+            done.clear();
+            lock.lock();
             if (last) return;
             cv_.wait_for(lock, kWriteInterval, [&] { return stop_; });
         }
     }
 
-    struct Pending {
-        Clock::time_point arrived;
-        std::string text;
-    };
     std::mutex mu_;
     std::condition_variable cv_;
     FILE *f_;                // the writer's
     bool stop_ = false;      // under mu_
-    std::map<std::pair<uint64_t, uint64_t>, Pending> pending_; // under mu_: (timestamp, arrival order)
+    std::deque<RunPtr> runs_; // under mu_: in arrival order
     uint64_t seq_ = 0;       // under mu_
-    uint64_t last_ts_ = 0;   // under mu_
     std::thread writer_;     // last: starts once the rest is made
 };
 
@@ -431,8 +491,9 @@ private:
                 // waits for it in exit_group or execve: a short-lived process's first
                 // wait used to hold its exit 5 ms). Served by the agent, trace_pipe's
                 // read itself waits.
-                const std::string text = reader_.pipe(0, 1 << 20);
-                out_.add(text);
+                std::string text = reader_.pipe(0, 1 << 20);
+                const bool none = text.empty();
+                out_.add(std::move(text));
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (Clock::now() - profile_read_ >= kProfileInterval) {
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
@@ -440,7 +501,7 @@ private:
                     std::lock_guard lock(mu_);
                     if (p.status >= 0 && drain_done_ == 0) profile_ = p.payload;
                 }
-                if (text.empty() && reader_.formats_locally()) {
+                if (none && reader_.formats_locally()) {
                     std::unique_lock lock(mu_);
                     cv_.wait_for(lock, std::chrono::milliseconds(kPipeWaitMs), [&] { return drain_asked_ != asked; });
                 }
@@ -697,9 +758,9 @@ private:
                 }
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (asked == 0 && Clock::now() - profile_read_ >= kForkedProfileInterval) read_profile();
-                const std::string text = reader_->pipe(0, 1 << 20);
+                std::string text = reader_->pipe(0, 1 << 20);
                 if (!text.empty()) {
-                    out_.add(text);
+                    out_.add(std::move(text));
                     continue;
                 }
                 // Nothing recorded: a short wait, cut short by a drain asked (the process
