@@ -152,6 +152,15 @@ uint64_t line_timestamp(std::string_view line) {
     return 0;
 }
 
+// M of a "CPU:N [LOST M EVENTS]" line, else 0.
+uint64_t lost_count(std::string_view line) {
+    const size_t at = line.find("[LOST ");
+    if (line.rfind("CPU:", 0) != 0 || at == std::string_view::npos) return 0;
+    uint64_t n = 0;
+    for (size_t i = at + 6; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i) n = n * 10 + uint64_t(line[i] - '0');
+    return n;
+}
+
 // The trace of every process, merged by timestamp as well as a short delay allows, and
 // written by a thread of its own: a slow reader of the output (a pipe to a pager) holds
 // that thread, never the streams nor the thread that answers the traced processes.
@@ -175,11 +184,12 @@ public:
         if (text.back() != '\n') text += '\n';
         run->text = std::move(text);
         const std::string_view all(run->text);
-        uint64_t prev = 0;
+        uint64_t prev = 0, lost = 0;
         size_t untimed = 0; // lines before the first timestamp (a LOST line) take the next one's
         for (size_t pos = 0; pos < all.size();) {
             const size_t end = all.find('\n', pos) + 1;
             uint64_t ts = line_timestamp(all.substr(pos, end - pos));
+            if (ts == 0) lost += lost_count(all.substr(pos, end - pos));
             if (ts == 0 && prev == 0) ++untimed;
             if (ts == 0) ts = prev;
             if (ts != 0 && prev == 0)
@@ -194,6 +204,13 @@ public:
         std::lock_guard lock(mu_);
         run->seq = seq_++;
         runs_.push_back(std::move(run));
+        lost_ += lost;
+    }
+
+    // The events the trace's "CPU:N [LOST M EVENTS]" lines counted so far.
+    uint64_t lost() {
+        std::lock_guard lock(mu_);
+        return lost_;
     }
 
     // Writes every line left and stops the writer.
@@ -289,6 +306,7 @@ private:
     bool stop_ = false;      // under mu_
     std::deque<RunPtr> runs_; // under mu_: in arrival order
     uint64_t seq_ = 0;       // under mu_
+    uint64_t lost_ = 0;      // under mu_
     std::thread writer_;     // last: starts once the rest is made
 };
 
@@ -946,25 +964,29 @@ bool notice(const seccomp_notif &req, long kind) {
 }
 
 // The counts as each process image left them, apart from the trace (stderr, as a second
-// file), in the order the processes were met. A child of fork() that had not exec'd only
-// if it counted something: a shell forks for every command it runs, and most of those
-// children exec before they hit anything. Then, when more than one process was printed,
-// the sums by event name: kprobe_profile as the kernel keeps it, for all of them at once.
-void print_profiles(std::vector<ProfileBlock> blocks) {
+// file), in the order the processes were met: the program's first image always, any other
+// only if it counted something (a shell loop of `sleep` runs a hundred images that hit
+// nothing; a shell forks for every command, and most children exec before any hit). Then,
+// when more than one process was printed, the sums by event name: kprobe_profile as the
+// kernel keeps it, for all of them at once, and the events the trace counted LOST.
+void print_profiles(std::vector<ProfileBlock> blocks, uint64_t lost) {
     std::stable_sort(blocks.begin(), blocks.end(), [](const auto &a, const auto &b) { return a.seq < b.seq; });
     struct Sum {
         std::string name;
         uint64_t hits = 0, misses = 0;
     };
     std::vector<Sum> sums;
-    size_t printed = 0;
+    size_t printed = 0, silent = 0;
     for (const ProfileBlock &b : blocks) {
         if (b.text.empty()) continue; // never read
         std::vector<Sum> lines;
         std::istringstream in(b.text);
         for (Sum one; in >> one.name >> one.hits >> one.misses;) lines.push_back(one);
         const bool counted = std::any_of(lines.begin(), lines.end(), [](const Sum &x) { return x.hits + x.misses != 0; });
-        if (b.forked && !counted) continue;
+        if (!counted && &b != &blocks.front()) {
+            ++silent;
+            continue;
+        }
         fmt::print(stderr, "# kprobe_profile: process {} ({}){}{}\n{}", b.pid, b.comm, b.forked ? ", forked" : "",
                    b.final ? "" : ", as last read before it ended", b.text);
         ++printed;
@@ -975,10 +997,13 @@ void print_profiles(std::vector<ProfileBlock> blocks) {
             it->misses += x.misses;
         }
     }
-    if (printed < 2) return;
-    std::string total;
-    for (const Sum &x : sums) total += ukp::trace::profile_line(x.name, x.hits, x.misses);
-    fmt::print(stderr, "# kprobe_profile: all {} processes\n{}", printed, total);
+    if (printed >= 2) {
+        std::string total;
+        for (const Sum &x : sums) total += ukp::trace::profile_line(x.name, x.hits, x.misses);
+        fmt::print(stderr, "# kprobe_profile: all {} processes{}\n{}", printed,
+                   silent != 0 ? fmt::format(" ({} more counted nothing)", silent) : "", total);
+    }
+    if (lost != 0) fmt::print(stderr, "# lost: {} events (the trace's LOST lines)\n", lost);
 }
 
 class Runner {
@@ -1433,7 +1458,7 @@ int Runner::run() {
     if (file_ != nullptr) fclose(file_);
     std::vector<ProfileBlock> blocks = std::move(forked_profiles_);
     for (auto &a : agents_) blocks.push_back(a->profile());
-    print_profiles(std::move(blocks));
+    print_profiles(std::move(blocks), out_->lost());
     if (!exec_error.empty()) {
         fmt::print(stderr, "ukprobe: {}\n", exec_error);
         return 127; // as a shell
