@@ -228,7 +228,14 @@ std::string PipeReader::read(const WithView &with_view, const EventPrinter &prin
         // A region replaced meanwhile stays mapped (ring.cpp): the merger reads it to its end.
         bool got = false;
         with_view([&](const RingView &) { got = merger->next(&e); });
-        if (!got) break;
+        if (!got) {
+            // Emptied: then the records refused without a buffer (a thread past its exit
+            // destructor freeing its memory, every buffer in use), as one LOST line.
+            uint64_t lost = 0;
+            with_view([&](const RingView &v) { lost = ring_claim_lost_no_slot(v); });
+            if (lost != 0) out += lost_events_line(0, lost);
+            break;
+        }
         const size_t before = out.size();
         append_entry(e, names, print, out);
         if (out.size() > max_bytes) {

@@ -91,7 +91,7 @@ long notify_supervisor(long kind);
 // ---- The shared layout, for a reader in another process ----
 
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
-inline constexpr uint32_t kRingVersion = 4;
+inline constexpr uint32_t kRingVersion = 5;
 inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
 inline constexpr uint32_t kClockMonotonicNs = 0, kClockTsc = 1;
 inline constexpr uint32_t kClockSegments = 64;
@@ -127,8 +127,9 @@ struct RingHeader {
     uint64_t data_size;          // bytes of records a slot holds (a multiple of 8)
     int32_t pid;                 // the traced process (for /proc/PID/task/TID/comm)
     uint32_t generation;         // distinct per region of this process
-    std::atomic<uint64_t> lost_no_slot;  // records refused: every buffer in use
+    std::atomic<uint64_t> lost_no_slot;  // records refused: every buffer in use, or the thread exiting
     uint64_t lost_no_slot_base;          // reader-owned: lost_no_slot at the last clear
+    std::atomic<uint64_t> lost_no_slot_seen; // consumers: lost_no_slot as last reported (a LOST line)
     std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommSlots)
     uint32_t clock;              // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
     CommEntry comms[kCommSlots];
@@ -252,6 +253,10 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts);
 // processes may run at once: each record goes to exactly one of them (a CAS on tail).
 // Looks at every buffer: to consume many records, use a RingMerger.
 bool ring_consume(const RingView &v, RingEntry *out);
+// The records refused without a buffer (lost_no_slot: a thread past its exit destructor,
+// every buffer in use) since a consumer last reported them; each is reported once, by the
+// consumer that claims it (a LOST line of trace_pipe).
+uint64_t ring_claim_lost_no_slot(const RingView &v);
 
 // Consumes records oldest first, as ring_consume does, at O(log n) a record for n
 // buffers holding records: a heap of each buffer's oldest record, made once (a buffer

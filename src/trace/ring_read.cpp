@@ -222,9 +222,25 @@ uint64_t ring_time_ns(const RingHeader *h, uint64_t raw) {
     return clock_convert(h->segments[i], raw);
 }
 
+uint64_t ring_claim_lost_no_slot(const RingView &v) {
+    const RingHeader *h = v.header();
+    if (h == nullptr) return 0;
+    auto *mh = const_cast<RingHeader *>(h);
+    const uint64_t now = h->lost_no_slot.load(std::memory_order_acquire);
+    uint64_t seen = mh->lost_no_slot_seen.load(std::memory_order_acquire);
+    for (;;) {
+        const uint64_t from = std::max(seen, h->lost_no_slot_base);
+        if (now <= from) return 0;
+        if (mh->lost_no_slot_seen.compare_exchange_weak(seen, now, std::memory_order_acq_rel)) return now - from;
+    }
+}
+
 bool ring_has_data(const RingView &v) {
     const RingHeader *h = v.header();
     if (h == nullptr) return false;
+    // Losses not reported yet are something to read too (a LOST line).
+    const uint64_t lost = h->lost_no_slot.load(std::memory_order_acquire);
+    if (lost > std::max(h->lost_no_slot_seen.load(std::memory_order_acquire), h->lost_no_slot_base)) return true;
     for (uint32_t i = 0; i < h->slot_count; ++i) {
         SlotHeader *s = v.slot(i);
         if (s->head.load(std::memory_order_acquire) != s->tail.load(std::memory_order_acquire)) return true;
