@@ -249,11 +249,14 @@ pg_stop() {
 }
 
 # py_verdicts FILE: the verdicts of `python3 -m test -v` output in FILE, sorted: one line
-# per test case ("name (test.module.Class.name) ... ok|skipped '...'|FAIL|ERROR"), the
+# per test case ("name (test.module.Class.name) ... ok|skipped '...'|FAIL|ERROR", or
+# without a verdict when the test printed something before it), the
 # "Ran N tests", "OK"/"FAILED (...)" and "Tests result: ..." lines.
 py_verdicts() {
     grep -E '^[A-Za-z_0-9]+ \(test\.[A-Za-z_0-9.]+\) \.\.\. |^Ran [0-9]+ tests? |^(OK|FAILED)( \(.*\))?$|^Tests result: ' "$1" |
-        sed 's/^\(Ran [0-9]* tests\{0,1\}\) in .*/\1/' | sort
+        sed 's/^\(Ran [0-9]* tests\{0,1\}\) in .*/\1/' |
+        # what a test case prints before its verdict varies (timings): the verdict alone
+        sed -E '/ \.\.\. (ok|FAIL|ERROR|skipped .*|expected failure|unexpected success)$/!s/^([A-Za-z_0-9]+ \(test\.[A-Za-z_0-9.]+\) \.\.\.) .*/\1/' | sort
 }
 
 # py_compare MODE DEF... -- TESTS...: /usr/bin/python3 -m test -v TESTS plain, then in MODE;
