@@ -171,7 +171,10 @@ attach_mode() {
     _delay=$1 _work=$2; shift 2
     _defs=""
     [ -n "$COMPAT_PREP" ] && eval "$COMPAT_PREP"
-    in_mode plain plain "$@"; _ps=$?
+    # In the background too, as the attached run: sh starts a background job with SIGINT
+    # and SIGQUIT ignored, which programs see (python's interrupt_main tests fail so).
+    in_mode plain plain "$@" &
+    wait $!; _ps=$?
     [ -n "$COMPAT_PREP" ] && eval "$COMPAT_PREP"
     # the definitions to the front of a list of their own, CMD in "$@"
     while [ "$1" != -- ]; do
