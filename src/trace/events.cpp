@@ -386,6 +386,7 @@ public:
     void publish_profile();
     int set_enabled(Event *e, bool on);
     void arm(Event *e);
+    void arm_as(Event *e, bool want); // arms or disarms its points as `want` says
 
     // TriggerHost
     void set_tracing_on(bool on) override { ukp::trace::set_tracing_on(on); }
@@ -453,8 +454,9 @@ bool same_point(const ProbeDef &a, const ProbeDef &b) {
 
 void set_point_armed(ProbePoint &p, bool is_return, bool want);
 
-void Tracer::arm(Event *e) {
-    const bool want = e->armed_wanted();
+void Tracer::arm(Event *e) { arm_as(e, e->armed_wanted()); }
+
+void Tracer::arm_as(Event *e, bool want) {
     for (auto &p : e->points) {
         if (!p->registered) continue;
         if (p->def.ref_ctr_addr != 0 && p->semaphore_held != want) {
@@ -668,9 +670,14 @@ void Tracer::publish_profile() {
 int Tracer::set_enabled(Event *e, bool on) {
     if (on) {
         if (int r = ring_init(); r != 0) return r;
+        e->enabled.store(true); // then armed: no hit before its flag
+        arm(e);
+        return 0;
     }
-    e->enabled.store(on);
-    arm(e);
+    // Off: the points first, then the flag. A hit in between counted in kprobe_profile
+    // and recorded nothing: the profile and the trace must agree.
+    arm_as(e, e->trigger_target || !e->triggers.empty());
+    e->enabled.store(false);
     return 0;
 }
 
