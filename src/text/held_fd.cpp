@@ -14,89 +14,77 @@ bool own_fd_table_of_this_thread();
 bool has_own_fd_table() { return own_fd_table_of_this_thread(); }
 
 namespace {
+
 pid_t this_tid() { return static_cast<pid_t>(gettid()); }
 
 // The caller's table's key: its tid if it runs with a table of its own, else 0.
 pid_t table_of_caller() { return has_own_fd_table() ? this_tid() : 0; }
+
 } // namespace
 
 void HeldFd::set(int fd) {
-  *this = HeldFd{};
-  if (fd < 0)
-    return;
-  struct stat st {};
-  if (fstat(fd, &st) != 0)
-    return;
-  fd_ = fd;
-  holder_ = table_of_caller();
-  dev_ = st.st_dev;
-  ino_ = st.st_ino;
+    *this = HeldFd{};
+    if (fd < 0) return;
+    struct stat st{};
+    if (fstat(fd, &st) != 0) return;
+    fd_ = fd;
+    holder_ = table_of_caller();
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
 }
 
 bool HeldFd::names_file(int fd) const {
-  struct stat st {};
-  return fd >= 0 && fstat(fd, &st) == 0 && same_file(st.st_dev, st.st_ino);
+    struct stat st{};
+    return fd >= 0 && fstat(fd, &st) == 0 && same_file(st.st_dev, st.st_ino);
 }
 
 bool HeldFd::caller_holds() const { return table_of_caller() == holder_; }
 
+// The file reopened in the caller's table through the table of `task` (0: the process's
+// leader), where it is number fd_; -errno, or -EBADF if that number names another file.
+int HeldFd::reopen_from(pid_t task) const {
+    char path[64];
+    if (task == 0) snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
+    else snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", task, fd_);
+    const int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    if (!names_file(fd)) {
+        close(fd);
+        return -EBADF;
+    }
+    return fd;
+}
+
 int HeldFd::copy() const {
-  if (fd_ < 0)
-    return -ENOENT;
-  if (caller_holds()) {
-    if (!names_file(fd_))
-      return -EBADF;
+    if (fd_ < 0) return -ENOENT;
+    if (!caller_holds()) return reopen_from(holder_);
+    if (!names_file(fd_)) return -EBADF;
     const int fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
     return fd < 0 ? -errno : fd;
-  }
-  char path[64];
-  if (holder_ == 0)
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
-  else
-    snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", holder_, fd_);
-  const int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0)
-    return -errno;
-  if (!names_file(fd)) {
-    close(fd);
-    return -EBADF;
-  }
-  return fd;
 }
 
 int HeldFd::adopt(pid_t from) {
-  if (fd_ < 0 || holder_ != 0)
-    return fd_ < 0 ? -ENOENT : 0;
-  if (!has_own_fd_table())
-    return -EINVAL;
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", from, fd_);
-  const int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0)
-    return -errno;
-  if (!names_file(fd)) {
-    close(fd);
-    return -EBADF;
-  }
-  program_fd_ = fd_;
-  fd_ = fd;
-  holder_ = this_tid();
-  return 0;
+    if (fd_ < 0) return -ENOENT;
+    if (holder_ != 0) return 0;
+    if (!has_own_fd_table()) return -EINVAL;
+    const int fd = reopen_from(from);
+    if (fd < 0) return fd;
+    program_fd_ = fd_;
+    fd_ = fd;
+    holder_ = this_tid();
+    return 0;
 }
 
 void HeldFd::close_program_copy() {
-  if (program_fd_ < 0 || has_own_fd_table())
-    return;
-  if (names_file(program_fd_))
-    close(program_fd_);
-  program_fd_ = -1;
+    if (program_fd_ < 0 || has_own_fd_table()) return;
+    if (names_file(program_fd_)) close(program_fd_);
+    program_fd_ = -1;
 }
 
 void HeldFd::release() {
-  if (fd_ >= 0 && caller_holds() && names_file(fd_))
-    close(fd_);
-  close_program_copy();
-  forget();
+    if (fd_ >= 0 && caller_holds() && names_file(fd_)) close(fd_);
+    close_program_copy();
+    forget();
 }
 
 } // namespace ukp::text
