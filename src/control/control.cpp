@@ -481,15 +481,12 @@ int open_thread_fds(const Startup &s, const sockaddr_un &addr) {
 
 sockaddr_un g_addr; // the socket's address, for the thread; under g_start_mu until it has read it
 
-void *thread_main(void *arg) {
-    const core::AgentWork quiet; // the whole thread is the agent's
-    {
-        auto *s = static_cast<Startup *>(arg);
-        s->result = open_thread_fds(*s, g_addr);
-        const bool failed = s->result != 0;
-        sem_post(&s->done); // `s` is gone from here on
-        if (failed) return nullptr;
-    }
+std::atomic<Startup *> g_restart{nullptr}; // a parked thread's restart: whom to tell
+std::atomic<bool> g_parked{false};         // the thread waits for a restart (after a detach)
+std::atomic<bool> g_exited{false};         // the thread returned (its pipe is closed)
+
+// Serves until a detach (g_stopping, set by the server) or a wake (stop()).
+void serve() {
     {
         const core::ForkQuiet busy(core::ForkGate::kControl);
         g_server = new Server(g_listen_fd);
@@ -500,22 +497,67 @@ void *thread_main(void *arg) {
         delete g_server;
         g_server = nullptr;
     }
-    if (!g_stopping.load()) unlink(g_socket_path);
+}
+
+// After a detach, a thread with a table of its own waits instead of ending: its table
+// holds the memfds of the buffers and counters, which nothing else could give a later
+// controller (text/held_fd.hpp). A byte 'r' (start_locked) makes it listen again, with
+// the memfds made since on the program's threads adopted; anything else ends it.
+// Whether it serves again.
+bool park() {
+    g_parked.store(true);
+    for (;;) {
+        char byte = 0;
+        const ssize_t n = read(g_wake_fd[0], &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n != 1 || byte != 'r') break;
+        Startup *s = g_restart.load();
+        if (s == nullptr) continue;
+        const int fd = listen_at(g_addr);
+        s->result = fd < 0 ? fd : 0;
+        if (fd >= 0) {
+            g_listen_fd = fd;
+            trace::adopt_program_fds(s->caller);
+            g_stopping.store(false);
+            g_parked.store(false);
+        }
+        sem_post(&s->done); // `s` is gone from here on
+        if (fd >= 0) return true;
+    }
+    g_parked.store(false);
+    return false;
+}
+
+void *thread_main(void *arg) {
+    const core::AgentWork quiet; // the whole thread is the agent's
+    {
+        auto *s = static_cast<Startup *>(arg);
+        s->result = open_thread_fds(*s, g_addr);
+        const bool failed = s->result != 0;
+        sem_post(&s->done); // `s` is gone from here on
+        if (failed) return nullptr;
+    }
+    for (;;) {
+        serve();
+        const bool detached = g_stopping.load();
+        if (!detached) unlink(g_socket_path);
+        close(g_listen_fd);
+        g_listen_fd = -1;
+        if (!detached || !g_own_table || !park()) break;
+    }
+    g_stopping.store(true);
     // In its own table they would go with the thread; closed anyway.
-    close(g_listen_fd);
     for (int &w : g_wake_fd) {
         close(w);
         w = -1;
     }
-    g_listen_fd = -1;
-    g_stopping.store(true);
+    g_exited.store(true);
     return nullptr;
 }
 
-// Makes the thread stop: a byte into its wake pipe, which is in the thread's own table,
-// so through /proc/self/task/TID/fd/N.
-int wake_to_stop() {
-    const char byte = 1;
+// A byte into the thread's wake pipe, which is in the thread's own table, so through
+// /proc/self/task/TID/fd/N: 's' ends it, 'r' makes a parked one serve again.
+int wake(char byte) {
     if (!g_own_table) return write(g_wake_fd[1], &byte, 1) == 1 ? 0 : -errno;
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", g_thread_tid, g_wake_fd[1]);
@@ -563,6 +605,9 @@ void forget_in_child() {
     }
     g_wake_fd[0] = g_wake_fd[1] = -1;
     g_own_table = false;
+    g_parked.store(false);
+    g_exited.store(false);
+    g_restart.store(nullptr);
     g_listen_fd = -1;
     g_thread_valid = false;
     g_stopping.store(false);
@@ -585,12 +630,34 @@ int listen_at(const sockaddr_un &addr) {
     return fd;
 }
 
+// A thread that detached and parks (or is about to) serves again; -ECHILD if it ended.
+int restart_locked() {
+    if (!g_own_table || g_exited.load()) return -ECHILD;
+    Startup s;
+    s.caller = static_cast<pid_t>(text::has_own_fd_table() ? getpid() : gettid());
+    sem_init(&s.done, 0, 0);
+    g_restart.store(&s);
+    int rc = wake('r');
+    if (rc == 0) {
+        while (sem_wait(&s.done) != 0 && errno == EINTR) {
+        }
+        rc = s.result;
+    }
+    g_restart.store(nullptr);
+    sem_destroy(&s.done);
+    if (rc == 0) trace::close_adopted_program_fds();
+    return rc;
+}
+
 int start_locked() {
     if (g_thread_valid) {
         if (!g_stopping.load()) return 0;
+        if (const int rc = restart_locked(); rc != -ECHILD) return rc;
         pthread_join(g_thread, nullptr);
         g_thread_valid = false;
     }
+    g_exited.store(false);
+    g_parked.store(false);
     g_stopping.store(false);
     const std::string dir = socket_dir(geteuid());
     const int dir_fd = open_socket_dir(dir);
@@ -654,9 +721,10 @@ int start() {
 int stop() {
     std::lock_guard lock(g_start_mu);
     if (!g_thread_valid) return 0;
-    // A thread on its way out (after a detach) needs no wake, and may have closed its pipe.
-    if (!g_stopping.load())
-        if (const int err = wake_to_stop(); err != 0 && !g_stopping.load()) return err;
+    // A thread that detached parks (with a table of its own) and ends at this byte; one
+    // that ended already needs none (its pipe is closed).
+    if (!g_exited.load())
+        if (const int err = wake('s'); err != 0 && !g_exited.load()) return err;
     pthread_join(g_thread, nullptr);
     g_thread_valid = false;
     return 0;
