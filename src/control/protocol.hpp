@@ -26,7 +26,7 @@ enum class Op : uint16_t {
     kRead = 2,   // path -> file text
     kWrite = 3,  // path, payload: replace (a write with O_TRUNC)
     kAppend = 4, // path, payload: append (>>)
-    kDetach = 5, // undo this session's and the one-shot controllers' additions; stop the thread
+    kDetach = 5, // undo the additions of this connection's session and of one-shot controllers; stop the thread
     kVerify = 6, // status: differing code bytes (>= 0) or -errno; payload: ukp_verify()'s report
     kOpenFd = 7, // path -> a file descriptor by SCM_RIGHTS: kTraceRingPath, the trace ring buffers
     // Makes this connection a session: what it adds from now on (events defined, knobs
