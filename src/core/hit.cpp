@@ -649,7 +649,7 @@ void run_post_handlers(const ProbeList *list, pt_regs *regs) {
 }
 
 // A hit whose handlers do not run. From inside a handler, each enabled probe counts a
-// miss (seed 001); from inside the agent's own work (quiet), even under one of its
+// miss (kprobes.rst); from inside the agent's own work (quiet), even under one of its
 // handlers, nothing is counted: the program did not make that call.
 __attribute__((always_inline)) inline void count_skipped_hit(const ThreadState &ts, const ProbeList *list) {
     if (ts.depth > 0 && ts.quiet == 0 && list != nullptr)

@@ -22,7 +22,7 @@ inline constexpr int kMaxEntryArgs = 16;    // $argN values a return probe saves
 // longer string is measured 0, as the kernel's uprobe tracer measures it (measure_fetch).
 inline constexpr uint32_t kMaxStringLen = 4096;
 
-// The value kinds of seed 004's types.
+// The value kinds of kprobetrace.rst's types.
 enum class Kind : uint8_t {
     kUnsigned, // uN, and bitfields
     kSigned,   // sN
@@ -50,7 +50,7 @@ enum class Op : uint8_t {
     kStack,     // value = the `param`th word of the stack
     kStackAddr, // value = the stack pointer
     kRetval,    // value = the return value register
-    kRetAddr,   // value = the return address (return probes; seed 003's `ra`)
+    kRetAddr,   // value = the return address (return probes; kprobetrace.txt's `ra`)
     kArg,       // value = the `param`th (0-based) System V argument at function entry
     kEntryArg,  // value = the `param`th value saved at entry (return probes)
     kImm,       // value = imm

@@ -142,7 +142,7 @@ int ArgParser::parse_vars(std::string_view arg) {
     return fail(e, offset_);
 }
 
-// Seed 003's first syntax: aN, rv, ra, sN, sa.
+// kprobetrace.txt's first syntax (2.6.33): aN, rv, ra, sN, sa.
 int ArgParser::parse_legacy(std::string_view arg, bool *matched) {
     *matched = true;
     uint64_t n = 0;
@@ -162,7 +162,7 @@ int ArgParser::parse_legacy(std::string_view arg, bool *matched) {
     if (arg.size() > 1 && arg[0] == 'a' && to_u64(arg.substr(1), &n, 10)) {
         if (n >= 4096 / 8 - 1) return fail(Err::BAD_ARG_NUM, offset_);
         if (def_.is_return) return entry_arg(uint16_t(n), offset_);
-        return push({Op::kArg, false, uint16_t(n), 0}, offset_); // seed 003: anywhere, best effort
+        return push({Op::kArg, false, uint16_t(n), 0}, offset_); // kprobetrace.txt: anywhere, best effort
     }
     *matched = false;
     return 0;

@@ -6,7 +6,7 @@
 //   p[:[GRP/][EVENT]] [MOD:]SYM[+0]%return [FETCHARGS]
 //   -:[GRP/][EVENT]
 //
-// plus seed 003's first syntax for arguments (aN, rv, ra, sN, sa).
+// plus kprobetrace.txt's first syntax for arguments (aN, rv, ra, sN, sa).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Where a 5-byte `jmp rel32` may replace code: whole-function analysis (instruction
-// boundaries, branch targets, jump tables) and the optprobe safety check of the seeds
+// boundaries, branch targets, jump tables) and the optprobe safety check of kprobes.rst
 // ("How Does Jump Optimization Work?"): the DCR (Detoured Code Region, the whole
 // instructions the jump overwrites) must be relocatable, lie within one function, and
 // no jump may land in its JTPR (Jump Target Prohibition Region, (addr, addr + DCR)).
