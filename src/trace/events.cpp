@@ -101,9 +101,10 @@ public:
 
 // kprobe_profile's counts of one event. The hit count is kept per CPU as the kernel keeps
 // nhit: hits on different CPUs do not write one cache line (nor the one the hit path reads
-// the event's state from, which the bouncing line used to share).
+// the event's state from, which the bouncing line used to share). CPUs 0-30 each have
+// their own; the last is shared, with locked adds (arch::count_on_this_cpu).
 struct EventCounts {
-    static constexpr unsigned kShards = 16;
+    static constexpr unsigned kShards = 32;
     struct alignas(64) Shard {
         std::atomic<uint64_t> n{0};
     };

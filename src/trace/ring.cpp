@@ -530,7 +530,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     if (w.tsc) {
         const uint64_t now = __rdtsc();
         rh->ts = now;
-        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed)) [[unlikely]] {
+        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed) && !arch::single_stepped()) [[unlikely]] {
             RingHeader *hdr = w.hdr;
             arch::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
         }
