@@ -229,6 +229,22 @@ void opt_warm(uint64_t addr);
 // without the registry mutex: pthread_create waits for the dynamic linker's lock, which a
 // dlopen() in another thread holds while its link-map hook waits for the registry mutex.
 void optimizer_start();
+// A scope in which probes are registered while the process may have no other thread (a
+// process's start, before main): the optimizer thread is not started meanwhile, and at the
+// end of the scope, if the caller is still the only thread, the queued points get their
+// jumps at once, on the caller's thread, with no breakpoint window any thread could run
+// into and no signal a tracer would see. Otherwise the optimizer thread takes them.
+class OptimizeAtStart {
+public:
+    OptimizeAtStart();
+    ~OptimizeAtStart();
+    OptimizeAtStart(const OptimizeAtStart &) = delete;
+    OptimizeAtStart &operator=(const OptimizeAtStart &) = delete;
+};
+// Inside an OptimizeAtStart scope whose caller is the process's only thread: arms pt with
+// its jmp in one write (no int3 first), if the point qualifies for one. False, nothing
+// written, otherwise. Under the registry mutex.
+bool opt_arm_alone(Point *pt);
 // Waits, at most `limit`, until the optimizer has been through the work queued before the
 // call (ukp_optimizer_flush). False if the time ran out.
 bool optimizer_flush_for(std::chrono::milliseconds limit);

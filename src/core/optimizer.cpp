@@ -79,6 +79,8 @@ std::condition_variable &done_cv() {
 }
 std::atomic<bool> g_thread_started{false};
 std::atomic<bool> g_thread_starting{false}; // one thread at a time starts it (no mutex: fork)
+std::atomic<int> g_start_held{0}; // OptimizeAtStart scopes open: the thread is not started
+bool g_alone = false; // inside the outermost of them, the caller is the process's only thread
 uint64_t g_requested = 0; // work items queued so far
 uint64_t g_handled = 0;   // work items the optimizer has been through
 bool g_busy = false;      // a pass is running (the mutex is dropped while threads answer)
@@ -329,6 +331,39 @@ void write_jumps(Point *const *batch, size_t n) {
         }
     }
     text::sync_cores();
+}
+
+// How many threads the process has (the Threads: line of /proc/self/status), 0 if unknown.
+int thread_count() {
+    const int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char text[4096];
+    const ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    const char *at = strstr(text, "\nThreads:");
+    return at != nullptr ? static_cast<int>(strtol(at + 10, nullptr, 10)) : 0;
+}
+
+// The optimizer's pass for a process whose only thread is the caller: no other thread can
+// be inside a region or on its way into one, so none is signalled (a tracer sees nothing)
+// and the jumps are written at once. The caller stands in agent code, outside every region.
+// Under the registry mutex.
+void optimize_pending_alone() {
+    std::vector<Point *> batch;
+    for (Point *pt : pending()) {
+        pt->queued = false;
+        auto it = all_points().find(pt->addr);
+        if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt)) continue;
+        if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
+        pt->copy_fresh = false;
+        batch.push_back(pt);
+    }
+    pending().clear();
+    write_jumps(batch.data(), batch.size());
+    g_handled = g_requested;
+    done_cv().notify_all();
 }
 
 void worker() {
@@ -633,7 +668,8 @@ uint64_t copy_to_original(const Point *pt, uint64_t ip) {
 }
 
 void optimizer_start() {
-    if (!g_opt_enabled.load(std::memory_order_relaxed) || g_thread_started.load(std::memory_order_acquire))
+    if (!g_opt_enabled.load(std::memory_order_relaxed) || g_thread_started.load(std::memory_order_acquire) ||
+        g_start_held.load(std::memory_order_acquire) > 0)
         return;
     bool expected = false;
     if (!g_thread_starting.compare_exchange_strong(expected, true)) return;
@@ -657,6 +693,47 @@ int set_optimization(bool on) {
         opt_update(pt);
     }
     return result;
+}
+
+OptimizeAtStart::OptimizeAtStart() {
+    if (g_start_held.fetch_add(1, std::memory_order_acq_rel) > 0) return;
+    std::lock_guard lock(registry_mutex());
+    g_alone = g_opt_enabled.load(std::memory_order_relaxed) && !g_thread_started.load(std::memory_order_acquire) &&
+              thread_count() == 1;
+}
+
+bool opt_arm_alone(Point *pt) {
+    if (!g_alone || pt->armed || pt->detour == 0) return false;
+    pt->armed = true; // as qualifies() and opt_target() see the point once armed
+    uint8_t jmp[5];
+    const bool ok = qualifies(pt) && arch::encode_jmp_rel32(pt->addr, opt_target(pt), jmp);
+    pt->armed = false;
+    if (!ok) return false;
+    if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
+    pt->copy_fresh = false;
+    // One write: no other thread can run these bytes, and the caller is in agent code.
+    if (text::write(pt->addr, jmp, sizeof jmp) != 0) return false;
+    text::sync_cores();
+    pt->armed = true;
+    pt->jump_target = opt_target(pt);
+    pt->optimized = true;
+    set_flags(pt);
+    return true;
+}
+
+OptimizeAtStart::~OptimizeAtStart() {
+    bool left = false;
+    {
+        std::lock_guard lock(registry_mutex());
+        if (g_start_held.load(std::memory_order_acquire) == 1) { // the outermost scope
+            // Points armed before the scope, or re-queued in it, are as safe to jump now.
+            if (g_alone && !pending().empty()) optimize_pending_alone();
+            left = !pending().empty();
+            g_alone = false;
+        }
+    }
+    g_start_held.fetch_sub(1, std::memory_order_acq_rel);
+    if (left) optimizer_start(); // another thread runs (or the count is unknown): the usual way
 }
 
 void optimizer_flush() {

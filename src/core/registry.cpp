@@ -263,6 +263,7 @@ int update_arming(Point *pt) {
         return 0;
     }
     if (want) opt_before_arming(pt->addr);
+    if (want && opt_arm_alone(pt)) return 0;
     if (!want && pt->optimized) {
         if (int err = opt_unoptimize(pt); err != 0) return err;
     }

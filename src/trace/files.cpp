@@ -105,11 +105,17 @@ void apply_environment() {
         const char *spec = std::getenv("UKP_EVENTS");
         const char *no_inherit = std::getenv("UKP_NO_INHERIT");
         if (spec != nullptr && *spec != '\0') {
-            apply_startup_events(spec);
             // The jumps go in now, while the program has no thread of its own: until then
             // each probe is a breakpoint, and a hit where SIGTRAP is blocked or reset is
             // fatal (the child of posix_spawn, system and popen runs so, as do threads
-            // that block every signal). Bounded: a process that cannot optimize now goes on.
+            // that block every signal), and under a debugger each hit would stop the
+            // program. Alone, the process gets them at once with no breakpoint window;
+            // with other threads (another preloaded library's) the optimizer thread places
+            // them, and the wait for it is bounded: a process that cannot optimize goes on.
+            {
+                const core::OptimizeAtStart alone;
+                apply_startup_events(spec);
+            }
             core::optimizer_flush_for(std::chrono::milliseconds(kStartupOptimizeMs));
         }
         if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
