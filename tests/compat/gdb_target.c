@@ -1,7 +1,7 @@
 /* tests/compat/gdb.txt: the program gdb runs: work() allocates through libc's malloc. */
 #include <stdio.h>
 #include <stdlib.h>
-
+int total; /* gdb watches it */
 int work(int i)
 {
     char *p = malloc(64 + i);
@@ -13,8 +13,9 @@ int work(int i)
 
 int main(void)
 {
-    int s = 0;
-    for (int i = 0; i < 100; ++i) s += work(i);
-    printf("sum %d\n", s);
+    for (int i = 0; i < 100; ++i) total += work(i);
+    printf("sum %d\n", total);
+
+
     return 0;
 }

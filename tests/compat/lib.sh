@@ -269,3 +269,32 @@ py_compare() {
     COMPAT_FILTER="py_verdicts /dev/stdin" compare "$@"
     grep '^Tests result: ' "$E2E_TMP/plain.out" | sed 's/^/plain /'
 }
+
+# gdb_lines FILE: the lines of a gdb session's output that gdb.txt compares (breakpoint and
+# watchpoint reports, frames #0-#2, the program's sum, its exit), without what varies from
+# run to run (addresses, pids, the "Thread N hit" prefix gdb adds once a program has
+# threads: the agent's).
+gdb_lines() {
+    grep -E '^(Thread [0-9]+ "[^"]*" hit )?(Breakpoint 1,|Temporary breakpoint 2[.0-9]*,|Watchpoint 3: total|Old value|New value|#[0-2] |sum |\[Inferior)' "$1" |
+        sed -E 's/^Thread [0-9]+ "[^"]*" hit //; s/0x[0-9a-f]+ in //; s/process [0-9]+/process N/'
+}
+
+# gdb_session PROG [SETTING...]: runs PROG under gdb -batch, the SETTINGs first (gdb
+# commands), then gdb.txt's session; prints gdb_lines of its output and returns gdb's
+# status. With $GDB_EVENT set, gdb runs under `ukprobe run -o $E2E_TMP/trace -e
+# "$GDB_EVENT"` (its output then ends with ukprobe's profile).
+gdb_session() {
+    _prog=$1
+    shift
+    for _s; do shift; set -- "$@" -ex "$_s"; done
+    set -- gdb -q -batch "$@" -ex 'set can-use-hw-watchpoints 0' -ex 'break work if i == 50' -ex run -ex bt \
+        -ex 'tbreak malloc thread 1' -ex continue -ex 'bt 2' -ex 'watch total' -ex continue -ex delete -ex continue "$_prog"
+    if [ -n "$GDB_EVENT" ]; then
+        "$UKPROBE" run -o "$E2E_TMP/trace" -e "$GDB_EVENT" -- "$@" >"$E2E_TMP/gdb.out" 2>&1
+    else
+        "$@" >"$E2E_TMP/gdb.out" 2>&1
+    fi
+    _st=$?
+    gdb_lines "$E2E_TMP/gdb.out"
+    return $_st
+}
