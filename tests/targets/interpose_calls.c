@@ -9,12 +9,15 @@
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <errno.h>
 #include <execinfo.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <ucontext.h>
 #include <unistd.h>
 #include <unwind.h>
@@ -414,6 +417,67 @@ __attribute__((noinline)) static void backtrace_cases(void) {
     printf("  frames: %d\n", n);
 }
 
+static volatile sig_atomic_t g_usr1_seen;
+static void on_usr1(int sig) { (void)sig; g_usr1_seen = 1; }
+
+// The calls that install a mask while they wait, and the BSD mask calls: results, errno,
+// and the mask in force afterwards (theirs is temporary). A pending SIGUSR1 ends each wait.
+static void wait_cases(void) {
+    struct sigaction act;
+    memset(&act, 0, sizeof act);
+    act.sa_handler = on_usr1;
+    sigaction(SIGUSR1, &act, NULL);
+    sigset_t usr1, all_but_usr1, full;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigfillset(&all_but_usr1);
+    sigdelset(&all_but_usr1, SIGUSR1);
+    sigfillset(&full);
+    const struct timespec zero = {0, 0}, bad = {0, -1};
+    struct pollfd none;
+    struct epoll_event ev;
+    const int ep = epoll_create1(EPOLL_CLOEXEC);
+
+    sigprocmask(SIG_BLOCK, &usr1, NULL);
+    raise(SIGUSR1);
+    CASE(sigsuspend(&all_but_usr1));
+    printf("  handler ran: %d\n", (int)g_usr1_seen);
+    print_thread_mask("mask");
+    raise(SIGUSR1);
+    CASE(ppoll(NULL, 0, NULL, &all_but_usr1));
+    raise(SIGUSR1);
+    CASE(pselect(0, NULL, NULL, NULL, NULL, &all_but_usr1));
+    raise(SIGUSR1);
+    CASE(epoll_pwait(ep, &ev, 1, -1, &all_but_usr1));
+    raise(SIGUSR1);
+    CASE(epoll_pwait2(ep, &ev, 1, NULL, &all_but_usr1));
+    print_thread_mask("mask");
+    CASE(ppoll(&none, 0, &zero, &full));
+    CASE(ppoll(&none, 0, &zero, NULL));
+    CASE(ppoll(&none, 0, &bad, &full));
+    CASE(pselect(0, NULL, NULL, NULL, &zero, &full));
+    CASE(pselect(-1, NULL, NULL, NULL, &zero, &full));
+    CASE(epoll_pwait(ep, &ev, 1, 0, &full));
+    CASE(epoll_pwait(-1, &ev, 1, 0, &full));
+    CASE(epoll_pwait(ep, &ev, 0, 0, NULL));
+    CASE(epoll_pwait2(ep, &ev, 1, &zero, &full));
+    CASE(epoll_pwait2(-1, &ev, 1, &zero, &full));
+    CASE(epoll_pwait2(ep, &ev, 1, &bad, NULL));
+    print_thread_mask("mask");
+    close(ep);
+
+    // The old masks they return, without the agent's signals (never blocked with it).
+    int agent_bits = 0;
+    for (int sig = 1; sig < 32; ++sig)
+        if (agent_signal(sig)) agent_bits |= 1 << (sig - 1);
+    CASE(sigsetmask(1 << (SIGUSR2 - 1)) & ~agent_bits);
+    print_thread_mask("mask");
+    CASE(sigblock(~0) & ~agent_bits);
+    print_thread_mask("mask");
+    CASE(sigsetmask(0) & ~agent_bits);
+    print_thread_mask("mask");
+}
+
 int main(int argc, char **argv) {
     g_managed_exact = argc > 1 && strcmp(argv[1], "managed") == 0;
     setvbuf(stdout, NULL, _IOFBF, 1 << 20);
@@ -433,6 +497,8 @@ int main(int argc, char **argv) {
         altstack_cases();
         reset_state();
         context_cases();
+        reset_state();
+        wait_cases();
         jump_cases();
         backtrace_cases();
     }

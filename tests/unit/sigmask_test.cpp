@@ -1,8 +1,9 @@
 // Programs that block signals: a probe hit (SIGTRAP) or a fault-safe read (SIGSEGV) on a
 // thread that blocks the signal would be turned by the kernel into the default action, the
 // death of the process. The agent keeps its signals deliverable whatever mask the program
-// sets. Each case runs in a child (death test) so that a regression shows as a signal
-// instead of killing the suite.
+// sets, the masks of the calls that wait under one of their own included. Each case runs
+// in a child (death test) so that a regression shows as a signal instead of killing the
+// suite.
 #include <ukprobes/kprobes.h>
 
 #include <gtest/gtest.h>
@@ -10,7 +11,10 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <unistd.h>
 
 namespace {
@@ -119,3 +123,75 @@ TEST(SignalMasks, ErrnoLocationIsBlacklisted) {
 }
 
 } // namespace
+
+// The calls that wait under a mask of their own: the handler that ends the wait runs under
+// it. Exit codes: 0 correct; 3 a call failed as it should not; 10+ a wrong value.
+void usr1_probe_hit(int) { g_handler_result = sigmask_target(7); }
+
+enum class Wait { kSigsuspend, kPpoll, kPselect, kEpollPwait, kEpollPwait2 };
+
+void probe_hit_while_waiting(Wait how) {
+    register_target_probe();
+    struct sigaction act {};
+    act.sa_handler = usr1_probe_hit;
+    if (sigaction(SIGUSR1, &act, nullptr) != 0) _exit(3);
+    sigset_t usr1, all_but_usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigfillset(&all_but_usr1);
+    sigdelset(&all_but_usr1, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+    raise(SIGUSR1); // pending until the wait's mask lets it in
+    const int ep = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev{};
+    int r = 0;
+    switch (how) {
+    case Wait::kSigsuspend: r = sigsuspend(&all_but_usr1); break;
+    case Wait::kPpoll: r = ppoll(nullptr, 0, nullptr, &all_but_usr1); break;
+    case Wait::kPselect: r = pselect(0, nullptr, nullptr, nullptr, nullptr, &all_but_usr1); break;
+    case Wait::kEpollPwait: r = epoll_pwait(ep, &ev, 1, -1, &all_but_usr1); break;
+    case Wait::kEpollPwait2: r = epoll_pwait2(ep, &ev, 1, nullptr, &all_but_usr1); break;
+    }
+    if (r != -1 || errno != EINTR) _exit(3);
+    if (g_handler_result != 36) _exit(10);
+    if (g_pre != 1 || g_post != 1) _exit(11);
+    _exit(0);
+}
+
+TEST(SignalMasks, AProbeHitInAHandlerRunDuringSigsuspend) {
+    EXPECT_EXIT(probe_hit_while_waiting(Wait::kSigsuspend), ::testing::ExitedWithCode(0), "");
+}
+TEST(SignalMasks, AProbeHitInAHandlerRunDuringPpoll) {
+    EXPECT_EXIT(probe_hit_while_waiting(Wait::kPpoll), ::testing::ExitedWithCode(0), "");
+}
+TEST(SignalMasks, AProbeHitInAHandlerRunDuringPselect) {
+    EXPECT_EXIT(probe_hit_while_waiting(Wait::kPselect), ::testing::ExitedWithCode(0), "");
+}
+TEST(SignalMasks, AProbeHitInAHandlerRunDuringEpollPwait) {
+    EXPECT_EXIT(probe_hit_while_waiting(Wait::kEpollPwait), ::testing::ExitedWithCode(0), "");
+}
+TEST(SignalMasks, AProbeHitInAHandlerRunDuringEpollPwait2) {
+    EXPECT_EXIT(probe_hit_while_waiting(Wait::kEpollPwait2), ::testing::ExitedWithCode(0), "");
+}
+
+// The BSD calls, which glibc carries out with its internal sigprocmask (deprecated, and
+// still there for the programs that call them).
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+void probe_hit_after_bsd_mask(bool setmask) {
+    register_target_probe();
+    if (setmask) sigsetmask(~0);
+    else sigblock(~0);
+    if (sigmask_target(1) != 6) _exit(10);
+    if (g_pre != 1 || g_post != 1) _exit(11);
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, nullptr, &now);
+    if (!sigismember(&now, SIGUSR2)) _exit(12); // the rest is blocked as asked
+    _exit(0);
+}
+
+TEST(SignalMasks, AProbeHitAfterSigsetmaskOfEverything) {
+    EXPECT_EXIT(probe_hit_after_bsd_mask(true), ::testing::ExitedWithCode(0), "");
+}
+TEST(SignalMasks, AProbeHitAfterSigblockOfEverything) {
+    EXPECT_EXIT(probe_hit_after_bsd_mask(false), ::testing::ExitedWithCode(0), "");
+}
