@@ -570,6 +570,62 @@ std::string real_path(const char *path)
     return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(path);
 }
 
+// The aliases of an object (Object::aliases) at `path`: for the main program of process
+// `pid` (0: this one, whose path it was executed as is known: AT_EXECFN), else a
+// library's path with its links resolved. Without duplicates of path and name.
+std::vector<std::string> aliases_of(const std::string &path, bool main_program, int pid)
+{
+    std::vector<std::string> out;
+    const auto add = [&](std::string a) {
+        if (!a.empty() && a != path && a != file_name(path) && std::find(out.begin(), out.end(), a) == out.end())
+            out.push_back(std::move(a));
+    };
+    if (!main_program) {
+        add(real_path(path.c_str()));
+        return out;
+    }
+    constexpr std::string_view kDeleted = " (deleted)";
+    if (path.size() > kDeleted.size() && path.compare(path.size() - kDeleted.size(), kDeleted.size(), kDeleted) == 0) {
+        const std::string before = path.substr(0, path.size() - kDeleted.size());
+        add(before);
+        add(file_name(before));
+    }
+    add("/proc/" + std::to_string(pid != 0 ? pid : getpid()) + "/exe");
+    if (pid == 0) {
+        add("/proc/self/exe");
+        if (const auto *execfn = reinterpret_cast<const char *>(getauxval(AT_EXECFN)); execfn != nullptr) {
+            add(execfn);
+            add(file_name(execfn));
+        }
+    }
+    return out;
+}
+
+// Whether MOD names object o (Registry::resolve); `real` is realpath(MOD) for a MOD
+// with a '/' that leads somewhere, else empty.
+bool names_object(const Object &o, std::string_view module, const std::string &real)
+{
+    if (o.name == module || o.path == module || (!real.empty() && o.path == real))
+        return true;
+    for (const std::string &a : o.aliases)
+        if (a == module || (!real.empty() && a == real))
+            return true;
+    return false;
+}
+
+std::string real_module(std::string_view module)
+{
+    if (module.find('/') == std::string_view::npos)
+        return {};
+    const std::string text(module);
+    char *resolved = ::realpath(text.c_str(), nullptr);
+    if (resolved == nullptr)
+        return {};
+    std::string out = resolved;
+    std::free(resolved);
+    return out;
+}
+
 // What dl_iterate_phdr() reports about one object.
 struct LinkEntry {
     std::string name;  // dlpi_name
@@ -879,6 +935,7 @@ void Registry::refresh()
             }
             obj->path = path;
             obj->name = file_name(path);
+            obj->aliases = aliases_of(path, main_program, 0);
             obj->bias = e.bias;
             obj->main_program = main_program;
             obj->load_index = static_cast<unsigned>(i);
@@ -1014,6 +1071,7 @@ void Registry::refresh_from_maps(int pid, ProcessMaps *remembered)
             }
             obj->path = path;
             obj->name = file_name(path);
+            obj->aliases = aliases_of(path, main_program, pid);
             obj->bias = bias;
             obj->main_program = main_program;
             obj->load_index = static_cast<unsigned>(fresh.size());
@@ -1055,8 +1113,9 @@ std::string_view Registry::module_of(std::string_view spec)
 
 bool Registry::has_module(std::string_view module) const
 {
+    const std::string real = real_module(module);
     for (const auto &o : objects_)
-        if (o->name == module || o->path == module)
+        if (names_object(*o, module, real))
             return true;
     return false;
 }
@@ -1094,8 +1153,9 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, Sk
         return true;
     };
     if (!module.empty()) {
+        const std::string real = real_module(module);
         for (const auto &o : objects_) {
-            if ((o->name == module || o->path == module) && try_object(*o))
+            if (names_object(*o, module, real) && try_object(*o))
                 return ifunc_error;
         }
         return -ENOENT;

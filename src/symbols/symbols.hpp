@@ -92,6 +92,12 @@ struct Object {
     std::string path;   // as the dynamic linker knows it ("" for the main program is
                         // replaced by /proc/self/exe's target)
     std::string name;   // file name only: "libc.so.6", "sample_target"
+    // Other names a definition's MOD may give it (Registry::resolve): the path the main
+    // program was executed as and its file name ("python3" for python3.11 run through
+    // the link /usr/bin/python3), /proc/self/exe and /proc/PID/exe, the path without the
+    // " (deleted)" of an executable removed or replaced since it started, a library's
+    // path with its links resolved.
+    std::vector<std::string> aliases;
     uint64_t bias = 0;  // load bias (dlpi_addr)
     bool main_program = false;
     unsigned load_index = 0; // order in the link map: 0 for the main program
@@ -164,7 +170,8 @@ public:
     //   -ENOENT: no such object or symbol
     //   -EINVAL: empty MOD or sym, null addr
     // With no MOD, the main program is searched first, then the others in load order.
-    // MOD is matched against Object::name, or against the full path. MOD ends at the
+    // MOD is matched against Object::name, the full path, and Object::aliases; a MOD
+    // with a '/' also by where its links lead (realpath). MOD ends at the
     // first single ':' outside brackets: "ns::f" and "f[abi:cxx11]()" have no MOD.
     // `skip`, when given, passes over definitions an unqualified name should not find
     // (the agent's own interposers of libc functions); "MOD:sym" is never skipped.
