@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 // siginterrupt() is deprecated, and still one of the calls to compare.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include <dlfcn.h>
 #include <errno.h>
 #include <execinfo.h>
 #include <poll.h>
@@ -19,6 +20,7 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <ucontext.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <unwind.h>
 
@@ -417,6 +419,33 @@ __attribute__((noinline)) static void backtrace_cases(void) {
     printf("  frames: %d\n", n);
 }
 
+// fork and dlopen are not interposed (the agent follows them through pthread_atfork and a
+// probe on the dynamic linker's r_brk): their results and errno must still be glibc's.
+static void fork_dlopen_cases(void) {
+    errno = g_sentinel;
+    const pid_t child = fork();
+    if (child == 0) _exit(errno == g_sentinel ? 7 : 8);
+    report("fork() > 0", child > 0);
+    int status = 0;
+    CASE(waitpid(child, &status, 0) == child);
+    printf("  child exit %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    errno = g_sentinel;
+    void *none = dlopen("libukprobes-test-none.so", RTLD_NOW);
+    report("dlopen(missing) != NULL", none != NULL);
+    const char *why = dlerror();
+    printf("  dlerror: %s\n", why != NULL ? why : "(none)");
+    errno = g_sentinel;
+    void *m = dlopen("libm.so.6", RTLD_NOW | RTLD_LOCAL);
+    report("dlopen(libm.so.6) != NULL", m != NULL);
+    errno = g_sentinel;
+    report("dlsym(m, cos) != NULL", m != NULL && dlsym(m, "cos") != NULL);
+    if (m != NULL) CASE(dlclose(m));
+    errno = g_sentinel;
+    void *self = dlopen(NULL, RTLD_NOW);
+    report("dlopen(NULL) != NULL", self != NULL);
+    if (self != NULL) CASE(dlclose(self));
+}
+
 static volatile sig_atomic_t g_usr1_seen;
 static void on_usr1(int sig) { (void)sig; g_usr1_seen = 1; }
 
@@ -499,6 +528,7 @@ int main(int argc, char **argv) {
         context_cases();
         reset_state();
         wait_cases();
+        fork_dlopen_cases();
         jump_cases();
         backtrace_cases();
     }
