@@ -4,6 +4,8 @@
 //   Plain/calls        the program alone, 1,000,000 calls
 //   Run/calls          under `ukprobe run -b 262144 -o FILE -e 'p:... i=%di:u64'`: every
 //                      call a line (checked), so lines/s is the pipeline's rate
+//   Plain/libc, Run/libc the same with the event on a libc function (strtoul): its
+//                      address is named from the program's whole list of objects
 //   Plain/masks, Run/masks   200,000 sigprocmask(SIG_SETMASK) calls, alone and under
 //                      `ukprobe run` with one event elsewhere: what ukprobe adds to them
 // Ratios to the plain runs are printed at the end, from each benchmark's fastest repetition.
@@ -84,11 +86,16 @@ const std::string kCallEvent = std::string("p:pb/w ") + UKP_PIPELINE_TARGET + ":
 
 void BM_Plain_calls(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "calls", std::to_string(kCalls)}, -1, kCalls); }
 void BM_Run_calls(benchmark::State &s) { one(s, run_args("calls", kCalls, kCallEvent), kCalls, kCalls); }
+const std::string kLibcEvent = "p:pb/s libc.so.6:strtoul s=+0(%di):string";
+void BM_Plain_libc(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "libc", std::to_string(kCalls)}, -1, kCalls); }
+void BM_Run_libc(benchmark::State &s) { one(s, run_args("libc", kCalls, kLibcEvent), kCalls + 1, kCalls); }
 void BM_Plain_masks(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "masks", std::to_string(kMasks)}, -1, kMasks); }
 void BM_Run_masks(benchmark::State &s) { one(s, run_args("masks", kMasks, kCallEvent), 0, kMasks); }
 
 BENCHMARK(BM_Plain_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Run_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Plain_libc)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Run_libc)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Plain_masks)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Run_masks)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -110,6 +117,9 @@ public:
         if (ms("BM_Run_calls") > 0)
             fmt::print("run -o FILE: {:.0f} lines/s over the whole run; {:.1f} x the program alone\n",
                        kCalls / (ms("BM_Run_calls") / 1e3), ms("BM_Run_calls") / ms("BM_Plain_calls"));
+        if (ms("BM_Run_libc") > 0)
+            fmt::print("run -o FILE, a libc function's event: {:.0f} lines/s; {:.1f} x the program alone\n",
+                       kCalls / (ms("BM_Run_libc") / 1e3), ms("BM_Run_libc") / ms("BM_Plain_libc"));
         if (ms("BM_Run_masks") > 0)
             fmt::print("sigprocmask: {:.0f} ns a call alone, {:.0f} ns under run\n", ms("BM_Plain_masks") * 1e6 / kMasks,
                        ms("BM_Run_masks") * 1e6 / kMasks);

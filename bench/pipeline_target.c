@@ -1,5 +1,6 @@
-// The program of pipeline_bench: `calls N` calls a probed function N times; `masks N`
-// sets its signal mask N times (what servers do around every wait).
+// The program of pipeline_bench: `calls N` calls a probed function N times; `libc N`
+// calls libc's strtoul N times (N + 1 with the one that reads N); `masks N` sets its
+// signal mask N times (what servers do around every wait).
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,9 @@ int main(int argc, char **argv) {
     unsigned long sum = 0;
     if (strcmp(argv[1], "calls") == 0) {
         for (unsigned long i = 0; i < n; ++i) sum += pipeline_work(i);
+    } else if (strcmp(argv[1], "libc") == 0) {
+        static const char *const kNumbers[] = {"7", "12", "123456", "9"};
+        for (unsigned long i = 0; i < n; ++i) sum += strtoul(kNumbers[i % 4], NULL, 10);
     } else {
         sigset_t a, b;
         sigemptyset(&a);

@@ -88,7 +88,7 @@ bool TraceReader::map_ring() {
                 // Read while the process surely lives (it waits in the call that gave the
                 // ring up): one killed later has no maps left to name its addresses with.
                 // Objects of `known` still mapped where they were are not parsed again.
-                symbols_.refresh_from_maps(pid_, &maps_);
+                refresh_symbols();
             } else {
                 unmap(m);
             }
@@ -153,15 +153,27 @@ const trace::EventInfo *TraceReader::find_event(uint16_t id) {
     return it != events_.end() ? &it->second : nullptr;
 }
 
+void TraceReader::refresh_symbols() {
+    symbols_.refresh_from_maps(pid_, &maps_);
+    symbol_texts_.clear();
+}
+
 std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
-    if (symbols_.objects().empty()) symbols_.refresh_from_maps(pid_, &maps_);
+    constexpr uint64_t kWithSize = 1ull << 63; // no user address has it
+    constexpr size_t kMaxTexts = 1 << 16;
+    const uint64_t key = addr | (with_size ? kWithSize : 0);
+    if (auto it = symbol_texts_.find(key); it != symbol_texts_.end()) return it->second;
+    if (symbols_.objects().empty()) refresh_symbols();
     std::string text = trace::symbol_text(symbols_.objects(), addr, with_size);
     if (text.empty() && !symbols_fresh_) {
         symbols_fresh_ = true; // an object loaded since
-        symbols_.refresh_from_maps(pid_, &maps_);
+        refresh_symbols();
         text = trace::symbol_text(symbols_.objects(), addr, with_size);
     }
-    return text.empty() ? trace::hex_address(addr) : text;
+    if (text.empty()) return trace::hex_address(addr); // an object may come there later
+    if (symbol_texts_.size() >= kMaxTexts) symbol_texts_.clear();
+    symbol_texts_.emplace(key, text);
+    return text;
 }
 
 trace::EventPrinter TraceReader::printer() {
