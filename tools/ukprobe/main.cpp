@@ -220,7 +220,10 @@ int cmd_trace_pipe(const Options &o) {
             text = reader.pipe(kPipeWaitMs, 1 << 20);
         } catch (const std::runtime_error &) {
             if (process_alive(o.pid)) throw;
-            // The process ended: so does its trace (what its ring held last is gone with it).
+            // The process ended: so does its trace, once what its ring held last (the
+            // ring mapped here outlives it) is printed.
+            for (std::string left; !(left = reader.pipe_left(1 << 20)).empty();) fmt::print("{}", left);
+            fflush(stdout);
             fmt::print(stderr, "ukprobe: process {} exited\n", o.pid);
             return 0;
         }

@@ -165,7 +165,7 @@ std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
     if (auto it = symbol_texts_.find(key); it != symbol_texts_.end()) return it->second;
     if (symbols_.objects().empty()) refresh_symbols();
     std::string text = trace::symbol_text(symbols_.objects(), addr, with_size);
-    if (text.empty() && !symbols_fresh_) {
+    if (text.empty() && !symbols_fresh_ && !agent_gone_) { // a process gone has no maps left
         symbols_fresh_ = true; // an object loaded since
         refresh_symbols();
         text = trace::symbol_text(symbols_.objects(), addr, with_size);
@@ -203,6 +203,16 @@ std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
         fn(view);
     };
     return pipe_.read(with_view, printer(), timeout_ms, max_bytes);
+}
+
+std::string TraceReader::pipe_left(size_t max_bytes) {
+    if (mapped_ == nullptr) return {};
+    agent_gone_ = true; // the symbols are named from what was read while it lived
+    const trace::RingView view{mapped_, size_};
+    const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
+        fn(view);
+    };
+    return pipe_.read(with_view, printer(), 0, max_bytes);
 }
 
 std::string TraceReader::snapshot() {

@@ -50,6 +50,9 @@ public:
     // (a line that does not fit is kept for the next read). "" when none came. Throws
     // std::runtime_error when the agent is gone or refuses.
     std::string pipe(int timeout_ms, size_t max_bytes);
+    // After the process is gone: what its ring mapped here still holds (the ring outlives
+    // it), consumed, without asking the agent. "" when nothing is left, or no ring is mapped.
+    std::string pipe_left(size_t max_bytes);
     // The snapshot file's text, from the snapshot buffers' memfd (Op::kOpenFd
     // kSnapshotRingPath); an agent that does not serve it formats it.
     std::string snapshot();
