@@ -163,6 +163,9 @@ public:
             }
             return {0, reader.pipe(kPipeWaitMs, 1 << 20)};
         } catch (const std::runtime_error &) {
+            // The process is gone: what its ring held last first (the mapping outlives it).
+            std::string left = reader.pipe_left(1 << 20);
+            if (!left.empty()) return {0, std::move(left)};
             return {-ENODEV, {}};
         }
     }
