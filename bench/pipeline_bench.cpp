@@ -6,6 +6,9 @@
 //                      call a line (checked), so lines/s is the pipeline's rate
 //   Plain/libc, Run/libc the same with the event on a libc function (strtoul): its
 //                      address is named from the program's whole list of objects
+//   Pipe/calls         the program with the agent linked in, its event given by UKP_EVENTS,
+//                      and `ukprobe -p PID trace-pipe > FILE` reading it over the socket
+//                      (timed from the program's go to the reader's exit, after it)
 //   Plain/masks, Run/masks   200,000 sigprocmask(SIG_SETMASK) calls, alone and under
 //                      `ukprobe run` with one event elsewhere: what ukprobe adds to them
 // Ratios to the plain runs are printed at the end, from each benchmark's fastest repetition.
@@ -16,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fcntl.h>
+#include <csignal>
 #include <map>
 #include <spawn.h>
 #include <string>
@@ -86,6 +90,57 @@ const std::string kCallEvent = std::string("p:pb/w ") + UKP_PIPELINE_TARGET + ":
 
 void BM_Plain_calls(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "calls", std::to_string(kCalls)}, -1, kCalls); }
 void BM_Run_calls(benchmark::State &s) { one(s, run_args("calls", kCalls, kCallEvent), kCalls, kCalls); }
+// Runs the program (preloaded, waiting for SIGUSR1) and trace-pipe on it; the time is
+// from the signal to the reader's exit (the program gone, its ring read to the end).
+void BM_Pipe_calls(benchmark::State &state) {
+    for (auto _ : state) {
+        state.PauseTiming();
+        int ready[2];
+        if (pipe(ready) != 0) return state.SkipWithError("pipe");
+        const std::string events = std::string("UKP_EVENTS=p:pb/w,") + UKP_PIPELINE_TARGET + ":pipeline_work,i=%di:u64";
+        std::vector<std::string> env = {std::string("LD_PRELOAD=") + UKP_AGENT, "UKP_CONTROL=1",
+                                        "UKP_BUFFER_SIZE_KB=262144", events};
+        for (char **e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+        std::vector<char *> envp;
+        for (std::string &e : env) envp.push_back(e.data());
+        envp.push_back(nullptr);
+        const std::string n = std::to_string(kCalls);
+        const char *argv[] = {UKP_PIPELINE_TARGET, "wait-calls", n.c_str(), nullptr};
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, ready[1], 1);
+        posix_spawn_file_actions_addclose(&fa, ready[0]);
+        pid_t prog = 0;
+        const int spawned = posix_spawn(&prog, argv[0], &fa, nullptr, const_cast<char **>(argv), envp.data());
+        posix_spawn_file_actions_destroy(&fa);
+        close(ready[1]);
+        char line[16] = {};
+        const bool up = spawned == 0 && read(ready[0], line, sizeof line - 1) > 0;
+        close(ready[0]);
+        if (!up) return state.SkipWithError("the program did not start");
+        const std::string pid = std::to_string(prog);
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, kFile.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+        const char *rargv[] = {UKP_UKPROBE, "-p", pid.c_str(), "trace-pipe", nullptr};
+        pid_t reader = 0;
+        posix_spawn(&reader, rargv[0], &fa, nullptr, const_cast<char **>(rargv), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        usleep(300 * 1000); // connected, its ring mapped
+        state.ResumeTiming();
+        kill(prog, SIGUSR1);
+        int status = 0;
+        waitpid(prog, &status, 0);
+        waitpid(reader, &status, 0);
+        state.PauseTiming();
+        const long lines = count_lines(kFile);
+        state.ResumeTiming();
+        if (lines != kCalls)
+            return state.SkipWithError(fmt::format("{} lines written, {} expected", lines, kCalls).c_str());
+    }
+    state.SetItemsProcessed(state.iterations() * kCalls);
+}
+
 const std::string kLibcEvent = "p:pb/s libc.so.6:strtoul s=+0(%di):string";
 void BM_Plain_libc(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "libc", std::to_string(kCalls)}, -1, kCalls); }
 void BM_Run_libc(benchmark::State &s) { one(s, run_args("libc", kCalls, kLibcEvent), kCalls + 1, kCalls); }
@@ -94,6 +149,7 @@ void BM_Run_masks(benchmark::State &s) { one(s, run_args("masks", kMasks, kCallE
 
 BENCHMARK(BM_Plain_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Run_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Pipe_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Plain_libc)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Run_libc)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Plain_masks)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -117,6 +173,8 @@ public:
         if (ms("BM_Run_calls") > 0)
             fmt::print("run -o FILE: {:.0f} lines/s over the whole run; {:.1f} x the program alone\n",
                        kCalls / (ms("BM_Run_calls") / 1e3), ms("BM_Run_calls") / ms("BM_Plain_calls"));
+        if (ms("BM_Pipe_calls") > 0)
+            fmt::print("trace-pipe over the socket: {:.0f} lines/s\n", kCalls / (ms("BM_Pipe_calls") / 1e3));
         if (ms("BM_Run_libc") > 0)
             fmt::print("run -o FILE, a libc function's event: {:.0f} lines/s; {:.1f} x the program alone\n",
                        kCalls / (ms("BM_Run_libc") / 1e3), ms("BM_Run_libc") / ms("BM_Plain_libc"));

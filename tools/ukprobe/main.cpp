@@ -219,6 +219,9 @@ int cmd_trace_pipe(const Options &o) {
         try {
             text = reader.pipe(kPipeWaitMs, 1 << 20);
         } catch (const std::runtime_error &) {
+            // A process on its way out closes its sockets before it is a zombie: given a
+            // second to get there.
+            for (int i = 0; i < 100 && process_alive(o.pid); ++i) usleep(10 * 1000);
             if (process_alive(o.pid)) throw;
             // The process ended: so does its trace, once what its ring held last (the
             // ring mapped here outlives it) is printed.
