@@ -250,6 +250,7 @@ struct Handle {
     std::unique_ptr<TraceReader> reader;
     bool loaded = false;
     std::string text; // the snapshot taken at the first read; for trace_pipe what the last read left
+    bool ended = false; // trace_pipe: the process is gone and its ring read to the end
 };
 
 struct DirEntry {
@@ -272,6 +273,12 @@ public:
     }
 
     Agent agent;
+
+    // trace_pipe files open and not yet at their end, and whether the process is gone
+    // (ProcessWatch): the file system stays until those readers have had what the ring
+    // held last.
+    std::atomic<int> pipes_open{0};
+    std::atomic<bool> process_gone{false};
 
     // Inode numbers: one per path ever looked up, never reused (the tree is small).
     fuse_ino_t ino_of(const std::string &path) {
@@ -515,11 +522,18 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi) {
     fi->nonseekable = h->pipe;
     fi->fh = reinterpret_cast<uint64_t>(h.get());
     // On a failed reply (the opener was interrupted) no release follows.
+    if (h->pipe) ++fs.pipes_open;
     if (fuse_reply_open(req, fi) == 0) h.release();
+    else if (h->pipe) --fs.pipes_open;
 }
 
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info *fi) {
-    delete &handle_of(fi);
+    Handle *h = &handle_of(fi);
+    {
+        std::lock_guard lock(h->mu);
+        if (h->pipe && !h->ended) --fs_of(req).pipes_open;
+    }
+    delete h;
     fuse_reply_err(req, 0);
 }
 
@@ -543,6 +557,13 @@ void read_pipe(fuse_req_t req, TraceFs &fs, Handle &h, size_t size) {
             h.reader = std::make_unique<TraceReader>(*h.client, fs.agent.pid(), true);
         }
         Answer a = fs.agent.ask_pipe(*h.reader, [req] { return fuse_req_interrupted(req) != 0; });
+        if (a.status == -ENODEV && fs.process_gone.load()) {
+            // The process is gone and what its ring held has been read: the end of the file.
+            if (!h.ended) --fs.pipes_open;
+            h.ended = true;
+            fuse_reply_buf(req, nullptr, 0);
+            return;
+        }
         if (a.status < 0) {
             fuse_reply_err(req, -a.status);
             return;
@@ -665,10 +686,11 @@ fuse_lowlevel_ops make_ops() {
     return ops;
 }
 
-// Ends the FUSE loop when the traced process exits: the file system unmounts itself.
+// Ends the FUSE loop when the traced process exits: the file system unmounts itself once
+// the trace_pipe readers have read what the ring held last (at most kDrainLimit later).
 class ProcessWatch {
 public:
-    ProcessWatch(int pidfd) : pidfd_(pidfd) {
+    ProcessWatch(int pidfd, TraceFs &fs) : pidfd_(pidfd), fs_(fs) {
         if (pipe2(wake_, O_CLOEXEC) != 0) throw std::runtime_error(fmt::format("pipe: {}", strerror(errno)));
         // Signals stay with the main thread, whose wait in the FUSE loop they end.
         sigset_t all, old;
@@ -693,11 +715,19 @@ private:
         }
         if (fds[0].revents == 0) return;
         exited_.store(true);
+        fs_.process_gone.store(true);
+        const auto until = std::chrono::steady_clock::now() + kDrainLimit;
+        while (fs_.pipes_open.load() > 0 && std::chrono::steady_clock::now() < until) {
+            pollfd wake{wake_[0], POLLIN, 0};
+            if (poll(&wake, 1, 20) > 0) return; // the loop ended meanwhile
+        }
         // fuse_set_signal_handlers' handler ends the loop (the workers block signals).
         kill(getpid(), SIGTERM);
     }
 
+    static constexpr auto kDrainLimit = std::chrono::seconds(5);
     int pidfd_;
+    TraceFs &fs_;
     int wake_[2] = {-1, -1};
     std::atomic<bool> exited_{false};
     std::thread thread_;
@@ -773,7 +803,7 @@ int cmd_mount(int pid, const MountOptions &o) {
     if (fuse_set_signal_handlers(se) != 0) {
         rc = 1;
     } else {
-        ProcessWatch watch(pidfd);
+        ProcessWatch watch(pidfd, fs);
         fuse_loop_config *config = fuse_loop_cfg_create();
         rc = fuse_session_loop_mt(se, config);
         fuse_loop_cfg_destroy(config);
