@@ -202,20 +202,26 @@ bool stopped_at(int tid, uint64_t *pc) {
     return true;
 }
 
-// Whether a tracer (a debugger, strace) is attached to the process. It would see every
-// stop signal (gdb stops the program at each by default) and, holding threads stopped, keep
-// them from answering: the optimizer waits until it is gone.
-bool traced() {
+// The number after `field` ("TracerPid:", "Threads:") in /proc/self/status; `otherwise`
+// when the file cannot be read or has no such line.
+long status_number(const char *field, long otherwise) {
     const int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
+    if (fd < 0) return otherwise;
     char text[4096];
     const ssize_t n = read(fd, text, sizeof text - 1);
     close(fd);
-    if (n <= 0) return false;
+    if (n <= 0) return otherwise;
     text[n] = '\0';
-    const char *at = strstr(text, "\nTracerPid:");
-    return at != nullptr && strtol(at + 11, nullptr, 10) != 0;
+    char line[32];
+    snprintf(line, sizeof line, "\n%s", field);
+    const char *at = strstr(text, line);
+    return at != nullptr ? strtol(at + strlen(line), nullptr, 10) : otherwise;
 }
+
+// Whether a tracer (a debugger, strace) is attached to the process. It would see every
+// stop signal (gdb stops the program at each by default) and, holding threads stopped, keep
+// them from answering: the optimizer waits until it is gone.
+bool traced() { return status_number("TracerPid:", 0) != 0; }
 
 // Makes sure no thread is inside (past the first byte of) the regions of batch[0..n):
 // signals the threads that run, or stand inside one, and waits for their answer.
@@ -333,18 +339,8 @@ void write_jumps(Point *const *batch, size_t n) {
     text::sync_cores();
 }
 
-// How many threads the process has (the Threads: line of /proc/self/status), 0 if unknown.
-int thread_count() {
-    const int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    char text[4096];
-    const ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    text[n] = '\0';
-    const char *at = strstr(text, "\nThreads:");
-    return at != nullptr ? static_cast<int>(strtol(at + 10, nullptr, 10)) : 0;
-}
+// How many threads the process has, 0 if unknown.
+int thread_count() { return static_cast<int>(status_number("Threads:", 0)); }
 
 // The optimizer's pass for a process whose only thread is the caller: no other thread can
 // be inside a region or on its way into one, so none is signalled (a tracer sees nothing)

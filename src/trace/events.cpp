@@ -19,7 +19,6 @@
 #include <map>
 #include <mutex>
 #include <sstream>
-#include <unordered_map>
 
 #include "arch/x86_64/safe_access.hpp"
 #include "arch/x86_64/this_cpu.hpp"
@@ -687,17 +686,12 @@ int Tracer::set_enabled(Event *e, bool on) {
 
 } // namespace
 
-// The answers are kept by address (bit 63: with the size) while the objects stay the
-// same: a trace names a few probe addresses over and over, and each lookup searches every
-// object's table in turn (ukprobe's reader does the same: tools/ukprobe/reader.cpp).
 std::string symbolize(uint64_t addr, bool with_size) {
     static std::mutex mu;
     static sym::Registry *reg = new sym::Registry; // never destroyed: printers run at exit
-    static auto *texts = new std::unordered_map<uint64_t, std::string>;
-    constexpr size_t kMaxTexts = 1 << 16;
-    const uint64_t key = addr | (with_size ? 1ull << 63 : 0);
+    static auto *texts = new SymbolTexts;
     std::lock_guard lock(mu);
-    if (auto it = texts->find(key); it != texts->end()) return it->second;
+    if (const std::string *known = texts->find(addr, with_size)) return *known;
     if (reg->objects().empty()) reg->refresh();
     std::string text = symbol_text(reg->objects(), addr, with_size);
     if (text.empty()) {
@@ -706,8 +700,7 @@ std::string symbolize(uint64_t addr, bool with_size) {
         text = symbol_text(reg->objects(), addr, with_size);
     }
     if (text.empty()) return hex_address(addr);
-    if (texts->size() >= kMaxTexts) texts->clear();
-    texts->emplace(key, text);
+    texts->keep(addr, with_size, text);
     return text;
 }
 

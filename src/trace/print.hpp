@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "trace/record.hpp"
@@ -44,6 +45,28 @@ void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32
 // (data symbols too), or "" when none does.
 std::string symbol_text(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr,
                         bool with_size);
+
+// symbol_text's answers by address, kept while the objects they came from stay the same:
+// a trace names a few probe addresses over and over, and each lookup searches every
+// object's table in turn. At most kMax answers (then it starts again).
+class SymbolTexts {
+public:
+    const std::string *find(uint64_t addr, bool with_size) const {
+        const auto it = texts_.find(key(addr, with_size));
+        return it != texts_.end() ? &it->second : nullptr;
+    }
+    void keep(uint64_t addr, bool with_size, const std::string &text) {
+        if (texts_.size() >= kMax) texts_.clear();
+        texts_.emplace(key(addr, with_size), text);
+    }
+    void clear() { texts_.clear(); }
+
+private:
+    static constexpr size_t kMax = 1 << 16;
+    // Bit 63 says with the size: no user address has it.
+    static uint64_t key(uint64_t addr, bool with_size) { return addr | (with_size ? 1ull << 63 : 0); }
+    std::unordered_map<uint64_t, std::string> texts_;
+};
 // "0x1a2b": how an address no symbol holds is printed.
 std::string hex_address(uint64_t addr);
 

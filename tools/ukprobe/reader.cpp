@@ -159,10 +159,7 @@ void TraceReader::refresh_symbols() {
 }
 
 std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
-    constexpr uint64_t kWithSize = 1ull << 63; // no user address has it
-    constexpr size_t kMaxTexts = 1 << 16;
-    const uint64_t key = addr | (with_size ? kWithSize : 0);
-    if (auto it = symbol_texts_.find(key); it != symbol_texts_.end()) return it->second;
+    if (const std::string *known = symbol_texts_.find(addr, with_size)) return *known;
     if (symbols_.objects().empty()) refresh_symbols();
     std::string text = trace::symbol_text(symbols_.objects(), addr, with_size);
     if (text.empty() && !symbols_fresh_ && !agent_gone_) { // a process gone has no maps left
@@ -171,8 +168,7 @@ std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
         text = trace::symbol_text(symbols_.objects(), addr, with_size);
     }
     if (text.empty()) return trace::hex_address(addr); // an object may come there later
-    if (symbol_texts_.size() >= kMaxTexts) symbol_texts_.clear();
-    symbol_texts_.emplace(key, text);
+    symbol_texts_.keep(addr, with_size, text);
     return text;
 }
 

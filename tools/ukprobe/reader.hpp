@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <unordered_map>
 
 #include "symbols/symbols.hpp"
 #include "trace/print.hpp"
@@ -117,10 +116,7 @@ private:
     ukp::sym::Registry symbols_;    // the process's objects, from its maps
     bool symbols_fresh_ = false;    // likewise, re-read during this read
     ukp::sym::Registry::ProcessMaps maps_; // the process's maps as last read
-    // symbolize's answers by address (bit 63: with the size), while the objects stay the
-    // same: a trace names a few probe addresses millions of times, and each lookup
-    // searches every object's table in turn.
-    std::unordered_map<uint64_t, std::string> symbol_texts_;
+    ukp::trace::SymbolTexts symbol_texts_; // symbolize's answers, until the objects are read again
     void refresh_symbols();
     ukp::trace::PipeReader pipe_;
 };
