@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs the seeds' kprobe, kretprobe
-# and jprobe examples (ported to user space) against the bundled sample program, then
+# The main job: installs what is missing, builds, and runs the kprobe, kretprobe and
+# jprobe examples of the kernel's kprobes.txt (ported to user space) against the bundled sample program, then
 # traces it with `ukprobe run` and kprobe_events definitions, and prints the trace.
 set -euo pipefail
 cd "$(dirname "$0")/.."

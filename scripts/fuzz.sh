@@ -4,7 +4,7 @@
 # tests/fuzz/corpus/<target>/. UKP_FUZZ_SECONDS (default 30) is the time per target.
 # Inputs that crash or show a mismatch are kept in build-fuzz/artifacts/. New corpus
 # entries go to a scratch directory: the repository's corpus only changes by hand.
-# Also checks that relocate_fuzz's seeds catch a relocator that copies bytes verbatim.
+# Also checks that relocate_fuzz's hand-made inputs catch a relocator that copies bytes verbatim.
 # Exits non-zero if any target failed; the last line is "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +60,7 @@ for t in "${targets[@]}"; do
 done
 
 # The relocator fuzzer must be able to fail: with relocate() replaced by a verbatim copy,
-# its seeds (RIP-relative operands, branches) must show a mismatch.
+# its hand-made inputs (RIP-relative operands, branches) must show a mismatch.
 log=$artifacts/relocate_fuzz-naive.log
 if UKP_RELOCATE_FUZZ_NAIVE=1 nice -n 10 "$build/tests/fuzz/relocate_fuzz" -runs=0 \
     -artifact_prefix="$scratch/naive-" tests/fuzz/corpus/relocate_fuzz >"$log" 2>&1; then

@@ -239,7 +239,7 @@ bool verbose() {
 
 // UKP_RELOCATE_FUZZ_NAIVE=1 replaces relocate()'s output with the bytes copied verbatim
 // (plus the exit): a relocator that forgets RIP-relative operands and branches, which
-// the seed corpus must catch (scripts/fuzz.sh checks that it does).
+// the hand-made corpus must catch (scripts/fuzz.sh checks that it does).
 bool naive() {
     static const bool v = std::getenv("UKP_RELOCATE_FUZZ_NAIVE") != nullptr;
     return v;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the hand-made seed inputs of the fuzz targets into tests/fuzz/corpus/<target>/
-(seed-*). Run from anywhere; the minimized inputs of fuzzing runs sit next to them."""
+"""Writes the hand-made inputs of the fuzz targets into tests/fuzz/corpus/<target>/
+(hand-*). Run from anywhere; the minimized inputs of fuzzing runs sit next to them."""
 import os
 import struct
 
@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def out(target, name, data):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "seed-" + name), "wb") as f:
+    with open(os.path.join(d, "hand-" + name), "wb") as f:
         f.write(data)
 
 
@@ -124,7 +124,7 @@ def elf_sections(path):
     return data, secs
 
 
-def eh_frame_seed():
+def eh_frame_inputs():
     import subprocess
     import tempfile
     src = r"""
@@ -159,7 +159,7 @@ int main(int argc, char **) { return pads(argc); }
     out("eh_frame_fuzz", "gxx-whole", struct.pack("<iHH", -0x10000, 0xFFFF, 0) + image)
 
 
-eh_frame_seed()
+eh_frame_inputs()
 
 
 # trace_parse_fuzz: [option byte: bit 0 = comma-separated words][definition line]
