@@ -9,6 +9,12 @@
 //   Pipe/calls         the program with the agent linked in, its event given by UKP_EVENTS,
 //                      and `ukprobe -p PID trace-pipe > FILE` reading it over the socket
 //                      (timed from the program's go to the reader's exit, after it)
+//   Alone/calls        the program with the agent preloaded and the event (UKP_EVENTS),
+//                      nobody reading: what the probes and records cost by themselves
+//   Record/calls       `ukprobe record -b 262144 -o FILE` of the same: every call a record
+//                      in the file (checked with `ukprobe report`)
+//   Record/flood       10,000,000 calls through 8 MiB rings: the program outruns any
+//                      reader; the records kept per second are the recorder's rate
 //   Plain/masks, Run/masks   200,000 sigprocmask(SIG_SETMASK) calls, alone and under
 //                      `ukprobe run` with one event elsewhere: what ukprobe adds to them
 // Ratios to the plain runs are printed at the end, from each benchmark's fastest repetition.
@@ -16,7 +22,9 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fcntl.h>
 #include <csignal>
@@ -141,6 +149,80 @@ void BM_Pipe_calls(benchmark::State &state) {
     state.SetItemsProcessed(state.iterations() * kCalls);
 }
 
+// The program with the agent preloaded and its event given by UKP_EVENTS, nobody reading:
+// what the probes and records cost by themselves (the floor of Record/calls).
+void BM_Alone_calls(benchmark::State &s) {
+    one(s,
+        {"/usr/bin/env", std::string("LD_PRELOAD=") + UKP_AGENT, "UKP_BUFFER_SIZE_KB=262144",
+         "UKP_EVENTS=" + kCallEvent.substr(0, kCallEvent.find(' ')) + "," +
+             kCallEvent.substr(kCallEvent.find(' ') + 1, kCallEvent.rfind(' ') - kCallEvent.find(' ') - 1) + "," +
+             kCallEvent.substr(kCallEvent.rfind(' ') + 1),
+         UKP_PIPELINE_TARGET, "calls", std::to_string(kCalls)},
+        -1, kCalls);
+}
+
+// The records of `ukprobe report` (its lines but LOST lines), the report's lines counted
+// out of the timing; *lost gets the events the LOST lines count.
+long reported_records(benchmark::State &state, long *lost) {
+    state.PauseTiming();
+    const std::string text = kFile + ".txt";
+    long records = -1;
+    if (spawn_wait({UKP_UKPROBE, "report", "-o", text, kFile}) == 0) {
+        records = 0;
+        *lost = 0;
+        if (FILE *f = fopen(text.c_str(), "r")) {
+            char line[512];
+            while (fgets(line, sizeof line, f) != nullptr) {
+                unsigned cpu = 0;
+                unsigned long long n = 0;
+                if (sscanf(line, "CPU:%u [LOST %llu EVENTS]", &cpu, &n) == 2) *lost += static_cast<long>(n);
+                else if (strchr(line, '\n') != nullptr) ++records;
+            }
+            fclose(f);
+        }
+    }
+    unlink(text.c_str());
+    state.ResumeTiming();
+    return records;
+}
+
+std::vector<std::string> record_args(long n, const char *buffer_kb) {
+    return {UKP_UKPROBE, "--agent",     UKP_AGENT, "record", "-b", buffer_kb, "-o", kFile, "-e", kCallEvent, "--",
+            UKP_PIPELINE_TARGET, "calls", std::to_string(n)};
+}
+
+// `ukprobe record` with a ring that holds every record: all of them in the file (checked
+// with `ukprobe report`).
+void BM_Record_calls(benchmark::State &state) {
+    for (auto _ : state) {
+        if (spawn_wait(record_args(kCalls, "262144")) != 0) return state.SkipWithError("record failed");
+        long lost = 0;
+        const long records = reported_records(state, &lost);
+        if (records != kCalls || lost != 0)
+            return state.SkipWithError(fmt::format("{} records, {} lost; {} expected", records, lost, kCalls).c_str());
+    }
+    state.SetItemsProcessed(state.iterations() * kCalls);
+}
+
+// A program that records faster than any reader (10,000,000 hits in about 0.4 s) through
+// 8 MiB rings: the records kept per second are the recorder's rate; every hit is a record
+// in the file or a LOST count (checked).
+constexpr long kFlood = 10000000;
+double g_flood_kept = 0; // the fraction kept, best run
+void BM_Record_flood(benchmark::State &state) {
+    long kept = 0;
+    for (auto _ : state) {
+        if (spawn_wait(record_args(kFlood, "8192")) != 0) return state.SkipWithError("record failed");
+        long lost = 0;
+        const long records = reported_records(state, &lost);
+        if (records < 0 || records + lost != kFlood)
+            return state.SkipWithError(fmt::format("{} records + {} lost != {}", records, lost, kFlood).c_str());
+        kept += records;
+        g_flood_kept = std::max(g_flood_kept, static_cast<double>(records) / kFlood);
+    }
+    state.SetItemsProcessed(kept);
+}
+
 const std::string kLibcEvent = "p:pb/s libc.so.6:strtoul s=+0(%di):string";
 void BM_Plain_libc(benchmark::State &s) { one(s, {UKP_PIPELINE_TARGET, "libc", std::to_string(kCalls)}, -1, kCalls); }
 void BM_Run_libc(benchmark::State &s) { one(s, run_args("libc", kCalls, kLibcEvent), kCalls + 1, kCalls); }
@@ -150,6 +232,9 @@ void BM_Run_masks(benchmark::State &s) { one(s, run_args("masks", kMasks, kCallE
 BENCHMARK(BM_Plain_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Run_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Pipe_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Alone_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Record_calls)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Record_flood)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Plain_libc)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Run_libc)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Plain_masks)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -165,6 +250,10 @@ public:
             const double t = r.GetAdjustedRealTime();
             auto [it, fresh] = best_.emplace(r.run_name.function_name, t);
             if (!fresh && t < it->second) it->second = t;
+            if (const auto c = r.counters.find("items_per_second"); c != r.counters.end()) {
+                double &rate = rate_[r.run_name.function_name];
+                rate = std::max(rate, static_cast<double>(c->second));
+            }
         }
     }
     void Finalize() override {
@@ -175,6 +264,14 @@ public:
                        kCalls / (ms("BM_Run_calls") / 1e3), ms("BM_Run_calls") / ms("BM_Plain_calls"));
         if (ms("BM_Pipe_calls") > 0)
             fmt::print("trace-pipe over the socket: {:.0f} lines/s\n", kCalls / (ms("BM_Pipe_calls") / 1e3));
+        if (ms("BM_Record_calls") > 0)
+            fmt::print("record -o FILE: {:.0f} records/s over the whole run; {:.2f} x the program with its event "
+                       "and nobody reading\n",
+                       kCalls / (ms("BM_Record_calls") / 1e3), ms("BM_Record_calls") / ms("BM_Alone_calls"));
+        if (ms("BM_Record_flood") > 0)
+            fmt::print("record, a program faster than the recorder: {:.0f} records/s kept over the whole run at "
+                       "best, {:.0f}% of its hits at best (the rest counted lost)\n",
+                       rate_["BM_Record_flood"], g_flood_kept * 100);
         if (ms("BM_Run_libc") > 0)
             fmt::print("run -o FILE, a libc function's event: {:.0f} lines/s; {:.1f} x the program alone\n",
                        kCalls / (ms("BM_Run_libc") / 1e3), ms("BM_Run_libc") / ms("BM_Plain_libc"));
@@ -185,6 +282,7 @@ public:
 
 private:
     std::map<std::string, double> best_;
+    std::map<std::string, double> rate_; // items per second, the best repetition's
 };
 
 } // namespace

@@ -1019,7 +1019,6 @@ Registry::ProcessMaps Registry::read_maps(int pid)
 void Registry::refresh_from_maps(int pid, ProcessMaps *remembered)
 {
     try {
-        const std::string proc = "/proc/" + std::to_string(pid);
         ProcessMaps now = read_maps(pid);
         // The process alive: its maps (and /proc/PID/exe, which opens a program deleted
         // since). Gone: the maps remembered, and the files they name.
@@ -1029,6 +1028,27 @@ void Registry::refresh_from_maps(int pid, ProcessMaps *remembered)
         const ProcessMaps &use = alive || remembered == nullptr ? now : *remembered;
         if (use.files.empty())
             return; // nothing known: the objects parsed so far stay
+        load_maps(use, alive ? pid : 0, pid);
+    } catch (...) {
+        // Out of memory: the previous snapshot stays.
+    }
+}
+
+void Registry::load_maps(const ProcessMaps &use)
+{
+    try {
+        if (!use.files.empty())
+            load_maps(use, 0, 0);
+    } catch (...) {
+        // Out of memory: the previous snapshot stays.
+    }
+}
+
+void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
+{
+    {
+        const std::string proc = "/proc/" + std::to_string(alive_pid);
+        const bool alive = alive_pid != 0;
         const std::string &exe = use.exe;
         const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
         std::vector<MappedFile> files = use.files;
@@ -1071,15 +1091,14 @@ void Registry::refresh_from_maps(int pid, ProcessMaps *remembered)
             }
             obj->path = path;
             obj->name = file_name(path);
-            obj->aliases = aliases_of(path, main_program, pid);
+            if (pid != 0)
+                obj->aliases = aliases_of(path, main_program, pid);
             obj->bias = bias;
             obj->main_program = main_program;
             obj->load_index = static_cast<unsigned>(fresh.size());
             fresh.push_back(std::move(obj));
         }
         objects_ = std::move(fresh);
-    } catch (...) {
-        // Out of memory: the previous snapshot stays.
     }
 }
 

@@ -161,6 +161,9 @@ public:
     void refresh_from_maps(int pid, ProcessMaps *remembered = nullptr);
     // What /proc/PID/maps shows now (a read of one small file; nothing is parsed).
     static ProcessMaps read_maps(int pid);
+    // The objects `maps` names, from their files as they are now (a recorded process's,
+    // printed later: ukprobe report). Objects already parsed are kept when it names none.
+    void load_maps(const ProcessMaps &maps);
     const std::vector<std::shared_ptr<const Object>> &objects() const { return objects_; }
 
     // The object whose executable ranges contain addr, or null.
@@ -195,6 +198,9 @@ public:
     Location locate(uint64_t addr) const;
 
 private:
+    // `alive_pid`: the process is alive (its main program is opened through /proc/PID/exe);
+    // `pid`: whose aliases the objects get (0: none).
+    void load_maps(const ProcessMaps &maps, int alive_pid, int pid);
     std::vector<std::shared_ptr<const Object>> objects_;
 };
 

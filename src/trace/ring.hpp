@@ -283,6 +283,24 @@ private:
     const RingHeader *h_;
     std::vector<Head> heap_; // min-heap on ts
 };
+// The oldest records of one buffer, consumed at once (ring_consume_batch): for a reader
+// that wants them in bulk and merges buffers itself (ukprobe record), one copy and one
+// CAS on tail instead of a heap step per record.
+struct RingBatch {
+    struct Record {
+        RecordHeader header;  // ts raw (ring_time_ns converts), cpu, size
+        uint32_t offset;      // of the record (common_type first) in bytes
+        uint64_t lost_before; // overwritten and refused records just before it
+    };                        // (header.kind 0: no record, a loss alone)
+    std::vector<uint8_t> bytes; // the buffer's bytes, copied (at its start; it may be longer)
+    std::vector<Record> records;
+};
+// Consumes the oldest records of buffer `slot`, about max_bytes of them (at least one
+// whole record), into *out. False when the buffer is empty (or its writer keeps
+// overwriting it faster than it is read: the next call tries again). Safe with other
+// consumers, as ring_consume: each record goes to one of them.
+bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, RingBatch *out);
+
 // Whether the view has an unconsumed record.
 bool ring_has_data(const RingView &v);
 // Empties the buffers of a view and resets its counters (a reader can do it too).

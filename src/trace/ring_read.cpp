@@ -140,6 +140,81 @@ bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint
 
 namespace {
 
+// The overruns of slot s not reported yet, up to `overrun` (read before the consumer's
+// CAS on tail), claimed: each is reported once, by the consumer that raises overrun_seen
+// past it.
+uint64_t claim_overruns(SlotHeader *s, uint64_t overrun) {
+    std::atomic_ref<uint64_t> seen_ref(s->overrun_seen);
+    uint64_t seen = seen_ref.load(std::memory_order_acquire);
+    for (;;) {
+        const uint64_t from = std::max(seen, s->overrun_base);
+        if (overrun <= from) return 0;
+        if (seen_ref.compare_exchange_weak(seen, overrun, std::memory_order_acq_rel)) return overrun - from;
+    }
+}
+
+} // namespace
+
+bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, RingBatch *out) {
+    out->records.clear();
+    const RingHeader *h = v.header();
+    if (h == nullptr || slot >= h->slot_count) return false;
+    const uint64_t cap = h->data_size;
+    SlotHeader *s = v.slot(slot);
+    for (int attempt = 0; attempt < 16; ++attempt) {
+        const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
+        const uint64_t t = s->tail.load(std::memory_order_acquire);
+        const uint64_t head = s->head.load(std::memory_order_acquire);
+        if (t == head) return false;
+        if (head - t > cap) continue; // read between the writer's moves: again
+        // Whole records up to about max_bytes: the copy may end inside one, left for later.
+        const uint64_t end = std::min(head, t + std::max<uint64_t>(max_bytes, kMaxRecordSize + kRecHdr + 8));
+        if (out->bytes.size() < end - t) out->bytes.resize(end - t); // kept between calls: no zeroing each time
+        copy_span(v.data(slot), cap, t, end, out->bytes.data());
+        std::atomic_thread_fence(std::memory_order_acquire);
+        // The writer moves tail past what it evicts before it publishes reserve_end, and
+        // both before it overwrites: the copy is whole from the tail read after
+        // reserve_end on (a record boundary), and the CAS below makes sure no eviction
+        // came after. A writer faster than this reader evicts the oldest part of the copy
+        // meanwhile; the rest is kept.
+        const uint64_t re = s->reserve_end.load(std::memory_order_acquire);
+        const uint64_t from = std::max(t, s->tail.load(std::memory_order_acquire));
+        if ((re > cap && from < re - cap) || from >= end) continue;
+        out->records.clear();
+        uint64_t p = from;
+        while (end - p >= 8) {
+            RecordHeader rh{};
+            std::memcpy(&rh, out->bytes.data() + (p - t), std::min<uint64_t>(kRecHdr, end - p));
+            if (!sane(rh, p, head) || p + rh.len > end) break;
+            if (rh.kind == kRecordKind) // pads are consumed with the records
+                out->records.push_back(RingBatch::Record{rh, static_cast<uint32_t>(p - t + kRecHdr), rh.dropped_before});
+            p += rh.len;
+        }
+        if (p == from) return false; // not one whole record: a writer mid-way; later
+        // Tail moved since (a writer evicting the oldest records, or another consumer
+        // taking them; either way at a record boundary): the copy is whole from there.
+        uint64_t expected = from;
+        bool taken = false;
+        while (expected >= from && expected < p)
+            if ((taken = s->tail.compare_exchange_strong(expected, p, std::memory_order_acq_rel))) break;
+        if (!taken) continue; // all of it gone meanwhile: again
+        if (expected > from) { // the records before it are not this consumer's
+            const auto first = std::find_if(out->records.begin(), out->records.end(), [&](const RingBatch::Record &r) {
+                return t + r.offset - kRecHdr >= expected;
+            });
+            out->records.erase(out->records.begin(), first);
+        }
+        if (const uint64_t reported = claim_overruns(s, overrun); reported != 0) {
+            if (!out->records.empty()) out->records.front().lost_before += reported;
+            else out->records.push_back(RingBatch::Record{RecordHeader{}, 0, reported}); // pads only: kind 0, a loss alone
+        }
+        return true;
+    }
+    return false;
+}
+
+namespace {
+
 // Takes the record at `pos` of slot `slot` (peeked), reporting the overruns before it
 // once; false when the writer overwrote it meanwhile (counted as an overrun).
 bool take(const RingView &v, const RingHeader *h, uint32_t slot, uint64_t pos, const RecordHeader &rh,
@@ -148,19 +223,7 @@ bool take(const RingView &v, const RingHeader *h, uint32_t slot, uint64_t pos, c
     const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
     uint64_t expected = pos;
     if (!s->tail.compare_exchange_strong(expected, pos + rh.len, std::memory_order_acq_rel)) return false;
-    // Each overrun is reported once, by the consumer that raises overrun_seen past it.
-    std::atomic_ref<uint64_t> seen_ref(s->overrun_seen);
-    uint64_t seen = seen_ref.load(std::memory_order_acquire);
-    uint64_t reported = 0;
-    for (;;) {
-        const uint64_t from = std::max(seen, s->overrun_base);
-        if (overrun <= from) break;
-        if (seen_ref.compare_exchange_weak(seen, overrun, std::memory_order_acq_rel)) {
-            reported = overrun - from;
-            break;
-        }
-    }
-    out->lost_before = reported + rh.dropped_before;
+    out->lost_before = claim_overruns(s, overrun) + rh.dropped_before;
     out->ts = ring_time_ns(h, rh.ts);
     out->cpu = rh.cpu;
     out->slot = slot;

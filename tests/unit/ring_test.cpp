@@ -343,6 +343,33 @@ TEST_F(RingTest, OverwriteKeepsTheNewestAndCountsTheRest) {
     EXPECT_EQ(second.lost_before, 0u);
 }
 
+// `threads` writers of `per` records each, run to their end.
+void write_concurrently(uint32_t threads, uint32_t per) {
+    std::vector<std::thread> ts;
+    for (uint32_t t = 0; t < threads; ++t)
+        ts.emplace_back([t, per] {
+            for (uint32_t i = 0; i < per; ++i) write_record(t, i);
+        });
+    for (auto &t : ts) t.join();
+}
+
+// A consumer of one record at a time until `done`: counts what it takes, the losses
+// reported before them, and torn records (`bad`).
+std::thread single_consumer(std::atomic<bool> &done, std::atomic<uint64_t> &bad, std::atomic<uint64_t> &taken,
+                            std::atomic<uint64_t> &reported) {
+    return std::thread([&] {
+        while (!done.load()) {
+            RingEntry e;
+            if (consume(&e)) {
+                uint32_t w, seq;
+                if (!check_record(e.rec, &w, &seq)) bad.fetch_add(1);
+                taken.fetch_add(1);
+                reported.fetch_add(e.lost_before);
+            }
+        }
+    });
+}
+
 TEST_F(RingTest, ConcurrentReadersNeverSeeTornRecords) {
     ASSERT_EQ(set_buffer_size_kb(16), 0); // small: the writers lap the readers constantly
     constexpr uint32_t kThreads = 4, kPer = 200000;
@@ -360,23 +387,8 @@ TEST_F(RingTest, ConcurrentReadersNeverSeeTornRecords) {
     });
     // A consumer too: every record it takes is whole; taken + lost + left == written.
     std::atomic<uint64_t> consumed{0}, reported_lost{0};
-    std::thread consumer([&] {
-        while (!done.load()) {
-            RingEntry e;
-            if (consume(&e)) {
-                uint32_t w, seq;
-                if (!check_record(e.rec, &w, &seq)) bad.fetch_add(1);
-                consumed.fetch_add(1);
-                reported_lost.fetch_add(e.lost_before);
-            }
-        }
-    });
-    std::vector<std::thread> ts;
-    for (uint32_t t = 0; t < kThreads; ++t)
-        ts.emplace_back([t] {
-            for (uint32_t i = 0; i < kPer; ++i) write_record(t, i);
-        });
-    for (auto &t : ts) t.join();
+    std::thread consumer = single_consumer(done, bad, consumed, reported_lost);
+    write_concurrently(kThreads, kPer);
     done = true;
     reader.join();
     consumer.join();
@@ -396,6 +408,88 @@ TEST_F(RingTest, ConcurrentReadersNeverSeeTornRecords) {
     EXPECT_EQ(c.overrun + consumed.load() + drained, uint64_t(kThreads) * kPer);
     // Losses after the last record of a buffer have no record to be shown before.
     EXPECT_LE(reported_lost.load(), c.overrun);
+}
+
+bool consume_batch(uint32_t slot, size_t max_bytes, RingBatch *b) {
+    bool got = false;
+    with_ring_views([&](const RingView &main, const RingView &) { got = ring_consume_batch(main, slot, max_bytes, b); });
+    return got;
+}
+
+uint32_t slot_count() {
+    uint32_t n = 0;
+    with_ring_views([&](const RingView &main, const RingView &) { n = main.header()->slot_count; });
+    return n;
+}
+
+std::vector<uint8_t> batch_record(const RingBatch &b, const RingBatch::Record &r) {
+    return {b.bytes.begin() + r.offset, b.bytes.begin() + r.offset + r.header.size};
+}
+
+TEST_F(RingTest, ABatchTakesABuffersRecordsInOrderAndReportsTheOverwrittenOnce) {
+    ASSERT_EQ(set_buffer_size_kb(8), 0);
+    constexpr uint32_t kN = 10000;
+    for (uint32_t i = 0; i < kN; ++i) ASSERT_TRUE(write_record(0, i));
+    RingCounts c;
+    const size_t held = collect(&c).size();
+    RingBatch b;
+    std::vector<uint32_t> seqs;
+    uint64_t lost = 0;
+    int batches = 0;
+    for (uint32_t s = 0; s < slot_count(); ++s) {
+        // Small batches (the least a batch copies is the largest record): each ends at a
+        // whole record, the next starts there.
+        while (consume_batch(s, 5000, &b)) {
+            ++batches;
+            EXPECT_LE(b.records.size(), 5000 / (sizeof(RecordHeader) + kCommonSize + 8) + 1);
+            for (const RingBatch::Record &r : b.records) {
+                lost += r.lost_before;
+                if (r.header.kind != kRecordKind) continue;
+                uint32_t w, seq;
+                ASSERT_TRUE(check_record(batch_record(b, r), &w, &seq));
+                seqs.push_back(seq);
+            }
+        }
+    }
+    ASSERT_EQ(seqs.size(), held);
+    EXPECT_GE(batches, 2);
+    for (size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(seqs[i], kN - held + i);
+    EXPECT_EQ(lost, c.overrun);
+    EXPECT_EQ(held + c.overrun, kN);
+    EXPECT_FALSE(consume_batch(0, 1 << 20, &b));
+}
+
+TEST_F(RingTest, BatchesAndSingleConsumersUnderWritersThatLapThemTakeEachRecordOnceAndWhole) {
+    ASSERT_EQ(set_buffer_size_kb(16), 0); // small: the writers lap the readers constantly
+    constexpr uint32_t kThreads = 3, kPer = 200000;
+    std::atomic<bool> done{false};
+    std::atomic<uint64_t> bad{0}, batched{0}, single{0}, reported{0};
+    std::thread batcher([&] {
+        RingBatch b;
+        while (!done.load()) {
+            for (uint32_t s = 0; s < 8; ++s) {
+                if (!consume_batch(s, 1 << 20, &b)) continue; // the whole buffer: long copies, lapped
+                for (const RingBatch::Record &r : b.records) {
+                    reported += r.lost_before;
+                    if (r.header.kind != kRecordKind) continue;
+                    uint32_t w, seq;
+                    if (!check_record(batch_record(b, r), &w, &seq)) bad.fetch_add(1);
+                    batched.fetch_add(1);
+                }
+            }
+        }
+    });
+    std::thread consumer = single_consumer(done, bad, single, reported);
+    write_concurrently(kThreads, kPer);
+    done = true;
+    batcher.join();
+    consumer.join();
+    RingCounts c;
+    const size_t left = collect(&c).size();
+    EXPECT_EQ(bad.load(), 0u);
+    EXPECT_GT(batched.load(), 0u);
+    EXPECT_EQ(c.overrun + batched.load() + single.load() + left, uint64_t(kThreads) * kPer);
+    EXPECT_LE(reported.load(), c.overrun);
 }
 
 // A probe hit in a signal handler that interrupts the thread between reserve and commit.

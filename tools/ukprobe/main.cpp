@@ -5,6 +5,8 @@
 #include "run.hpp"
 #include "mount.hpp"
 #include "reader.hpp"
+#include "report.hpp"
+#include "trace/capture.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <string_view>
 #include <vector>
@@ -236,6 +239,75 @@ int cmd_trace_pipe(const Options &o) {
     return 0;
 }
 
+// record -p PID: the process's rings captured (reader.hpp's capture mode) into o.run.output
+// until SIGINT or SIGTERM, or the process's end. Definitions given with -e are added, with
+// their filters and triggers, for the recording only (a session: removed when it ends).
+int cmd_record_attached(const Options &o) {
+    require_pid(o);
+    ukprobe::Client c;
+    connect_or_fail(o, c);
+    if (!o.run.definitions.empty() || !o.run.filters.empty() || !o.run.triggers.empty()) ask(o, c, Op::kSession);
+    const std::string before = ask(o, c, Op::kRead, "kprobe_events").payload;
+    for (const std::string &def : o.run.definitions) ask(o, c, Op::kAppend, "kprobe_events", def);
+    const std::string defs = ask(o, c, Op::kRead, "kprobe_events").payload;
+    // The events the definitions made: the lines kprobe_events did not have before.
+    std::istringstream lines(defs);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.empty() || before.find(line + "\n") != std::string::npos) continue;
+        const size_t colon = line.find(':'), space = line.find(' ');
+        if (colon == std::string::npos || space == std::string::npos || space < colon) continue;
+        ask(o, c, Op::kWrite, "events/" + line.substr(colon + 1, space - colon - 1) + "/enable", "1");
+    }
+    for (const auto &[list, file] : {std::pair{&o.run.filters, "filter"}, std::pair{&o.run.triggers, "trigger"}})
+        for (const std::string &a : *list) {
+            const size_t eq = a.find('=');
+            if (eq == std::string::npos || eq == 0) fail(fmt::format("--{} wants EVENT=TEXT, not '{}'", file, a));
+            ask(o, c, file == std::string("filter") ? Op::kWrite : Op::kAppend,
+                "events/" + ukprobe::event_path(a.substr(0, eq), defs) + "/" + file, a.substr(eq + 1));
+        }
+    const std::string path = o.run.output.empty() ? "ukprobe.dat" : o.run.output;
+    FILE *out = fopen(path.c_str(), "we");
+    if (out == nullptr) fail(fmt::format("cannot write {}: {}", path, strerror(errno)));
+    const std::string header = ukp::trace::capture::file_header();
+    bool ok = fwrite(header.data(), 1, header.size(), out) == header.size();
+    ukprobe::TraceReader reader(c, o.pid, true);
+    reader.capture();
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_interrupted.store(true); };
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    uint64_t bytes = header.size(), lost = 0;
+    const auto write = [&](const std::string &blocks) {
+        lost += ukp::trace::capture::lost_in(blocks);
+        bytes += blocks.size();
+        ok = ok && fwrite(blocks.data(), 1, blocks.size(), out) == blocks.size();
+    };
+    bool exited = false;
+    while (!g_interrupted.load()) {
+        try {
+            write(reader.pipe(kPipeWaitMs, 4 << 20));
+        } catch (const std::runtime_error &) {
+            for (int i = 0; i < 100 && process_alive(o.pid); ++i) usleep(10 * 1000);
+            if (process_alive(o.pid)) throw;
+            for (std::string left; !(left = reader.pipe_left(4 << 20)).empty();) write(left);
+            exited = true;
+            break;
+        }
+    }
+    if (!exited) { // what came before the interrupt (bounded: the process may write on)
+        try {
+            for (int i = 0; i < 64 && reader.has_records(); ++i) write(reader.pipe(0, 4 << 20));
+        } catch (const std::runtime_error &) {
+        }
+    }
+    ok = fflush(out) == 0 && ok;
+    fclose(out);
+    if (!ok) fail(fmt::format("cannot write {}: {}", path, strerror(errno)));
+    fmt::print(stderr, "ukprobe: {} bytes written to {}{}{}\n", bytes, path,
+               lost != 0 ? fmt::format(", {} events lost", lost) : "", exited ? fmt::format("; process {} exited", o.pid) : "");
+    return 0;
+}
+
 // One connection for many commands, read from stdin one per line ("read PATH",
 // "write PATH TEXT", "append PATH TEXT", "list", "verify", "ping", "detach"). What it adds
 // is removed when it ends, however it ends.
@@ -369,6 +441,35 @@ int main(int argc, char **argv) {
     run->prefix_command();
     run->allow_extras();
     run->footer("PROG ARGS...: the program to run and its arguments (after --)");
+    auto *record = app.add_subcommand("record", "capture the records of a program run (-- PROG ARGS) or of a "
+                                                "process (-p PID) into a file, for `report`");
+    record->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
+        ->allow_extra_args(false);
+    record->add_option("--filter", o.run.filters, "EVENT=EXPR: the event's filter; repeatable")
+        ->allow_extra_args(false);
+    record->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")
+        ->allow_extra_args(false);
+    record->add_option("-o,--output", o.run.output, "the capture file (default ukprobe.dat)");
+    record->add_option("-b,--buffer-size-kb", o.run.buffer_size_kb,
+                       "KiB of each thread's ring buffer, as tracefs' buffer_size_kb (default 1408)")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
+    record->add_flag("--no-follow", no_follow, "only the program itself is recorded, not the processes it starts");
+    record->prefix_command();
+    record->allow_extras();
+    record->footer("PROG ARGS...: the program to run and its arguments (after --); or -p PID");
+    ukprobe::ReportOptions report_options;
+    auto *report = app.add_subcommand("report", "print a capture file of `record` as the trace, or export it");
+    report->add_option("FILE", report_options.file, "the capture file (default ukprobe.dat)");
+    report->add_option("--event", report_options.events, "only this event (GRP/EVENT, or EVENT); repeatable")
+        ->allow_extra_args(false);
+    report->add_option("--pid", report_options.pids, "only this process or thread; repeatable")
+        ->allow_extra_args(false);
+    report->add_option("--from", report_options.from, "only records at or after SECS (the trace's timestamps)");
+    report->add_option("--to", report_options.to, "only records at or before SECS");
+    report->add_option("--format", report_options.format,
+                       "text (the trace), or chrome (Chrome trace JSON: Perfetto, chrome://tracing)")
+        ->check(CLI::IsMember({"text", "chrome"}));
+    report->add_option("-o,--output", report_options.output, "write to FILE instead of stdout");
     for (CLI::App *sub : {attach, ping, read, write, append, list, verify, detach, session, add, enable, disable,
                           trace, trace_pipe, profile, clear})
         sub->fallthrough();
@@ -384,7 +485,7 @@ int main(int argc, char **argv) {
     std::vector<std::string> program;
     int parsed = argc;
     for (int i = 1; i < argc; ++i) {
-        if (strcmp(argv[i], "run") != 0) continue;
+        if (strcmp(argv[i], "run") != 0 && strcmp(argv[i], "record") != 0) continue;
         for (int j = i + 1; j < argc; ++j)
             if (strcmp(argv[j], "--") == 0) {
                 program.assign(argv + j + 1, argv + argc);
@@ -425,6 +526,21 @@ int main(int argc, char **argv) {
             o.run.verbose = o.verbose;
             o.run.agent = find_agent(o.agent);
             return ukprobe::run_program(o.run);
+        }
+        if (*record) {
+            o.run.argv = parsed < argc ? program : record->remaining();
+            if (o.run.argv.empty()) return cmd_record_attached(o);
+            if (o.pid > 0) fail("record: give -p PID or -- PROG ARGS, not both");
+            if (o.run.output.empty()) o.run.output = "ukprobe.dat";
+            o.run.follow = !no_follow;
+            o.run.verbose = o.verbose;
+            o.run.agent = find_agent(o.agent);
+            o.run.capture = true;
+            return ukprobe::run_program(o.run);
+        }
+        if (*report) {
+            if (report_options.file.empty()) report_options.file = "ukprobe.dat";
+            return ukprobe::report(report_options);
         }
         if (*mount) return ukprobe::cmd_mount(o.pid, mount_options);
     } catch (const std::exception &e) {

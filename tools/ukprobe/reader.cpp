@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 
@@ -88,14 +89,16 @@ bool TraceReader::map_ring() {
                 // Read while the process surely lives (it waits in the call that gave the
                 // ring up): one killed later has no maps left to name its addresses with.
                 // Objects of `known` still mapped where they were are not parsed again.
-                refresh_symbols();
+                // A capture only notes the maps: the report parses the objects.
+                if (capturer_ != nullptr) remember_maps();
+                else refresh_symbols();
             } else {
                 unmap(m);
             }
         }
         return mapped_ != nullptr;
     }
-    if (agent_formats_) return false;
+    if (agent_formats_ && capturer_ == nullptr) return false;
     Reply r = client_.request(Op::kOpenFd, ukp::control::kTraceRingPath);
     if (r.status < 0 || r.fd < 0) {
         if (r.fd >= 0) close(r.fd);
@@ -139,6 +142,7 @@ bool TraceReader::load_events() {
     std::string why;
     if (trace::parse_event_table(r.payload, &table, &why) != 0) return false;
     events_ = std::move(table);
+    events_text_ = r.payload;
     return true;
 }
 
@@ -187,12 +191,58 @@ std::string TraceReader::agent_text(const std::string &path) {
     return r.payload;
 }
 
+void TraceReader::capture() {
+    static std::atomic<uint32_t> streams{0};
+    capturer_ = std::make_unique<trace::capture::Capturer>(++streams, pid_);
+    agent_formats_ = false; // a capture reads the ring, or nothing
+}
+
+std::string TraceReader::capture_blocks(size_t max_bytes) {
+    namespace capture = trace::capture;
+    std::string out, records;
+    const size_t n = capturer_->capture(trace::RingView{mapped_, size_}, records, max_bytes);
+    const uint32_t stream = capturer_->stream();
+    if (!stream_written_) {
+        stream_written_ = true;
+        const std::string comm = trace::ring_thread_name(trace::RingView{mapped_, size_}, pid_, pid_);
+        capture::append_block(out, capture::kStream, stream, std::to_string(pid_) + '\t' + comm + '\n');
+    }
+    events_fresh_ = false;
+    for (uint16_t id : capturer_->new_ids()) find_event(id); // an event defined since: the table again
+    if (events_text_ != events_written_) {
+        capture::append_block(out, capture::kEvents, stream, events_text_);
+        events_written_ = events_text_;
+    }
+    // The objects mapped now, at most every 100 ms while records come (a library loaded
+    // since the last look). A process gone left its last maps.
+    const auto now = std::chrono::steady_clock::now();
+    if (!agent_gone_ && (maps_written_.empty() || (n != 0 && now - maps_read_ >= std::chrono::milliseconds(100)))) {
+        maps_read_ = now;
+        if (auto maps = ukp::sym::Registry::read_maps(pid_); !maps.files.empty()) maps_ = std::move(maps);
+    }
+    if (!maps_.files.empty()) {
+        if (std::string text = capture::maps_text(maps_); text != maps_written_) {
+            capture::append_block(out, capture::kMaps, stream, text);
+            maps_written_ = std::move(text);
+        }
+    }
+    out += records;
+    return out;
+}
+
 std::string TraceReader::trace() {
     if (!map_ring()) return taken_ ? std::string() : agent_text("trace");
     return trace::trace_text_of(trace::RingView{mapped_, size_}, printer());
 }
 
 std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
+    if (capturer_ != nullptr) {
+        if (!map_ring()) return {};
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (!trace::ring_has_data(trace::RingView{mapped_, size_}) && std::chrono::steady_clock::now() < deadline)
+            usleep(1000);
+        return capture_blocks(max_bytes);
+    }
     if (!map_ring()) return taken_ ? std::string() : agent_text("trace_pipe"); // the agent waits 100 ms
     const trace::RingView view{mapped_, size_};
     const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
@@ -204,6 +254,7 @@ std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
 std::string TraceReader::pipe_left(size_t max_bytes) {
     if (mapped_ == nullptr) return {};
     agent_gone_ = true; // the symbols are named from what was read while it lived
+    if (capturer_ != nullptr) return capture_blocks(max_bytes);
     const trace::RingView view{mapped_, size_};
     const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
         fn(view);

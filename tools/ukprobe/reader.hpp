@@ -16,11 +16,14 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "symbols/symbols.hpp"
+#include "trace/capture.hpp"
 #include "trace/print.hpp"
 #include "trace/output.hpp"
 
@@ -42,6 +45,13 @@ public:
     ~TraceReader();
     TraceReader(const TraceReader &) = delete;
     TraceReader &operator=(const TraceReader &) = delete;
+
+    // From now on pipe() and pipe_left() return capture blocks (trace/capture.hpp: the
+    // records as the ring held them, with the event table, the objects and the thread
+    // names printing them takes) instead of text: `ukprobe record`. Each reader is a
+    // stream of its own.
+    void capture();
+    bool capturing() const { return capturer_ != nullptr; }
 
     // The trace file's text (non-consuming).
     std::string trace();
@@ -118,7 +128,15 @@ private:
     ukp::sym::Registry::ProcessMaps maps_; // the process's maps as last read
     ukp::trace::SymbolTexts symbol_texts_; // symbolize's answers, until the objects are read again
     void refresh_symbols();
+    // pipe() and pipe_left() in capture mode: the blocks of what the view holds.
+    std::string capture_blocks(size_t max_bytes);
     ukp::trace::PipeReader pipe_;
+    std::unique_ptr<ukp::trace::capture::Capturer> capturer_;
+    bool stream_written_ = false;      // its kStream block
+    std::string events_text_;          // the event table as last read
+    std::string events_written_;       // ... as last written
+    std::string maps_written_;         // the kMaps text as last written
+    std::chrono::steady_clock::time_point maps_read_{}; // maps_ last read while capturing
 };
 
 } // namespace ukprobe

@@ -26,6 +26,7 @@
 
 #include "client.hpp"
 #include "reader.hpp"
+#include "trace/capture.hpp"
 #include "control/fd_passing.hpp"
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
@@ -170,17 +171,32 @@ uint64_t lost_count(std::string_view line) {
 // the writer merges the runs old enough (a heap over their next lines), up to the
 // earliest line of a run still waiting, and writes whole stretches of a run at once. No
 // line is copied or allocated on its own.
+//
+// `capture` (ukprobe record): each add() is blocks of a capture file (trace/capture.hpp),
+// written as they come after the file's header; the report merges them.
 class Output {
 public:
-    explicit Output(FILE *f) : f_(f), writer_([this] { write_loop(); }) {}
+    Output(FILE *f, bool capture) : f_(f), capture_(capture), writer_([this] { write_loop(); }) {}
     ~Output() { finish(); }
     Output(const Output &) = delete;
     Output &operator=(const Output &) = delete;
+
+    // Whether streams add capture blocks, not text.
+    bool capture() const { return capture_; }
 
     void add(std::string text) {
         if (text.empty()) return;
         auto run = std::make_unique<Run>();
         run->arrived = Clock::now();
+        if (capture_) {
+            const uint64_t lost = ukp::trace::capture::lost_in(text);
+            run->text = std::move(text);
+            std::lock_guard lock(mu_);
+            run->seq = seq_++;
+            runs_.push_back(std::move(run));
+            lost_ += lost;
+            return;
+        }
         if (text.back() != '\n') text += '\n';
         run->text = std::move(text);
         const std::string_view all(run->text);
@@ -271,10 +287,27 @@ private:
         pthread_sigmask(SIG_BLOCK, &all, nullptr); // signals are ukprobe's main thread's (signalfd)
         std::vector<RunPtr> ready, done; // runs old enough (and what is left of them); runs written
         std::vector<std::string_view> pieces;
+        if (capture_ && f_ != nullptr) {
+            const std::string header = ukp::trace::capture::file_header();
+            if (fwrite(header.data(), 1, header.size(), f_) != header.size()) f_ = nullptr;
+        }
         std::unique_lock lock(mu_);
         for (;;) {
             const bool last = stop_;
             const Clock::time_point now = Clock::now();
+            if (capture_) { // blocks: as they came, at once
+                ready.assign(std::make_move_iterator(runs_.begin()), std::make_move_iterator(runs_.end()));
+                runs_.clear();
+                lock.unlock();
+                for (const RunPtr &r : ready)
+                    if (f_ != nullptr && fwrite(r->text.data(), 1, r->text.size(), f_) != r->text.size()) f_ = nullptr;
+                if (!ready.empty() && f_ != nullptr && fflush(f_) != 0) f_ = nullptr;
+                ready.clear();
+                lock.lock();
+                if (last) return;
+                cv_.wait_for(lock, kWriteInterval, [&] { return stop_; });
+                continue;
+            }
             while (!runs_.empty() && (last || now - runs_.front()->arrived >= kMergeDelay)) {
                 ready.push_back(std::move(runs_.front()));
                 runs_.pop_front();
@@ -303,6 +336,7 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     FILE *f_;                // the writer's
+    const bool capture_;
     bool stop_ = false;      // under mu_
     std::deque<RunPtr> runs_; // under mu_: in arrival order
     uint64_t seq_ = 0;       // under mu_
@@ -410,7 +444,9 @@ struct ProfileBlock {
 // The agent of one process: a connection, and a thread that reads trace_pipe on it.
 class Agent {
 public:
-    Agent(int pid, uint64_t seq, Output &out) : pid_(pid), seq_(seq), comm_(comm_of(pid)), out_(out) {}
+    Agent(int pid, uint64_t seq, Output &out) : pid_(pid), seq_(seq), comm_(comm_of(pid)), out_(out) {
+        if (out.capture()) reader_.capture();
+    }
     ~Agent() {
         if (thread_.joinable()) thread_.join();
     }
@@ -669,6 +705,7 @@ public:
         // agent's control thread wait in one now, its answer never comes. Bounded.
         events_.set_timeout_ms(kForkedTableTimeoutMs);
         reader_ = std::make_unique<TraceReader>(events_, pid_, ring, &known);
+        if (out_.capture()) reader_->capture();
         try {
             reader_->entries(); // maps the ring, reads the event table and the process's objects
         } catch (const std::runtime_error &) {
@@ -1305,6 +1342,7 @@ void Runner::drain_forked(int pid) {
     events.set_timeout_ms(kForkedTableTimeoutMs);
     try {
         TraceReader reader(events, pid, ring);
+        if (out_->capture()) reader.capture();
         drain_ring(reader, *out_, 0);
         std::string why;
         forked_profiles_.push_back(ProfileBlock{next_seq_++, pid, comm_of(pid),
@@ -1383,7 +1421,7 @@ int Runner::run() {
         file_ = fopen(o_.output.c_str(), "we");
         if (file_ == nullptr) throw std::runtime_error(fmt::format("cannot write {}: {}", o_.output, strerror(errno)));
     }
-    out_ = std::make_unique<Output>(file_ != nullptr ? file_ : stdout);
+    out_ = std::make_unique<Output>(file_ != nullptr ? file_ : stdout, o_.capture);
 
     // Signals arrive through a descriptor; agent threads start with them blocked.
     sigset_t mask, old_mask;

@@ -18,6 +18,7 @@ struct RunOptions {
     bool verbose = false;                 // -v: say on stderr when an agent is reached, or does not answer
     std::string agent;                    // the libukprobes.so to preload (absolute)
     std::vector<std::string> argv;        // PROG ARGS...
+    bool capture = false;                 // ukprobe record: capture blocks (trace/capture.hpp), not text
 };
 
 // Runs the program to its end; returns its exit status (128 + the signal that killed it).
