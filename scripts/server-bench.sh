@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A server under its own benchmark client, traced four ways, alternated in one run:
+# A server under its own benchmark client, traced five ways, alternated in one run:
 # PostgreSQL 15 (Debian's postgresql package) serving pgbench's select-only load, with
 # three events on functions it runs for every query (PortalRun, pq_getmessage,
 # ExecutorStart), from its start to its clean shutdown (pg_ctl stop -m fast).
@@ -8,6 +8,8 @@
 #   agent    libukprobes.so preloaded with the three events (UKP_EVENTS): recorded in
 #            the rings, nobody reads them
 #   run      ukprobe run -o FILE with the three events: every hit is a line or LOST
+#   record   ukprobe record -o FILE with the three events: every hit is a record or LOST
+#            (counted with ukprobe report, after the round)
 #   kernel   the kernel's uprobe tracer on the same functions (perf probe -x), its
 #            trace_pipe copied to a file by cat (root, tracefs)
 #
@@ -56,7 +58,7 @@ mountpoint -q "$TRACEFS" || mount -t tracefs nodev "$TRACEFS"
 # stops the server; prints "MODE TPS HITS LINES LOST".
 round() {
     local mode=$1 pid tps hits=0 lines=0 lost=0 cat_pid=""
-    rm -f "$WORK/trace" "$WORK/server.out"
+    rm -f "$WORK/trace" "$WORK/trace.dat" "$WORK/server.out"
     case $mode in
     plain) as_nobody "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 & ;;
     agent) as_nobody env LD_PRELOAD="$AGENT" UKP_EVENTS="$STARTUP" \
@@ -66,6 +68,13 @@ round() {
         local args=()
         for d in "${DEFS[@]}"; do args+=(-e "$d"); done
         as_nobody "$UKPROBE" --agent "$AGENT" run -o "$WORK/trace" "${args[@]}" -- \
+            "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 &
+        ;;
+    record)
+        touch "$WORK/trace.dat" && chown nobody "$WORK/trace.dat"
+        local args=()
+        for d in "${DEFS[@]}"; do args+=(-e "$d"); done
+        as_nobody "$UKPROBE" --agent "$AGENT" record -o "$WORK/trace.dat" "${args[@]}" -- \
             "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 &
         ;;
     kernel)
@@ -85,8 +94,9 @@ round() {
     as_nobody "$PGBIN/pg_ctl" stop -D "$WORK/pg" -m fast -w >/dev/null 2>&1
     wait "$pid" || true
     case $mode in
-    run)
+    run | record)
         hits=$(awk '/^# kprobe_profile: process / { p = 1; next } /^#/ { p = 0 } p { n += $2 } END { print n + 0 }' "$WORK/server.out")
+        [ "$mode" = record ] && "$UKPROBE" report -o "$WORK/trace" "$WORK/trace.dat"
         lines=$(grep -c -E ': (PortalRun|pq_getmessage|ExecutorStart): ' "$WORK/trace" || true)
         lost=$(sed -n 's/^# lost: \([0-9]*\) events.*/\1/p' "$WORK/server.out")
         ;;
@@ -104,11 +114,11 @@ round() {
     echo "$mode ${tps:-0} $hits $lines ${lost:-0}"
 }
 
-MODES=(plain agent run kernel)
+MODES=(plain agent run record kernel)
 results=()
 for r in $(seq "$ROUNDS"); do
     # Alternated, each round in another order: the machine's noise falls on every mode.
-    order=("${MODES[@]:$((r % 4))}" "${MODES[@]:0:$((r % 4))}")
+    order=("${MODES[@]:$((r % ${#MODES[@]}))}" "${MODES[@]:0:$((r % ${#MODES[@]}))}")
     for m in "${order[@]}"; do
         line=$(round "$m")
         echo "round $r: $line" >&2
