@@ -5,7 +5,8 @@
 // program sets: pthread_sigmask/sigprocmask (interposed here), the masks a call installs
 // while it waits (sigsuspend, pselect, ppoll, epoll_pwait, epoll_pwait2: the handlers that
 // run meanwhile run under them; interposed here, calling glibc's with the mask copied), the
-// BSD sigblock/sigsetmask (here), and the sa_mask of every handler (signals.cpp).
+// BSD sigblock/sigsetmask and the System V sighold/sigset(SIG_HOLD) (here), and the
+// sa_mask of every handler (signals.cpp).
 //
 // Apart from that mask content, the interposed functions answer as glibc's: the same
 // result, the same errno on failure, errno untouched on success.
@@ -71,7 +72,8 @@ void *next_definition(std::atomic<void *> &cache, const char *name) {
     return fn;
 }
 
-std::atomic<void *> g_sigsuspend, g_pselect, g_ppoll, g_epoll_pwait, g_epoll_pwait2, g_sigblock, g_sigsetmask;
+std::atomic<void *> g_sigsuspend, g_pselect, g_ppoll, g_epoll_pwait, g_epoll_pwait2, g_sigblock, g_sigsetmask,
+    g_sighold, g_sigset;
 
 __attribute__((constructor)) void wait_functions_resolved() {
     next_definition(g_sigsuspend, "sigsuspend");
@@ -81,6 +83,12 @@ __attribute__((constructor)) void wait_functions_resolved() {
     next_definition(g_epoll_pwait2, "epoll_pwait2");
     next_definition(g_sigblock, "sigblock");
     next_definition(g_sigsetmask, "sigsetmask");
+    next_definition(g_sighold, "sighold");
+    next_definition(g_sigset, "sigset");
+}
+
+bool agent_signal(int sig) {
+    return sig == SIGTRAP || sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;
 }
 
 // What a waiting call is given: a copy of the program's mask without the agent's
@@ -179,6 +187,28 @@ __attribute__((visibility("default"))) int sigblock(int bits) {
 __attribute__((visibility("default"))) int sigsetmask(int bits) {
     using namespace ukp::core;
     return next_or_die<int (*)(int)>(g_sigsetmask, "sigsetmask")(bits & ~bsd_agent_bits());
+}
+
+// The System V calls (deprecated, still in glibc, which carries them out with its
+// internal sigprocmask): holding one of the agent's signals holds nothing, as blocking it
+// with sigprocmask blocks nothing.
+__attribute__((visibility("default"))) int sighold(int sig) {
+    using namespace ukp::core;
+    if (agent_signal(sig)) return 0;
+    return next_or_die<int (*)(int)>(g_sighold, "sighold")(sig);
+}
+
+// sigset(sig, SIG_HOLD) blocks sig and answers SIG_HOLD if it was blocked, else its
+// disposition: one of the agent's signals is never blocked, so its disposition. Any other
+// disposition goes to glibc's (which unblocks the signal and sets the handler).
+__attribute__((visibility("default"))) sighandler_t sigset(int sig, sighandler_t disp) {
+    using namespace ukp::core;
+    if (agent_signal(sig) && disp == SIG_HOLD) {
+        struct sigaction old {};
+        if (sigaction(sig, nullptr, &old) != 0) return SIG_ERR;
+        return old.sa_handler;
+    }
+    return next_or_die<sighandler_t (*)(int, sighandler_t)>(g_sigset, "sigset")(sig, disp);
 }
 
 // Like glibc's: the error number as the result, errno untouched.

@@ -195,3 +195,37 @@ TEST(SignalMasks, AProbeHitAfterSigsetmaskOfEverything) {
 TEST(SignalMasks, AProbeHitAfterSigblockOfEverything) {
     EXPECT_EXIT(probe_hit_after_bsd_mask(false), ::testing::ExitedWithCode(0), "");
 }
+
+// The System V calls: glibc holds a signal with its internal sigprocmask.
+void probe_hit_after_sysv_hold(bool with_sigset) {
+    register_target_probe();
+    for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGUSR2}) {
+        if (with_sigset) {
+            if (sigset(sig, SIG_HOLD) == SIG_ERR) _exit(9);
+        } else if (sighold(sig) != 0) {
+            _exit(9);
+        }
+    }
+    if (sigmask_target(1) != 6) _exit(10);
+    if (g_pre != 1 || g_post != 1) _exit(11);
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, nullptr, &now);
+    if (!sigismember(&now, SIGUSR2)) _exit(12); // the rest is held as asked
+    if (sigismember(&now, SIGTRAP)) _exit(13);
+    _exit(0);
+}
+
+TEST(SignalMasks, AProbeHitAfterSigholdOfTheAgentsSignals) {
+    EXPECT_EXIT(probe_hit_after_sysv_hold(false), ::testing::ExitedWithCode(0), "");
+}
+TEST(SignalMasks, AProbeHitAfterSigsetHoldOfTheAgentsSignals) {
+    EXPECT_EXIT(probe_hit_after_sysv_hold(true), ::testing::ExitedWithCode(0), "");
+}
+
+// sigset(SIG_HOLD) of one of the agent's signals answers its disposition, as glibc's
+// does for a signal that was not blocked.
+TEST(SignalMasks, SigsetHoldOfAnAgentSignalAnswersItsDisposition) {
+    struct sigaction old {};
+    ASSERT_EQ(sigaction(SIGFPE, nullptr, &old), 0);
+    EXPECT_EQ(sigset(SIGFPE, SIG_HOLD), old.sa_handler);
+}
