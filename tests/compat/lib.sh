@@ -21,7 +21,10 @@ no_asan() { ! ldd "$UKPROBE" | grep -q libasan; }
 #   preload  LD_PRELOAD=$AGENT, nothing else;
 #   run      under `ukprobe run` with the events DEF...: the trace in $E2E_TMP/NAME.trace,
 #            the kprobe_profile blocks in $E2E_TMP/NAME.profile (ukprobe's stderr from the
-#            first profile header on; the lines before it are the program's stderr).
+#            first profile header on; the lines before it are the program's stderr);
+#   record   under `ukprobe record` with the events DEF...: the capture in
+#            $E2E_TMP/NAME.dat, printed by `ukprobe report` into NAME.trace; the profile
+#            as in run.
 # The DEFs are ignored in the modes other than run. CMD reads $COMPAT_IN (default
 # /dev/null). COMPAT_AS=USER runs CMD (and ukprobe) as USER.
 in_mode() {
@@ -32,7 +35,7 @@ in_mode() {
         shift
         if [ $_indefs = 1 ]; then
             if [ "$_a" = -- ]; then _indefs=0; set -- "$@" --
-            elif [ "$_mode" = run ]; then set -- "$@" -e "$_a"
+            elif [ "$_mode" = run ] || [ "$_mode" = record ]; then set -- "$@" -e "$_a"
             fi
         else
             set -- "$@" "$_a"
@@ -51,11 +54,17 @@ in_mode() {
         $_as env LD_PRELOAD="$AGENT" "$@" <"${COMPAT_IN:-/dev/null}" >"$_o.out" 2>&1 ;;
     run)
         $_as "$UKPROBE" run -o "$_o.trace" "$@" <"${COMPAT_IN:-/dev/null}" >"$_o.out" 2>"$_o.stderr" ;;
+    record)
+        [ -n "$_as" ] && touch "$_o.dat" && chown "$COMPAT_AS" "$_o.dat"
+        $_as "$UKPROBE" record -o "$_o.dat" "$@" <"${COMPAT_IN:-/dev/null}" >"$_o.out" 2>"$_o.stderr"
+        _rst=$?
+        "$UKPROBE" report -o "$_o.trace" "$_o.dat" || _rst=125
+        (exit $_rst) ;;
     *)
         echo "in_mode: no mode $_mode" >&2; return 2 ;;
     esac
     _st=$?
-    if [ "$_mode" = run ]; then
+    if [ "$_mode" = run ] || [ "$_mode" = record ]; then
         sed -n '/^# kprobe_profile: process /,$p' "$_o.stderr" >"$_o.profile"
         sed '/^# kprobe_profile: process /,$d' "$_o.stderr" >>"$_o.out"
     fi
@@ -143,7 +152,7 @@ attach_finish() {
 
 # compare MODE DEF... -- CMD ARGS...: runs CMD plain (the reference), then in MODE (see
 # in_mode), and prints "status PLAIN MODE", "output: same" or the difference, and in run
-# mode events_check's verdict. $COMPAT_PREP, if set, is eval'd before each of the two runs
+# and record modes events_check's verdict. $COMPAT_PREP, if set, is eval'd before each of the two runs
 # (a fresh database, a clean build directory); $COMPAT_FILTER (default cat) turns each
 # output into what is compared (sort, where parallel jobs print in any order).
 compare() {
@@ -156,7 +165,7 @@ compare() {
     ${COMPAT_FILTER:-cat} <"$E2E_TMP/plain.out" >"$E2E_TMP/plain.cmp"
     ${COMPAT_FILTER:-cat} <"$E2E_TMP/$_cm.out" >"$E2E_TMP/$_cm.cmp"
     same_lines output "$E2E_TMP/plain.cmp" "$E2E_TMP/$_cm.cmp"
-    [ "$_cm" = run ] && events_check "$E2E_TMP/run.trace" "$E2E_TMP/run.profile"
+    case $_cm in run | record) events_check "$E2E_TMP/$_cm.trace" "$E2E_TMP/$_cm.profile" ;; esac
     return 0
 }
 
