@@ -380,20 +380,24 @@ void worker() {
     for (;;) {
         work_cv().wait(lock, [] { return !pending().empty(); });
         const uint64_t target = g_requested;
-        std::vector<Point *> batch;
+        std::vector<Point *> batch, later;
         std::vector<uint64_t> disarms; // each one's count when the threads were looked for
         for (Point *pt : pending()) {
+            if (batch.size() == kMaxBatch) { // the next pass's, still queued
+                later.push_back(pt);
+                continue;
+            }
             pt->queued = false;
             auto it = all_points().find(pt->addr);
             if (it == all_points().end() || it->second != pt) continue; // its object is gone
             // A point whose region copy was taken away by a probe inside the region (gone
             // now) comes back through the strict pass below.
-            if (!pt->optimized && qualifies(pt) && batch.size() < kMaxBatch) {
+            if (!pt->optimized && qualifies(pt)) {
                 batch.push_back(pt);
                 disarms.push_back(pt->disarms);
             }
         }
-        pending().clear();
+        pending().swap(later);
         bool retry = false;
         if (!batch.empty() && traced()) {
             retry = true; // the points stay breakpoints until the tracer detaches
@@ -447,7 +451,8 @@ void worker() {
                 retry = true;
             }
         }
-        g_handled = target;
+        // The work asked so far is done once no point of it waits for a later pass.
+        if (pending().empty()) g_handled = target;
         done_cv().notify_all();
         if (retry) {
             lock.unlock();

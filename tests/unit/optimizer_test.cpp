@@ -977,6 +977,36 @@ TEST_F(OptimizerTest, HotLoopWhileAnInnerProbeComesAndGoes) {
 
 // Every function entry of the sweep functions (-O0, -O2, -Os): optimized where the checks
 // allow, and the drivers' results unchanged, with every entry hit.
+extern "C" {
+extern long (*const ukpt_many[])(long);
+extern const unsigned long ukpt_many_count;
+}
+
+// More points than one pass of the optimizer takes (kMaxBatch): every one is placed, in
+// as many passes as it takes, and ukp_optimizer_flush() waits for all of them.
+TEST_F(OptimizerTest, MorePointsThanOnePassTakesAreAllOptimized) {
+    ASSERT_GT(ukpt_many_count, 1024u);
+    std::vector<kprobe> kps(ukpt_many_count);
+    // Registered with optimization off, then switched on: all of them queued at once (as
+    // enabling an event group that covers a whole library does).
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    for (size_t i = 0; i < kps.size(); ++i) {
+        kps[i].addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_many[i]);
+        kps[i].pre_handler = count_pre;
+        ASSERT_EQ(register_kprobe(&kps[i]), 0) << i;
+    }
+    ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+    ukp_optimizer_flush();
+    size_t opt = 0;
+    for (const kprobe &kp : kps) opt += optimized(kp);
+    EXPECT_EQ(opt, kps.size());
+    g_hits = 0;
+    for (size_t i = 0; i < kps.size(); ++i) EXPECT_EQ(ukpt_many[i](2), static_cast<long>(6 + i + 1));
+    EXPECT_EQ(g_hits.load(), static_cast<long>(kps.size()));
+    for (auto &kp : kps) unregister_kprobe(&kp);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+}
+
 TEST_F(OptimizerTest, SweepFunctionEntriesOptimizedBehaveTheSame) {
     const ukpt_sweep_fn *(*tables[])(size_t *) = {ukpt_sweep_table_O0, ukpt_sweep_table_O2, ukpt_sweep_table_Os};
     size_t total = 0, opt = 0;

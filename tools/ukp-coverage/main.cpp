@@ -116,6 +116,7 @@ uint64_t filler_after(const ukp::arch::ElfImage &img, uint64_t from, uint64_t li
 struct Options {
     bool entries_only = false;
     bool list = false;
+    bool list_all = false;
     bool jumps = false;
     bool no_refs = false;
 };
@@ -212,6 +213,7 @@ int run_object(const std::string &path, const Options &opt) {
             t.by_trusted_jumps += c.trusted_jumps;
             t.by_padding += c.into_padding;
         }
+        if (c.ok && opt.list_all) listing.push_back(fmt::format("{:#x} {} ok", start, s.name));
         if (!c.ok) {
             if (opt.list) {
                 std::string reasons;
@@ -321,7 +323,7 @@ int run_object(const std::string &path, const Options &opt) {
         for (const std::string &l : jumps) fmt::print("    {}\n", l);
     }
     if (opt.list) {
-        fmt::print("  not optimizable:\n");
+        fmt::print("{}", opt.list_all ? "  entries:\n" : "  not optimizable:\n");
         for (const std::string &l : listing) fmt::print("    {}\n", l);
     }
     return 0;
@@ -335,6 +337,7 @@ int main(int argc, char **argv) {
     std::vector<std::string> objects;
     app.add_flag("--entries-only", opt.entries_only, "Check function entries only, not every instruction");
     app.add_flag("--list", opt.list, "List the entries that cannot be optimized, with every reason");
+    app.add_flag("--list-all", opt.list_all, "With --list, the optimizable entries too (ADDR NAME ok)");
     app.add_flag("--jumps", opt.jumps, "List every indirect jump: kind, table, entries");
     app.add_flag("--no-object-refs", opt.no_refs,
                  "Per-function check only (no object-wide references: no trusted indirect jumps, no padding)");
