@@ -26,6 +26,7 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+[ -n "${KEEP:-}" ] && trap - EXIT
 if [ "$1" = -- ]; then
     shift
     "$@" >"$WORK/program.out" 2>&1 &
@@ -44,24 +45,26 @@ awk -v lib="$LIBC" '{ printf "append kprobe_events p:cov/e_%s %s:%s\n", substr($
 {
     cat "$WORK/commands"
     echo "write events/cov/enable 1"
-    # The optimizer places the jumps: until their count stays the same for a second.
-    sleep 1
-    last=-1
-    for _ in $(seq 120); do
-        now=$("$UKPROBE" -p "$PID" read kprobes/list 2>/dev/null | grep -c OPTIMIZED || true)
-        [ "$now" = "$last" ] && break
-        last=$now
+    # The session registers them (a few ms each), then the optimizer places the jumps:
+    # until every probe is listed and the count of jumps stays the same for 2 s.
+    last=-1 same=0 now=0
+    for _ in $(seq 300); do
         sleep 1
+        "$UKPROBE" -p "$PID" read kprobes/list >"$WORK/list" 2>/dev/null || continue
+        [ "$(wc -l <"$WORK/list")" -ge $(($(wc -l <"$WORK/entries") - 20)) ] || continue
+        now=$(grep -c OPTIMIZED "$WORK/list" || true)
+        if [ "$now" = "$last" ]; then same=$((same + 1)); else same=0; fi
+        [ $same -ge 2 ] && break
+        last=$now
     done
     echo "jumps placed: $now" >&2
-    echo "write events/cov/enable 0"
-    echo "write trace 0"
+    # The counts now and SECONDS later, every probe in place (disabling an event takes its
+    # jumps away): the calls are the difference.
     echo "read kprobe_profile"
-    echo "write events/cov/enable 1"
     sleep "$SECS"
-    echo "write events/cov/enable 0"
     echo "read kprobe_profile"
     echo "read kprobes/list"
+    echo "write events/cov/enable 0"
 } | "$UKPROBE" -p "$PID" session >"$WORK/session.out" 2>"$WORK/session.err" || true
 grep -v '^$' "$WORK/session.err" | sort | uniq -c | sort -rn | head -5 >&2 || true
 # kprobe_profile twice (once the jumps are placed, after SECONDS): the difference is the
