@@ -152,8 +152,19 @@ void json_value(std::string &out, const uint8_t *rec, uint32_t size, const trace
     json_string(out, text);
 }
 
+// The value of the field named `name` of a record of e, or 0 when it has none.
+uint64_t field_value(const trace::EventInfo &e, const uint8_t *rec, uint32_t size, std::string_view name) {
+    for (const trace::Field &f : e.fields)
+        if (f.name == name && f.array_len == 0 && f.offset + f.size <= size && f.size <= 8)
+            return trace::load_integer(rec, f);
+    return 0;
+}
+
 // Chrome's trace event format (the JSON object form): an instant event per record, a
 // metadata event naming each process and thread. Perfetto and chrome://tracing open it.
+// A return event whose function's entry was recorded on the same thread (a `p` event at
+// the address the `r` event names) also makes a slice of the call: a complete event from
+// the entry to the return, named by the function, nested as the calls were.
 class ChromeWriter {
 public:
     explicit ChromeWriter(std::string &out) : out_(out) { out_ += "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"; }
@@ -162,6 +173,7 @@ public:
         name_once(p, c.pid);
         const trace::EventInfo *e = p.event(c.type);
         const uint32_t size = it.size;
+        if (e != nullptr && c.type != trace::kStackEventId) pair_call(p, *e, it, c);
         begin(p.stream().pid, c.pid, it.ts, 't');
         out_ += "\"name\":";
         if (c.type == trace::kStackEventId) {
@@ -215,6 +227,38 @@ public:
     void end() { out_ += "\n]}\n"; }
 
 private:
+    struct Open {
+        uint64_t func; // the entry's address
+        uint64_t ts;
+    };
+    static constexpr size_t kMaxDepth = 512; // entries never returned from are forgotten past it
+
+    // An entry is remembered on its thread's stack; a return closes the latest entry of
+    // its function (and forgets those above it: entries whose returns were not recorded).
+    void pair_call(StreamPrinter &p, const trace::EventInfo &e, const capture::Item &it, const trace::CommonHeader &c) {
+        std::vector<Open> &stack = open_[uint64_t(it.stream) << 32 | uint32_t(c.pid)];
+        if (!e.is_return) {
+            if (stack.size() == kMaxDepth) stack.erase(stack.begin());
+            stack.push_back(Open{field_value(e, it.data, it.size, "__probe_ip"), it.ts});
+            return;
+        }
+        const uint64_t func = field_value(e, it.data, it.size, "__probe_func");
+        for (size_t i = stack.size(); i-- > 0;) {
+            if (stack[i].func != func) continue;
+            const uint64_t start = stack[i].ts, dur = it.ts >= start ? it.ts - start : 0;
+            stack.resize(i);
+            if (events_++ != 0) out_ += ",\n";
+            out_ += fmt::format("{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{}.{:03},\"dur\":{}.{:03},\"name\":",
+                                p.stream().pid, c.pid, start / 1000, start % 1000, dur / 1000, dur % 1000);
+            json_string(out_, p.symbolizer()(func, false));
+            out_ += ",\"cat\":";
+            json_string(out_, e.group);
+            out_ += "}";
+            return;
+        }
+    }
+
+    std::unordered_map<uint64_t, std::vector<Open>> open_; // by stream and thread
     void begin(int32_t pid, int32_t tid, uint64_t ts, char scope) {
         if (events_++ != 0) out_ += ",\n";
         // Microseconds with the nanoseconds as decimals.
