@@ -63,18 +63,13 @@ round() {
     plain) as_nobody "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 & ;;
     agent) as_nobody env LD_PRELOAD="$AGENT" UKP_EVENTS="$STARTUP" \
         "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 & ;;
-    run)
-        touch "$WORK/trace" && chown nobody "$WORK/trace"
-        local args=()
+    run | record)
+        # run writes the lines, record the capture (printed by report after the round).
+        local file="$WORK/trace" args=()
+        [ "$mode" = record ] && file="$WORK/trace.dat"
+        touch "$file" && chown nobody "$file"
         for d in "${DEFS[@]}"; do args+=(-e "$d"); done
-        as_nobody "$UKPROBE" --agent "$AGENT" run -o "$WORK/trace" "${args[@]}" -- \
-            "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 &
-        ;;
-    record)
-        touch "$WORK/trace.dat" && chown nobody "$WORK/trace.dat"
-        local args=()
-        for d in "${DEFS[@]}"; do args+=(-e "$d"); done
-        as_nobody "$UKPROBE" --agent "$AGENT" record -o "$WORK/trace.dat" "${args[@]}" -- \
+        as_nobody "$UKPROBE" --agent "$AGENT" "$mode" -o "$file" "${args[@]}" -- \
             "$PGBIN/postgres" -D "$WORK/pg" -k "$WORK/pg" >"$WORK/server.out" 2>&1 &
         ;;
     kernel)
