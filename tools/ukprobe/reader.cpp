@@ -237,7 +237,13 @@ std::string TraceReader::trace() {
 
 std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
     if (capturer_ != nullptr) {
-        if (!map_ring()) return {};
+        // A capture copies the ring itself: an agent that does not pass it (an older one)
+        // cannot be recorded.
+        if (!map_ring()) {
+            if (taken_) return {};
+            throw std::runtime_error("the agent of process " + std::to_string(pid_) +
+                                     " does not pass its ring buffers: record needs an agent of this version");
+        }
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
         while (!trace::ring_has_data(trace::RingView{mapped_, size_}) && std::chrono::steady_clock::now() < deadline)
             usleep(1000);
