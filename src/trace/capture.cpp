@@ -94,8 +94,13 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
         put(out, count);
         lost_here += count;
     };
-    // Each buffer in turn, a batch at a time: the report sorts by timestamp.
-    for (uint32_t slot = 0; slot < h->slot_count && out.size() - start < max_bytes; ++slot) {
+    // Each buffer in turn, a batch at a time (the report sorts by timestamp), from the one
+    // after where the last capture stopped: a thread that writes faster than this reads
+    // does not keep the others' buffers from being read.
+    const uint32_t first = next_slot_ % h->slot_count;
+    for (uint32_t k = 0; k < h->slot_count && out.size() - start < max_bytes; ++k) {
+        const uint32_t slot = (first + k) % h->slot_count;
+        next_slot_ = slot + 1;
         while (out.size() - start < max_bytes && ring_consume_batch(v, slot, max_bytes - (out.size() - start), &batch_)) {
             if (block == std::string::npos) block = open_block(out, kRecords, stream_);
             for (const RingBatch::Record &r : batch_.records) {
