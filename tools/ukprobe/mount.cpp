@@ -559,9 +559,12 @@ void read_pipe(fuse_req_t req, TraceFs &fs, Handle &h, size_t size) {
         Answer a = fs.agent.ask_pipe(*h.reader, [req] { return fuse_req_interrupted(req) != 0; });
         if (a.status == -ENODEV && fs.process_gone.load()) {
             // The process is gone and what its ring held has been read: the end of the file.
+            // Counted once the reply is sent: the file system unmounts once no reader
+            // waits, and a reader whose end of file had not reached it yet got
+            // ECONNABORTED instead.
+            fuse_reply_buf(req, nullptr, 0);
             if (!h.ended) --fs.pipes_open;
             h.ended = true;
-            fuse_reply_buf(req, nullptr, 0);
             return;
         }
         if (a.status < 0) {
