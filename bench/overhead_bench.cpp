@@ -1,5 +1,5 @@
-// Per-hit overhead, as the seeds' tables: a direct call of the probed function, the raw
-// int3 + SIGTRAP round trip, and kprobes with an empty handler: `k` (with post_handler)
+// Per-hit overhead, as the tables of kprobes.txt's "Probe Overhead" section: a direct
+// call of the probed function, the raw int3 + SIGTRAP round trip, and kprobes with an empty handler: `k` (with post_handler)
 // and `b` (boosted: no post_handler), on the breakpoint path (optimization off). Then the
 // optimized table on a function whose first 5 bytes a jump can replace: its direct call,
 // `o` (optimized kprobe), `rb` (kretprobe, breakpoint entry), `ro` (kretprobe, optimized
@@ -87,7 +87,7 @@ int j_target(int) {
     return 0;
 }
 
-// The seeds' r, kr, j and jr: a kretprobe, a kprobe and a kretprobe on one function, a
+// kprobes.txt's r, kr, j and jr: a kretprobe, a kprobe and a kretprobe on one function, a
 // jprobe, a jprobe and a kretprobe.
 void run_combination(benchmark::State &state, bool kprobe_too, bool kretprobe_too, bool jprobe_too) {
     ukp_set_kprobes_optimization(0); // the breakpoint path
