@@ -1,10 +1,11 @@
 // Per-hit overhead, as the tables of kprobes.txt's "Probe Overhead" section: a direct
-// call of the probed function, the raw int3 + SIGTRAP round trip, and kprobes with an empty handler: `k` (with post_handler)
-// and `b` (boosted: no post_handler), on the breakpoint path (optimization off). Then the
-// optimized table on a function whose first 5 bytes a jump can replace: its direct call,
-// `o` (optimized kprobe), `rb` (kretprobe, breakpoint entry), `ro` (kretprobe, optimized
-// entry), and, when root and tracefs allow, the kernel's own uprobe and uretprobe on the
-// same function. Ratios are computed from this one run.
+// call of the probed function, the raw int3 + SIGTRAP round trip, and kprobes with an
+// empty handler: `k` (with post_handler) and `b` (boosted: no post_handler), on the
+// breakpoint path (optimization off). Then the optimized table on a function whose first
+// 5 bytes a jump can replace: its direct call, `o` (optimized kprobe), `rb` (kretprobe,
+// breakpoint entry), `ro` (kretprobe, optimized entry), and, when root and tracefs allow,
+// the kernel's own uprobe and uretprobe on the same function. Ratios are computed from
+// this one run.
 #include <ukprobes/kprobes.h>
 
 #include <benchmark/benchmark.h>
