@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "control/fd_passing.hpp"
+#include "ring_records.hpp"
 #include "trace/ring.hpp"
 
 namespace ukp::trace {
@@ -30,35 +31,11 @@ namespace {
 
 int32_t gettid_() { return static_cast<int32_t>(syscall(SYS_gettid)); }
 
-// A test record: the common header, the writer's index and sequence number, then bytes
-// that depend on both (a torn record shows as a pattern mismatch).
-uint32_t payload_size(uint32_t seq) { return kCommonSize + 8 + seq % 61; }
+using test::payload_size;
+using test::write_record;
 
-bool write_record(uint32_t writer, uint32_t seq) {
-    const uint32_t size = payload_size(seq);
-    uint8_t *rec = ring_reserve(size);
-    if (rec == nullptr) return false;
-    CommonHeader c{7, 0, 0, gettid_()};
-    std::memcpy(rec, &c, sizeof c);
-    std::memcpy(rec + 8, &writer, 4);
-    std::memcpy(rec + 12, &seq, 4);
-    for (uint32_t k = 16; k < size; ++k) rec[k] = static_cast<uint8_t>(seq * 31 + writer * 7 + k);
-    ring_commit(rec, size);
-    return true;
-}
-
-// Decodes and checks a test record; false if it is torn or malformed.
 bool check_record(const std::vector<uint8_t> &rec, uint32_t *writer, uint32_t *seq) {
-    if (rec.size() < 16) return false;
-    std::memcpy(writer, rec.data() + 8, 4);
-    std::memcpy(seq, rec.data() + 12, 4);
-    if (rec.size() != payload_size(*seq)) return false;
-    uint16_t type;
-    std::memcpy(&type, rec.data(), 2);
-    if (type != 7) return false;
-    for (uint32_t k = 16; k < rec.size(); ++k)
-        if (rec[k] != static_cast<uint8_t>(*seq * 31 + *writer * 7 + k)) return false;
-    return true;
+    return test::check_record(rec.data(), rec.size(), writer, seq);
 }
 
 std::vector<RingEntry> collect(RingCounts *c) {
@@ -73,16 +50,7 @@ bool consume(RingEntry *e) {
     return got;
 }
 
-class RingTest : public ::testing::Test {
-protected:
-    void SetUp() override {
-        ASSERT_EQ(ring_init(), 0);
-        set_tracing_on(true);
-        snapshot_free();
-        ASSERT_EQ(set_ring_slot_count(64), 0);
-        ASSERT_EQ(set_buffer_size_kb(1408), 0);
-    }
-};
+using RingTest = test::FreshRing;
 
 TEST_F(RingTest, RecordsComeBackInOrderWithTheirHeader) {
     const uint64_t before = [] { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ull + t.tv_nsec; }();
@@ -97,7 +65,7 @@ TEST_F(RingTest, RecordsComeBackInOrderWithTheirHeader) {
     EXPECT_EQ(c.lost, 0u);
     const int ncpu = static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
     for (uint32_t i = 0; i < 100; ++i) {
-        uint32_t w, seq;
+        uint32_t w = 0, seq = 0;
         ASSERT_TRUE(check_record(entries[i].rec, &w, &seq)) << i;
         EXPECT_EQ(seq, i);
         // TSC timestamps are converted by interpolation: allow a few microseconds.
@@ -266,7 +234,7 @@ TEST_F(RingTest, ConcurrentWritersExactCounts) {
     EXPECT_EQ(c.written, uint64_t(kThreads) * kPer);
     std::vector<uint32_t> next(kThreads, 0);
     for (const auto &x : e) {
-        uint32_t w, seq;
+        uint32_t w = 0, seq = 0;
         ASSERT_TRUE(check_record(x.rec, &w, &seq));
         ASSERT_LT(w, kThreads);
         ASSERT_EQ(seq, next[w]) << "writer " << w;
@@ -305,7 +273,7 @@ TEST_F(RingTest, AMergerConsumesEveryBufferInTimestampOrder) {
             ASSERT_LE(merged[i - 1].ts, merged[i].ts) << "record " << i;
         }
         EXPECT_EQ(merged[i].ts, listed[i].ts);
-        uint32_t w, seq;
+        uint32_t w = 0, seq = 0;
         ASSERT_TRUE(check_record(merged[i].rec, &w, &seq));
         ASSERT_EQ(seq, next[w]++) << "writer " << w;
     }
@@ -330,7 +298,7 @@ TEST_F(RingTest, OverwriteKeepsTheNewestAndCountsTheRest) {
     for (const RingEntry &x : e) kept += (sizeof(RecordHeader) + x.rec.size() + 7) / 8 * 8;
     EXPECT_GE(kept, 8 * 1024 - 8 * 1024 / 16 - 2 * (sizeof(RecordHeader) + payload_size(kN - 1) + 8)) << e.size();
     for (size_t i = 0; i < e.size(); ++i) {
-        uint32_t w, seq;
+        uint32_t w = 0, seq = 0;
         ASSERT_TRUE(check_record(e[i].rec, &w, &seq));
         EXPECT_EQ(seq, kN - e.size() + i); // the newest, contiguous
     }
@@ -361,7 +329,7 @@ std::thread single_consumer(std::atomic<bool> &done, std::atomic<uint64_t> &bad,
         while (!done.load()) {
             RingEntry e;
             if (consume(&e)) {
-                uint32_t w, seq;
+                uint32_t w = 0, seq = 0;
                 if (!check_record(e.rec, &w, &seq)) bad.fetch_add(1);
                 taken.fetch_add(1);
                 reported.fetch_add(e.lost_before);
@@ -379,7 +347,7 @@ TEST_F(RingTest, ConcurrentReadersNeverSeeTornRecords) {
         while (!done.load()) {
             RingCounts c;
             for (const auto &x : collect(&c)) {
-                uint32_t w, seq;
+                uint32_t w = 0, seq = 0;
                 if (!check_record(x.rec, &w, &seq)) bad.fetch_add(1);
                 checked.fetch_add(1);
             }
@@ -445,7 +413,7 @@ TEST_F(RingTest, ABatchTakesABuffersRecordsInOrderAndReportsTheOverwrittenOnce) 
             for (const RingBatch::Record &r : b.records) {
                 lost += r.lost_before;
                 if (r.header.kind != kRecordKind) continue;
-                uint32_t w, seq;
+                uint32_t w = 0, seq = 0;
                 ASSERT_TRUE(check_record(batch_record(b, r), &w, &seq));
                 seqs.push_back(seq);
             }
@@ -472,7 +440,7 @@ TEST_F(RingTest, BatchesAndSingleConsumersUnderWritersThatLapThemTakeEachRecordO
                 for (const RingBatch::Record &r : b.records) {
                     reported += r.lost_before;
                     if (r.header.kind != kRecordKind) continue;
-                    uint32_t w, seq;
+                    uint32_t w = 0, seq = 0;
                     if (!check_record(batch_record(b, r), &w, &seq)) bad.fetch_add(1);
                     batched.fetch_add(1);
                 }
@@ -627,7 +595,7 @@ TEST_F(RingTest, ConsumingEmptiesAndTheCountsFollowTheKernel) {
     RingEntry e;
     for (uint32_t i = 0; i < 4; ++i) {
         ASSERT_TRUE(consume(&e));
-        uint32_t w, seq;
+        uint32_t w = 0, seq = 0;
         ASSERT_TRUE(check_record(e.rec, &w, &seq));
         EXPECT_EQ(seq, i);
     }
@@ -650,7 +618,7 @@ TEST_F(RingTest, SnapshotSwapsTheBuffers) {
     });
     ASSERT_EQ(snap.size(), 5u);
     ASSERT_EQ(main.size(), 3u);
-    uint32_t w, seq;
+    uint32_t w = 0, seq = 0;
     ASSERT_TRUE(check_record(snap[4].rec, &w, &seq));
     EXPECT_EQ(seq, 4u);
     ASSERT_TRUE(check_record(main[0].rec, &w, &seq));
@@ -706,7 +674,7 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
         auto e = ring_collect(v, &c);
         if (e.size() != 500 || c.written != 500) _exit(14);
         for (uint32_t i = 0; i < 500; ++i) {
-            uint32_t w, seq;
+            uint32_t w = 0, seq = 0;
             if (!check_record(e[i].rec, &w, &seq) || seq != i || w != 3) _exit(15);
         }
         // It consumes the first 100: the parent sees them gone.
@@ -728,7 +696,7 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
     RingCounts c;
     auto left = collect(&c);
     ASSERT_EQ(left.size(), 400u);
-    uint32_t w, seq;
+    uint32_t w = 0, seq = 0;
     ASSERT_TRUE(check_record(left[0].rec, &w, &seq));
     EXPECT_EQ(seq, 100u);
 }
@@ -790,7 +758,7 @@ TEST_F(RingTest, ReadersInOtherProcessesConsumeEachRecordOnce) {
                 if (last) _exit(0);
                 continue;
             }
-            uint32_t w, seq;
+            uint32_t w = 0, seq = 0;
             if (!check_record(e.rec, &w, &seq) || w >= kWriters || seq >= kPerWriter) {
                 sh->bad.fetch_add(1);
                 continue;
