@@ -5,6 +5,7 @@
 
 #include "arch/x86_64/detour.hpp"
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/island.hpp"
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
@@ -93,6 +94,14 @@ struct Point {
     bool optimized = false;     // the jmp is in place; changed under the registry mutex
     bool queued = false;        // waiting for the optimizer; under the registry mutex
     bool copy_fresh = false;    // dcr_copy came back: threads may still be on the old path in
+    // An island (arch/x86_64/island.hpp): the region is entered by one short branch
+    // elsewhere, which is led to a jmp in dead padding before the region gets its jmp.
+    // Under the registry mutex.
+    arch::Island island;
+    uint64_t island_to = 0;      // the detour's copy of island.target; 0: no island
+    uint8_t island_jmp[arch::kIslandSize] = {}; // the island's code: jmp island_to
+    bool island_live = false;    // the branch leads to the island
+    bool island_written = false; // the island's bytes are in place (until the optimizer retires them)
     std::string object_name;  // for kprobes/list
     std::string symbol;       // "sym", for kprobes/list
     uint64_t symbol_offset = 0;
@@ -218,10 +227,16 @@ void opt_update(Point *pt, bool disarming = false);
 void opt_before_arming(uint64_t addr);
 // Puts the region's bytes back (int3 at the first byte). 0 or -errno.
 int opt_unoptimize(Point *pt);
-// The code of an optimized region, original bytes in place, for read_original.
+// The code of an optimized region, and the bytes of islands, original bytes in place, for
+// read_original.
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);
+// pt's object was unloaded: its island (and the branch to it) went with the mapping.
+void opt_forget_island(Point *pt);
 // After fork() in the child: the optimizer thread did not come along.
 void opt_after_fork_child();
+// The bytes of islands whose branch went back are put back at once: the caller is the
+// process's only thread (a child after fork()), at none of them.
+void opt_restore_islands_alone();
 // Builds, if not yet done, the reference table of the object whose code holds addr (what
 // opt_prepare checks regions against; a second or so for libc). Without the registry mutex.
 void opt_warm(uint64_t addr);
@@ -258,6 +273,9 @@ uint64_t copy_to_original(const Point *pt, uint64_t ip);
 std::mutex &registry_mutex();
 std::map<uint64_t, Point *> &all_points();
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n);
+// The bytes islands own (their jmps, their branches' displacements), with what the files
+// have there, for ukp_verify. Under the registry mutex.
+void island_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out);
 
 extern std::atomic<bool> g_opt_enabled; // debug.kprobes_optimization
 

@@ -13,6 +13,13 @@
 // Unoptimizing needs no such care: the int3 goes back over the jmp's first byte, then
 // the rest of the region; a thread inside the detour returns after the region, into
 // original code. Detours are never freed.
+//
+// A region that one short branch elsewhere enters gets an island (arch/x86_64/island.hpp):
+// its jmp is written into dead padding and the branch led to it before the threads are
+// moved out, so that none arrives in the region by that path any more; the branch is put
+// back after the region's bytes. A thread may then still be about to run the island's
+// jmp: the island's bytes go back in a later pass of the optimizer, after the same
+// signal to every running thread, which moves one found there to the jmp's target.
 #include "core/core.hpp"
 #include "core/fork.hpp"
 
@@ -61,12 +68,23 @@ constexpr size_t kDetourOffset = 16; // the slot starts with the Point *, for on
 // The signal that asks a thread to leave the regions about to be replaced.
 int stop_signal() { return SIGRTMAX - 2; }
 constexpr size_t kMaxBatch = 1024;
+constexpr size_t kMaxRetired = 64; // islands retired in one pass
 // How long the optimizer waits for threads to answer before trying again later.
 constexpr long kStopTimeoutNs = 200l * 1000 * 1000;
 
 // ---- the optimizer thread's state (under the registry mutex) ----
 std::vector<Point *> &pending() {
     static auto *value = new std::vector<Point *>(); // never destroyed: the thread outlives static destructors
+    return *value;
+}
+// Points whose island's branch was put back, the island's bytes still in place.
+std::vector<Point *> &retiring() {
+    static auto *value = new std::vector<Point *>();
+    return *value;
+}
+// Every point that has an island (a few: glibc's memmove variants).
+std::vector<Point *> &island_points() {
+    static auto *value = new std::vector<Point *>();
     return *value;
 }
 std::condition_variable &work_cv() {
@@ -95,11 +113,19 @@ std::atomic<int> g_acks{0};
 // The batch brings back region copies (after a probe inside a region went away): threads
 // that may still be on their way into a region must be found, or the batch waits.
 std::atomic<bool> g_stop_strict{false};
+// Islands being retired: a thread at one goes on at its jmp's target.
+struct RetiredIsland {
+    uint64_t at, to;
+};
+RetiredIsland g_stop_islands[kMaxRetired];
+std::atomic<size_t> g_stop_island_count{0};
 std::atomic<bool> g_stop_busy{false};
 std::atomic<unsigned> g_strict_epoch{0}; // the g_copy_epoch value the copies came back under
 uint64_t g_restorer = 0; // the signal restorer (__restore_rt) the kernel returns through
 
 bool in_region(const Point *pt, uint64_t ip) { return ip > pt->addr && ip < pt->addr + pt->layout.dcr_len; }
+
+bool in_island(const RetiredIsland &r, uint64_t ip) { return ip >= r.at && ip < r.at + arch::kIslandSize; }
 
 extern "C" char __start_ukp_trap_text[], __stop_ukp_trap_text[];
 
@@ -144,6 +170,9 @@ void stop_handler(int, siginfo_t *info, void *ctx) {
                 busy = true;
         }
     }
+    const size_t islands = g_stop_island_count.load(std::memory_order_acquire);
+    for (size_t i = 0; i < islands && i < kMaxRetired; ++i)
+        if (in_island(g_stop_islands[i], ip)) arch::set_context_ip(uc, g_stop_islands[i].to);
     if (busy) g_stop_busy.store(true, std::memory_order_release);
     if (info->si_code == SI_QUEUE && info->si_value.sival_int == g_stop_gen.load(std::memory_order_acquire))
         g_acks.fetch_add(1, std::memory_order_release);
@@ -223,15 +252,19 @@ long status_number(const char *field, long otherwise) {
 // them from answering: the optimizer waits until it is gone.
 bool traced() { return status_number("TracerPid:", 0) != 0; }
 
-// Makes sure no thread is inside (past the first byte of) the regions of batch[0..n):
-// signals the threads that run, or stand inside one, and waits for their answer.
-// 0, or -EAGAIN when some thread did not answer in time. Called without the mutex.
-int move_threads_out(Point *const *batch, size_t n, bool strict) {
+// Makes sure no thread is inside (past the first byte of) the regions of batch[0..n),
+// nor in the islands of retired[0..m): signals the threads that run, or stand inside one,
+// and waits for their answer. 0, or -EAGAIN when some thread did not answer in time.
+// Called without the mutex.
+int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIsland *retired, size_t m) {
     g_stop_strict.store(strict, std::memory_order_release);
     g_stop_busy.store(false, std::memory_order_release);
     g_stop_count.store(0, std::memory_order_release);
+    g_stop_island_count.store(0, std::memory_order_release);
     for (size_t i = 0; i < n; ++i) g_stop_points[i] = batch[i];
+    for (size_t i = 0; i < m; ++i) g_stop_islands[i] = retired[i];
     g_stop_count.store(n, std::memory_order_release);
+    g_stop_island_count.store(m, std::memory_order_release);
     const int gen = g_stop_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
     g_acks.store(0, std::memory_order_release);
     DIR *dir = opendir("/proc/self/task");
@@ -246,6 +279,7 @@ int move_threads_out(Point *const *batch, size_t n, bool strict) {
         if (!strict && stopped_at(tid, &pc)) {
             bool inside = false;
             for (size_t i = 0; i < n; ++i) inside = inside || in_region(batch[i], pc);
+            for (size_t i = 0; i < m; ++i) inside = inside || in_island(retired[i], pc);
             // Blocked or preempted outside every region: it cannot get into one any more.
             if (!inside) continue;
         }
@@ -278,6 +312,81 @@ bool other_point_inside(const Point *pt, uint64_t addr, size_t len) {
     return false;
 }
 
+// The bytes a point's probes change or copy: its region when it has a detour (the
+// breakpoint path runs the region's copy), else its first byte.
+uint64_t footprint_end(const Point *q) { return q->addr + (q->detour != 0 ? q->layout.dcr_len : 1); }
+
+bool meets(uint64_t lo, uint64_t hi, uint64_t lo2, uint64_t hi2) { return lo < hi2 && lo2 < hi; }
+
+// Whether [lo, hi) meets what pt's island owns: its branch (another copy of it would still
+// lead into the region) and its jmp.
+bool meets_island(const Point *pt, uint64_t lo, uint64_t hi) {
+    const arch::Island &is = pt->island;
+    return meets(lo, hi, is.source, is.source + 2) || meets(lo, hi, is.at, is.at + arch::kIslandSize);
+}
+
+bool in_use(const Point *q) { return q->armed || q->list.load(std::memory_order_relaxed) != nullptr; }
+
+// Another point in use whose footprint meets an island of pt, or one with an island whose
+// bytes pt's footprint meets: the two cannot both be in place.
+bool island_in_the_way(const Point *pt) {
+    for (const Point *other : island_points()) {
+        if (other == pt) continue;
+        if (in_use(other) && meets_island(other, pt->addr, footprint_end(pt))) return true;
+    }
+    if (pt->island_to == 0) return false;
+    const arch::Island &is = pt->island;
+    const uint64_t lo = std::min(is.source, is.at), hi = std::max(is.source + 2, is.at + arch::kIslandSize);
+    auto &pts = all_points();
+    for (auto it = pts.lower_bound(lo >= 16 ? lo - 15 : 0); it != pts.end() && it->first < hi; ++it)
+        if (it->second != pt && in_use(it->second) && meets_island(pt, it->first, footprint_end(it->second)))
+            return true;
+    return false;
+}
+
+// Leads pt's branch to its island (written first). 0 or -errno. Under the registry mutex.
+int island_raise(Point *pt) {
+    if (pt->island_to == 0 || pt->island_live) return 0;
+    if (!pt->island_written) {
+        if (int err = text::write(pt->island.at, pt->island_jmp, sizeof pt->island_jmp); err != 0) return err;
+        pt->island_written = true;
+        // Every core sees the island before any can take the branch there.
+        text::sync_cores();
+    }
+    if (int err = text::write(pt->island.source + 1, &pt->island.island_disp, 1); err != 0) return err;
+    text::sync_cores();
+    pt->island_live = true;
+    return 0;
+}
+
+// Puts pt's branch back (the region's bytes must be the original ones by then); the
+// island's bytes go back in a later pass. Under the registry mutex.
+void island_lower(Point *pt) {
+    if (!pt->island_live || pt->optimized) return;
+    if (text::write(pt->island.source + 1, &pt->island.source_disp, 1) != 0) return;
+    text::sync_cores();
+    pt->island_live = false;
+    if (std::find(retiring().begin(), retiring().end(), pt) == retiring().end()) {
+        retiring().push_back(pt);
+        ++g_requested;
+        work_cv().notify_one();
+    }
+}
+
+// Puts back the bytes of islands whose branch went back, when no thread can be at one.
+// Under the registry mutex.
+void restore_islands(const std::vector<Point *> &retired) {
+    bool any = false;
+    for (Point *pt : retired) {
+        if (pt->island_live || !pt->island_written) continue; // raised again meanwhile
+        if (text::write(pt->island.at, pt->island.orig, sizeof pt->island.orig) == 0) {
+            pt->island_written = false;
+            any = true;
+        }
+    }
+    if (any) text::sync_cores();
+}
+
 bool qualifies(const Point *pt) {
     if (!g_opt_enabled.load(std::memory_order_relaxed) || g_stop_broken) return false;
     if (!pt->armed || pt->detour == 0) return false;
@@ -290,7 +399,7 @@ bool qualifies(const Point *pt) {
         // A post_handler keeps the breakpoint path; a jprobe needs the signal context.
         if (probe_disabled(p) || p->post_handler != nullptr || is_jprobe(p) || is_agent_probe(p)) return false;
     }
-    return !other_point_inside(pt, pt->addr, pt->layout.dcr_len);
+    return !other_point_inside(pt, pt->addr, pt->layout.dcr_len) && !island_in_the_way(pt);
 }
 
 void set_flags(const Point *pt) {
@@ -321,6 +430,7 @@ void write_jumps(Point *const *batch, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         uint8_t jmp[5];
         Point *pt = batch[i];
+        if (pt->island_to != 0 && !pt->island_live) continue; // its branch still leads into the region
         pt->jump_target = opt_target(pt);
         if (!arch::encode_jmp_rel32(pt->addr, pt->jump_target, jmp)) continue;
         ok[i] = text::write(pt->addr + 1, jmp + 1, 4) == 0;
@@ -354,7 +464,7 @@ void optimize_pending_alone() {
         if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt)) continue;
         if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
         pt->copy_fresh = false;
-        batch.push_back(pt);
+        if (island_raise(pt) == 0) batch.push_back(pt);
     }
     pending().clear();
     write_jumps(batch.data(), batch.size());
@@ -378,7 +488,7 @@ void worker() {
     prctl(PR_SET_NAME, "ukp-optimizer"); // as `ps -L` and /proc/PID/task/TID/comm show it
     std::unique_lock lock(registry_mutex());
     for (;;) {
-        work_cv().wait(lock, [] { return !pending().empty(); });
+        work_cv().wait(lock, [] { return !pending().empty() || !retiring().empty(); });
         const uint64_t target = g_requested;
         std::vector<Point *> batch, later;
         std::vector<uint64_t> disarms; // each one's count when the threads were looked for
@@ -398,10 +508,33 @@ void worker() {
             }
         }
         pending().swap(later);
+        std::vector<Point *> retired;
+        std::vector<RetiredIsland> islands;
+        for (Point *pt : retiring()) {
+            if (retired.size() == kMaxRetired) {
+                later.push_back(pt);
+            } else if (pt->island_written && !pt->island_live) {
+                retired.push_back(pt);
+                islands.push_back({pt->island.at, pt->island_to});
+            }
+        }
+        retiring().clear();
+        for (Point *pt : later)
+            if (pt->island_written && !pt->island_live) retiring().push_back(pt);
         bool retry = false;
-        if (!batch.empty() && traced()) {
+        if ((!batch.empty() || !retired.empty()) && traced()) {
             retry = true; // the points stay breakpoints until the tracer detaches
-        } else if (!batch.empty() && ensure_stop_handler()) {
+        } else if ((!batch.empty() || !retired.empty()) && ensure_stop_handler()) {
+            // Branches that enter a region lead to islands before the threads are looked
+            // for: from then on none arrives in a region that way.
+            size_t kept = 0;
+            for (size_t i = 0; i < batch.size(); ++i) {
+                if (island_raise(batch[i]) != 0) continue;
+                batch[kept] = batch[i];
+                disarms[kept++] = disarms[i];
+            }
+            batch.resize(kept);
+            disarms.resize(kept);
             g_busy = true;
             // A point whose region copy was dropped for a probe inside the region (gone
             // now) gets it back: from here on no new path leads into the region.
@@ -421,7 +554,7 @@ void worker() {
             int err;
             {
                 const ForkQuiet busy(ForkGate::kOptimizer); // it allocates (opendir): fork.hpp
-                err = move_threads_out(batch.data(), batch.size(), strict);
+                err = move_threads_out(batch.data(), batch.size(), strict, islands.data(), islands.size());
             }
             lock.lock();
             g_busy = false;
@@ -447,12 +580,14 @@ void worker() {
                 }
                 for (Point *pt : batch) pt->copy_fresh = false;
                 write_jumps(still.data(), still.size());
+                restore_islands(retired);
+                retired.clear();
             } else {
                 retry = true;
             }
         }
         // The work asked so far is done once no point of it waits for a later pass.
-        if (pending().empty()) g_handled = target;
+        if (pending().empty() && retiring().empty()) g_handled = target;
         done_cv().notify_all();
         if (retry) {
             lock.unlock();
@@ -465,6 +600,8 @@ void worker() {
                     pending().push_back(pt);
                 }
             }
+            for (Point *pt : retired)
+                if (std::find(retiring().begin(), retiring().end(), pt) == retiring().end()) retiring().push_back(pt);
         }
     }
 }
@@ -549,7 +686,13 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     // Landing pads unknown: a jump into the region cannot be ruled out.
     if (arch::landing_pads(eh.hdr, fn_start, fn_start + fn_size, read, &extra) != 0) return;
     const arch::OptimizeCheck c = arch::check_region(f, pt->addr, extra, 5, refs.get());
-    if (!c.ok || c.insns.size() > arch::kMaxDcrInsns || c.dcr_len > sizeof pt->dcr_orig) return;
+    // A region one short branch enters may still have a jmp, with an island.
+    const arch::ReadFn original = [](uint64_t addr, void *out, size_t n) {
+        return read_original_code(addr, static_cast<uint8_t *>(out), n) == 0;
+    };
+    arch::Island island;
+    const bool by_island = !c.ok && refs != nullptr && arch::plan_island(c, pt->addr, *refs, original, &island);
+    if ((!c.ok && !by_island) || c.insns.size() > arch::kMaxDcrInsns || c.dcr_len > sizeof pt->dcr_orig) return;
     arch::Insn dcr[arch::kMaxDcrInsns];
     for (size_t i = 0; i < c.insns.size(); ++i) {
         const uint64_t off = c.insns[i] - fn_start;
@@ -566,6 +709,12 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
         return;
     uint8_t jmp[5];
     if (!arch::encode_jmp_rel32(pt->addr, slot + kDetourOffset, jmp)) return; // slot out of reach
+    uint64_t island_to = 0;
+    uint8_t island_jmp[arch::kIslandSize];
+    if (by_island) {
+        island_to = arch::detour_copy_of(layout, slot + kDetourOffset, pt->addr, island.target);
+        if (island_to == 0 || !arch::encode_jmp_rel32(island.at, island_to, island_jmp)) return;
+    }
     // The kretprobe detour after it, if it fits, at a function's entry: any point there
     // gets one, since a point's probes change after it is prepared. Not where the function
     // jumps back to its entry: the kretprobe trampoline writes into the red zone below the
@@ -583,6 +732,12 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     pt->copy_code = pt->detour_code + layout.copy;
     pt->layout = layout;
     std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);
+    if (by_island) {
+        pt->island = island;
+        pt->island_to = island_to;
+        std::memcpy(pt->island_jmp, island_jmp, sizeof island_jmp);
+        island_points().push_back(pt);
+    }
     // With another probe inside the region, the breakpoint path must reach it.
     if (!other_point_inside(pt, pt->addr, layout.dcr_len))
         pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
@@ -590,6 +745,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
 
 void opt_update(Point *pt, bool) {
     const bool q = qualifies(pt);
+    if (!q) island_lower(pt); // once the jmp is gone (opt_unoptimize lowers it too)
     if (pt->optimized && !q) {
         opt_unoptimize(pt);
     } else if (pt->optimized && opt_target(pt) != pt->jump_target) {
@@ -607,6 +763,10 @@ void opt_update(Point *pt, bool) {
         Point *outer = it->second;
         if (outer->detour != 0 && in_region(outer, pt->addr) && !outer->optimized && qualifies(outer)) enqueue(outer);
     }
+    // Or one in the way of an island.
+    for (Point *other : island_points())
+        if (other != pt && meets_island(other, pt->addr, footprint_end(pt)) && !other->optimized && qualifies(other))
+            enqueue(other);
 }
 
 void opt_before_arming(uint64_t addr) {
@@ -619,6 +779,15 @@ void opt_before_arming(uint64_t addr) {
         // thread on the way into the region is accounted for).
         pt->dcr_copy.store(0, std::memory_order_release);
     }
+    // A point at an island's branch or in its bytes (or whose region copy holds the
+    // branch) takes them back: the island's branch goes back as its jmp does.
+    auto self = pts.find(addr);
+    const uint64_t end = self != pts.end() ? footprint_end(self->second) : addr + 1;
+    for (Point *pt : island_points()) {
+        if (pt->addr == addr || !meets_island(pt, addr, end)) continue;
+        if (pt->optimized) opt_unoptimize(pt);
+        island_lower(pt);
+    }
 }
 
 int opt_unoptimize(Point *pt) {
@@ -629,6 +798,8 @@ int opt_unoptimize(Point *pt) {
     text::sync_cores();
     pt->optimized = false;
     set_flags(pt);
+    // The region is the original code again: the branch may lead there again.
+    island_lower(pt);
     return 0;
 }
 
@@ -643,6 +814,21 @@ void opt_overlay(uint64_t addr, uint8_t *buf, size_t n) {
         }
         if (pt->addr >= addr && pt->addr < addr + n) buf[pt->addr - addr] = pt->dcr_orig[0];
     }
+    const auto put = [&](uint64_t at, uint8_t byte) {
+        if (at >= addr && at < addr + n) buf[at - addr] = byte;
+    };
+    for (const Point *pt : island_points()) {
+        if (pt->island_live) put(pt->island.source + 1, pt->island.source_disp);
+        for (size_t i = 0; pt->island_written && i < arch::kIslandSize; ++i) put(pt->island.at + i, pt->island.orig[i]);
+    }
+}
+
+void island_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out) {
+    for (const Point *pt : island_points()) {
+        if (pt->island_live) out->emplace_back(pt->island.source + 1, pt->island.source_disp);
+        for (size_t i = 0; pt->island_written && i < arch::kIslandSize; ++i)
+            out->emplace_back(pt->island.at + i, pt->island.orig[i]);
+    }
 }
 
 void opt_after_fork_child() {
@@ -654,6 +840,20 @@ void opt_after_fork_child() {
     g_busy = false;
     pending().clear();
     for (auto &[addr, pt] : all_points()) pt->queued = false;
+    g_handled = g_requested;
+}
+
+void opt_forget_island(Point *pt) {
+    if (pt->island_to == 0) return;
+    pt->island_live = pt->island_written = false;
+    pt->island_to = 0;
+    std::erase(island_points(), pt);
+    std::erase(retiring(), pt);
+}
+
+void opt_restore_islands_alone() {
+    restore_islands(retiring());
+    retiring().clear();
     g_handled = g_requested;
 }
 
@@ -712,6 +912,7 @@ bool opt_arm_alone(Point *pt) {
     if (!ok) return false;
     if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
     pt->copy_fresh = false;
+    if (island_raise(pt) != 0) return false;
     // One write: no other thread can run these bytes, and the caller is in agent code.
     if (text::write(pt->addr, jmp, sizeof jmp) != 0) return false;
     text::sync_cores();

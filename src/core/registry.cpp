@@ -426,6 +426,7 @@ void retire_points_of(const sym::Object &gone) {
         }
         pt->armed = false; // the int3 went with the mapping
         pt->optimized = false;
+        opt_forget_island(pt); // and the island with it
         insert_site(it->first, nullptr);
         if (ProbeList *list = pt->list.exchange(nullptr, std::memory_order_acq_rel); list != nullptr) {
             for (uint32_t i = 0; i < list->count; ++i) {
@@ -495,6 +496,7 @@ void after_fork_parent() {
 }
 void after_fork_child() {
     const AgentWork quiet;
+    opt_after_fork_child(); // first: the parent's optimizer is not here to wait for
     if (g_fork_policy.load() == UKP_FORK_REMOVE) {
         g_kprobes_enabled.store(false);
         g_handlers_silenced.store(true);
@@ -508,8 +510,9 @@ void after_fork_child() {
             }
         }
     }
+    // The child's only thread is here, at no island: retired islands go back at once.
+    opt_restore_islands_alone();
     forget_tid_after_fork();
-    opt_after_fork_child();
     grace_after_fork_child();
     spares_after_fork_child();
     g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
@@ -707,6 +710,8 @@ std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {
             out.emplace_back(addr, pt->orig_byte);
         }
     }
+    island_bytes(&out);
+    std::sort(out.begin(), out.end());
     return out;
 }
 

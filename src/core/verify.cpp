@@ -51,6 +51,8 @@ int collect(dl_phdr_info *info, size_t, void *arg) {
 } // namespace
 
 int verify(std::string *report) {
+    // Islands the optimizer still has to put back (after a detach) go back first.
+    optimizer_flush_for(std::chrono::milliseconds(1000));
     std::vector<Segment> segments;
     dl_iterate_phdr(collect, &segments);
     const std::vector<std::pair<uint64_t, uint8_t>> armed = armed_bytes();

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <iterator>
 #include <map>
@@ -1044,3 +1045,143 @@ TEST_F(OptimizerTest, SweepFunctionEntriesOptimizedBehaveTheSame) {
 }
 
 } // namespace
+
+// ---- islands (arch/x86_64/island.hpp) ----
+
+using CopyFn = void *(*)(void *, const void *, size_t);
+
+// The memcpy this CPU's ifunc picked, and the `jmp rel8` in mempcpy that enters it past its
+// first instruction (glibc's assembly shares the body); null source if this libc has none.
+struct SharedCopy {
+    CopyFn memcpy_fn = nullptr, mempcpy_fn = nullptr;
+    const uint8_t *source = nullptr;
+};
+SharedCopy shared_copy() {
+    SharedCopy s;
+    s.memcpy_fn = reinterpret_cast<CopyFn>(dlsym(RTLD_DEFAULT, "memcpy"));
+    s.mempcpy_fn = reinterpret_cast<CopyFn>(dlsym(RTLD_DEFAULT, "mempcpy"));
+    if (s.memcpy_fn == nullptr || s.mempcpy_fn == nullptr) return s;
+    const auto *p = reinterpret_cast<const uint8_t *>(s.mempcpy_fn);
+    const auto *entry = reinterpret_cast<const uint8_t *>(s.memcpy_fn);
+    for (int i = 0; i < 14; ++i) {
+        const uint8_t *to = p + i + 2 + static_cast<int8_t>(p[i + 1]);
+        if (p[i] == 0xeb && to > entry && to < entry + 8) s.source = p + i;
+    }
+    return s;
+}
+
+std::atomic<long> g_copy_hits{0};
+std::atomic<uintptr_t> g_copy_lo{0}, g_copy_hi{0};
+// Counts the hits whose destination is one of the test's buffers (the agent and the
+// test framework call memcpy too).
+int count_copy_pre(kprobe *, pt_regs *regs) {
+    if (regs->di >= g_copy_lo.load(std::memory_order_relaxed) && regs->di < g_copy_hi.load(std::memory_order_relaxed))
+        g_copy_hits.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+}
+
+// libc's memcpy, which mempcpy enters at +3 with a jmp rel8, is optimized by way of an
+// island in the padding after that jmp; 4 threads copy through memcpy and mempcpy while
+// the jump comes and goes 400 times: every copy is right, every memcpy call is a hit and
+// no mempcpy call is one. Unregistered, the branch and the island's bytes are libc's again.
+TEST_F(OptimizerTest, MemcpyEnteredByMempcpyIsOptimizedWithAnIsland) {
+    const SharedCopy s = shared_copy();
+    if (s.source == nullptr) GTEST_SKIP() << "this libc's mempcpy does not jump into memcpy";
+    const uint8_t disp = s.source[1];
+    uint8_t island_before[5];
+    std::memcpy(island_before, s.source + 2, sizeof island_before);
+
+    constexpr int kThreads = 4;
+    constexpr size_t kBuf = 512;
+    static uint8_t bufs[kThreads][2][kBuf];
+    g_copy_lo = reinterpret_cast<uintptr_t>(&bufs[0][0][0]);
+    g_copy_hi = g_copy_lo + sizeof bufs;
+    g_copy_hits = 0;
+    kprobe kp{};
+    kp.addr = reinterpret_cast<kprobe_opcode_t *>(s.memcpy_fn);
+    kp.pre_handler = count_copy_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(kp)) << list_text();
+    EXPECT_EQ(first_byte(reinterpret_cast<const void *>(s.memcpy_fn)), 0xe9);
+    EXPECT_EQ(s.source[1], 0) << "mempcpy's jmp leads to the island right after it";
+    EXPECT_EQ(s.source[2], 0xe9);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+
+    std::atomic<bool> stop{false};
+    std::atomic<long> calls{0}, wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            const CopyFn volatile mc = s.memcpy_fn, mp = s.mempcpy_fn;
+            uint8_t *src = bufs[t][0], *dst = bufs[t][1];
+            for (size_t i = 0; i < kBuf; ++i) src[i] = static_cast<uint8_t>(i * 7 + t);
+            long n = 0;
+            for (size_t i = 0; !stop.load(std::memory_order_relaxed); ++i, ++n) {
+                const size_t len = (i * 37) % kBuf;
+                if (mc(dst, src, len) != dst || std::memcmp(dst, src, len) != 0) wrong.fetch_add(1);
+                const size_t off = i % 3;
+                if (mp(dst, src + off, len - (len > off ? off : len)) != dst + len - (len > off ? off : len))
+                    wrong.fetch_add(1);
+            }
+            calls.fetch_add(n);
+        });
+    }
+    int optimized_rounds = 0;
+    for (int round = 0; round < 400; ++round) {
+        ASSERT_EQ(ukp_set_kprobes_optimization(round % 2), 0);
+        ukp_optimizer_flush();
+        if (first_byte(reinterpret_cast<const void *>(s.memcpy_fn)) == 0xe9) ++optimized_rounds;
+    }
+    ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
+    stop = true;
+    for (auto &th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(g_copy_hits.load(), calls.load());
+    EXPECT_GT(optimized_rounds, 150);
+    unregister_kprobe(&kp);
+    ukp_optimizer_flush();
+    EXPECT_EQ(s.source[1], disp);
+    EXPECT_EQ(std::memcmp(s.source + 2, island_before, sizeof island_before), 0);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+}
+
+// A probe at mempcpy's jmp (its copy would still lead into memcpy's region) takes the
+// island back: memcpy goes back to its breakpoint while it is there, and gets its jump
+// again when it goes. Both probes count every call meanwhile.
+TEST_F(OptimizerTest, AProbeOnTheIslandsBranchTakesTheIslandBack) {
+    const SharedCopy s = shared_copy();
+    if (s.source == nullptr) GTEST_SKIP() << "this libc's mempcpy does not jump into memcpy";
+    static uint8_t src[64], dst[64];
+    g_copy_lo = reinterpret_cast<uintptr_t>(dst);
+    g_copy_hi = reinterpret_cast<uintptr_t>(dst + sizeof dst);
+    g_copy_hits = 0;
+    g_hits = 0;
+    kprobe copy{}, branch{};
+    copy.addr = reinterpret_cast<kprobe_opcode_t *>(s.memcpy_fn);
+    copy.pre_handler = count_copy_pre;
+    ASSERT_EQ(register_kprobe(&copy), 0);
+    ukp_optimizer_flush();
+    ASSERT_TRUE(optimized(copy));
+    ASSERT_EQ(s.source[1], 0);
+    branch.addr = reinterpret_cast<kprobe_opcode_t *>(const_cast<uint8_t *>(s.source));
+    branch.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&branch), 0);
+    ukp_optimizer_flush();
+    EXPECT_FALSE(optimized(copy));
+    EXPECT_EQ(first_byte(reinterpret_cast<const void *>(s.memcpy_fn)), 0xcc);
+    const CopyFn volatile mc = s.memcpy_fn, mp = s.mempcpy_fn;
+    for (int i = 0; i < 100; ++i) {
+        ASSERT_EQ(mp(dst, src, 8 + i % 50), dst + 8 + i % 50);
+        ASSERT_EQ(mc(dst, src, 8 + i % 50), dst);
+    }
+    EXPECT_GE(g_hits.load(), 100); // other threads may call mempcpy too
+    EXPECT_EQ(g_copy_hits.load(), 100);
+    unregister_kprobe(&branch);
+    ukp_optimizer_flush();
+    EXPECT_TRUE(optimized(copy)) << list_text();
+    EXPECT_EQ(s.source[1], 0);
+    unregister_kprobe(&copy);
+    ukp_optimizer_flush();
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+}

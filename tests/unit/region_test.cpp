@@ -5,6 +5,7 @@
 //  - region.*: jump table resolution, landing pads of a real try/catch, error paths,
 //    and a sweep over every function entry of this test binary.
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/island.hpp"
 #include "arch/x86_64/region.hpp"
 #include "symbols/symbols.hpp"
 
@@ -691,4 +692,98 @@ TEST(region, SweepDecoderAgreesWithDecodeOnLibcAndLibstdcxx) {
     size_t checked = 0;
     dl_iterate_phdr(check_sweep_decoder, &checked);
     EXPECT_GT(checked, 200000u) << "instructions compared";
+}
+
+// ---- islands (island.hpp) ----
+
+// glibc's shape: a "mempcpy" at 0x1000 (mov; add; jmp rel8 to memmove+3) with 8 bytes of
+// nop padding after its jmp, and a "memmove" at 0x1040 (mov; cmp; jb; ret; ret).
+struct IslandCase {
+    std::vector<uint8_t> bytes; // from 0x1000
+    ukp::arch::ObjectRefs refs;
+    FunctionMap f;
+    static constexpr uint64_t kBase = 0x1000, kEntry = 0x1040, kSource = 0x1006;
+
+    IslandCase() {
+        bytes.assign(0x50, 0x90);
+        const std::vector<uint8_t> pcpy = unhex("4889f8 4801d0 eb3b 0f1f840000000000");
+        const std::vector<uint8_t> move = unhex("4889f8 4883fa40 7201 c3 c3");
+        std::copy(pcpy.begin(), pcpy.end(), bytes.begin());
+        std::copy(move.begin(), move.end(), bytes.begin() + (kEntry - kBase));
+        refs.values = {kBase, kEntry};
+        refs.starts = {kBase, kEntry};
+        refs.branches = {{kEntry + 3, kSource}, {kEntry + 10, kEntry + 7}};
+    }
+    ukp::arch::ReadFn reader() const {
+        return [this](uint64_t addr, void *out, size_t n) {
+            if (addr < kBase || addr - kBase > bytes.size() || n > bytes.size() - (addr - kBase)) return false;
+            std::memcpy(out, bytes.data() + (addr - kBase), n);
+            return true;
+        };
+    }
+    // The region check at the entry, then the plan.
+    bool plan(ukp::arch::Island *island, OptimizeCheck *check = nullptr) {
+        std::sort(refs.values.begin(), refs.values.end());
+        std::sort(refs.branches.begin(), refs.branches.end());
+        std::sort(refs.starts.begin(), refs.starts.end());
+        f = analyze_function(kEntry, bytes.data() + (kEntry - kBase), 11, reader());
+        const OptimizeCheck c = check_region(f, kEntry, {}, 5, &refs);
+        if (check != nullptr) *check = c;
+        return ukp::arch::plan_island(c, kEntry, refs, reader(), island);
+    }
+};
+
+TEST(IslandTest, AShortJumpIntoTheRegionGetsAnIslandInThePaddingAfterIt) {
+    IslandCase k;
+    ukp::arch::Island island;
+    OptimizeCheck c;
+    ASSERT_TRUE(k.plan(&island, &c));
+    EXPECT_EQ(c.reason, Reason::kJumpIntoRegion);
+    ASSERT_EQ(c.entered_by.size(), 1u);
+    EXPECT_EQ(island.source, IslandCase::kSource);
+    EXPECT_EQ(island.target, IslandCase::kEntry + 3);
+    EXPECT_EQ(island.at, IslandCase::kSource + 2);
+    EXPECT_EQ(island.source_disp, 0x3b);
+    EXPECT_EQ(island.island_disp, 0);
+    EXPECT_EQ(std::vector<uint8_t>(island.orig, island.orig + 5), unhex("0f1f840000"));
+}
+
+TEST(IslandTest, NoIslandWhereAnythingElseCouldLandInTheRegionOrTheIsland) {
+    ukp::arch::Island island;
+    {
+        IslandCase k; // the address is materialized: an indirect jump may use it
+        k.refs.values.push_back(IslandCase::kEntry + 3);
+        EXPECT_FALSE(k.plan(&island));
+    }
+    {
+        IslandCase k; // a second branch enters the region
+        k.refs.branches.emplace_back(IslandCase::kEntry + 3, 0x1030);
+        EXPECT_FALSE(k.plan(&island));
+    }
+    {
+        IslandCase k; // a conditional branch: the bytes after it are live
+        k.bytes[IslandCase::kSource - IslandCase::kBase] = 0x74;
+        EXPECT_FALSE(k.plan(&island));
+    }
+    {
+        IslandCase k; // a function starts 3 bytes into the padding
+        k.refs.starts.push_back(IslandCase::kSource + 5);
+        EXPECT_FALSE(k.plan(&island));
+    }
+    {
+        IslandCase k; // something jumps into the padding
+        k.refs.branches.emplace_back(IslandCase::kSource + 4, 0x1030);
+        EXPECT_FALSE(k.plan(&island));
+    }
+    {
+        IslandCase k; // code, not padding, after the jmp
+        k.bytes[IslandCase::kSource + 2 - IslandCase::kBase] = 0xc3;
+        EXPECT_FALSE(k.plan(&island));
+    }
+    {
+        IslandCase k; // the branch lands on no instruction of the region
+        k.refs.branches[0].first = IslandCase::kEntry + 2;
+        k.bytes[IslandCase::kSource + 1 - IslandCase::kBase] = 0x3a;
+        EXPECT_FALSE(k.plan(&island));
+    }
 }

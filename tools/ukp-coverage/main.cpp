@@ -7,6 +7,7 @@
 // Addresses are file vaddrs (bias 0); code, jump tables and unwind tables come from the
 // file's PT_LOAD segments.
 #include "arch/x86_64/insn.hpp"
+#include "arch/x86_64/island.hpp"
 #include "arch/x86_64/region.hpp"
 #include "symbols/symbols.hpp"
 
@@ -72,6 +73,7 @@ struct Tactics {
     uint64_t whole_pointer_jumps = 0;  // unresolved, but a whole pointer (IndirectJump)
     uint64_t by_trusted_jumps = 0;     // passing entries whose indirect jumps were trusted
     uint64_t by_padding = 0;           // passing entries whose DCR runs into padding
+    uint64_t by_island = 0;            // passing entries whose region one short branch enters (island.hpp)
 };
 
 double pct(uint64_t a, uint64_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; }
@@ -207,11 +209,25 @@ int run_object(const std::string &path, const Options &opt) {
             t.whole_pointer_jumps += !ij.resolved && ij.whole_pointer;
         }
 
-        const OptimizeCheck c = check_region(f, start, extra, 5, refs.get());
+        // The check the agent makes: a region one short branch enters passes with an island.
+        const auto check = [&](uint64_t a, bool *island) {
+            OptimizeCheck c = check_region(f, a, extra, 5, refs.get());
+            ukp::arch::Island plan;
+            *island = !c.ok && refs && ukp::arch::plan_island(c, a, *refs, read, &plan);
+            if (*island) {
+                c.ok = true;
+                c.reason = Reason::kOk;
+                c.reasons = 0;
+            }
+            return c;
+        };
+        bool by_island = false;
+        const OptimizeCheck c = check(start, &by_island);
         entries.add(c);
         if (c.ok) {
             t.by_trusted_jumps += c.trusted_jumps;
             t.by_padding += c.into_padding;
+            t.by_island += by_island;
         }
         if (c.ok && opt.list_all) listing.push_back(fmt::format("{:#x} {} ok", start, s.name));
         if (!c.ok) {
@@ -267,7 +283,7 @@ int run_object(const std::string &path, const Options &opt) {
             }
         }
         if (!opt.entries_only && f.reliable()) {
-            for (uint64_t a : f.insns) boundaries.add(check_region(f, a, extra, 5, refs.get()));
+            for (uint64_t a : f.insns) boundaries.add(check(a, &by_island));
         }
     }
 
@@ -287,8 +303,8 @@ int run_object(const std::string &path, const Options &opt) {
     }
     if (refs) {
         fmt::print("  of those optimizable: {} with indirect jumps trusted as whole pointers, {} with the DCR "
-                   "run into padding\n",
-                   t.by_trusted_jumps, t.by_padding);
+                   "run into padding, {} with an island for a short branch into the region\n",
+                   t.by_trusted_jumps, t.by_padding, t.by_island);
         fmt::print("  object references: {} values, {} branch targets, {} function starts, {} bytes decoded "
                    "at every offset\n",
                    refs->values.size(), refs->branches.size(), refs->starts.size(), refs->resynced_bytes);

@@ -827,6 +827,27 @@ bool indirect_jumps_trusted(const FunctionMap &f, const std::vector<uint64_t> &e
 
 bool is_nop(const Insn &in) { return in.zi.mnemonic == ZYDIS_MNEMONIC_NOP; }
 
+// The object's direct branches into (lo, hi), (target, source), if nothing else leads
+// there: no materialized value, no extra entry, no target of the function's own that the
+// object's branches do not show (a jump table entry). Else empty.
+std::vector<std::pair<uint64_t, uint64_t>> branches_into(const FunctionMap &f, const std::vector<uint64_t> &extra,
+                                                         const ObjectRefs &refs, uint64_t lo, uint64_t hi) {
+    if (refs.value_in(lo, hi)) return {};
+    for (uint64_t e : extra)
+        if (e > lo && e < hi) return {};
+    const auto first_from = [&](uint64_t t) {
+        return std::lower_bound(refs.branches.begin(), refs.branches.end(), std::pair<uint64_t, uint64_t>{t, 0});
+    };
+    for (auto it = std::upper_bound(f.branch_targets.begin(), f.branch_targets.end(), lo);
+         it != f.branch_targets.end() && *it < hi; ++it) {
+        const auto b = first_from(*it);
+        if (b == refs.branches.end() || b->first != *it) return {};
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (auto it = first_from(lo + 1); it != refs.branches.end() && it->first < hi; ++it) out.push_back(*it);
+    return out;
+}
+
 } // namespace
 
 OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vector<uint64_t> &extra_entries,
@@ -915,7 +936,10 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
         // Resolved tables' targets outside the function are not in branch_targets; other
         // functions' jumps and every materialized address are in refs.
         if (refs != nullptr) into = into || refs->any_in(addr, end);
-        if (into) fail(Reason::kJumpIntoRegion);
+        if (into) {
+            fail(Reason::kJumpIntoRegion);
+            if (refs != nullptr) c.entered_by = branches_into(f, extra_entries, *refs, addr, end);
+        }
         if (f.has_unresolved_indirect_jump()) {
             c.trusted_jumps = refs != nullptr && indirect_jumps_trusted(f, extra_entries, *refs);
             if (!c.trusted_jumps) fail(Reason::kIndirectJump);

@@ -195,6 +195,11 @@ struct OptimizeCheck {
     bool into_padding = false;   // the DCR ends with nops after the function's last ret/jmp
     bool trusted_jumps = false;  // unresolved indirect jumps accepted as whole pointers
     uint32_t reasons = 0;        // bit (1 << Reason) for every failed check, for statistics
+    // kJumpIntoRegion with refs, when the only ways into (addr, addr + DCR) are direct
+    // branches of the object (no materialized value, no extra entry, no jump table
+    // entry): those branches, (target, source). Empty otherwise. What an island
+    // (island.hpp) needs to know.
+    std::vector<std::pair<uint64_t, uint64_t>> entered_by;
 };
 
 // The safety check for a jump at addr in the function `f`. `extra_entries` are further
