@@ -19,7 +19,9 @@
 #include <map>
 #include <mutex>
 #include <signal.h>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -102,6 +104,7 @@ struct Point {
     uint8_t island_jmp[arch::kIslandSize] = {}; // the island's code: jmp island_to
     bool island_live = false;    // the branch leads to the island
     bool island_written = false; // the island's bytes are in place (until the optimizer retires them)
+    bool in_window = false;      // an int3 in libc on its way to a jmp: the spawn gate is closed (spawn_gate.cpp)
     std::string object_name;  // for kprobes/list
     std::string symbol;       // "sym", for kprobes/list
     uint64_t symbol_offset = 0;
@@ -230,6 +233,8 @@ int opt_unoptimize(Point *pt);
 // The code of an optimized region, and the bytes of islands, original bytes in place, for
 // read_original.
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);
+// Whether pt may have its jmp now (its probes, the knobs, the points around it).
+bool opt_qualifies(const Point *pt);
 // pt's object was unloaded: its island (and the branch to it) went with the mapping.
 void opt_forget_island(Point *pt);
 // After fork() in the child: the optimizer thread did not come along.
@@ -268,6 +273,21 @@ bool optimizer_flush_for(std::chrono::milliseconds limit);
 uint64_t into_copy(const Point *pt, uint64_t ip);
 // The original address of the region instruction whose copy starts at ip, or 0.
 uint64_t copy_to_original(const Point *pt, uint64_t ip);
+
+// ---- the spawn gate (spawn_gate.cpp) ----------------------------------------------------
+// Installs the gate if addr lies in libc and it is not there yet. Not under the registry mutex.
+void spawn_gate_install(uint64_t addr);
+// The entries of the functions of those names (every version) in the object that holds
+// in_object (registry.cpp). Not under the registry mutex.
+std::vector<uint64_t> functions_named(uint64_t in_object, std::initializer_list<std::string_view> names);
+bool is_spawn_gate(const kprobe *p);
+// Before an int3 goes into pt's first byte (arming, or unoptimizing): closes the gate and
+// waits (at most a second) for the spawns in flight. Under the registry mutex.
+void spawn_gate_close(Point *pt);
+// After pt's state changed: opens the gate when no int3 in libc waits for its jmp any more.
+// Under the registry mutex.
+void spawn_gate_update(Point *pt);
+void spawn_gate_after_fork_child();
 
 // Registry services for the optimizer (registry.cpp).
 std::mutex &registry_mutex();

@@ -110,6 +110,11 @@ Point *g_stop_points[kMaxBatch];
 std::atomic<size_t> g_stop_count{0};
 std::atomic<int> g_stop_gen{0};
 std::atomic<int> g_acks{0};
+// Which thread answered: slot i (the i-th signalled) holds the pass's generation.
+constexpr size_t kAckSlots = 4096;
+std::atomic<int> g_acked[kAckSlots];
+// What a stop signal carries: its pass's generation and the thread's slot.
+uint64_t stop_value(int gen, size_t slot) { return (static_cast<uint64_t>(static_cast<uint32_t>(gen)) << 32) | slot; }
 // The batch brings back region copies (after a probe inside a region went away): threads
 // that may still be on their way into a region must be found, or the batch waits.
 std::atomic<bool> g_stop_strict{false};
@@ -174,8 +179,12 @@ void stop_handler(int, siginfo_t *info, void *ctx) {
     for (size_t i = 0; i < islands && i < kMaxRetired; ++i)
         if (in_island(g_stop_islands[i], ip)) arch::set_context_ip(uc, g_stop_islands[i].to);
     if (busy) g_stop_busy.store(true, std::memory_order_release);
-    if (info->si_code == SI_QUEUE && info->si_value.sival_int == g_stop_gen.load(std::memory_order_acquire))
+    const auto value = reinterpret_cast<uint64_t>(info->si_value.sival_ptr);
+    const int gen = g_stop_gen.load(std::memory_order_acquire);
+    if (info->si_code == SI_QUEUE && value >> 32 == static_cast<uint32_t>(gen)) {
+        if (const size_t slot = value & 0xffffffffu; slot < kAckSlots) g_acked[slot].store(gen, std::memory_order_release);
         g_acks.fetch_add(1, std::memory_order_release);
+    }
     errno = saved_errno;
 }
 
@@ -249,14 +258,17 @@ long status_number(const char *field, long otherwise) {
 
 // Whether a tracer (a debugger, strace) is attached to the process. It would see every
 // stop signal (gdb stops the program at each by default) and, holding threads stopped, keep
-// them from answering: the optimizer waits until it is gone.
+// them from answering: the optimizer sends none then (move_threads_out's silent pass).
 bool traced() { return status_number("TracerPid:", 0) != 0; }
 
 // Makes sure no thread is inside (past the first byte of) the regions of batch[0..n),
 // nor in the islands of retired[0..m): signals the threads that run, or stand inside one,
 // and waits for their answer. 0, or -EAGAIN when some thread did not answer in time.
-// Called without the mutex.
-int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIsland *retired, size_t m) {
+// Silent (a tracer is attached): no signal is sent; 0 only if every other thread is seen
+// blocked or preempted outside every region, else -EAGAIN (a strict pass needs the answers:
+// -EAGAIN). Called without the mutex.
+int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIsland *retired, size_t m,
+                     bool silent) {
     g_stop_strict.store(strict, std::memory_order_release);
     g_stop_busy.store(false, std::memory_order_release);
     g_stop_count.store(0, std::memory_order_release);
@@ -271,34 +283,65 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
     if (dir == nullptr) return -errno;
     const int self = static_cast<int>(syscall(SYS_gettid));
     const pid_t pid = getpid();
-    int sent = 0;
+    // Blocked or preempted outside every region: such a thread cannot get into one any more
+    // (the int3s are in place), unless a strict pass looks for threads on their way in.
+    const auto outside = [&](int tid) {
+        uint64_t pc = 0;
+        if (strict || !stopped_at(tid, &pc)) return false;
+        for (size_t i = 0; i < n; ++i)
+            if (in_region(batch[i], pc)) return false;
+        for (size_t i = 0; i < m; ++i)
+            if (in_island(retired[i], pc)) return false;
+        return true;
+    };
+    std::vector<int> signalled;
     while (dirent *e = readdir(dir)) {
         const int tid = atoi(e->d_name);
-        if (tid <= 0 || tid == self) continue;
-        uint64_t pc = 0;
-        if (!strict && stopped_at(tid, &pc)) {
-            bool inside = false;
-            for (size_t i = 0; i < n; ++i) inside = inside || in_region(batch[i], pc);
-            for (size_t i = 0; i < m; ++i) inside = inside || in_island(retired[i], pc);
-            // Blocked or preempted outside every region: it cannot get into one any more.
-            if (!inside) continue;
+        if (tid <= 0 || tid == self || outside(tid)) continue;
+        if (silent) {
+            closedir(dir);
+            return -EAGAIN;
         }
         siginfo_t info{};
         info.si_signo = stop_signal();
         info.si_code = SI_QUEUE;
         info.si_pid = pid;
         info.si_uid = getuid();
-        info.si_value.sival_int = gen;
-        if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, stop_signal(), &info) == 0) ++sent;
+        info.si_value.sival_ptr = reinterpret_cast<void *>(stop_value(gen, signalled.size()));
+        if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, stop_signal(), &info) == 0) signalled.push_back(tid);
     }
     closedir(dir);
-    timespec start{};
+    const int sent = static_cast<int>(signalled.size());
+    // A thread that blocks the signal (glibc does, briefly, around fork() and the child of
+    // posix_spawn) answers late: it is done too once seen blocked outside every region, or
+    // gone. Looked at every millisecond.
+    std::vector<bool> seen(signalled.size(), false);
+    const auto all_done = [&] {
+        if (signalled.size() > kAckSlots) return g_acks.load(std::memory_order_acquire) >= sent;
+        bool done = true;
+        for (size_t i = 0; i < signalled.size(); ++i) {
+            if (seen[i] || g_acked[i].load(std::memory_order_acquire) == gen) continue;
+            char path[64];
+            snprintf(path, sizeof path, "/proc/self/task/%d", signalled[i]);
+            seen[i] = outside(signalled[i]) || access(path, F_OK) != 0;
+            done = done && seen[i];
+        }
+        return done;
+    };
+    timespec start{}, looked{};
     clock_gettime(CLOCK_MONOTONIC, &start);
+    looked = start;
+    const auto since = [](const timespec &a, const timespec &b) {
+        return (b.tv_sec - a.tv_sec) * 1000000000l + (b.tv_nsec - a.tv_nsec);
+    };
     while (g_acks.load(std::memory_order_acquire) < sent) {
         timespec now{};
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((now.tv_sec - start.tv_sec) * 1000000000l + (now.tv_nsec - start.tv_nsec) > kStopTimeoutNs)
-            return -EAGAIN; // a thread that blocks the signal, or exited meanwhile
+        if (since(looked, now) > 1000 * 1000) {
+            if (all_done()) break;
+            looked = now;
+        }
+        if (since(start, now) > kStopTimeoutNs) return -EAGAIN; // a thread that blocks the signal
         sched_yield();
     }
     return g_stop_busy.load(std::memory_order_acquire) ? -EBUSY : 0;
@@ -447,6 +490,7 @@ void write_jumps(Point *const *batch, size_t n) {
         }
     }
     text::sync_cores();
+    for (size_t i = 0; i < n; ++i) spawn_gate_update(batch[i]);
 }
 
 // How many threads the process has, 0 if unknown.
@@ -505,6 +549,8 @@ void worker() {
             if (!pt->optimized && qualifies(pt)) {
                 batch.push_back(pt);
                 disarms.push_back(pt->disarms);
+            } else {
+                spawn_gate_update(pt);
             }
         }
         pending().swap(later);
@@ -522,9 +568,9 @@ void worker() {
         for (Point *pt : later)
             if (pt->island_written && !pt->island_live) retiring().push_back(pt);
         bool retry = false;
-        if ((!batch.empty() || !retired.empty()) && traced()) {
-            retry = true; // the points stay breakpoints until the tracer detaches
-        } else if ((!batch.empty() || !retired.empty()) && ensure_stop_handler()) {
+        // Under a tracer, no signal: the jumps go in when every thread is seen outside.
+        const bool work = !batch.empty() || !retired.empty(), silent = work && traced();
+        if (work && (silent || ensure_stop_handler())) {
             // Branches that enter a region lead to islands before the threads are looked
             // for: from then on none arrives in a region that way.
             size_t kept = 0;
@@ -554,7 +600,8 @@ void worker() {
             int err;
             {
                 const ForkQuiet busy(ForkGate::kOptimizer); // it allocates (opendir): fork.hpp
-                err = move_threads_out(batch.data(), batch.size(), strict, islands.data(), islands.size());
+                err = move_threads_out(batch.data(), batch.size(), strict, islands.data(), islands.size(),
+                                       silent);
             }
             lock.lock();
             g_busy = false;
@@ -580,6 +627,7 @@ void worker() {
                 }
                 for (Point *pt : batch) pt->copy_fresh = false;
                 write_jumps(still.data(), still.size());
+                for (Point *pt : batch) spawn_gate_update(pt); // those that will not have a jmp
                 restore_islands(retired);
                 retired.clear();
             } else {
@@ -756,6 +804,7 @@ void opt_update(Point *pt, bool) {
         enqueue(pt);
     }
     set_flags(pt);
+    spawn_gate_update(pt);
     if (pt->armed) return;
     // A probe inside another point's region went away: that one may qualify again.
     auto &pts = all_points();
@@ -792,6 +841,7 @@ void opt_before_arming(uint64_t addr) {
 
 int opt_unoptimize(Point *pt) {
     if (!pt->optimized) return 0;
+    spawn_gate_close(pt);
     // The int3 first: from then on no thread takes the jmp, and none is inside its bytes.
     if (int err = text::poke_byte(pt->addr, BREAKPOINT_INSTRUCTION); err != 0) return err;
     if (int err = text::write(pt->addr + 1, pt->dcr_orig + 1, 4); err != 0) return err;
@@ -842,6 +892,8 @@ void opt_after_fork_child() {
     for (auto &[addr, pt] : all_points()) pt->queued = false;
     g_handled = g_requested;
 }
+
+bool opt_qualifies(const Point *pt) { return qualifies(pt); }
 
 void opt_forget_island(Point *pt) {
     if (pt->island_to == 0) return;

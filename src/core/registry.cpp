@@ -267,12 +267,14 @@ int update_arming(Point *pt) {
     if (!want && pt->optimized) {
         if (int err = opt_unoptimize(pt); err != 0) return err;
     }
+    if (want) spawn_gate_close(pt);
     const int err = text::poke_byte(pt->addr, want ? uint8_t{BREAKPOINT_INSTRUCTION} : pt->orig_byte);
     if (err == 0) {
         pt->armed = want;
         pt->disarms += want ? 0 : 1;
     }
     opt_update(pt);
+    spawn_gate_update(pt);
     return err;
 }
 
@@ -512,6 +514,7 @@ void after_fork_child() {
     }
     // The child's only thread is here, at no island: retired islands go back at once.
     opt_restore_islands_alone();
+    spawn_gate_after_fork_child();
     forget_tid_after_fork();
     grace_after_fork_child();
     spares_after_fork_child();
@@ -727,7 +730,7 @@ std::string list_text() {
     for (const auto &[addr, pt] : points()) {
         const ProbeList *list = pt->list.load(std::memory_order_relaxed);
         for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
-            if (list->probes[i] == &g_link_map_probe) continue; // the agent's own
+            if (list->probes[i] == &g_link_map_probe || is_spawn_gate(list->probes[i])) continue; // the agent's own
             row(addr, list->probes[i],
                 pt->symbol.empty() ? fmt::format("0x{:x}", addr) : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset),
                 pt->object_name);
@@ -757,6 +760,21 @@ int set_enabled(bool on) {
 // The first probe in an object has the object's reference table built (opt_warm): here,
 // before the registration takes the registry mutex for good, so that other registrations,
 // the loader's events and the optimizer do not wait a second for it.
+std::vector<uint64_t> functions_named(uint64_t in_object, std::initializer_list<std::string_view> names) {
+    std::vector<uint64_t> out;
+    std::lock_guard lock(g_mutex);
+    if (ensure_initialized() != 0) return out;
+    for (const auto &obj : g_symbols->objects()) {
+        if (!obj->contains_exec(in_object)) continue;
+        for (const sym::Symbol &s : obj->symbols())
+            if (s.function && !s.ifunc && std::find(names.begin(), names.end(), s.name) != names.end())
+                out.push_back(s.value);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
 void warm_object_refs(const kprobe *p) {
     uint64_t addr = 0;
     {
@@ -764,6 +782,7 @@ void warm_object_refs(const kprobe *p) {
         if (ensure_initialized() != 0 || resolve_address(p, &addr) != 0) return;
     }
     opt_warm(addr);
+    spawn_gate_install(addr);
 }
 
 } // namespace ukp::core

@@ -7,5 +7,6 @@ list(APPEND UKP_SOURCES
   core/registry.cpp
   core/signals.cpp
   core/sigmask.cpp
+  core/spawn_gate.cpp
   core/unwind.cpp
   core/verify.cpp)

@@ -20,6 +20,10 @@
 #include <iterator>
 #include <map>
 #include <poll.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -1184,4 +1188,90 @@ TEST_F(OptimizerTest, AProbeOnTheIslandsBranchTakesTheIslandBack) {
     unregister_kprobe(&copy);
     ukp_optimizer_flush();
     EXPECT_EQ(ukp_verify(nullptr), 0);
+}
+
+// ---- the spawn gate (core/spawn_gate.cpp) ----
+
+// glibc runs the child of posix_spawn (and system, popen) with every signal blocked: the
+// int3 a probe in libc stands on before its jmp would kill it. A thread spawns /bin/true
+// over and over while probes on execve and sigaction (which the child runs) come and go
+// 150 times: no child dies, and every execve of a child that ran while the probe was
+// there is a hit.
+TEST_F(OptimizerTest, ChildrenOfPosixSpawnSurviveProbesComingAndGoing) {
+    std::atomic<bool> stop{false};
+    std::atomic<long> spawned{0}, killed{0};
+    std::thread spawner([&] {
+        char arg0[] = "true";
+        char *argv[] = {arg0, nullptr};
+        while (!stop.load()) {
+            pid_t pid = 0;
+            if (posix_spawn(&pid, "/bin/true", nullptr, nullptr, argv, environ) != 0) continue;
+            int status = 0;
+            waitpid(pid, &status, 0);
+            spawned.fetch_add(1);
+            if (WIFSIGNALED(status)) killed.fetch_add(1);
+        }
+    });
+    for (int round = 0; round < 150; ++round) {
+        kprobe ex{}, sa{};
+        ex.symbol_name = "libc.so.6:execve";
+        ex.pre_handler = count_pre;
+        sa.symbol_name = "libc.so.6:sigaction";
+        sa.pre_handler = count_pre;
+        ASSERT_EQ(register_kprobe(&ex), 0);
+        ASSERT_EQ(register_kprobe(&sa), 0);
+        ukp_optimizer_flush();
+        const long before = spawned.load();
+        while (spawned.load() < before + 2) sched_yield(); // children run with the jumps in place
+        unregister_kprobe(&sa);
+        unregister_kprobe(&ex);
+    }
+    stop = true;
+    spawner.join();
+    EXPECT_EQ(killed.load(), 0) << "of " << spawned.load() << " children";
+    EXPECT_GT(g_hits.load(), 0);
+}
+
+// Under a tracer (a debugger) the optimizer sends no stop signal, which the tracer would
+// see: it places the jumps when it sees every thread blocked outside the regions. A child
+// traces this process's main thread, passing every signal on; a probe registered meanwhile
+// gets its jmp, and its hits are counted.
+TEST_F(OptimizerTest, UnderATracerTheJumpGoesInWithoutASignal) {
+    const pid_t self = getpid();
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t tracer = fork();
+    ASSERT_GE(tracer, 0);
+    if (tracer == 0) {
+        if (ptrace(PTRACE_SEIZE, self, nullptr, nullptr) != 0) _exit(1);
+        const char one = 1;
+        if (write(ready[1], &one, 1) != 1) _exit(1);
+        for (;;) {
+            int status = 0;
+            if (waitpid(self, &status, __WALL) != self || WIFEXITED(status) || WIFSIGNALED(status)) _exit(0);
+            const int sig = WIFSTOPPED(status) && (status >> 16) == 0 ? WSTOPSIG(status) : 0;
+            ptrace(PTRACE_CONT, self, nullptr, reinterpret_cast<void *>(static_cast<long>(sig)));
+        }
+    }
+    prctl(PR_SET_PTRACER, tracer);
+    char one = 0;
+    ASSERT_EQ(read(ready[0], &one, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    // A pass waits for a moment when no other thread runs: retried every 20 ms.
+    for (int i = 0; i < 200 && !optimized(kp); ++i) {
+        usleep(10 * 1000);
+        ukp_optimizer_flush();
+    }
+    const bool jumped = optimized(kp);
+    for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
+    unregister_kprobe(&kp);
+    kill(tracer, SIGKILL);
+    waitpid(tracer, nullptr, 0);
+    EXPECT_TRUE(jumped);
+    EXPECT_EQ(g_hits.load(), 10);
 }

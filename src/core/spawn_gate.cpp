@@ -1,0 +1,169 @@
+// The spawn gate: no child of posix_spawn() meets a probe's int3 while it waits for its jmp.
+//
+// glibc runs the child of posix_spawn, posix_spawnp, system and popen (the four call one
+// internal function) in the parent's memory, with every signal blocked by a raw system
+// call and every handler reset to the default, until its execve. An int3 hit there is
+// fatal: the kernel turns a blocked SIGTRAP into its default action. The jump path raises
+// no signal, so what is left is the time an int3 stands in libc before the optimizer
+// replaces it with the jmp (a definition made while the program runs; a point going back
+// to its breakpoint on its way to another detour or out): a few milliseconds, in which a
+// program spawning children in a loop lost hundreds of them.
+//
+// The gate is a kretprobe of the agent's on posix_spawn and posix_spawnp (both versions):
+// its entry handler counts the spawns in flight, its return handler counts them out. An
+// int3 goes into libc only with the gate closed and no spawn in flight; a spawn that comes
+// while the gate is closed waits at the entry until the jumps are in place. Both waits are
+// bounded (kMaxWait): an optimizer that cannot place a jump (a debugger attached, a thread
+// that never answers) holds no spawn for longer than that, once per window.
+//
+// Installed with the first probe in libc (not under the registry mutex: it registers
+// probes). A spawn already past posix_spawn's entry then is not counted: for the first
+// kMaxWait after installation, the drain also waits for threads standing in clone.
+//
+// Not covered: a probe that stays a breakpoint (not optimizable, a post_handler, a jprobe,
+// optimization off) on a function the child runs (execve, dup2, close, sigaction, ...):
+// docs/reference.md.
+#include "core/core.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace ukp::core {
+
+namespace {
+
+constexpr int64_t kMaxWait = 1000 * 1000 * 1000; // ns
+constexpr int kGates = 4;
+
+std::atomic<int> g_spawning{0};   // spawns between posix_spawn's entry and its return
+std::atomic<bool> g_closed{false};
+std::atomic<int64_t> g_deadline{0}; // a spawn waits for a closed gate until then (monotonic ns)
+std::atomic<int> g_state{0};        // 0: not installed, 1: installing, 2: installed
+int64_t g_installed_at = 0;
+int g_window = 0; // points with an int3 in libc on their way to a jmp (registry mutex)
+kretprobe g_gates[kGates];
+
+int64_t now_ns() {
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000l + t.tv_nsec;
+}
+
+void pause_ms() {
+    const timespec ms{0, 1000 * 1000};
+    nanosleep(&ms, nullptr);
+}
+
+int gate_enter(kretprobe_instance *, pt_regs *) {
+    const int saved_errno = errno;
+    for (;;) {
+        g_spawning.fetch_add(1, std::memory_order_seq_cst);
+        if (!g_closed.load(std::memory_order_seq_cst) || now_ns() > g_deadline.load(std::memory_order_relaxed)) break;
+        g_spawning.fetch_sub(1, std::memory_order_seq_cst);
+        pause_ms();
+    }
+    errno = saved_errno;
+    return 0;
+}
+
+int gate_leave(kretprobe_instance *, pt_regs *) {
+    g_spawning.fetch_sub(1, std::memory_order_seq_cst);
+    return 0;
+}
+
+// Some thread of the process (not the caller) stands in clone, clone3 or vfork.
+bool thread_in_clone() {
+    DIR *dir = opendir("/proc/self/task");
+    if (dir == nullptr) return false;
+    const long self = syscall(SYS_gettid);
+    bool found = false;
+    while (dirent *e = readdir(dir)) {
+        const long tid = atol(e->d_name);
+        if (tid <= 0 || tid == self) continue;
+        char path[64], text[32] = {};
+        snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
+        const int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        const ssize_t n = read(fd, text, sizeof text - 1);
+        close(fd);
+        const long nr = n > 0 && text[0] >= '0' && text[0] <= '9' ? atol(text) : -1;
+        found = found || nr == SYS_clone || nr == SYS_clone3 || nr == SYS_vfork;
+    }
+    closedir(dir);
+    return found;
+}
+
+bool in_libc(const Point *pt) { return pt->object_name.rfind("libc.so", 0) == 0; }
+
+} // namespace
+
+bool is_spawn_gate(const kprobe *p) {
+    for (const kretprobe &g : g_gates)
+        if (p == &g.kp) return true;
+    return false;
+}
+
+void spawn_gate_install(uint64_t addr) {
+    if (g_state.load(std::memory_order_acquire) != 0) return;
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(addr), &info) == 0 || info.dli_fname == nullptr) return;
+    const char *base = strrchr(info.dli_fname, '/');
+    if (strncmp(base != nullptr ? base + 1 : info.dli_fname, "libc.so", 7) != 0) return;
+    int expected = 0;
+    if (!g_state.compare_exchange_strong(expected, 1)) return;
+    // posix_spawn and posix_spawnp, today's and the versions of glibc 2.2.5 (they differ
+    // in how they read the file actions, and all four call the same function). From the
+    // agent's symbol tables: dlopen() would call the loader's r_brk, where a debugger
+    // stops, and dlsym() might find a program's own posix_spawn first.
+    const std::vector<uint64_t> entries = functions_named(addr, {"posix_spawn", "posix_spawnp"});
+    g_installed_at = now_ns();
+    for (size_t i = 0; i < entries.size() && i < kGates; ++i) {
+        kretprobe &g = g_gates[i];
+        g.kp.addr = reinterpret_cast<kprobe_opcode_t *>(entries[i]);
+        g.entry_handler = gate_enter;
+        g.handler = gate_leave;
+        g.maxactive = 64;
+        if (register_kretprobe(&g) != 0) g.kp.addr = nullptr;
+    }
+    g_state.store(2, std::memory_order_release);
+}
+
+void spawn_gate_close(Point *pt) {
+    if (pt->in_window || !in_libc(pt) || g_state.load(std::memory_order_acquire) != 2) return;
+    pt->in_window = true;
+    if (g_window++ == 0) {
+        g_deadline.store(now_ns() + kMaxWait, std::memory_order_relaxed);
+        g_closed.store(true, std::memory_order_seq_cst);
+    }
+    // The spawns in flight end (their children exec'd or exited) before the int3 goes in.
+    const int64_t start = now_ns();
+    while (g_spawning.load(std::memory_order_seq_cst) > 0 ||
+           (start - g_installed_at < kMaxWait && thread_in_clone())) {
+        if (now_ns() - start > kMaxWait) break;
+        pause_ms();
+    }
+}
+
+void spawn_gate_update(Point *pt) {
+    if (!pt->in_window) return;
+    // Still on its way to a jmp: the int3 stands and the optimizer will replace it.
+    if (pt->armed && !pt->optimized && opt_qualifies(pt)) return;
+    pt->in_window = false;
+    if (--g_window == 0) g_closed.store(false, std::memory_order_seq_cst);
+}
+
+void spawn_gate_after_fork_child() {
+    // A spawn in flight on another thread of the parent is not in the child.
+    g_spawning.store(0, std::memory_order_relaxed);
+}
+
+} // namespace ukp::core
