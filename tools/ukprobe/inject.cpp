@@ -182,9 +182,30 @@ bool shares_process_files(int pid, int tid) {
     return read_text(fmt::format("/proc/{}/task/{}/comm", pid, tid)) != "ukp-optimizer\n"; // no kcmp
 }
 
-// The thread to run the calls on: one blocked in a system call holds no library lock as
-// a rule (a thread stopped inside malloc could deadlock dlopen); the leader otherwise.
-// Only a thread that shares the process's descriptor table.
+// Whether a thread stopped in system call `nr` waits for something outside the program (a
+// descriptor, a child, time, a signal, another thread): then it holds no library lock as
+// a rule. Not brk, mmap, munmap, mprotect, madvise: malloc makes them holding its arena's
+// lock, and pthread_create, which the injected calls make, takes that lock (a perl
+// attached while it forked children hung so, in calloc under pthread_create).
+bool waits_outside(long nr) {
+    switch (nr) {
+    case SYS_read: case SYS_readv: case SYS_pread64: case SYS_write: case SYS_writev:
+    case SYS_poll: case SYS_ppoll: case SYS_select: case SYS_pselect6:
+    case SYS_epoll_wait: case SYS_epoll_pwait: case SYS_epoll_pwait2:
+    case SYS_nanosleep: case SYS_clock_nanosleep: case SYS_pause: case SYS_rt_sigsuspend:
+    case SYS_rt_sigtimedwait: case SYS_wait4: case SYS_waitid: case SYS_futex:
+    case SYS_accept: case SYS_accept4: case SYS_recvfrom: case SYS_recvmsg: case SYS_recvmmsg:
+    case SYS_sendto: case SYS_sendmsg: case SYS_connect: case SYS_msgrcv: case SYS_semop:
+    case SYS_semtimedop: case SYS_io_getevents: case SYS_io_uring_enter:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// The thread to run the calls on: one blocked in a system call that waits outside the
+// program holds no library lock as a rule (a thread stopped inside malloc could deadlock
+// dlopen); the leader otherwise. Only a thread that shares the process's descriptor table.
 int pick_thread(int pid, bool *in_syscall) {
     std::vector<int> tids;
     if (DIR *d = opendir(fmt::format("/proc/{}/task", pid).c_str())) {
@@ -203,7 +224,7 @@ int pick_thread(int pid, bool *in_syscall) {
         if (s == 'Z' || s == 'X' || s == 't' || s == 'T') continue;
         if (!shares_process_files(pid, tid)) continue;
         const std::string sys = read_text(fmt::format("/proc/{}/task/{}/syscall", pid, tid));
-        if (!sys.empty() && std::isdigit(static_cast<unsigned char>(sys[0]))) {
+        if (!sys.empty() && std::isdigit(static_cast<unsigned char>(sys[0])) && waits_outside(std::atol(sys.c_str()))) {
             *in_syscall = true;
             return tid;
         }
@@ -542,7 +563,10 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         const size_t at = pending.find("SigPnd:");
         const bool signal_pending =
             at != std::string::npos && std::strtoull(pending.c_str() + at + 7, nullptr, 16) != 0;
-        if (!signal_pending && safe_point(saved.rip)) break;
+        // Stopped anywhere else (running, or in a call malloc makes), it may hold a lock
+        // the calls take: taken only when no thread was found waiting in 100 tries.
+        const bool waiting = static_cast<long long>(saved.orig_rax) >= 0 && waits_outside(static_cast<long>(saved.orig_rax));
+        if (!signal_pending && safe_point(saved.rip) && (waiting || attempt >= 100)) break;
         ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
         if (attempt == 200)
             fail(fmt::format("process {}: no thread stopped outside the agent's code in 200 tries", pid));
