@@ -250,7 +250,6 @@ struct Handle {
     std::unique_ptr<TraceReader> reader;
     bool loaded = false;
     std::string text; // the snapshot taken at the first read; for trace_pipe what the last read left
-    bool ended = false; // trace_pipe: the process is gone and its ring read to the end
 };
 
 struct DirEntry {
@@ -531,7 +530,7 @@ void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info *fi) {
     Handle *h = &handle_of(fi);
     {
         std::lock_guard lock(h->mu);
-        if (h->pipe && !h->ended) --fs_of(req).pipes_open;
+        if (h->pipe) --fs_of(req).pipes_open;
     }
     delete h;
     fuse_reply_err(req, 0);
@@ -559,12 +558,11 @@ void read_pipe(fuse_req_t req, TraceFs &fs, Handle &h, size_t size) {
         Answer a = fs.agent.ask_pipe(*h.reader, [req] { return fuse_req_interrupted(req) != 0; });
         if (a.status == -ENODEV && fs.process_gone.load()) {
             // The process is gone and what its ring held has been read: the end of the file.
-            // Counted once the reply is sent: the file system unmounts once no reader
-            // waits, and a reader whose end of file had not reached it yet got
-            // ECONNABORTED instead.
+            // The reader stays counted until it closes the file (op_release): the file
+            // system unmounts once none is open, and a reader whose end of file was sent
+            // but whose read had not returned yet (the kernel may still have a request of
+            // it in flight) got ECONNABORTED instead.
             fuse_reply_buf(req, nullptr, 0);
-            if (!h.ended) --fs.pipes_open;
-            h.ended = true;
             return;
         }
         if (a.status < 0) {
