@@ -202,6 +202,7 @@ struct RingView {
     size_t size = 0;
     // The header when the view holds a valid region of this version, else null.
     const RingHeader *header() const;
+    // Buffer i's header and data, in a view header() accepted.
     SlotHeader *slot(uint32_t i) const; // readers move tail and their own fields
     const uint8_t *data(uint32_t i) const;
 };
@@ -303,6 +304,15 @@ bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, Ring
 
 // Whether the view has an unconsumed record.
 bool ring_has_data(const RingView &v);
+// What a reader that polls paces itself by: how full the view's fullest buffer is (its
+// unconsumed bytes over what it holds, 0 to 1), the bytes its buffers were ever written
+// (their heads' sum: the rate is its change) and what one buffer holds.
+struct RingLevel {
+    double fill = 0;
+    uint64_t written = 0;
+    uint64_t buffer_bytes = 0;
+};
+RingLevel ring_level(const RingView &v);
 // Empties the buffers of a view and resets its counters (a reader can do it too).
 void ring_clear_view(const RingView &v);
 

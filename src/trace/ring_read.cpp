@@ -26,13 +26,15 @@ const RingHeader *RingView::header() const {
     return h;
 }
 
+// slot() and data() are only called once header() accepted the view: they do not check
+// it again (a reader's scan of every buffer would check it once per buffer).
 SlotHeader *RingView::slot(uint32_t i) const {
-    const RingHeader *h = header();
+    const auto *h = reinterpret_cast<const RingHeader *>(base);
     return reinterpret_cast<SlotHeader *>(const_cast<uint8_t *>(base) + h->header_size) + i;
 }
 
 const uint8_t *RingView::data(uint32_t i) const {
-    const RingHeader *h = header();
+    const auto *h = reinterpret_cast<const RingHeader *>(base);
     return base + h->data_offset + i * h->slot_stride;
 }
 
@@ -309,6 +311,20 @@ bool ring_has_data(const RingView &v) {
         if (s->head.load(std::memory_order_acquire) != s->tail.load(std::memory_order_acquire)) return true;
     }
     return false;
+}
+
+RingLevel ring_level(const RingView &v) {
+    const RingHeader *h = v.header();
+    if (h == nullptr || h->data_size == 0) return {};
+    uint64_t most = 0, written = 0;
+    for (uint32_t i = 0; i < h->slot_count; ++i) {
+        SlotHeader *s = v.slot(i);
+        const uint64_t head = s->head.load(std::memory_order_acquire);
+        const uint64_t tail = s->tail.load(std::memory_order_acquire);
+        if (head > tail) most = std::max(most, head - tail);
+        written += head;
+    }
+    return {std::min(1.0, static_cast<double>(most) / static_cast<double>(h->data_size)), written, h->data_size};
 }
 
 void ring_clear_view(const RingView &v) {

@@ -17,6 +17,9 @@ namespace trace = ukp::trace;
 
 namespace {
 
+// How often a consuming reader asks the agent which buffers it serves (TraceReader::map_ring).
+constexpr auto kServedCheck = std::chrono::milliseconds(100);
+
 // "# entries-in-buffer/entries-written: N/M" of a trace file's text: N.
 uint64_t entries_of(const std::string &text) {
     static constexpr char kKey[] = "entries-in-buffer/entries-written: ";
@@ -99,6 +102,13 @@ bool TraceReader::map_ring() {
         return mapped_ != nullptr;
     }
     if (agent_formats_ && capturer_ == nullptr) return false;
+    // The agent replaces its buffers only when they are resized or swapped with the
+    // snapshot's, and the records written meanwhile wait in the new ones: a stream asks
+    // at most every kServedCheck (each answer is a wakeup of the traced process's
+    // control thread, and was one per read), unless told to (recheck_buffers).
+    const auto now = std::chrono::steady_clock::now();
+    if (mapped_ != nullptr && consume_ && now - served_checked_ < kServedCheck) return true;
+    served_checked_ = now;
     Reply r = client_.request(Op::kOpenFd, ukp::control::kTraceRingPath);
     if (r.status < 0 || r.fd < 0) {
         if (r.fd >= 0) close(r.fd);
@@ -293,6 +303,14 @@ std::string TraceReader::snapshot() {
 bool TraceReader::has_records() {
     if (!map_ring()) return entries() != 0;
     return trace::ring_has_data(trace::RingView{mapped_, size_});
+}
+
+trace::RingLevel TraceReader::level() const {
+    return formats_locally() ? trace::ring_level(trace::RingView{mapped_, size_}) : trace::RingLevel{};
+}
+
+bool TraceReader::holds_records() const {
+    return formats_locally() && trace::ring_has_data(trace::RingView{mapped_, size_});
 }
 
 uint64_t TraceReader::entries() {

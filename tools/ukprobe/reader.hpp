@@ -26,6 +26,7 @@
 #include "trace/capture.hpp"
 #include "trace/print.hpp"
 #include "trace/output.hpp"
+#include "trace/ring.hpp"
 
 namespace ukprobe {
 
@@ -69,12 +70,21 @@ public:
     uint64_t entries();
     // Whether a record is left to read: entries() != 0 without copying them.
     bool has_records();
+    // The mapped ring's level (trace::ring_level: how full its fullest buffer is, what was
+    // ever written); zeros when the agent formats.
+    ukp::trace::RingLevel level() const;
+    // Whether the mapped ring has a record (or a loss) to read; false when the agent
+    // formats. Unlike has_records(), it never asks the agent.
+    bool holds_records() const;
     // Whether the last read was formatted here (false: by the agent).
     bool formats_locally() const { return mapped_ != nullptr && !agent_formats_; }
     // Whether the next read will be formatted here: before the first read, maps the ring
     // if the agent serves it (one quick request; it throws as pipe() does when the agent
     // is gone).
     bool will_format_locally() { return formats_locally() || (map_ring() && !agent_formats_); }
+    // The next read asks the agent which buffers it serves (a drain: the process is about
+    // to end or exec, and may have replaced them since the last ask).
+    void recheck_buffers() { served_checked_ = {}; }
     // Unmaps the ring (a process that is gone: its memory goes once nobody maps it).
     void unmap();
     // The agent is gone (its process died, or exec'd): the ring mapped stays readable
@@ -120,6 +130,7 @@ private:
     size_t size_ = 0;
     dev_t dev_ = 0;
     ino_t ino_ = 0;                 // the memfd mapped (a new one means new buffers)
+    std::chrono::steady_clock::time_point served_checked_{}; // map_ring's last ask
     Mapping snap_;                  // the snapshot buffers, read-only
     std::map<uint16_t, ukp::trace::EventInfo> events_;
     bool events_fresh_ = false;     // loaded during this read: an unknown id stays unknown

@@ -26,6 +26,7 @@
 
 #include "client.hpp"
 #include "reader.hpp"
+#include "ring_watch.hpp"
 #include "trace/capture.hpp"
 #include "control/fd_passing.hpp"
 #include "trace/counters.hpp"
@@ -102,8 +103,9 @@ using Clock = std::chrono::steady_clock;
 // How long a line waits before it is written, so that lines of other processes read a
 // little later can still be put before it by timestamp.
 constexpr auto kMergeDelay = std::chrono::milliseconds(200);
-// How often the output is written.
+// How often the output is written, and in blocks of how many bytes.
 constexpr auto kWriteInterval = std::chrono::milliseconds(50);
+constexpr size_t kWriteBlock = 1 << 20;
 // Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
 // How long a trace_pipe read waits for a record: also how long a stream takes to see a
@@ -113,9 +115,6 @@ constexpr int kPipeWaitMs = 5;
 constexpr int kPingTimeoutMs = 50;
 // How long a forked child's ring waits for its ancestor's event table (ForkedRing, drain_forked).
 constexpr int kForkedTableTimeoutMs = 1000;
-// How long the stream of a forked child's ring waits when it found nothing (the ring is
-// polled: a writer makes no system call a wakeup could come from).
-constexpr auto kForkedPollInterval = std::chrono::milliseconds(5);
 // How often kprobe_profile is read while a process runs (its counts if it is killed).
 constexpr auto kProfileInterval = std::chrono::milliseconds(200);
 // The same for a child of fork(), whose counters are copied out of it (a few microseconds,
@@ -287,6 +286,8 @@ private:
         pthread_sigmask(SIG_BLOCK, &all, nullptr); // signals are ukprobe's main thread's (signalfd)
         std::vector<RunPtr> ready, done; // runs old enough (and what is left of them); runs written
         std::vector<std::string_view> pieces;
+        std::string block;
+        block.reserve(kWriteBlock + (64 << 10));
         if (capture_ && f_ != nullptr) {
             const std::string header = ukp::trace::capture::file_header();
             if (fwrite(header.data(), 1, header.size(), f_) != header.size()) f_ = nullptr;
@@ -318,19 +319,26 @@ private:
             lock.unlock();
             pieces.clear();
             if (!ready.empty()) merge(ready, last ? ~0ull : cutoff, pieces, done);
-            // Written from the runs themselves: a stretch of a run is never copied.
-            bool wrote = false;
+            // Gathered into blocks of kWriteBlock: the merge interleaves the streams' runs
+            // in short stretches, and each write into a file's page cache has a cost of
+            // its own beside the bytes'.
             for (std::string_view piece : pieces) {
-                if (f_ == nullptr) break;
-                wrote = true;
-                if (fwrite(piece.data(), 1, piece.size(), f_) != piece.size()) f_ = nullptr;
+                block.append(piece);
+                if (block.size() >= kWriteBlock) write_block(block);
             }
-            if (wrote && f_ != nullptr && fflush(f_) != 0) f_ = nullptr; // a closed pipe: the trace is dropped
+            write_block(block);
+            if (f_ != nullptr && fflush(f_) != 0) f_ = nullptr; // a closed pipe: the trace is dropped
             done.clear();
             lock.lock();
             if (last) return;
             cv_.wait_for(lock, kWriteInterval, [&] { return stop_; });
         }
+    }
+
+    // Writes `block` out and empties it (stdio passes a write this large straight on).
+    void write_block(std::string &block) {
+        if (!block.empty() && f_ != nullptr && fwrite(block.data(), 1, block.size(), f_) != block.size()) f_ = nullptr;
+        block.clear();
     }
 
     std::mutex mu_;
@@ -383,6 +391,7 @@ using HoldPtr = std::shared_ptr<Hold>;
 // what the process's other threads still write meanwhile included. `wait_ms`: how long
 // each read waits for a record.
 void drain_ring(TraceReader &reader, Output &out, int wait_ms) {
+    reader.recheck_buffers();
     for (int i = 0; i < 1000 && reader.has_records(); ++i) out.add(reader.pipe(wait_ms, 1 << 20));
 }
 
@@ -442,9 +451,10 @@ struct ProfileBlock {
 };
 
 // The agent of one process: a connection, and a thread that reads trace_pipe on it.
-class Agent {
+class Agent : RingStream {
 public:
-    Agent(int pid, uint64_t seq, Output &out) : pid_(pid), seq_(seq), comm_(comm_of(pid)), out_(out) {
+    Agent(int pid, uint64_t seq, Output &out, RingWatch &watch)
+        : RingStream(watch), pid_(pid), seq_(seq), comm_(comm_of(pid)), out_(out) {
         if (out.capture()) reader_.capture();
     }
     ~Agent() {
@@ -479,6 +489,10 @@ public:
     // waiting on the mapped ring, may not have noticed yet.
     bool image_gone() const { return client_.peer_closed(); }
 
+private:
+    bool source_gone() const override { return image_gone(); }
+
+public:
     // A request before the thread runs; a refusal is returned with its message.
     Reply ask(Op op, const std::string &path, const std::string &payload = {}) {
         return client_.request(op, path, payload);
@@ -493,6 +507,7 @@ public:
     }
 
     void start() {
+        watch(reader_);
         thread_ = std::thread([this] { loop(); });
     }
 
@@ -533,21 +548,22 @@ private:
                     held.swap(holds_);
                 }
                 if (asked > drain_done_) {
-                    drain_ring(reader_, out_, kPipeWaitMs); // the process is held
+                    while_reading([&] { drain_ring(reader_, out_, kPipeWaitMs); }); // the process is held
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
                     std::lock_guard lock(mu_);
                     if (p.status >= 0) profile_ = p.payload;
                     drain_done_ = asked;
                     continue;
                 }
-                // What is there now. The ring mapped here is polled: when it held nothing
-                // the thread waits kPipeWaitMs, cut short by a drain asked (the process
-                // waits for it in exit_group or execve: a short-lived process's first
-                // wait used to hold its exit 5 ms). Served by the agent, trace_pipe's
-                // read itself waits.
-                std::string text = reader_.pipe(0, 1 << 20);
-                const bool none = text.empty();
-                out_.add(std::move(text));
+                // The watch woke the stream for it, and a read of the mapped ring asks
+                // the agent nothing that would fail: the end, as a failed request is.
+                if (image_gone()) throw std::runtime_error("the process is gone");
+                // What is there now. Then, for a ring mapped here, a wait for the watch
+                // (ring_watch.hpp), cut short by a drain asked (the process waits for it
+                // in exit_group or execve). Served by the agent, trace_pipe's read itself
+                // waits.
+                bool again = false;
+                out_.add(read_some(reader_, &again));
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (Clock::now() - profile_read_ >= kProfileInterval) {
                     const Reply p = client_.request(Op::kRead, "kprobe_profile");
@@ -555,15 +571,16 @@ private:
                     std::lock_guard lock(mu_);
                     if (p.status >= 0 && drain_done_ == 0) profile_ = p.payload;
                 }
-                if (none && reader_.formats_locally()) {
+                if (!again && reader_.formats_locally()) {
                     std::unique_lock lock(mu_);
-                    cv_.wait_for(lock, std::chrono::milliseconds(kPipeWaitMs), [&] { return drain_asked_ != asked; });
+                    wait_for_look(lock, [&] { return drain_asked_ != asked; });
                 }
             }
         } catch (const std::runtime_error &) {
             // The process is gone (or exec'd): its sockets closed. What it recorded after
             // the last read is still in the ring mapped here: a process killed by a
             // signal never waits in exit_group for a drain.
+            unwatch();
             reader_.agent_gone();
             try {
                 drain_ring(reader_, out_, 0);
@@ -592,8 +609,6 @@ private:
     TraceReader reader_{client_, pid_, true}; // trace_pipe, read and printed here
     SharedCounts counts_; // its kprobe_profile counters, mapped (share_counts)
     std::thread thread_;
-    std::mutex mu_;
-    std::condition_variable cv_;
     uint64_t drain_asked_ = 0; // under mu_
     uint64_t drain_done_ = 0;  // under mu_
     std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
@@ -658,10 +673,10 @@ int counters_of(int pid, int pidfd) {
 // streamed by a thread of its own, printed with the event table of the agent it was forked
 // from (the same ids), until the process is gone: exited, killed (ukprobe holds the
 // memfd: the records outlive the process) or exec'd.
-class ForkedRing {
+class ForkedRing : RingStream {
 public:
-    ForkedRing(int pid, int events_pid, uint64_t seq, Output &out)
-        : pid_(pid), events_pid_(events_pid), seq_(seq), comm_(comm_of(pid)), out_(out) {}
+    ForkedRing(int pid, int events_pid, uint64_t seq, Output &out, RingWatch &watch)
+        : RingStream(watch), pid_(pid), events_pid_(events_pid), seq_(seq), comm_(comm_of(pid)), out_(out) {}
     ~ForkedRing() {
         if (thread_.joinable()) thread_.join();
         reader_.reset();
@@ -717,7 +732,10 @@ public:
     // The process's objects, as open() read them. Before start().
     const ukp::sym::Registry &symbols() const { return reader_->symbols(); }
 
-    void start() { thread_ = std::thread([this] { loop(); }); }
+    void start() {
+        watch(*reader_);
+        thread_ = std::thread([this] { loop(); });
+    }
 
     // Whether the process is gone (its pidfd reads as ready once it has exited).
     bool gone() const {
@@ -725,6 +743,10 @@ public:
         return poll(&p, 1, 0) == 1;
     }
 
+private:
+    bool source_gone() const override { return gone(); }
+
+public:
     // Empties the ring while the process waits in exit_group or execve (`hold`, dropped
     // once done; `exec`: the stream ends once the image is replaced). Returns at once.
     void drain(bool exec, HoldPtr hold) {
@@ -803,7 +825,7 @@ private:
                 const bool gone = this->gone();
                 finish = finish || (exec && asked == drain_done_ && !holds_ring());
                 if (gone || finish || asked > drain_done_) {
-                    drain_ring(*reader_, out_, gone ? 0 : kPipeWaitMs); // held or gone
+                    while_reading([&] { drain_ring(*reader_, out_, gone ? 0 : kPipeWaitMs); }); // held or gone
                     if (gone && drain_done_ == 0) read_profile(true); // killed: never held in exit_group
                     if (gone || finish) break;
                     read_profile(); // it waits in exit_group or execve: its last counts
@@ -813,19 +835,19 @@ private:
                 }
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (asked == 0 && Clock::now() - profile_read_ >= kForkedProfileInterval) read_profile();
-                std::string text = reader_->pipe(0, 1 << 20);
-                if (!text.empty()) {
-                    out_.add(std::move(text));
-                    continue;
-                }
-                // Nothing recorded: a short wait, cut short by a drain asked (the process
-                // waits for it) or the end of the image.
+                bool again = false;
+                out_.add(read_some(*reader_, &again));
+                if (again) continue;
+                // A wait for the watch (ring_watch.hpp: it also sees the process gone),
+                // cut short by a drain asked (the process waits for it) or the end of the
+                // image.
                 std::unique_lock lock(mu_);
-                cv_.wait_for(lock, kForkedPollInterval, [&] { return drain_asked_ != asked || finish_; });
+                wait_for_look(lock, [&] { return drain_asked_ != asked || finish_; });
             }
         } catch (const std::runtime_error &) {
             // An event the table read did not have, and the agent it came from is gone.
         }
+        unwatch();
         reader_->unmap();
         std::lock_guard lock(mu_);
         ended_ = true;
@@ -843,8 +865,6 @@ private:
     std::unique_ptr<TraceReader> reader_; // the taken ring, read and printed here
     SharedCounts counts_;  // its kprobe_profile counters, taken with the ring
     std::thread thread_;
-    std::mutex mu_;
-    std::condition_variable cv_;
     uint64_t drain_asked_ = 0; // under mu_
     uint64_t drain_done_ = 0;  // under mu_
     std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
@@ -1066,6 +1086,7 @@ private:
     const RunOptions &o_;
     FILE *file_ = nullptr;
     std::unique_ptr<Output> out_;
+    std::unique_ptr<RingWatch> watch_; // the streams' rings, looked at for them
     int child_ = -1;
     int child_status_ = -1; // wait status once the child is gone
     int notify_fd_ = -1, signal_fd_ = -1;
@@ -1123,7 +1144,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
 void Runner::on_socket(int pid) {
     if (!new_agent_in(pid)) return;
     if (pid != child_ && (!o_.follow || !descends_from_us(pid))) return;
-    auto agent = std::make_unique<Agent>(pid, next_seq_++, *out_);
+    auto agent = std::make_unique<Agent>(pid, next_seq_++, *out_, *watch_);
     if (agent->connect() != 0) return;
     try {
         agent->share_counts();
@@ -1309,7 +1330,7 @@ bool Runner::take_forked(int pid) {
     if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end() && !it->second->gone()) return false;
     const int source = events_source(pid);
     if (source <= 0) return true; // no event table to print it with, now or at its exit
-    auto ring = std::make_unique<ForkedRing>(pid, source, next_seq_++, *out_);
+    auto ring = std::make_unique<ForkedRing>(pid, source, next_seq_++, *out_, *watch_);
     if (!ring->open(forked_symbols_)) return false; // drain_forked tries again at its exit
     forked_symbols_ = ring->symbols();
     ring->start();
@@ -1422,6 +1443,7 @@ int Runner::run() {
         if (file_ == nullptr) throw std::runtime_error(fmt::format("cannot write {}: {}", o_.output, strerror(errno)));
     }
     out_ = std::make_unique<Output>(file_ != nullptr ? file_ : stdout, o_.capture);
+    watch_ = std::make_unique<RingWatch>();
 
     // Signals arrive through a descriptor; agent threads start with them blocked.
     sigset_t mask, old_mask;
