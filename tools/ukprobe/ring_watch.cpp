@@ -19,9 +19,11 @@ constexpr auto kWatchMax = std::chrono::milliseconds(20);
 // The longest records wait in a ring a look saw them in: well under run's merge delay
 // (200 ms), so a line read that late is still merged in its place.
 constexpr auto kReadLatency = std::chrono::milliseconds(50);
-// How full the fullest buffer must be for a look to wake its stream at once, and for a
-// read to be followed by another.
-constexpr double kWakeFill = 1.0 / 16, kAgainFill = 1.0 / 4;
+// How full the fullest buffer must be for a look to wake its stream, and left after a
+// read for another to follow at once.
+constexpr double kWakeFill = 1.0 / 16;
+// What a read takes at most (bytes of text or of capture blocks).
+constexpr size_t kReadBlock = 1 << 20;
 
 } // namespace
 
@@ -107,9 +109,12 @@ void RingStream::unwatch() {
 
 std::string RingStream::read_some(TraceReader &reader, bool *again) {
     std::lock_guard reading(reading_);
-    *again = reader.level().fill > kAgainFill;
     last_read_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    return reader.pipe(0, 1 << 20);
+    std::string text = reader.pipe(0, kReadBlock);
+    // A read takes a block at most: a backlog is read block after block, down to less
+    // than a look would wake the stream for.
+    *again = text.size() >= kReadBlock / 2 || reader.level().fill >= kWakeFill;
+    return text;
 }
 
 } // namespace ukprobe

@@ -9,7 +9,8 @@
 // A look wakes a stream when the fullest of its ring's buffers is a sixteenth full, when
 // records have waited kReadLatency since its last read (a slow writer is read a few
 // times a second, well within run's merge delay), or when its process is gone. A read
-// that found the ring more than a quarter full is followed by another at once. The
+// that took a whole block or left a buffer a sixteenth full is followed by another at
+// once. The
 // watch's own pace follows the writers: it looks again in the time the fastest ring
 // (its rate measured from look to look) takes to fill an eighth of a buffer, between
 // kWatchMin and kWatchMax. A burst after a quiet spell is seen within kWatchMax; one
@@ -81,8 +82,9 @@ protected:
         std::lock_guard reading(reading_);
         fn();
     }
-    // One read of what the ring holds (TraceReader::pipe, without waiting); *again: read
-    // again at once (the ring was more than a quarter full).
+    // One read of what the ring holds (TraceReader::pipe, without waiting, a block at
+    // most); *again: read again at once (the read was a block, or a buffer is still a
+    // sixteenth full).
     std::string read_some(TraceReader &reader, bool *again);
     // Waits, mu_ held by `lock`, for a look that found the ring worth reading, for `stop`
     // (checked under mu_; a drain asked), or kStreamWaitMax at the longest.
