@@ -30,6 +30,11 @@ namespace ukprobe {
 
 namespace {
 
+// The signals the agent's handlers take (SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL), as a
+// kernel signal mask (bit sig - 1).
+constexpr uint64_t kAgentSignals = (1ull << (SIGTRAP - 1)) | (1ull << (SIGSEGV - 1)) | (1ull << (SIGBUS - 1)) |
+                                   (1ull << (SIGFPE - 1)) | (1ull << (SIGILL - 1));
+
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void fail(const std::string &msg) { throw std::runtime_error(msg); }
@@ -582,6 +587,18 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     xstate.resize(xiov.iov_len);
     user_fpregs_struct fpregs{};
     const bool have_fp = !have_xstate && ptrace(PTRACE_GETFPREGS, tid, nullptr, &fpregs) == 0;
+    // The signals the calls raise must reach their handlers: the return trap (a SIGSEGV
+    // at address 0), the agent's own breakpoints and fault-safe reads while it loads. A
+    // fault forced on a thread that blocks its signal is worse than fatal: the kernel
+    // unblocks it and resets the process's action to SIG_DFL, and the agent's handler is
+    // gone. And the thread created here to load the agent inherits this thread's mask.
+    // So the agent's signals are let through for the calls, the mask put back after.
+    uint64_t old_mask = 0;
+    const bool have_mask = ptrace(PTRACE_GETSIGMASK, tid, reinterpret_cast<void *>(sizeof old_mask), &old_mask) == 0;
+    if (have_mask && (old_mask & kAgentSignals) != 0) {
+        uint64_t open = old_mask & ~kAgentSignals;
+        ptrace(PTRACE_SETSIGMASK, tid, reinterpret_cast<void *>(sizeof open), &open);
+    }
 
     std::string error;
     uint64_t loader = 0;
@@ -642,6 +659,8 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     if (have_xstate) restored &= ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
     if (have_fp) restored &= ptrace(PTRACE_SETFPREGS, tid, nullptr, &fpregs) == 0;
     restored &= ptrace(PTRACE_SETREGS, tid, nullptr, &saved) == 0;
+    if (have_mask && (old_mask & kAgentSignals) != 0)
+        restored &= ptrace(PTRACE_SETSIGMASK, tid, reinterpret_cast<void *>(sizeof old_mask), &old_mask) == 0;
     // From the stop of our return trap: its SIGSEGV is dropped.
     ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
     if (error.empty() && restored) {
@@ -703,8 +722,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
 }
 
 std::vector<UnblockedThread> unblock_agent_signals(int pid) {
-    uint64_t agent = 0;
-    for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) agent |= 1ull << (sig - 1);
+    const uint64_t agent = kAgentSignals;
     std::vector<UnblockedThread> out;
     const std::string dir = fmt::format("/proc/{}/task", pid);
     DIR *d = opendir(dir.c_str());
