@@ -235,6 +235,10 @@ int opt_unoptimize(Point *pt);
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);
 // Whether pt may have its jmp now (its probes, the knobs, the points around it).
 bool opt_qualifies(const Point *pt);
+// What /proc/self/task/TID/syscall says of thread tid: false while it runs (or if it is
+// gone); else *nr is the system call it stands in (-1 when stopped outside one) and *pc
+// its user instruction pointer.
+bool task_syscall(int tid, long *nr, uint64_t *pc);
 // pt's object was unloaded: its island (and the branch to it) went with the mapping.
 void opt_forget_island(Point *pt);
 // After fork() in the child: the optimizer thread did not come along.

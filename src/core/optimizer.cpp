@@ -221,25 +221,6 @@ bool ensure_stop_handler() {
     return true;
 }
 
-// Where thread tid is, from /proc/self/task/TID/syscall: false if it may be running
-// (or the file cannot be read), else *pc is its user instruction pointer.
-bool stopped_at(int tid, uint64_t *pc) {
-    char path[64], text[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    const ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0) return false;
-    text[n] = '\0';
-    if (strncmp(text, "running", 7) == 0) return false;
-    // "nr arg1 .. arg6 sp pc" in a system call, "-1 sp pc" otherwise: pc is last.
-    const char *last = strrchr(text, ' ');
-    if (last == nullptr) return false;
-    *pc = strtoull(last + 1, nullptr, 16);
-    return true;
-}
-
 // The number after `field` ("TracerPid:", "Threads:") in /proc/self/status; `otherwise`
 // when the file cannot be read or has no such line.
 long status_number(const char *field, long otherwise) {
@@ -287,7 +268,8 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
     // (the int3s are in place), unless a strict pass looks for threads on their way in.
     const auto outside = [&](int tid) {
         uint64_t pc = 0;
-        if (strict || !stopped_at(tid, &pc)) return false;
+        long nr = -1;
+        if (strict || !task_syscall(tid, &nr, &pc)) return false;
         for (size_t i = 0; i < n; ++i)
             if (in_region(batch[i], pc)) return false;
         for (size_t i = 0; i < m; ++i)
@@ -706,6 +688,24 @@ bool safe_read(uint64_t addr, void *out, size_t n) {
 }
 
 } // namespace
+
+bool task_syscall(int tid, long *nr, uint64_t *pc) {
+    char path[64], text[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0) return false;
+    text[n] = '\0';
+    if (strncmp(text, "running", 7) == 0) return false;
+    // "nr arg1 .. arg6 sp pc" in a system call, "-1 sp pc" otherwise: pc is last.
+    const char *last = strrchr(text, ' ');
+    if (last == nullptr) return false;
+    *nr = strtol(text, nullptr, 10);
+    *pc = strtoull(last + 1, nullptr, 16);
+    return true;
+}
 
 void opt_warm(uint64_t addr) {
     if (!g_opt_enabled.load(std::memory_order_relaxed)) return;

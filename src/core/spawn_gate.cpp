@@ -89,14 +89,10 @@ bool thread_in_clone() {
     while (dirent *e = readdir(dir)) {
         const long tid = atol(e->d_name);
         if (tid <= 0 || tid == self) continue;
-        char path[64], text[32] = {};
-        snprintf(path, sizeof path, "/proc/self/task/%ld/syscall", tid);
-        const int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        const ssize_t n = read(fd, text, sizeof text - 1);
-        close(fd);
-        const long nr = n > 0 && text[0] >= '0' && text[0] <= '9' ? atol(text) : -1;
-        found = found || nr == SYS_clone || nr == SYS_clone3 || nr == SYS_vfork;
+        long nr = -1;
+        uint64_t pc = 0;
+        if (task_syscall(static_cast<int>(tid), &nr, &pc))
+            found = found || nr == SYS_clone || nr == SYS_clone3 || nr == SYS_vfork;
     }
     closedir(dir);
     return found;
