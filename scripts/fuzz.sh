@@ -17,7 +17,7 @@ for f in tests/fuzz/*_fuzz.cpp; do
 done
 
 if ! CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DUKP_FUZZ=ON -DUKP_TESTS=OFF -DUKP_BENCH=OFF >/dev/null; then
+    -DUKP_WERROR=ON -DUKP_FUZZ=ON -DUKP_TESTS=OFF -DUKP_BENCH=OFF >/dev/null; then
   echo "fuzz: cmake failed"
   echo "0 passed, ${#targets[@]} failed"
   exit 1
