@@ -227,7 +227,11 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
         }
         if (t.array_len > 0) {
             f.array_len = t.array_len;
-            if (str) f.c_type += "[" + std::to_string(t.array_len) + "]";
+            if (str) { // piece by piece: GCC 12 warns falsely (-Wrestrict) about `"[" + string` at -O3
+                f.c_type += '[';
+                f.c_type += std::to_string(t.array_len);
+                f.c_type += ']';
+            }
         }
         off += t.size * (t.array_len > 0 ? t.array_len : 1);
         if (fields != nullptr) fields->push_back(std::move(f));

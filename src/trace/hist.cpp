@@ -286,9 +286,16 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
 
 std::string HistTrigger::spec_text() const {
     std::string s = "hist:keys=";
-    for (size_t i = 0; i < keys_.size(); i++) s += (i ? "," : "") + column_text(keys_[i]);
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) about `"," + string` at -O3.
+    for (size_t i = 0; i < keys_.size(); i++) {
+        if (i) s += ',';
+        s += column_text(keys_[i]);
+    }
     s += ":vals=hitcount";
-    for (size_t i = 1; i < vals_.size(); i++) s += "," + column_text(vals_[i]);
+    for (size_t i = 1; i < vals_.size(); i++) {
+        s += ',';
+        s += column_text(vals_[i]);
+    }
     s += ":sort=";
     for (size_t i = 0; i < sort_.size(); i++) s += (i ? "," : "") + sort_[i].text;
     s += ":size=" + std::to_string(size_);
