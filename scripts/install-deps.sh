@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libzydis-dev           # x86-64 decoder and encoder (relocator)
-  libelf-dev libdw-dev   # ELF symbol tables, DWARF
+  libelf-dev             # ELF symbol tables
   libfmt-dev             # formatting (GCC 12 has no <format>)
   libcli11-dev           # command line of the ukprobe tool
   libfuse3-dev fuse3     # ukprobe mount: libfuse3, and fusermount3 for mounts by non-root users
