@@ -1,0 +1,28 @@
+# How ukprobes is installed and packaged, beyond the targets' own install() rules
+# (src/CMakeLists.txt, tools/ukprobe/CMakeLists.txt): the CMake package that
+# find_package(ukprobes CONFIG) reads, and ukprobes.pc for pkg-config.
+include(CMakePackageConfigHelpers)
+
+set(UKP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ukprobes)
+
+# ukprobes::ukprobes, the shared library, needs nothing of its users but the headers.
+# ukprobes::ukprobes_static, the static library, needs the libraries its objects call
+# (Zydis, libelf, fmt, threads, libdl): ukprobesConfig.cmake defines it only when those
+# are found.
+install(EXPORT ukprobesTargets NAMESPACE ukprobes:: DESTINATION ${UKP_CMAKE_DIR})
+install(EXPORT ukprobesStaticTargets NAMESPACE ukprobes:: DESTINATION ${UKP_CMAKE_DIR})
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/ukprobesConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/ukprobesConfig.cmake INSTALL_DESTINATION ${UKP_CMAKE_DIR})
+# 0.x releases share the library's SONAME, libukprobes.so.0.
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/ukprobesConfigVersion.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ukprobesConfig.cmake
+  ${CMAKE_CURRENT_BINARY_DIR}/ukprobesConfigVersion.cmake DESTINATION ${UKP_CMAKE_DIR})
+
+# ukprobes.pc names its directories relative to its own place, so that the installation
+# can be moved (cmake --install --prefix DIR) and still be found through PKG_CONFIG_PATH.
+file(RELATIVE_PATH UKP_PC_TO_PREFIX ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
+file(RELATIVE_PATH UKP_PC_LIBDIR ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_LIBDIR})
+file(RELATIVE_PATH UKP_PC_INCLUDEDIR ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_INCLUDEDIR})
+configure_file(${CMAKE_CURRENT_LIST_DIR}/ukprobes.pc.in ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
