@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <vector>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using ukp::control::Op;
@@ -43,22 +44,29 @@ struct Options {
     ukprobe::RunOptions run; // run
 };
 
-// The agent to inject: --agent, $UKP_AGENT, the build tree's, or ../lib beside ukprobe.
+// The agent to load: --agent PATH alone when given. Otherwise $UKP_AGENT, then, for the
+// ukprobe of the build tree, the build tree's agent; then the agent of ukprobe's own
+// installation, in the library directory beside its bin directory (the installation may
+// have been moved); then the agent in the library directory ukprobe was configured for.
+// The paths come from tools/ukprobe/CMakeLists.txt.
 std::string find_agent(const std::string &given) {
     std::vector<std::string> candidates;
     if (!given.empty()) candidates.push_back(given);
     else {
         if (const char *env = getenv("UKP_AGENT"); env != nullptr && *env != 0) candidates.push_back(env);
-#ifdef UKP_AGENT_BUILD_PATH
-        candidates.push_back(UKP_AGENT_BUILD_PATH);
-#endif
+        // The same file as the build tree's ukprobe (not a copy of it, not an installed one).
+        struct stat self {}, built {};
+        if (stat("/proc/self/exe", &self) == 0 && stat(UKP_BUILD_EXE, &built) == 0 && self.st_dev == built.st_dev &&
+            self.st_ino == built.st_ino)
+            candidates.push_back(UKP_AGENT_BUILD_PATH);
         char exe[PATH_MAX];
         const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
         if (n > 0) {
             std::string dir(exe, static_cast<size_t>(n));
             dir = dir.substr(0, dir.rfind('/'));
-            candidates.push_back(dir + "/../lib/libukprobes.so");
+            candidates.push_back(dir + "/" UKP_AGENT_RELATIVE_PATH);
         }
+        candidates.push_back(UKP_AGENT_INSTALL_PATH);
     }
     for (const std::string &c : candidates) {
         char real[PATH_MAX];
