@@ -1,6 +1,7 @@
 # How ukprobes is installed and packaged, beyond the targets' own install() rules
 # (src/CMakeLists.txt, tools/ukprobe/CMakeLists.txt): the CMake package that
-# find_package(ukprobes CONFIG) reads, and ukprobes.pc for pkg-config.
+# find_package(ukprobes CONFIG) reads, ukprobes.pc for pkg-config, and the Debian
+# package that `cpack -G DEB` makes of the whole installation.
 include(CMakePackageConfigHelpers)
 
 set(UKP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ukprobes)
@@ -26,3 +27,25 @@ file(RELATIVE_PATH UKP_PC_LIBDIR ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_LI
 file(RELATIVE_PATH UKP_PC_INCLUDEDIR ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_INCLUDEDIR})
 configure_file(${CMAKE_CURRENT_LIST_DIR}/ukprobes.pc.in ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# The Debian package: everything above, installed under the prefix the build was
+# configured with (configure with -DCMAKE_INSTALL_PREFIX=/usr for a system package).
+# Its dependencies are those dpkg-shlibdeps finds for the binaries (libZydis, libelf,
+# libfmt, libfuse3, ...).
+set(CPACK_PACKAGE_NAME ukprobes)
+set(CPACK_PACKAGE_VENDOR ukprobes)
+set(CPACK_PACKAGE_CONTACT "ukprobes maintainers <ukprobes@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "the Linux kernel's Kprobes for user-space processes")
+set(CPACK_PACKAGE_DESCRIPTION
+  "ukprobes brings the kernel's Kprobes API (struct kprobe, register_kprobe, kretprobes,\
+ jprobes) and its kprobe-based event tracer to ordinary user-space processes on Linux\
+ x86-64. This package holds the agent libukprobes.so (and libukprobes.a), the headers, the\
+ CMake and pkg-config files to build against it, and the ukprobe command, which traces a\
+ program from its start (ukprobe run) or attaches to a running one.")
+set(CPACK_PACKAGING_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION devel)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+include(CPack)

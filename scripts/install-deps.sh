@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
+  dpkg-dev               # cpack -G DEB: dpkg-shlibdeps finds the package's dependencies
   libzydis-dev           # x86-64 decoder and encoder (relocator)
   libelf-dev             # ELF symbol tables
   libfmt-dev             # formatting (GCC 12 has no <format>)
