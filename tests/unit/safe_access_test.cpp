@@ -87,6 +87,11 @@ INSTANTIATE_TEST_SUITE_P(Sizes, SafeAccess,
                          ::testing::Values(size_t{1}, size_t{4}, size_t{7}, size_t{8}, size_t{9}, size_t{15}, size_t{16},
                                            size_t{17}, size_t{48}, size_t{63}, size_t{64}, size_t{255}, size_t{256},
                                            size_t{257}, size_t{320}),
-                         [](const auto &info) { return "n" + std::to_string(info.param); });
+                         [](const auto &info) {
+                             // Not `"n" + string`: GCC 12 warns falsely (-Wrestrict) about it at -O3.
+                             std::string name = "n";
+                             name += std::to_string(info.param);
+                             return name;
+                         });
 
 } // namespace
