@@ -34,7 +34,9 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc DESTINATION ${CMAKE_INSTAL
 # libfmt, libfuse3, ...).
 set(CPACK_PACKAGE_NAME ukprobes)
 set(CPACK_PACKAGE_VENDOR ukprobes)
-set(CPACK_PACKAGE_CONTACT "ukprobes maintainers <ukprobes@localhost>")
+set(UKP_PACKAGE_MAINTAINER "ukprobes maintainers <ukprobes@localhost>" CACHE STRING
+  "The Maintainer field of the Debian package (cpack -G DEB): NAME <EMAIL>")
+set(CPACK_PACKAGE_CONTACT "${UKP_PACKAGE_MAINTAINER}")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "the Linux kernel's Kprobes for user-space processes")
 set(CPACK_PACKAGE_DESCRIPTION
   "ukprobes brings the kernel's Kprobes API (struct kprobe, register_kprobe, kretprobes,\
