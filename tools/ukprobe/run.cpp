@@ -115,11 +115,12 @@ constexpr int kPipeWaitMs = 5;
 constexpr int kPingTimeoutMs = 50;
 // How long a forked child's ring waits for its ancestor's event table (ForkedRing, drain_forked).
 constexpr int kForkedTableTimeoutMs = 1000;
-// How often kprobe_profile is read while a process runs (its counts if it is killed).
+// How often, at most, kprobe_profile is read while a process runs, when its stream wakes
+// (ring_watch.hpp: at least every RingStream::kStreamWaitMax). A process killed by a
+// signal has its counts read after its death anyway, from the counters' memfd.
 constexpr auto kProfileInterval = std::chrono::milliseconds(200);
 // The same for a child of fork(), whose counters are copied out of it (a few microseconds,
-// no request to its agent): more often, as such children are often the workers a pool or
-// a server kills with a signal once done with them.
+// no request to its agent).
 constexpr auto kForkedProfileInterval = std::chrono::milliseconds(50);
 
 // The timestamp of a trace line ("  prog-42  [001] .....  12.345678: e: ..."), in
