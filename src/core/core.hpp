@@ -6,6 +6,7 @@
 #include "arch/x86_64/detour.hpp"
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/island.hpp"
+#include "arch/x86_64/region.hpp"
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <signal.h>
 #include <initializer_list>
@@ -105,6 +107,8 @@ struct Point {
     bool island_live = false;    // the branch leads to the island
     bool island_written = false; // the island's bytes are in place (until the optimizer retires them)
     bool in_window = false;      // an int3 in libc on its way to a jmp: the spawn gate is closed (spawn_gate.cpp)
+    // In a function glibc's spawn child may run: never an int3 for good (spawn_gate.cpp).
+    bool spawn_path = false;
     std::string object_name;  // for kprobes/list
     std::string symbol;       // "sym", for kprobes/list
     uint64_t symbol_offset = 0;
@@ -249,6 +253,13 @@ void opt_restore_islands_alone();
 // Builds, if not yet done, the reference table of the object whose code holds addr (what
 // opt_prepare checks regions against; a second or so for libc). Without the registry mutex.
 void opt_warm(uint64_t addr);
+// The references of the object that holds addr (built once per object), or null.
+std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr);
+// Whether pt, with p put on it, would leave a spawn-path point on its int3 for good: pt's
+// own (p has a post_handler or is a jprobe, pt has no detour, another point lies in its
+// region or island), or another's whose region or island pt's bytes meet. Under the
+// registry mutex.
+bool opt_breaks_spawn_path(const Point *pt, const kprobe *p);
 // Starts the optimizer thread if optimization is on and it is not running. Call it only
 // without the registry mutex: pthread_create waits for the dynamic linker's lock, which a
 // dlopen() in another thread holds while its link-map hook waits for the registry mutex.
@@ -292,6 +303,12 @@ void spawn_gate_close(Point *pt);
 // Under the registry mutex.
 void spawn_gate_update(Point *pt);
 void spawn_gate_after_fork_child();
+// Whether addr lies in a function that glibc's posix_spawn (and so system and popen) may
+// run, its child included, with every signal blocked. False until the gate is installed.
+bool on_spawn_path(uint64_t addr);
+// Whether the optimizer is needed though optimization is off: spawn-path points take
+// their jmps whatever the knob says.
+bool spawn_path_known();
 
 // Registry services for the optimizer (registry.cpp).
 std::mutex &registry_mutex();

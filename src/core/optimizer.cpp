@@ -413,7 +413,9 @@ void restore_islands(const std::vector<Point *> &retired) {
 }
 
 bool qualifies(const Point *pt) {
-    if (!g_opt_enabled.load(std::memory_order_relaxed) || g_stop_broken) return false;
+    // A spawn-path point keeps its jmp with optimization off: an int3 there kills the
+    // children of posix_spawn (spawn_gate.cpp).
+    if ((!g_opt_enabled.load(std::memory_order_relaxed) && !pt->spawn_path) || g_stop_broken) return false;
     if (!pt->armed || pt->detour == 0) return false;
     if (!g_kprobes_enabled.load(std::memory_order_relaxed) || g_handlers_silenced.load(std::memory_order_relaxed))
         return false;
@@ -707,11 +709,15 @@ bool task_syscall(int tid, long *nr, uint64_t *pc) {
     return true;
 }
 
-void opt_warm(uint64_t addr) {
-    if (!g_opt_enabled.load(std::memory_order_relaxed)) return;
+std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr) {
     ObjectLookup l{addr};
     dl_iterate_phdr(find_object_of, &l);
-    if (l.found) arch::object_refs(l.path.empty() ? "/proc/self/exe" : l.path, l.bias, safe_read);
+    if (!l.found) return nullptr;
+    return arch::object_refs(l.path.empty() ? "/proc/self/exe" : l.path, l.bias, safe_read);
+}
+
+void opt_warm(uint64_t addr) {
+    if (g_opt_enabled.load(std::memory_order_relaxed)) opt_object_refs(addr);
 }
 
 void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
@@ -895,6 +901,22 @@ void opt_after_fork_child() {
 
 bool opt_qualifies(const Point *pt) { return qualifies(pt); }
 
+bool opt_breaks_spawn_path(const Point *pt, const kprobe *p) {
+    if (pt->spawn_path &&
+        (p->post_handler != nullptr || is_jprobe(p) || pt->detour == 0 ||
+         other_point_inside(pt, pt->addr, pt->layout.dcr_len) || island_in_the_way(pt)))
+        return true;
+    auto &pts = all_points();
+    for (auto it = pts.lower_bound(pt->addr >= 16 ? pt->addr - 15 : 0); it != pts.end() && it->first < pt->addr; ++it) {
+        const Point *q = it->second;
+        if (q->spawn_path && in_use(q) && q->detour != 0 && pt->addr < q->addr + q->layout.dcr_len) return true;
+    }
+    for (const Point *other : island_points())
+        if (other != pt && other->spawn_path && in_use(other) && meets_island(other, pt->addr, footprint_end(pt)))
+            return true;
+    return false;
+}
+
 void opt_forget_island(Point *pt) {
     if (pt->island_to == 0) return;
     pt->island_live = pt->island_written = false;
@@ -921,7 +943,8 @@ uint64_t copy_to_original(const Point *pt, uint64_t ip) {
 }
 
 void optimizer_start() {
-    if (!g_opt_enabled.load(std::memory_order_relaxed) || g_thread_started.load(std::memory_order_acquire) ||
+    if ((!g_opt_enabled.load(std::memory_order_relaxed) && !spawn_path_known()) ||
+        g_thread_started.load(std::memory_order_acquire) ||
         g_start_held.load(std::memory_order_acquire) > 0)
         return;
     bool expected = false;
@@ -940,7 +963,7 @@ int set_optimization(bool on) {
     g_opt_enabled.store(on);
     int result = 0;
     for (auto &[addr, pt] : all_points()) {
-        if (!on && pt->optimized) {
+        if (!on && pt->optimized && !pt->spawn_path) {
             if (int err = opt_unoptimize(pt); err != 0 && result == 0) result = err;
         }
         opt_update(pt);

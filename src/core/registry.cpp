@@ -225,6 +225,7 @@ int prepare_point(uint64_t addr, Point **out) {
     }
     const sym::Registry::Location loc = g_symbols->locate(addr);
     pt->object_name = obj->name;
+    pt->spawn_path = on_spawn_path(addr);
     if (loc.symbol != nullptr) {
         pt->symbol = loc.symbol->name;
         pt->symbol_offset = loc.offset;
@@ -579,6 +580,8 @@ int resolve_address(const kprobe *p, uint64_t *addr) {
 int attach_to_point(kprobe *p, uint64_t addr) {
     Point *pt = nullptr;
     if (int err = prepare_point(addr, &pt); err != 0) return err;
+    // Where glibc's spawn child may run, a probe that stays on its int3 kills the child.
+    if (opt_breaks_spawn_path(pt, p)) return -EINVAL;
     ProbeList *list = make_list(pt->list.load(std::memory_order_relaxed), nullptr, p);
     if (list == nullptr) return -ENOMEM;
     p->addr = reinterpret_cast<kprobe_opcode_t *>(addr);

@@ -23,10 +23,19 @@
 // probes). A spawn already past posix_spawn's entry then is not counted: for the first
 // kMaxWait after installation, the drain also waits for threads standing in clone.
 //
-// Not covered: a probe that stays a breakpoint (not optimizable, a post_handler, a jprobe,
-// optimization off) on a function the child runs (execve, dup2, close, sigaction, ...):
-// docs/reference.md.
+// A probe that would stay on its int3 for good is another matter: no gate helps, the child
+// must never meet it. So the gate's installation also works out the spawn path: the
+// functions reachable from posix_spawn's entries (arch/x86_64/reach.hpp: direct calls and
+// jumps, function pointers formed by lea, such as the child's function handed to clone and
+// execve, and PLT slots, such as the memcpy the IFUNC chose), leaving out the paths that
+// end the process (abort, __libc_fatal, ...). About 70 functions in glibc 2.36: the child's
+// dup2, close, open, chdir, execve, execvpe's getenv and memcpy, sigaction, _exit, and the
+// parent's clone and mmap. A point there keeps its jmp with optimization off, and a
+// probe that would keep one on its int3 (a post_handler, a jprobe, no detour, a point in
+// its region) is refused with -EINVAL (optimizer.cpp, registry.cpp).
 #include "core/core.hpp"
+
+#include "arch/x86_64/reach.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -54,6 +63,9 @@ std::atomic<int> g_state{0};        // 0: not installed, 1: installing, 2: insta
 int64_t g_installed_at = 0;
 int g_window = 0; // points with an int3 in libc on their way to a jmp (registry mutex)
 kretprobe g_gates[kGates];
+arch::Reach g_path;               // the spawn path, written once before g_path_ready
+std::atomic<bool> g_path_ready{false};
+thread_local bool t_installing = false;
 
 int64_t now_ns() {
     timespec t{};
@@ -103,6 +115,28 @@ bool thread_in_clone() {
 
 bool in_libc(const Point *pt) { return pt->object_name.rfind("libc.so", 0) == 0; }
 
+// The functions posix_spawn may run, the child's included. Takes the registry mutex.
+arch::Reach find_spawn_path(uint64_t in_libc, const std::vector<uint64_t> &entries) {
+    const auto refs = opt_object_refs(in_libc);
+    if (refs == nullptr) return {};
+    const std::vector<uint64_t> stops = functions_named(
+        in_libc, {"abort", "__assert_fail", "__libc_fatal", "__fortify_fail", "__chk_fail", "__stack_chk_fail"});
+    const arch::ReadFn code = [](uint64_t a, void *out, size_t n) {
+        return read_original_code(a, static_cast<uint8_t *>(out), n) == 0;
+    };
+    const arch::ReadFn data = [](uint64_t a, void *out, size_t n) {
+        return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0;
+    };
+    std::lock_guard lock(registry_mutex());
+    return arch::reachable_functions(*refs, entries, stops, code, data, 4096);
+}
+
+// Another thread installs the gate: its spawn path decides how the caller's probe is
+// placed, so the caller waits for it (the installer's own registrations do not).
+void wait_for_installer() {
+    for (int i = 0; i < 5000 && !t_installing && g_state.load(std::memory_order_acquire) == 1; ++i) pause_ms();
+}
+
 } // namespace
 
 bool is_spawn_gate(const kprobe *p) {
@@ -111,19 +145,32 @@ bool is_spawn_gate(const kprobe *p) {
     return false;
 }
 
+bool on_spawn_path(uint64_t addr) { return g_path_ready.load(std::memory_order_acquire) && g_path.contains(addr); }
+
+bool spawn_path_known() { return g_path_ready.load(std::memory_order_acquire) && !g_path.functions.empty(); }
+
 void spawn_gate_install(uint64_t addr) {
-    if (g_state.load(std::memory_order_acquire) != 0) return;
+    if (g_state.load(std::memory_order_acquire) != 0) {
+        wait_for_installer();
+        return;
+    }
     Dl_info info{};
     if (dladdr(reinterpret_cast<void *>(addr), &info) == 0 || info.dli_fname == nullptr) return;
     const char *base = strrchr(info.dli_fname, '/');
     if (strncmp(base != nullptr ? base + 1 : info.dli_fname, "libc.so", 7) != 0) return;
     int expected = 0;
-    if (!g_state.compare_exchange_strong(expected, 1)) return;
+    if (!g_state.compare_exchange_strong(expected, 1)) {
+        wait_for_installer();
+        return;
+    }
     // posix_spawn and posix_spawnp, today's and the versions of glibc 2.2.5 (they differ
     // in how they read the file actions, and all four call the same function). From the
     // agent's symbol tables: dlopen() would call the loader's r_brk, where a debugger
     // stops, and dlsym() might find a program's own posix_spawn first.
     const std::vector<uint64_t> entries = functions_named(addr, {"posix_spawn", "posix_spawnp"});
+    t_installing = true;
+    g_path = find_spawn_path(addr, entries);
+    g_path_ready.store(true, std::memory_order_release); // before the gate's own points
     g_installed_at = now_ns();
     for (size_t i = 0; i < entries.size() && i < kGates; ++i) {
         kretprobe &g = g_gates[i];
@@ -133,7 +180,10 @@ void spawn_gate_install(uint64_t addr) {
         g.maxactive = 64;
         if (register_kretprobe(&g) != 0) g.kp.addr = nullptr;
     }
+    t_installing = false;
     g_state.store(2, std::memory_order_release);
+    // With optimization off, the thread that places the spawn path's jmps.
+    optimizer_start();
 }
 
 void spawn_gate_close(Point *pt) {

@@ -1232,6 +1232,118 @@ TEST_F(OptimizerTest, ChildrenOfPosixSpawnSurviveProbesComingAndGoing) {
     EXPECT_GT(g_hits.load(), 0);
 }
 
+// The spawn path: what glibc's posix_spawn (and system, popen) may run with every signal
+// blocked, the child's file actions and execve included, and not the rest of libc.
+TEST_F(OptimizerTest, TheSpawnPathHoldsWhatPosixSpawnsChildRuns) {
+    kprobe kp{};
+    kp.symbol_name = "libc.so.6:execve";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0); // the first probe in libc works the path out
+    unregister_kprobe(&kp);
+    ASSERT_TRUE(ukp::core::spawn_path_known());
+    void *libc = dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY);
+    ASSERT_NE(libc, nullptr);
+    const auto on_path = [libc](const char *name) {
+        void *fn = dlsym(libc, name);
+        return fn != nullptr && ukp::core::on_spawn_path(reinterpret_cast<uint64_t>(fn));
+    };
+    for (const char *name : {"posix_spawn", "posix_spawnp", "execve", "dup2", "__close_nocancel", "__open64_nocancel",
+                             "chdir", "fchdir", "setsid", "__libc_sigaction", "sigprocmask", "_exit", "getenv"})
+        EXPECT_TRUE(on_path(name)) << name;
+    for (const char *name : {"malloc", "free", "printf", "write", "read", "fork", "pthread_create", "fopen", "getppid"})
+        EXPECT_FALSE(on_path(name)) << name;
+    dlclose(libc);
+}
+
+// With optimization off, a point on the spawn path keeps its jmp (an int3 would kill the
+// children, whose handlers glibc has reset): children that run dup2 in their file actions
+// live, and their hits count. Off the path the knob holds.
+TEST_F(OptimizerTest, WithOptimizationOffTheSpawnPathKeepsItsJumps) {
+    ASSERT_EQ(ukp_set_kprobes_optimization(0), 0);
+    kprobe dup{}, other{};
+    dup.symbol_name = "libc.so.6:dup2";
+    dup.pre_handler = count_pre;
+    other.symbol_name = "libc.so.6:getppid";
+    other.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&dup), 0);
+    ASSERT_EQ(register_kprobe(&other), 0);
+    for (int i = 0; i < 100 && !optimized(dup); ++i) {
+        ukp_optimizer_flush();
+        usleep(10 * 1000);
+    }
+    EXPECT_TRUE(optimized(dup)) << list_text();
+    EXPECT_FALSE(optimized(other)) << list_text();
+    EXPECT_NE(list_text().find("dup2+0x0  libc.so.6 [OPTIMIZED]"), std::string::npos) << list_text();
+    posix_spawn_file_actions_t fa;
+    ASSERT_EQ(posix_spawn_file_actions_init(&fa), 0);
+    ASSERT_EQ(posix_spawn_file_actions_adddup2(&fa, 2, 9), 0);
+    char arg0[] = "true";
+    char *argv[] = {arg0, nullptr};
+    int killed = 0;
+    for (int i = 0; i < 50; ++i) {
+        pid_t pid = 0;
+        ASSERT_EQ(posix_spawn(&pid, "/bin/true", &fa, nullptr, argv, environ), 0);
+        int status = 0;
+        ASSERT_EQ(waitpid(pid, &status, 0), pid);
+        if (WIFSIGNALED(status)) ++killed;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    EXPECT_EQ(killed, 0);
+    EXPECT_GE(g_hits.load(), 50) << "each child's dup2";
+    const long before = g_hits.load();
+    getppid();
+    EXPECT_EQ(g_hits.load(), before + 1);
+    unregister_kprobe(&other);
+    unregister_kprobe(&dup);
+    EXPECT_EQ(ukp_set_kprobes_optimization(1), 0);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+}
+
+// A probe that would keep a spawn-path point on its int3 for good is refused with -EINVAL:
+// a post_handler (it needs the breakpoint), or a point inside another's region, whichever
+// comes first. Off the path, a post_handler is accepted as always.
+TEST_F(OptimizerTest, AProbeThatWouldStayOnItsInt3OnTheSpawnPathIsRefused) {
+    kprobe post{};
+    post.symbol_name = "libc.so.6:dup2";
+    post.pre_handler = count_pre;
+    post.post_handler = empty_post;
+    EXPECT_EQ(register_kprobe(&post), -EINVAL);
+    // getenv (on the path, through execvpe) begins with short instructions.
+    void *libc = dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY);
+    ASSERT_NE(libc, nullptr);
+    const auto *getenv_fn = static_cast<const uint8_t *>(dlsym(libc, "getenv"));
+    dlclose(libc);
+    ukp::arch::Insn first;
+    ASSERT_EQ(ukp::arch::decode(reinterpret_cast<uint64_t>(getenv_fn), getenv_fn, 15, &first), 0);
+    ASSERT_LT(first.len, 5);
+    kprobe outer{}, inner{};
+    outer.symbol_name = inner.symbol_name = "libc.so.6:getenv";
+    inner.offset = first.len;
+    outer.pre_handler = inner.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&outer), 0);
+    EXPECT_EQ(register_kprobe(&inner), -EINVAL) << "it would put getenv's entry back on its int3";
+    ukp_optimizer_flush();
+    EXPECT_TRUE(optimized(outer));
+    unregister_kprobe(&outer);
+    inner = kprobe{};
+    inner.symbol_name = "libc.so.6:getenv";
+    inner.offset = first.len;
+    inner.pre_handler = count_pre;
+    outer = kprobe{};
+    outer.symbol_name = "libc.so.6:getenv";
+    outer.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&inner), 0);
+    EXPECT_EQ(register_kprobe(&outer), -EINVAL) << "its region would hold another point";
+    unregister_kprobe(&inner);
+    kprobe elsewhere{};
+    elsewhere.symbol_name = "libc.so.6:getppid";
+    elsewhere.pre_handler = count_pre;
+    elsewhere.post_handler = empty_post;
+    EXPECT_EQ(register_kprobe(&elsewhere), 0);
+    unregister_kprobe(&elsewhere);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+}
+
 // Under a tracer (a debugger) the optimizer sends no stop signal, which the tracer would
 // see: it places the jumps when it sees every thread blocked outside the regions. A child
 // traces this process's main thread, passing every signal on; a probe registered meanwhile

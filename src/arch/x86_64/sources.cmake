@@ -2,6 +2,7 @@ list(APPEND UKP_SOURCES
   arch/x86_64/decode.cpp
   arch/x86_64/detour.cpp
   arch/x86_64/island.cpp
+  arch/x86_64/reach.cpp
   arch/x86_64/relocate.cpp
   arch/x86_64/refs.cpp
   arch/x86_64/refs_cache.cpp
