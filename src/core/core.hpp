@@ -309,6 +309,10 @@ bool on_spawn_path(uint64_t addr);
 // Whether the optimizer is needed though optimization is off: spawn-path points take
 // their jmps whatever the knob says.
 bool spawn_path_known();
+// Whether registrations that would leave a spawn-path point on its int3 are refused (on;
+// off only for tests of the mechanisms the rule keeps away from libc's string functions).
+bool spawn_path_enforced();
+void set_spawn_path_enforced(bool on);
 
 // Registry services for the optimizer (registry.cpp).
 std::mutex &registry_mutex();

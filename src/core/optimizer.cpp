@@ -902,6 +902,7 @@ void opt_after_fork_child() {
 bool opt_qualifies(const Point *pt) { return qualifies(pt); }
 
 bool opt_breaks_spawn_path(const Point *pt, const kprobe *p) {
+    if (!spawn_path_enforced()) return false;
     if (pt->spawn_path &&
         (p->post_handler != nullptr || is_jprobe(p) || pt->detour == 0 ||
          other_point_inside(pt, pt->addr, pt->layout.dcr_len) || island_in_the_way(pt)))

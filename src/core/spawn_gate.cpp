@@ -24,15 +24,16 @@
 // kMaxWait after installation, the drain also waits for threads standing in clone.
 //
 // A probe that would stay on its int3 for good is another matter: no gate helps, the child
-// must never meet it. So the gate's installation also works out the spawn path: the
-// functions reachable from posix_spawn's entries (arch/x86_64/reach.hpp: direct calls and
-// jumps, function pointers formed by lea, such as the child's function handed to clone and
-// execve, and PLT slots, such as the memcpy the IFUNC chose), leaving out the paths that
-// end the process (abort, __libc_fatal, ...). About 70 functions in glibc 2.36: the child's
-// dup2, close, open, chdir, execve, execvpe's getenv and memcpy, sigaction, _exit, and the
-// parent's clone and mmap. A point there keeps its jmp with optimization off, and a
-// probe that would keep one on its int3 (a post_handler, a jprobe, no detour, a point in
-// its region) is refused with -EINVAL (optimizer.cpp, registry.cpp).
+// must never meet it. So the gate's installation also works out the spawn path: the code
+// reachable from posix_spawn's entries (arch/x86_64/reach.hpp: direct jumps and calls,
+// function pointers formed by lea, such as the child's function handed to clone and
+// execve, and the GOT entries behind PLT entries, such as the memcpy an IFUNC chose),
+// leaving out the paths that end the process (abort, __libc_fatal, ...). About 17 KB of
+// code in glibc 2.36: the child's dup2, close, open, chdir, execve, execvpe's getenv and
+// string functions, sigaction, _exit, and the parent's clone and mmap. A point there
+// keeps its jmp with optimization off, and a probe that would keep one on its int3 (a
+// post_handler, a jprobe, no detour, a point in its region) is refused with -EINVAL
+// (optimizer.cpp, registry.cpp).
 #include "core/core.hpp"
 
 #include "arch/x86_64/reach.hpp"
@@ -65,6 +66,7 @@ int g_window = 0; // points with an int3 in libc on their way to a jmp (registry
 kretprobe g_gates[kGates];
 arch::Reach g_path;               // the spawn path, written once before g_path_ready
 std::atomic<bool> g_path_ready{false};
+std::atomic<bool> g_path_enforced{true};
 thread_local bool t_installing = false;
 
 int64_t now_ns() {
@@ -128,7 +130,7 @@ arch::Reach find_spawn_path(uint64_t in_libc, const std::vector<uint64_t> &entri
         return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0;
     };
     std::lock_guard lock(registry_mutex());
-    return arch::reachable_functions(*refs, entries, stops, code, data, 4096);
+    return arch::reachable_code(*refs, entries, stops, code, data, 200000);
 }
 
 // Another thread installs the gate: its spawn path decides how the caller's probe is
@@ -147,7 +149,11 @@ bool is_spawn_gate(const kprobe *p) {
 
 bool on_spawn_path(uint64_t addr) { return g_path_ready.load(std::memory_order_acquire) && g_path.contains(addr); }
 
-bool spawn_path_known() { return g_path_ready.load(std::memory_order_acquire) && !g_path.functions.empty(); }
+bool spawn_path_enforced() { return g_path_enforced.load(std::memory_order_relaxed); }
+
+void set_spawn_path_enforced(bool on) { g_path_enforced.store(on, std::memory_order_relaxed); }
+
+bool spawn_path_known() { return g_path_ready.load(std::memory_order_acquire) && !g_path.code.empty(); }
 
 void spawn_gate_install(uint64_t addr) {
     if (g_state.load(std::memory_order_acquire) != 0) {

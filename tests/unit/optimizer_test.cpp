@@ -1156,6 +1156,25 @@ TEST_F(OptimizerTest, MemcpyEnteredByMempcpyIsOptimizedWithAnIsland) {
 TEST_F(OptimizerTest, AProbeOnTheIslandsBranchTakesTheIslandBack) {
     const SharedCopy s = shared_copy();
     if (s.source == nullptr) GTEST_SKIP() << "this libc's mempcpy does not jump into memcpy";
+    {
+        // memcpy is on the spawn path: the probe that takes its island is refused.
+        kprobe copy{}, branch{};
+        copy.addr = reinterpret_cast<kprobe_opcode_t *>(s.memcpy_fn);
+        copy.pre_handler = count_copy_pre;
+        ASSERT_EQ(register_kprobe(&copy), 0);
+        ukp_optimizer_flush();
+        branch.addr = reinterpret_cast<kprobe_opcode_t *>(const_cast<uint8_t *>(s.source));
+        branch.pre_handler = count_pre;
+        EXPECT_EQ(register_kprobe(&branch), -EINVAL);
+        ukp_optimizer_flush();
+        EXPECT_TRUE(optimized(copy));
+        unregister_kprobe(&copy);
+    }
+    // The mechanism itself, as it works where the rule does not apply.
+    ukp::core::set_spawn_path_enforced(false);
+    struct Enforce {
+        ~Enforce() { ukp::core::set_spawn_path_enforced(true); }
+    } enforce;
     static uint8_t src[64], dst[64];
     g_copy_lo = reinterpret_cast<uintptr_t>(dst);
     g_copy_hi = reinterpret_cast<uintptr_t>(dst + sizeof dst);

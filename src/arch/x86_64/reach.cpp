@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_set>
 
 namespace ukp::arch {
 
@@ -21,69 +22,101 @@ uint64_t start_of(const ObjectRefs &refs, uint64_t addr) {
     return it == refs.starts.begin() ? 0 : *std::prev(it);
 }
 
+// Decodes the instruction at pc from the original code; false if it is unreadable or no
+// instruction.
+bool decode_at(const ReadFn &read_code, uint64_t pc, Insn *out) {
+    uint8_t buf[15];
+    for (size_t n = sizeof buf; n > 0; --n)
+        if (read_code(pc, buf, n)) return decode(pc, buf, n, out) == 0;
+    return false;
+}
+
 } // namespace
 
 bool Reach::contains(uint64_t addr) const {
-    auto it = std::upper_bound(functions.begin(), functions.end(), addr,
-                               [](uint64_t a, const FunctionRange &f) { return a < f.lo; });
-    return it != functions.begin() && addr < std::prev(it)->hi;
+    auto it = std::upper_bound(code.begin(), code.end(), addr, [](uint64_t a, const CodeRange &r) { return a < r.lo; });
+    return it != code.begin() && addr < std::prev(it)->hi;
 }
 
-Reach reachable_functions(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                          const std::vector<uint64_t> &stops, const ReadFn &read_code,
-                          const ReadFn &read_data, size_t limit) {
+Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
+                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
+                     size_t limit) {
     Reach out;
-    std::set<uint64_t> seen;
+    std::unordered_set<uint64_t> seen;
+    std::set<uint64_t> swept;
     std::vector<uint64_t> work;
-    const auto reach = [&](uint64_t addr) {
-        const uint64_t start = start_of(refs, addr);
-        if (start == 0 || std::find(stops.begin(), stops.end(), start) != stops.end()) return;
-        if (seen.insert(start).second) work.push_back(start);
+    const auto follow = [&](uint64_t target) {
+        if (std::find(stops.begin(), stops.end(), target) == stops.end() && seen.count(target) == 0)
+            work.push_back(target);
     };
-    for (uint64_t e : entries) reach(e);
-    std::vector<uint8_t> code;
-    while (!work.empty()) {
-        if (out.functions.size() >= limit) {
-            out.complete = false;
-            break;
-        }
-        const uint64_t lo = work.back();
-        work.pop_back();
-        const uint64_t next = refs.next_start(lo);
-        if (next == ~0ull || next - lo > kMaxFunctionBytes) continue;
-        out.functions.push_back({lo, next});
-        code.resize(next - lo);
-        if (!read_code(lo, code.data(), code.size())) continue;
-        for (uint64_t pc = lo; pc < next;) {
+    // An indirect jump that reads no pointer (a jump table): every instruction of its
+    // function, as a linear sweep finds them, is a place to go on from.
+    const auto sweep = [&](uint64_t pc) {
+        const uint64_t lo = start_of(refs, pc), hi = refs.next_start(pc);
+        if (lo == 0 || hi == ~0ull || hi - lo > kMaxFunctionBytes || !swept.insert(lo).second) return;
+        for (uint64_t at = lo; at < hi;) {
             Insn in;
-            if (decode(pc, code.data() + (pc - lo), next - pc, &in) != 0) {
-                ++pc; // data or padding: resynchronize
+            if (!decode_at(read_code, at, &in)) {
+                ++at;
                 continue;
             }
+            follow(at);
+            at += in.len;
+        }
+    };
+    for (uint64_t e : entries) follow(e);
+    while (!work.empty()) {
+        uint64_t pc = work.back();
+        work.pop_back();
+        for (bool more = true; more && seen.insert(pc).second;) {
+            if (seen.size() > limit) {
+                out.complete = false;
+                work.clear();
+                break;
+            }
+            Insn in;
+            if (!decode_at(read_code, pc, &in)) break;
+            out.code.push_back({pc, pc + in.len});
             switch (in.flow) {
             case Flow::kJump:
+                follow(in.target);
+                more = false;
+                break;
             case Flow::kCondJump:
             case Flow::kCall:
-                if (in.target < lo || in.target >= next) reach(in.target);
+                follow(in.target);
                 break;
             case Flow::kIndirectJump:
             case Flow::kIndirectCall:
                 if (in.rip_relative) {
                     uint64_t pointer = 0;
-                    if (read_data(in.rip_target, &pointer, sizeof pointer) && is_start(refs, pointer))
-                        reach(pointer);
+                    if (read_data(in.rip_target, &pointer, sizeof pointer) && is_start(refs, pointer)) follow(pointer);
+                } else if (in.flow == Flow::kIndirectJump) {
+                    sweep(pc);
                 }
+                more = in.flow == Flow::kIndirectCall;
+                break;
+            case Flow::kRet:
+            case Flow::kUnsupported:
+                more = false;
                 break;
             default:
                 if (in.zi.mnemonic == ZYDIS_MNEMONIC_LEA && in.rip_relative && is_start(refs, in.rip_target))
-                    reach(in.rip_target);
+                    follow(in.rip_target);
                 break;
             }
             pc += in.len;
         }
     }
-    std::sort(out.functions.begin(), out.functions.end(),
-              [](const FunctionRange &a, const FunctionRange &b) { return a.lo < b.lo; });
+    std::sort(out.code.begin(), out.code.end(), [](const CodeRange &a, const CodeRange &b) { return a.lo < b.lo; });
+    std::vector<CodeRange> merged;
+    for (const CodeRange &r : out.code) {
+        if (!merged.empty() && r.lo <= merged.back().hi)
+            merged.back().hi = std::max(merged.back().hi, r.hi);
+        else
+            merged.push_back(r);
+    }
+    out.code = std::move(merged);
     return out;
 }
 
