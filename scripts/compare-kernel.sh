@@ -20,7 +20,8 @@
 # Two breakpoints cannot share an address (each tracer would either miss its hit or
 # resume in the middle of the other's patch), so the kernel's probe goes one instruction
 # later (the first instruction is decoded with objdump) and ukprobes runs without jump
-# optimization (UKP_KPROBES_OPTIMIZATION=0: a one-byte int3 at the entry). The first
+# optimization (UKP_KPROBES_OPTIMIZATION=0: a one-byte int3 at the entry; not for the
+# functions glibc's spawn child runs, which keep their jumps: docs/reference.md). The first
 # instruction must leave what the arguments read unchanged: endbr64 and nop change
 # nothing, cmp and test only %flags; `push` and `sub $N,%rsp` move the stack (the
 # kernel's $stackN and +N($stack) are shifted to compensate; %sp, $stack and return
