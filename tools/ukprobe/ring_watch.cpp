@@ -19,11 +19,20 @@ constexpr auto kWatchMax = std::chrono::milliseconds(20);
 // The longest records wait in a ring a look saw them in: well under run's merge delay
 // (200 ms), so a line read that late is still merged in its place.
 constexpr auto kReadLatency = std::chrono::milliseconds(50);
-// How full the fullest buffer must be for a look to wake its stream, and left after a
-// read for another to follow at once.
-constexpr double kWakeFill = 1.0 / 16;
 // What a read takes at most (bytes of text or of capture blocks).
 constexpr size_t kReadBlock = 1 << 20;
+
+// What the fullest buffer must hold for a look to wake its stream, and what is left after
+// a read for another to follow at once: a sixteenth of a buffer, or a read's worth where
+// that is less (a 256 MiB buffer of `record` would otherwise wait for 16 MiB, while a
+// burst runs, and leave them to the end).
+double wake_bytes(const ukp::trace::RingLevel &level) {
+    return std::min(static_cast<double>(level.buffer_bytes) / 16, static_cast<double>(kReadBlock));
+}
+
+bool worth_a_read(const ukp::trace::RingLevel &level) {
+    return level.buffer_bytes > 0 && level.fill * static_cast<double>(level.buffer_bytes) >= wake_bytes(level);
+}
 
 } // namespace
 
@@ -71,18 +80,19 @@ std::chrono::microseconds RingStream::look(Clock::time_point now) {
         if (!reading.owns_lock()) return kWatchMin;
         if (watched_ == nullptr || !watched_->formats_locally()) return kWatchMax;
         const ukp::trace::RingLevel level = watched_->level();
-        // The rate since the last look: the next comes before it fills an eighth of a buffer.
+        // The rate since the last look: the next comes before the ring has twice what wakes
+        // its stream.
         if (looked_ != Clock::time_point{} && level.written > written_) {
             const double per_us = static_cast<double>(level.written - written_) /
                                   static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(now - looked_).count() + 1);
-            const double eighth_us = static_cast<double>(level.buffer_bytes) / 8 / per_us;
-            next = std::clamp(std::chrono::microseconds(static_cast<int64_t>(eighth_us)),
+            const double twice_us = 2 * wake_bytes(level) / per_us;
+            next = std::clamp(std::chrono::microseconds(static_cast<int64_t>(twice_us)),
                               std::chrono::microseconds(kWatchMin), std::chrono::microseconds(kWatchMax));
         }
         written_ = level.written;
         looked_ = now;
         const auto since = now - Clock::time_point(Clock::duration(last_read_.load(std::memory_order_relaxed)));
-        wake = level.fill >= kWakeFill || (since >= kReadLatency && watched_->holds_records());
+        wake = worth_a_read(level) || (since >= kReadLatency && watched_->holds_records());
     }
     if (!wake) return next;
     {
@@ -113,7 +123,7 @@ std::string RingStream::read_some(TraceReader &reader, bool *again) {
     std::string text = reader.pipe(0, kReadBlock);
     // A read takes a block at most: a backlog is read block after block, down to less
     // than a look would wake the stream for.
-    *again = text.size() >= kReadBlock / 2 || reader.level().fill >= kWakeFill;
+    *again = text.size() >= kReadBlock / 2 || worth_a_read(reader.level());
     return text;
 }
 

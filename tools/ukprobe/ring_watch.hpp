@@ -6,16 +6,16 @@
 // reading the records it finds: streams that each looked every 5 ms took an eighth of a
 // core beside a busy server, most of it in the scheduler.
 //
-// A look wakes a stream when the fullest of its ring's buffers is a sixteenth full, when
-// records have waited kReadLatency since its last read (a slow writer is read a few
-// times a second, well within run's merge delay), or when its process is gone. A read
-// that took a whole block or left a buffer a sixteenth full is followed by another at
-// once. The
-// watch's own pace follows the writers: it looks again in the time the fastest ring
-// (its rate measured from look to look) takes to fill an eighth of a buffer, between
-// kWatchMin and kWatchMax. A burst after a quiet spell is seen within kWatchMax; one
-// that fills a buffer faster than that (with the default 1408 KiB a thread, about
-// 1,500,000 records a second) loses its first records to the buffer's wrap, counted.
+// A look wakes a stream when the fullest of its ring's buffers holds a sixteenth of a
+// buffer or a read's worth (1 MiB), whichever is less, when records have waited
+// kReadLatency since its last read (a slow writer is read a few times a second, well
+// within run's merge delay), or when its process is gone. A read that took a whole block
+// or left that much is followed by another at once. The watch's own pace follows the
+// writers: it looks again in the time the fastest ring (its rate measured from look to
+// look) takes to gather twice what wakes its stream, between kWatchMin and kWatchMax. A
+// burst after a quiet spell is seen within kWatchMax; one that fills a buffer faster than
+// that (with the default 1408 KiB a thread, about 1,500,000 records a second) loses its
+// first records to the buffer's wrap, counted.
 #pragma once
 
 #include <atomic>
@@ -83,8 +83,8 @@ protected:
         fn();
     }
     // One read of what the ring holds (TraceReader::pipe, without waiting, a block at
-    // most); *again: read again at once (the read was a block, or a buffer is still a
-    // sixteenth full).
+    // most); *again: read again at once (the read was a block, or a buffer still holds
+    // what a look would wake the stream for).
     std::string read_some(TraceReader &reader, bool *again);
     // Waits, mu_ held by `lock`, for a look that found the ring worth reading, for `stop`
     // (checked under mu_; a drain asked), or kStreamWaitMax at the longest.
