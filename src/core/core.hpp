@@ -124,10 +124,10 @@ void insert_site(uint64_t addr, Point *p);
 // sections in a word of its own, with plain stores: the writer makes every running
 // thread execute a memory barrier (membarrier) before it reads those words, so the hit
 // path takes no lock, runs no locked instruction and makes no system call. Without
-// membarrier, and for threads beyond the slots, two shared counters (SRCU-like).
+// membarrier, and for threads beyond the reader cells, two shared counters (SRCU-like).
 UKP_HOT unsigned read_lock();
 UKP_HOT void read_unlock(unsigned idx);
-// Ends a section that a trampoline's fast case began in the thread's own slot.
+// Ends a section that a trampoline's fast case began in the thread's own reader cell.
 void read_unlock_own_slot();
 // Waits until every read section begun before the call has ended. Returns false,
 // without waiting, when called from inside a probe handler.
@@ -153,16 +153,16 @@ bool handler_is_gpr_only(const void *fn);
 // a probe takes the mark at its registration.
 void mark_own_handler(const void *fn);
 bool handler_is_own(const void *fn);
-// How many threads can have a slot for their read sections at once.
+// How many threads can have a reader cell for their read sections at once.
 constexpr size_t kGraceSlots = 1024;
-// Slots of the per-thread words held now (by live threads, or by dead ones the next
-// synchronize() has not reclaimed yet); for tests.
+// Reader cells held now (by live threads, or by dead ones the next synchronize() has not
+// reclaimed yet); for tests.
 size_t grace_slots_in_use();
 
-// A thread's slot (hit.cpp, "grace periods"): where it marks its read sections, and
-// where its return trampoline keeps one free return-probe instance for its next call
-// (kretprobe.cpp, "spare instances"). Static memory, never freed: a slot outlives its
-// thread, which lets other threads look into it at any time.
+// A thread's reader cell (hit.cpp, "grace periods"): where it marks its read sections,
+// and where its return trampoline keeps one free return-probe instance for its next call
+// (kretprobe.cpp, "spare instances"). Static memory, never freed: a reader cell outlives
+// its thread, which lets other threads look into it at any time.
 struct alignas(64) ReaderSlot {
     // The depth of the owner's read sections in the low 16 bits, and above them the count
     // of its outermost sections.
@@ -175,16 +175,16 @@ struct alignas(64) ReaderSlot {
     std::atomic<uint32_t> spare_lock{0};     // 1 while a thread other than the owner handles the spare
 };
 
-// The slots ever claimed: a stealing thread looks through them (kretprobe.cpp).
+// The reader cells ever claimed: a stealing thread looks through them (kretprobe.cpp).
 ReaderSlot *claimed_slots(size_t *n);
-// The calling thread's own slot, or null (none yet, or the shared counters').
+// The calling thread's own reader cell, or null (none yet, or the shared counters').
 ReaderSlot *own_slot();
-// Whether threads mark their sections in slots of their own (membarrier is there).
+// Whether threads mark their sections in reader cells of their own (membarrier is there).
 bool private_slots();
-// Whether the word of a slot shows its owner inside a read section.
+// Whether the word of a reader cell shows its owner inside a read section.
 bool slot_in_section(uint64_t word);
 // Makes every running thread of the process execute a full memory barrier (membarrier);
-// false, doing nothing, when the process has no private slots (membarrier missing).
+// false, doing nothing, when the process has no private reader cells (membarrier missing).
 bool barrier_everywhere();
 
 // Per-thread state of the hit path (initial-exec TLS: no allocation, no lock).
@@ -204,7 +204,7 @@ struct ThreadState {
     Point *hit_point;
     uint32_t hit_position;  // the running handler's probe's position in the point's list
     ReaderSlot *reader;     // where its read sections are marked (hit.cpp); null before the first
-    ReaderSlot *claiming;   // the slot it is claiming, while it claims one
+    ReaderSlot *claiming;   // the reader cell it is claiming, while it claims one
 };
 UKP_HOT ThreadState &thread_state();
 
@@ -389,8 +389,9 @@ void outside_gpr(bool ext_saved, F &&f) {
 UKP_HOT int current_tid();
 // In the child of fork(): the thread that forked has another id there.
 void forget_tid_after_fork();
-// In the child of fork(), after grace_after_fork_child(): when the child has no slots of
-// its own (membarrier refused), the spare return-probe instances go back to their pools.
+// In the child of fork(), after grace_after_fork_child(): when the child has no reader
+// cells of its own (membarrier refused), the spare return-probe instances go back to
+// their pools.
 void spares_after_fork_child();
 
 // Registry services for the other probe types (registry.cpp).

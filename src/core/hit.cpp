@@ -128,20 +128,20 @@ void insert_site(uint64_t addr, Point *p) {
 
 // ---- grace periods -------------------------------------------------------------------
 //
-// A thread marks its read sections in a slot of its own: one word, the nesting depth in
-// its low 16 bits and above them the count of outermost sections it has begun. The marks
+// A thread marks its read sections in a reader cell of its own: one word, the nesting depth
+// in its low 16 bits and above them the count of outermost sections it has begun. The marks
 // are plain stores, ordered only against the compiler. The writer first has every running
 // thread of the process execute a full memory barrier (membarrier's private expedited
 // command; a thread not running passed one when it was switched out): a section begun
 // before that is visible in its word, and one begun after it sees what the writer changed.
-// Then it waits for each word it found inside a section to show depth 0 or a later
-// section. Threads that find no free slot, and every thread when membarrier is missing,
-// use two shared counters (SRCU-like), with a locked instruction at each end of a section.
+// Then it waits for each word it found inside a section to show depth 0 or a later section.
+// Threads that find no free reader cell, and every thread when membarrier is missing, use
+// two shared counters (SRCU-like), with a locked instruction at each end of a section.
 //
-// A slot stays with its thread until the thread is gone. Nothing runs when a thread ends
-// (the hit path registers no destructor: that would allocate), so the writer reclaims:
-// a slot whose owner's ThreadState no longer names it belongs to a thread that ended (its
-// memory is free, or another thread's now). That memory is read fault-safe.
+// A reader cell stays with its thread until the thread is gone. Nothing runs when a thread
+// ends (the hit path registers no destructor: that would allocate), so the writer
+// reclaims: a reader cell whose owner's ThreadState no longer names it belongs to a thread
+// that ended (its memory is free, or another thread's now). That memory is read fault-safe.
 
 namespace {
 
@@ -150,14 +150,14 @@ constexpr uint64_t kSectionOne = kDepthMask + 1;
 constexpr uint64_t kOwnerMask = (uint64_t{1} << 48) - 1;
 constexpr uint64_t kClaimOne = kOwnerMask + 1;
 constexpr size_t kReaderSlots = kGraceSlots;
-constexpr unsigned kPrivateSection = 2; // read_lock()'s answer for a section in a slot
+constexpr unsigned kPrivateSection = 2; // read_lock()'s answer for a section in a reader cell
 
 ReaderSlot g_slots[kReaderSlots];
 // The `reader` of a thread that uses the shared counters. Its word shows depth 1 for good
 // (nothing writes it): trampolines.S's fast path then goes to the dispatcher.
 ReaderSlot g_no_slot{{1}, {0}};
 std::atomic<size_t> g_slot_hint{0};
-// One past the highest slot ever claimed: the slots above it were never written, and
+// One past the highest reader cell ever claimed: those above it were never written, and
 // grace_after_fork_child() leaves their pages alone (reading one would fault it in).
 std::atomic<size_t> g_slots_touched{0};
 std::atomic<bool> g_membarrier{false};
@@ -186,9 +186,9 @@ void barrier_by_tlb_shootdown() {
 
 ThreadState *owner_of(uint64_t claim) { return reinterpret_cast<ThreadState *>(claim & kOwnerMask); }
 
-// The calling thread's first section: a free slot, claimed without a lock. `claiming`
-// names it before the claim and `reader` after, so a writer that sees the claim sees
-// whose it is. A section begun by a signal handler in the middle of the claim uses the
+// The calling thread's first section: a free reader cell, claimed without a lock.
+// `claiming` names it before the claim and `reader` after, so a writer that sees the claim
+// sees whose it is. A section begun by a signal handler in the middle of the claim uses the
 // shared counters.
 __attribute__((noinline)) ReaderSlot *claim_slot(ThreadState &ts) {
     if (ts.claiming != nullptr) return &g_no_slot;
@@ -260,8 +260,8 @@ void wait_a_little(unsigned spins) {
     }
 }
 
-// Waits until the section `slot` was found in (`word`, under `claim`) has ended: its
-// depth went to 0, a later section began, or the slot changed hands (its thread ended).
+// Waits until the section `slot` was found in (`word`, under `claim`) has ended: its depth
+// went to 0, a later section began, or the reader cell changed hands (its thread ended).
 void wait_for_section(const ReaderSlot &slot, uint64_t word, uint64_t claim) {
     for (unsigned spins = 0;; ++spins) {
         const uint64_t now = slot.word.load(std::memory_order_acquire);
@@ -328,7 +328,7 @@ bool synchronize() {
     // From inside a handler this thread holds a section itself: waiting would never end.
     if (t_state.depth > 0) return false;
     if (g_membarrier.load(std::memory_order_acquire)) {
-        barrier_everywhere(); // after it, every section begun before the call shows in its slot
+        barrier_everywhere(); // after it, every section begun before the call shows in its reader cell
         reclaim_slots();
         for (const ReaderSlot &slot : g_slots) {
             const uint64_t claim = slot.claim.load(std::memory_order_acquire);
@@ -362,9 +362,9 @@ size_t grace_slots_in_use() {
 void grace_after_fork_child() {
     // The other threads' read sections ended with them. The forking thread holds none,
     // unless it forked from inside a handler (not supported: fork.hpp).
-    // Only words that hold something are written, and only slots ever claimed are read: a
-    // write would copy its page (copy-on-write), a read of a page never written would map
-    // it, for nothing: the table spans 16 pages, a child goes through it at every fork.
+    // Only words that hold something are written, and only reader cells ever claimed are
+    // read: a write would copy its page (copy-on-write), a read of a page never written would
+    // map it, for nothing: the table spans 16 pages, a child goes through it at every fork.
     if (t_state.depth > 0) return;
     const size_t touched = g_slots_touched.load(std::memory_order_relaxed);
     for (size_t i = 0; i < touched; ++i) {

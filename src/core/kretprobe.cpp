@@ -126,36 +126,36 @@ void pool_push(RetInstance *ri) {
 //
 // Taking an instance from a shard and giving it back are a locked instruction each, some
 // 4 ns apiece here, a fifth of an optimized kretprobe's cost. So the return trampoline's
-// fast case keeps the instance it frees in the thread's slot (ReaderSlot::spare) when the
-// slot has none, and the entry trampoline's fast case takes it from there when it is of
-// the probe's pool: plain loads and stores, inside the thread's read section.
+// fast case keeps the instance it frees in the thread's reader cell (ReaderSlot::spare)
+// when the reader cell has none, and the entry trampoline's fast case takes it from there
+// when it is of the probe's pool: plain loads and stores, inside the thread's read section.
 //
-// A spare is still free for every thread: maxactive keeps its meaning. A thread that
-// finds every shard empty takes spares from other threads' slots before it counts a miss
-// (steal_spares). It cannot stop the owner, so it uses the grace-period protocol: it
-// locks the slot (spare_lock), has every running thread execute a memory barrier, and
-// then reads the slot's section word. An owner's section begun before the barrier shows
-// there (that slot is passed over: its owner may be taking the spare that very moment);
-// one begun after it sees the lock, and leaves the spare alone. A section that ended
-// before shows its stores to the slot. The barrier is a system call, on a hit that would
-// otherwise miss; the pool then stops keeping spares (RetPool::no_spares), so that a
-// pool shared by more threads than it has instances pays for it a few times, not at every
-// call.
+// A spare is still free for every thread: maxactive keeps its meaning. A thread that finds
+// every shard empty takes spares from other threads' reader cells before it counts a miss
+// (steal_spares). It cannot stop the owner, so it uses the grace-period protocol: it locks
+// the reader cell (spare_lock), has every running thread execute a memory barrier, and then
+// reads the reader cell's section word. An owner's section begun before the barrier shows
+// there (that reader cell is passed over: its owner may be taking the spare that very
+// moment); one begun after it sees the lock, and leaves the spare alone. A section that
+// ended before shows its stores to the reader cell. The barrier is a system call, on a hit
+// that would otherwise miss; the pool then stops keeping spares (RetPool::no_spares), so
+// that a pool shared by more threads than it has instances pays for it a few times, not at
+// every call.
 //
 // The owner's own C path (kretprobe_pre) takes its spare too: inside its section, as the
-// trampolines. Other threads touch a slot's spare only under its lock: a steal, the
+// trampolines. Other threads touch a reader cell's spare only under its lock: a steal, the
 // thread's exit (flush_own_spare), a dead pool's reaping (forget_spares).
 
-// Locks slot's spare against the other lockers; the owner's trampolines are kept off by
-// the steal's protocol, not by this.
+// Locks the spare of reader cell `slot` against the other lockers; the owner's trampolines
+// are kept off by the steal's protocol, not by this.
 void lock_spare(ReaderSlot &slot) {
     for (uint32_t free = 0; !slot.spare_lock.compare_exchange_weak(free, 1, std::memory_order_acquire); free = 0)
         sched_yield();
 }
 
-// Gives slot's spare back to its shard, by a thread that may touch it (see above). The
-// slot names the pool until the push is done: a reaper that finds it there waits for the
-// lock before it frees the pool (forget_spares).
+// Gives the spare of reader cell `slot` back to its shard, by a thread that may touch it
+// (see above). The reader cell names the pool until the push is done: a reaper that finds
+// it there waits for the lock before it frees the pool (forget_spares).
 void give_spare_back(ReaderSlot &slot) {
     pool_push(static_cast<RetInstance *>(slot.spare));
     slot.spare_pool.store(nullptr, std::memory_order_release);
@@ -172,8 +172,8 @@ RetInstance *take_own_spare(RetPool *pool) {
     return ri;
 }
 
-// Takes back every spare of pool from the other threads' slots it can, 64 slots and one
-// barrier at a time until it has one; returns one of them (the rest go back to the
+// Takes back every spare of pool from the other threads' reader cells it can, 64 of them
+// and one barrier at a time until it has one; returns one of them (the rest go back to the
 // shards), or null.
 RetInstance *steal_spares(RetPool *pool) {
     size_t count = 0;
@@ -212,8 +212,8 @@ RetInstance *steal_spares(RetPool *pool) {
 }
 
 // The calling thread's spare of pool, which a stealer had locked when take_own_spare()
-// looked: the stealer passes over this thread's slot (it is inside a read section) or
-// takes the spare, and unlocks within its one system call. Waits for that, not longer
+// looked: the stealer passes over this thread's reader cell (it is inside a read section)
+// or takes the spare, and unlocks within its one system call. Waits for that, not longer
 // than some milliseconds (a stealer preempted meanwhile: the call then counts a miss).
 RetInstance *take_own_spare_after_steal(RetPool *pool) {
     ReaderSlot *own = own_slot();
@@ -234,9 +234,9 @@ void flush_own_spare() {
     own->spare_lock.store(0, std::memory_order_release);
 }
 
-// Before pool's memory goes: no slot may name it (a new pool could come at its address).
-// No trampoline takes or keeps a spare of it any more (a grace period passed since its
-// kretprobe was unregistered).
+// Before pool's memory goes: no reader cell may name it (a new pool could come at its
+// address). No trampoline takes or keeps a spare of it any more (a grace period passed
+// since its kretprobe was unregistered).
 void forget_spares(const RetPool *pool) {
     size_t count = 0;
     ReaderSlot *slots = claimed_slots(&count);
@@ -664,8 +664,8 @@ void forget_tid_after_fork() { t_ret.tid = 0; }
 
 void spares_after_fork_child() {
     // Without membarrier here (grace_after_fork_child() could not register the child), no
-    // thread has a slot of its own and no spare could be taken: all go back to the shards.
-    // The child has one thread, this one.
+    // thread has a reader cell of its own and no spare could be taken: all go back to the
+    // shards. The child has one thread, this one.
     if (private_slots()) return;
     size_t count = 0;
     ReaderSlot *slots = claimed_slots(&count);

@@ -48,9 +48,9 @@ struct RetPool {
     // The handlers that are the agent's own (core.hpp, handler_is_own): called unguarded.
     bool entry_own = false;
     bool handler_own = false;
-    // Set once a thread had to take a spare from another's slot (kretprobe.cpp, "spare
-    // instances"): more threads share the pool than it has instances to spare, and the
-    // return trampoline gives them back to the shards from then on.
+    // Set once a thread had to take a spare from another's reader cell (kretprobe.cpp,
+    // "spare instances"): more threads share the pool than it has instances to spare, and
+    // the return trampoline gives them back to the shards from then on.
     std::atomic<bool> no_spares{false};
     // rp->handler as registered: the return trampoline's fast case reads it here, a load
     // sooner than through rp.
@@ -67,7 +67,7 @@ struct RetPool {
     RetInstance *at(uint32_t i) { return reinterpret_cast<RetInstance *>(mem + i * stride); }
     uint32_t shard_of(uint32_t index) const { return static_cast<uint32_t>(uint64_t{index} * kShards / count); }
     // Instances not free: taken by a call, or released as unwound but kept (kSuspect). A
-    // spare in a thread's slot is free.
+    // spare in a thread's reader cell is free.
     // Read by walking them all rather than counted on the hit path (two locked adds per
     // call); exact once no call can be taking one (the probe unregistered, a grace period
     // past), which is when the pool's reaper asks.

@@ -550,7 +550,7 @@ __attribute__((constructor(101))) void prepare_while_single_threaded() {
 }
 
 int ensure_initialized() {
-    grace_init(); // before the first probe: its hits may take slots
+    grace_init(); // before the first probe: its hits may take reader cells
     gpr_dispatch_init();
     if (int err = install_signal_handlers(); err != 0) return err;
     if (int err = text::init(); err != 0) return err;

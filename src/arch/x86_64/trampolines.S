@@ -292,11 +292,11 @@
 
 // The fast cases' first steps: goes to \declined, with nothing changed, unless the
 // thread runs no handler and no agent work (depth and quiet, one 8-byte word) and has a
-// reader slot of its own outside any section; else begins a read section there (loads
+// reader cell of its own outside any section; else begins a read section there (loads
 // after its store are ordered by the writer's membarrier) at depth 1, so that a signal
 // handler's probe hit meanwhile leaves the thread's state alone, as in the dispatcher.
-// Leaves r12 the thread's state (an %fs offset), r13 its slot, r15 the slot's word once
-// the section ends (FAST_SECTION_END). Depth and quiet are written as the one 8-byte
+// Leaves r12 the thread's state (an %fs offset), r13 its reader cell, r15 the cell's word
+// once the section ends (FAST_SECTION_END). Depth and quiet are written as the one 8-byte
 // word they are read as (quiet is 0 here, and back to 0 when the section ends: agent
 // work is scoped): a 4-byte store under an 8-byte load cannot be forwarded, and the next
 // hit's load waited for the store, and every store before it, to reach the cache (2.4 ns
@@ -306,11 +306,11 @@
         cmpq    $0, %fs:UKP_TS_DEPTH(%r12)
         jne     \declined
         mov     %fs:UKP_TS_READER(%r12), %r13
-        test    %r13, %r13                      // the first hit: the dispatcher claims a slot
+        test    %r13, %r13                      // the first hit: the dispatcher claims a reader cell
         jz      \declined
         mov     (%r13), %r15
         test    $UKP_SECTION_DEPTH_MASK, %r15d  // a section this hit interrupted, or the
-        jnz     \declined                       // shared counters' stand-in slot
+        jnz     \declined                       // shared counters' stand-in reader cell
         lea     UKP_SECTION_NEW(%r15), %rax
         add     $UKP_SECTION_NEW-1, %r15
         movq    $1, %fs:UKP_TS_DEPTH(%r12)
@@ -470,12 +470,12 @@ ukp_optprobe_trampoline:
         SAVE_PT_REGS 144, 1
         // The fast case (fast_path.h): the point's one probe has a proven pre_handler
         // (ProbeList::fast), the thread runs no handler and no agent work, and has a
-        // reader slot of its own, outside any section. Then the handler is called from
+        // reader cell of its own, outside any section. Then the handler is called from
         // here, as ukp_optprobe_dispatch would call it, without the C dispatcher's
         // checks, loops and setjmp: a fault in it resumes at ukp_optprobe_fast_recovery
         // with rsp at this frame. Anything else goes to the dispatcher. Callee-saved
-        // here: r12 the thread's state (an %fs offset), r13 its slot, r14 the Point, r15
-        // the slot's word after the section ends; all are in the frame already.
+        // here: r12 the thread's state (an %fs offset), r13 its reader cell, r14 the Point,
+        // r15 the cell's word after the section ends; all are in the frame already.
         mov     FRAME+8(%rsp), %r14
         FAST_SECTION_BEGIN .Lopt_dispatch
         cmpb    $0, ukp_handlers_silenced(%rip)
@@ -576,7 +576,7 @@ ukp_optprobe_fast_recovery:
 // cost three times as much.
 // Left to ukp_optprobe_trampoline, with the registers and flags as they came and the
 // region's address where the detour jumps: what its fast case declines (this thread runs
-// a handler or agent work, or has no reader slot of its own); a thread's first entry (its
+// a handler or agent work, or has no reader cell of its own); a thread's first entry (its
 // id, home shard and exit hook are set there); another probe at the point, or none; an
 // entry_handler; no spare and an empty home shard; and a return address outside the page of the
 // detour's push below the red zone, the page this thread just wrote, where
@@ -646,7 +646,7 @@ ukp_kret_entry_trampoline:
         shr     $12, %rdx
         jnz     .Lkret_section_declined
         cmp     UKP_SLOT_SPARE_POOL(%r13), %r8  // the spare the thread's last return kept
-        jne     .Lkret_shard                    // in its slot (kretprobe.cpp, "spare
+        jne     .Lkret_shard                    // in its reader cell (kretprobe.cpp, "spare
         cmpl    $0, UKP_SLOT_SPARE_LOCK(%r13)   // instances"), unless another thread is
         jne     .Lkret_shard                    // taking it
         mov     UKP_SLOT_SPARE(%r13), %rdx
@@ -745,7 +745,7 @@ ukp_kretprobe_trampoline:
         .cfi_adjust_cfa_offset 128
         SAVE_PT_REGS 136
         // The fast case (fast_path.h): the thread runs no handler and no agent work, has a
-        // reader slot of its own outside any section, and its instance is the newest of its
+        // reader cell of its own outside any section, and its instance is the newest of its
         // list with the next older one's frame above it (nothing for ukp_kretprobe_dispatch
         // to release as unwound); the kretprobe is registered and its handler, if any, is
         // proven to leave the vector state alone. Then the instance is taken off the list,
