@@ -1,7 +1,7 @@
 // The agent side of the control socket: one thread, started by ukp_control_start() (the
 // injector calls it after dlopen) or at load when UKP_CONTROL=1. It serves the debugfs
 // files of the core, hands every other path to the trace layer's file API
-// (<ukprobes/trace.h>), and passes the trace ring buffers' memfd to a controller that
+// (<ukprobes/trace.h>), and passes the trace ring's memfd to a controller that
 // prints the trace itself (Op::kOpenFd). Off every hot path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
@@ -292,7 +292,7 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
         return 0;
     }
     case Op::kOpenFd: {
-        // The ring buffers' memfd: the controller maps it and formats the records itself.
+        // The ring's memfd: the controller maps it and formats the records itself.
         size_t size = 0;
         if (path == kSnapshotRingPath) {
             const int fd = trace::snapshot_memfd_copy(&size);

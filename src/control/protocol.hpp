@@ -28,7 +28,7 @@ enum class Op : uint16_t {
     kAppend = 4, // path, payload: append (>>)
     kDetach = 5, // undo the additions of this connection's session and of one-shot controllers; stop the thread
     kVerify = 6, // status: differing code bytes (>= 0) or -errno; payload: ukp_verify()'s report
-    kOpenFd = 7, // path -> a file descriptor by SCM_RIGHTS: kTraceRingPath, the trace ring buffers
+    kOpenFd = 7, // path -> a file descriptor by SCM_RIGHTS: kTraceRingPath, the trace ring
     // Makes this connection a session: what it adds from now on (events defined, knobs
     // changed) is undone when it closes, even without kDetach (a killed controller).
     // Without it, additions belong to all one-shot controllers together and stay until
@@ -38,7 +38,7 @@ enum class Op : uint16_t {
 
 constexpr uint16_t kReplyFd = 1; // ReplyHeader::flags: a descriptor rides with the header
 
-// Op::kOpenFd's path for the memfd of the main trace ring buffers (src/trace/ring.hpp's
+// Op::kOpenFd's path for the memfd of the main trace ring (src/trace/ring.hpp's
 // RingHeader at offset 0; its size is the file's). Reads of "event_table" give what
 // printing its records takes (src/trace/print.hpp). A controller maps both and formats
 // trace and trace_pipe itself; an agent without them answers -ENOENT.

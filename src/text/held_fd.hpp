@@ -1,5 +1,5 @@
 // A descriptor the agent keeps for the life of the process (the memfd of the
-// trace ring buffers, of the kprobe_profile counters), and which descriptor
+// trace rings, of the kprobe_profile counters), and which descriptor
 // table holds it.
 //
 // The program's table is the program's: a descriptor of ours there is one it

@@ -225,7 +225,7 @@ std::string PipeReader::read(const WithView &with_view, const EventPrinter &prin
     RingEntry e;
     for (;;) {
         // Consumed under with_view, printed outside it: a printer may take other locks.
-        // A region replaced meanwhile stays mapped (ring.cpp): the merger reads it to its end.
+        // A ring replaced meanwhile stays mapped (ring.cpp): the merger reads it to its end.
         bool got = false;
         with_view([&](const RingView &) { got = merger->next(&e); });
         if (!got) {

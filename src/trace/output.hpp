@@ -32,7 +32,7 @@ std::string snapshot_text(const EventPrinter &);
 // (the CLI) that formats for itself leaves it unchanged.
 uint64_t records_formatted();
 
-// ---- Any mapped region (the agent's, or one the CLI mapped from the memfd) ----
+// ---- Any mapped ring (the agent's, or one the CLI mapped from the memfd) ----
 
 std::string trace_text_of(const RingView &, const EventPrinter &);
 std::string snapshot_text_of(const RingView &, bool allocated, const EventPrinter &);

@@ -33,7 +33,7 @@ std::string trace_text(const EventPrinter &print) {
     RingView view;
     with_ring_views([&](const RingView &main, const RingView &) {
         entries = ring_collect(main, &counts);
-        view = main; // regions stay mapped for the process's life
+        view = main; // rings stay mapped for the process's life
     });
     return trace_text_from(view, entries, counts, counting(print));
 }

@@ -1,6 +1,6 @@
 // A record as the trace shows it ("EVENT: (SYM+OFF/SIZE) a=1"), and the event table that
 // printing needs. Shared by the agent (its own trace files) and the CLI, which maps the
-// ring buffer and formats the records itself (docs/cli.md, "Protocol").
+// ring and formats the records itself (docs/cli.md, "Protocol").
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The binary record of a trace event, and the descriptions of its fields: the contract
-// between the parts of the trace layer (definitions and fetch programs, the ring buffer
-// and the event files, filters, triggers and histograms).
+// between the parts of the trace layer (definitions and fetch programs, the ring and the
+// event files, filters, triggers and histograms).
 //
 // A record is laid out exactly as the event's `format` file prints it, as ftrace lays it
 // out: the common fields, then the probe's own fields (__probe_ip, or __probe_func and
@@ -9,7 +9,7 @@
 // string fields. A string field holds a __data_loc word: (length << 16) | offset, the
 // offset counted from the start of the record, the length including the terminating NUL.
 //
-// The ring buffer keeps its own header (timestamp, size, CPU) in front of each record;
+// The ring keeps its own header (timestamp, size, CPU) in front of each record;
 // what is described here starts at the record's common_type.
 #pragma once
 

@@ -41,13 +41,13 @@ constexpr uint64_t kEvictAhead = 4096; // bytes a full ring evicts beyond what a
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// A mapped region. Never unmapped while the process lives: a writer that loaded the old
-// region just before it was replaced may still write into it (harmlessly).
+// A mapped ring. Never unmapped while the process lives: a writer that loaded the old
+// ring just before it was replaced may still write into it (harmlessly).
 struct Region {
     text::HeldFd fd; // its memfd, for readers in other processes
     uint8_t *base = nullptr;
     size_t size = 0;
-    uint64_t cap = 0;  // data bytes per slot
+    uint64_t cap = 0;  // data bytes per buffer
     uint32_t gen = 0;
     RingHeader *hdr() const { return reinterpret_cast<RingHeader *>(base); }
     SlotHeader *slot(uint32_t i) const {
@@ -71,16 +71,16 @@ bool g_atfork_done = false;         // under g_mu
 
 // Per-thread writer state (initial-exec TLS: no allocation on first use).
 struct Writer {
-    SlotHeader *slot;      // this thread's buffer in the region of generation `gen`
+    SlotHeader *slot;      // this thread's buffer in the ring of generation `gen`
     uint8_t *data;
     uint64_t cap;
     uint32_t gen;
-    RingHeader *hdr;       // the region's header
-    bool tsc;              // the region's clock is the TSC
+    RingHeader *hdr;       // the ring's header
+    bool tsc;              // the ring's clock is the TSC
     bool busy;             // between reserve and commit: a nested reserve is refused
     bool hooked;           // the thread-exit destructor is registered
     bool exited;           // past the thread-exit destructor: no more records
-    bool comm_pending;     // the slot's comm is this thread's: its first commit names it
+    bool comm_pending;     // the buffer's comm is this thread's: its first commit names it
     RecordHeader *pend;    // the reserved record
     uint64_t pend_pos;     // its position
     uint64_t pend_off;     // its offset in the data area
@@ -139,7 +139,7 @@ constexpr uint64_t kFirstSpacingNs = 10'000'000; // the first segment's length
 constexpr uint64_t kLeadNs = 1'000'000;           // a new segment starts this far ahead
 constexpr uint64_t kMaxSlewPpm = 100;             // steering back never exceeds this rate
 
-// The best TSC rate this process has measured (ns per tick times 2^32): a new region's
+// The best TSC rate this process has measured (ns per tick times 2^32): a new ring's
 // first segment starts with it.
 std::atomic<uint64_t> g_mult{0};
 
@@ -268,7 +268,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
 }
 
 // Waits (boundedly) until no writer is between reserve and commit in `r`, which is no
-// longer the main region.
+// longer the main ring.
 void wait_writers(Region *r) {
     for (int spin = 0; spin < 2000; ++spin) {
         bool idle = true;
@@ -279,13 +279,13 @@ void wait_writers(Region *r) {
     }
 }
 
-// Regions replaced so far: kept, as their mappings are (see Region). Under g_mu.
+// Rings replaced so far: kept, as their mappings are (see Region). Under g_mu.
 std::vector<Region *> &retired() {
     static auto *v = new std::vector<Region *>(); // never destroyed: writers may outlive statics
     return *v;
 }
 
-// Unbacks a replaced region's memory; its mapping stays (see Region).
+// Unbacks a replaced ring's memory; its mapping stays (see Region).
 void retire_region(Region *r) {
     if (r == nullptr) return;
     retired().push_back(r);
@@ -331,7 +331,7 @@ void after_fork_child() {
     // Its counters first, in memory of its own (they are shared memory too).
     counters_after_fork_child();
     // The child must not write into the parent's buffers (shared memory): new ones. It
-    // lets go of the parent's first: a probe hit in what follows (making the region
+    // lets go of the parent's first: a probe hit in what follows (making the ring
     // calls into the C library) would otherwise record there, under the child's pid.
     Region *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
     Region *snap = g_snap.exchange(nullptr, std::memory_order_relaxed);
@@ -482,7 +482,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     const uint64_t end = h + pad + need;
     // Overwrite mode: evict the oldest records until the new one fits, and up to
     // kEvictAhead bytes more (a 16th of a small buffer), in one compare-exchange (a
-    // reader may be consuming the same slot): a full ring pays for one every few dozen
+    // reader may be consuming the same buffer): a full ring pays for one every few dozen
     // records, not for every record. The kernel's ring buffer, too, overwrites a page at
     // a time.
     uint64_t t = s->tail.load(std::memory_order_acquire);
@@ -723,7 +723,7 @@ int ring_memfd_copy(size_t *size) {
     if (int err = init_locked(); err != 0) return err;
     Region *r = g_main.load(std::memory_order_acquire);
     if (size != nullptr) *size = r->size;
-    // Under the lock: a resize retires (closes) the region's own descriptor.
+    // Under the lock: a resize retires (closes) the ring's own descriptor.
     return r->fd.copy();
 }
 

@@ -1,13 +1,14 @@
-// The trace ring buffer: binary records in shared memory (a memfd), one buffer per
-// thread, written lock-free by probe hits and read by the trace files here or by a
-// reader in another process that maps the memfd (docs/tracer-internals.md).
+// The trace ring: binary records in shared memory (a memfd), one buffer per thread,
+// written lock-free by probe hits and read by the trace files here or by a reader in
+// another process that maps the memfd (docs/tracer-internals.md).
 //
 // The memfd holds a RingHeader, the slot_count SlotHeaders side by side, then from
-// data_offset the slots' data, data_size bytes of records each, slot_stride apart. The
-// headers are together so that a reader looking at every slot touches a few pages, not
-// one per slot (a page of a memfd first read is a page allocated). Everything in it is positions and sizes, no pointers, so
-// any process can map it anywhere. A record in a slot is a RecordHeader followed by the
-// record of record.hpp (common_type first), padded to 8 bytes.
+// data_offset the buffers' data, data_size bytes of records each, slot_stride apart. The
+// headers are together so that a reader looking at every buffer touches a few pages, not
+// one per buffer (a page of a memfd first read is a page allocated). Everything in it is
+// positions and sizes, no pointers, so any process can map it anywhere. A record in a
+// buffer is a RecordHeader followed by the record of record.hpp (common_type first),
+// padded to 8 bytes.
 #pragma once
 
 #include <atomic>
@@ -37,8 +38,8 @@ void ring_commit(uint8_t *rec, uint32_t used);
 
 // ---- Control (the tracefs files; not for the hot path) ----
 
-// Maps the shared region (idempotent). Call when the tracer starts: a thread's first
-// record must find the region mapped. 0 or -errno. The other functions call it too.
+// Maps the ring (idempotent). Call when the tracer starts: a thread's first record must
+// find the ring mapped. 0 or -errno. The other functions call it too.
 int ring_init();
 extern std::atomic<bool> g_tracing_on; // tracing_on's flag (ring.cpp)
 inline bool tracing_on() { return g_tracing_on.load(std::memory_order_relaxed); }
@@ -53,7 +54,7 @@ int set_ring_slot_count(uint32_t n);
 // Empties the buffers and resets their counters (writing to the trace file).
 void ring_clear();
 // Names the kprobe_profile counter table (profile_table.hpp) in the buffers' header, now
-// and in every region made later; null: none. The table stays valid until replaced. The
+// and in every ring made later; null: none. The table stays valid until replaced. The
 // child of a fork() sets the counters it lists to 0 before it makes its own buffers.
 void ring_publish_profile(const uint8_t *table);
 
@@ -123,10 +124,10 @@ struct RingHeader {
     uint32_t header_size;        // sizeof(RingHeader), rounded up: where SlotHeader 0 is
     uint32_t slot_count;         // number of per-thread buffers
     uint32_t slot_header_size;   // sizeof(SlotHeader): from one SlotHeader to the next
-    uint64_t slot_stride;        // bytes from one slot's data to the next's
-    uint64_t data_size;          // bytes of records a slot holds (a multiple of 8)
+    uint64_t slot_stride;        // bytes from one buffer's data to the next's
+    uint64_t data_size;          // bytes of records a buffer holds (a multiple of 8)
     int32_t pid;                 // the traced process (for /proc/PID/task/TID/comm)
-    uint32_t generation;         // distinct per region of this process
+    uint32_t generation;         // distinct per ring of this process
     std::atomic<uint64_t> lost_no_slot;  // records refused: every buffer in use, or the thread exiting
     uint64_t lost_no_slot_base;          // reader-owned: lost_no_slot at the last clear
     std::atomic<uint64_t> lost_no_slot_seen; // consumers: lost_no_slot as last reported (a LOST line)
@@ -134,7 +135,7 @@ struct RingHeader {
     uint32_t clock;              // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
     CommEntry comms[kCommSlots];
     // kClockTsc: the conversion, a table of segments. segments[0] starts at a (TSC,
-    // CLOCK_MONOTONIC) pair taken when the region was made; a writer (or reader) whose
+    // CLOCK_MONOTONIC) pair taken when the ring was made; a writer (or reader) whose
     // TSC passes clock_next adds one, at spacings that double, measuring the rate since
     // segments[0] and steering back towards CLOCK_MONOTONIC without a jump.
     std::atomic<uint32_t> clock_count;   // segments published
@@ -146,7 +147,7 @@ struct RingHeader {
     // address there, 0 when none. Readers take the counts from the counters' own memfd
     // (counters.hpp), which outlives the process; this stays for debuggers.
     std::atomic<uint64_t> profile_addr;
-    uint64_t data_offset;        // where slot 0's data begins (page-aligned)
+    uint64_t data_offset;        // where buffer 0's data begins (page-aligned)
 };
 
 // One per-thread buffer. Positions are byte counts since the buffer was created; a
@@ -172,16 +173,16 @@ struct alignas(64) SlotHeader {
     uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported (readers
                                         // in several processes raise it with a CAS)
     // The owning thread's name, written when it claims the buffer (its first record in
-    // this region: the name ring_reserve was given) and again when the process exits
+    // this ring: the name ring_reserve was given) and again when the process exits
     // normally: the reader's name for a thread gone from /proc without its exit handler
     // (a process that exited or was killed, a thread ended by a raw exit). Zero in a
-    // region of an older agent.
+    // ring of an older agent.
     std::atomic<int32_t> comm_tid;      // whose name comm holds; 0 while it is written
     char comm[16];                      // NUL-terminated
 };
 static_assert(sizeof(SlotHeader) == 192, "the layout readers of version 2 and later expect");
 
-// In front of each record in a slot.
+// In front of each record in a buffer.
 struct RecordHeader {
     uint16_t len;            // bytes of header + record + padding (a multiple of 8)
     uint16_t kind;           // kRecordKind or kPadKind
@@ -196,11 +197,11 @@ static_assert(sizeof(RecordHeader) == 24);
 uint64_t ring_time_ns(const RingHeader *h, uint64_t raw);
 inline constexpr uint16_t kRecordKind = 1, kPadKind = 2;
 
-// A mapped region (ours, or one an outside reader mapped from the memfd).
+// A mapped ring (ours, or one an outside reader mapped from the memfd).
 struct RingView {
     const uint8_t *base = nullptr;
     size_t size = 0;
-    // The header when the view holds a valid region of this version, else null.
+    // The header when the view holds a valid ring of this version, else null.
     const RingHeader *header() const;
     // Buffer i's header and data, in a view header() accepted.
     SlotHeader *slot(uint32_t i) const; // readers move tail and their own fields
@@ -276,7 +277,7 @@ private:
         RecordHeader rh;
         std::vector<uint8_t> rec; // a copy of it
     };
-    bool peek(uint32_t slot, Head *h); // the slot's oldest record
+    bool peek(uint32_t slot, Head *h); // the buffer's oldest record
     void push(Head h);
     Head pop();
 

@@ -1,5 +1,5 @@
-// The reading half of the ring buffer (ring.hpp): what a reader of the shared region
-// needs, in this process or in another one that mapped the memfd (the CLI links it).
+// The reading half of the ring (ring.hpp): what a reader of the shared ring needs, in
+// this process or in another one that mapped the memfd (the CLI links it).
 #include "trace/ring.hpp"
 
 #include <algorithm>
@@ -40,7 +40,7 @@ const uint8_t *RingView::data(uint32_t i) const {
 
 namespace {
 
-// Copies positions [from, to) of a slot's data into out (they are at most cap bytes).
+// Copies positions [from, to) of a buffer's data into out (they are at most cap bytes).
 void copy_span(const uint8_t *data, uint64_t cap, uint64_t from, uint64_t to, uint8_t *out) {
     uint64_t n = to - from, off = from % cap;
     const uint64_t first = std::min(n, cap - off);
@@ -110,7 +110,7 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
 
 namespace {
 
-// The oldest record of slot i, copied, with its position; false when the slot is empty.
+// The oldest record of buffer i, copied, with its position; false when the buffer is empty.
 // Skips pad records (consuming them).
 bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint8_t> *rec, uint64_t *pos) {
     const RingHeader *h = v.header();
@@ -142,7 +142,7 @@ bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint
 
 namespace {
 
-// The overruns of slot s not reported yet, up to `overrun` (read before the consumer's
+// The overruns of buffer s not reported yet, up to `overrun` (read before the consumer's
 // CAS on tail), claimed: each is reported once, by the consumer that raises overrun_seen
 // past it.
 uint64_t claim_overruns(SlotHeader *s, uint64_t overrun) {
@@ -217,7 +217,7 @@ bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, Ring
 
 namespace {
 
-// Takes the record at `pos` of slot `slot` (peeked), reporting the overruns before it
+// Takes the record at `pos` of buffer `slot` (peeked), reporting the overruns before it
 // once; false when the writer overwrote it meanwhile (counted as an overrun).
 bool take(const RingView &v, const RingHeader *h, uint32_t slot, uint64_t pos, const RecordHeader &rh,
           std::vector<uint8_t> &rec, RingEntry *out) {
@@ -270,7 +270,7 @@ bool RingMerger::next(RingEntry *out) {
     for (int attempt = 0; attempt < 1000 && !heap_.empty(); ++attempt) {
         Head h = pop();
         const bool taken = take(v_, h_, h.slot, h.pos, h.rh, h.rec, out);
-        // The slot's next record (or, not taken, the one that overwrote it): h.rec now
+        // The buffer's next record (or, not taken, the one that overwrote it): h.rec now
         // holds the storage *out had, reused.
         if (peek(h.slot, &h)) push(std::move(h));
         if (taken) return true;

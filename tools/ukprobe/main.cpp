@@ -188,7 +188,7 @@ int cmd_enable(const Options &o, bool on) {
 }
 
 // trace, read trace, read trace_pipe (one read: what comes within kPipeWaitMs,
-// consumed) and read snapshot: printed here from the mapped ring buffers (reader.hpp).
+// consumed) and read snapshot: printed here from the mapped rings (reader.hpp).
 int cmd_trace(const Options &o, const std::string &file) {
     require_pid(o);
     ukprobe::Client c;

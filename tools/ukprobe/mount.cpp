@@ -2,7 +2,7 @@
 // (libfuse3's low-level API, served by its multithreaded loop). Every file operation
 // becomes a request on the control socket: reads are Op::kRead, writes Op::kWrite or
 // Op::kAppend, and the tree under events/ is what available_events lists. trace and
-// trace_pipe are read from the ring buffers and printed here (reader.hpp). docs/cli.md,
+// trace_pipe are read from the ring and printed here (reader.hpp). docs/cli.md,
 // "mount", describes the behaviour for people.
 #include "mount.hpp"
 
@@ -108,7 +108,7 @@ struct Answer {
 };
 
 // Connections to one agent, one per request in flight. trace and trace_pipe are printed
-// here from the agent's ring buffers (reader.hpp). The agent serves one request at a
+// here from the agent's ring (reader.hpp). The agent serves one request at a
 // time, and an agent that formats trace_pipe itself (an older one) holds its thread up
 // to 100 ms while no record comes: a trace_pipe reader here therefore waits (ask_pipe)
 // while other operations are under way and for kPipeGrace after the last, so that the
@@ -132,7 +132,7 @@ public:
         });
     }
 
-    // The trace file, printed here from the agent's ring buffers (reader.hpp).
+    // The trace file, printed here from the agent's ring (reader.hpp).
     Answer trace_text() {
         return counted([&] {
             return with_client([&](Client &c) { return Answer{0, TraceReader(c, pid_, false).trace()}; });

@@ -1,5 +1,5 @@
 // The trace read by the controller itself (docs/cli.md, "Protocol"): the agent passes
-// the ring buffers' memfd (Op::kOpenFd kTraceRingPath, and kSnapshotRingPath for the
+// the ring's memfd (Op::kOpenFd kTraceRingPath, and kSnapshotRingPath for the
 // snapshot's) and its event table; ukprobe maps the rings and prints trace, trace_pipe
 // and snapshot here, with the agent's own formatting code (src/trace/output.hpp,
 // print.hpp), symbols from /proc/PID/maps and the ELF files, thread names from

@@ -647,7 +647,7 @@ int memfd_of(int pid, int pidfd, const char *prefix, Own own, int *number = null
     return found;
 }
 
-// The memfd of `pid`'s own ring buffers (memfd_of).
+// The memfd of `pid`'s own ring (memfd_of).
 int ring_of(int pid, int pidfd, int *number = nullptr) {
     return memfd_of(
         pid, pidfd, "/memfd:ukprobes-trace",

@@ -13,7 +13,7 @@ struct RunOptions {
     std::vector<std::string> filters;     // --filter EVENT=EXPR
     std::vector<std::string> triggers;    // --trigger EVENT=TRIG
     std::string output;                   // -o FILE; empty: stdout
-    uint64_t buffer_size_kb = 0;          // -b KB: each thread's ring buffer (buffer_size_kb); 0: the agent's default
+    uint64_t buffer_size_kb = 0;          // -b KB: each thread's buffer (buffer_size_kb); 0: the agent's default
     bool follow = true;                   // false (--no-follow): descendants run without the agent
     bool verbose = false;                 // -v: say on stderr when an agent is reached, or does not answer
     std::string agent;                    // the libukprobes.so to preload (absolute)
