@@ -338,11 +338,11 @@ __attribute__((constructor(101))) void mark_kretprobe_pre_own() {
     mark_own_handler(reinterpret_cast<const void *>(&kretprobe_pre));
 }
 
-// Takes ri out of this thread's list, releasing as unwound the instances whose frames
-// must be gone: newer ones deeper on the stack (they never returned), and older ones at
-// or below ri's frame (their frames were left, and ri's call reused the stack) - except
-// the chain of older instances of the same call: several kretprobes on one function
-// hijack the same slot, each saving the previous one's stub as its return address.
+// Takes ri out of this thread's list, releasing as unwound the instances whose frames must
+// be gone: newer ones deeper on the stack (they never returned), and older ones at or below
+// ri's frame (their frames were left, and ri's call reused the stack) - except the chain of
+// older instances of the same call: several kretprobes on one function hijack the same
+// return-address word, each saving the previous one's stub as its return address.
 // Returns false if ri is not in this thread's list.
 bool take_from_list(RetInstance *ri) {
     const auto *fp = static_cast<const char *>(ri->pub.fp);

@@ -79,7 +79,7 @@ struct RetPool {
 };
 
 // Releases, as unwound, this thread's instances whose frames lie below sp on sp's stack
-// (the frame's return-address slot is lower): called when those frames are known to be
+// (the frame's return-address word is lower): called when those frames are known to be
 // gone. sp == ~0 releases every instance of the thread (it is exiting).
 void release_frames_below(uint64_t sp);
 

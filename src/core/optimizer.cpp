@@ -110,10 +110,10 @@ Point *g_stop_points[kMaxBatch];
 std::atomic<size_t> g_stop_count{0};
 std::atomic<int> g_stop_gen{0};
 std::atomic<int> g_acks{0};
-// Which thread answered: slot i (the i-th signalled) holds the pass's generation.
+// Which thread answered: entry i (the i-th signalled) holds the pass's generation.
 constexpr size_t kAckSlots = 4096;
 std::atomic<int> g_acked[kAckSlots];
-// What a stop signal carries: its pass's generation and the thread's slot.
+// What a stop signal carries: its pass's generation and the thread's entry.
 uint64_t stop_value(int gen, size_t slot) { return (static_cast<uint64_t>(static_cast<uint32_t>(gen)) << 32) | slot; }
 // The batch brings back region copies (after a probe inside a region went away): threads
 // that may still be on their way into a region must be found, or the batch waits.

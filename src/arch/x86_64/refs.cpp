@@ -163,7 +163,7 @@ private:
     }
 
     // Every address a dynamic relocation may put into memory: the addend (RELATIVE,
-    // IRELATIVE), symbol + addend, and the word in place (REL, lazy PLT slots).
+    // IRELATIVE), symbol + addend, and the word in place (REL, a lazy PLT's GOT entries).
     bool relocations(Elf_Scn *scn, const GElf_Shdr &sh) {
         Elf_Data *d = elf_getdata(scn, nullptr);
         if (d == nullptr || sh.sh_entsize == 0) return sh.sh_size == 0;

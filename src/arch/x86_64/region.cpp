@@ -331,11 +331,11 @@ bool falls_through(const Insn &in) {
            in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall;
 }
 
-// For a load from the stack slot `slot` at body[load]: the index of the 64-bit register
+// For a load from the stack word `slot` at body[load]: the index of the 64-bit register
 // store `mov %reg, slot` before it on one straight line (no instruction in between that
-// other paths reach), with no change of the slot's base register and no other store in
-// between (a call may run in between: a callee writes no caller's slot whose address did
-// not escape), or -1.
+// other paths reach), with no change of the stack word's base register and no other
+// store in between (a call may run in between: a callee writes no caller's stack word
+// whose address did not escape), or -1.
 int spilled_from(const Body &b, int load, const ZydisDecodedOperand &slot) {
     const ZydisRegister base = gpr64(slot.mem.base);
     if (slot.mem.index != ZYDIS_REGISTER_NONE || base == ZYDIS_REGISTER_NONE) return -1;
@@ -353,7 +353,7 @@ int spilled_from(const Body &b, int load, const ZydisDecodedOperand &slot) {
             const ZydisDecodedOperand &op = in.ops[k];
             if (op.type == ZYDIS_OPERAND_TYPE_MEMORY && (op.actions & ZYDIS_OPERAND_ACTION_MASK_WRITE) &&
                 op.visibility == ZYDIS_OPERAND_VISIBILITY_EXPLICIT) {
-                return -1; // some other store: it could be to the slot
+                return -1; // some other store: it could be to the stack word
             }
         }
     }
@@ -361,7 +361,7 @@ int spilled_from(const Body &b, int load, const ZydisDecodedOperand &slot) {
 }
 
 // Where the walk of classify_pointer() follows the value: a register, or (reg NONE) the
-// stack slot at `slot` bytes from %rsp as it is at the start of the instruction.
+// stack word at `slot` bytes from %rsp as it is at the start of the instruction.
 struct Loc {
     ZydisRegister reg = ZYDIS_REGISTER_NONE;
     int64_t slot = 0;
@@ -404,17 +404,17 @@ bool is_constant_def(const Insn &in, ZydisRegister r) {
 // For the unresolved indirect jmp body[jmp]: whether every value its target register (or
 // memory operand) can hold there is a whole code pointer (IndirectJump::whole_pointer).
 // Walks back along every path of the function: through copies, glibc's pointer demangling
-// and %rsp-relative stack slots (push/pop, spills, %rsp adjustments), into each direct
+// and %rsp-relative stack words (push/pop, spills, %rsp adjustments), into each direct
 // branch to a join point, until each path meets a load from non-stack memory, a
 // rip-relative lea, a constant, or the function's entry (the caller's value: an argument
 // register, the return address or a stack argument). Anything else on a path (arithmetic,
-// a clobbering call, an unknown %rsp change, a store that may hit the slot, a join
+// a clobbering call, an unknown %rsp change, a store that may hit the stack word, a join
 // reached from a jump table, too long a walk) leaves the jump unresolved. ij.walked
 // receives the instructions whose incoming paths the walk relied on: check_region makes
 // sure nothing outside the function jumps to them.
-// Stores through registers other than %rsp/%rbp are taken not to hit a slot: a pointer to
-// the frame that escaped could only store a value of other code, never a code address
-// computed here.
+// Stores through registers other than %rsp/%rbp are taken not to hit a stack word: a
+// pointer to the frame that escaped could only store a value of other code, never a code
+// address computed here.
 void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &ij) {
     const ZydisDecodedOperand &target = b.insns[jmp].ops[0];
     Loc start;
@@ -446,7 +446,7 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
             if (b.table_target[i]) return;
             for (uint32_t p : b.preds[i]) {
                 // A jump or call to i: the value there is the one before the branch (a call
-                // pushes: the slot is 8 bytes further from %rsp before it).
+                // pushes: the stack word is 8 bytes further from %rsp before it).
                 Loc l = loc;
                 if (b.insns[p].flow == Flow::kCall && l.reg == ZYDIS_REGISTER_NONE) {
                     if (l.slot < 8) return; // the return address the call pushed
@@ -466,9 +466,9 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
             if (loc.reg == ZYDIS_REGISTER_NONE) {
                 int64_t delta;
                 if (!rsp_delta(in, &delta)) return;
-                const int64_t before = loc.slot + delta; // the slot, from %rsp before `in`
+                const int64_t before = loc.slot + delta; // the stack word, from %rsp before `in`
                 if (m == ZYDIS_MNEMONIC_PUSH && before < 0) {
-                    // push wrote [rsp_before - 8, rsp_before): the slot, whole or in part.
+                    // push wrote [rsp_before - 8, rsp_before): the stack word, whole or in part.
                     if (before != -8 || in.zi.operand_width != 64) return;
                     const ZydisDecodedOperand &src = in.ops[0];
                     if (is_reg(src)) {
@@ -487,7 +487,7 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
                     const ZydisRegister base = gpr64(op.mem.base);
                     if (base == ZYDIS_REGISTER_RSP && op.mem.index == ZYDIS_REGISTER_NONE) {
                         const int64_t lo = op.mem.disp.value, hi = lo + op.size / 8;
-                        if (hi <= loc.slot || lo >= loc.slot + 8) continue; // another slot
+                        if (hi <= loc.slot || lo >= loc.slot + 8) continue; // another stack word
                         if (lo != loc.slot || op.size != 64 || m != ZYDIS_MNEMONIC_MOV) return;
                         if (is_reg(in.ops[1])) {
                             loc = Loc{gpr64(in.ops[1].reg.value), 0};
@@ -500,7 +500,7 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
                     if (base == ZYDIS_REGISTER_RSP || gpr64(op.mem.index) == ZYDIS_REGISTER_RSP ||
                         (b.rbp_frame && (base == ZYDIS_REGISTER_RBP || gpr64(op.mem.index) == ZYDIS_REGISTER_RBP)) ||
                         op.visibility != ZYDIS_OPERAND_VISIBILITY_EXPLICIT) {
-                        return; // may be the slot
+                        return; // may be the stack word
                     }
                 }
                 if (loc.reg == ZYDIS_REGISTER_RIP) break; // a constant was stored
@@ -538,7 +538,7 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
                 loc = Loc{ZYDIS_REGISTER_NONE, src.mem.disp.value};
                 continue;
             }
-            // An %rbp-based slot: the value stored there on the straight line before.
+            // An %rbp-based stack word: the value stored there on the straight line before.
             const int st = spilled_from(b, i, src);
             if (st < 0) return;
             for (int k = st + 1; k < i; ++k) walked.push_back(b.insns[k].addr);

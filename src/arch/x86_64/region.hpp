@@ -33,7 +33,7 @@ using ReadFn = std::function<bool(uint64_t addr, void *out, size_t n)>;
 struct IndirectJump {
     enum class Kind : uint8_t {
         kUnknown,      // jmp *%reg or jmp *mem that matches no pattern below
-        kRipMemory,    // jmp *disp(%rip): a tail call through a GOT slot or function pointer
+        kRipMemory,    // jmp *disp(%rip): a tail call through a GOT entry or function pointer
         kTableRel32,   // lea T(%rip),%rX; movslq (%rX,%rI,4),%rY; add %rX,%rY; jmp *%rY
         kTableAbs64,   // jmp *T(,%rI,8)
     };
@@ -44,7 +44,7 @@ struct IndirectJump {
     bool resolved = false; // kTable*: bound found and every entry read; targets below
     std::vector<uint64_t> targets; // resolved entries (inside the function or not)
     // Not resolved, but every value the target can hold there is a whole code pointer, not
-    // computed in this function: loaded from memory other than the stack (GOT slot,
+    // computed in this function: loaded from memory other than the stack (GOT entry,
     // vtable, struct field, a table of absolute pointers), a rip-relative lea, or the
     // function's entry value of a register (an argument), maybe through copies, stack
     // spills and glibc's pointer demangling. Such a value was materialized by a relocation

@@ -180,7 +180,7 @@ uint64_t context_ip(const ucontext_t *uc) { return static_cast<uint64_t>(uc->uc_
 void set_context_ip(ucontext_t *uc, uint64_t ip) { uc->uc_mcontext.gregs[REG_RIP] = static_cast<greg_t>(ip); }
 
 void undo_copy_fault(const FaultUndo &u, ucontext_t *uc) {
-    // Zydis GPR ids (the encoding order) to the signal context's slots.
+    // Zydis GPR ids (the encoding order) to the signal context's entries.
     static constexpr int kSlot[16] = {REG_RAX, REG_RCX, REG_RDX, REG_RBX, REG_RSP, REG_RBP, REG_RSI, REG_RDI,
                                       REG_R8,  REG_R9,  REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15};
     greg_t *g = uc->uc_mcontext.gregs;

@@ -407,8 +407,8 @@ uint8_t segment_prefix_of(const ZydisDecodedOperand &mem) {
 
 // Far jmp *X(%rip) once the stack is as the branch needs it:
 //   lea -128(%rsp),%rsp; push %rax; movabs $EA,%rax; mov (%rax),%rax; xchg %rax,(%rsp); ret $128
-// ret pops the target that xchg put in the slot, then drops the red zone step: rsp ends
-// where it was and rax is restored. Nothing is written above rsp-136.
+// ret pops the target that xchg put in the stack word, then drops the red zone step: rsp
+// ends where it was and rax is restored. Nothing is written above rsp-136.
 // `pushed`: bytes the copy pushed before this (a call's return address).
 void put_jmp_far_rip_ptr(Assembler &a, const Insn &insn, const ZydisDecodedOperand &mem, unsigned pushed = 0) {
     a.put_lea_rsp_below_red_zone();
@@ -478,7 +478,7 @@ int put_indirect_call(Assembler &a, const Insn &insn) {
         return 0;
     }
     // [rsp + ...]: the call reads its target before pushing; we push first, so the
-    // operand is 8 further from the new rsp, and must not be the slot we just wrote.
+    // operand is 8 further from the new rsp, and must not be the stack word we just wrote.
     const int64_t disp = op.mem.disp.value;
     if (op.mem.index == ZYDIS_REGISTER_NONE && disp > -16 && disp < 0) return -EOPNOTSUPP;
     ZydisEncoderRequest req;

@@ -326,7 +326,7 @@
 // The fast cases' call of the handler at *%rax, its first argument in rdi and the
 // pt_regs frame at %rsp its second (r12: the thread's state, as an %fs offset). Unless
 // ZF is set (the agent's own handler, called as it is), with the frame as the thread's
-// recovery point (ThreadState::fast_frame) and \resume in its RESUME slot, for the
+// recovery point (ThreadState::fast_frame) and \resume in its RESUME word, for the
 // recovery code to know what faulted. rbx keeps the frame across the call.
         .macro  FAST_HANDLER_CALL resume
         jz      .Lunguarded\@
