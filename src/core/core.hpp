@@ -38,9 +38,9 @@ namespace ukp::core {
 // published: a change publishes a new list and retires the old one after a grace period.
 struct ProbeList {
     uint32_t count = 0;
-    // Bit i: probes[i]'s pre_handler is proven to leave the vector and floating-point
-    // state alone (arch::scan_vector_use), so the optimized path calls it without saving
-    // that state. Probes past the 64th are not looked at: they run with it saved.
+    // Bit i: probes[i]'s pre_handler is proven to leave the vector state alone
+    // (arch::scan_vector_use), so the optimized path calls it without saving that state.
+    // Probes past the 64th are not looked at: they run with it saved.
     uint64_t gpr_mask = 0;
     // Bit i: probes[i]'s pre_handler is the agent's own (handler_is_own): called without
     // a recovery point. Probes past the 64th are guarded.
@@ -371,12 +371,12 @@ void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayabl
 // handler (handler_is_own) runs without the recovery point.
 UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own);
 
-// Runs f() with the vector and floating-point state saved around it, unless the caller
-// says it is saved already (the breakpoint path: the kernel saved it in the signal frame).
-// On the optimized and return paths, whose dispatchers run without that state saved when
-// they are proven to leave it alone (gpr_dispatch_init), every call of code that is not
-// goes through here. Both ways call through a stub, so the scan of a dispatcher's code
-// (vector_use.hpp) does not follow into f.
+// Runs f() with the vector state saved around it, unless the caller says it is saved
+// already (the breakpoint path: the kernel saved it in the signal frame). On the optimized
+// and return paths, whose dispatchers run without that state saved when they are proven to
+// leave it alone (gpr_dispatch_init), every call of code that is not goes through here.
+// Both ways call through a stub, so the scan of a dispatcher's code (vector_use.hpp) does
+// not follow into f.
 template <typename F>
 void outside_gpr(bool ext_saved, F &&f) {
     if (ext_saved)

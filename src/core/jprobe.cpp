@@ -1,11 +1,11 @@
 // Jprobes (kprobes.txt, "Jprobe"; removed from the kernel in 4.15, kept here).
 //
 // The kprobe at the function's entry saves the registers, a copy of the top of the stack
-// (return address and stack arguments) and the SSE state, and resumes in the jprobe's
-// handler, which sees the function's arguments as the function would. The handler ends
-// with jprobe_return(), whose int3 brings us back: registers, stack and SSE state are
-// restored, the rest of the probe chain runs, and the function runs with its original
-// arguments.
+// (return address and stack arguments) and the x87 and SSE part of the vector state, and
+// resumes in the jprobe's handler, which sees the function's arguments as the function
+// would. The handler ends with jprobe_return(), whose int3 brings us back: registers,
+// stack and the x87 and SSE part of the vector state are restored, the rest of the probe
+// chain runs, and the function runs with its original arguments.
 #include "core/core.hpp"
 #include "core/kretprobe.hpp"
 
@@ -87,7 +87,7 @@ int init_contexts() {
     return 0;
 }
 
-// The FXSAVE image inside a signal frame's FPU state, and whether the frame also has
+// The FXSAVE image inside a signal frame's vector state, and whether the frame also has
 // an XSAVE header (which says which components sigreturn restores).
 uint8_t *frame_fpstate(ucontext_t *uc) { return reinterpret_cast<uint8_t *>(uc->uc_mcontext.fpregs); }
 

@@ -580,7 +580,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     result.tid = tid;
     Tracee t(tid);
     result.was_in_syscall = static_cast<long long>(saved.orig_rax) >= 0;
-    // The extended state (x87, SSE, AVX, ...): the called code uses vector registers.
+    // The vector state (x87, SSE, AVX, ...): the called code uses vector registers.
     std::vector<uint8_t> xstate(16384);
     iovec xiov{xstate.data(), xstate.size()};
     const bool have_xstate = ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
@@ -653,7 +653,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     }
     result.calls_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
 
-    // Restore exactly: the extended state, then the registers (with orig_rax and rax as
+    // Restore exactly: the vector state, then the registers (with orig_rax and rax as
     // they were, so an interrupted system call restarts). Its stack was not touched.
     bool restored = true;
     if (have_xstate) restored &= ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;

@@ -18,7 +18,7 @@ struct InjectResult {
 // Loads `agent` (an absolute path) into process `pid` with dlopen(RTLD_NOW) and calls its
 // ukp_control_start(), both on a new thread of the process (the loader), which removes
 // its own code pages when done. The thread interrupted to create the loader is stopped
-// only for mmap, mprotect and pthread_create; its registers, extended state and the
+// only for mmap, mprotect and pthread_create; its registers, vector state and the
 // stack bytes used are restored exactly. Throws
 // std::runtime_error with the cause (a refusal names the policy and what to do).
 InjectResult inject_agent(int pid, const std::string &agent);

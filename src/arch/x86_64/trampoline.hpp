@@ -16,7 +16,7 @@ void ukp_call_on_stack(void (*fn)(void *), void *arg, void *stack_top);
 // trampolines.S: returns fn(a, b). The optimized path's dispatcher makes every indirect
 // call through it (see hit.cpp's outside_gpr).
 int ukp_call_handler(void *fn, void *a, void *b);
-// trampolines.S: fn(arg) with the vector and floating-point state saved around it.
+// trampolines.S: fn(arg) with the vector state saved around it.
 void ukp_call_saving_vectors(void (*fn)(void *), void *arg);
 // Set (hit.cpp) when the optprobe and the kretprobe trampolines may call their
 // dispatchers without saving that state; read by the trampolines.
@@ -32,10 +32,9 @@ void closure_thunk(void *c) {
     (*static_cast<Closure *>(c))();
 }
 
-// Runs f() with the vector and floating-point state saved around it, through
-// ukp_call_saving_vectors: how code proven to leave that state alone (vector_use.hpp)
-// makes its rare calls into code that is not (the C library), without the scan that
-// proves it following into them.
+// Runs f() with the vector state saved around it, through ukp_call_saving_vectors: how
+// code proven to leave that state alone (vector_use.hpp) makes its rare calls into code
+// that is not (the C library), without the scan that proves it following into them.
 template <typename F>
 void saving_vectors(F &&f) {
     ukp_call_saving_vectors(closure_thunk<std::remove_reference_t<F>>, &f);

@@ -35,10 +35,10 @@
 #define AT_HIT 176  /* a second pt_regs: the registers at the hit (SAVE_PT_REGS snap=1) */
 #define FRAME 352   /* pt_regs (168) + scratch + pt_regs, a multiple of 16 */
 
-// Saves the FPU/SSE/AVX/... state below %rsp (64-byte aligned), leaving %rsp at the
-// save area, 16-byte aligned for a call. Clobbers rax, rdx and the flags: call it only
-// after those are saved. XSAVE when the OS enabled it (the size is ukp_xsave_size, from
-// CPUID leaf 0xD), else FXSAVE (x87 and SSE).
+// Saves the vector state below %rsp (64-byte aligned), leaving %rsp at the save area,
+// 16-byte aligned for a call. Clobbers rax, rdx and the flags: call it only after those
+// are saved. XSAVE when the OS enabled it (the size is ukp_xsave_size, from CPUID leaf
+// 0xD), else FXSAVE (x87 and SSE).
         .macro  SAVE_EXTENDED_STATE
         mov     ukp_xsave_size(%rip), %rax
         test    %rax, %rax
@@ -147,7 +147,7 @@
         mov     %rdi, \at+RDI(%rsp)
         .endm
 
-// Calls \target (a symbol, or *reg) with the extended state saved around it: C code
+// Calls \target (a symbol, or *reg) with the vector state saved around it: C code
 // uses vector registers the program may hold live values in (arguments in xmm0-7,
 // results in xmm0). The arguments are in rdi and rsi already; rdx is set to 1 (the
 // optprobe dispatcher's "vector state saved"). Expects the stack pointer to go back to
@@ -255,7 +255,7 @@
 .Ldone\@:
         .endm
 
-// Calls \fn(context, regs) with the extended state saved around it. rbx keeps the frame
+// Calls \fn(context, regs) with the vector state saved around it. rbx keeps the frame
 // across the call.
         .macro  CALL_DISPATCH fn, ctx=FRAME
         mov     \ctx(%rsp), %rdi        // the context pushed on entry
@@ -891,7 +891,7 @@ ukp_call_handler:
         .size   ukp_call_handler, .-ukp_call_handler
 
 // void ukp_call_saving_vectors(void (*fn)(void *), void *arg): fn(arg) with the vector
-// and floating-point state saved around it, as the trampolines save it.
+// state saved around it, as the trampolines save it.
         .globl  ukp_call_saving_vectors
         .hidden ukp_call_saving_vectors
         .type   ukp_call_saving_vectors, @function

@@ -1,5 +1,5 @@
-// Whether code leaves the vector and floating-point state alone: the x87, MMX, SSE, AVX
-// and AVX-512 registers, their mask registers, and MXCSR.
+// Whether code leaves the vector state alone: the x87, MMX, SSE, AVX and AVX-512
+// registers, their mask registers, and MXCSR.
 //
 // The optimized-probe path saves that state around C code because a handler is arbitrary
 // C and the probed code may keep live values in it. Saving it costs more than the rest of
