@@ -37,10 +37,10 @@ int ukp_trace_append(const char *path, const char *text);
 int ukp_trace_pipe_read(int timeout_ms, unsigned long max_bytes, char **out);
 
 /*
- * 1 when the code that records an event's hit is proven to leave the vector state alone
- * (as ukp_lean_dispatch() says of handlers): on the lean paths ukp_lean_dispatch()
- * reports, an event's hit then saves none of that state. 0 when it is not (builds with
- * the sanitizers), or a negative errno if the agent could not start.
+ * 1 when the code that records an event's hit is lean (as ukp_lean_dispatch() says of
+ * handlers): on the lean paths ukp_lean_dispatch() reports, an event's hit then saves
+ * none of the vector state. 0 when it is not (builds with the sanitizers), or a
+ * negative errno if the agent could not start.
  */
 int ukp_trace_lean(void);
 

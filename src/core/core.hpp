@@ -38,17 +38,17 @@ namespace ukp::core {
 // published: a change publishes a new list and retires the old one after a grace period.
 struct ProbeList {
     uint32_t count = 0;
-    // Bit i: probes[i]'s pre_handler is proven to leave the vector state alone
-    // (arch::scan_vector_use), so the optimized path calls it without saving that state.
-    // Probes past the 64th are not looked at: they run with it saved.
+    // Bit i: probes[i]'s pre_handler is lean (the scan, arch::scan_vector_use), so the
+    // optimized path calls it without saving the vector state. Probes past the 64th are not
+    // looked at: they run with it saved.
     uint64_t gpr_mask = 0;
     // Bit i: probes[i]'s pre_handler is the agent's own (handler_is_own): called without
     // a recovery point. Probes past the 64th are guarded.
     uint64_t own_mask = 0;
     bool any_post = false; // a probe has a post_handler (enabled or not)
     // UKP_FAST_* (fast_path.h): one probe, without a post_handler, whose pre_handler is
-    // proven lean, so that the optimized path's trampoline calls it itself (a user's
-    // under a recovery point of its own, the agent's own as it is); else UKP_FAST_NONE.
+    // lean, so that the optimized path's trampoline calls it itself (a user's under a
+    // recovery point of its own, the agent's own as it is); else UKP_FAST_NONE.
     uint8_t fast = UKP_FAST_NONE;
     // One probe, a kretprobe without an entry_handler: its RetPool, for the kretprobe's
     // own trampoline (ukp_kret_entry_trampoline), which then reads no more of the probe
@@ -136,14 +136,14 @@ bool synchronize();
 // first probe). Without it, all threads use the shared counters.
 void grace_init();
 // Decides, once, whether the optimized path's and the return path's dispatchers run
-// without saving the vector state: each only if the scan of its code proves it leaves
-// that state alone (not under the sanitizers, whose checks call out through the PLT).
+// without saving the vector state: each only if the scan proves its code lean (not under
+// the sanitizers, whose checks call out through the PLT).
 // gpr_dispatch_scan() tells what a scan found.
 void gpr_dispatch_init();
 enum class Dispatcher { kOptprobe, kKretprobe };
 const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
-// Whether a handler's code is proven to leave that state alone (true for none). Under
-// registry_mutex(), as gpr_dispatch_init(): the scan reads the code under the probes.
+// Whether a handler's code is lean (true for none). Under registry_mutex(), as
+// gpr_dispatch_init(): the scan reads the code under the probes.
 bool handler_is_gpr_only(const void *fn);
 // The agent's own handlers (kretprobe's entry handler, the tracer's): every access they
 // make to the program's memory goes through the fixup table (ukp_safe_copy), and the
@@ -367,16 +367,16 @@ void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayabl
 
 // Runs fn(a, b), a handler of p taking two pointers, under a recovery point: a fault
 // inside it abandons it and returns -1. With the vector state saved around it unless
-// `proven` (fn proven to leave that state alone, or the state saved already). An `own`
-// handler (handler_is_own) runs without the recovery point.
+// `proven` (fn lean, or the state saved already). An `own` handler (handler_is_own) runs
+// without the recovery point.
 UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own);
 
 // Runs f() with the vector state saved around it, unless the caller says it is saved
 // already (the breakpoint path: the kernel saved it in the signal frame). On the optimized
-// and return paths, whose dispatchers run without that state saved when they are proven to
-// leave it alone (gpr_dispatch_init), every call of code that is not goes through here.
-// Both ways call through a stub, so the scan of a dispatcher's code (vector_use.hpp) does
-// not follow into f.
+// and return paths, whose dispatchers run without that state saved when they are lean
+// (gpr_dispatch_init), every call of code that is not lean goes through here. Both ways
+// go through a call helper, so the scan of a dispatcher's code (vector_use.hpp) does not
+// follow into f.
 template <typename F>
 void outside_gpr(bool ext_saved, F &&f) {
     if (ext_saved)

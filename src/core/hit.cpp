@@ -394,8 +394,8 @@ namespace {
 arch::VectorScan g_gpr_dispatch_scans[2];
 
 // The scan of the code as it was before the probes (read_original_code: under the
-// registry mutex), with the two stubs where the agent's calls of unproven code go as
-// stops (outside_gpr: a stop either saves the state or is given proven code).
+// registry mutex), with the call helpers, where the agent's calls of code that is not lean
+// go, as stops (outside_gpr: a call helper either saves the state or is given lean code).
 arch::VectorScan scan_with_stops(const void *fn) {
     const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
                               reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
@@ -426,7 +426,7 @@ const arch::VectorScan &gpr_dispatch_scan(Dispatcher which) {
 namespace {
 constexpr size_t kOwnHandlers = 8;
 std::atomic<const void *> g_own_handlers[kOwnHandlers];
-// handler_is_gpr_only()'s verdict on each once asked: 0 not yet, 1 clean, 2 not.
+// handler_is_gpr_only()'s verdict on each once asked: 0 not yet, 1 lean, 2 not.
 std::atomic<uint8_t> g_own_verdicts[kOwnHandlers];
 
 // fn's index in g_own_handlers, or -1.
@@ -666,9 +666,9 @@ bool any_post_handler(const ProbeList *list) {
 
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry. ext_saved:
-// whether the vector state is saved (see outside_gpr); handlers proven to leave it alone
-// (ProbeList::gpr_only) run without. *at_hit: regs as they were before any handler (of
-// its fields, the general registers, flags and sp are read).
+// whether the vector state is saved (see outside_gpr); lean handlers (ProbeList::gpr_only)
+// run without. *at_hit: regs as they were before any handler (of its fields, the general
+// registers, flags and sp are read).
 __attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc,
                                                             pt_regs &regs, uint32_t first, bool ext_saved,
                                                             pt_regs *at_hit) {
@@ -838,9 +838,8 @@ void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
 // breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
 // as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
 // Without the vector state saved (ext_saved 0) when ukp_gpr_dispatch is set: then
-// everything this calls either is proven to leave that state alone or goes through
-// outside_gpr(). *at_hit: the general registers, flags and sp at the hit, saved a second
-// time by the trampoline.
+// everything this calls either is lean or goes through outside_gpr(). *at_hit: the
+// general registers, flags and sp at the hit, saved a second time by the trampoline.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs,
                                                                                  int ext_saved, pt_regs *at_hit) {
     using namespace ukp::core;
@@ -859,7 +858,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     ++ts.depth;
     bool redirected;
     if (list->fast == UKP_FAST_OWN) {
-        // One probe, whose handler is the agent's own and proven lean (a trace event, a
+        // One probe, whose handler is the agent's own and lean (a trace event, a
         // kretprobe's entry): no recovery point, no copy of the registers to roll back
         // to, nothing for a jprobe to find.
         kprobe *p = list->probes[0];

@@ -1,9 +1,9 @@
 // memcpy, memcmp, memset and strnlen, written out for the probe-hit path. That path
 // calls nothing in the C library: a probe could sit on the function (a probe on memcpy
-// would fire inside every hit), and a call through the PLT ends the proof that the path
-// leaves the vector state alone (arch/x86_64/vector_use.hpp), which spares it saving
-// that state. The loops stay loops: the agent is built with
-// -fno-tree-loop-distribute-patterns, which keeps GCC from turning them back into calls.
+// would fire inside every hit), and a call through the PLT ends the scan that proves
+// the path lean (arch/x86_64/vector_use.hpp), which spares it saving the vector state.
+// The loops stay loops: the agent is built with -fno-tree-loop-distribute-patterns,
+// which keeps GCC from turning them back into calls.
 #pragma once
 
 #include <cstddef>

@@ -50,8 +50,8 @@ thread_local ThreadInfo t_info __attribute__((tls_model("initial-exec")));
 
 const ThreadInfo &this_thread() {
     if (t_info.tid == 0) {
-        // Once per thread, into the C library: with the vector state saved (a hit path
-        // proven to leave it alone calls no C library code directly).
+        // Once per thread, into the C library: with the vector state saved (a lean hit
+        // path calls no C library code directly).
         arch::saving_vectors([] {
             prctl(PR_GET_NAME, t_info.comm, 0, 0, 0);
             t_info.comm[15] = '\0';

@@ -53,9 +53,9 @@ std::vector<Field> event_fields(std::string_view group, std::string_view event);
 std::string symbolize(uint64_t addr, bool with_size);
 
 // Whether the handlers that record an event's hits (entry, kretprobe entry, return) are
-// proven to leave the vector state alone (arch/x86_64/vector_use.hpp): on a lean path
-// (ukp_lean_dispatch) an event's hit then saves none of it. Scans their code; under the
-// registry mutex, as every handler's scan.
+// lean (arch/x86_64/vector_use.hpp): on a lean path (ukp_lean_dispatch) an event's hit
+// then saves none of the vector state. Scans their code; under the registry mutex, as
+// every handler's scan.
 bool hit_handlers_lean();
 
 } // namespace ukp::trace

@@ -452,7 +452,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
             w.hooked = true;
             // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
             // descriptor: no allocation. (Calls into the C library from here go through
-            // saving_vectors: this path is proven to leave the vector state alone.)
+            // saving_vectors: this path is lean.)
             arch::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
         }
         // The caller's name for the thread (read once per thread, where the events layer

@@ -265,10 +265,10 @@ std::string TriggerSet::hist_text() const {
     return out;
 }
 
-// On the probe-hit path, proven to leave the vector state alone with the rest of it
-// (arch/x86_64/vector_use.hpp): the host's actions are calls through a virtual table,
-// which that proof does not follow, so they run with the state saved. They are rare (an
-// effective traceon, a stacktrace, a snapshot); filters and histograms are not.
+// On the probe-hit path, lean with the rest of it (arch/x86_64/vector_use.hpp): the
+// host's actions are calls through a virtual table, which the scan does not follow, so
+// they run with the vector state saved. They are rare (an effective traceon, a
+// stacktrace, a snapshot); filters and histograms are not.
 void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept {
     const TriggerList *cur = cur_.load(std::memory_order_acquire);
     if (!cur) return;

@@ -26,15 +26,15 @@ extern uint8_t ukp_gpr_ret_dispatch;
 
 namespace ukp::arch {
 
-// Calls the closure its argument points to: how a lambda goes through the calling stubs.
+// Calls the closure its argument points to: how a lambda goes through the call helpers.
 template <typename Closure>
 void closure_thunk(void *c) {
     (*static_cast<Closure *>(c))();
 }
 
 // Runs f() with the vector state saved around it, through ukp_call_saving_vectors: how
-// code proven to leave that state alone (vector_use.hpp) makes its rare calls into code
-// that is not (the C library), without the scan that proves it following into them.
+// lean code (vector_use.hpp) makes its rare calls into code that is not lean (the C
+// library), without the scan that proves it lean following into them.
 template <typename F>
 void saving_vectors(F &&f) {
     ukp_call_saving_vectors(closure_thunk<std::remove_reference_t<F>>, &f);

@@ -268,9 +268,9 @@
         .cfi_def_cfa_register rsp
         .endm
 
-// CALL_DISPATCH, or, when the byte \flag is set (hit.cpp, gpr_dispatch_init: the scan of
-// \fn proved it leaves the vector state alone), a call of \fn with nothing saved and rdx
-// = 0: the dispatcher saves the state itself before any code that is not proven.
+// CALL_DISPATCH, or, when the byte \flag is set (hit.cpp, gpr_dispatch_init: the scan
+// proved \fn lean), a call of \fn with nothing saved and rdx = 0: the dispatcher saves
+// the vector state itself before any code that is not lean.
         .macro  CALL_DISPATCH_GPR fn, ctx, flag
         cmpb    $0, \flag(%rip)
         je      .Lsaving\@
@@ -468,7 +468,7 @@ ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
         SAVE_PT_REGS 144, 1
-        // The fast case (fast_path.h): the point's one probe has a proven pre_handler
+        // The fast case (fast_path.h): the point's one probe has a lean pre_handler
         // (ProbeList::fast), the thread runs no handler and no agent work, and has a
         // reader cell of its own, outside any section. Then the handler is called from
         // here, as ukp_optprobe_dispatch would call it, without the C dispatcher's
@@ -746,14 +746,13 @@ ukp_kretprobe_trampoline:
         SAVE_PT_REGS 136
         // The fast case (fast_path.h): the thread runs no handler and no agent work, has a
         // reader cell of its own outside any section, and its instance is the newest of its
-        // list with the next older one's frame above it (nothing for ukp_kretprobe_dispatch
-        // to release as unwound); the kretprobe is registered and its handler, if any, is
-        // proven to leave the vector state alone. Then the instance is taken off the list,
-        // the handler called, and the instance kept as the thread's spare or given back
-        // to its shard from here, with this frame as
-        // the recovery point for a user's handler (ukp_optprobe_fast_recovery, tagged by
-        // bit 0 of RESUME). Callee-saved: r12 to r15 as FAST_SECTION_BEGIN leaves them,
-        // r14 the instance; rbx the list head (an %fs offset) until the handler's call.
+        // list with the next older one's frame above it (nothing for ukp_kretprobe_dispatch to
+        // release as unwound); the kretprobe is registered and its handler, if any, is lean.
+        // Then the instance is taken off the list, the handler called, and the instance kept as
+        // the thread's spare or given back to its shard from here, with this frame as the
+        // recovery point for a user's handler (ukp_optprobe_fast_recovery, tagged by bit 0 of
+        // RESUME). Callee-saved: r12 to r15 as FAST_SECTION_BEGIN leaves them, r14 the
+        // instance; rbx the list head (an %fs offset) until the handler's call.
         mov     FRAME+128(%rsp), %r14
         sub     $UKP_RI_RET_ADDR, %r14          // the stub's literal: &ri->pub.ret_addr
         movzbl  UKP_RI_CALLED(%r14), %eax       // how to leave, kept where the frame
@@ -875,8 +874,8 @@ ukp_kretprobe_trampoline_ret:
 
 // int ukp_call_handler(fn, a, b): returns fn(a, b). The optprobe dispatcher calls every
 // function pointer through it (handlers, and closures that ukp_call_saving_vectors is not
-// needed for), so that the scan that proves the dispatcher leaves the vector state alone
-// (vector_use.hpp) can treat its one indirect jump as vouched for.
+// needed for), so that the scan that proves the dispatcher lean (vector_use.hpp) can
+// treat its one indirect jump as vouched for.
         .globl  ukp_call_handler
         .hidden ukp_call_handler
         .type   ukp_call_handler, @function

@@ -1,14 +1,14 @@
-// Whether code leaves the vector state alone: the x87, MMX, SSE, AVX and AVX-512
-// registers, their mask registers, and MXCSR.
+// Whether code is lean: whether it leaves the vector state alone (the x87, MMX, SSE, AVX
+// and AVX-512 registers, their mask registers, and MXCSR).
 //
 // The optimized-probe path saves that state around C code because a handler is arbitrary
 // C and the probed code may keep live values in it. Saving it costs more than the rest of
-// the detour together (STMXCSR/LDMXCSR, 16 ymm stores and loads, VZEROUPPER); code proven
-// not to touch it needs none of that. The proof is a decode of every instruction the code
-// can reach: direct jumps, both ways of a conditional branch, direct calls (into the
-// callee and on after the call). An indirect jump or call — a PLT stub, a jump table, a
-// function pointer — ends the proof with "no", except calls to the `stops` given, which
-// the caller vouches for.
+// the detour together (STMXCSR/LDMXCSR, 16 ymm stores and loads, VZEROUPPER); lean code
+// needs none of that. The scan is a decode of every instruction the code can reach:
+// direct jumps, both ways of a conditional branch, direct calls (into the callee and on
+// after the call). An indirect jump or call — a PLT stub, a jump table, a function
+// pointer — ends the scan with "no", except calls to the `stops` given, which the caller
+// vouches for.
 #pragma once
 
 #include <cstddef>
@@ -17,8 +17,8 @@
 namespace ukp::arch {
 
 struct VectorScan {
-    bool clean = false;      // no reachable instruction touches the state
-    uint64_t at = 0;         // else: the first instruction found that does, or ends the proof
+    bool clean = false;      // lean: no reachable instruction touches the state
+    uint64_t at = 0;         // else: the first instruction found that does, or ends the scan
     const char *why = "";    // and what it is ("vector register", "indirect call", ...)
     size_t instructions = 0; // how many instructions were decoded
 };
