@@ -73,7 +73,7 @@ struct Point {
     uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
     arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
-    uint64_t copy_code = 0;   // the detour's relocated region (detour_code + layout.copy), 0 without one
+    uint64_t copy_code = 0;   // the detour's region copy (detour_code + layout.copy), 0 without one
     bool armed = false;       // int3 in place; changed under the registry mutex
     // Times the int3 was taken out (under the registry mutex): threads may then run into the
     // region through the original code, so the optimizer that looked for them before one
@@ -83,14 +83,14 @@ struct Point {
     // if the region check passes, and kept for the life of the process.
     uint64_t detour = 0;        // its slot (text::kSlotSize bytes, the Point * first), or 0
     uint64_t detour_code = 0;   // the detour's entry (detour + 16)
-    arch::DetourLayout layout;  // where the relocated region is in it
+    arch::DetourLayout layout;  // where the region copy is in it
     // The kretprobe detour's entry (arch::emit_kret_detour), after the detour in the same
     // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
     // a kretprobe without an entry_handler (opt_target). It resumes at copy_code.
     uint64_t kret_code = 0;
     uint64_t jump_target = 0;   // where the jmp in place leads (optimized)
     uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)
-    // The detour's relocated region while the breakpoint path runs it instead of the
+    // The detour's region copy while the breakpoint path runs it instead of the
     // first instruction alone (so no thread ever enters the region past its first byte);
     // 0 while another probe is inside the region; the optimizer gives it back (its strict
     // pass) when that probe is gone.
@@ -283,7 +283,7 @@ bool opt_arm_alone(Point *pt);
 // Waits, at most `limit`, until the optimizer has been through the work queued before the
 // call (ukp_optimizer_flush). False if the time ran out.
 bool optimizer_flush_for(std::chrono::milliseconds limit);
-// Where a thread that reached `ip` (inside pt's region) goes on, in the relocated copy;
+// Where a thread that reached `ip` (inside pt's region) goes on, in the region copy;
 // ip itself when the breakpoint path does not run the copy. Async-signal-safe.
 uint64_t into_copy(const Point *pt, uint64_t ip);
 // The original address of the region instruction whose copy starts at ip, or 0.

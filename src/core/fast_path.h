@@ -17,7 +17,7 @@
 /* struct Point */
 #define UKP_PT_ADDR 0
 #define UKP_PT_LIST 104         /* std::atomic<ProbeList *> list */
-#define UKP_PT_COPY 112         /* uint64_t copy_code: the detour's relocated region */
+#define UKP_PT_COPY 112         /* uint64_t copy_code: the detour's region copy */
 
 /* struct ProbeList */
 #define UKP_LIST_FAST 25        /* uint8_t fast: one of the UKP_FAST_* below */

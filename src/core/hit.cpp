@@ -616,7 +616,7 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
     // register: show the program the original address. (A program handler that returns
     // without changing rip retries the instruction, through the probe, like the CPU would.)
     uint64_t orig = real_ip == pt->boosted || real_ip == pt->post ? pt->addr : undone ? undone_orig : 0;
-    if (orig == 0) orig = copy_to_original(pt, real_ip); // an instruction of a relocated region
+    if (orig == 0) orig = copy_to_original(pt, real_ip); // an instruction of a region copy
     if (orig != 0) {
         arch::set_context_ip(uc, orig);
         // SIGILL, SIGFPE and a fetch fault name the instruction itself in si_addr: the
@@ -809,7 +809,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_post_dispatch(uk
         --ts.depth;
     }
     // Decided last: the optimizer relies on no thread entering the region past its
-    // first byte once the point runs its relocated copy.
+    // first byte once the point runs its region copy.
     t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
     if (regs->ip == next) regs->ip = into_copy(pt, next);
     read_unlock(idx);
@@ -895,7 +895,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_into_co
 // ukp_optprobe_fast_recovery, with rsp at the frame again). The thread is inside its
 // read section, at depth 1, as the C path would have it after run_guarded() came back
 // with -1: the miss is counted, the probe's fault_handler asked, the registers rolled back
-// unless it answered 1; then the section ends and the relocated region runs. With the
+// unless it answered 1; then the section ends and the region copy runs. With the
 // vector state saved.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fault(ukp::core::Point *pt, pt_regs *regs,
                                                                                    int, pt_regs *at_hit, kprobe *p) {

@@ -1,13 +1,13 @@
 // Jump optimization: replacing a probe's int3 with a 5-byte jmp to its detour.
 //
 // A point whose region passes the safety check (arch/x86_64/region.hpp) gets its detour
-// when it is prepared, and from then on the breakpoint path runs the detour's relocated
-// region instead of the first instruction alone: no thread enters the region past its
+// when it is prepared, and from then on the breakpoint path runs the detour's region
+// copy instead of the first instruction alone: no thread enters the region past its
 // first byte any more. What remains are threads that were already there (preempted in
 // the original code). The optimizer, a background thread started with the first
 // candidate (as the kernel's optimizing workqueue), moves those out: it signals every
 // thread that may be running or stopped inside a region, and each moves its own
-// instruction pointer into the matching place in the relocated copy. Then it writes
+// instruction pointer into the matching place in the region copy. Then it writes
 // the jmp (bytes 1..4 under the int3, serialize, byte 0, serialize: DESIGN.md).
 //
 // Unoptimizing needs no such care: the int3 goes back over the jmp's first byte, then

@@ -50,11 +50,11 @@ inline constexpr size_t kMaxDcrInsns = 5;
 // Where the parts of an emitted detour are, as offsets from its start.
 struct DetourLayout {
     uint16_t size = 0;                     // bytes emitted
-    uint16_t copy = 0;                     // the relocated DCR
+    uint16_t copy = 0;                     // the region copy
     uint8_t count = 0;                     // instructions in the DCR
     uint8_t dcr_len = 0;                   // bytes the DCR covers at the probe address
     uint8_t orig_offset[kMaxDcrInsns] = {}; // each instruction's offset in the DCR
-    uint16_t copy_offset[kMaxDcrInsns] = {}; // where its relocated copy starts
+    uint16_t copy_offset[kMaxDcrInsns] = {}; // where its copy starts in the region copy
     FaultUndos undo[kMaxDcrInsns];          // faults past the first instruction of each copy
 };
 
@@ -80,11 +80,11 @@ uint64_t detour_copy_of(const DetourLayout &layout, uint64_t dest, uint64_t prob
 // The original address of the DCR instruction whose copy starts at `copy_addr`; 0 if none.
 uint64_t detour_orig_of(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t copy_addr);
 
-// A fault at `ip` past the first instruction of a DCR instruction's relocated copy (the
-// access of a far [rip] form, after the copy saved a scratch register below the red zone):
-// what puts the program's rsp and registers back (undo_copy_fault), or null when nothing
-// needs to. *orig receives the original address of that DCR instruction when ip is where
-// its copy starts or an undo applies (the program's registers are then those at it), else 0.
+// A fault at `ip` past the first instruction of a DCR instruction's copy in the region copy
+// (the access of a far [rip] form, after the copy saved a scratch register below the red zone):
+// what puts the program's rsp and registers back (undo_copy_fault), or null when nothing needs
+// to. *orig receives the original address of that DCR instruction when ip is where its copy
+// starts or an undo applies (the program's registers are then those at it), else 0.
 const FaultUndo *detour_fault_undo(const DetourLayout &layout, uint64_t dest, uint64_t probe_addr, uint64_t ip,
                                    uint64_t *orig);
 

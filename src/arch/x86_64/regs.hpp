@@ -22,9 +22,9 @@ int trap_number(const ucontext_t *uc);
 uint64_t context_ip(const ucontext_t *uc);
 void set_context_ip(ucontext_t *uc, uint64_t ip);
 
-// A fault inside a relocated copy at an access described by `u`: puts rsp and the saved
-// register back as the program had them before the original instruction (rip is the
-// caller's to set).
+// A fault inside an out-of-line copy or a region copy at an access described by `u`: puts
+// rsp and the saved register back as the program had them before the original instruction
+// (rip is the caller's to set).
 void undo_copy_fault(const FaultUndo &u, ucontext_t *uc);
 
 // Makes sigreturn from this context resume where `r` was saved, with

@@ -52,11 +52,11 @@ int emit_post_exit(uint64_t dest, uint64_t context, uint8_t *out, size_t cap);
 // Two ways in. A hijacked return address is dest + kRetStubEntry, the return site of the
 // call, so that the byte before it, where unwinders look up a return address's frame, is
 // part of the stub. A kretprobe's own detour (detour.hpp) instead jumps to dest +
-// kRetStubCall with the return address still in place and the relocated region's address
-// 16 bytes below it: the stub drops the return address (the instance has it) and calls the
-// region, which pushes the entry in its place; the probed function's `ret` then goes where
-// the CPU's return stack predicts. From dest + kRetStubPushed on, the literal is on the
-// stack (the CFI's frame is 8 bytes larger), and so is the return address before
+// kRetStubCall with the return address still in place and the region copy's address 16
+// bytes below it: the stub drops the return address (the instance has it) and calls the
+// region copy, which pushes the entry in its place; the probed function's `ret` then goes
+// where the CPU's return stack predicts. From dest + kRetStubPushed on, the literal is on
+// the stack (the CFI's frame is 8 bytes larger), and so is the return address before
 // dest + kRetStubCalling.
 inline constexpr size_t kRetStubSize = 64;
 inline constexpr size_t kRetStubCall = 0;

@@ -454,7 +454,7 @@ ukp_post_trampoline_end:
 //     lea -128(%rsp),%rsp ; push <Point *>
 // so on entry (%rsp) = the return address in the detour, 8(%rsp) = the Point, and the
 // program's stack pointer at the probe is %rsp + 144. The dispatcher sets regs->ip to the
-// relocated region, which follows the detour's `lea 136(%rsp),%rsp` (DETOUR_BACK_LEN
+// region copy, which follows the detour's `lea 136(%rsp),%rsp` (DETOUR_BACK_LEN
 // bytes, detour.cpp) after the return address, or to where a pre_handler sent the thread.
 // The usual case returns with `ret`, which the CPU predicts from its return stack; a
 // jump to the copy instead (`ret $128` as the other trampolines) would miss twice, there
@@ -567,7 +567,7 @@ ukp_optprobe_fast_recovery:
 // an entry_handler, it does what kretprobe_pre (kretprobe.cpp) would, another way: takes
 // the thread's spare instance, or one from its home shard, saves the return address in it and puts it
 // on the thread's list, but leaves the return address in place: the detour goes on to the
-// instance's stub (trampoline.hpp), which drops it and calls the relocated region, so
+// instance's stub (trampoline.hpp), which drops it and calls the region copy, so
 // that the function returns to the stub where the CPU's return stack predicts, and the
 // return trampoline leaves by a predicted `ret` too. The stub's address and the region's
 // go 8 and 16 bytes below the program's stack pointer, in the red zone of a function
