@@ -239,15 +239,15 @@ int ukp_kprobes_optimization(void);
 void ukp_optimizer_flush(void);
 
 /*
- * Which optimized paths run without saving the vector state (x87, SSE, AVX registers
- * and MXCSR): UKP_LEAN_KPROBE, the detour of an optimized probe; UKP_LEAN_KRETPROBE,
- * the return trampoline of a kretprobe. A path is lean when the scan, a decode of its
- * dispatcher's code at start, proved the dispatcher lean (not in builds with the
- * sanitizers, whose checks call out through the PLT). On a lean path, a handler the
- * scan proves lean at registration (no vector or x87 instruction, no indirect call, in
- * all the code it can reach) runs as it is; any other handler runs with the state saved
- * around it, as on the other paths. Returns the bits, or a negative errno if the agent
- * could not start.
+ * Which paths run without saving the vector state (x87, SSE, AVX registers and MXCSR):
+ * UKP_LEAN_KPROBE, the jump path (the detour of an optimized probe);
+ * UKP_LEAN_KRETPROBE, the return trampoline of a kretprobe. A path is lean when the
+ * scan, a decode of its dispatcher's code at start, proved the dispatcher lean (not in
+ * builds with the sanitizers, whose checks call out through the PLT). On a lean path, a
+ * handler the scan proves lean at registration (no vector or x87 instruction, no
+ * indirect call, in all the code it can reach) runs as it is; any other handler runs
+ * with the state saved around it, as on the other paths. Returns the bits, or a
+ * negative errno if the agent could not start.
  */
 #define UKP_LEAN_KPROBE 1
 #define UKP_LEAN_KRETPROBE 2

@@ -39,7 +39,7 @@ namespace ukp::core {
 struct ProbeList {
     uint32_t count = 0;
     // Bit i: probes[i]'s pre_handler is lean (the scan, arch::scan_vector_use), so the
-    // optimized path calls it without saving the vector state. Probes past the 64th are not
+    // jump path calls it without saving the vector state. Probes past the 64th are not
     // looked at: they run with it saved.
     uint64_t gpr_mask = 0;
     // Bit i: probes[i]'s pre_handler is the agent's own (handler_is_own): called without
@@ -47,8 +47,8 @@ struct ProbeList {
     uint64_t own_mask = 0;
     bool any_post = false; // a probe has a post_handler (enabled or not)
     // UKP_FAST_* (fast_path.h): one probe, without a post_handler, whose pre_handler is
-    // lean, so that the optimized path's trampoline calls it itself (a user's under a
-    // recovery point of its own, the agent's own as it is); else UKP_FAST_NONE.
+    // lean, so that the jump path's trampoline calls it itself (a user's under a recovery
+    // point of its own, the agent's own as it is); else UKP_FAST_NONE.
     uint8_t fast = UKP_FAST_NONE;
     // One probe, a kretprobe without an entry_handler: its RetPool, for the kretprobe's
     // own trampoline (ukp_kret_entry_trampoline), which then reads no more of the probe
@@ -135,10 +135,10 @@ bool synchronize();
 // Registers the process for membarrier's private expedited barrier (once, before the
 // first probe). Without it, all threads use the shared counters.
 void grace_init();
-// Decides, once, whether the optimized path's and the return path's dispatchers run
-// without saving the vector state: each only if the scan proves its code lean (not under
-// the sanitizers, whose checks call out through the PLT).
-// gpr_dispatch_scan() tells what a scan found.
+// Decides, once, whether the jump path's and the return path's dispatchers run without
+// saving the vector state: each only if the scan proves its code lean (not under the
+// sanitizers, whose checks call out through the PLT). gpr_dispatch_scan() tells what a
+// scan found.
 void gpr_dispatch_init();
 enum class Dispatcher { kOptprobe, kKretprobe };
 const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
@@ -372,8 +372,8 @@ void deliver_to_program(int sig, siginfo_t *info, ucontext_t *uc, bool replayabl
 UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own);
 
 // Runs f() with the vector state saved around it, unless the caller says it is saved
-// already (the breakpoint path: the kernel saved it in the signal frame). On the optimized
-// and return paths, whose dispatchers run without that state saved when they are lean
+// already (the breakpoint path: the kernel saved it in the signal frame). On the jump and
+// return paths, whose dispatchers run without that state saved when they are lean
 // (gpr_dispatch_init), every call of code that is not lean goes through here. Both ways
 // go through a call helper, so the scan of a dispatcher's code (vector_use.hpp) does not
 // follow into f.

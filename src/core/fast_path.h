@@ -1,4 +1,4 @@
-/* The optimized path's fast case, written in trampolines.S: where it finds what it reads
+/* The jump path's fast case, written in trampolines.S: where it finds what it reads
  * in the core's structures. Plain preprocessor constants, for the assembler; hit.cpp
  * checks each against the C++ layout (static_assert), so a change there fails the build.
  */

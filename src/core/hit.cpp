@@ -388,7 +388,7 @@ void grace_after_fork_child() {
     }
 }
 
-// ---- the optimized path without the vector state saved ----------------------------------
+// ---- the jump path without the vector state saved ---------------------------------------
 
 namespace {
 arch::VectorScan g_gpr_dispatch_scans[2];
@@ -528,9 +528,9 @@ void handler_faulted(kprobe *p, pt_regs *regs, const pt_regs &at_hit) {
     if (handled != 1) *regs = at_hit;
 }
 
-// The registers at an optimized hit, from the trampoline's second copy (*at_hit: of its
-// fields, the general registers, flags and sp are written) and what is the same at every
-// hit: where a faulting handler of the first probe is rolled back to.
+// The registers at a hit on the jump path, from the trampoline's second copy (*at_hit: of
+// its fields, the general registers, flags and sp are written) and what is the same at
+// every hit: where a faulting handler of the first probe is rolled back to.
 pt_regs registers_at_hit(const pt_regs &at_hit, uint64_t hit_ip, const pt_regs &regs) {
     pt_regs before = at_hit;
     before.orig_ax = ~0ul;
@@ -708,7 +708,7 @@ __attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const Pro
 void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, uint32_t first) {
     ThreadState &ts = t_state;
     ++ts.depth;
-    pt_regs at_hit = regs; // the breakpoint path's few ns are not worth the care the optimized path's get
+    pt_regs at_hit = regs; // the breakpoint path's few ns are not worth the care the jump path's get
     const bool redirected = run_pre_handlers(pt, list, uc, regs, first, true, &at_hit);
 
     uint64_t fault_addr = 0;
@@ -818,7 +818,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_post_dispatch(uk
 namespace ukp::core {
 namespace {
 
-// The optimized path's post_handlers (see ukp_optprobe_dispatch). regs->ip is the copy.
+// The jump path's post_handlers (see ukp_optprobe_dispatch). regs->ip is the copy.
 void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
     uint64_t fault_addr = 0;
     if (pt->slot != 0) {

@@ -42,7 +42,7 @@ struct RetPool {
     void *unw_info = nullptr;             // the same, registered with libunwind if loaded
     alignas(8) int32_t unw_table[2] = {}; // its one-entry search table: {ip offset, FDE offset}
     // The lean handlers (core.hpp, handler_is_gpr_only): called without saving the vector
-    // state on the optimized and return paths.
+    // state on the jump and return paths.
     bool entry_gpr_only = false;
     bool handler_gpr_only = false;
     // The handlers that are the agent's own (core.hpp, handler_is_own): called unguarded.

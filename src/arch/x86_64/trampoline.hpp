@@ -13,8 +13,8 @@ extern char ukp_post_trampoline_end[]; // where its code ends
 void ukp_kretprobe_trampoline();
 // trampolines.S: fn(arg) run with %rsp at stack_top (16-byte aligned).
 void ukp_call_on_stack(void (*fn)(void *), void *arg, void *stack_top);
-// trampolines.S: returns fn(a, b). The optimized path's dispatcher makes every indirect
-// call through it (see hit.cpp's outside_gpr).
+// trampolines.S: returns fn(a, b). The jump path's dispatcher makes every indirect call
+// through it (see hit.cpp's outside_gpr).
 int ukp_call_handler(void *fn, void *a, void *b);
 // trampolines.S: fn(arg) with the vector state saved around it.
 void ukp_call_saving_vectors(void (*fn)(void *), void *arg);

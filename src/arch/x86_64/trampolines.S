@@ -95,7 +95,7 @@
         .if \snap
         SAVE_GPRS AT_HIT
         .endif
-        // The flags without PUSHFQ, which alone cost 2 ns of the 11 an optimized hit took
+        // The flags without PUSHFQ, which alone cost 2 ns of the 11 a jump path's hit took
         // on the EPYC of docs/performance.md: LAHF gives SF ZF AF PF CF, SETO gives OF,
         // and a string instruction tells DF by the way it steps. IF is always set in user
         // mode. TF, AC, ID and NT, which only a POPF of the program can set, are shown
@@ -450,7 +450,7 @@ ukp_post_trampoline_end:
         .cfi_endproc
         .size   ukp_post_trampoline, .-ukp_post_trampoline
 
-// The optimized-probe trampoline: what a detour (detour.hpp) calls after
+// The optprobe trampoline: what a detour (detour.hpp) calls after
 //     lea -128(%rsp),%rsp ; push <Point *>
 // so on entry (%rsp) = the return address in the detour, 8(%rsp) = the Point, and the
 // program's stack pointer at the probe is %rsp + 144. The dispatcher sets regs->ip to the

@@ -1,14 +1,14 @@
 // Whether code is lean: whether it leaves the vector state alone (the x87, MMX, SSE, AVX
 // and AVX-512 registers, their mask registers, and MXCSR).
 //
-// The optimized-probe path saves that state around C code because a handler is arbitrary
-// C and the probed code may keep live values in it. Saving it costs more than the rest of
-// the detour together (STMXCSR/LDMXCSR, 16 ymm stores and loads, VZEROUPPER); lean code
-// needs none of that. The scan is a decode of every instruction the code can reach:
-// direct jumps, both ways of a conditional branch, direct calls (into the callee and on
-// after the call). An indirect jump or call — a PLT stub, a jump table, a function
-// pointer — ends the scan with "no", except calls to the `stops` given, which the caller
-// vouches for.
+// The jump path saves that state around C code because a handler is arbitrary C and the
+// probed code may keep live values in it. Saving it costs more than the rest of the
+// detour together (STMXCSR/LDMXCSR, 16 ymm stores and loads, VZEROUPPER); lean code needs
+// none of that. The scan is a decode of every instruction the code can reach: direct
+// jumps, both ways of a conditional branch, direct calls (into the callee and on after
+// the call). An indirect jump or call — a PLT stub, a jump table, a function pointer —
+// ends the scan with "no", except calls to the `stops` given, which the caller vouches
+// for.
 #pragma once
 
 #include <cstddef>
