@@ -192,9 +192,9 @@ bool barrier_everywhere();
 struct ThreadState {
     int depth;              // > 0 while this thread runs probe handlers
     int quiet;              // > 0 while it does the agent's own work (AgentWork)
-    // While ukp_optprobe_trampoline's fast path runs a user's pre_handler: its frame, where
+    // While ukp_optprobe_trampoline's fast case runs a user's pre_handler: its frame, where
     // a fault in the handler resumes (at ukp_optprobe_fast_recovery); else null. Beside
-    // depth, which that path writes with it.
+    // depth, which the fast case writes with it.
     pt_regs *fast_frame;
     bool recovery_armed;    // a handler is running under `recovery`
     ukp_recovery recovery;  // where a faulting handler is abandoned to
@@ -339,7 +339,7 @@ inline constexpr unsigned kNoDecision = ~0u;
 // Global knobs (kprobes/enabled).
 extern std::atomic<bool> g_kprobes_enabled;
 // Set in a child of fork() under UKP_FORK_REMOVE: no handler runs there any more. Named
-// for trampolines.S, whose fast path reads it.
+// for trampolines.S, whose fast cases read it.
 extern std::atomic<bool> g_handlers_silenced __asm__("ukp_handlers_silenced") UKP_HOT;
 
 // Takes the signals the agent needs delivered (SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL)

@@ -34,8 +34,8 @@
 
 /* A reader cell's word: the depth of the thread's read sections in the low 16 bits, and
  * the count of its outermost sections above (hit.cpp, "grace periods"). The shared
- * counters' stand-in reader cell shows a depth that never ends, so that the fast path,
- * which begins a section only at depth 0, leaves those threads to the dispatcher. */
+ * counters' stand-in reader cell shows a depth that never ends, so that the fast cases,
+ * which begin a section only at depth 0, leave those threads to the dispatcher. */
 #define UKP_SECTION_DEPTH_MASK 0xffff
 #define UKP_SECTION_NEW 0x10001 /* one more outermost section, at depth 1 */
 

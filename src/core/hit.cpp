@@ -33,7 +33,7 @@ thread_local unsigned t_decision_epoch __attribute__((tls_model("initial-exec"))
 // ---- per-thread state ----------------------------------------------------------------
 
 // Initial-exec TLS: reachable from a signal handler with a plain %fs-relative access.
-// Named for trampolines.S, whose fast path reads it.
+// Named for trampolines.S, whose fast cases read it.
 thread_local ThreadState t_state __asm__("ukp_thread_state")
     __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
@@ -154,7 +154,7 @@ constexpr unsigned kPrivateSection = 2; // read_lock()'s answer for a section in
 
 ReaderSlot g_slots[kReaderSlots];
 // The `reader` of a thread that uses the shared counters. Its word shows depth 1 for good
-// (nothing writes it): trampolines.S's fast path then goes to the dispatcher.
+// (nothing writes it): trampolines.S's fast cases then go to the dispatcher.
 ReaderSlot g_no_slot{{1}, {0}};
 std::atomic<size_t> g_slot_hint{0};
 // One past the highest reader cell ever claimed: those above it were never written, and
@@ -891,7 +891,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_into_co
     regs->ip = ukp::core::into_copy(pt, regs->ip);
 }
 
-// Where ukp_optprobe_trampoline's fast path goes when the handler it called faulted (from
+// Where ukp_optprobe_trampoline's fast case goes when the handler it called faulted (from
 // ukp_optprobe_fast_recovery, with rsp at the frame again). The thread is inside its
 // read section, at depth 1, as the C path would have it after run_guarded() came back
 // with -1: the miss is counted, the probe's fault_handler asked, the registers rolled back
@@ -909,7 +909,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fa
 
 namespace ukp::core {
 
-// The layout trampolines.S's fast path assumes (fast_path.h).
+// The layout trampolines.S's fast cases assume (fast_path.h).
 static_assert(offsetof(ThreadState, depth) == UKP_TS_DEPTH && offsetof(ThreadState, quiet) == UKP_TS_DEPTH + 4);
 static_assert(offsetof(ThreadState, reader) == UKP_TS_READER);
 static_assert(offsetof(ThreadState, fast_frame) == UKP_TS_FAST_FRAME);

@@ -37,8 +37,8 @@ void ukp_optprobe_trampoline();
 // The same for a kretprobe's point (emit_kret_detour): does the kretprobe's entry with a
 // few registers saved, and leaves anything else to ukp_optprobe_trampoline.
 void ukp_kret_entry_trampoline();
-// Inside it: where a fault in a pre_handler its fast path called resumes, with rsp at the
-// frame that path recorded (ThreadState::fast_frame).
+// Inside it: where a fault in a pre_handler its fast case called resumes, with rsp at the
+// frame the fast case recorded (ThreadState::fast_frame).
 void ukp_optprobe_fast_recovery();
 }
 
