@@ -2,7 +2,7 @@
 // injector calls it after dlopen) or at load when UKP_CONTROL=1. It serves the debugfs
 // files of the core, hands every other path to the trace layer's file API
 // (<ukprobes/trace.h>), and passes the trace ring's memfd to a controller that
-// prints the trace itself (Op::kOpenFd). Off every hot path: it takes no lock a probe
+// prints the trace itself (Op::kOpenFd). Off the hit path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
 #include "text/held_fd.hpp"

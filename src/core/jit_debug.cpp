@@ -54,7 +54,7 @@ struct Entry {
     std::vector<uint8_t> object; // what symfile_addr points at
 };
 
-// Serializes changes to the descriptor's list (registration is never on a hot path).
+// Serializes changes to the descriptor's list (registration is never on the hit path).
 // Held across fork(), so that a child never inherits it locked by a thread it lacks.
 std::mutex g_mutex;
 std::once_flag g_fork_once;

@@ -1,5 +1,5 @@
 // ukp_verify(): the process's code against its files, probes aside (issue: byte-exact
-// restoration). Off any hot path.
+// restoration). Off the hit path.
 #include "core/core.hpp"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 // Loaded objects and their symbols: `[MOD:]SYM[+offs]` <-> address, function bounds.
 //
-// Not on any hot path: everything here may allocate and take locks.
+// Not on the hit path: everything here may allocate and take locks.
 #pragma once
 
 #include <atomic>

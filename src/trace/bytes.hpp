@@ -1,4 +1,4 @@
-// memcpy, memcmp, memset and strnlen, written out for the probe-hit path. That path
+// memcpy, memcmp, memset and strnlen, written out for the hit path. That path
 // calls nothing in the C library: a probe could sit on the function (a probe on memcpy
 // would fire inside every hit), and a call through the PLT ends the scan that proves
 // the path lean (arch/x86_64/vector_use.hpp), which spares it saving the vector state.

@@ -43,7 +43,7 @@ struct CountersHeader {
 
 // `size` bytes, aligned to 64, zeroed: in the shared memory when there is room, on the
 // heap otherwise (counted all the same, but not readable once the process is gone).
-// Throws std::bad_alloc as new does. Off the hot path: takes a lock.
+// Throws std::bad_alloc as new does. Off the hit path: takes a lock.
 void *counters_alloc(size_t size);
 void counters_free(void *p, size_t size) noexcept;
 

@@ -31,7 +31,7 @@ public:
     Filter(const Filter &) = delete;
     Filter &operator=(const Filter &) = delete;
 
-    // Hot path: no allocation, no lock. comm: the hitting thread's name.
+    // Hit path: no allocation, no lock. comm: the hitting thread's name.
     bool match(const uint8_t *rec, uint32_t size, const char *comm) const noexcept;
     const std::string &text() const { return text_; } // as the filter file shows it
 

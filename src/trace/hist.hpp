@@ -35,7 +35,7 @@ public:
         std::string name;     // the event field, "common_pid", or "hitcount"
         std::string modifier; // "", "hex", "sym", "sym-offset", "execname", "log2", "buckets"
         enum Mod : uint8_t { kNone, kHex, kSym, kSymOffset, kExecname, kLog2, kBuckets };
-        Mod mod = kNone;      // `modifier` decoded, for the hot path
+        Mod mod = kNone;      // `modifier` decoded, for the hit path
         uint64_t buckets = 0; // for .buckets=N
         bool is_string = false;
         bool is_signed = false;
@@ -60,7 +60,7 @@ public:
                                               std::unique_ptr<Filter> filter,
                                               const std::vector<Field> &fields, FilterError *err);
 
-    // Hot path (the filter already matched).
+    // Hit path (the filter already matched).
     void update(const uint8_t *rec, uint32_t size, const char *comm) noexcept;
 
     // "hist:keys=...:vals=...:sort=...:size=N[ if FILTER] [active]" (no newline).

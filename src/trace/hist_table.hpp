@@ -101,7 +101,7 @@ struct HistTable {
         std::vector<uint64_t> sums;
     };
     // The published elements, one per key: a key that a passed-over bucket made twice
-    // (find_or_insert) has its sums added up. Not for the hot path.
+    // (find_or_insert) has its sums added up. Not for the hit path.
     std::vector<Published> published() const {
         std::vector<Published> out;
         for (uint32_t b = 0; b < n_buckets; b++) {

@@ -92,7 +92,7 @@ thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
 using arch::raw_syscall;
 
-// Saves the calling thread's name in its buffer (SlotHeader::comm). Not on the hot path
+// Saves the calling thread's name in its buffer (SlotHeader::comm). Not on the hit path
 // (two system calls): at exit().
 void save_comm(SlotHeader *s) {
     char name[16] = {};
@@ -414,7 +414,7 @@ void count_drop(SlotHeader *s) {
 
 } // namespace
 
-// ---- Hot path ----
+// ---- Hit path ----
 
 uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     if (!g_tracing_on.load(std::memory_order_relaxed)) return nullptr;

@@ -21,7 +21,7 @@
 
 namespace ukp::trace {
 
-// ---- Hot path (a probe hit, in the calling thread's context) ----
+// ---- Hit path (a probe hit, in the calling thread's context) ----
 
 // Lock-free, no allocation, no system call. Reserves room for a record of `size` bytes
 // (<= kMaxRecordSize); null when there is no room (the loss is counted and shown by
@@ -37,7 +37,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm = nullptr, int cpu = -1);
 // used == 0 discards it (a filter said no). Must follow every non-null ring_reserve.
 void ring_commit(uint8_t *rec, uint32_t used);
 
-// ---- Control (the tracefs files; not for the hot path) ----
+// ---- Control (the tracefs files; not for the hit path) ----
 
 // Maps the ring (idempotent). Call when the tracer starts: a thread's first record must
 // find the ring mapped. 0 or -errno. The other functions call it too.

@@ -265,7 +265,7 @@ std::string TriggerSet::hist_text() const {
     return out;
 }
 
-// On the probe-hit path, lean with the rest of it (arch/x86_64/vector_use.hpp): the
+// On the hit path, lean with the rest of it (arch/x86_64/vector_use.hpp): the
 // host's actions are calls through a virtual table, which the scan does not follow, so
 // they run with the vector state saved. They are rare (an effective traceon, a
 // stacktrace, a snapshot); filters and histograms are not.

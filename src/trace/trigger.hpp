@@ -1,7 +1,7 @@
 // Event triggers: the `trigger` file of an event (traceon, traceoff, stacktrace, snapshot,
 // enable_event, disable_event, hist), and the `hist` file.
 //
-// Concurrency: writers (write(), off the hot path) serialize on a mutex, build a new
+// Concurrency: writers (write(), off the hit path) serialize on a mutex, build a new
 // immutable list of the active triggers and publish it with one atomic store. fire()
 // loads the current list and runs it without a lock. Lists and triggers that a writer
 // replaces are retired, never freed while the TriggerSet lives, so a reader still inside
@@ -34,7 +34,7 @@ struct TriggerHost {
     virtual bool tracing_is_on() const = 0;
     virtual void take_snapshot() = 0;
     // For enable_event/disable_event: the target event's enable flag, looked up when the
-    // trigger is written (null if there is no such event); flipped on the hot path.
+    // trigger is written (null if there is no such event); flipped on the hit path.
     virtual std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) = 0;
     // stacktrace: records the user stack of the hit.
     virtual void record_stacktrace(const struct pt_regs &regs) = 0;
@@ -58,7 +58,7 @@ public:
               FilterError *err);
     std::string text() const;      // the trigger file's content
     std::string hist_text() const; // the hist file's content (the kernel's format)
-    // Hot path, after the record is written: runs every trigger whose filter matches.
+    // Hit path, after the record is written: runs every trigger whose filter matches.
     void fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept;
     bool empty() const noexcept { return cur_.load(std::memory_order_acquire) == nullptr; }
 

@@ -1,5 +1,5 @@
 // The CPU the calling thread runs on, as sched_getcpu() gives it, for code on the
-// probe-hit path that must be lean (vector_use.hpp): sched_getcpu is a call into the C
+// hit path that must be lean (vector_use.hpp): sched_getcpu is a call into the C
 // library through the PLT, which the scan cannot follow. Read here as glibc reads it,
 // from the thread's rseq area (the kernel keeps cpu_id current); where glibc registered
 // none (glibc.pthread.rseq=0, or another library's rseq came first), from sched_getcpu
