@@ -570,8 +570,8 @@ bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
     return true;
 }
 
-// The stepped instruction faulted: fault handlers first, then the program gets the
-// fault as if no probe were there (rip = the probed address).
+// The instruction run out of line faulted: fault handlers first, then the program gets
+// the fault as if no probe were there (rip = the probed address).
 void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uint64_t real_ip,
                   int trapnr) {
     // A later instruction of a copy (the memory read of a relocated `call *mem`, a far

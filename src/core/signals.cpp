@@ -19,7 +19,7 @@ thread_local int t_in_agent_handler __attribute__((tls_model("initial-exec")));
 
 namespace {
 
-// The signals the agent needs: int3 traps, and the faults of handlers and stepped copies.
+// The signals the agent needs: int3 traps, and the faults of handlers and out-of-line copies.
 constexpr int kManaged[] = {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 
 bool managed(int sig) {
