@@ -40,8 +40,8 @@ void sync_cores();
 // serializing all cores afterwards. 0 or -errno.
 int poke_byte(uint64_t addr, uint8_t byte);
 
-// Out-of-line slots: fixed-size, kSlotSize-aligned blocks of executable memory, placed
-// within +-2 GiB of the address they are asked for when the address space allows it.
+// Slots: kSlotSize bytes of executable memory each, kSlotSize-aligned, placed within
+// +-2 GiB of the address they are asked for when the address space allows it.
 // A slot is never freed or reused: its owner keeps it for the life of the process (a
 // thread may still be executing in it long after its probe went away).
 inline constexpr size_t kSlotSize = 256;

@@ -28,7 +28,7 @@ namespace {
 
 using arch::raw_syscall;
 
-// Address space only: pages are backed as blocks are first written (1 KiB and a line per
+// Address space only: pages are backed as ranges are first written (1 KiB and a line per
 // event, a line per probe), and a child of fork() copies what was used.
 constexpr uint64_t kArenaSize = 64ull << 20;
 constexpr size_t kAlign = 64;
@@ -128,7 +128,7 @@ uint8_t *arena_alloc_locked(size_t size) {
     return p;
 }
 
-// Under g_mu. Merged with the free blocks on either side.
+// Under g_mu. Merged with the free ranges on either side.
 void arena_free_locked(uint8_t *p, size_t size) {
     auto &blocks = free_blocks();
     uint64_t off = static_cast<uint64_t>(p - g_base), len = size;

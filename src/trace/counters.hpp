@@ -8,7 +8,7 @@
 // kCountersPath, or pidfd_getfd for a child of fork() that serves no socket) and reads
 // the counts as the process left them, alive or not.
 //
-// Layout: CountersHeader at offset 0; blocks allocated from kCountersFirstBlock on. The
+// Layout: CountersHeader at offset 0; ranges allocated from kCountersFirstBlock on. The
 // table's counter addresses are the process's (from CountersHeader::base).
 //
 // The child of fork() maps a copy in a memfd of its own at the same address before

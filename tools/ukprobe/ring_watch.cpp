@@ -121,7 +121,7 @@ std::string RingStream::read_some(TraceReader &reader, bool *again) {
     std::lock_guard reading(reading_);
     last_read_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     std::string text = reader.pipe(0, kReadBlock);
-    // A read takes a block at most: a backlog is read block after block, down to less
+    // A read takes 1 MiB at most: a backlog is read 1 MiB after another, down to less
     // than a look would wake the stream for.
     *again = text.size() >= kReadBlock / 2 || worth_a_read(reader.level());
     return text;

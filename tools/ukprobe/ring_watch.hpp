@@ -1,5 +1,5 @@
 // How `ukprobe run` and `record` learn that a ring has something to read. A traced
-// thread writes its records without a system call (the hit path makes none), so nothing
+// thread writes its records without a system call (the hot path makes none), so nothing
 // can wake a reader: the rings are polled. One thread, the watch, looks at every ring the
 // streams map and wakes a stream only when its ring is worth a read; a stream's own
 // thread sleeps otherwise. On the VMs this runs on, a thread's wakeup costs more than
@@ -9,13 +9,13 @@
 // A look wakes a stream when the fullest of its ring's buffers holds a sixteenth of a
 // buffer or a read's worth (1 MiB), whichever is less, when records have waited
 // kReadLatency since its last read (a slow writer is read a few times a second, well
-// within run's merge delay), or when its process is gone. A read that took a whole block
-// or left that much is followed by another at once. The watch's own pace follows the
-// writers: it looks again in the time the fastest ring (its rate measured from look to
-// look) takes to gather twice what wakes its stream, between kWatchMin and kWatchMax. A
-// burst after a quiet spell is seen within kWatchMax; one that fills a buffer faster than
-// that (with the default 1408 KiB a thread, about 1,500,000 records a second) loses its
-// first records to the buffer's wrap, counted.
+// within run's merge delay), or when its process is gone. A read that took all of its
+// 1 MiB or left that much is followed by another at once. The watch's own pace follows
+// the writers: it looks again in the time the fastest ring (its rate measured from look
+// to look) takes to gather twice what wakes its stream, between kWatchMin and kWatchMax.
+// A burst after a quiet spell is seen within kWatchMax; one that fills a buffer faster
+// than that (with the default 1408 KiB a thread, about 1,500,000 records a second) loses
+// its first records to the buffer's wrap, counted.
 #pragma once
 
 #include <atomic>
@@ -82,8 +82,8 @@ protected:
         std::lock_guard reading(reading_);
         fn();
     }
-    // One read of what the ring holds (TraceReader::pipe, without waiting, a block at
-    // most); *again: read again at once (the read was a block, or a buffer still holds
+    // One read of what the ring holds (TraceReader::pipe, without waiting, 1 MiB at
+    // most); *again: read again at once (the read was a full one, or a buffer still holds
     // what a look would wake the stream for).
     std::string read_some(TraceReader &reader, bool *again);
     // Waits, mu_ held by `lock`, for a look that found the ring worth reading, for `stop`
