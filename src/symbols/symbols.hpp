@@ -108,7 +108,7 @@ struct Object {
     // one address the preferred name first (function, sized, global, fewer leading
     // underscores, shorter). Read from the file at the first call (see LazySymbols).
     const std::vector<Symbol> &symbols() const { return contents.symbols(); }
-    // Sections holding PLT stubs, run-time addresses, [start, end): decoding may start there.
+    // Sections holding PLT entries, run-time addresses, [start, end): decoding may start there.
     const std::vector<std::pair<uint64_t, uint64_t>> &plt_ranges() const { return contents.plt_ranges(); }
     // For hand-made objects (tests): the symbols as they are, sorted as above. Must not
     // change once the object has been queried.

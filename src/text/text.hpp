@@ -1,4 +1,4 @@
-// Code memory near a site, and writing into live code.
+// Code memory near a point, and writing into live code.
 //
 // Writes go through /proc/self/mem (opened for each write on the program's threads,
 // held by the agent's threads that have a table of their own): no page of code is ever writable and executable,

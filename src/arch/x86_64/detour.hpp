@@ -1,4 +1,4 @@
-// Detour buffers of optimized probes: where the 5-byte `jmp rel32` that replaces a probed
+// Detours of optimized probes: where the 5-byte `jmp rel32` that replaces a probed
 // region (the DCR) leads.
 //
 //     lea -128(%rsp),%rsp          step over the program's red zone (flags untouched)

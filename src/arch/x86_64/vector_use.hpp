@@ -6,7 +6,7 @@
 // detour together (STMXCSR/LDMXCSR, 16 ymm stores and loads, VZEROUPPER); lean code needs
 // none of that. The scan is a decode of every instruction the code can reach: direct
 // jumps, both ways of a conditional branch, direct calls (into the callee and on after
-// the call). An indirect jump or call — a PLT stub, a jump table, a function pointer —
+// the call). An indirect jump or call — a PLT entry, a jump table, a function pointer —
 // ends the scan with "no", except calls to the `stops` given, which the caller vouches
 // for.
 #pragma once
