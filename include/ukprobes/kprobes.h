@@ -106,7 +106,7 @@ int disable_kprobe(struct kprobe *p);
 int enable_kprobe(struct kprobe *p);
 
 /*
- * Return probes (kretprobes.rst, "Return Probes"). A kretprobe sits at the entry of a
+ * Return probes (kprobes.rst, "Return Probes"). A kretprobe sits at the entry of a
  * function (kp.symbol_name or kp.addr, offset 0): on entry it takes an instance from its
  * pool of maxactive, saves the return address in it and replaces it with a trampoline;
  * when the function returns, handler runs with the return-value registers, then the

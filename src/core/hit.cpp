@@ -1,7 +1,8 @@
 // The hit path: what runs in the signal handlers when a probe is hit.
 //
-// Rules (DESIGN.md): no lock, no allocation, no system call, no exception between the
-// trap and the return to the program. Everything used here was prepared at registration.
+// Rules (docs/architecture.md, Glossary, "hit path"): no lock, no allocation, no system
+// call, no exception between the trap and the return to the program. Everything used
+// here was prepared at registration.
 #include "core/core.hpp"
 
 #include "arch/x86_64/regs.hpp"
@@ -794,7 +795,7 @@ int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own) {
 
 } // namespace ukp::core
 
-// Called by ukp_post_trampoline (post_trampoline.S) after a post copy ran the probed
+// Called by ukp_post_trampoline (trampolines.S) after a post copy ran the probed
 // instruction: runs the post_handlers in user mode, with no second trap.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_post_dispatch(ukp::core::Point *pt, pt_regs *regs) {
     using namespace ukp::core;

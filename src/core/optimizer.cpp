@@ -8,7 +8,8 @@
 // candidate (as the kernel's optimizing workqueue), moves those out: it signals every
 // thread that may be running or stopped inside a region, and each moves its own
 // instruction pointer into the matching place in the region copy. Then it writes
-// the jmp (bytes 1..4 under the int3, serialize, byte 0, serialize: DESIGN.md).
+// the jmp (bytes 1..4 under the int3, serialize, byte 0, serialize: docs/architecture.md,
+// "Writing into live code").
 //
 // Unoptimizing needs no such care: the int3 goes back over the jmp's first byte, then
 // the rest of the region; a thread inside the detour returns after the region, into
