@@ -448,7 +448,6 @@ int main(int argc, char **argv) {
     // PROG ARGS...: everything from the first word run does not know, or after "--".
     run->prefix_command();
     run->allow_extras();
-    run->footer("PROG ARGS...: the program to run and its arguments (after --)");
     auto *record = app.add_subcommand("record", "capture the records of a program run (-- PROG ARGS) or of a "
                                                 "process (-p PID) into a file, for `report`");
     record->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
@@ -464,7 +463,6 @@ int main(int argc, char **argv) {
     record->add_flag("--no-follow", no_follow, "only the program itself is recorded, not the processes it starts");
     record->prefix_command();
     record->allow_extras();
-    record->footer("PROG ARGS...: the program to run and its arguments (after --); or -p PID");
     ukprobe::ReportOptions report_options;
     auto *report = app.add_subcommand("report", "print a capture file of `record` as the trace, or export it");
     report->add_option("FILE", report_options.file, "the capture file (default ukprobe.dat)");
@@ -483,6 +481,42 @@ int main(int argc, char **argv) {
         sub->fallthrough();
     ukprobe::MountOptions mount_options;
     auto *mount = ukprobe::add_mount_command(app, mount_options);
+
+    // Each help ends with one example (tests/e2e/help.txt checks that every command has one).
+    app.footer("Example:\n  ukprobe run -e 'p:open libc.so.6:open path=+0(%di):string' -- cat /etc/hostname\n\n"
+               "`ukprobe COMMAND --help` shows a command's options; the manual is ukprobe(1).");
+    struct Example {
+        CLI::App *sub;
+        const char *command;
+        const char *note = ""; // before it
+    };
+    const Example examples[] = {
+        {attach, "ukprobe attach 4242"},
+        {ping, "ukprobe -p 4242 ping"},
+        {read, "ukprobe -p 4242 read events/kprobes/acc/format"},
+        {write, "ukprobe -p 4242 write events/kprobes/acc/filter 'fd == 3'"},
+        {append, "ukprobe -p 4242 append events/kprobes/acc/trigger 'hist:keys=fd'"},
+        {list, "ukprobe -p 4242 list"},
+        {verify, "ukprobe -p 4242 verify"},
+        {detach, "ukprobe -p 4242 detach"},
+        {session, "(echo 'append kprobe_events p:m libc.so.6:malloc'; echo 'write events/kprobes/m/enable 1'; \\\n"
+                  "   sleep 5; echo 'read kprobe_profile') | ukprobe -p 4242 session"},
+        {add, "ukprobe -p 4242 add 'p:acc libc.so.6:accept4 fd=%di:s32'"},
+        {enable, "ukprobe -p 4242 enable acc"},
+        {disable, "ukprobe -p 4242 disable kprobes/acc"},
+        {trace, "ukprobe -p 4242 trace | tail"},
+        {trace_pipe, "ukprobe -p 4242 trace-pipe > acc.trace"},
+        {profile, "ukprobe -p 4242 profile"},
+        {clear, "ukprobe -p 4242 clear"},
+        {run, "ukprobe run -e 'r:openret libc.so.6:open ret=$retval:s32' --filter 'openret=ret < 0' -- cat /nonexistent",
+         "PROG ARGS...: the program to run and its arguments (after --)"},
+        {record, "ukprobe record -o cap.dat -e 'p:m libc.so.6:malloc size=%di:u64' -- ls /",
+         "PROG ARGS...: the program to run and its arguments (after --); or -p PID"},
+        {report, "ukprobe report --event m --format chrome -o cap.json cap.dat"},
+        {mount, "ukprobe -p 4242 mount /tmp/tracing"},
+    };
+    for (const Example &e : examples)
+        e.sub->footer(fmt::format("{}{}Example:\n  {}", e.note, *e.note != 0 ? "\n\n" : "", e.command));
 
     // TEXT or DEF words starting with '-' go to CLI11 as a stand-in (take_dashed_text).
     std::vector<char *> args(argv, argv + argc);
