@@ -1,7 +1,7 @@
 # How ukprobes is installed and packaged, beyond the targets' own install() rules
 # (src/CMakeLists.txt, tools/ukprobe/CMakeLists.txt): the CMake package that
-# find_package(ukprobes CONFIG) reads, ukprobes.pc for pkg-config, and the Debian
-# package that `cpack -G DEB` makes of the whole installation.
+# find_package(ukprobes CONFIG) reads, ukprobes.pc for pkg-config, the documents, and the
+# Debian package that `cpack -G DEB` makes of the whole installation.
 include(CMakePackageConfigHelpers)
 
 set(UKP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ukprobes)
@@ -27,6 +27,13 @@ file(RELATIVE_PATH UKP_PC_LIBDIR ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_LI
 file(RELATIVE_PATH UKP_PC_INCLUDEDIR ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_INCLUDEDIR})
 configure_file(${CMAKE_CURRENT_LIST_DIR}/ukprobes.pc.in ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/ukprobes.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# The documents the manual page points to, for the users of ukprobe and of the library
+# (PREFIX/share/doc/ukprobes).
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/docs/guide.md ${PROJECT_SOURCE_DIR}/docs/cli.md
+  ${PROJECT_SOURCE_DIR}/docs/tracer.md ${PROJECT_SOURCE_DIR}/docs/reference.md
+  ${PROJECT_SOURCE_DIR}/docs/performance.md
+  DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 # The Debian package: everything above, installed under the prefix the build was
 # configured with (configure with -DCMAKE_INSTALL_PREFIX=/usr for a system package).
