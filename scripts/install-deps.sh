@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   dpkg-dev               # cpack -G DEB: dpkg-shlibdeps finds the package's dependencies
+  groff-base             # tests/install: the manual page ukprobe(1) is rendered and checked
   libzydis-dev           # x86-64 decoder and encoder (relocator)
   libelf-dev             # ELF symbol tables
   libfmt-dev             # formatting (GCC 12 has no <format>)

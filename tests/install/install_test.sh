@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The installation as its users get it (tests/install/CMakeLists.txt registers each mode):
 #
-#   install_test.sh files|consumer|ukprobe|deb BUILD_DIR SOURCE_DIR LIBDIR [SANITIZE]
+#   install_test.sh files|consumer|ukprobe|man|deb BUILD_DIR SOURCE_DIR LIBDIR [SANITIZE]
 #
 # files:    `cmake --install BUILD_DIR --prefix TMP` puts the headers, both libraries (the
-#           shared one with its SONAME), ukprobe, gdb's script, the CMake package and
-#           ukprobes.pc in place.
+#           shared one with its SONAME), ukprobe, its manual page, the documents, gdb's
+#           script, the CMake package and ukprobes.pc in place.
 # consumer: a program (consumer/consumer.c) that probes a function of its own is built
 #           against the installed files only, with find_package(ukprobes CONFIG) (shared
 #           and static library) and with pkg-config, and each build runs and passes.
 # ukprobe:  the installed ukprobe preloads the installed agent, not the build tree's, and
 #           the build tree's ukprobe still preloads the build tree's agent.
+# man:      the installed manual page ukprobe(1) renders without a warning from groff, and
+#           names every command and every option that the installed ukprobe's --help and
+#           `ukprobe COMMAND --help` list.
 # deb:      cpack -G DEB makes a package holding those files, with its dependencies.
 #
 # LIBDIR is the library directory relative to the prefix (CMAKE_INSTALL_LIBDIR). SANITIZE
@@ -45,7 +48,9 @@ files)
 		bin/ukprobe "$libdir/libukprobes.so" "$libdir/libukprobes.so.0" "$libdir/libukprobes.a" \
 		"$libdir/cmake/ukprobes/ukprobesConfig.cmake" "$libdir/cmake/ukprobes/ukprobesConfigVersion.cmake" \
 		"$libdir/cmake/ukprobes/ukprobesTargets.cmake" "$libdir/cmake/ukprobes/ukprobesStaticTargets.cmake" \
-		"$libdir/pkgconfig/ukprobes.pc"; do
+		"$libdir/pkgconfig/ukprobes.pc" share/man/man1/ukprobe.1.gz share/doc/ukprobes/README.md \
+		share/doc/ukprobes/cli.md share/doc/ukprobes/tracer.md share/doc/ukprobes/guide.md \
+		share/doc/ukprobes/reference.md; do
 		[ -e "$prefix/$f" ] || fail "$f is not installed"
 	done
 	[ -x "$prefix/bin/ukprobe" ] || fail "bin/ukprobe is not executable"
@@ -61,7 +66,7 @@ files)
 	if grep -E 'INTERFACE_LINK_LIBRARIES' "$prefix/$libdir/cmake/ukprobes/ukprobesTargets.cmake"; then
 		fail "ukprobes::ukprobes passes link dependencies on to its users"
 	fi
-	echo "installed: headers, libukprobes.so ($soname), libukprobes.a, ukprobe, the CMake package, ukprobes.pc"
+	echo "installed: headers, libukprobes.so ($soname), libukprobes.a, ukprobe, ukprobe(1), the documents, the CMake package, ukprobes.pc"
 	;;
 
 consumer)
@@ -117,6 +122,45 @@ ukprobe)
 	echo "build tree's ukprobe: $agent"
 	;;
 
+man)
+	command -v groff >/dev/null || fail "groff is not installed (scripts/install-deps.sh installs groff-base)"
+	install_prefix
+	page=$(find "$prefix" -path '*/man1/ukprobe.1.gz')
+	[ -n "$page" ] || fail "ukprobe.1.gz is not installed in a man1 directory"
+	# Rendered as man(1) would, with every warning on: none may come.
+	zcat "$page" | groff -man -ww -z 2>"$tmp/warnings" || fail "groff failed on ${page#"$prefix"/}"
+	[ ! -s "$tmp/warnings" ] || { cat "$tmp/warnings" >&2; fail "groff warns about ${page#"$prefix"/}"; }
+	# The text a reader sees: no hyphenation, lines long enough that no option is broken.
+	zcat "$page" | groff -man -Tascii -rLL=200n -rHY=0 -P-cbou >"$tmp/page" 2>/dev/null
+	# The tags of the COMMANDS section's entries (indented 7 columns): one per command.
+	sed -n '/^COMMANDS$/,/^[A-Z]/p' "$tmp/page" | sed -n 's/^       \([a-z][^ ]*\).*/\1/p' >"$tmp/entries"
+	ukprobe=$prefix/bin/ukprobe
+	# The commands and options of a --help text: its "Subcommands:" lines' first words, its
+	# "Options:" lines' flags (-h,--help INT ...).
+	section() { awk -v s="$1" '$0 == s {on = 1; next} /^[^ ]/ {on = 0} on && /^  [^ ]/ {print $1}'; }
+	"$ukprobe" --help >"$tmp/help" || fail "ukprobe --help failed"
+	commands=$(section Subcommands: <"$tmp/help")
+	[ -n "$commands" ] || { cat "$tmp/help" >&2; fail "no command in ukprobe --help"; }
+	missing=() options=0
+	for c in "" $commands; do
+		if [ -n "$c" ]; then
+			"$ukprobe" "$c" --help >"$tmp/help" || fail "ukprobe $c --help failed"
+			grep -qxF "$c" "$tmp/entries" || missing+=("the command $c")
+		fi
+		for flag in $(section Options: <"$tmp/help" | tr ',' ' '); do
+			options=$((options + 1))
+			# A whole word of the page: --to is not --top, -o is not -on.
+			grep -qE -- "(^|[^-[:alnum:]_])$flag([^-[:alnum:]_]|\$)" "$tmp/page" ||
+				missing+=("${c:-ukprobe}'s $flag")
+		done
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		printf '  %s\n' "${missing[@]}" >&2
+		fail "${page#"$prefix"/} does not describe what --help lists (docs/ukprobe.1)"
+	fi
+	echo "ukprobe(1): $(wc -w <<<"$commands") commands and $options options of the help described, no warning"
+	;;
+
 deb)
 	(cd "$tmp" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) ||
 		{ cat "$tmp/cpack.log" >&2; fail "cpack -G DEB failed"; }
@@ -128,7 +172,7 @@ deb)
 	for f in "$p/bin/ukprobe" "$p/$libdir/libukprobes.so" "$p/$libdir/libukprobes.so.0" "$p/$libdir/libukprobes.a" \
 		"$p/include/ukprobes/kprobes.h" "$p/include/ukprobes/trace.h" "$p/include/ukprobes/ukprobes.hpp" \
 		"$p/$libdir/cmake/ukprobes/ukprobesConfig.cmake" "$p/$libdir/cmake/ukprobes/ukprobesConfigVersion.cmake" \
-		"$p/$libdir/pkgconfig/ukprobes.pc"; do
+		"$p/$libdir/pkgconfig/ukprobes.pc" "$p/share/man/man1/ukprobe.1.gz" "$p/share/doc/ukprobes/cli.md"; do
 		grep -qxF "$f" "$tmp/contents" || { cat "$tmp/contents" >&2; fail "the package lacks $f"; }
 	done
 	dpkg-deb -x "$deb" "$tmp/root"
