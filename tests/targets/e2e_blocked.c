@@ -44,6 +44,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 100000; i++) spin += i; // no system call: clock_gettime is the vDSO's
             clock_gettime(CLOCK_MONOTONIC, &t);
         } while (t.tv_sec - t0.tv_sec < seconds);
+        (void)spin;
     } else {
         for (int i = 0; i < seconds * 100; i++) usleep(10000);
     }
