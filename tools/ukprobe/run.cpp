@@ -452,7 +452,7 @@ struct ProfileBlock {
 };
 
 // The agent of one process: a connection, and a thread that reads trace_pipe on it.
-class Agent : RingStream {
+class Agent final : RingStream {
 public:
     Agent(int pid, uint64_t seq, Output &out, RingWatch &watch)
         : RingStream(watch), pid_(pid), seq_(seq), comm_(comm_of(pid)), out_(out) {
@@ -674,7 +674,7 @@ int counters_of(int pid, int pidfd) {
 // streamed by a thread of its own, printed with the event table of the agent it was forked
 // from (the same ids), until the process is gone: exited, killed (ukprobe holds the
 // memfd: the records outlive the process) or exec'd.
-class ForkedRing : RingStream {
+class ForkedRing final : RingStream {
 public:
     ForkedRing(int pid, int events_pid, uint64_t seq, Output &out, RingWatch &watch)
         : RingStream(watch), pid_(pid), events_pid_(events_pid), seq_(seq), comm_(comm_of(pid)), out_(out) {}
