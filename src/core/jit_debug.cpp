@@ -37,8 +37,13 @@ __attribute__((visibility("protected"), used)) jit_descriptor __jit_debug_descri
                                                                                         nullptr};
 
 // The debugger's breakpoint: it reads the descriptor when this is called. Must stay a
-// real call (never inlined, never merged or dropped).
+// real call (never inlined, never merged or dropped). clang has no noipa: noinline, and
+// the asm's memory clobber, keep the call there.
+#ifdef __clang__
+__attribute__((visibility("protected"), noinline, used)) void __jit_debug_register_code() {
+#else
 __attribute__((visibility("protected"), noipa, used)) void __jit_debug_register_code() {
+#endif
     asm volatile("" ::: "memory");
 }
 
