@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite: once as built for
-# users, then again under AddressSanitizer + UndefinedBehaviorSanitizer, then the
+# users; then builds everything with clang 14 and runs its quick unit tests; then the
+# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, then the
 # libFuzzer targets (relocator, region analysis, unwind tables, the tracer's parsers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+
+echo
+echo "== clang 14: the Release build of everything, warnings as errors, and the quick unit tests"
+cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang-14 \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DUKP_WERROR=ON >/dev/null
+cmake --build build-clang
+# The decoder, the relocator and the tracer's language, filters, triggers, histograms and
+# records: tests that do not depend on how GCC lays out the functions they probe.
+for t in relocator_test instructions_test trace_syntax_test filter_test trigger_test hist_test \
+  trace_events_test trace_print_test capture_test bytes_test; do
+  build-clang/tests/unit/$t --gtest_brief=1
+done
 
 echo
 echo "== the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
