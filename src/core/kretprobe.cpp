@@ -124,8 +124,8 @@ void pool_push(RetInstance *ri) {
 
 // ---- spare instances -----------------------------------------------------------------
 //
-// Taking an instance from a shard and giving it back are a locked instruction each, some
-// 4 ns apiece here, a fifth of an optimized kretprobe's cost. So the return trampoline's
+// Taking an instance from a shard and giving it back are a locked instruction each,
+// together about a fifth of an optimized kretprobe's cost. So the return trampoline's
 // fast case keeps the instance it frees in the thread's reader cell (ReaderSlot::spare)
 // when the reader cell has none, and the entry trampoline's fast case takes it from there
 // when it is of the probe's pool: plain loads and stores, inside the thread's read section.

@@ -539,10 +539,10 @@ void hook_link_map_locked() {
 
 // The membarrier registrations (grace periods: grace_init; code patching: text) and the
 // growth of the descriptor table to the agent's high numbers (text/high_fd.hpp) each cost
-// the kernel an RCU grace period, 7-20 ms on this VM, once the process has a second
-// thread, and nothing while it has one: done at load, before the agent starts its
-// threads and, under LD_PRELOAD, before the program starts any. `/bin/true` with one
-// libc event took 75 ms to start (median), 35 ms of it these three waits.
+// the kernel an RCU grace period (milliseconds) once the process has a second thread,
+// and nothing while it has one: done at load, before the agent starts its threads and,
+// under LD_PRELOAD, before the program starts any. Done later, these three waits were
+// about half of a short program's start with one libc event.
 __attribute__((constructor(101))) void prepare_while_single_threaded() {
     grace_init();
     text::register_membarrier();

@@ -26,7 +26,7 @@ inline int move_fd_high(int fd) {
 
 // Grows the process's descriptor table to the numbers move_fd_high() uses, by moving a
 // descriptor there and closing it. The kernel grows a table that several threads share
-// only after an RCU grace period (10 ms on this VM, in the first move_fd_high() of a
+// only after an RCU grace period (milliseconds, in the first move_fd_high() of a
 // process whose agent had started its threads), and one of a single thread at once: the
 // agent calls this at load. The table keeps its size.
 inline void grow_fd_table() {

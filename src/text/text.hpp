@@ -17,7 +17,7 @@ int init();
 
 // Registers for membarrier's SYNC_CORE command only (init() does it too). The kernel
 // registers a process of one thread at once, and one of several only after an RCU grace
-// period (7-20 ms on this VM): the agent does it at load, before it starts a thread.
+// period (milliseconds): the agent does it at load, before it starts a thread.
 void register_membarrier();
 
 // Writes n bytes at addr in this process, whatever the page protection. 0 or -errno.

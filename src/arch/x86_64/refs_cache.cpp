@@ -306,8 +306,8 @@ uint64_t object_refs_loaded_from_disk() { return g_loads.load(std::memory_order_
 
 // ---- Symbol tables ----------------------------------------------------------------------
 //
-// An object's parsed symbol table (symbols.cpp: a libc table takes ~2 ms to read and sort
-// from its debug file, at every process's first probe in libc), under the same rules, keyed
+// An object's parsed symbol table (symbols.cpp: a libc table takes milliseconds to read and
+// sort from its debug file, at every process's first probe in libc), under the same rules, keyed
 // also by the separate debug file its .symtab came from. Values relative to the load bias.
 
 namespace {

@@ -39,7 +39,7 @@ inline bool single_stepped() noexcept {
 
 // Adds 1 to the counter of the CPU the thread runs on: the 8-byte counter at
 // shards + cpu * kStride for cpu < kShards - 1, a plain add in an rseq critical section
-// instead of a locked add (about 2.4 ns here). The kernel sends the thread to the abort
+// instead of a locked add (several times dearer). The kernel sends the thread to the abort
 // handler if it is preempted, migrated or signalled between reading cpu_id and the add,
 // so the plain add lands on a line no other CPU writes. Everything else is a locked add
 // on the last counter, the shared one: CPUs from kShards - 1 on, a thread without an rseq

@@ -86,8 +86,8 @@
 // With \snap, also into the frame's second pt_regs at AT_HIT (the general registers,
 // flags and sp; the dispatcher fills in the rest if it needs it): where a handler that
 // faults is rolled back to, which costs less written here than copied later. The stores
-// go in address order, each copy's in one run: on the EPYC of docs/performance.md, the
-// same stores interleaved between the two copies cost 3 ns more per hit.
+// go in address order, each copy's in one run: the same stores interleaved between the
+// two copies made a hit measurably dearer.
         .macro  SAVE_PT_REGS prog_sp, snap=0
         lea     -FRAME(%rsp), %rsp      // lea, not sub: the flags are not saved yet
         .cfi_adjust_cfa_offset FRAME
@@ -95,11 +95,10 @@
         .if \snap
         SAVE_GPRS AT_HIT
         .endif
-        // The flags without PUSHFQ, which alone cost 2 ns of the 11 a jump path's hit took
-        // on the EPYC of docs/performance.md: LAHF gives SF ZF AF PF CF, SETO gives OF,
-        // and a string instruction tells DF by the way it steps. IF is always set in user
-        // mode. TF, AC, ID and NT, which only a POPF of the program can set, are shown
-        // clear (RESTORE_FLAGS_AND_GPRS never changes them unless a handler wrote flags).
+        // The flags without PUSHFQ, which alone was a fifth of a jump path's hit: LAHF
+        // gives SF ZF AF PF CF, SETO gives OF, and a string instruction tells DF by the
+        // way it steps. IF is always set in user mode. TF, AC, ID and NT, which only a
+        // POPF of the program can set, are shown clear (RESTORE_FLAGS_AND_GPRS never changes them unless a handler wrote flags).
         lahf
         seto    %cl
         lea     RDI(%rsp), %rsi
@@ -243,8 +242,8 @@
         movaps  480(%rsp), %xmm15
 .Lmxcsr\@:
         // MXCSR back unconditionally (the handlers' floating-point math may have set its
-        // sticky exception flags): on the AMD EPYC of docs/performance.md LDMXCSR costs
-        // 0.7 ns where a second STMXCSR to compare would cost 5.
+        // sticky exception flags): LDMXCSR costs a fraction of a second STMXCSR to
+        // compare.
         ldmxcsr 512(%rsp)
         jmp     .Ldone\@
 .Lfull\@:
@@ -299,8 +298,8 @@
 // once the section ends (FAST_SECTION_END). Depth and quiet are written as the one 8-byte
 // word they are read as (quiet is 0 here, and back to 0 when the section ends: agent
 // work is scoped): a 4-byte store under an 8-byte load cannot be forwarded, and the next
-// hit's load waited for the store, and every store before it, to reach the cache (2.4 ns
-// of a kretprobe's 25 here, whose two trampolines each begin a section).
+// hit's load waited for the store, and every store before it, to reach the cache (a
+// tenth of a kretprobe's cost, whose two trampolines each begin a section).
         .macro  FAST_SECTION_BEGIN declined
         mov     ukp_thread_state@gottpoff(%rip), %r12
         cmpq    $0, %fs:UKP_TS_DEPTH(%r12)
