@@ -98,7 +98,8 @@
         // The flags without PUSHFQ, which alone was a fifth of a jump path's hit: LAHF
         // gives SF ZF AF PF CF, SETO gives OF, and a string instruction tells DF by the
         // way it steps. IF is always set in user mode. TF, AC, ID and NT, which only a
-        // POPF of the program can set, are shown clear (RESTORE_FLAGS_AND_GPRS never changes them unless a handler wrote flags).
+        // POPF of the program can set, are shown clear (RESTORE_FLAGS_AND_GPRS never
+        // changes them unless a handler wrote flags).
         lahf
         seto    %cl
         lea     RDI(%rsp), %rsi
