@@ -291,7 +291,7 @@ __attribute__((always_inline)) inline unsigned read_lock_here() {
 
 __attribute__((always_inline)) inline void read_unlock_here(unsigned idx) {
     if (__builtin_expect(idx != kPrivateSection, 0)) {
-        g_readers[idx].n.fetch_sub(1, std::memory_order_release);
+        g_readers[idx & 1].n.fetch_sub(1, std::memory_order_release);
         return;
     }
     ReaderSlot *slot = t_state.reader;
