@@ -118,11 +118,11 @@ bool thread_in_clone() {
 bool in_libc(const Point *pt) { return pt->object_name.rfind("libc.so", 0) == 0; }
 
 // The functions posix_spawn may run, the child's included. Takes the registry mutex.
-arch::Reach find_spawn_path(uint64_t in_libc, const std::vector<uint64_t> &entries) {
-    const auto refs = opt_object_refs(in_libc);
+arch::Reach find_spawn_path(uint64_t libc_addr, const std::vector<uint64_t> &entries) {
+    const auto refs = opt_object_refs(libc_addr);
     if (refs == nullptr) return {};
     const std::vector<uint64_t> stops = functions_named(
-        in_libc, {"abort", "__assert_fail", "__libc_fatal", "__fortify_fail", "__chk_fail", "__stack_chk_fail"});
+        libc_addr, {"abort", "__assert_fail", "__libc_fatal", "__fortify_fail", "__chk_fail", "__stack_chk_fail"});
     const arch::ReadFn code = [](uint64_t a, void *out, size_t n) {
         return read_original_code(a, static_cast<uint8_t *>(out), n) == 0;
     };
@@ -130,7 +130,7 @@ arch::Reach find_spawn_path(uint64_t in_libc, const std::vector<uint64_t> &entri
         return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0;
     };
     std::lock_guard lock(registry_mutex());
-    return arch::reachable_code(*refs, entries, stops, code, data, 200000);
+    return arch::reachable_code(*refs, entries, stops, code, data);
 }
 
 // Another thread installs the gate: its spawn path decides how the caller's probe is

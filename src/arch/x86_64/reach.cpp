@@ -39,8 +39,7 @@ bool Reach::contains(uint64_t addr) const {
 }
 
 Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
-                     size_t limit) {
+                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data) {
     Reach out;
     std::unordered_set<uint64_t> seen;
     std::set<uint64_t> swept;
@@ -69,11 +68,6 @@ Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entrie
         uint64_t pc = work.back();
         work.pop_back();
         for (bool more = true; more && seen.insert(pc).second;) {
-            if (seen.size() > limit) {
-                out.complete = false;
-                work.clear();
-                break;
-            }
             Insn in;
             if (!decode_at(read_code, pc, &in)) break;
             out.code.push_back({pc, pc + in.len});

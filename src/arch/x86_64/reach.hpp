@@ -23,17 +23,16 @@ struct CodeRange {
 
 struct Reach {
     std::vector<CodeRange> code; // the instructions reached: sorted, merged
-    bool complete = true;        // false if the walk stopped at its limit
 
     bool contains(uint64_t addr) const;
 };
 
 // The instructions reachable from `entries`, without entering the functions that start at
 // one of `stops` (the error paths that end the process: the walk would otherwise take in
-// printf and half of the library). At most `limit` instructions. `read_code` reads the
-// original instructions; `read_data` the pointers in memory.
+// printf and half of the library); each instruction is decoded once, so the walk ends
+// within the object's code. `read_code` reads the original instructions; `read_data` the
+// pointers in memory.
 Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
-                     size_t limit);
+                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data);
 
 } // namespace ukp::arch
