@@ -103,15 +103,30 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
         next_slot_ = slot + 1;
         while (out.size() - start < max_bytes && ring_consume_batch(v, slot, max_bytes - (out.size() - start), &batch_)) {
             if (block == std::string::npos) block = open_block(out, kRecords, stream_);
+            // The batch's entries written in place: room for each record, its entry and a
+            // LOST entry before it, made once (zeroed: the padding), cut to what was used.
+            // (Each record's entry is 8 bytes shorter than its ring header; a LOST entry
+            // is 24; a loss alone has no bytes in the ring.)
+            size_t at = out.size();
+            const RingBatch::Record &last = batch_.records.back();
+            out.resize(at + last.offset + padded(last.header.size) + batch_.records.size() * 24);
+            char *const base = out.data();
             for (const RingBatch::Record &r : batch_.records) {
                 const uint64_t ts = r.header.kind == kRecordKind ? ring_time_ns(h, r.header.ts) : last_ts_;
-                if (r.lost_before != 0) add_lost(ts, r.header.cpu, r.lost_before);
+                if (r.lost_before != 0) {
+                    const Entry e{ts, r.header.cpu, 8, kLost};
+                    std::memcpy(base + at, &e, sizeof e);
+                    std::memcpy(base + at + sizeof e, &r.lost_before, 8);
+                    at += sizeof e + 8;
+                    lost_here += r.lost_before;
+                }
                 if (r.header.kind != kRecordKind) continue;
                 const uint8_t *rec = batch_.bytes.data() + r.offset;
                 const uint16_t size = r.header.size;
-                put(out, Entry{ts, r.header.cpu, size, kRecord});
-                out.append(reinterpret_cast<const char *>(rec), size);
-                out.append(padded(size) - size, '\0');
+                const Entry e{ts, r.header.cpu, size, kRecord};
+                std::memcpy(base + at, &e, sizeof e);
+                std::memcpy(base + at + sizeof e, rec, size);
+                at += sizeof e + padded(size);
                 last_ts_ = ts;
                 ++records;
                 CommonHeader c{};
@@ -134,6 +149,7 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
                     }
                 }
             }
+            out.resize(at);
         }
     }
     named_.clear();

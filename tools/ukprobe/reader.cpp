@@ -209,24 +209,24 @@ void TraceReader::capture() {
 
 std::string TraceReader::capture_blocks(size_t max_bytes) {
     namespace capture = trace::capture;
-    std::string out, records;
-    const size_t n = capturer_->capture(trace::RingView{mapped_, size_}, records, max_bytes);
+    // The blocks go into the buffer given back (give_buffer), its pages already touched:
+    // a fresh megabyte each read is a page fault each 4 KiB.
+    std::string out = std::move(spare_);
+    out.clear();
+    out.reserve(max_bytes + (64 << 10)); // no growth by steps (a batch may pass max_bytes)
     const uint32_t stream = capturer_->stream();
     if (!stream_written_) {
         stream_written_ = true;
         const std::string comm = trace::ring_thread_name(trace::RingView{mapped_, size_}, pid_, pid_);
         capture::append_block(out, capture::kStream, stream, std::to_string(pid_) + '\t' + comm + '\n');
     }
-    events_fresh_ = false;
-    for (uint16_t id : capturer_->new_ids()) find_event(id); // an event defined since: the table again
-    if (events_text_ != events_written_) {
-        capture::append_block(out, capture::kEvents, stream, events_text_);
-        events_written_ = events_text_;
-    }
-    // The objects mapped now, at most every 100 ms while records come (a library loaded
-    // since the last look). A process gone left its last maps.
+    // What names the records before them: the objects mapped now, at most every 100 ms
+    // while records come (a library loaded since the last look; a process gone left its
+    // last maps), and the event table as known.
+    const trace::RingView view{mapped_, size_};
     const auto now = std::chrono::steady_clock::now();
-    if (!agent_gone_ && (maps_written_.empty() || (n != 0 && now - maps_read_ >= std::chrono::milliseconds(100)))) {
+    if (!agent_gone_ && (maps_written_.empty() || (now - maps_read_ >= std::chrono::milliseconds(100) &&
+                                                   trace::ring_has_data(view)))) {
         maps_read_ = now;
         if (auto maps = ukp::sym::Registry::read_maps(pid_); !maps.files.empty()) maps_ = std::move(maps);
     }
@@ -236,7 +236,22 @@ std::string TraceReader::capture_blocks(size_t max_bytes) {
             maps_written_ = std::move(text);
         }
     }
-    out += records;
+    events_fresh_ = false;
+    if (events_text_.empty()) { // the first read: the table
+        events_fresh_ = true;
+        load_events();
+    }
+    const auto add_events = [&] {
+        if (events_text_ == events_written_) return;
+        capture::append_block(out, capture::kEvents, stream, events_text_);
+        events_written_ = events_text_;
+    };
+    add_events();
+    // The records, in place. An event defined since the table was read: the table again,
+    // after them (the report takes a stream's tables whole before it prints).
+    capturer_->capture(view, out, max_bytes);
+    for (uint16_t id : capturer_->new_ids()) find_event(id);
+    add_events();
     return out;
 }
 

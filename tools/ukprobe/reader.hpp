@@ -63,6 +63,9 @@ public:
     // After the process is gone: what its ring mapped here still holds (the ring outlives
     // it), consumed, without asking the agent. "" when nothing is left, or no ring is mapped.
     std::string pipe_left(size_t max_bytes);
+    // A buffer for the next capture read to fill (one that was written out: its pages are
+    // touched already).
+    void give_buffer(std::string buffer) { spare_ = std::move(buffer); }
     // The snapshot file's text, from the snapshot buffers' memfd (Op::kOpenFd
     // kSnapshotRingPath); an agent that does not serve it formats it.
     std::string snapshot();
@@ -143,6 +146,7 @@ private:
     std::string capture_blocks(size_t max_bytes);
     ukp::trace::PipeReader pipe_;
     std::unique_ptr<ukp::trace::capture::Capturer> capturer_;
+    std::string spare_;                // give_buffer's
     bool stream_written_ = false;      // its kStream block
     std::string events_text_;          // the event table as last read
     std::string events_written_;       // ... as last written

@@ -106,6 +106,7 @@ constexpr auto kMergeDelay = std::chrono::milliseconds(200);
 // How often the output is written, and in blocks of how many bytes.
 constexpr auto kWriteInterval = std::chrono::milliseconds(50);
 constexpr size_t kWriteBlock = 1 << 20;
+constexpr size_t kSpareBuffers = 8; // capture buffers kept for reuse (a stream's read each)
 // Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
 // How long a trace_pipe read waits for a record: also how long a stream takes to see a
@@ -191,10 +192,13 @@ public:
         if (capture_) {
             const uint64_t lost = ukp::trace::capture::lost_in(text);
             run->text = std::move(text);
-            std::lock_guard lock(mu_);
-            run->seq = seq_++;
-            runs_.push_back(std::move(run));
-            lost_ += lost;
+            {
+                std::lock_guard lock(mu_);
+                run->seq = seq_++;
+                runs_.push_back(std::move(run));
+                lost_ += lost;
+            }
+            cv_.notify_all(); // written at once: its buffer comes back for the next read
             return;
         }
         if (text.back() != '\n') text += '\n';
@@ -221,6 +225,16 @@ public:
         run->seq = seq_++;
         runs_.push_back(std::move(run));
         lost_ += lost;
+    }
+
+    // A buffer written out, for a stream's next capture read (TraceReader::give_buffer),
+    // or an empty one.
+    std::string spare() {
+        std::lock_guard lock(mu_);
+        if (spare_.empty()) return {};
+        std::string s = std::move(spare_.back());
+        spare_.pop_back();
+        return s;
     }
 
     // The events the trace's "CPU:N [LOST M EVENTS]" lines counted so far.
@@ -304,10 +318,12 @@ private:
                 for (const RunPtr &r : ready)
                     if (f_ != nullptr && fwrite(r->text.data(), 1, r->text.size(), f_) != r->text.size()) f_ = nullptr;
                 if (!ready.empty() && f_ != nullptr && fflush(f_) != 0) f_ = nullptr;
-                ready.clear();
                 lock.lock();
+                for (RunPtr &r : ready)
+                    if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(r->text));
+                ready.clear();
                 if (last) return;
-                cv_.wait_for(lock, kWriteInterval, [&] { return stop_; });
+                cv_.wait_for(lock, kWriteInterval, [&] { return stop_ || !runs_.empty(); });
                 continue;
             }
             while (!runs_.empty() && (last || now - runs_.front()->arrived >= kMergeDelay)) {
@@ -348,6 +364,7 @@ private:
     const bool capture_;
     bool stop_ = false;      // under mu_
     std::deque<RunPtr> runs_; // under mu_: in arrival order
+    std::vector<std::string> spare_; // under mu_: capture buffers written out, for spare()
     uint64_t seq_ = 0;       // under mu_
     uint64_t lost_ = 0;      // under mu_
     std::thread writer_;     // last: starts once the rest is made
@@ -393,7 +410,10 @@ using HoldPtr = std::shared_ptr<Hold>;
 // each read waits for a record.
 void drain_ring(TraceReader &reader, Output &out, int wait_ms) {
     reader.recheck_buffers();
-    for (int i = 0; i < 1000 && reader.has_records(); ++i) out.add(reader.pipe(wait_ms, 1 << 20));
+    for (int i = 0; i < 1000 && reader.has_records(); ++i) {
+        reader.give_buffer(out.spare());
+        out.add(reader.pipe(wait_ms, 1 << 20));
+    }
 }
 
 std::string comm_of(int pid) {
@@ -564,6 +584,7 @@ private:
                 // in exit_group or execve). Served by the agent, trace_pipe's read itself
                 // waits.
                 bool again = false;
+                reader_.give_buffer(out_.spare());
                 out_.add(read_some(reader_, &again));
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (Clock::now() - profile_read_ >= kProfileInterval) {
@@ -837,6 +858,7 @@ private:
                 // The counts so far, for a process that dies of a signal (no exit_group).
                 if (asked == 0 && Clock::now() - profile_read_ >= kForkedProfileInterval) read_profile();
                 bool again = false;
+                reader_->give_buffer(out_.spare());
                 out_.add(read_some(*reader_, &again));
                 if (again) continue;
                 // A wait for the watch (ring_watch.hpp: it also sees the process gone),
