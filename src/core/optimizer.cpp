@@ -66,8 +66,11 @@ bool is_agent_probe(const kprobe *p); // registry.cpp
 namespace {
 
 constexpr size_t kDetourOffset = 16; // the slot starts with the Point *, for on_fault()
-// The signal that asks a thread to leave the regions about to be replaced.
-int stop_signal() { return SIGRTMAX - 2; }
+// The signal that asks a thread to leave the regions about to be replaced: a real-time
+// signal the program leaves at its default, chosen at the first pass that needs one
+// (ensure_stop_handler), 0 before.
+int g_stop_signal = 0;
+int stop_signal() { return g_stop_signal; }
 constexpr size_t kMaxBatch = 1024;
 constexpr size_t kMaxRetired = 64; // islands retired in one pass
 // How long the optimizer waits for threads to answer before trying again later.
@@ -103,8 +106,7 @@ bool g_alone = false; // inside the outermost of them, the caller is the process
 uint64_t g_requested = 0; // work items queued so far
 uint64_t g_handled = 0;   // work items the optimizer has been through
 bool g_busy = false;      // a pass is running (the mutex is dropped while threads answer)
-bool g_stop_broken = false; // the program took over the stop signal: no more optimizing
-bool g_handler_installed = false;
+uint64_t g_stop_taken = 0; // bit N: the program took signal N over from the optimizer
 
 // ---- what the stop signal's handler reads (lock-free) ----
 Point *g_stop_points[kMaxBatch];
@@ -199,27 +201,33 @@ uint64_t find_restorer() {
     return kact.restorer;
 }
 
+// Makes sure the optimizer has a stop signal with its handler: the first real-time signal
+// from SIGRTMAX-2 down that the program leaves at its default (the JVM takes SIGRTMAX-2
+// for interrupting blocked I/O; SIGRTMAX and SIGRTMAX-1 are the ones applications most
+// often pick, SIGRTMIN and SIGRTMIN+1 too). A program that installs its own handler on
+// the chosen one keeps it, and the next pass chooses another. False when every candidate
+// is the program's: the passes are silent then (move_threads_out).
 bool ensure_stop_handler() {
     if (g_restorer == 0) g_restorer = find_restorer();
     struct sigaction cur {};
-    if (g_handler_installed) {
-        if (sigaction(stop_signal(), nullptr, &cur) != 0) return false;
+    if (g_stop_signal != 0) {
+        if (sigaction(g_stop_signal, nullptr, &cur) != 0) return false;
         if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == stop_handler) return true;
-        g_stop_broken = true; // the program installed its own handler: leave the signal to it
-        return false;
+        g_stop_taken |= uint64_t{1} << g_stop_signal; // the program's now: left to it
+        g_stop_signal = 0;
     }
-    if (sigaction(stop_signal(), nullptr, &cur) != 0) return false;
-    if (cur.sa_handler != SIG_DFL) {
-        g_stop_broken = true;
-        return false;
+    for (int sig = SIGRTMAX - 2; sig >= SIGRTMIN + 2; --sig) {
+        if ((g_stop_taken >> sig) & 1) continue;
+        if (sigaction(sig, nullptr, &cur) != 0 || cur.sa_handler != SIG_DFL) continue;
+        struct sigaction act {};
+        act.sa_sigaction = stop_handler;
+        sigemptyset(&act.sa_mask);
+        act.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+        if (sigaction(sig, &act, nullptr) != 0) continue;
+        g_stop_signal = sig;
+        return true;
     }
-    struct sigaction act {};
-    act.sa_sigaction = stop_handler;
-    sigemptyset(&act.sa_mask);
-    act.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
-    if (sigaction(stop_signal(), &act, nullptr) != 0) return false;
-    g_handler_installed = true;
-    return true;
+    return false;
 }
 
 // The number after `field` ("TracerPid:", "Threads:") in /proc/self/status; `otherwise`
@@ -416,7 +424,7 @@ void restore_islands(const std::vector<Point *> &retired) {
 bool qualifies(const Point *pt) {
     // A spawn-path point keeps its jmp with optimization off: an int3 there kills the
     // children of posix_spawn (spawn_gate.cpp).
-    if ((!g_opt_enabled.load(std::memory_order_relaxed) && !pt->spawn_path) || g_stop_broken) return false;
+    if (!g_opt_enabled.load(std::memory_order_relaxed) && !pt->spawn_path) return false;
     if (!pt->armed || pt->detour == 0) return false;
     if (!g_kprobes_enabled.load(std::memory_order_relaxed) || g_handlers_silenced.load(std::memory_order_relaxed))
         return false;
@@ -553,9 +561,11 @@ void worker() {
         for (Point *pt : later)
             if (pt->island_written && !pt->island_live) retiring().push_back(pt);
         bool retry = false;
-        // Under a tracer, no signal: the jumps go in when every thread is seen outside.
-        const bool work = !batch.empty() || !retired.empty(), silent = work && traced();
-        if (work && (silent || ensure_stop_handler())) {
+        // Under a tracer, or with no signal left to the optimizer, no signal: the jumps go
+        // in when every thread is seen outside.
+        const bool work = !batch.empty() || !retired.empty();
+        const bool silent = work && (traced() || !ensure_stop_handler());
+        if (work) {
             // Branches that enter a region lead to islands before the threads are looked
             // for: from then on none arrives in a region that way.
             size_t kept = 0;

@@ -3,16 +3,39 @@
 // CLONE_VFORK)): system(), popen() and posix_spawnp() with a dup2 file action, N times
 // each. Prints how many were started and how many did not exit 0.
 //
-//   e2e_spawn [N]
+//   e2e_spawn [N] [rt]
+//
+// With `rt`, first takes SIGRTMAX-2 with a handler of its own, as the JVM does (it
+// interrupts threads blocked in I/O with it), prints "ready", and at the end sends it to
+// itself once and prints how many its handler saw ("own signal: 1": none came from
+// anyone else).
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 
 extern char **environ;
 
+static volatile sig_atomic_t own_signals;
+
+static void on_own_signal(int sig) {
+    (void)sig;
+    own_signals++;
+}
+
 int main(int argc, char **argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 10;
+    const int rt = argc > 2 && strcmp(argv[2], "rt") == 0;
+    if (rt) {
+        struct sigaction act;
+        memset(&act, 0, sizeof act);
+        act.sa_handler = on_own_signal;
+        sigaction(SIGRTMAX - 2, &act, NULL);
+        printf("ready\n");
+        fflush(stdout);
+    }
     int failed = 0, first = 0;
     for (int i = 0; i < n; i++) {
         int status[3] = {-1, -1, -1};
@@ -41,5 +64,9 @@ int main(int argc, char **argv) {
         else printf(" (the first with status 0x%x)", first);
     }
     printf("\n");
+    if (rt) {
+        raise(SIGRTMAX - 2);
+        printf("own signal: %d\n", (int)own_signals);
+    }
     return failed != 0;
 }

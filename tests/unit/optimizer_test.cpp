@@ -1363,6 +1363,81 @@ TEST_F(OptimizerTest, AProbeThatWouldStayOnItsInt3OnTheSpawnPathIsRefused) {
     EXPECT_EQ(ukp_verify(nullptr), 0);
 }
 
+// The optimizer stops running threads with a real-time signal the program leaves alone.
+// A program that takes that signal while it runs (the JVM takes SIGRTMAX-2) keeps it: the
+// next pass chooses another one, its handler sees none of the optimizer's, and the jumps
+// still go in while a thread spins where the optimizer must stop it. (Before, the
+// optimizer placed no jump in such a process any more.)
+std::atomic<int> g_own_signals{0};
+void own_signal(int) { g_own_signals.fetch_add(1); }
+
+TEST_F(OptimizerTest, AProgramThatTakesTheStopSignalKeepsItAndJumpsStillGoIn) {
+    kprobe first{};
+    first.symbol_name = "ukpt_opt_work";
+    first.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&first), 0);
+    ukp_optimizer_flush(); // a pass: the optimizer has its signal
+    unregister_kprobe(&first);
+    const int sig = SIGRTMAX - 2;
+    struct sigaction own {}, old {};
+    own.sa_handler = own_signal;
+    sigemptyset(&own.sa_mask);
+    ASSERT_EQ(sigaction(sig, &own, &old), 0);
+    std::atomic<bool> stop{false};
+    std::thread spinner([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+    });
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    for (int i = 0; i < 100 && !optimized(kp); ++i) ukp_optimizer_flush();
+    const bool jumped = optimized(kp);
+    const int before_own = g_own_signals.load();
+    raise(sig);
+    stop = true;
+    spinner.join();
+    for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
+    unregister_kprobe(&kp);
+    sigaction(sig, &old, nullptr);
+    EXPECT_TRUE(jumped);
+    EXPECT_EQ(before_own, 0) << "the optimizer sent the program's signal";
+    EXPECT_EQ(g_own_signals.load(), 1);
+    EXPECT_EQ(g_hits.load(), 10);
+}
+
+// With every real-time signal it could choose taken by the program, the optimizer sends
+// none: as under a tracer, the jumps go in when it sees every other thread blocked
+// outside the regions.
+TEST_F(OptimizerTest, WithEveryRealTimeSignalTakenTheJumpsGoInSilently) {
+    std::vector<std::pair<int, struct sigaction>> taken;
+    struct sigaction own {};
+    own.sa_handler = own_signal;
+    sigemptyset(&own.sa_mask);
+    for (int sig = SIGRTMIN + 2; sig <= SIGRTMAX - 2; ++sig) {
+        struct sigaction old {};
+        ASSERT_EQ(sigaction(sig, &own, &old), 0);
+        taken.emplace_back(sig, old);
+    }
+    const int own_before = g_own_signals.load();
+    kprobe kp{};
+    kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = count_pre;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    for (int i = 0; i < 200 && !optimized(kp); ++i) {
+        usleep(10 * 1000);
+        ukp_optimizer_flush();
+    }
+    const bool jumped = optimized(kp);
+    for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
+    unregister_kprobe(&kp);
+    for (const auto &[sig, old] : taken) sigaction(sig, &old, nullptr);
+    EXPECT_TRUE(jumped);
+    EXPECT_EQ(g_own_signals.load(), own_before) << "the optimizer sent one of the program's signals";
+    EXPECT_EQ(g_hits.load(), 10);
+}
+
 // Under a tracer (a debugger) the optimizer sends no stop signal, which the tracer would
 // see: it places the jumps when it sees every thread blocked outside the regions. A child
 // traces this process's main thread, passing every signal on; a probe registered meanwhile
