@@ -198,8 +198,9 @@ std::string trace_pipe_text_of(const RingView &v, const EventPrinter &print, siz
 }
 
 std::string PipeReader::read(const WithView &with_view, const EventPrinter &print, int timeout_ms,
-                             size_t max_bytes) {
-    std::string out;
+                             size_t max_bytes, std::string buffer) {
+    std::string out = std::move(buffer);
+    out.clear();
     if (max_bytes == 0) return out;
     if (!left_.empty()) {
         out = left_.substr(0, max_bytes);
@@ -215,6 +216,7 @@ std::string PipeReader::read(const WithView &with_view, const EventPrinter &prin
         if (std::chrono::steady_clock::now() >= deadline) return out;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    out.reserve(std::min<size_t>(max_bytes, 4 << 20) + 4096); // a line may pass max_bytes
     RingView view;
     std::optional<RingMerger> merger;
     with_view([&](const RingView &v) {

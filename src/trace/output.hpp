@@ -51,7 +51,11 @@ class PipeReader {
 public:
     // Runs its argument with the view while the view cannot be replaced.
     using WithView = std::function<void(const std::function<void(const RingView &)> &)>;
-    std::string read(const WithView &, const EventPrinter &, int timeout_ms, size_t max_bytes);
+    // The lines go into `buffer` (emptied first): one a caller had written out keeps its
+    // capacity, and a read of a megabyte neither grows a string step by step nor touches
+    // fresh pages.
+    std::string read(const WithView &, const EventPrinter &, int timeout_ms, size_t max_bytes,
+                     std::string buffer = {});
 
 private:
     std::string left_; // the rest of a line that did not fit the last read

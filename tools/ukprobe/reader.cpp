@@ -279,7 +279,7 @@ std::string TraceReader::pipe(int timeout_ms, size_t max_bytes) {
     const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
         fn(view);
     };
-    return pipe_.read(with_view, printer(), timeout_ms, max_bytes);
+    return pipe_.read(with_view, printer(), timeout_ms, max_bytes, std::move(spare_));
 }
 
 std::string TraceReader::pipe_left(size_t max_bytes) {
@@ -290,7 +290,7 @@ std::string TraceReader::pipe_left(size_t max_bytes) {
     const trace::PipeReader::WithView with_view = [&view](const std::function<void(const trace::RingView &)> &fn) {
         fn(view);
     };
-    return pipe_.read(with_view, printer(), 0, max_bytes);
+    return pipe_.read(with_view, printer(), 0, max_bytes, std::move(spare_));
 }
 
 std::string TraceReader::snapshot() {

@@ -63,8 +63,8 @@ public:
     // After the process is gone: what its ring mapped here still holds (the ring outlives
     // it), consumed, without asking the agent. "" when nothing is left, or no ring is mapped.
     std::string pipe_left(size_t max_bytes);
-    // A buffer for the next capture read to fill (one that was written out: its pages are
-    // touched already).
+    // A buffer for the next read to fill (one that was written out: its pages are touched
+    // already).
     void give_buffer(std::string buffer) { spare_ = std::move(buffer); }
     // The snapshot file's text, from the snapshot buffers' memfd (Op::kOpenFd
     // kSnapshotRingPath); an agent that does not serve it formats it.

@@ -106,7 +106,7 @@ constexpr auto kMergeDelay = std::chrono::milliseconds(200);
 // How often the output is written, and in blocks of how many bytes.
 constexpr auto kWriteInterval = std::chrono::milliseconds(50);
 constexpr size_t kWriteBlock = 1 << 20;
-constexpr size_t kSpareBuffers = 8; // capture buffers kept for reuse (a stream's read each)
+constexpr size_t kSpareBuffers = 24; // read buffers kept for reuse: what 200 ms of a busy trace holds
 // Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
 // How long a trace_pipe read waits for a record: also how long a stream takes to see a
@@ -227,8 +227,8 @@ public:
         lost_ += lost;
     }
 
-    // A buffer written out, for a stream's next capture read (TraceReader::give_buffer),
-    // or an empty one.
+    // A buffer written out, for a stream's next read (TraceReader::give_buffer), or an
+    // empty one.
     std::string spare() {
         std::lock_guard lock(mu_);
         if (spare_.empty()) return {};
@@ -319,9 +319,7 @@ private:
                     if (f_ != nullptr && fwrite(r->text.data(), 1, r->text.size(), f_) != r->text.size()) f_ = nullptr;
                 if (!ready.empty() && f_ != nullptr && fflush(f_) != 0) f_ = nullptr;
                 lock.lock();
-                for (RunPtr &r : ready)
-                    if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(r->text));
-                ready.clear();
+                recycle(ready);
                 if (last) return;
                 cv_.wait_for(lock, kWriteInterval, [&] { return stop_ || !runs_.empty(); });
                 continue;
@@ -345,11 +343,18 @@ private:
             }
             write_block(block);
             if (f_ != nullptr && fflush(f_) != 0) f_ = nullptr; // a closed pipe: the trace is dropped
-            done.clear();
             lock.lock();
+            recycle(done);
             if (last) return;
             cv_.wait_for(lock, kWriteInterval, [&] { return stop_; });
         }
+    }
+
+    // The texts of `runs`, written out, kept for spare() (a few); `runs` emptied. Under mu_.
+    void recycle(std::vector<RunPtr> &runs) {
+        for (RunPtr &r : runs)
+            if (spare_.size() < kSpareBuffers && r->text.capacity() >= kWriteBlock / 2) spare_.push_back(std::move(r->text));
+        runs.clear();
     }
 
     // Writes `block` out and empties it (stdio passes a write this large straight on).
@@ -364,7 +369,7 @@ private:
     const bool capture_;
     bool stop_ = false;      // under mu_
     std::deque<RunPtr> runs_; // under mu_: in arrival order
-    std::vector<std::string> spare_; // under mu_: capture buffers written out, for spare()
+    std::vector<std::string> spare_; // under mu_: read buffers written out, for spare()
     uint64_t seq_ = 0;       // under mu_
     uint64_t lost_ = 0;      // under mu_
     std::thread writer_;     // last: starts once the rest is made
