@@ -344,7 +344,12 @@ extern std::atomic<bool> g_handlers_silenced __asm__("ukp_handlers_silenced") UK
 
 // Takes the signals the agent needs delivered (SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL)
 // out of a mask the program asked for: blocked, they would kill the process (sigmask.cpp).
+// The optimizer's stop signal too: blocked, it would wait for the program's signalfd or
+// sigwaitinfo, which would take it for one of its own.
 void strip_agent_signals(sigset_t *set);
+// The optimizer's stop signal (a real-time signal the program leaves alone), 0 before
+// the first pass that needs one or when none is left (optimizer.cpp).
+int opt_stop_signal();
 
 // Installs the agent's signal handlers, or puts them back if something displaced them
 // (recording what it finds as the program's). 0 or -errno.

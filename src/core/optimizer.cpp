@@ -69,8 +69,8 @@ constexpr size_t kDetourOffset = 16; // the slot starts with the Point *, for on
 // The signal that asks a thread to leave the regions about to be replaced: a real-time
 // signal the program leaves at its default, chosen at the first pass that needs one
 // (ensure_stop_handler), 0 before.
-int g_stop_signal = 0;
-int stop_signal() { return g_stop_signal; }
+std::atomic<int> g_stop_signal{0}; // written by the optimizer thread only
+int stop_signal() { return g_stop_signal.load(std::memory_order_relaxed); }
 constexpr size_t kMaxBatch = 1024;
 constexpr size_t kMaxRetired = 64; // islands retired in one pass
 // How long the optimizer waits for threads to answer before trying again later.
@@ -210,11 +210,11 @@ uint64_t find_restorer() {
 bool ensure_stop_handler() {
     if (g_restorer == 0) g_restorer = find_restorer();
     struct sigaction cur {};
-    if (g_stop_signal != 0) {
-        if (sigaction(g_stop_signal, nullptr, &cur) != 0) return false;
+    if (const int sig = stop_signal(); sig != 0) {
+        if (sigaction(sig, nullptr, &cur) != 0) return false;
         if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == stop_handler) return true;
-        g_stop_taken |= uint64_t{1} << g_stop_signal; // the program's now: left to it
-        g_stop_signal = 0;
+        g_stop_taken |= uint64_t{1} << sig; // the program's now: left to it
+        g_stop_signal.store(0, std::memory_order_relaxed);
     }
     for (int sig = SIGRTMAX - 2; sig >= SIGRTMIN + 2; --sig) {
         if ((g_stop_taken >> sig) & 1) continue;
@@ -224,7 +224,7 @@ bool ensure_stop_handler() {
         sigemptyset(&act.sa_mask);
         act.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
         if (sigaction(sig, &act, nullptr) != 0) continue;
-        g_stop_signal = sig;
+        g_stop_signal.store(sig, std::memory_order_relaxed);
         return true;
     }
     return false;
@@ -244,6 +244,24 @@ long status_number(const char *field, long otherwise) {
     snprintf(line, sizeof line, "\n%s", field);
     const char *at = strstr(text, line);
     return at != nullptr ? strtol(at + strlen(line), nullptr, 10) : otherwise;
+}
+
+// Whether thread `tid` blocks signal `sig` (its SigBlk in /proc/self/task/TID/status).
+// Unknown: no.
+bool blocks_signal(int tid, int sig) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char text[4096];
+    const ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0) return false;
+    text[n] = '\0';
+    const char *line = strstr(text, "\nSigBlk:");
+    if (line == nullptr) return false;
+    const unsigned long long mask = strtoull(line + 8, nullptr, 16);
+    return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1) != 0;
 }
 
 // Whether a tracer (a debugger, strace) is attached to the process. It would see every
@@ -285,13 +303,21 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
             if (in_island(retired[i], pc)) return false;
         return true;
     };
-    std::vector<int> signalled;
+    std::vector<int> signalled; // and, after them, those that block the signal
+    std::vector<int> blocking;
     while (dirent *e = readdir(dir)) {
         const int tid = atoi(e->d_name);
         if (tid <= 0 || tid == self || outside(tid)) continue;
         if (silent) {
             closedir(dir);
             return -EAGAIN;
+        }
+        // A thread that blocks the signal (it had it blocked before the agent chose it, or
+        // glibc's raw masks) is not sent one: it would stay pending, and the program's
+        // signalfd or sigwaitinfo would take it. It is done once seen outside, below.
+        if (blocks_signal(tid, stop_signal())) {
+            blocking.push_back(tid);
+            continue;
         }
         siginfo_t info{};
         info.si_signo = stop_signal();
@@ -303,15 +329,17 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
     }
     closedir(dir);
     const int sent = static_cast<int>(signalled.size());
+    if (strict && !blocking.empty()) return -EAGAIN; // a strict pass needs every answer
+    signalled.insert(signalled.end(), blocking.begin(), blocking.end());
     // A thread that blocks the signal (glibc does, briefly, around fork() and the child of
     // posix_spawn) answers late: it is done too once seen blocked outside every region, or
     // gone. Looked at every millisecond.
     std::vector<bool> seen(signalled.size(), false);
     const auto all_done = [&] {
-        if (signalled.size() > kAckSlots) return g_acks.load(std::memory_order_acquire) >= sent;
+        if (signalled.size() > kAckSlots) return blocking.empty() && g_acks.load(std::memory_order_acquire) >= sent;
         bool done = true;
         for (size_t i = 0; i < signalled.size(); ++i) {
-            if (seen[i] || g_acked[i].load(std::memory_order_acquire) == gen) continue;
+            if (seen[i] || (static_cast<int>(i) < sent && g_acked[i].load(std::memory_order_acquire) == gen)) continue;
             char path[64];
             snprintf(path, sizeof path, "/proc/self/task/%d", signalled[i]);
             seen[i] = outside(signalled[i]) || access(path, F_OK) != 0;
@@ -325,7 +353,7 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
     const auto since = [](const timespec &a, const timespec &b) {
         return (b.tv_sec - a.tv_sec) * 1000000000l + (b.tv_nsec - a.tv_nsec);
     };
-    while (g_acks.load(std::memory_order_acquire) < sent) {
+    while (!blocking.empty() || g_acks.load(std::memory_order_acquire) < sent) {
         timespec now{};
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (since(looked, now) > 1000 * 1000) {
@@ -911,6 +939,8 @@ void opt_after_fork_child() {
 }
 
 bool opt_qualifies(const Point *pt) { return qualifies(pt); }
+
+int opt_stop_signal() { return stop_signal(); }
 
 bool opt_breaks_spawn_path(const Point *pt, const kprobe *p) {
     if (!spawn_path_enforced()) return false;

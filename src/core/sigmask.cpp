@@ -1,7 +1,8 @@
 // The signals the agent lives on are never blocked. A probe hit (SIGTRAP), or a fault of a
 // handler, of an instruction run out of line or of a fault-safe read (SIGSEGV, SIGBUS,
 // SIGFPE, SIGILL), on a thread that blocks the signal is turned by the kernel into the
-// default action: the death of the process. So the agent takes them out of every mask the
+// default action: the death of the process. The optimizer's stop signal, blocked, would
+// stay pending for the program's signalfd or sigwaitinfo to take. So the agent takes them out of every mask the
 // program sets: pthread_sigmask/sigprocmask (interposed here), the masks a call installs
 // while it waits (sigsuspend, pselect, ppoll, epoll_pwait, epoll_pwait2: the handlers that
 // run meanwhile run under them; interposed here, calling glibc's with the mask copied), the
@@ -36,6 +37,7 @@ void clear_signal(sigset_t *set, int sig) {
 
 void strip_agent_signals(sigset_t *set) {
     for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) clear_signal(set, sig);
+    if (const int stop = opt_stop_signal(); stop > 0) clear_signal(set, stop);
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace {
@@ -228,4 +229,36 @@ TEST(SignalMasks, SigsetHoldOfAnAgentSignalAnswersItsDisposition) {
     struct sigaction old {};
     ASSERT_EQ(sigaction(SIGFPE, nullptr, &old), 0);
     EXPECT_EQ(sigset(SIGFPE, SIG_HOLD), old.sa_handler);
+}
+
+namespace {
+
+// The optimizer's stop signal (the real-time signal of the agent's with a handler; the
+// test installs none) is taken out of every mask the program sets too: blocked, it would
+// wait for the program's signalfd or sigwaitinfo, which would take it for its own.
+void stop_signal_never_blocked() {
+    kprobe kp{};
+    kp.addr = reinterpret_cast<kprobe_opcode_t *>(&sigmask_target);
+    kp.pre_handler = count_pre; // no post_handler: it goes to the optimizer
+    if (register_kprobe(&kp) != 0) _exit(2);
+    ukp_optimizer_flush();
+    int stop = 0;
+    for (int sig = SIGRTMIN; sig <= SIGRTMAX && stop == 0; ++sig) {
+        struct sigaction cur {};
+        if (sigaction(sig, nullptr, &cur) == 0 && cur.sa_handler != SIG_DFL) stop = sig;
+    }
+    if (stop == 0) _exit(10);
+    sigset_t all, now;
+    sigfillset(&all);
+    if (pthread_sigmask(SIG_BLOCK, &all, nullptr) != 0) _exit(11);
+    if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &now, _NSIG / 8) != 0) _exit(12);
+    if (sigismember(&now, stop)) _exit(13);
+    if (!sigismember(&now, SIGUSR1)) _exit(14);
+    _exit(0);
+}
+
+} // namespace
+
+TEST(SignalMasks, TheOptimizersStopSignalIsNeverBlocked) {
+    EXPECT_EXIT(stop_signal_never_blocked(), ::testing::ExitedWithCode(0), "");
 }
