@@ -230,27 +230,9 @@ bool ensure_stop_handler() {
     return false;
 }
 
-// The number after `field` ("TracerPid:", "Threads:") in /proc/self/status; `otherwise`
-// when the file cannot be read or has no such line.
-long status_number(const char *field, long otherwise) {
-    const int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return otherwise;
-    char text[4096];
-    const ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0) return otherwise;
-    text[n] = '\0';
-    char line[32];
-    snprintf(line, sizeof line, "\n%s", field);
-    const char *at = strstr(text, line);
-    return at != nullptr ? strtol(at + strlen(line), nullptr, 10) : otherwise;
-}
-
-// Whether thread `tid` blocks signal `sig` (its SigBlk in /proc/self/task/TID/status).
-// Unknown: no.
-bool blocks_signal(int tid, int sig) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
+// The text after "\nFIELD" in a status file of /proc ("TracerPid:", "SigBlk:"), up to
+// `size` bytes of it in `out`; false when the file cannot be read or has no such line.
+bool status_field(const char *path, const char *field, char *out, size_t size) {
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
     char text[4096];
@@ -258,10 +240,28 @@ bool blocks_signal(int tid, int sig) {
     close(fd);
     if (n <= 0) return false;
     text[n] = '\0';
-    const char *line = strstr(text, "\nSigBlk:");
-    if (line == nullptr) return false;
-    const unsigned long long mask = strtoull(line + 8, nullptr, 16);
-    return sig >= 1 && sig <= 64 && ((mask >> (sig - 1)) & 1) != 0;
+    char line[32];
+    snprintf(line, sizeof line, "\n%s", field);
+    const char *at = strstr(text, line);
+    if (at == nullptr) return false;
+    snprintf(out, size, "%s", at + strlen(line));
+    return true;
+}
+
+// The number after `field` ("TracerPid:", "Threads:") in /proc/self/status; `otherwise`
+// when the file cannot be read or has no such line.
+long status_number(const char *field, long otherwise) {
+    char value[32];
+    return status_field("/proc/self/status", field, value, sizeof value) ? strtol(value, nullptr, 10) : otherwise;
+}
+
+// Whether thread `tid` blocks signal `sig` (its SigBlk in /proc/self/task/TID/status).
+// Unknown: no.
+bool blocks_signal(int tid, int sig) {
+    char path[64], value[32];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
+    if (sig < 1 || sig > 64 || !status_field(path, "SigBlk:", value, sizeof value)) return false;
+    return ((strtoull(value, nullptr, 16) >> (sig - 1)) & 1) != 0;
 }
 
 // Whether a tracer (a debugger, strace) is attached to the process. It would see every

@@ -53,6 +53,16 @@ void empty_post(kprobe *, pt_regs *, unsigned long) {}
 uint8_t first_byte(const void *addr) { return *static_cast<const volatile uint8_t *>(addr); }
 bool optimized(const kprobe &kp) { return (kp.flags & KPROBE_FLAG_OPTIMIZED) != 0; }
 
+// Whether kp gets its jump within about `seconds`: a pass that could not place it (a
+// thread that did not answer in time, one not seen at rest) is tried again 20 ms later.
+bool optimized_within(const kprobe &kp, double seconds) {
+    for (int i = 0; i < seconds * 100 && !optimized(kp); ++i) {
+        usleep(10 * 1000);
+        ukp_optimizer_flush();
+    }
+    return optimized(kp);
+}
+
 std::string list_text() {
     char *t = ukp_kprobes_list();
     std::string s = t != nullptr ? t : "";
@@ -1393,12 +1403,7 @@ TEST_F(OptimizerTest, AProgramThatTakesTheStopSignalKeepsItAndJumpsStillGoIn) {
     kp.symbol_name = "ukpt_opt_work";
     kp.pre_handler = count_pre;
     ASSERT_EQ(register_kprobe(&kp), 0);
-    // A pass that did not hear from the spinner in time is tried again 20 ms later.
-    for (int i = 0; i < 300 && !optimized(kp); ++i) {
-        usleep(10 * 1000);
-        ukp_optimizer_flush();
-    }
-    const bool jumped = optimized(kp);
+    const bool jumped = optimized_within(kp, 3);
     const int before_own = g_own_signals.load();
     raise(sig);
     stop = true;
@@ -1443,11 +1448,7 @@ TEST_F(OptimizerTest, AThreadThatBlocksTheStopSignalIsNotSentOne) {
     kp.symbol_name = "ukpt_opt_work";
     kp.pre_handler = count_pre;
     ASSERT_EQ(register_kprobe(&kp), 0);
-    for (int i = 0; i < 300 && !optimized(kp); ++i) {
-        usleep(10 * 1000);
-        ukp_optimizer_flush();
-    }
-    const bool jumped = optimized(kp);
+    const bool jumped = optimized_within(kp, 3);
     stop = true;
     blocker.join();
     for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
@@ -1475,11 +1476,7 @@ TEST_F(OptimizerTest, WithEveryRealTimeSignalTakenTheJumpsGoInSilently) {
     kp.symbol_name = "ukpt_opt_work";
     kp.pre_handler = count_pre;
     ASSERT_EQ(register_kprobe(&kp), 0);
-    for (int i = 0; i < 200 && !optimized(kp); ++i) {
-        usleep(10 * 1000);
-        ukp_optimizer_flush();
-    }
-    const bool jumped = optimized(kp);
+    const bool jumped = optimized_within(kp, 2);
     for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
     unregister_kprobe(&kp);
     for (const auto &[sig, old] : taken) sigaction(sig, &old, nullptr);
@@ -1519,11 +1516,7 @@ TEST_F(OptimizerTest, UnderATracerTheJumpGoesInWithoutASignal) {
     kp.pre_handler = count_pre;
     ASSERT_EQ(register_kprobe(&kp), 0);
     // A pass waits for a moment when no other thread runs: retried every 20 ms.
-    for (int i = 0; i < 200 && !optimized(kp); ++i) {
-        usleep(10 * 1000);
-        ukp_optimizer_flush();
-    }
-    const bool jumped = optimized(kp);
+    const bool jumped = optimized_within(kp, 2);
     for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
     unregister_kprobe(&kp);
     kill(tracer, SIGKILL);
