@@ -363,7 +363,17 @@ bool on_jprobe_return(uint64_t trap_addr, ucontext_t *uc);
 
 // Hit path entry points, called from the signal handlers.
 void on_breakpoint(siginfo_t *info, ucontext_t *uc);
+// A SIGILL of a point armed with kTracedTrap: handled as its int3 would be (true).
+bool on_traced_trap(siginfo_t *info, ucontext_t *uc);
 bool on_fault(int sig, siginfo_t *info, ucontext_t *uc); // true if it was ours
+
+// The byte a point is armed with. int3, but under a tracer (a debugger) an instruction
+// that is invalid in 64-bit mode (push es): a debugger stops at its SIGILL as at an
+// int3's SIGTRAP, but passes it on when the program is continued, and a SIGILL it drops
+// (detach) comes again, as the instruction did not complete; a SIGTRAP the debugger
+// drops leaves the thread past the int3, inside the instruction.
+inline constexpr uint8_t kTracedTrap = 0x06;
+uint8_t arming_byte();
 
 // Gives a signal to the program as if ukprobes were not there: its own handler, or the
 // default action. `uc` is the context the program should see; `replayable` says that

@@ -789,6 +789,21 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
     probe_hit(pt, uc);
 }
 
+bool on_traced_trap(siginfo_t *info, ucontext_t *uc) {
+    if (info->si_code != ILL_ILLOPN) return false;
+    const uint64_t ip = arch::context_ip(uc);
+    Point *pt = find_site(ip);
+    // The byte is not looked at: as an int3's SIGTRAP, the fault may be handled after the
+    // point got its jmp (a debugger held the thread). A probed instruction that raises
+    // SIGILL itself (ud0, ud1, ud2) is the program's business.
+    if (pt == nullptr || pt->insn.mnemonic == ZYDIS_MNEMONIC_UD0 || pt->insn.mnemonic == ZYDIS_MNEMONIC_UD1 ||
+        pt->insn.mnemonic == ZYDIS_MNEMONIC_UD2)
+        return false;
+    arch::set_context_ip(uc, ip + 1); // as after an int3: the hit path's view
+    probe_hit(pt, uc);
+    return true;
+}
+
 int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, bool own) {
     return guarded_handler_call(p, fn, a, b, proven, own);
 }

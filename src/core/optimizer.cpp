@@ -888,7 +888,7 @@ int opt_unoptimize(Point *pt) {
     if (!pt->optimized) return 0;
     spawn_gate_close(pt);
     // The int3 first: from then on no thread takes the jmp, and none is inside its bytes.
-    if (int err = text::poke_byte(pt->addr, BREAKPOINT_INSTRUCTION); err != 0) return err;
+    if (int err = text::poke_byte(pt->addr, arming_byte()); err != 0) return err;
     if (int err = text::write(pt->addr + 1, pt->dcr_orig + 1, 4); err != 0) return err;
     text::sync_cores();
     pt->optimized = false;
@@ -941,6 +941,8 @@ void opt_after_fork_child() {
 bool opt_qualifies(const Point *pt) { return qualifies(pt); }
 
 int opt_stop_signal() { return stop_signal(); }
+
+uint8_t arming_byte() { return traced() ? kTracedTrap : uint8_t{BREAKPOINT_INSTRUCTION}; }
 
 bool opt_breaks_spawn_path(const Point *pt, const kprobe *p) {
     if (!spawn_path_enforced()) return false;

@@ -269,7 +269,7 @@ int update_arming(Point *pt) {
         if (int err = opt_unoptimize(pt); err != 0) return err;
     }
     if (want) spawn_gate_close(pt);
-    const int err = text::poke_byte(pt->addr, want ? uint8_t{BREAKPOINT_INSTRUCTION} : pt->orig_byte);
+    const int err = text::poke_byte(pt->addr, want ? arming_byte() : pt->orig_byte);
     if (err == 0) {
         pt->armed = want;
         pt->disarms += want ? 0 : 1;

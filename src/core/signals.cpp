@@ -120,6 +120,8 @@ __attribute__((section("ukp_trap_text"), noinline)) void agent_handler(int sig, 
     t_decision_epoch = kNoDecision;
     if (sig == SIGTRAP)
         on_breakpoint(info, uc);
+    else if (sig == SIGILL && on_traced_trap(info, uc))
+        ; // a point armed under a tracer
     else if (!on_fault(sig, info, uc))
         deliver_to_program(sig, info, uc, /*replayable=*/true);
     if (t_decision_epoch == kNoDecision) t_decision_epoch = outer_decision;
