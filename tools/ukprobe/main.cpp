@@ -461,6 +461,8 @@ int main(int argc, char **argv) {
                        "KiB of each thread's ring buffer, as tracefs' buffer_size_kb (default 1408)")
         ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
     record->add_flag("--no-follow", no_follow, "only the program itself is recorded, not the processes it starts");
+    // `ukprobe record -p PID`, as `perf record -p` (the same as `ukprobe -p PID record`).
+    record->add_option("-p,--pid", o.pid, "the process to record (its agent attached), instead of PROG");
     record->prefix_command();
     record->allow_extras();
     ukprobe::ReportOptions report_options;
