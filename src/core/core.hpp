@@ -4,8 +4,10 @@
 #include <ukprobes/kprobes.h>
 
 #include "arch/x86_64/detour.hpp"
+#include "arch/x86_64/full_blocks.hpp"
 #include "arch/x86_64/insn.hpp"
 #include "arch/x86_64/island.hpp"
+#include "arch/x86_64/reach.hpp"
 #include "arch/x86_64/region.hpp"
 #include "arch/x86_64/regs.hpp"
 #include "arch/x86_64/safe_access.hpp"
@@ -314,10 +316,28 @@ bool spawn_path_known();
 bool spawn_path_enforced();
 void set_spawn_path_enforced(bool on);
 
+// ---- glibc's full blocks (full_blocks.cpp) -----------------------------------------------
+// With addr in libc or the loader, once per process: the sets glibc blocks with raw system
+// calls around clone, at a thread's exit and in pthread_kill leave the agent's signals out.
+// Not under the registry mutex.
+void open_full_blocks(uint64_t addr);
+// The bytes it changed, with the files' (for ukp_verify). Under the registry mutex.
+void full_block_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out);
+// The blocks it changed.
+std::vector<arch::FullBlock> opened_full_blocks();
+
 // Registry services for the optimizer (registry.cpp).
 std::mutex &registry_mutex();
 std::map<uint64_t, Point *> &all_points();
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n);
+// Readers for arch's analyses: code as the files have it (the bytes under our int3s and
+// jmps put back; under the registry mutex), and memory as it is (fault-safe).
+arch::ReadFn original_code_reader();
+arch::ReadFn memory_reader();
+// The code of the object holding in_object reachable from `entries` (arch/x86_64/reach.hpp),
+// leaving out the paths that end the process (abort, __libc_fatal, ...); max_depth as
+// there. Takes the registry mutex (spawn_gate.cpp).
+arch::Reach reachable_in(uint64_t in_object, const std::vector<uint64_t> &entries, int max_depth = -1);
 // The bytes islands own (their jmps, their branches' displacements), with what the files
 // have there, for ukp_verify. Under the registry mutex.
 void island_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out);

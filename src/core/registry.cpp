@@ -687,6 +687,14 @@ bool is_agent_probe(const kprobe *p) { return p == &g_link_map_probe; }
 std::map<uint64_t, Point *> &all_points() { return points(); }
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n) { return read_original(addr, buf, n); }
 
+arch::ReadFn original_code_reader() {
+    return [](uint64_t a, void *out, size_t n) { return read_original(a, static_cast<uint8_t *>(out), n) == 0; };
+}
+
+arch::ReadFn memory_reader() {
+    return [](uint64_t a, void *out, size_t n) { return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0; };
+}
+
 bool is_registered(const kprobe *p) {
     std::lock_guard lock(g_mutex);
     return registered().count(p) != 0;
@@ -717,6 +725,13 @@ std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {
         }
     }
     island_bytes(&out);
+    // glibc's full blocks (full_blocks.cpp): a point's region may hold one of their bytes,
+    // whose original is the file's, not the one the point found.
+    std::vector<std::pair<uint64_t, uint8_t>> opened;
+    full_block_bytes(&opened);
+    for (const auto &[addr, byte] : opened)
+        std::erase_if(out, [addr = addr](const std::pair<uint64_t, uint8_t> &b) { return b.first == addr; });
+    out.insert(out.end(), opened.begin(), opened.end());
     std::sort(out.begin(), out.end());
     return out;
 }
@@ -785,6 +800,7 @@ void warm_object_refs(const kprobe *p) {
         if (ensure_initialized() != 0 || resolve_address(p, &addr) != 0) return;
     }
     opt_warm(addr);
+    open_full_blocks(addr);
     spawn_gate_install(addr);
 }
 

@@ -1,4 +1,5 @@
 list(APPEND UKP_SOURCES
+  core/full_blocks.cpp
   core/hit.cpp
   core/jit_debug.cpp
   core/jprobe.cpp

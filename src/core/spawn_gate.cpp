@@ -117,22 +117,6 @@ bool thread_in_clone() {
 
 bool in_libc(const Point *pt) { return pt->object_name.rfind("libc.so", 0) == 0; }
 
-// The functions posix_spawn may run, the child's included. Takes the registry mutex.
-arch::Reach find_spawn_path(uint64_t libc_addr, const std::vector<uint64_t> &entries) {
-    const auto refs = opt_object_refs(libc_addr);
-    if (refs == nullptr) return {};
-    const std::vector<uint64_t> stops = functions_named(
-        libc_addr, {"abort", "__assert_fail", "__libc_fatal", "__fortify_fail", "__chk_fail", "__stack_chk_fail"});
-    const arch::ReadFn code = [](uint64_t a, void *out, size_t n) {
-        return read_original_code(a, static_cast<uint8_t *>(out), n) == 0;
-    };
-    const arch::ReadFn data = [](uint64_t a, void *out, size_t n) {
-        return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0;
-    };
-    std::lock_guard lock(registry_mutex());
-    return arch::reachable_code(*refs, entries, stops, code, data);
-}
-
 // Another thread installs the gate: its spawn path decides how the caller's probe is
 // placed, so the caller waits for it (the installer's own registrations do not).
 void wait_for_installer() {
@@ -140,6 +124,15 @@ void wait_for_installer() {
 }
 
 } // namespace
+
+arch::Reach reachable_in(uint64_t in_object, const std::vector<uint64_t> &entries, int max_depth) {
+    const auto refs = opt_object_refs(in_object);
+    if (refs == nullptr) return {};
+    const std::vector<uint64_t> stops = functions_named(
+        in_object, {"abort", "__assert_fail", "__libc_fatal", "__fortify_fail", "__chk_fail", "__stack_chk_fail"});
+    std::lock_guard lock(registry_mutex());
+    return arch::reachable_code(*refs, entries, stops, original_code_reader(), memory_reader(), max_depth);
+}
 
 bool is_spawn_gate(const kprobe *p) {
     for (const kretprobe &g : g_gates)
@@ -175,7 +168,7 @@ void spawn_gate_install(uint64_t addr) {
     // stops, and dlsym() might find a program's own posix_spawn first.
     const std::vector<uint64_t> entries = functions_named(addr, {"posix_spawn", "posix_spawnp"});
     t_installing = true;
-    g_path = find_spawn_path(addr, entries);
+    g_path = reachable_in(addr, entries); // the spawn path: the child's code included
     g_path_ready.store(true, std::memory_order_release); // before the gate's own points
     g_installed_at = now_ns();
     for (size_t i = 0; i < entries.size() && i < kGates; ++i) {

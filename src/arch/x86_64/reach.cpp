@@ -39,14 +39,21 @@ bool Reach::contains(uint64_t addr) const {
 }
 
 Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data) {
+                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
+                     int max_depth) {
     Reach out;
     std::unordered_set<uint64_t> seen;
     std::set<uint64_t> swept;
-    std::vector<uint64_t> work;
-    const auto follow = [&](uint64_t target) {
+    // Breadth first by depth, so that code is taken in at the least depth it has.
+    std::vector<uint64_t> work, deeper;
+    int depth = 0;
+    const auto follow_to = [&](uint64_t target, std::vector<uint64_t> &list) {
         if (std::find(stops.begin(), stops.end(), target) == stops.end() && seen.count(target) == 0)
-            work.push_back(target);
+            list.push_back(target);
+    };
+    const auto follow = [&](uint64_t target) { follow_to(target, work); };
+    const auto enter = [&](uint64_t target) {
+        if (max_depth < 0 || depth < max_depth) follow_to(target, max_depth < 0 ? work : deeper);
     };
     // An indirect jump that reads no pointer (a jump table): every instruction of its
     // function, as a linear sweep finds them, is a place to go on from.
@@ -64,7 +71,12 @@ Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entrie
         }
     };
     for (uint64_t e : entries) follow(e);
-    while (!work.empty()) {
+    for (;;) {
+        if (work.empty()) {
+            if (deeper.empty()) break;
+            work.swap(deeper);
+            ++depth;
+        }
         uint64_t pc = work.back();
         work.pop_back();
         for (bool more = true; more && seen.insert(pc).second;) {
@@ -77,14 +89,16 @@ Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entrie
                 more = false;
                 break;
             case Flow::kCondJump:
-            case Flow::kCall:
                 follow(in.target);
+                break;
+            case Flow::kCall:
+                enter(in.target);
                 break;
             case Flow::kIndirectJump:
             case Flow::kIndirectCall:
                 if (in.rip_relative) {
                     uint64_t pointer = 0;
-                    if (read_data(in.rip_target, &pointer, sizeof pointer) && is_start(refs, pointer)) follow(pointer);
+                    if (read_data(in.rip_target, &pointer, sizeof pointer) && is_start(refs, pointer)) enter(pointer);
                 } else if (in.flow == Flow::kIndirectJump) {
                     sweep(pc);
                 }
@@ -96,7 +110,7 @@ Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entrie
                 break;
             default:
                 if (in.zi.mnemonic == ZYDIS_MNEMONIC_LEA && in.rip_relative && is_start(refs, in.rip_target))
-                    follow(in.rip_target);
+                    enter(in.rip_target);
                 break;
             }
             pc += in.len;

@@ -32,7 +32,10 @@ struct Reach {
 // printf and half of the library); each instruction is decoded once, so the walk ends
 // within the object's code. `read_code` reads the original instructions; `read_data` the
 // pointers in memory.
+// With max_depth >= 0, only that many calls deep (a call, a function pointer formed or
+// read: one level down; jumps stay at their level).
 Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data);
+                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
+                     int max_depth = -1);
 
 } // namespace ukp::arch

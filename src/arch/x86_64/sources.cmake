@@ -1,6 +1,7 @@
 list(APPEND UKP_SOURCES
   arch/x86_64/decode.cpp
   arch/x86_64/detour.cpp
+  arch/x86_64/full_blocks.cpp
   arch/x86_64/island.cpp
   arch/x86_64/reach.cpp
   arch/x86_64/relocate.cpp
