@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 
@@ -55,6 +56,10 @@ struct Region {
     }
     uint8_t *data(uint32_t i) const { return base + hdr()->data_offset + i * hdr()->slot_stride; }
     RingView view() const { return RingView{base, size}; }
+    // Per buffer, its owner's tid word (tid_word()), 0 while the buffer is free or being
+    // taken: claim() takes the buffer of an owner that has ended. Null if it could not be
+    // allocated: then a thread gives its buffer up in its exit destructor.
+    std::unique_ptr<std::atomic<uint64_t>[]> tid_words;
 };
 
 std::mutex g_mu;                    // control operations and in-process readers
@@ -79,7 +84,7 @@ struct Writer {
     bool tsc;              // the ring's clock is the TSC
     bool busy;             // between reserve and commit: a nested reserve is refused
     bool hooked;           // the thread-exit destructor is registered
-    bool exited;           // past the thread-exit destructor: no more records
+    bool exited;           // past the thread-exit destructor: no buffer claimed any more
     bool comm_pending;     // the buffer's comm is this thread's: its first commit names it
     RecordHeader *pend;    // the reserved record
     uint64_t pend_pos;     // its position
@@ -246,6 +251,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
         return nullptr;
     }
     r->fd.set(fd);
+    r->tid_words.reset(new (std::nothrow) std::atomic<uint64_t>[slots]());
     r->base = static_cast<uint8_t *>(p);
     r->size = total;
     r->cap = cap;
@@ -295,6 +301,34 @@ void retire_region(Region *r) {
     r->fd.release();
 }
 
+// glibc's tid word of a thread (struct pthread's tid: the word the kernel clears when the
+// thread ends, CLONE_CHILD_CLEARTID, that pthread_join waits on) lies at a fixed offset
+// from its thread pointer. Learned once, from the thread that starts the tracer
+// (PR_GET_TID_ADDRESS); kNoOffset if that failed.
+constexpr long kNoOffset = -1;
+std::atomic<long> g_tid_word_offset{kNoOffset};
+
+void learn_tid_word_offset() {
+    uint64_t word = 0;
+    const auto tp = reinterpret_cast<uint64_t>(__builtin_thread_pointer());
+    if (raw_syscall(SYS_prctl, PR_GET_TID_ADDRESS, reinterpret_cast<long>(&word)) != 0 || word <= tp ||
+        word - tp >= 8192 || *reinterpret_cast<const int32_t *>(word) != raw_syscall(SYS_gettid))
+        return;
+    g_tid_word_offset.store(static_cast<long>(word - tp), std::memory_order_relaxed);
+}
+
+// The calling thread's tid word, 0 if unknown. No system call.
+uint64_t tid_word() {
+    const long off = g_tid_word_offset.load(std::memory_order_relaxed);
+    return off == kNoOffset ? 0 : reinterpret_cast<uint64_t>(__builtin_thread_pointer()) + static_cast<uint64_t>(off);
+}
+
+// Whether the buffers of r are taken back from owners that ended (else they are given
+// back in the exit destructor).
+bool tracks_owners(const Region *r) {
+    return r->tid_words != nullptr && g_tid_word_offset.load(std::memory_order_relaxed) != kNoOffset;
+}
+
 void thread_exit(void *) {
     Writer &w = t_w;
     Region *r = g_main.load(std::memory_order_acquire);
@@ -308,6 +342,10 @@ void thread_exit(void *) {
         std::memcpy(e.comm, name, sizeof e.comm);
         e.comm[15] = 0;
         e.tid.store(static_cast<int32_t>(raw_syscall(SYS_gettid)), std::memory_order_release);
+        // The thread keeps its buffer to its end: glibc runs free, madvise and more after
+        // the key destructors, and their events are the program's. Another thread takes the
+        // buffer once this one has ended (claim()).
+        if (tracks_owners(r)) return;
         w.slot->owner.store(0, std::memory_order_release);
     }
     w.slot = nullptr;
@@ -373,6 +411,7 @@ int init_locked() {
     if (!g_key_made) {
         if (pthread_key_create(&g_exit_key, thread_exit) != 0) return -EAGAIN;
         g_key_made = true;
+        learn_tid_word_offset();
     }
     if (!g_atfork_done) {
         pthread_atfork(nullptr, nullptr, after_fork_child);
@@ -393,13 +432,38 @@ int init_locked() {
     return 0;
 }
 
+// Whether the owner `owner` (its tid) of a buffer has ended: its tid word reads 0 (the
+// kernel cleared it), or another thread's tid (the stack went to a new thread), or faults
+// (the stack was unmapped). No system call.
+bool owner_gone(uint64_t word, uint32_t owner) {
+    uint32_t now = 0;
+    if (ukp_safe_copy(&now, reinterpret_cast<const void *>(word), sizeof now) != 0) return true;
+    return now != owner;
+}
+
+// A free buffer; failing that, one whose owner has ended. The buffer's owner becomes the
+// caller's tid, read from its tid word (1 where owners are not tracked).
 SlotHeader *claim(Region *r, uint32_t *index) {
+    const uint64_t word = tracks_owners(r) ? tid_word() : 0;
+    const uint32_t me = word != 0 ? *reinterpret_cast<const uint32_t *>(word) : 1;
     const uint32_t n = r->hdr()->slot_count;
-    for (uint32_t i = 0; i < n; ++i) {
-        SlotHeader *s = r->slot(i);
-        uint32_t expected = 0;
-        if (s->owner.load(std::memory_order_relaxed) == 0 &&
-            s->owner.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    for (const bool reclaim : {false, true}) {
+        for (uint32_t i = 0; i < n; ++i) {
+            SlotHeader *s = r->slot(i);
+            uint32_t owner = s->owner.load(std::memory_order_acquire);
+            if (owner == 0) {
+                if (!s->owner.compare_exchange_strong(owner, me, std::memory_order_acq_rel)) continue;
+            } else {
+                // A word of 0 is a buffer being taken: the taker zeroes it first, so that
+                // no other thread takes it at the same time.
+                if (!reclaim || word == 0) continue;
+                uint64_t was = r->tid_words[i].load(std::memory_order_acquire);
+                if (was == 0 || !owner_gone(was, owner) ||
+                    !r->tid_words[i].compare_exchange_strong(was, 0, std::memory_order_acq_rel) ||
+                    !s->owner.compare_exchange_strong(owner, me, std::memory_order_acq_rel))
+                    continue;
+            }
+            if (word != 0) r->tid_words[i].store(word, std::memory_order_release);
             *index = i;
             return s;
         }
@@ -435,7 +499,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     }
     if (w.slot == nullptr || w.gen != r->gen) {
         uint32_t index = 0;
-        SlotHeader *s = w.exited ? nullptr : claim(r, &index);
+        SlotHeader *s = w.exited && !tracks_owners(r) ? nullptr : claim(r, &index);
         if (s == nullptr) {
             r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
             w.busy = false;
@@ -680,8 +744,10 @@ bool snapshot_swap() {
     }
     // The spare's buffers are free for the threads to claim again; writers still in the
     // old main finish their record there (it becomes part of the snapshot).
-    for (uint32_t i = 0; i < spare->hdr()->slot_count; ++i)
+    for (uint32_t i = 0; i < spare->hdr()->slot_count; ++i) {
+        if (spare->tid_words != nullptr) spare->tid_words[i].store(0, std::memory_order_relaxed);
         spare->slot(i)->owner.store(0, std::memory_order_relaxed);
+    }
     g_main.store(spare, std::memory_order_release);
     g_snap.store(main, std::memory_order_release);
     unlock_swap();

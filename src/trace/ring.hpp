@@ -155,7 +155,8 @@ struct RingHeader {
 // position p lives at data offset p % data_size. Records never wrap: a pad record fills
 // the end of the data area when the next record does not fit.
 struct alignas(64) SlotHeader {
-    std::atomic<uint32_t> owner;        // 0 free, 1 claimed by a thread (CAS)
+    std::atomic<uint32_t> owner;        // 0 free, else the tid of the thread that claimed it
+                                        // (CAS; 1 where the agent could not learn tids)
     std::atomic<int32_t> tid;           // common_pid of the last committed record
     std::atomic<uint32_t> busy;         // 1 between reserve and commit (writer-owned)
     uint32_t reserved0;

@@ -1,6 +1,7 @@
 // Threads that allocate and free while they run and again while they exit (a
-// thread-specific value's destructor, run after the agent's own): the frees of the exit
-// have no buffer to be recorded in. Prints "done".
+// thread-specific value's destructor, run after the agent's own, then glibc's own frees
+// and madvise): the events of the exit go into the buffer the thread keeps to its end.
+// argv[1]: how many threads, one after the other (default 4). Prints "done".
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +19,10 @@ static void *worker(void *arg) {
     return arg;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const int threads = argc > 1 ? atoi(argv[1]) : 4;
     pthread_key_create(&g_key, destroy);
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < threads; t++) {
         pthread_t thread;
         pthread_create(&thread, NULL, worker, NULL);
         pthread_join(thread, NULL);

@@ -530,6 +530,49 @@ TEST_F(RingTest, ThreadsBeyondTheBuffersAreCountedAndBuffersComeBackAtExit) {
     EXPECT_EQ(counts.lost, 1u);
 }
 
+// glibc runs free, madvise and more after the key destructors: a thread's records there
+// go into the buffer it kept, which comes back to another thread once it has ended.
+pthread_key_t g_late_key;
+std::atomic<int> g_late_written{0};
+void late_destructor(void *round) {
+    // The ring's own destructor runs in the first round at the latest: write in the next.
+    if (round == reinterpret_cast<void *>(1)) {
+        pthread_setspecific(g_late_key, reinterpret_cast<void *>(2));
+        return;
+    }
+    for (uint32_t i = 0; i < 3; ++i) g_late_written += write_record(20, i) ? 1 : 0;
+}
+
+TEST_F(RingTest, AThreadRecordsPastItsExitDestructorAndItsBufferComesBackOnceItEnds) {
+    ASSERT_EQ(set_ring_slot_count(1), 0);
+    ASSERT_EQ(pthread_key_create(&g_late_key, late_destructor), 0);
+    g_late_written = 0;
+    std::thread t([&] {
+        write_record(19, 0);
+        pthread_setspecific(g_late_key, reinterpret_cast<void *>(1));
+    });
+    t.join();
+    pthread_key_delete(g_late_key);
+    EXPECT_EQ(g_late_written.load(), 3);
+    // The one buffer: taken by the next thread, the ended one's records still in it.
+    bool next = false;
+    std::thread u([&] { next = write_record(21, 0); });
+    u.join();
+    EXPECT_TRUE(next);
+    RingCounts counts;
+    const std::vector<RingEntry> e = collect(&counts);
+    EXPECT_EQ(counts.written, 5u);
+    EXPECT_EQ(counts.lost, 0u);
+    ASSERT_EQ(e.size(), 5u);
+    std::vector<uint32_t> writers;
+    for (const RingEntry &r : e) {
+        uint32_t writer = 0, seq = 0;
+        EXPECT_TRUE(check_record(r.rec, &writer, &seq));
+        writers.push_back(writer);
+    }
+    EXPECT_EQ(writers, (std::vector<uint32_t>{19, 20, 20, 20, 21}));
+}
+
 // A thread that ends without its exit handler (a raw exit): the name ring_reserve was
 // given at its first record names it; the first commit says whose it is (common_pid).
 TEST_F(RingTest, ABufferKeepsTheNameItsOwnerGaveAtItsFirstRecord) {
