@@ -250,10 +250,8 @@ int cmd_trace_pipe(const Options &o) {
 // record -p PID: the process's rings captured (reader.hpp's capture mode) into o.run.output
 // until SIGINT or SIGTERM, or the process's end. Definitions given with -e are added, with
 // their filters and triggers, for the recording only (a session: removed when it ends).
-int cmd_record_attached(const Options &o) {
-    require_pid(o);
-    ukprobe::Client c;
-    connect_or_fail(o, c);
+// The recording itself, over the connection c; *exited: the process ended meanwhile.
+void record_process(const Options &o, ukprobe::Client &c, bool *exited_out) {
     if (!o.run.definitions.empty() || !o.run.filters.empty() || !o.run.triggers.empty()) ask(o, c, Op::kSession);
     const std::string before = ask(o, c, Op::kRead, "kprobe_events").payload;
     for (const std::string &def : o.run.definitions) ask(o, c, Op::kAppend, "kprobe_events", def);
@@ -313,6 +311,32 @@ int cmd_record_attached(const Options &o) {
     if (!ok) fail(fmt::format("cannot write {}: {}", path, strerror(errno)));
     fmt::print(stderr, "ukprobe: {} bytes written to {}{}{}\n", bytes, path,
                lost != 0 ? fmt::format(", {} events lost", lost) : "", exited ? fmt::format("; process {} exited", o.pid) : "");
+    *exited_out = exited;
+}
+
+int cmd_record_attached(const Options &o) {
+    require_pid(o);
+    // As perf record -p: a process whose agent does not listen gets it for the recording
+    // (attach), and loses it after (detach; the agent stays loaded, idle).
+    bool attached_here = false;
+    std::string why;
+    if (ukprobe::Client probe; probe.connect(o.pid, &why) != 0) {
+        Options quiet = o;
+        quiet.verbose = false;
+        if (const int err = cmd_attach(quiet); err != 0) return err;
+        attached_here = true;
+    }
+    bool exited = false;
+    {
+        ukprobe::Client c;
+        connect_or_fail(o, c);
+        record_process(o, c, &exited);
+    } // the session, and with it the definitions it added, ends with its connection
+    if (attached_here && !exited) {
+        ukprobe::Client c;
+        if (c.connect(o.pid, &why) == 0 && c.request(Op::kDetach).status >= 0)
+            fmt::print("process {}: detached\n", o.pid);
+    }
     return 0;
 }
 
@@ -462,7 +486,7 @@ int main(int argc, char **argv) {
         ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
     record->add_flag("--no-follow", no_follow, "only the program itself is recorded, not the processes it starts");
     // `ukprobe record -p PID`, as `perf record -p` (the same as `ukprobe -p PID record`).
-    record->add_option("-p,--pid", o.pid, "the process to record (its agent attached), instead of PROG");
+    record->add_option("-p,--pid", o.pid, "the process to record (attached for the recording if its agent does not listen), instead of PROG");
     record->prefix_command();
     record->allow_extras();
     ukprobe::ReportOptions report_options;
