@@ -18,9 +18,11 @@ packages=(
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes
   sqlite3 python3        # tests/e2e/compare.txt: real programs traced by ukprobes and the kernel
   # tests/compat (scripts/compat.sh): real programs run plain, preloaded, under ukprobe run
-  # and attached: PostgreSQL 15 + pgbench, python3's own regression tests, node, perl, make,
-  # a JVM (java runs tests/compat/Spawner.java from source: the JDK's compiler)
-  postgresql postgresql-contrib libpython3.11-testsuite nodejs perl make openjdk-17-jdk-headless
+  # and attached: PostgreSQL 15 + pgbench, Redis + redis-benchmark, python3's own regression
+  # tests, node, perl, make, a JVM (java runs tests/compat/Spawner.java from source: the
+  # JDK's compiler)
+  postgresql postgresql-contrib redis-server redis-tools libpython3.11-testsuite nodejs perl make
+  openjdk-17-jdk-headless
 )
 missing=()
 for p in "${packages[@]}"; do

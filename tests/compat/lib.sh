@@ -307,3 +307,44 @@ gdb_session() {
     gdb_lines "$E2E_TMP/gdb.out"
     return $_st
 }
+
+# redis_server MODE DEF...: redis-server (Debian package redis-server: jemalloc, I/O and
+# background threads, a forked child for BGSAVE) in MODE on a unix socket in the test's
+# directory, no persistence but BGSAVE's; waits until it answers PING.
+redis_server() {
+    _rm=$1; shift
+    RSOCK=$E2E_TMP/redis.sock
+    in_mode "$_rm" redis "$@" -- redis-server --port 0 --unixsocket "$RSOCK" --dir "$E2E_TMP" --save '' \
+        --appendonly no --io-threads 2 &
+    RPID=$!
+    _i=0
+    until [ "$(redis-cli -s "$RSOCK" ping 2>/dev/null)" = PONG ]; do
+        _i=$((_i + 1))
+        [ $_i -gt 300 ] && { echo "redis did not start"; cat "$E2E_TMP/redis.out"; return 1; }
+        sleep 0.1
+    done
+}
+# redis_bench N: redis-benchmark's SET, GET, INCR, LPUSH and LRANGE_100 tests (six: LRANGE's
+# LPUSH runs first), N requests each from 8 clients; prints its status, how many tests
+# finished, whether INCR counted every request, then a BGSAVE (a forked child writes the
+# dump) and its verdict.
+redis_bench() {
+    redis-benchmark -s "$RSOCK" -q -n "$1" -c 8 -t set,get,incr,lpush,lrange_100 >"$E2E_TMP/bench.out" 2>&1
+    echo "redis-benchmark status $?"
+    echo "tests finished: $(tr '\r' '\n' <"$E2E_TMP/bench.out" | grep -c 'requests per second')"
+    [ "$(redis-cli -s "$RSOCK" get 'counter:__rand_int__')" = "$1" ] && echo "incr: every request" ||
+        echo "incr: $(redis-cli -s "$RSOCK" get 'counter:__rand_int__') of $1"
+    redis-cli -s "$RSOCK" bgsave
+    _i=0
+    while redis-cli -s "$RSOCK" info persistence | grep -q '^rdb_bgsave_in_progress:1'; do
+        _i=$((_i + 1)); [ $_i -gt 300 ] && break; sleep 0.1
+    done
+    redis-cli -s "$RSOCK" info persistence | grep '^rdb_last_bgsave_status' | tr -d '\r'
+}
+# redis_stop: SHUTDOWN NOSAVE, then the server's exit status ("redis exit S").
+redis_stop() {
+    redis-cli -s "$RSOCK" shutdown nosave >/dev/null 2>&1
+    wait "$RPID"
+    echo "redis exit $?"
+    grep -c 'Redis is now ready to exit' "$E2E_TMP/redis.out" | sed 's/^/ready to exit: /'
+}
