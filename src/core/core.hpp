@@ -13,7 +13,6 @@
 #include "arch/x86_64/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "arch/x86_64/vector_use.hpp"
-#include "core/fast_path.h"
 
 #include <atomic>
 #include <chrono>
@@ -38,6 +37,18 @@ namespace ukp::core {
 
 // The probes registered at one address, in registration order. Immutable once
 // published: a change publishes a new list and retires the old one after a grace period.
+// ProbeList::fast: what the jump path's trampoline does itself (trampolines.S).
+enum FastCase : uint8_t {
+    kFastNone = 0,    // nothing: the C dispatcher decides
+    kFastGuarded = 1, // one user probe: called under a recovery point of its own
+    kFastOwn = 2,     // one of the agent's own handlers: called as it is
+};
+
+// A reader cell's word (ReaderSlot::word): the depth of the owner's read sections in the
+// low 16 bits, the count of its outermost sections above (hit.cpp, "grace periods").
+inline constexpr uint64_t kSectionDepthMask = 0xffff;
+inline constexpr uint64_t kSectionOne = kSectionDepthMask + 1;
+
 struct ProbeList {
     uint32_t count = 0;
     // Bit i: probes[i]'s pre_handler is lean (the scan, arch::scan_vector_use), so the
@@ -48,10 +59,10 @@ struct ProbeList {
     // a recovery point. Probes past the 64th are guarded.
     uint64_t own_mask = 0;
     bool any_post = false; // a probe has a post_handler (enabled or not)
-    // UKP_FAST_* (fast_path.h): one probe, without a post_handler, whose pre_handler is
+    // kFastGuarded or kFastOwn: one probe, without a post_handler, whose pre_handler is
     // lean, so that the jump path's trampoline calls it itself (a user's under a recovery
-    // point of its own, the agent's own as it is); else UKP_FAST_NONE.
-    uint8_t fast = UKP_FAST_NONE;
+    // point of its own, the agent's own as it is); else kFastNone.
+    uint8_t fast = kFastNone;
     // One probe, a kretprobe without an entry_handler: its RetPool, for the kretprobe's
     // own trampoline (ukp_kret_entry_trampoline), which then reads no more of the probe
     // than its flags; else null.

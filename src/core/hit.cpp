@@ -146,8 +146,7 @@ void insert_site(uint64_t addr, Point *p) {
 
 namespace {
 
-constexpr uint64_t kDepthMask = 0xffff;
-constexpr uint64_t kSectionOne = kDepthMask + 1;
+constexpr uint64_t kDepthMask = kSectionDepthMask;
 constexpr uint64_t kOwnerMask = (uint64_t{1} << 48) - 1;
 constexpr uint64_t kClaimOne = kOwnerMask + 1;
 constexpr size_t kReaderSlots = kGraceSlots;
@@ -873,7 +872,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     regs->ip = hit_ip;
     ++ts.depth;
     bool redirected;
-    if (list->fast == UKP_FAST_OWN) {
+    if (list->fast == kFastOwn) {
         // One probe, whose handler is the agent's own and lean (a trace event, a
         // kretprobe's entry): no recovery point, no copy of the registers to roll back
         // to, nothing for a jprobe to find.
@@ -924,19 +923,6 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fa
 }
 
 namespace ukp::core {
-
-// The layout trampolines.S's fast cases assume (fast_path.h).
-static_assert(offsetof(ThreadState, depth) == UKP_TS_DEPTH && offsetof(ThreadState, quiet) == UKP_TS_DEPTH + 4);
-static_assert(offsetof(ThreadState, reader) == UKP_TS_READER);
-static_assert(offsetof(ThreadState, fast_frame) == UKP_TS_FAST_FRAME);
-static_assert(offsetof(ReaderSlot, word) == 0 && kDepthMask == UKP_SECTION_DEPTH_MASK &&
-              kSectionOne + 1 == UKP_SECTION_NEW);
-static_assert(offsetof(Point, addr) == UKP_PT_ADDR && offsetof(Point, list) == UKP_PT_LIST &&
-              offsetof(Point, copy_code) == UKP_PT_COPY);
-static_assert(offsetof(ProbeList, fast) == UKP_LIST_FAST && offsetof(ProbeList, probes) == UKP_LIST_PROBE0 &&
-              offsetof(ProbeList, kret_pool) == UKP_LIST_KRET_POOL);
-static_assert(offsetof(kprobe, pre_handler) == UKP_KP_PRE_HANDLER && offsetof(kprobe, flags) == UKP_KP_FLAGS);
-static_assert((KPROBE_FLAG_GONE | KPROBE_FLAG_DISABLED) == UKP_KP_OFF_FLAGS);
 
 bool on_fault(int sig, siginfo_t *info, ucontext_t *uc) {
     const uint64_t ip = arch::context_ip(uc);

@@ -14,7 +14,6 @@
 #include "core/core.hpp"
 
 #include "arch/x86_64/trampoline.hpp"
-#include "core/fast_path.h"
 #include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
 #include "text/text.hpp"
@@ -43,14 +42,8 @@ void __deregister_frame(void *begin);
 
 namespace ukp::core {
 
-// A thread's return-probe state. Named for the trampolines (trampolines.S), which read and
-// update it in their fast cases: external, hidden.
-struct RetThread {
-    RetInstance *head; // the instances in flight, newest first
-    int tid;           // gettid(), 0 until asked (and again in the child of a fork)
-    uint32_t home;     // 1 + the shard it takes instances from first, 0 until chosen
-    bool exit_hooked;  // exit_hook will run at its exit
-};
+// The thread's return-probe state (kretprobe.hpp). Named for the trampolines
+// (trampolines.S), which read and update it in their fast cases: external, hidden.
 __attribute__((visibility("hidden"))) thread_local RetThread t_ret __asm__("ukp_ret_thread")
     __attribute__((tls_model("initial-exec")));
 
@@ -784,31 +777,6 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_fast_f
     --thread_state().depth;
     read_unlock_own_slot();
 }
-
-// The layout trampolines.S's return fast case assumes (fast_path.h).
-static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, ret_addr) == UKP_RI_RET_ADDR);
-static_assert(offsetof(RetInstance, next) == UKP_RI_NEXT && offsetof(RetInstance, pool) == UKP_RI_POOL &&
-              offsetof(RetInstance, index) == UKP_RI_INDEX && offsetof(RetInstance, shard) == UKP_RI_SHARD &&
-              offsetof(RetInstance, state) == UKP_RI_STATE && offsetof(RetInstance, next_free) == UKP_RI_NEXT_FREE &&
-              offsetof(RetInstance, pub) == UKP_RI_PUB &&
-              offsetof(RetInstance, pub) + offsetof(kretprobe_instance, fp) == UKP_RI_FP);
-static_assert(sizeof(std::atomic<int>) == 4 && sizeof(std::atomic<uint32_t>) == 4 &&
-              sizeof(std::atomic<uint64_t>) == 8);
-static_assert(RetInstance::kFree == UKP_RI_FREE && RetInstance::kLive == UKP_RI_LIVE);
-static_assert(offsetof(RetPool, rp) == UKP_POOL_RP && offsetof(RetPool, handler_gpr_only) == UKP_POOL_HANDLER_GPR &&
-              offsetof(RetPool, handler_own) == UKP_POOL_HANDLER_OWN && offsetof(RetPool, shards) == UKP_POOL_SHARDS &&
-              sizeof(RetPool::Shard) == 64 && offsetof(RetPool::Shard, free_head) == 0);
-static_assert(offsetof(RetPool, no_spares) == UKP_POOL_NO_SPARES && sizeof(std::atomic<bool>) == 1 &&
-              offsetof(RetPool, handler) == UKP_POOL_HANDLER);
-static_assert(offsetof(ReaderSlot, spare) == UKP_SLOT_SPARE && offsetof(ReaderSlot, spare_pool) == UKP_SLOT_SPARE_POOL &&
-              offsetof(ReaderSlot, spare_lock) == UKP_SLOT_SPARE_LOCK && sizeof(std::atomic<void *>) == 8);
-static_assert(offsetof(RetPool, stride) == UKP_POOL_STRIDE && offsetof(RetPool, mem) == UKP_POOL_MEM &&
-              offsetof(RetPool, sled) == UKP_POOL_SLED && ukp::arch::kRetStubSize == 1u << UKP_STUB_SHIFT &&
-              ukp::arch::kRetStubCall == UKP_STUB_CALL && offsetof(RetInstance, called) == UKP_RI_CALLED &&
-              RetPool::kShards < 65536);
-static_assert(offsetof(RetInstance, pub) + offsetof(kretprobe_instance, task) == UKP_RI_TASK);
-static_assert(offsetof(RetThread, head) == UKP_RT_HEAD && offsetof(RetThread, tid) == UKP_RT_TID &&
-              offsetof(RetThread, home) == UKP_RT_HOME && offsetof(RetThread, exit_hooked) == UKP_RT_HOOKED);
 
 extern "C" {
 

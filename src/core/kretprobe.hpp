@@ -10,6 +10,15 @@
 namespace ukp::core {
 
 struct RetPool;
+struct RetInstance;
+
+// A thread's return-probe state (thread-local in kretprobe.cpp; trampolines.S reads it).
+struct RetThread {
+    RetInstance *head; // the instances in flight, newest first
+    int tid;           // gettid(), 0 until asked (and again in the child of a fork)
+    uint32_t home;     // 1 + the shard it takes instances from first, 0 until chosen
+    bool exit_hooked;  // exit_hook will run at its exit
+};
 
 // One call in flight. Lives in its pool's array; `pub` is what handlers see and must
 // stay last: rp->data_size bytes of ri->data follow it.

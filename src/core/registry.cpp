@@ -299,7 +299,7 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
         put(add, handler_is_gpr_only(fn), handler_is_own(fn));
     }
     if (list->count == 1 && !list->any_post && list->gpr_only(0) && list->probes[0]->pre_handler != nullptr)
-        list->fast = list->own(0) ? UKP_FAST_OWN : UKP_FAST_GUARDED;
+        list->fast = list->own(0) ? kFastOwn : kFastGuarded;
     if (list->count == 1 && !list->any_post) list->kret_pool = kret_pool_without_entry_handler(list->probes[0]);
     return list;
 }

@@ -8,7 +8,7 @@
 // address goes 136 bytes below the new sp, rsp is set to point at it in one instruction,
 // and `ret $128` pops it and steps over the red zone.
 
-#include "core/fast_path.h"
+#include "core/asm_offsets.h" // generated from src/core/asm_offsets.cpp
 
 #define R15 0
 #define R14 8
@@ -468,7 +468,7 @@ ukp_optprobe_trampoline:
         .cfi_startproc
         .cfi_undefined rip
         SAVE_PT_REGS 144, 1
-        // The fast case (fast_path.h): the point's one probe has a lean pre_handler
+        // The fast case (asm_offsets.cpp): the point's one probe has a lean pre_handler
         // (ProbeList::fast), the thread runs no handler and no agent work, and has a
         // reader cell of its own, outside any section. Then the handler is called from
         // here, as ukp_optprobe_dispatch would call it, without the C dispatcher's
@@ -744,7 +744,7 @@ ukp_kretprobe_trampoline:
         lea     -128(%rsp), %rsp
         .cfi_adjust_cfa_offset 128
         SAVE_PT_REGS 136
-        // The fast case (fast_path.h): the thread runs no handler and no agent work, has a
+        // The fast case (asm_offsets.cpp): the thread runs no handler and no agent work, has a
         // reader cell of its own outside any section, and its instance is the newest of its
         // list with the next older one's frame above it (nothing for ukp_kretprobe_dispatch to
         // release as unwound); the kretprobe is registered and its handler, if any, is lean.

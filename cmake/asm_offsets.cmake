@@ -1,0 +1,21 @@
+# Turns the assembly of src/core/asm_offsets.cpp (IN) into a header of #defines (OUT): each
+# `->NAME VALUE` marker of the assembly becomes `#define NAME VALUE`. Run by cmake -P.
+file(STRINGS "${IN}" markers REGEX "->[A-Z0-9_]+ ")
+set(text "/* Generated from src/core/asm_offsets.cpp by cmake/asm_offsets.cmake: do not edit. */\n#pragma once\n")
+set(count 0)
+foreach(line IN LISTS markers)
+  if(line MATCHES "->([A-Z0-9_]+) \\$?(-?[0-9]+)")
+    string(APPEND text "#define ${CMAKE_MATCH_1} ${CMAKE_MATCH_2}\n")
+    math(EXPR count "${count} + 1")
+  endif()
+endforeach()
+if(count EQUAL 0)
+  message(FATAL_ERROR "asm_offsets: no ->NAME VALUE line in ${IN}")
+endif()
+# Written only when it changes, so that the assembly is rebuilt only then.
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" old)
+endif()
+if(NOT old STREQUAL text)
+  file(WRITE "${OUT}" "${text}")
+endif()
