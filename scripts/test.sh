@@ -22,9 +22,9 @@ for t in relocator_test instructions_test trace_syntax_test filter_test trigger_
 done
 
 echo
-echo "== the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+echo "== the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer, lock rules checked"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUKP_WERROR=ON \
-  -DUKP_SANITIZE=address,undefined -DUKP_BENCH=OFF >/dev/null
+  -DUKP_SANITIZE=address,undefined -DUKP_CHECKS=ON -DUKP_BENCH=OFF >/dev/null
 cmake --build build-asan
 # The stress test's 8 x 1M calls would take minutes under the sanitizers.
 UKP_STRESS_CALLS=100000 ctest --test-dir build-asan --output-on-failure -j "$(nproc)"

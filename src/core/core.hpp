@@ -13,6 +13,7 @@
 #include "arch/x86_64/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "arch/x86_64/vector_use.hpp"
+#include "core/checked_mutex.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -338,7 +339,11 @@ void full_block_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out);
 std::vector<arch::FullBlock> opened_full_blocks();
 
 // Registry services for the optimizer (registry.cpp).
-std::mutex &registry_mutex();
+CheckedMutex &registry_mutex();
+// Writes text and name on standard error, a line, and aborts (no allocation, no stdio).
+[[noreturn]] void die_naming(const char *text, const char *name);
+// For a function that runs under the registry mutex: checked in UKP_CHECKS builds.
+#define UKP_ASSERT_REGISTRY_HELD() ::ukp::core::registry_mutex().assert_held(__func__)
 std::map<uint64_t, Point *> &all_points();
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n);
 // Readers for arch's analyses: code as the files have it (the bytes under our int3s and

@@ -86,6 +86,7 @@ uint64_t libc_code() {
 // Writes bytes[0, n) at addr where they differ from the code there, one byte at a time,
 // remembering the file's. Under the registry mutex and g_mutex.
 bool write_bytes(uint64_t addr, const uint8_t *bytes, size_t n) {
+    UKP_ASSERT_REGISTRY_HELD();
     uint8_t now[8];
     if (n > sizeof now || read_original_code(addr, now, n) != 0) return false;
     for (size_t i = 0; i < n; ++i) {
@@ -170,6 +171,7 @@ void open_full_blocks(uint64_t addr) {
 }
 
 void full_block_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out) {
+    UKP_ASSERT_REGISTRY_HELD();
     std::lock_guard lock(g_mutex);
     out->insert(out->end(), g_file_bytes.begin(), g_file_bytes.end());
 }

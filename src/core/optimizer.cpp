@@ -78,25 +78,28 @@ constexpr long kStopTimeoutNs = 200l * 1000 * 1000;
 
 // ---- the optimizer thread's state (under the registry mutex) ----
 std::vector<Point *> &pending() {
+    UKP_ASSERT_REGISTRY_HELD();
     static auto *value = new std::vector<Point *>(); // never destroyed: the thread outlives static destructors
     return *value;
 }
 // Points whose island's branch was put back, the island's bytes still in place.
 std::vector<Point *> &retiring() {
+    UKP_ASSERT_REGISTRY_HELD();
     static auto *value = new std::vector<Point *>();
     return *value;
 }
 // Every point that has an island (a few: glibc's memmove variants).
 std::vector<Point *> &island_points() {
+    UKP_ASSERT_REGISTRY_HELD();
     static auto *value = new std::vector<Point *>();
     return *value;
 }
-std::condition_variable &work_cv() {
-    static auto *value = new std::condition_variable();
+std::condition_variable_any &work_cv() {
+    static auto *value = new std::condition_variable_any();
     return *value;
 }
-std::condition_variable &done_cv() {
-    static auto *value = new std::condition_variable();
+std::condition_variable_any &done_cv() {
+    static auto *value = new std::condition_variable_any();
     return *value;
 }
 std::atomic<bool> g_thread_started{false};

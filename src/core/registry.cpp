@@ -36,15 +36,17 @@ namespace ukp::core {
 
 namespace {
 
-std::mutex g_mutex;
+CheckedMutex g_mutex;
 sym::Registry *g_symbols = nullptr;              // created on first use
 // Every point prepared, by address.
 std::map<uint64_t, Point *> &points() {
+    UKP_ASSERT_REGISTRY_HELD();
     static auto *value = new std::map<uint64_t, Point *>(); // never destroyed: probes outlive static destructors
     return *value;
 }
 // Points of unloaded objects, kept for late hits.
 std::vector<Point *> &retired_points() {
+    UKP_ASSERT_REGISTRY_HELD();
     static auto *value = new std::vector<Point *>(); // never destroyed: probes outlive static destructors
     return *value;
 }
@@ -450,6 +452,7 @@ void retire_points_of(const sym::Object &gone) {
 // Re-reads the loaded objects; retires the points of unloaded ones; arms the probes
 // waiting for objects that are now loaded.
 void sync_objects_locked() {
+    UKP_ASSERT_REGISTRY_HELD();
     std::vector<std::shared_ptr<const sym::Object>> before = g_symbols->objects();
     g_symbols->refresh();
     const auto &after = g_symbols->objects();
@@ -526,6 +529,7 @@ void after_fork_child() {
 }
 
 void hook_link_map_locked() {
+    UKP_ASSERT_REGISTRY_HELD();
     if (g_link_map_hooked) return;
     g_link_map_hooked = true;
     dl_iterate_phdr(find_loader_debug, nullptr);
@@ -606,6 +610,7 @@ int attach_to_point(kprobe *p, uint64_t addr) {
 // arms probe events on a module when it loads).
 // Whether addr is the first instruction of a function (where a return probe goes).
 bool function_entry_locked(uint64_t addr) {
+    UKP_ASSERT_REGISTRY_HELD();
     const sym::Object *obj = g_symbols->object_at(addr);
     const sym::Symbol *fn = obj != nullptr ? obj->function_at(addr) : nullptr;
     return fn != nullptr && fn->value == addr;
@@ -618,6 +623,7 @@ bool may_wait_for_object(const kprobe *p) {
 }
 
 int register_locked(kprobe *p) {
+    UKP_ASSERT_REGISTRY_HELD();
     if (registered().count(p) != 0) return -EINVAL; // already registered
     if (int err = ensure_initialized(); err != 0) return err;
     uint64_t addr = 0;
@@ -635,6 +641,7 @@ int register_locked(kprobe *p) {
 
 // Takes p off its point; the caller waits for the grace period before p may be reused.
 bool unregister_locked(kprobe *p, std::vector<ProbeList *> &retired) {
+    UKP_ASSERT_REGISTRY_HELD();
     auto it = registered().find(p);
     if (it == registered().end()) {
         p->addr = nullptr; // as the kernel does for a probe it does not know
@@ -666,7 +673,19 @@ int set_disabled(kprobe *p, bool disabled) {
 
 } // namespace
 
-std::mutex &registry_mutex() { return g_mutex; }
+CheckedMutex &registry_mutex() { return g_mutex; }
+
+void CheckedMutex::not_held(const char *where) {
+    die_naming("ukprobes: a lock rule is broken: the mutex is not held in ", where);
+}
+
+void die_naming(const char *text, const char *name) {
+    ssize_t ignored = ::write(2, text, __builtin_strlen(text));
+    ignored = ::write(2, name, __builtin_strlen(name));
+    ignored = ::write(2, "\n", 1);
+    (void)ignored;
+    abort();
+}
 
 void hook_fork() {
     static std::once_flag once;

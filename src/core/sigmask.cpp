@@ -119,14 +119,7 @@ int bsd_agent_bits() {
 }
 
 // Where the C library has no such function (the call cannot have been linked against it).
-[[noreturn]] void missing(const char *name) {
-    static const char kText[] = "ukprobes: the C library has no ";
-    ssize_t ignored = ::write(2, kText, sizeof kText - 1);
-    ignored = ::write(2, name, __builtin_strlen(name));
-    ignored = ::write(2, "\n", 1);
-    (void)ignored;
-    abort();
-}
+[[noreturn]] void missing(const char *name) { die_naming("ukprobes: the C library has no ", name); }
 
 template <typename Fn>
 Fn next_or_die(std::atomic<void *> &cache, const char *name) {

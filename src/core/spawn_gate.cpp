@@ -186,6 +186,7 @@ void spawn_gate_install(uint64_t addr) {
 }
 
 void spawn_gate_close(Point *pt) {
+    UKP_ASSERT_REGISTRY_HELD();
     if (pt->in_window || !in_libc(pt) || g_state.load(std::memory_order_acquire) != 2) return;
     pt->in_window = true;
     if (g_window++ == 0) {
@@ -202,6 +203,7 @@ void spawn_gate_close(Point *pt) {
 }
 
 void spawn_gate_update(Point *pt) {
+    UKP_ASSERT_REGISTRY_HELD();
     if (!pt->in_window) return;
     // Still on its way to a jmp: the int3 stands and the optimizer will replace it.
     if (pt->armed && !pt->optimized && opt_qualifies(pt)) return;

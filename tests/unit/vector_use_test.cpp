@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <mutex>
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -363,6 +365,8 @@ TEST_F(VectorPath, AnOwnHandlerIsScannedOnceOthersAtEveryQuestion) {
     const void *own = reinterpret_cast<const void *>(vu_int);
     const void *other = reinterpret_cast<const void *>(vu_loop);
     ukp::core::mark_own_handler(own);
+    // The scan reads the code as it was before the probes: under the registry mutex.
+    std::lock_guard lock(ukp::core::registry_mutex());
     ASSERT_TRUE(ukp::core::handler_is_gpr_only(own));
     const uint64_t scans = ukp::arch::vector_scans();
     EXPECT_TRUE(ukp::core::handler_is_gpr_only(own));
