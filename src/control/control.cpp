@@ -5,13 +5,13 @@
 // prints the trace itself (Op::kOpenFd). Off the hit path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
-#include "text/held_fd.hpp"
-#include "text/high_fd.hpp"
+#include "platform/held_fd.hpp"
+#include "platform/high_fd.hpp"
 #include "text/text.hpp"
 #include "control/fd_passing.hpp"
 #include "control/protocol.hpp"
-#include "arch/x86_64/region.hpp"
-#include "core/core.hpp"
+#include "platform/disk_cache.hpp"
+#include "core/agent.hpp"
 #include "core/fork.hpp"
 #include "trace/counters.hpp"
 #include "trace/events.hpp"
@@ -199,7 +199,7 @@ void Server::run() {
             if (stop_) break;
         }
         if (stop_ || (fds[0].revents & POLLIN) == 0) continue;
-        const int fd = text::move_fd_high(accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
+        const int fd = platform::move_fd_high(accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
         if (fd < 0) continue;
         ucred cred{};
         socklen_t len = sizeof cred;
@@ -348,7 +348,7 @@ int32_t Server::handle_read(const std::string &path, std::string *reply) {
         return 0;
     }
     if (path == kRefsCacheDirPath) {
-        const std::string dir = arch::refs_cache_dir();
+        const std::string dir = platform::cache_dir();
         *reply = dir.empty() ? "" : dir + "\n";
         return 0;
     }
@@ -393,7 +393,7 @@ int32_t Server::handle_write(Connection &c, const std::string &path, const std::
             *reply = path + ": an absolute path, or nothing";
             return -EINVAL;
         }
-        arch::set_refs_cache_dir(dir);
+        platform::set_cache_dir(dir);
         return 0;
     }
     const bool defs = is_definitions_file(path);
@@ -462,7 +462,7 @@ int listen_at(const sockaddr_un &addr);
 // The thread's first steps, before it serves: its own table, its socket and wake pipe
 // there, and the agent's memfds made so far in the program's table, taken over.
 int open_thread_fds(const Startup &s, const sockaddr_un &addr) {
-    g_own_table = text::use_own_fd_table() == 0 || text::has_own_fd_table();
+    g_own_table = text::use_own_fd_table() == 0 || platform::has_own_fd_table();
     const int fd = listen_at(addr);
     if (fd < 0) return fd;
     if (pipe2(g_wake_fd, O_CLOEXEC) != 0) {
@@ -472,7 +472,7 @@ int open_thread_fds(const Startup &s, const sockaddr_un &addr) {
         return err;
     }
     if (!g_own_table)
-        for (int &w : g_wake_fd) w = text::move_fd_high(w);
+        for (int &w : g_wake_fd) w = platform::move_fd_high(w);
     g_listen_fd = fd;
     g_thread_tid = static_cast<pid_t>(gettid());
     if (g_own_table) trace::adopt_program_fds(s.caller);
@@ -501,7 +501,7 @@ void serve() {
 
 // After a detach, a thread with a table of its own waits instead of ending: its table
 // holds the memfds of the buffers and counters, which nothing else could give a later
-// controller (text/held_fd.hpp). A byte 'r' (start_locked) makes it listen again, with
+// controller (platform/held_fd.hpp). A byte 'r' (start_locked) makes it listen again, with
 // the memfds made since on the program's threads adopted; anything else ends it.
 // Whether it serves again.
 bool park() {
@@ -620,7 +620,7 @@ void forget_in_child() {
 int listen_at(const sockaddr_un &addr) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -errno;
-    if (!g_own_table) fd = text::move_fd_high(fd);
+    if (!g_own_table) fd = platform::move_fd_high(fd);
     unlink(g_socket_path); // a stale socket of an earlier process with this pid
     if (bind(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof addr) != 0 || listen(fd, 8) != 0) {
         const int err = -errno;
@@ -634,7 +634,7 @@ int listen_at(const sockaddr_un &addr) {
 int restart_locked() {
     if (!g_own_table || g_exited.load()) return -ECHILD;
     Startup s;
-    s.caller = static_cast<pid_t>(text::has_own_fd_table() ? getpid() : gettid());
+    s.caller = static_cast<pid_t>(platform::has_own_fd_table() ? getpid() : gettid());
     sem_init(&s.done, 0, 0);
     g_restart.store(&s);
     int rc = wake('r');
@@ -677,7 +677,7 @@ int start_locked() {
     // A thread of the program's table, whose memfds the new thread adopts: this one, or
     // (for a loader run on the optimizer's thread, which has a table of its own) the
     // main thread.
-    startup.caller = static_cast<pid_t>(text::has_own_fd_table() ? getpid() : gettid());
+    startup.caller = static_cast<pid_t>(platform::has_own_fd_table() ? getpid() : gettid());
     sem_init(&startup.done, 0, 0);
     // The thread starts with every asynchronous signal blocked, so it never takes one
     // meant for the program. Synchronous faults stay open: the fault-safe reads of

@@ -1,2 +1,3 @@
-list(APPEND UKP_SOURCES
-  control/control.cpp)
+# The control thread and its socket; protocol.hpp and fd_passing.hpp are header-only, so
+# that the controller can include them.
+ukp_layer(control USES platform text symbols core trace SOURCES control.cpp LIBS fmt::fmt Threads::Threads)

@@ -10,10 +10,13 @@
 #include "arch/x86_64/reach.hpp"
 #include "arch/x86_64/region.hpp"
 #include "arch/x86_64/regs.hpp"
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "arch/x86_64/vector_use.hpp"
+#include "core/agent.hpp"
 #include "core/checked_mutex.hpp"
+#include "core/trampolines.hpp"
+#include "platform/vector_state.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -156,16 +159,6 @@ void grace_init();
 void gpr_dispatch_init();
 enum class Dispatcher { kOptprobe, kKretprobe };
 const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
-// Whether a handler's code is lean (true for none). Under registry_mutex(), as
-// gpr_dispatch_init(): the scan reads the code under the probes.
-bool handler_is_gpr_only(const void *fn);
-// The agent's own handlers (kretprobe's entry handler, the tracer's): every access they
-// make to the program's memory goes through the fixup table (ukp_safe_copy), and the
-// memory they write is the agent's, so the hit path calls them as it runs the rest of
-// its own code, without the recovery point a user's handler runs under (a fault there
-// is a bug of the agent, as one in the dispatcher is). Marked before a probe uses them;
-// a probe takes the mark at its registration.
-void mark_own_handler(const void *fn);
 bool handler_is_own(const void *fn);
 // How many threads can have a reader cell for their read sections at once.
 constexpr size_t kGraceSlots = 1024;
@@ -222,17 +215,6 @@ struct ThreadState {
 };
 UKP_HOT ThreadState &thread_state();
 
-// Marks the agent's own work on the calling thread: its control thread, its optimizer,
-// the trace files read or written through the API. A probe hit there runs no handler and
-// counts nothing: the program did not make that call (a probe on libc's open must not
-// show the agent opening /proc/PID/comm to format the trace it is reading).
-class AgentWork {
-public:
-    AgentWork() { ++thread_state().quiet; }
-    ~AgentWork() { --thread_state().quiet; }
-    AgentWork(const AgentWork &) = delete;
-    AgentWork &operator=(const AgentWork &) = delete;
-};
 
 // ---- jump optimization (optimizer.cpp) ------------------------------------------------
 // All but the last three are called with the registry mutex held.
@@ -278,25 +260,10 @@ bool opt_breaks_spawn_path(const Point *pt, const kprobe *p);
 // without the registry mutex: pthread_create waits for the dynamic linker's lock, which a
 // dlopen() in another thread holds while its link-map hook waits for the registry mutex.
 void optimizer_start();
-// A scope in which probes are registered while the process may have no other thread (a
-// process's start, before main): the optimizer thread is not started meanwhile, and at the
-// end of the scope, if the caller is still the only thread, the queued points get their
-// jumps at once, on the caller's thread, with no breakpoint window any thread could run
-// into and no signal a tracer would see. Otherwise the optimizer thread takes them.
-class OptimizeAtStart {
-public:
-    OptimizeAtStart();
-    ~OptimizeAtStart();
-    OptimizeAtStart(const OptimizeAtStart &) = delete;
-    OptimizeAtStart &operator=(const OptimizeAtStart &) = delete;
-};
 // Inside an OptimizeAtStart scope whose caller is the process's only thread: arms pt with
 // its jmp in one write (no int3 first), if the point qualifies for one. False, nothing
 // written, otherwise. Under the registry mutex.
 bool opt_arm_alone(Point *pt);
-// Waits, at most `limit`, until the optimizer has been through the work queued before the
-// call (ukp_optimizer_flush). False if the time ran out.
-bool optimizer_flush_for(std::chrono::milliseconds limit);
 // Where a thread that reached `ip` (inside pt's region) goes on, in the region copy;
 // ip itself when the breakpoint path does not run the copy. Async-signal-safe.
 uint64_t into_copy(const Point *pt, uint64_t ip);
@@ -338,8 +305,6 @@ void full_block_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out);
 // The blocks it changed.
 std::vector<arch::FullBlock> opened_full_blocks();
 
-// Registry services for the optimizer (registry.cpp).
-CheckedMutex &registry_mutex();
 // Writes text and name on standard error, a line, and aborts (no allocation, no stdio).
 [[noreturn]] void die_naming(const char *text, const char *name);
 // For a function that runs under the registry mutex: checked in UKP_CHECKS builds.
@@ -431,9 +396,9 @@ UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, boo
 template <typename F>
 void outside_gpr(bool ext_saved, F &&f) {
     if (ext_saved)
-        ukp_call_handler(reinterpret_cast<void *>(&arch::closure_thunk<std::remove_reference_t<F>>), &f, nullptr);
+        ukp_call_handler(reinterpret_cast<void *>(&platform::closure_thunk<std::remove_reference_t<F>>), &f, nullptr);
     else
-        arch::saving_vectors(f);
+        platform::saving_vectors(f);
 }
 
 // The thread id of the calling thread, cached per thread.

@@ -6,7 +6,7 @@
 #include "core/core.hpp"
 
 #include "arch/x86_64/regs.hpp"
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "text/text.hpp"
 
@@ -24,6 +24,11 @@
 extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved, pt_regs *at_hit);
 extern "C" void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs, int ext_saved); // kretprobe.cpp
 
+extern "C" {
+__attribute__((visibility("hidden"))) uint8_t ukp_gpr_dispatch = 0;
+__attribute__((visibility("hidden"))) uint8_t ukp_gpr_ret_dispatch = 0;
+}
+
 namespace ukp::core {
 
 std::atomic<bool> g_kprobes_enabled{true};
@@ -39,6 +44,9 @@ thread_local ThreadState t_state __asm__("ukp_thread_state")
     __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
 ThreadState &thread_state() { return t_state; }
+
+AgentWork::AgentWork() { ++t_state.quiet; }
+AgentWork::~AgentWork() { --t_state.quiet; }
 
 // ---- address table -------------------------------------------------------------------
 
@@ -927,7 +935,7 @@ namespace ukp::core {
 bool on_fault(int sig, siginfo_t *info, ucontext_t *uc) {
     const uint64_t ip = arch::context_ip(uc);
     // A fault-safe access: resume at its fixup, which returns -EFAULT.
-    if (const uint64_t fixup = arch::fixup_for(ip); fixup != 0) {
+    if (const uint64_t fixup = platform::fixup_for(ip); fixup != 0) {
         arch::set_context_ip(uc, fixup);
         return true;
     }

@@ -597,7 +597,7 @@ RetPool *make_pool(kretprobe *rp) {
         ri->next_free.store(last ? 0 : i + 2, std::memory_order_relaxed);
         RetPool::Shard &sh = pool->shards[pool->shard_of(i)];
         if (sh.free_head.load(std::memory_order_relaxed) == 0) sh.free_head.store(i + 1, std::memory_order_relaxed);
-        arch::emit_ret_stub(reinterpret_cast<uint64_t>(&ri->pub.ret_addr), &code[i * arch::kRetStubSize]);
+        arch::emit_ret_stub(reinterpret_cast<uint64_t>(&ri->pub.ret_addr), reinterpret_cast<uint64_t>(&ukp_kretprobe_trampoline), &code[i * arch::kRetStubSize]);
     }
     if (text::write(pool->sled, code.data(), code.size()) != 0) {
         free_pool(pool);

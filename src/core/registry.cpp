@@ -9,7 +9,7 @@
 #include "arch/x86_64/region.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "symbols/symbols.hpp"
-#include "text/high_fd.hpp"
+#include "platform/high_fd.hpp"
 #include "text/text.hpp"
 
 #include <fmt/format.h>
@@ -190,7 +190,7 @@ int build_slot(Point *pt, const arch::Insn &insn) {
     for (uint8_t i = 0; i < post_undo.count; ++i)
         if (post_undo.at[i].offset != pt->undo.at[i].offset) return -EOPNOTSUPP;
     at += static_cast<size_t>(n);
-    n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt), code + at, sizeof code - at);
+    n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt), reinterpret_cast<uint64_t>(&ukp_post_trampoline), code + at, sizeof code - at);
     if (n < 0) return n;
     at += static_cast<size_t>(n);
     if (int err = text::write(slot, code, at); err != 0) return err;
@@ -244,7 +244,7 @@ extern kprobe g_link_map_probe;
 namespace {
 // The agent keeps the symbol tables it parses beside its reference tables: set before
 // its other constructors, UKP_EVENTS being applied in one (trace/files.cpp).
-__attribute__((constructor(101))) void keep_symbol_tables() { sym::set_table_store(arch::symbol_table_store()); }
+__attribute__((constructor(101))) void keep_symbol_tables() { sym::set_table_store(sym::disk_table_store()); }
 } // namespace
 
 bool wants_arming(const Point *pt) {
@@ -542,7 +542,7 @@ void hook_link_map_locked() {
 }
 
 // The membarrier registrations (grace periods: grace_init; code patching: text) and the
-// growth of the descriptor table to the agent's high numbers (text/high_fd.hpp) each cost
+// growth of the descriptor table to the agent's high numbers (platform/high_fd.hpp) each cost
 // the kernel an RCU grace period (milliseconds) once the process has a second thread,
 // and nothing while it has one: done at load, before the agent starts its threads and,
 // under LD_PRELOAD, before the program starts any. Done later, these three waits were
@@ -550,7 +550,7 @@ void hook_link_map_locked() {
 __attribute__((constructor(101))) void prepare_while_single_threaded() {
     grace_init();
     text::register_membarrier();
-    text::grow_fd_table();
+    platform::grow_fd_table();
 }
 
 int ensure_initialized() {

@@ -11,7 +11,7 @@
 //
 // Apart from that mask content, the interposed functions answer as glibc's: the same
 // result, the same errno on failure, errno untouched on success.
-#include "arch/x86_64/raw_syscall.hpp"
+#include "platform/raw_syscall.hpp"
 #include "core/core.hpp"
 
 #include <atomic>
@@ -58,7 +58,7 @@ int set_mask(int how, const sigset_t *set, sigset_t *old) {
         clear_signal(&copy, kGlibcSetxid);
         set = &copy;
     }
-    return static_cast<int>(arch::raw_syscall(SYS_rt_sigprocmask, how, reinterpret_cast<long>(set),
+    return static_cast<int>(platform::raw_syscall(SYS_rt_sigprocmask, how, reinterpret_cast<long>(set),
                                               reinterpret_cast<long>(old), _NSIG / 8));
 }
 

@@ -1,13 +1,6 @@
-list(APPEND UKP_SOURCES
-  core/full_blocks.cpp
-  core/hit.cpp
-  core/jit_debug.cpp
-  core/jprobe.cpp
-  core/kretprobe.cpp
-  core/optimizer.cpp
-  core/registry.cpp
-  core/signals.cpp
-  core/sigmask.cpp
-  core/spawn_gate.cpp
-  core/unwind.cpp
-  core/verify.cpp)
+# The probes: registration, arming, the hit path, jump optimization, return probes.
+ukp_layer(core
+  USES platform arch text symbols
+  SOURCES full_blocks.cpp hit.cpp jit_debug.cpp jprobe.cpp kretprobe.cpp optimizer.cpp registry.cpp signals.cpp
+          sigmask.cpp spawn_gate.cpp trampolines.S unwind.cpp verify.cpp
+  LIBS Zydis::Zydis Threads::Threads)

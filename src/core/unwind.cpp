@@ -11,7 +11,7 @@
 //   them) leave it out the same way.
 // - swapcontext/setcontext/sigaltstack: the stacks a thread runs on besides its own, so
 //   that frames are compared (deeper, gone) only with frames of the same stack.
-#include "arch/x86_64/raw_syscall.hpp"
+#include "platform/raw_syscall.hpp"
 #include "core/core.hpp"
 #include "core/kretprobe.hpp"
 
@@ -275,7 +275,7 @@ __attribute__((visibility("default"))) int sigaltstack(const stack_t *ss, stack_
     if (ss != nullptr && (ss->ss_flags & SS_DISABLE) == 0 && ss->ss_sp != nullptr)
         note_stack(reinterpret_cast<uint64_t>(ss->ss_sp), ss->ss_size);
     const long r =
-        ukp::arch::raw_syscall(SYS_sigaltstack, reinterpret_cast<long>(ss), reinterpret_cast<long>(old));
+        ukp::platform::raw_syscall(SYS_sigaltstack, reinterpret_cast<long>(ss), reinterpret_cast<long>(old));
     if (r == 0) return 0;
     errno = static_cast<int>(-r);
     return -1;

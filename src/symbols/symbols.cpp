@@ -1,5 +1,8 @@
 #include "symbols/symbols.hpp"
 
+#include "platform/elf_file.hpp"
+#include "platform/maps.hpp"
+
 #include <dlfcn.h>
 #include <cxxabi.h>
 #include <elf.h>
@@ -66,11 +69,6 @@ std::string file_name(std::string_view path)
     return std::string(slash == npos ? path : path.substr(slash + 1));
 }
 
-bool libelf_ready()
-{
-    static const bool ready = elf_version(EV_CURRENT) != EV_NONE;
-    return ready;
-}
 
 // ---- Demangled names ------------------------------------------------------------------
 
@@ -325,48 +323,6 @@ std::string build_id(Elf *elf)
     return {};
 }
 
-// Owns an open libelf handle (and the file descriptor under it, if any).
-class ElfFile {
-public:
-    ElfFile() = default;
-    ElfFile(const ElfFile &) = delete;
-    ElfFile &operator=(const ElfFile &) = delete;
-    ~ElfFile()
-    {
-        if (elf_)
-            elf_end(elf_);
-        if (fd_ >= 0)
-            close(fd_);
-    }
-
-    bool open_file(const std::string &path)
-    {
-        if (!libelf_ready())
-            return false;
-        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd_ < 0)
-            return false;
-        elf_ = elf_begin(fd_, ELF_C_READ_MMAP, nullptr);
-        return valid();
-    }
-
-    bool open_memory(char *image, size_t size)
-    {
-        if (!libelf_ready())
-            return false;
-        elf_ = elf_memory(image, size);
-        return valid();
-    }
-
-    Elf *get() const { return elf_; }
-
-private:
-    bool valid() const { return elf_ && elf_kind(elf_) == ELF_K_ELF; }
-
-    int fd_ = -1;
-    Elf *elf_ = nullptr;
-};
-
 // Where the separate debug file of the object with this build id is installed ("" for no
 // id).
 std::string debug_file_of(const std::string &id)
@@ -378,16 +334,16 @@ std::string debug_file_of(const std::string &id)
 
 // The .symtab of the separate debug file of the object with this build id, if installed,
 // opened in `debug` (the names point into it).
-void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out, ElfFile &debug)
+void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out, platform::ElfFile &debug)
 {
     const std::string path = debug_file_of(id);
-    if (path.empty() || !debug.open_file(path))
+    if (path.empty() || !debug.open(path))
         return;
     Elf_Scn *scn = nullptr;
-    while ((scn = elf_nextscn(debug.get(), scn))) {
+    while ((scn = elf_nextscn(debug.elf(), scn))) {
         GElf_Shdr sh;
         if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB)
-            read_symbol_table(debug.get(), scn, bias, out);
+            read_symbol_table(debug.elf(), scn, bias, out);
     }
 }
 
@@ -414,7 +370,7 @@ detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias)
     }
 
     std::vector<RawSymbol> raw;
-    ElfFile debug; // until finish_symbols() has copied the names
+    platform::ElfFile debug; // until finish_symbols() has copied the names
     if (symtab)
         read_symbol_table(elf, symtab, bias, raw);
     else
@@ -528,12 +484,12 @@ void publish_shared(const std::shared_ptr<const Object> &obj)
 
 std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias)
 {
-    ElfFile file;
-    if (!file.open_file(open_path))
+    platform::ElfFile file;
+    if (!file.open(open_path))
         return nullptr;
     auto obj = std::make_shared<Object>();
     obj->bias = bias;
-    parse_elf(file.get(), bias, *obj);
+    parse_elf(file.elf(), bias, *obj);
     return obj;
 }
 
@@ -731,20 +687,20 @@ const LazySymbols::Contents &LazySymbols::load() const
     if (loaded())
         return contents_;
     try {
-        ElfFile elf;
+        platform::ElfFile elf;
         std::vector<char> copy; // libelf reads the vdso from a private copy: the kernel's
                                 // pages are never written
         bool open = false;
         if (!source_.open_path.empty()) {
-            open = elf.open_file(source_.open_path);
+            open = elf.open(source_.open_path);
         } else if (source_.image.second != 0) {
             const auto *image = reinterpret_cast<const char *>(source_.image.first);
             copy.assign(image, image + source_.image.second);
             open = elf.open_memory(copy.data(), copy.size());
         }
         if (open)
-            contents_ = source_.open_path.empty() ? read_contents(elf.get(), source_.bias)
-                                                  : read_file_contents(elf.get(), source_.open_path, source_.bias);
+            contents_ = source_.open_path.empty() ? read_contents(elf.elf(), source_.bias)
+                                                  : read_file_contents(elf.elf(), source_.open_path, source_.bias);
         loaded_.store(true, std::memory_order_release); // unreadable: no symbols, for good
     } catch (...) {
         contents_ = Contents{}; // out of memory: none this time, tried again at the next call
@@ -973,31 +929,17 @@ using MappedFile = Registry::ProcessMaps::File;
 std::vector<MappedFile> mapped_files(int pid)
 {
     std::vector<MappedFile> files;
-    const std::string maps = "/proc/" + std::to_string(pid) + "/maps";
-    FILE *f = std::fopen(maps.c_str(), "re");
-    if (!f)
-        return files;
-    char line[4352];
-    while (std::fgets(line, sizeof line, f)) {
-        unsigned long long lo = 0, hi = 0;
-        char perms[8] = {};
-        int name_at = 0;
-        if (std::sscanf(line, "%llx-%llx %7s %*s %*s %*s %n", &lo, &hi, perms, &name_at) < 3 || name_at <= 0 ||
-            perms[2] != 'x')
-            continue;
-        std::string path = line + name_at;
-        if (!path.empty() && path.back() == '\n')
-            path.pop_back();
-        if (path.empty() || (path[0] != '/' && path != "[vdso]"))
-            continue;
-        auto it = std::find_if(files.begin(), files.end(), [&](const MappedFile &m) { return m.path == path; });
+    platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
+        if (!m.executable() || (!m.in_file() && m.path != "[vdso]"))
+            return true;
+        auto it = std::find_if(files.begin(), files.end(), [&](const MappedFile &f) { return f.path == m.path; });
         if (it == files.end()) {
-            files.push_back({path, lo});
+            files.push_back({std::string(m.path), m.start});
             it = files.end() - 1;
         }
-        it->first_exec = std::min<uint64_t>(it->first_exec, lo);
-    }
-    std::fclose(f);
+        it->first_exec = std::min<uint64_t>(it->first_exec, m.start);
+        return true;
+    });
     return files;
 }
 
@@ -1059,7 +1001,7 @@ void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
             const bool main_program = m.path == exe, vdso = m.path == "[vdso]";
             const std::pair<uint64_t, uint64_t> image = vdso ? vdso_image() : std::pair<uint64_t, uint64_t>{};
             std::vector<char> copy;
-            ElfFile elf;
+            platform::ElfFile elf;
             if (vdso) {
                 if (image.second == 0)
                     continue;
@@ -1067,11 +1009,11 @@ void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
                             reinterpret_cast<const char *>(image.first) + image.second);
                 if (!elf.open_memory(copy.data(), copy.size()))
                     continue;
-            } else if (!elf.open_file(main_program && alive ? proc + "/exe" : m.path)) {
+            } else if (!elf.open(main_program && alive ? proc + "/exe" : m.path)) {
                 continue; // not ELF, or gone: nothing to name addresses with
             }
             uint64_t vaddr = 0;
-            if (!first_exec_vaddr(elf.get(), &vaddr))
+            if (!first_exec_vaddr(elf.elf(), &vaddr))
                 continue;
             const uint64_t bias = m.first_exec - vaddr / page * page;
             const std::string path = vdso ? "linux-vdso.so.1" : m.path;
@@ -1087,7 +1029,7 @@ void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
                 obj = std::make_shared<Object>(**same);
             } else {
                 obj = std::make_shared<Object>();
-                parse_elf(elf.get(), bias, *obj);
+                parse_elf(elf.elf(), bias, *obj);
             }
             obj->path = path;
             obj->name = file_name(path);

@@ -74,8 +74,8 @@ private:
 };
 } // namespace detail
 
-// Parsed tables kept between processes: the agent keeps them beside its reference tables
-// (arch/x86_64/refs_cache.cpp), where a cache directory is set. Keyed by the file a table
+// Parsed tables kept between processes: the agent keeps them on disk (table_cache.cpp),
+// where a cache directory is set (platform/disk_cache.hpp). Keyed by the file a table
 // was read from and the separate debug file that gave its .symtab ("" when none); values
 // relative to nothing: `bias` is what the caller's table has added (load adds it back).
 struct TableStore {
@@ -86,6 +86,9 @@ struct TableStore {
 };
 // The store LazySymbols asks before it parses a file, and gives what it parsed; null: none.
 void set_table_store(const TableStore *store);
+// The store on disk (table_cache.cpp), and how many tables this process took from it.
+const TableStore *disk_table_store();
+uint64_t tables_loaded_from_disk();
 
 // One ELF object mapped into the process (the main program, a shared library, the vdso).
 struct Object {

@@ -1,1 +1,2 @@
-list(APPEND UKP_SOURCES text/text.cpp text/held_fd.cpp)
+# Code memory and writes into live code.
+ukp_layer(text USES platform SOURCES text.cpp)

@@ -1,5 +1,8 @@
 #include "text/text.hpp"
 
+#include "platform/held_fd.hpp"
+#include "platform/maps.hpp"
+
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -36,7 +39,6 @@ pid_t g_sync_pid = 0;     // the process g_sync_core was decided for
 
 // A thread with a descriptor table of its own (use_own_fd_table()) keeps a /proc/self/mem
 // there; the program's threads open one for each write.
-thread_local bool t_own_table __attribute__((tls_model("initial-exec"))) = false;
 thread_local int t_own_mem_fd __attribute__((tls_model("initial-exec"))) = -1;
 
 // Published chunk starts, read by signal handlers without a lock: entries are written
@@ -60,7 +62,7 @@ void register_sync_core_locked() {
 // one of the program's opens it for each write (open_program_mem).
 int open_mem_locked() {
     register_sync_core_locked();
-    return t_own_table && t_own_mem_fd < 0 ? -EBADF : 0;
+    return platform::has_own_fd_table() && t_own_mem_fd < 0 ? -EBADF : 0;
 }
 
 // /proc/self/mem for one write by a thread of the program's table, closed after it: a
@@ -75,17 +77,13 @@ int open_program_mem() {
 // Free gaps of the address space, from /proc/self/maps.
 std::vector<std::pair<uint64_t, uint64_t>> address_space_gaps() {
     std::vector<std::pair<uint64_t, uint64_t>> gaps;
-    FILE *maps = fopen("/proc/self/maps", "re");
-    if (maps == nullptr) return gaps;
     uint64_t prev_end = 0x10000; // stay clear of mmap_min_addr
-    char line[512];
-    while (fgets(line, sizeof line, maps) != nullptr) {
-        unsigned long long lo = 0, hi = 0;
-        if (sscanf(line, "%llx-%llx", &lo, &hi) != 2) continue;
-        if (lo > prev_end) gaps.emplace_back(prev_end, lo);
-        if (hi > prev_end) prev_end = hi;
-    }
-    fclose(maps);
+    if (!platform::for_each_mapping(0, [&](const platform::Mapping &m) {
+            if (m.start > prev_end) gaps.emplace_back(prev_end, m.start);
+            if (m.end > prev_end) prev_end = m.end;
+            return true;
+        }))
+        return gaps;
     constexpr uint64_t kUserTop = 0x7ffffffff000ull;
     if (prev_end < kUserTop) gaps.emplace_back(prev_end, kUserTop);
     return gaps;
@@ -143,7 +141,7 @@ int init() {
     std::call_once(g_fork_once, [] { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); });
     std::lock_guard lock(g_mutex);
     if (int err = open_mem_locked(); err != 0) return err;
-    if (t_own_table) return 0;
+    if (platform::has_own_fd_table()) return 0;
     // A process without /proc/self/mem (no /proc) gets its error now, not at a patch.
     const int fd = open_program_mem();
     if (fd < 0) return fd;
@@ -151,12 +149,11 @@ int init() {
     return 0;
 }
 
-bool own_fd_table_of_this_thread() { return t_own_table; }
 
 int write(uint64_t addr, const void *data, size_t n) {
     std::lock_guard lock(g_mutex);
     if (int err = open_mem_locked(); err != 0) return err;
-    const int fd = t_own_table ? t_own_mem_fd : open_program_mem();
+    const int fd = platform::has_own_fd_table() ? t_own_mem_fd : open_program_mem();
     if (fd < 0) return fd;
     int rc = 0;
     const char *src = static_cast<const char *>(data);
@@ -175,7 +172,7 @@ int write(uint64_t addr, const void *data, size_t n) {
         addr += static_cast<uint64_t>(w);
         n -= static_cast<size_t>(w);
     }
-    if (!t_own_table) close(fd);
+    if (!platform::has_own_fd_table()) close(fd);
     return rc;
 }
 
@@ -189,39 +186,8 @@ void sync_cores() {
     if (g_sync_core) membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
 }
 
-namespace {
-
-// Closes every descriptor of a table this thread has just unshared, on kernels without
-// close_range() (before 5.9).
-void close_all_listed() {
-    DIR *dir = opendir("/proc/thread-self/fd");
-    if (dir == nullptr) return;
-    const int own = dirfd(dir);
-    std::vector<int> fds;
-    while (dirent *e = readdir(dir)) {
-        if (e->d_name[0] == '.') continue;
-        const int fd = atoi(e->d_name);
-        if (fd != own) fds.push_back(fd);
-    }
-    closedir(dir);
-    for (int fd : fds) close(fd);
-}
-
-} // namespace
-
 int use_own_fd_table() {
-    if (!t_own_table) {
-        // CLOSE_RANGE_UNSHARE over every number: the kernel gives the thread a new, empty
-        // table, without holding the program's files even for a moment.
-        if (syscall(SYS_close_range, 0u, ~0u, CLOSE_RANGE_UNSHARE) != 0) {
-            if (unshare(CLONE_FILES) != 0) return -errno;
-            close_all_listed();
-        }
-        t_own_table = true;
-        // 0-2 lead nowhere (O_PATH: reads and writes fail): a stray write to standard
-        // error cannot land in a file this thread opened next.
-        for (int fd = 0; fd < 3; ++fd) open("/", O_PATH);
-    }
+    if (int err = platform::enter_own_fd_table(); err != 0) return err;
     if (t_own_mem_fd < 0) t_own_mem_fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     return t_own_mem_fd < 0 ? -errno : 0;
 }

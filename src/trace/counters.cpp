@@ -1,8 +1,8 @@
 #include "trace/counters.hpp"
 
-#include "arch/x86_64/raw_syscall.hpp"
-#include "text/held_fd.hpp"
-#include "text/high_fd.hpp"
+#include "platform/raw_syscall.hpp"
+#include "platform/held_fd.hpp"
+#include "platform/high_fd.hpp"
 #include "trace/bytes.hpp"
 
 #include <fcntl.h>
@@ -26,7 +26,7 @@ namespace ukp::trace {
 
 namespace {
 
-using arch::raw_syscall;
+using platform::raw_syscall;
 
 // Address space only: pages are backed as ranges are first written (1 KiB and a line per
 // event, a line per probe), and a child of fork() copies what was used.
@@ -40,7 +40,7 @@ struct Table {
 
 std::mutex g_mu;
 uint8_t *g_base = nullptr;             // the arena; null until first use, or when none could be made
-text::HeldFd g_fd;                     // its memfd
+platform::HeldFd g_fd;                     // its memfd
 bool g_tried = false;                  // under g_mu
 uint64_t g_used = kCountersFirstBlock; // under g_mu: bytes handed out from the start
 std::map<uint64_t, uint64_t> &free_blocks() { // under g_mu: offset -> bytes, merged
@@ -86,7 +86,7 @@ void init_locked() {
         raw_syscall(SYS_close, fd);
         return;
     }
-    g_fd.set(text::move_fd_high(static_cast<int>(fd)));
+    g_fd.set(platform::move_fd_high(static_cast<int>(fd)));
     g_base = reinterpret_cast<uint8_t *>(p);
     CountersHeader *h = hdr(); // the memfd starts zeroed
     h->magic = kCountersMagic;

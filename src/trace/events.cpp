@@ -20,9 +20,10 @@
 #include <mutex>
 #include <sstream>
 
-#include "arch/x86_64/safe_access.hpp"
-#include "arch/x86_64/this_cpu.hpp"
-#include "core/core.hpp"
+#include "platform/safe_access.hpp"
+#include "platform/this_cpu.hpp"
+#include "core/agent.hpp"
+#include "platform/maps.hpp"
 #include "symbols/symbols.hpp"
 #include "trace/filter.hpp"
 #include "trace/output.hpp"
@@ -52,7 +53,7 @@ const ThreadInfo &this_thread() {
     if (t_info.tid == 0) {
         // Once per thread, into the C library: with the vector state saved (a lean hit
         // path calls no C library code directly).
-        arch::saving_vectors([] {
+        platform::saving_vectors([] {
             prctl(PR_GET_NAME, t_info.comm, 0, 0, 0);
             t_info.comm[15] = '\0';
             t_info.tid = static_cast<int32_t>(syscall(SYS_gettid));
@@ -102,7 +103,7 @@ public:
 // kprobe_profile's counts of one event. The hit count is kept per CPU as the kernel keeps
 // nhit: hits on different CPUs do not write one cache line (nor the one the hit path reads
 // the event's state from, which the bouncing line used to share). CPUs 0-30 each have
-// their own; the last is shared, with locked adds (arch::count_on_this_cpu).
+// their own; the last is shared, with locked adds (platform::count_on_this_cpu).
 struct EventCounts {
     static constexpr unsigned kShards = 32;
     struct alignas(64) Shard {
@@ -112,7 +113,7 @@ struct EventCounts {
     alignas(64) std::atomic<uint64_t> faults{0}; // hits whose fetches read a bad address
     std::atomic<uint64_t> too_big{0};            // hits dropped: their record passed kMaxEventSize
 
-    void hit() noexcept { arch::count_on_this_cpu<kShards, sizeof(Shard)>(hits); }
+    void hit() noexcept { platform::count_on_this_cpu<kShards, sizeof(Shard)>(hits); }
     uint64_t load_hits() const noexcept {
         uint64_t n = 0;
         for (const Shard &s : hits) n += s.n.load(std::memory_order_relaxed);
@@ -157,7 +158,7 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 }
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
-    const int cpu = arch::this_cpu(); // from rseq: no system call; the record's too
+    const int cpu = platform::this_cpu(); // from rseq: no system call; the record's too
     counts->hit();
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
@@ -328,28 +329,25 @@ public:
         char real[PATH_MAX];
         const std::string p(path);
         const bool have_real = realpath(p.c_str(), real) != nullptr;
-        std::ifstream maps("/proc/self/maps");
-        std::string line;
         bool seen = false;
         uint64_t fallback = 0; // for 'x': a mapping without exec, used if no exec one has it
-        while (std::getline(maps, line)) {
-            unsigned long long lo = 0, hi = 0, off = 0;
-            char perms[8] = {0};
-            int name_at = 0;
-            if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %n", &lo, &hi, perms, &off, &name_at) < 4 ||
-                name_at <= 0)
-                continue;
-            const std::string file = line.substr(static_cast<size_t>(name_at));
-            if (file != p && !(have_real && file == real)) continue;
+        uint64_t found = 0;
+        platform::for_each_mapping(0, [&](const platform::Mapping &m) {
+            if (m.path != p && !(have_real && m.path == real)) return true;
             seen = true;
-            const bool perm_ok = perm == 0 || (perm == 'x' && perms[2] == 'x') || (perm == 'w' && perms[1] == 'w');
-            if (offset >= off && offset < off + (hi - lo)) {
+            const bool perm_ok = perm == 0 || (perm == 'x' && m.executable()) || (perm == 'w' && m.writable());
+            if (offset >= m.offset && offset < m.offset + (m.end - m.start)) {
                 if (perm_ok) {
-                    *addr = lo + (offset - off);
-                    return 0;
+                    found = m.start + (offset - m.offset);
+                    return false;
                 }
-                if (perm == 'x' && fallback == 0) fallback = lo + (offset - off);
+                if (perm == 'x' && fallback == 0) fallback = m.start + (offset - m.offset);
             }
+            return true;
+        });
+        if (found != 0) {
+            *addr = found;
+            return 0;
         }
         if (fallback != 0) {
             *addr = fallback;

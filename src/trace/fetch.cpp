@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 
 namespace ukp::trace {
 
@@ -97,7 +97,7 @@ uint32_t measure_string(uint64_t addr, StringStash *stash) {
         if (chunk > want) chunk = want;
         if (chunk > kMaxStringLen - done) chunk = kMaxStringLen - done;
         if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), chunk) != 0) return 0;
-        const uint64_t nul = arch::find_nul(buf, chunk);
+        const uint64_t nul = platform::find_nul(buf, chunk);
         if (nul < chunk) {
             if (done == 0 && stash != nullptr && stash->count < StringStash::kSlots && chunk <= StringStash::kBytes) {
                 const uint32_t i = stash->count++;
@@ -129,7 +129,7 @@ inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t ca
             n = static_cast<int>(stash->len[i]);
             break;
         }
-        if (n < 0) n = arch::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+        if (n < 0) n = platform::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
     }
     if (n < 0) {
         *fault = true;

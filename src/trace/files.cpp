@@ -10,7 +10,9 @@
 #include <mutex>
 #include <string>
 
-#include "core/core.hpp"
+#include "core/agent.hpp"
+
+#include <ukprobes/kprobes.h>
 #include "trace/events.hpp"
 
 using ukp::core::AgentWork;

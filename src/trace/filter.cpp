@@ -1,6 +1,6 @@
 #include "trace/filter.hpp"
 #include "trace/bytes.hpp"
-#include "arch/x86_64/this_cpu.hpp"
+#include "platform/this_cpu.hpp"
 
 #include <sched.h>
 
@@ -176,7 +176,7 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
     }
     case Src::kNever: return false;
     case Src::kCpu: {
-        const int cpu = arch::this_cpu(); // from rseq: no system call
+        const int cpu = platform::this_cpu(); // from rseq: no system call
         return compare<int64_t>(p.op, cpu, int64_t(p.val));
     }
     case Src::kComm:

@@ -1,7 +1,7 @@
 #include "trace/hist.hpp"
 #include "trace/hist_table.hpp"
 #include "trace/bytes.hpp"
-#include "arch/x86_64/this_cpu.hpp"
+#include "platform/this_cpu.hpp"
 
 #include <sched.h>
 
@@ -262,7 +262,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
         }
         uint64_t v = 0;
         if (c.size == 0) {
-            v = uint64_t(int64_t(arch::this_cpu())); // from rseq: no system call
+            v = uint64_t(int64_t(platform::this_cpu())); // from rseq: no system call
         } else if (uint64_t(c.offset) + c.size <= size) {
             v = load_int(rec + c.offset, c.size, c.is_signed);
         }
@@ -278,7 +278,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
     for (size_t i = 1; i < vals_.size(); i++) {
         const Column &c = vals_[i];
         uint64_t v = 0;
-        if (c.size == 0) v = uint64_t(int64_t(arch::this_cpu()));
+        if (c.size == 0) v = uint64_t(int64_t(platform::this_cpu()));
         else if (uint64_t(c.offset) + c.size <= size) v = load_int(rec + c.offset, c.size, c.is_signed);
         sums[i].fetch_add(v, std::memory_order_relaxed);
     }

@@ -1,11 +1,12 @@
 #include "trace/ring.hpp"
-#include "core/core.hpp"
+#include "core/agent.hpp"
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
-#include "text/held_fd.hpp"
-#include "text/high_fd.hpp"
-#include "arch/x86_64/raw_syscall.hpp"
-#include "arch/x86_64/this_cpu.hpp"
+#include "platform/held_fd.hpp"
+#include "platform/high_fd.hpp"
+#include "platform/raw_syscall.hpp"
+#include "platform/this_cpu.hpp"
+#include "platform/safe_access.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -45,7 +46,7 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // A mapped ring. Never unmapped while the process lives: a writer that loaded the old
 // ring just before it was replaced may still write into it (harmlessly).
 struct Region {
-    text::HeldFd fd; // its memfd, for readers in other processes
+    platform::HeldFd fd; // its memfd, for readers in other processes
     uint8_t *base = nullptr;
     size_t size = 0;
     uint64_t cap = 0;  // data bytes per buffer
@@ -95,7 +96,7 @@ struct Writer {
 };
 thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
-using arch::raw_syscall;
+using platform::raw_syscall;
 
 // Saves the calling thread's name in its buffer (SlotHeader::comm). Not on the hit path
 // (two system calls): at exit().
@@ -227,7 +228,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
     const uint64_t data_offset = align_up(header_size + uint64_t(slots) * sizeof(SlotHeader), 4096);
     const uint64_t total = data_offset + slots * cap; // cap: whole pages
-    const int fd = text::move_fd_high(
+    const int fd = platform::move_fd_high(
         static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
     if (fd < 0) return nullptr;
     // Sealed at its size: a reader holding the memfd cannot shrink it under the writers,
@@ -517,7 +518,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
             // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
             // descriptor: no allocation. (Calls into the C library from here go through
             // saving_vectors: this path is lean.)
-            arch::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
+            platform::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
         }
         // The caller's name for the thread (read once per thread, where the events layer
         // makes its own system calls); whose it is, the first commit says (common_pid).
@@ -587,20 +588,20 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     }
     const uint64_t rec_off = pad != 0 ? 0 : off;
     auto *rh = reinterpret_cast<RecordHeader *>(w.data + rec_off);
-    if (cpu < 0) cpu = arch::this_cpu(); // from rseq: no system call
+    if (cpu < 0) cpu = platform::this_cpu(); // from rseq: no system call
     rh->cpu = static_cast<uint16_t>(cpu < 0 ? 0 : cpu);
     rh->kind = kRecordKind;
     rh->reserved = 0;
     if (w.tsc) {
         const uint64_t now = __rdtsc();
         rh->ts = now;
-        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed) && !arch::single_stepped()) [[unlikely]] {
+        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed) && !platform::single_stepped()) [[unlikely]] {
             RingHeader *hdr = w.hdr;
-            arch::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
+            platform::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
         }
     } else {
         uint64_t ns = 0;
-        arch::saving_vectors([&ns] { ns = now_ns(); }); // no invariant TSC: the vDSO's clock
+        platform::saving_vectors([&ns] { ns = now_ns(); }); // no invariant TSC: the vDSO's clock
         rh->ts = ns;
     }
     w.pend = rh;

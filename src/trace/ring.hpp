@@ -30,7 +30,7 @@ namespace ukp::trace {
 // between its reserve and commit) is refused and counted as lost. `comm`: the thread's
 // name (16 bytes, NUL-terminated) as the caller keeps it, saved with the thread's buffer
 // at its first record there (SlotHeader::comm); null saves none. `cpu`: the record's CPU
-// if the caller read it already (arch::this_cpu, from the thread's rseq area), else
+// if the caller read it already (platform::this_cpu, from the thread's rseq area), else
 // negative.
 uint8_t *ring_reserve(uint32_t size, const char *comm = nullptr, int cpu = -1);
 // Publishes the record reserved at `rec`, `used` bytes of it (used <= size reserved);
@@ -189,7 +189,7 @@ struct RecordHeader {
     uint16_t len;            // bytes of header + record + padding (a multiple of 8)
     uint16_t kind;           // kRecordKind or kPadKind
     uint16_t size;           // bytes of the record (what ring_commit was given)
-    uint16_t cpu;            // the CPU at the hit, from the thread's rseq area (arch::this_cpu)
+    uint16_t cpu;            // the CPU at the hit, from the thread's rseq area (platform::this_cpu)
     uint32_t dropped_before; // records this thread lost just before this one
     uint32_t reserved;
     uint64_t ts;             // RingHeader::clock: CLOCK_MONOTONIC ns, or TSC ticks
@@ -223,7 +223,7 @@ int snapshot_memfd_copy(size_t *size);
 
 // The memfds of the buffers and of the counters, made on threads of the program, move to
 // the table of the calling thread, which has a table of its own (the control thread's,
-// text/held_fd.hpp): reopened from that of `from`, a thread of the program. 0, or the
+// platform/held_fd.hpp): reopened from that of `from`, a thread of the program. 0, or the
 // last -errno (what could not be adopted stays where it was).
 int adopt_program_fds(pid_t from);
 // Then, on a thread of the program: the program's copies are closed.

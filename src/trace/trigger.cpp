@@ -1,5 +1,5 @@
 #include "trace/trigger.hpp"
-#include "arch/x86_64/trampoline.hpp"
+#include "platform/vector_state.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -285,16 +285,16 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
         case Kind::kTraceOff: {
             const bool on = t->kind == Kind::kTraceOn;
             bool is_on = false;
-            arch::saving_vectors([&] { is_on = t->host->tracing_is_on(); });
+            platform::saving_vectors([&] { is_on = t->host->tracing_is_on(); });
             if (is_on == on) break; // the kernel counts only effective hits
-            if (t->take()) arch::saving_vectors([&] { t->host->set_tracing_on(on); });
+            if (t->take()) platform::saving_vectors([&] { t->host->set_tracing_on(on); });
             break;
         }
         case Kind::kStacktrace:
-            if (t->take()) arch::saving_vectors([&] { t->host->record_stacktrace(regs); });
+            if (t->take()) platform::saving_vectors([&] { t->host->record_stacktrace(regs); });
             break;
         case Kind::kSnapshot:
-            if (t->take()) arch::saving_vectors([&] { t->host->take_snapshot(); });
+            if (t->take()) platform::saving_vectors([&] { t->host->take_snapshot(); });
             break;
         case Kind::kEnableEvent:
         case Kind::kDisableEvent: {

@@ -44,7 +44,7 @@ std::vector<std::pair<int, std::string>> open_fds() {
     return out;
 }
 
-// What the control thread's own table holds (text/held_fd.hpp), found by its name.
+// What the control thread's own table holds (platform/held_fd.hpp), found by its name.
 std::vector<std::string> control_thread_fds() {
     std::vector<std::string> out;
     DIR *tasks = opendir("/proc/self/task");

@@ -1,7 +1,7 @@
 // The byte helpers written out for the probe-hit path (trace/bytes.hpp, find_nul in
-// arch/x86_64/safe_access.hpp), against the C library's, at every length and offset
+// platform/safe_access.hpp), against the C library's, at every length and offset
 // around their word boundaries.
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 #include "trace/bytes.hpp"
 
 #include <gtest/gtest.h>
@@ -37,7 +37,7 @@ TEST(Bytes, FindNulFindsTheFirstZero) {
             for (size_t i = len + 1; i < sizeof buf; ++i) buf[i] = static_cast<char>(i % 3 == 0 ? 0 : above);
             for (size_t n = 0; n <= sizeof buf; ++n) {
                 const uint64_t want = len < n ? len : n;
-                ASSERT_EQ(ukp::arch::find_nul(buf, n), want) << "len " << len << " n " << n << " above " << above;
+                ASSERT_EQ(ukp::platform::find_nul(buf, n), want) << "len " << len << " n " << n << " above " << above;
             }
         }
     }

@@ -2,6 +2,7 @@
 // back as built, at any bias; entries that are damaged, writable by others, for another
 // file or under no UKP_CACHE_DIR are not used.
 #include "arch/x86_64/region.hpp"
+#include "platform/disk_cache.hpp"
 #include "symbols/symbols.hpp"
 
 #include <gtest/gtest.h>
@@ -197,7 +198,7 @@ TEST_F(RefsCache, AnotherFileFindsNothing) {
 TEST_F(RefsCache, TheLeastRecentlyUsedEntriesGo) {
     const std::string mine = store_libc();
     ASSERT_FALSE(mine.empty());
-    const size_t limit = ukp::arch::kObjectRefsCacheEntries;
+    const size_t limit = ukp::platform::kCacheEntries;
     // Entries of other agents, last used from 3 days to an hour ago; libc's the oldest.
     const time_t now = time(nullptr);
     for (size_t i = 0; i < limit + 5; ++i) {
@@ -243,17 +244,17 @@ TEST_F(RefsCache, NothingIsWrittenWithoutTheVariable) {
 // environment's wins; written empty again, there is none.
 TEST_F(RefsCache, TheControllersDirectoryServesWithoutTheVariable) {
     unsetenv("UKP_CACHE_DIR");
-    EXPECT_EQ(ukp::arch::refs_cache_dir(), "");
-    ukp::arch::set_refs_cache_dir(dir_);
-    EXPECT_EQ(ukp::arch::refs_cache_dir(), dir_);
+    EXPECT_EQ(ukp::platform::cache_dir(), "");
+    ukp::platform::set_cache_dir(dir_);
+    EXPECT_EQ(ukp::platform::cache_dir(), dir_);
     const std::string entry = store_libc();
     EXPECT_FALSE(entry.empty());
     EXPECT_NE(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
     setenv("UKP_CACHE_DIR", "/nonexistent-parent/ukprobes", 1);
-    EXPECT_EQ(ukp::arch::refs_cache_dir(), ""); // the variable's, which cannot be made
+    EXPECT_EQ(ukp::platform::cache_dir(), ""); // the variable's, which cannot be made
     unsetenv("UKP_CACHE_DIR");
-    ukp::arch::set_refs_cache_dir("");
-    EXPECT_EQ(ukp::arch::refs_cache_dir(), "");
+    ukp::platform::set_cache_dir("");
+    EXPECT_EQ(ukp::platform::cache_dir(), "");
     EXPECT_EQ(ukp::arch::load_cached_refs(libc_.path, libc_.bias), nullptr);
 }
 
@@ -276,14 +277,14 @@ void expect_same(const std::vector<ukp::sym::Symbol> &a, const std::vector<ukp::
 }
 
 TEST_F(RefsCache, ASymbolTableComesBackAsParsedAtAnyBias) {
-    const uint64_t loads = ukp::arch::symbol_tables_loaded_from_disk();
+    const uint64_t loads = ukp::sym::tables_loaded_from_disk();
     const auto first = lazy_symbols(libc_.path, libc_.bias);
     ASSERT_GT(first.size(), 1000u);
-    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads) << "parsed, not loaded";
+    EXPECT_EQ(ukp::sym::tables_loaded_from_disk(), loads) << "parsed, not loaded";
     ASSERT_EQ(entries(dir_, "syms-").size(), 1u);
     const uint64_t other_bias = libc_.bias + 0x12345000;
     const auto again = lazy_symbols(libc_.path, other_bias);
-    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads + 1);
+    EXPECT_EQ(ukp::sym::tables_loaded_from_disk(), loads + 1);
     const auto parsed = ukp::sym::load_object(libc_.path, other_bias);
     ASSERT_TRUE(parsed);
     expect_same(again, parsed->symbols());
@@ -304,19 +305,19 @@ TEST_F(RefsCache, DamagedSymbolEntriesAreIgnored) {
     byte ^= 0x20;
     ASSERT_EQ(pwrite(fd, &byte, 1, st.st_size - 10), 1);
     close(fd);
-    const uint64_t loads = ukp::arch::symbol_tables_loaded_from_disk();
+    const uint64_t loads = ukp::sym::tables_loaded_from_disk();
     const auto again = lazy_symbols(libc_.path, libc_.bias);
-    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads) << "a changed byte";
+    EXPECT_EQ(ukp::sym::tables_loaded_from_disk(), loads) << "a changed byte";
     expect_same(again, ukp::sym::load_object(libc_.path, libc_.bias)->symbols());
 }
 
 TEST_F(RefsCache, NoSymbolTableIsKeptWithoutTheVariable) {
     unsetenv("UKP_CACHE_DIR");
-    const uint64_t loads = ukp::arch::symbol_tables_loaded_from_disk();
+    const uint64_t loads = ukp::sym::tables_loaded_from_disk();
     lazy_symbols(libc_.path, libc_.bias);
     lazy_symbols(libc_.path, libc_.bias);
     EXPECT_TRUE(entries(dir_, "syms-").empty());
-    EXPECT_EQ(ukp::arch::symbol_tables_loaded_from_disk(), loads);
+    EXPECT_EQ(ukp::sym::tables_loaded_from_disk(), loads);
 }
 
 } // namespace

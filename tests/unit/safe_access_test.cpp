@@ -1,7 +1,7 @@
 // Fault-safe copies (safe_access.S): every size path reads and writes what it should, and a
 // bad source or destination gives -EFAULT through the SIGSEGV handler's fixup table instead
 // of a crash.
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 #include "core/core.hpp"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// arch::count_on_this_cpu: the per-CPU hit counter of the probe-hit path, a plain add
+// platform::count_on_this_cpu: the per-CPU hit counter of the probe-hit path, a plain add
 // inside an rseq critical section. More threads than CPUs, moved between the CPUs all
 // the time, so that threads are preempted and migrated between reading cpu_id and the
 // add: the sum must come out exact, and the kernel's aborts must land on a valid
@@ -6,7 +6,7 @@
 // must never find the thread inside a critical section: the kernel moves it to the
 // abort handler before it delivers one, if the section is in force. And a debugger that
 // single-steps through it (each step aborts the section) gets through.
-#include "arch/x86_64/this_cpu.hpp"
+#include "platform/this_cpu.hpp"
 
 #include <gtest/gtest.h>
 
@@ -41,7 +41,7 @@ uint64_t sum(const Shard *shards) {
 TEST(ThisCpu, TheRseqAreaIsThere) {
     // Without it the counter is a locked add, and the test below proves nothing new.
     ASSERT_NE(__rseq_size, 0u) << "glibc registered no rseq area (glibc.pthread.rseq=0?)";
-    EXPECT_GE(ukp::arch::this_cpu(), 0);
+    EXPECT_GE(ukp::platform::this_cpu(), 0);
 }
 
 TEST(ThisCpu, CountsExactlyWhileThreadsMigrate) {
@@ -55,7 +55,7 @@ TEST(ThisCpu, CountsExactlyWhileThreadsMigrate) {
     threads.reserve(kThreads);
     for (int t = 0; t < kThreads; ++t)
         threads.emplace_back([&] {
-            for (uint64_t i = 0; i < kCalls; ++i) ukp::arch::count_on_this_cpu<kShards, sizeof(Shard)>(shards);
+            for (uint64_t i = 0; i < kCalls; ++i) ukp::platform::count_on_this_cpu<kShards, sizeof(Shard)>(shards);
             done.fetch_add(1);
         });
     // Moves the counting threads between CPUs while they run (none is joined yet: their
@@ -104,7 +104,7 @@ TEST(ThisCpu, ASignalNeverFindsTheThreadInsideTheSection) {
     ASSERT_EQ(setitimer(ITIMER_REAL, &every, nullptr), 0);
     uint64_t calls = 0;
     while (g_signals.load(std::memory_order_relaxed) < 20000) {
-        for (int i = 0; i < 1000; ++i) ukp::arch::count_on_this_cpu<kShards, sizeof(Shard)>(shards);
+        for (int i = 0; i < 1000; ++i) ukp::platform::count_on_this_cpu<kShards, sizeof(Shard)>(shards);
         calls += 1000;
     }
     itimerval off{};
@@ -124,7 +124,7 @@ TEST(ThisCpu, SingleSteppedCountsEndAndAreExact) {
         Shard shards[kShards];
         ptrace(PTRACE_TRACEME, 0, nullptr, nullptr);
         raise(SIGSTOP);
-        for (int i = 0; i < 100; ++i) ukp::arch::count_on_this_cpu<kShards, sizeof(Shard)>(shards);
+        for (int i = 0; i < 100; ++i) ukp::platform::count_on_this_cpu<kShards, sizeof(Shard)>(shards);
         _exit(static_cast<int>(sum(shards)));
     }
     int status = 0;

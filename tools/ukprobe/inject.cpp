@@ -1,5 +1,8 @@
 #include "inject.hpp"
 
+#include "platform/elf_file.hpp"
+#include "platform/maps.hpp"
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <vector>
 
 namespace ukprobe {
+namespace platform = ukp::platform;
 
 namespace {
 
@@ -112,53 +116,20 @@ std::string refusal(int pid, int err) {
                  "module refuses; run ukprobe as root, or start the program with `ukprobe run`";
 }
 
-struct Mapping {
-    uint64_t start = 0, end = 0, offset = 0;
-    std::string path;
-};
-
-std::vector<Mapping> read_maps(int pid) {
-    std::vector<Mapping> maps;
-    std::istringstream in(read_text(fmt::format("/proc/{}/maps", pid)));
-    std::string line;
-    while (std::getline(in, line)) {
-        Mapping m;
-        char perms[8];
-        unsigned long long start, end, offset;
-        int path_at = 0;
-        if (sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %n", &start, &end, perms, &offset, &path_at) < 4) continue;
-        m.start = start;
-        m.end = end;
-        m.offset = offset;
-        if (path_at > 0) m.path = line.substr(static_cast<size_t>(path_at));
-        maps.push_back(m);
-    }
-    return maps;
-}
+using platform::OwnedMapping;
 
 std::string base_name(const std::string &path) { return path.substr(path.rfind('/') + 1); }
 
 // The run-time addresses of `names` in the loaded object mapped from `path` at `base`
 // (the start of its mapping of file offset 0), from its .dynsym.
 std::vector<uint64_t> dynamic_symbols(const std::string &path, uint64_t base, const std::vector<std::string> &names) {
-    elf_version(EV_CURRENT);
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(fmt::format("cannot open {}: {}", path, strerror(errno)));
-    Elf *elf = elf_begin(fd, ELF_C_READ, nullptr);
+    platform::ElfFile elf;
+    std::string why;
+    if (!elf.open(path, &why)) fail(fmt::format("cannot read {}: {}", path, why));
     std::vector<uint64_t> found(names.size(), 0);
-    uint64_t first_vaddr = UINT64_MAX;
-    size_t phnum = 0;
-    if (elf != nullptr && elf_getphdrnum(elf, &phnum) == 0) {
-        for (size_t i = 0; i < phnum; ++i) {
-            GElf_Phdr ph;
-            if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD)
-                first_vaddr = std::min<uint64_t>(first_vaddr, ph.p_vaddr & ~(ph.p_align - 1));
-        }
-    }
-    Elf_Scn *scn = nullptr;
-    while (elf != nullptr && (scn = elf_nextscn(elf, scn)) != nullptr) {
-        GElf_Shdr sh;
-        if (gelf_getshdr(scn, &sh) == nullptr || sh.sh_type != SHT_DYNSYM) continue;
+    const uint64_t first_vaddr = elf.first_load_address();
+    elf.for_each_section([&](Elf_Scn *scn, const GElf_Shdr &sh) {
+        if (sh.sh_type != SHT_DYNSYM) return;
         Elf_Data *data = elf_getdata(scn, nullptr);
         const size_t count = sh.sh_entsize ? sh.sh_size / sh.sh_entsize : 0;
         for (size_t i = 0; data != nullptr && i < count; ++i) {
@@ -166,14 +137,12 @@ std::vector<uint64_t> dynamic_symbols(const std::string &path, uint64_t base, co
             if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr || sym.st_value == 0) continue;
             // Plain functions only: an IFUNC's symbol is its resolver, not the function.
             if (GELF_ST_TYPE(sym.st_info) != STT_FUNC) continue;
-            const char *name = elf_strptr(elf, sh.sh_link, sym.st_name);
+            const char *name = elf_strptr(elf.elf(), sh.sh_link, sym.st_name);
             if (name == nullptr) continue;
             for (size_t k = 0; k < names.size(); ++k)
                 if (found[k] == 0 && names[k] == name) found[k] = base + sym.st_value - first_vaddr;
         }
-    }
-    if (elf != nullptr) elf_end(elf);
-    close(fd);
+    });
     return found;
 }
 
@@ -350,20 +319,22 @@ std::vector<uint8_t> loader_code() {
 
 // A `syscall` instruction (0f 05) in the executable mapping of `path`.
 uint64_t find_syscall_insn(int pid, const std::string &path) {
-    std::ifstream in(fmt::format("/proc/{}/maps", pid));
-    std::string line;
-    while (std::getline(in, line)) {
-        unsigned long long start, end;
-        char perms[8];
-        if (sscanf(line.c_str(), "%llx-%llx %7s", &start, &end, perms) != 3 || perms[2] != 'x') continue;
-        if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path) != 0) continue;
-        std::vector<uint8_t> text(std::min<uint64_t>(end - start, 1u << 20));
-        iovec local{text.data(), text.size()}, remote{reinterpret_cast<void *>(start), text.size()};
-        if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(text.size())) break;
-        for (size_t i = 0; i + 1 < text.size(); ++i)
-            if (text[i] == 0x0f && text[i + 1] == 0x05) return start + i;
-    }
-    fail(fmt::format("no syscall instruction found in {} of process {}", path, pid));
+    uint64_t found = 0;
+    platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
+        if (!m.executable() || m.path != path) return true;
+        std::vector<uint8_t> text(std::min<uint64_t>(m.end - m.start, 1u << 20));
+        iovec local{text.data(), text.size()}, remote{reinterpret_cast<void *>(m.start), text.size()};
+        if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(text.size())) return false;
+        for (size_t i = 0; i + 1 < text.size(); ++i) {
+            if (text[i] == 0x0f && text[i + 1] == 0x05) {
+                found = m.start + i;
+                return false;
+            }
+        }
+        return true;
+    });
+    if (found == 0) fail(fmt::format("no syscall instruction found in {} of process {}", path, pid));
+    return found;
 }
 
 enum { kFnDlopen, kFnDlsym, kFnDlerror, kFnMmap, kFnMprotect, kFnMunmap, kFnCreate, kFnDetach, kFnSelf, kFnSnprintf, kFnUsleep };
@@ -497,9 +468,9 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         fail(fmt::format("no process {}", pid));
 
     // dlopen and its friends in the target's libc (glibc >= 2.34 has them there).
-    const std::vector<Mapping> maps = read_maps(pid);
-    const Mapping *libc = nullptr;
-    for (const Mapping &m : maps) {
+    const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
+    const OwnedMapping *libc = nullptr;
+    for (const OwnedMapping &m : maps) {
         const std::string name = base_name(m.path);
         if (m.offset == 0 && (name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos))) {
             libc = &m;
@@ -528,12 +499,13 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     // inside its copies by asking them with a signal, and an injected call would answer
     // for the thread from elsewhere while it still has to return there.
     const auto safe_point = [&](uint64_t rip) {
-        for (const Mapping &m : read_maps(pid)) {
-            if (rip < m.start || rip >= m.end) continue;
-            if (m.path == "[vdso]") return true;
-            return !m.path.empty() && m.path[0] == '/' && base_name(m.path).rfind("libukprobes", 0) != 0;
-        }
-        return false;
+        bool safe = false;
+        platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
+            if (rip < m.start || rip >= m.end) return true;
+            safe = m.path == "[vdso]" || (m.in_file() && base_name(std::string(m.path)).rfind("libukprobes", 0) != 0);
+            return false;
+        });
+        return safe;
     };
     int tid = 0;
     Clock::time_point t0, stopped;

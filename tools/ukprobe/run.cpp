@@ -32,6 +32,8 @@
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
 #include "trace/ring.hpp"
+#include "platform/elf_file.hpp"
+#include "platform/maps.hpp"
 
 #include <fmt/core.h>
 #include <gelf.h>
@@ -80,6 +82,7 @@
 using ukp::control::Op;
 
 namespace ukprobe {
+namespace platform = ukp::platform;
 
 std::string event_path(const std::string &event, const std::string &definitions) {
     std::string e = event;
@@ -821,17 +824,12 @@ private:
     // its memory, one that failed did not. (Its descriptor says nothing: the process
     // closes it once ukprobe holds a copy, ring.cpp's after_fork_child.)
     bool holds_ring() const {
-        std::ifstream maps(fmt::format("/proc/{}/maps", pid_));
-        std::string line;
-        while (std::getline(maps, line)) {
-            // "start-end perms offset dev inode path": the ring's inode, on a memfd of ours.
-            if (line.find("/memfd:ukprobes-trace") == std::string::npos) continue;
-            std::istringstream fields(line);
-            std::string range, perms, offset, dev;
-            unsigned long long inode = 0;
-            if (fields >> range >> perms >> offset >> dev >> inode && inode == ring_ino_) return true;
-        }
-        return false;
+        bool held = false;
+        platform::for_each_mapping(pid_, [&](const platform::Mapping &m) {
+            held = m.inode == ring_ino_ && m.path.find("/memfd:ukprobes-trace") != std::string_view::npos;
+            return !held;
+        });
+        return held;
     }
 
     void loop() {
@@ -1438,25 +1436,10 @@ std::string untraceable(const std::string &prog) {
     if (stat(path.c_str(), &st) != 0) return "";
     if (((st.st_mode & S_ISUID) != 0 && st.st_uid != geteuid()) || ((st.st_mode & S_ISGID) != 0 && st.st_gid != getegid()))
         return "set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD there, so the agent is not loaded";
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return "";
-    elf_version(EV_CURRENT);
-    std::string why;
-    if (Elf *elf = elf_begin(fd, ELF_C_READ, nullptr)) {
-        size_t n = 0;
-        bool interp = false;
-        if (elf_kind(elf) == ELF_K_ELF && elf_getphdrnum(elf, &n) == 0) {
-            for (size_t i = 0; i < n; ++i) {
-                GElf_Phdr ph;
-                if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) continue;
-                interp = interp || ph.p_type == PT_INTERP;
-            }
-            if (!interp) why = "statically linked: no dynamic loader reads LD_PRELOAD, so the agent is not loaded";
-        }
-        elf_end(elf);
-    }
-    close(fd);
-    return why;
+    platform::ElfFile elf;
+    if (elf.open(path) && !elf.has_interpreter())
+        return "statically linked: no dynamic loader reads LD_PRELOAD, so the agent is not loaded";
+    return "";
 }
 
 int Runner::run() {

@@ -406,23 +406,14 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
         return nullptr;
     };
     try {
-        if (elf_version(EV_CURRENT) == EV_NONE) return fail("libelf initialization failed");
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return fail(std::strerror(errno));
-        Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+        platform::ElfFile elf;
         std::string why;
-        std::shared_ptr<ObjectRefs> refs;
+        if (!elf.open(path, &why)) return fail(why);
         size_t size = 0;
-        const uint8_t *file = elf ? reinterpret_cast<const uint8_t *>(elf_rawfile(elf, &size)) : nullptr;
-        if (elf == nullptr || elf_kind(elf) != ELF_K_ELF || gelf_getclass(elf) != ELFCLASS64 || file == nullptr) {
-            why = "not a readable 64-bit ELF file";
-        } else {
-            refs = std::make_shared<ObjectRefs>();
-            if (!Builder(elf, file, size, bias).run(refs.get(), &why)) refs.reset();
-        }
-        if (elf != nullptr) elf_end(elf);
-        ::close(fd);
-        if (!refs) return fail(why);
+        const uint8_t *file = elf.bytes(&size);
+        if (!elf.is_64() || file == nullptr) return fail("not a readable 64-bit ELF file");
+        auto refs = std::make_shared<ObjectRefs>();
+        if (!Builder(elf.elf(), file, size, bias).run(refs.get(), &why)) return fail(why);
         return refs;
     } catch (...) {
         return fail("out of memory");

@@ -1287,16 +1287,13 @@ std::unique_ptr<ElfImage> ElfImage::open(const std::string &path, uint64_t bias,
         return nullptr;
     };
     try {
-        if (elf_version(EV_CURRENT) == EV_NONE) return fail("libelf initialization failed");
         std::unique_ptr<ElfImage> img(new ElfImage());
         img->bias_ = bias;
-        img->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (img->fd_ < 0) return fail(std::strerror(errno));
-        Elf *elf = elf_begin(img->fd_, ELF_C_READ_MMAP, nullptr);
-        img->elf_ = elf;
-        if (elf == nullptr || elf_kind(elf) != ELF_K_ELF) return fail("not an ELF file");
-        if (gelf_getclass(elf) != ELFCLASS64) return fail("not a 64-bit ELF file");
-        img->file_ = reinterpret_cast<const uint8_t *>(elf_rawfile(elf, &img->file_size_));
+        std::string why;
+        if (!img->elf_.open(path, &why)) return fail(why);
+        Elf *elf = img->elf_.elf();
+        if (!img->elf_.is_64()) return fail("not a 64-bit ELF file");
+        img->file_ = img->elf_.bytes(&img->file_size_);
         if (img->file_ == nullptr) return fail(std::string("cannot map: ") + elf_errmsg(-1));
         size_t phnum = 0;
         if (elf_getphdrnum(elf, &phnum) != 0) return fail("no program headers");
@@ -1319,10 +1316,7 @@ std::unique_ptr<ElfImage> ElfImage::open(const std::string &path, uint64_t bias,
     }
 }
 
-ElfImage::~ElfImage() {
-    if (elf_ != nullptr) elf_end(static_cast<Elf *>(elf_));
-    if (fd_ >= 0) ::close(fd_);
-}
+ElfImage::~ElfImage() = default;
 
 bool ElfImage::read(uint64_t addr, void *out, size_t n) const {
     const uint64_t vaddr = addr - bias_;

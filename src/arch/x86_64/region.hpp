@@ -12,16 +12,14 @@
 #pragma once
 
 #include <cstddef>
+#include "platform/elf_file.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-namespace ukp::sym {
-struct TableStore;
-}
 
 namespace ukp::arch {
 
@@ -162,25 +160,12 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
 // The same, built once per (path, bias) and kept while the object is loaded; null also
 // when `read` (the process's memory) shows other identity bytes than the file's.
 std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read);
-// The disk cache of build_object_refs() (refs_cache.cpp), used only where UKP_CACHE_DIR
-// names a directory: the table of the file at path, rebased to bias, or null.
+// The disk cache of build_object_refs() (refs_cache.cpp, over platform/disk_cache.hpp),
+// used only where a cache directory is set: the table of the file at path, rebased to bias, or null.
 std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias);
 void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs &refs);
-// The cache directory a controller names (ukprobe attach: a process it loaded the agent
-// into has no UKP_CACHE_DIR). UKP_CACHE_DIR, when set, wins. An absolute path, or empty.
-void set_refs_cache_dir(const std::string &dir);
-// The directory in use: checked as the cache checks it (this user's, not writable by
-// others; made if missing), empty if none.
-std::string refs_cache_dir();
-// Entries the cache directory keeps at most (the least recently used go first).
-constexpr size_t kObjectRefsCacheEntries = 64;
 // How many tables this process took from the disk cache.
 uint64_t object_refs_loaded_from_disk();
-// The same directory keeps the symbol tables symbols.cpp parses: the store the agent
-// gives sym::set_table_store (core/registry.cpp), and how many tables this process took
-// from it.
-const sym::TableStore *symbol_table_store();
-uint64_t symbol_tables_loaded_from_disk();
 // Drops the kept references of the object that was loaded at bias (it was unloaded).
 void forget_object_refs(uint64_t bias);
 // How many objects' references are kept.
@@ -261,8 +246,7 @@ private:
         uint64_t vaddr, filesz, memsz, offset;
     };
     ElfImage() = default;
-    int fd_ = -1;
-    void *elf_ = nullptr; // Elf *
+    platform::ElfFile elf_;
     const uint8_t *file_ = nullptr;
     size_t file_size_ = 0;
     uint64_t bias_ = 0;

@@ -1,14 +1,6 @@
 #include "arch/x86_64/regs.hpp"
 
 #include <cerrno>
-#include <initializer_list>
-
-extern "C" {
-extern const char ukp_safe_copy_insn[], ukp_safe_copy_fixup[];
-extern const char ukp_safe_copy_loop_load[], ukp_safe_copy_loop_store[], ukp_safe_copy_last_load[],
-    ukp_safe_copy_last_store[];
-extern const char ukp_safe_load_fs_insn[], ukp_safe_load_gs_insn[], ukp_safe_load_seg_fixup[];
-}
 
 namespace ukp::arch {
 
@@ -201,16 +193,6 @@ void resume_at_recovery(ucontext_t *uc, const ukp_recovery &rec, int value) {
     g[REG_RIP] = static_cast<greg_t>(rec.rip);
     g[REG_RAX] = value;
     g[REG_EFL] &= ~static_cast<greg_t>(1u << 10); // DF clear, as the ABI promises at a return
-}
-
-uint64_t fixup_for(uint64_t rip) {
-    for (const char *insn : {ukp_safe_copy_insn, ukp_safe_copy_loop_load, ukp_safe_copy_loop_store,
-                             ukp_safe_copy_last_load, ukp_safe_copy_last_store})
-        if (rip == reinterpret_cast<uint64_t>(insn)) return reinterpret_cast<uint64_t>(ukp_safe_copy_fixup);
-    if (rip == reinterpret_cast<uint64_t>(ukp_safe_load_fs_insn) ||
-        rip == reinterpret_cast<uint64_t>(ukp_safe_load_gs_insn))
-        return reinterpret_cast<uint64_t>(ukp_safe_load_seg_fixup);
-    return 0;
 }
 
 BranchInsn summarize(const Insn &insn) {

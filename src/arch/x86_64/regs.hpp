@@ -4,7 +4,7 @@
 #include <ukprobes/kprobes.h>
 
 #include "arch/x86_64/insn.hpp"
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 
 #include <ucontext.h>
 

@@ -1,7 +1,7 @@
 #include "arch/x86_64/vector_use.hpp"
 
 #include "arch/x86_64/insn.hpp"
-#include "arch/x86_64/safe_access.hpp"
+#include "platform/safe_access.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -6,12 +6,12 @@
 // itself, with the state saved around it.
 #pragma once
 
-#include "arch/x86_64/trampoline.hpp"
+#include "platform/vector_state.hpp"
 
 #include <sched.h>
 #include <sys/rseq.h>
 
-namespace ukp::arch {
+namespace ukp::platform {
 
 inline int this_cpu() noexcept {
     if (__rseq_size != 0) {
@@ -95,4 +95,4 @@ inline void count_on_this_cpu(void *shards) noexcept {
         : "memory", "cc");
 }
 
-} // namespace ukp::arch
+} // namespace ukp::platform

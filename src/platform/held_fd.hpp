@@ -17,9 +17,14 @@
 
 #include <sys/types.h>
 
-namespace ukp::text {
+namespace ukp::platform {
 
-// Whether the calling thread runs with a table of its own (use_own_fd_table()).
+// Gives the calling thread a descriptor table of its own, empty but for 0-2, which lead
+// nowhere: the agent's threads keep their descriptors out of the program's table. The
+// thread must not keep a descriptor for others to use, nor close one of theirs. 0 or
+// -errno.
+int enter_own_fd_table();
+// Whether the calling thread runs with a table of its own (enter_own_fd_table()).
 bool has_own_fd_table();
 
 class HeldFd {
@@ -72,4 +77,4 @@ private:
     ino_t ino_ = 0;
 };
 
-} // namespace ukp::text
+} // namespace ukp::platform

@@ -2,7 +2,7 @@
 // must not hit a probe a user placed on getpid, gettid, prctl, mmap or syscall itself.
 #pragma once
 
-namespace ukp::arch {
+namespace ukp::platform {
 
 // The kernel's return: a negative errno on failure.
 inline long raw_syscall(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0, long a5 = 0,
@@ -18,4 +18,4 @@ inline long raw_syscall(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 
     return ret;
 }
 
-} // namespace ukp::arch
+} // namespace ukp::platform

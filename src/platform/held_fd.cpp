@@ -1,19 +1,40 @@
-#include "text/held_fd.hpp"
+#include "platform/held_fd.hpp"
 
 #include <cerrno>
+#include <cstdlib>
+#include <dirent.h>
+#include <linux/close_range.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <vector>
 #include <cstdio>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace ukp::text {
-
-// text.cpp: set by use_own_fd_table().
-bool own_fd_table_of_this_thread();
-
-bool has_own_fd_table() { return own_fd_table_of_this_thread(); }
+namespace ukp::platform {
 
 namespace {
+
+thread_local bool t_own_table __attribute__((tls_model("initial-exec"))) = false;
+
+// Closes every descriptor of a table this thread has just unshared, on kernels without
+// close_range() (before 5.9).
+void close_all_listed() {
+    DIR *dir = opendir("/proc/thread-self/fd");
+    if (dir == nullptr) return;
+    const int own = dirfd(dir);
+    std::vector<int> fds;
+    while (dirent *e = readdir(dir)) {
+        if (e->d_name[0] == '.') continue;
+        const int fd = atoi(e->d_name);
+        if (fd != own) fds.push_back(fd);
+    }
+    closedir(dir);
+    for (int fd : fds) close(fd);
+}
+
+
 
 pid_t this_tid() { return static_cast<pid_t>(gettid()); }
 
@@ -21,6 +42,24 @@ pid_t this_tid() { return static_cast<pid_t>(gettid()); }
 pid_t table_of_caller() { return has_own_fd_table() ? this_tid() : 0; }
 
 } // namespace
+
+bool has_own_fd_table() { return t_own_table; }
+
+int enter_own_fd_table() {
+    if (!t_own_table) {
+        // CLOSE_RANGE_UNSHARE over every number: the kernel gives the thread a new, empty
+        // table, without holding the program's files even for a moment.
+        if (syscall(SYS_close_range, 0u, ~0u, CLOSE_RANGE_UNSHARE) != 0) {
+            if (unshare(CLONE_FILES) != 0) return -errno;
+            close_all_listed();
+        }
+        t_own_table = true;
+        // 0-2 lead nowhere (O_PATH: reads and writes fail): a stray write to standard
+        // error cannot land in a file this thread opened next.
+        for (int fd = 0; fd < 3; ++fd) open("/", O_PATH);
+    }
+    return 0;
+}
 
 void HeldFd::set(int fd) {
     *this = HeldFd{};
@@ -87,4 +126,4 @@ void HeldFd::release() {
     forget();
 }
 
-} // namespace ukp::text
+} // namespace ukp::platform

@@ -19,7 +19,7 @@ struct ukp_recovery {
 __attribute__((returns_twice)) int ukp_recovery_save(struct ukp_recovery *r);
 }
 
-namespace ukp::arch {
+namespace ukp::platform {
 
 // The index of the first NUL of the n bytes at p, or n; eight bytes at a time.
 inline uint64_t find_nul(const char *p, uint64_t n) {
@@ -63,4 +63,4 @@ inline int safe_strncpy(char *dst, const char *src, uint32_t room) {
 // (the fixup, which returns -EFAULT); else 0.
 uint64_t fixup_for(uint64_t rip);
 
-} // namespace ukp::arch
+} // namespace ukp::platform

@@ -35,50 +35,8 @@
 #define AT_HIT 176  /* a second pt_regs: the registers at the hit (SAVE_PT_REGS snap=1) */
 #define FRAME 352   /* pt_regs (168) + scratch + pt_regs, a multiple of 16 */
 
-// Saves the vector state below %rsp (64-byte aligned), leaving %rsp at the save area,
-// 16-byte aligned for a call. Clobbers rax, rdx and the flags: call it only after those
-// are saved. XSAVE when the OS enabled it (the size is ukp_xsave_size, from CPUID leaf
-// 0xD), else FXSAVE (x87 and SSE).
-        .macro  SAVE_EXTENDED_STATE
-        mov     ukp_xsave_size(%rip), %rax
-        test    %rax, %rax
-        jz      .Lfx_save\@
-        sub     %rax, %rsp
-        and     $-64, %rsp
-        // XRSTOR faults on garbage in the reserved part of the XSAVE header: clear it.
-        xor     %eax, %eax
-        mov     %rax, 512(%rsp)
-        mov     %rax, 520(%rsp)
-        mov     %rax, 528(%rsp)
-        mov     %rax, 536(%rsp)
-        mov     %rax, 544(%rsp)
-        mov     %rax, 552(%rsp)
-        mov     %rax, 560(%rsp)
-        mov     %rax, 568(%rsp)
-        mov     $-1, %eax
-        mov     $-1, %edx
-        xsave   (%rsp)
-        jmp     .Lsaved\@
-.Lfx_save\@:
-        sub     $512, %rsp
-        and     $-16, %rsp
-        fxsave  (%rsp)
-.Lsaved\@:
-        .endm
+#include "platform/vector_state.inc"
 
-// Restores what SAVE_EXTENDED_STATE saved at (%rsp). Clobbers rax, rdx and the flags.
-        .macro  RESTORE_EXTENDED_STATE
-        mov     ukp_xsave_size(%rip), %rax
-        test    %rax, %rax
-        jz      .Lfx_restore\@
-        mov     $-1, %eax
-        mov     $-1, %edx
-        xrstor  (%rsp)
-        jmp     .Lrestored\@
-.Lfx_restore\@:
-        fxrstor (%rsp)
-.Lrestored\@:
-        .endm
 
 
 // Saves the general registers and flags into a pt_regs frame at %rsp - FRAME, leaving
@@ -147,113 +105,6 @@
         mov     %rdi, \at+RDI(%rsp)
         .endm
 
-// Calls \target (a symbol, or *reg) with the vector state saved around it: C code
-// uses vector registers the program may hold live values in (arguments in xmm0-7,
-// results in xmm0). The arguments are in rdi and rsi already; rdx is set to 1 (the
-// optprobe dispatcher's "vector state saved"). Expects the stack pointer to go back to
-// rbx afterwards; clobbers r12.
-//
-// Where the OS enables no state beyond x87, SSE and AVX (ukp_fast_ext, trampoline.cpp),
-// the vector registers (ymm0-15, or xmm0-15 without AVX) are saved by hand, which costs a
-// few ns where XSAVE/XRSTOR cost some 100 here, and MXCSR (whose sticky exception flags
-// a handler's floating-point math may set). Not saved that way: the x87 registers (C
-// code leaves them alone unless it computes with long double). Elsewhere, XSAVE.
-        .macro  SAVED_VECTOR_CALL target
-        movzbl  ukp_fast_ext(%rip), %r12d // callee-saved: still there after the call
-        test    %r12d, %r12d
-        jz      .Lfull\@
-        sub     $544, %rsp
-        and     $-32, %rsp
-        stmxcsr 512(%rsp)
-        cmp     $2, %r12d
-        jne     .Lsave_xmm\@
-        vmovdqa %ymm0, 0(%rsp)
-        vmovdqa %ymm1, 32(%rsp)
-        vmovdqa %ymm2, 64(%rsp)
-        vmovdqa %ymm3, 96(%rsp)
-        vmovdqa %ymm4, 128(%rsp)
-        vmovdqa %ymm5, 160(%rsp)
-        vmovdqa %ymm6, 192(%rsp)
-        vmovdqa %ymm7, 224(%rsp)
-        vmovdqa %ymm8, 256(%rsp)
-        vmovdqa %ymm9, 288(%rsp)
-        vmovdqa %ymm10, 320(%rsp)
-        vmovdqa %ymm11, 352(%rsp)
-        vmovdqa %ymm12, 384(%rsp)
-        vmovdqa %ymm13, 416(%rsp)
-        vmovdqa %ymm14, 448(%rsp)
-        vmovdqa %ymm15, 480(%rsp)
-        vzeroupper                      // the C code then runs without AVX upper state
-        jmp     .Lsaved\@
-.Lsave_xmm\@:
-        movaps  %xmm0, 0(%rsp)
-        movaps  %xmm1, 32(%rsp)
-        movaps  %xmm2, 64(%rsp)
-        movaps  %xmm3, 96(%rsp)
-        movaps  %xmm4, 128(%rsp)
-        movaps  %xmm5, 160(%rsp)
-        movaps  %xmm6, 192(%rsp)
-        movaps  %xmm7, 224(%rsp)
-        movaps  %xmm8, 256(%rsp)
-        movaps  %xmm9, 288(%rsp)
-        movaps  %xmm10, 320(%rsp)
-        movaps  %xmm11, 352(%rsp)
-        movaps  %xmm12, 384(%rsp)
-        movaps  %xmm13, 416(%rsp)
-        movaps  %xmm14, 448(%rsp)
-        movaps  %xmm15, 480(%rsp)
-.Lsaved\@:
-        mov     $1, %edx
-        call    \target
-        cmp     $2, %r12d
-        jne     .Lrestore_xmm\@
-        vmovdqa 0(%rsp), %ymm0
-        vmovdqa 32(%rsp), %ymm1
-        vmovdqa 64(%rsp), %ymm2
-        vmovdqa 96(%rsp), %ymm3
-        vmovdqa 128(%rsp), %ymm4
-        vmovdqa 160(%rsp), %ymm5
-        vmovdqa 192(%rsp), %ymm6
-        vmovdqa 224(%rsp), %ymm7
-        vmovdqa 256(%rsp), %ymm8
-        vmovdqa 288(%rsp), %ymm9
-        vmovdqa 320(%rsp), %ymm10
-        vmovdqa 352(%rsp), %ymm11
-        vmovdqa 384(%rsp), %ymm12
-        vmovdqa 416(%rsp), %ymm13
-        vmovdqa 448(%rsp), %ymm14
-        vmovdqa 480(%rsp), %ymm15
-        jmp     .Lmxcsr\@
-.Lrestore_xmm\@:
-        movaps  0(%rsp), %xmm0
-        movaps  32(%rsp), %xmm1
-        movaps  64(%rsp), %xmm2
-        movaps  96(%rsp), %xmm3
-        movaps  128(%rsp), %xmm4
-        movaps  160(%rsp), %xmm5
-        movaps  192(%rsp), %xmm6
-        movaps  224(%rsp), %xmm7
-        movaps  256(%rsp), %xmm8
-        movaps  288(%rsp), %xmm9
-        movaps  320(%rsp), %xmm10
-        movaps  352(%rsp), %xmm11
-        movaps  384(%rsp), %xmm12
-        movaps  416(%rsp), %xmm13
-        movaps  448(%rsp), %xmm14
-        movaps  480(%rsp), %xmm15
-.Lmxcsr\@:
-        // MXCSR back unconditionally (the handlers' floating-point math may have set its
-        // sticky exception flags): LDMXCSR costs a fraction of a second STMXCSR to
-        // compare.
-        ldmxcsr 512(%rsp)
-        jmp     .Ldone\@
-.Lfull\@:
-        SAVE_EXTENDED_STATE
-        mov     $1, %edx
-        call    \target
-        RESTORE_EXTENDED_STATE
-.Ldone\@:
-        .endm
 
 // Calls \fn(context, regs) with the vector state saved around it. rbx keeps the frame
 // across the call.
@@ -416,15 +267,6 @@
 .Lframe_ok\@:
         .endm
 
-// push %rbp; mov %rsp, %rbp, with the CFI that unwinds through it: the frame of a
-// function that moves its stack pointer (an aligned save area, another stack).
-        .macro  ENTER_FRAME
-        push    %rbp
-        .cfi_def_cfa_offset 16
-        .cfi_offset %rbp, -16
-        mov     %rsp, %rbp
-        .cfi_def_cfa_register %rbp
-        .endm
 
         .text
 
@@ -888,35 +730,6 @@ ukp_call_handler:
         jmp     *%rax
         .cfi_endproc
         .size   ukp_call_handler, .-ukp_call_handler
-
-// void ukp_call_saving_vectors(void (*fn)(void *), void *arg): fn(arg) with the vector
-// state saved around it, as the trampolines save it.
-        .globl  ukp_call_saving_vectors
-        .hidden ukp_call_saving_vectors
-        .type   ukp_call_saving_vectors, @function
-        .p2align 4
-ukp_call_saving_vectors:
-        .cfi_startproc
-        ENTER_FRAME
-        push    %rbx
-        .cfi_offset %rbx, -24
-        push    %r12
-        .cfi_offset %r12, -32
-        push    %r13
-        .cfi_offset %r13, -40
-        mov     %rdi, %r13
-        mov     %rsi, %rdi
-        mov     %rsp, %rbx
-        SAVED_VECTOR_CALL *%r13
-        mov     %rbx, %rsp
-        pop     %r13
-        pop     %r12
-        pop     %rbx
-        pop     %rbp
-        .cfi_def_cfa %rsp, 8
-        ret
-        .cfi_endproc
-        .size   ukp_call_saving_vectors, .-ukp_call_saving_vectors
 
 // void jprobe_return(void): ends a jprobe handler. Its int3 is recognised by the agent's
 // SIGTRAP handler, which restores the probed function's registers and stack and lets

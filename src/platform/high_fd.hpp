@@ -7,7 +7,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-namespace ukp::text {
+namespace ukp::platform {
 
 // Moves fd (close-on-exec) to the lowest free number at or above half the descriptor
 // limit, at most 512; returns the new number, or fd unchanged if there is no room there.
@@ -34,4 +34,4 @@ inline void grow_fd_table() {
     if (fd >= 0) close(move_fd_high(fd));
 }
 
-} // namespace ukp::text
+} // namespace ukp::platform

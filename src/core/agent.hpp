@@ -1,0 +1,54 @@
+// What the core offers the layers above it (trace, control) besides the kernel's API
+// (<ukprobes/kprobes.h>): how the agent marks its own work and its own handlers, and the
+// optimizer's scopes. Nothing here names an architecture's type.
+#pragma once
+
+#include "core/checked_mutex.hpp"
+
+#include <chrono>
+
+namespace ukp::core {
+
+// Marks the agent's own work on the calling thread: its control thread, its optimizer,
+// the trace files read or written through the API. A probe hit there runs no handler and
+// counts nothing: the program did not make that call (a probe on libc's open must not
+// show the agent opening /proc/PID/comm to format the trace it is reading).
+class AgentWork {
+public:
+    AgentWork();
+    ~AgentWork();
+    AgentWork(const AgentWork &) = delete;
+    AgentWork &operator=(const AgentWork &) = delete;
+};
+
+// The agent's own handlers (kretprobe's entry handler, the tracer's): every access they
+// make to the program's memory goes through the fixup table (ukp_safe_copy), and the
+// memory they write is the agent's, so the hit path calls them as it runs the rest of
+// its own code, without the recovery point a user's handler runs under (a fault there
+// is a bug of the agent, as one in the dispatcher is). Marked before a probe uses them;
+// a probe takes the mark at its registration.
+void mark_own_handler(const void *fn);
+// Whether a handler's code is lean (true for none). Under registry_mutex(), as
+// gpr_dispatch_init(): the scan reads the code under the probes.
+bool handler_is_gpr_only(const void *fn);
+
+// A scope in which probes are registered while the process may have no other thread (a
+// process's start, before main): the optimizer thread is not started meanwhile, and at the
+// end of the scope, if the caller is still the only thread, the queued points get their
+// jumps at once, on the caller's thread, with no breakpoint window any thread could run
+// into and no signal a tracer would see. Otherwise the optimizer thread takes them.
+class OptimizeAtStart {
+public:
+    OptimizeAtStart();
+    ~OptimizeAtStart();
+    OptimizeAtStart(const OptimizeAtStart &) = delete;
+    OptimizeAtStart &operator=(const OptimizeAtStart &) = delete;
+};
+// Waits, at most `limit`, until the optimizer has been through the work queued before the
+// call (ukp_optimizer_flush). False if the time ran out.
+bool optimizer_flush_for(std::chrono::milliseconds limit);
+
+// The registry mutex (registry.cpp): registration, arming, the optimizer's queues.
+CheckedMutex &registry_mutex();
+
+} // namespace ukp::core

@@ -1,0 +1,111 @@
+// The platform layer's readers: /proc/PID/maps and ELF files.
+#include "platform/elf_file.hpp"
+#include "platform/maps.hpp"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+namespace {
+
+using ukp::platform::ElfFile;
+using ukp::platform::Mapping;
+
+TEST(Maps, ParsesEveryKindOfLine) {
+    Mapping m;
+    ASSERT_TRUE(ukp::platform::parse_mapping(
+        "7f2a1c000000-7f2a1c028000 r-xp 00028000 fd:01 1049123                    /usr/lib/x86_64-linux-gnu/libc.so.6",
+        &m));
+    EXPECT_EQ(m.start, 0x7f2a1c000000u);
+    EXPECT_EQ(m.end, 0x7f2a1c028000u);
+    EXPECT_EQ(m.offset, 0x28000u);
+    EXPECT_EQ(m.inode, 1049123u);
+    EXPECT_TRUE(m.readable() && m.executable() && !m.writable());
+    EXPECT_EQ(m.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+    EXPECT_TRUE(m.in_file());
+
+    ASSERT_TRUE(ukp::platform::parse_mapping("7ffd1000-7ffd3000 rw-p 00000000 00:00 0 ", &m));
+    EXPECT_EQ(m.path, "") << "anonymous memory";
+    EXPECT_EQ(m.inode, 0u);
+    EXPECT_FALSE(m.in_file());
+
+    ASSERT_TRUE(ukp::platform::parse_mapping("7ffd5000-7ffd7000 r-xp 00000000 00:00 0      [vdso]", &m));
+    EXPECT_EQ(m.path, "[vdso]");
+
+    ASSERT_TRUE(
+        ukp::platform::parse_mapping("1000-2000 rw-s 00000000 00:01 4242   /memfd:ukprobes-trace (deleted)", &m));
+    EXPECT_EQ(m.path, "/memfd:ukprobes-trace (deleted)");
+    EXPECT_EQ(m.inode, 4242u);
+
+    ASSERT_TRUE(ukp::platform::parse_mapping("1000-2000 r--p 00000000 08:02 7   /tmp/a name with spaces", &m));
+    EXPECT_EQ(m.path, "/tmp/a name with spaces");
+
+    EXPECT_FALSE(ukp::platform::parse_mapping("", &m));
+    EXPECT_FALSE(ukp::platform::parse_mapping("not a maps line", &m));
+    EXPECT_FALSE(ukp::platform::parse_mapping("1000-2000 r-xp", &m)) << "cut short";
+    EXPECT_FALSE(ukp::platform::parse_mapping("1000-2000 r-xp 0 08:02", &m)) << "no inode";
+}
+
+TEST(Maps, FindsThisFunctionInThisProgram) {
+    char exe[PATH_MAX];
+    ASSERT_NE(realpath("/proc/self/exe", exe), nullptr);
+    const auto here = reinterpret_cast<uint64_t>(&ukp::platform::visit_mappings);
+    std::string found;
+    bool executable = false;
+    uint64_t last_end = 0;
+    bool ordered = true;
+    ASSERT_TRUE(ukp::platform::for_each_mapping(0, [&](const Mapping &m) {
+        ordered = ordered && m.start >= last_end && m.end > m.start;
+        last_end = m.end;
+        if (here >= m.start && here < m.end) {
+            found = std::string(m.path);
+            executable = m.executable();
+        }
+        return true;
+    }));
+    EXPECT_TRUE(ordered);
+    EXPECT_EQ(found, exe);
+    EXPECT_TRUE(executable);
+}
+
+TEST(Maps, StopsWhenTheVisitorSaysSoAndTellsAMissingProcess) {
+    int seen = 0;
+    ASSERT_TRUE(ukp::platform::for_each_mapping(getpid(), [&](const Mapping &) { return ++seen < 2; }));
+    EXPECT_EQ(seen, 2);
+    const auto all = ukp::platform::read_mappings(getpid());
+    EXPECT_GT(all.size(), 5u);
+    EXPECT_FALSE(ukp::platform::for_each_mapping(INT_MAX, [](const Mapping &) { return true; }));
+    EXPECT_TRUE(ukp::platform::read_mappings(INT_MAX).empty());
+}
+
+TEST(ElfFile, OpensThisProgramAndSaysWhyOthersFail) {
+    ElfFile self;
+    std::string why;
+    ASSERT_TRUE(self.open("/proc/self/exe", &why)) << why;
+    EXPECT_TRUE(self.is_64());
+    EXPECT_TRUE(self.has_interpreter()) << "a dynamically linked test program";
+    size_t size = 0;
+    EXPECT_NE(self.bytes(&size), nullptr);
+    EXPECT_GT(size, 4096u);
+    EXPECT_NE(self.first_load_address(), UINT64_MAX);
+    int sections = 0;
+    self.for_each_section([&](Elf_Scn *, const GElf_Shdr &) { ++sections; });
+    EXPECT_GT(sections, 10);
+
+    ElfFile missing;
+    EXPECT_FALSE(missing.open("/nonexistent/file", &why));
+    EXPECT_EQ(why, "No such file or directory");
+
+    const std::string text = testing::TempDir() + "/platform_test_text";
+    std::ofstream(text) << "not an ELF file at all\n";
+    ElfFile not_elf;
+    EXPECT_FALSE(not_elf.open(text, &why));
+    EXPECT_EQ(why, "not an ELF file");
+    unlink(text.c_str());
+}
+
+} // namespace
