@@ -86,6 +86,8 @@ struct FunctionMap {
     // Some indirect jump is not a resolved jump table.
     bool has_unresolved_indirect_jump() const;
     bool is_boundary(uint64_t addr) const;
+    // Whether addr lies in [start, start + size).
+    bool contains(uint64_t addr) const { return addr >= start && addr - start < size; }
 };
 
 inline constexpr size_t kMaxTail = 16;
