@@ -2,6 +2,7 @@
 // Everything here runs under one mutex, off the hit path.
 #include "core/core.hpp"
 #include "core/fork.hpp"
+#include "core/registry_internal.hpp"
 #include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
 
@@ -34,10 +35,8 @@
 
 namespace ukp::core {
 
-namespace {
-
 CheckedMutex g_mutex;
-sym::Registry *g_symbols = nullptr;              // created on first use
+sym::Registry *g_symbols = nullptr; // created on first use
 // Every point prepared, by address.
 std::map<uint64_t, Point *> &points() {
     UKP_ASSERT_REGISTRY_HELD();
@@ -62,66 +61,7 @@ std::vector<ProbeList *> &deferred_lists() {
     return *value;
 }
 
-// ---- blacklist -------------------------------------------------------------------------
-
-struct BlacklistEntry {
-    const void *addr;
-    std::string name;
-};
-
-std::mutex &blacklist_mutex() {
-    static std::mutex m;
-    return m;
-}
-std::vector<BlacklistEntry> &blacklist_entries() {
-    static std::vector<BlacklistEntry> v;
-    return v;
-}
-
-// The agent's own C entry points: a probe in them would run the agent inside itself.
-constexpr const char *kAgentFunctions[] = {
-    "register_kprobe",  "unregister_kprobe", "register_kprobes", "unregister_kprobes",
-    "enable_kprobe",    "disable_kprobe",    "sigaction",        "__sigaction",
-    "signal",           "bsd_signal",        "sysv_signal",      "__sysv_signal",
-    "register_kretprobe", "unregister_kretprobe", "register_kretprobes", "unregister_kretprobes",
-    "enable_kretprobe", "disable_kretprobe", "register_jprobe", "unregister_jprobe",
-    "register_jprobes", "unregister_jprobes", "jprobe_return", "__cxa_begin_catch",
-    "longjmp", "_longjmp", "siglongjmp", "__longjmp_chk", "backtrace", "_Unwind_Backtrace",
-    "swapcontext", "setcontext", "sigaltstack",
-};
-
-// Whether obj holds the agent's code: libukprobes.so, or the program it is linked into.
-bool holds_agent(const sym::Object &obj) {
-    return obj.contains_exec(reinterpret_cast<uint64_t>(&register_kprobe));
-}
-
-bool agent_symbol(const sym::Object &obj, const std::string &name) {
-    // Every hit returns through __restore_rt, and the trap handler saves errno before its
-    // recursion guard is up: a probe in either would recurse without end.
-    if (name == "__restore_rt" || name == "__errno_location") return obj.name.rfind("libc.so", 0) == 0;
-    // Within the agent's object only: other objects may name things ukp_* or sigaction.
-    if (!holds_agent(obj)) return false;
-    if (name.rfind("_ZN3ukp", 0) == 0 || name.rfind("ukp_", 0) == 0) return true;
-    for (const char *f : kAgentFunctions)
-        if (name == f) return true;
-    return false;
-}
-
-// The whole of libukprobes.so is the agent's; a program it is linked into is not.
-bool is_agent_object(const sym::Object &obj) { return !obj.main_program && holds_agent(obj); }
-
-bool is_blacklisted(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr) {
-    if (is_agent_object(obj)) return true;
-    if (fn != nullptr && agent_symbol(obj, fn->name)) return true;
-    std::lock_guard lock(blacklist_mutex());
-    for (const BlacklistEntry &e : blacklist_entries()) {
-        const auto a = reinterpret_cast<uint64_t>(e.addr);
-        if (a == addr) return true;
-        const sym::Symbol *f = obj.function_at(a);
-        if (f != nullptr && f == fn) return true;
-    }
-    return false;
-}
+namespace {
 
 // ---- points ----------------------------------------------------------------------------
 
@@ -239,8 +179,6 @@ int prepare_point(uint64_t addr, Point **out) {
     return 0;
 }
 
-extern kprobe g_link_map_probe;
-
 namespace {
 // The agent keeps the symbol tables it parses beside its reference tables: set before
 // its other constructors, UKP_EVENTS being applied in one (trace/files.cpp).
@@ -325,222 +263,6 @@ void free_retired(std::vector<ProbeList *> &retired) {
     retired.clear();
 }
 
-// ---- objects that come and go -------------------------------------------------------------
-
-// The agent's probe on the dynamic linker's r_brk (_dl_debug_state), which the loader
-// calls after mapping new objects and before running their constructors, and after
-// unmapping objects (r_state RT_CONSISTENT both times), as debuggers use it.
-kprobe g_link_map_probe;
-bool g_link_map_hooked = false;
-void sync_objects_locked();
-int attach_to_point(kprobe *p, uint64_t addr);
-bool function_entry_locked(uint64_t addr);
-bool agent_definition(const sym::Object &obj, const sym::Symbol &symbol);
-
-// The loader's r_debug, from the main program's DT_DEBUG entry, as debuggers find it.
-// Not `_r_debug`: a program's copy relocation of it is a snapshot from startup.
-r_debug *g_loader_debug = nullptr;
-
-int find_loader_debug(dl_phdr_info *info, size_t, void *) {
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-        if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
-        const auto *dyn = reinterpret_cast<const ElfW(Dyn) *>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-        for (; dyn->d_tag != DT_NULL; ++dyn)
-            if (dyn->d_tag == DT_DEBUG && dyn->d_un.d_ptr != 0)
-                g_loader_debug = reinterpret_cast<r_debug *>(dyn->d_un.d_ptr);
-    }
-    return 1; // the first object is the main program
-}
-
-// The loader's event is handled on a stack of the agent's own. Re-reading the symbols and
-// preparing the points of a new object takes about 15 KiB of stack (more under the
-// sanitizers), more than a program's alternate signal stack may have (SIGSTKSZ is 8 KiB),
-// and the int3's handler runs there (SA_ONSTACK): it would run off its end. One stack
-// serves the process: the loader calls r_brk with its load lock held, one thread at a time.
-constexpr size_t kLoaderStackSize = size_t{8} << 20; // reserved, touched only as used
-uint8_t *g_loader_stack = nullptr;                   // its lowest page is a guard
-std::atomic<bool> g_loader_stack_busy{false};
-
-void map_loader_stack() {
-    void *m = mmap(nullptr, kLoaderStackSize, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-    if (m == MAP_FAILED) return; // the event is then handled where it happens
-    mprotect(m, static_cast<size_t>(getpagesize()), PROT_NONE);
-    g_loader_stack = static_cast<uint8_t *>(m);
-    note_stack(reinterpret_cast<uint64_t>(m), kLoaderStackSize); // for the kretprobes' frame order
-}
-
-int raw_sigmask(int how, const sigset_t *set, sigset_t *old) {
-    return static_cast<int>(syscall(SYS_rt_sigprocmask, how, set, old, _NSIG / 8));
-}
-
-struct LoaderCall {
-    sigset_t mask; // the handler's, with every signal blocked around the switches
-    stack_t old_altstack;
-    bool swapped;
-};
-
-void sync_objects_on_loader_stack(void *arg) {
-    auto *call = static_cast<LoaderCall *>(arg);
-    // The handler's frames on the alternate stack are live: a signal that asks for the
-    // alternate stack must land here instead, below the current frame (sp is on the
-    // alternate stack then). Allowed: sp is not on the old one any more.
-    stack_t ours{};
-    ours.ss_sp = g_loader_stack;
-    ours.ss_size = kLoaderStackSize;
-    call->swapped = syscall(SYS_sigaltstack, &ours, &call->old_altstack) == 0;
-    raw_sigmask(SIG_SETMASK, &call->mask, nullptr);
-    {
-        std::lock_guard lock(g_mutex);
-        sync_objects_locked();
-    }
-    sigset_t all;
-    sigfillset(&all);
-    raw_sigmask(SIG_BLOCK, &all, nullptr);
-}
-
-int on_link_map_event(kprobe *, pt_regs *) {
-    if (g_loader_debug->r_state != r_debug::RT_CONSISTENT) return 0;
-    const AgentWork quiet; // what it calls (malloc, open) are not the program's calls
-    if (g_loader_stack == nullptr || g_loader_stack_busy.exchange(true, std::memory_order_acquire)) {
-        std::lock_guard lock(g_mutex);
-        sync_objects_locked();
-        return 0;
-    }
-    // No signal between the switches: one would find sp on neither stack and put its frame
-    // at the top of the alternate stack, over the live ones.
-    LoaderCall call{};
-    sigset_t all;
-    sigfillset(&all);
-    raw_sigmask(SIG_BLOCK, &all, &call.mask);
-    ukp_call_on_stack(sync_objects_on_loader_stack, &call, g_loader_stack + kLoaderStackSize);
-    if (call.swapped) syscall(SYS_sigaltstack, &call.old_altstack, nullptr);
-    raw_sigmask(SIG_SETMASK, &call.mask, nullptr);
-    g_loader_stack_busy.store(false, std::memory_order_release);
-    return 0;
-}
-
-// An object was unloaded: its points go (their memory is gone with it; a late hit on
-// the address finds no point), and their probes stay registered as [GONE].
-void retire_points_of(const sym::Object &gone) {
-    for (auto it = points().begin(); it != points().end();) {
-        Point *pt = it->second;
-        if (!gone.contains_exec(it->first)) {
-            ++it;
-            continue;
-        }
-        pt->armed = false; // the int3 went with the mapping
-        pt->optimized = false;
-        opt_forget_island(pt); // and the island with it
-        insert_site(it->first, nullptr);
-        if (ProbeList *list = pt->list.exchange(nullptr, std::memory_order_acq_rel); list != nullptr) {
-            for (uint32_t i = 0; i < list->count; ++i) {
-                kprobe *p = list->probes[i];
-                __atomic_or_fetch(&p->flags, KPROBE_FLAG_GONE, __ATOMIC_RELAXED);
-                p->ukp_private = nullptr;
-                registered()[p] = nullptr;
-            }
-            // Freed after a grace period, which cannot be waited for from inside a hit.
-            deferred_lists().push_back(list);
-        }
-        // The Point itself is kept: a hit that began before may still be reading it.
-        retired_points().push_back(pt);
-        it = points().erase(it);
-    }
-}
-
-// Re-reads the loaded objects; retires the points of unloaded ones; arms the probes
-// waiting for objects that are now loaded.
-void sync_objects_locked() {
-    UKP_ASSERT_REGISTRY_HELD();
-    std::vector<std::shared_ptr<const sym::Object>> before = g_symbols->objects();
-    g_symbols->refresh();
-    const auto &after = g_symbols->objects();
-    for (const auto &old : before) {
-        const bool still = std::any_of(after.begin(), after.end(), [&](const auto &o) {
-            return o->path == old->path && o->bias == old->bias;
-        });
-        if (!still) {
-            retire_points_of(*old);
-            arch::forget_object_refs(old->bias);
-        }
-    }
-    std::vector<kprobe *> waiting;
-    for (const auto &[p, pt] : registered())
-        if (pt == nullptr && p->symbol_name != nullptr) waiting.push_back(const_cast<kprobe *>(p));
-    for (kprobe *p : waiting) {
-        uint64_t addr = 0;
-        // New objects are not relocated yet when the loader calls us: no ifunc resolver
-        // may run; such a probe waits for the next change of the link map.
-        if (g_symbols->resolve(p->symbol_name, p->offset, &addr, agent_definition, false) != 0) continue;
-        // A return probe registered before its object was loaded: only on a function's entry.
-        if (probe_type(p) == 'r' && !function_entry_locked(addr)) continue;
-        attach_to_point(p, addr); // a probe that cannot go there stays [GONE]
-    }
-}
-
-// ---- fork ----------------------------------------------------------------------------------
-
-std::atomic<int> g_fork_policy{UKP_FORK_KEEP};
-std::mutex g_control_gate, g_optimizer_gate; // fork.hpp
-
-// Around fork(): the agent's threads are let finish what they do, then the registry mutex
-// is taken, so that the child never inherits a lock held by a thread it does not have.
-// The agent's locking around fork() is not the program's: a probe on the lock functions
-// neither runs nor counts (AgentWork).
-void before_fork() {
-    const AgentWork quiet;
-    g_control_gate.lock();
-    g_optimizer_gate.lock();
-    g_mutex.lock();
-}
-void after_fork_parent() {
-    const AgentWork quiet;
-    g_mutex.unlock();
-    g_optimizer_gate.unlock();
-    g_control_gate.unlock();
-}
-void after_fork_child() {
-    const AgentWork quiet;
-    opt_after_fork_child(); // first: the parent's optimizer is not here to wait for
-    if (g_fork_policy.load() == UKP_FORK_REMOVE) {
-        g_kprobes_enabled.store(false);
-        g_handlers_silenced.store(true);
-        for (auto &[addr, pt] : points()) {
-            if (pt->optimized && opt_unoptimize(pt) != 0) continue;
-            if (!pt->armed) continue;
-            // The child's own copy of the page: the parent keeps its int3.
-            if (text::poke_byte(addr, pt->orig_byte) == 0) {
-                pt->armed = false;
-                ++pt->disarms;
-            }
-        }
-    }
-    // The child's only thread is here, at no island: retired islands go back at once.
-    opt_restore_islands_alone();
-    spawn_gate_after_fork_child();
-    forget_tid_after_fork();
-    grace_after_fork_child();
-    spares_after_fork_child();
-    g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
-    g_mutex.unlock();
-    g_optimizer_gate.unlock();
-    g_control_gate.unlock();
-}
-
-void hook_link_map_locked() {
-    UKP_ASSERT_REGISTRY_HELD();
-    if (g_link_map_hooked) return;
-    g_link_map_hooked = true;
-    dl_iterate_phdr(find_loader_debug, nullptr);
-    if (g_loader_debug == nullptr) g_loader_debug = &_r_debug; // a main program without DT_DEBUG
-    if (g_loader_debug->r_brk == 0) return;
-    map_loader_stack();
-    g_link_map_probe.addr = reinterpret_cast<kprobe_opcode_t *>(g_loader_debug->r_brk);
-    g_link_map_probe.pre_handler = on_link_map_event;
-    if (attach_to_point(&g_link_map_probe, g_loader_debug->r_brk) != 0) g_link_map_probe.addr = nullptr;
-}
-
 // The membarrier registrations (grace periods: grace_init; code patching: text) and the
 // growth of the descriptor table to the agent's high numbers (platform/high_fd.hpp) each cost
 // the kernel an RCU grace period (milliseconds) once the process has a second thread,
@@ -566,11 +288,15 @@ int ensure_initialized() {
     return 0;
 }
 
+} // namespace
+
 // An unqualified name means the program's function, not the agent's interposer of it
 // ("sigaction", "longjmp", "backtrace", ...).
 bool agent_definition(const sym::Object &obj, const sym::Symbol &symbol) {
     return is_agent_object(obj) || agent_symbol(obj, symbol.name);
 }
+
+namespace {
 
 int resolve_address(const kprobe *p, uint64_t *addr) {
     if ((p->symbol_name != nullptr) == (p->addr != nullptr)) return -EINVAL;
@@ -578,6 +304,8 @@ int resolve_address(const kprobe *p, uint64_t *addr) {
     *addr = reinterpret_cast<uint64_t>(p->addr) + p->offset;
     return 0;
 }
+
+} // namespace
 
 // Puts p on the point at addr (preparing it if needed) and arms it. 0 or -errno, with
 // nothing changed on failure.
@@ -615,6 +343,8 @@ bool function_entry_locked(uint64_t addr) {
     const sym::Symbol *fn = obj != nullptr ? obj->function_at(addr) : nullptr;
     return fn != nullptr && fn->value == addr;
 }
+
+namespace {
 
 bool may_wait_for_object(const kprobe *p) {
     if (p->symbol_name == nullptr || p->addr != nullptr) return false;
@@ -687,21 +417,6 @@ void die_naming(const char *text, const char *name) {
     abort();
 }
 
-void hook_fork() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        // The prepare handlers run in the reverse order of registration: the lower layers'
-        // first here, so that theirs run after ours, as their locks nest inside ours.
-        text::init();
-        jit::hook_fork();
-        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    });
-}
-
-ForkQuiet::ForkQuiet(ForkGate gate) : mutex_(gate == ForkGate::kControl ? g_control_gate : g_optimizer_gate) {
-    mutex_.lock();
-}
-ForkQuiet::~ForkQuiet() { mutex_.unlock(); }
 bool is_agent_probe(const kprobe *p) { return p == &g_link_map_probe; }
 std::map<uint64_t, Point *> &all_points() { return points(); }
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n) { return read_original(addr, buf, n); }
@@ -877,11 +592,6 @@ int disable_kprobe(struct kprobe *p) { return p == nullptr ? -EINVAL : set_disab
 
 int enable_kprobe(struct kprobe *p) { return p == nullptr ? -EINVAL : set_disabled(p, false); }
 
-void ukp_blacklist_add(const void *addr, const char *name) {
-    std::lock_guard lock(blacklist_mutex());
-    blacklist_entries().push_back({addr, name != nullptr ? name : ""});
-}
-
 char *ukp_kprobes_list(void) {
     const std::string text = list_text();
     char *out = static_cast<char *>(std::malloc(text.size() + 1));
@@ -899,12 +609,6 @@ int ukp_lean_dispatch(void) {
     std::lock_guard lock(g_mutex);
     if (int err = ensure_initialized(); err != 0) return err;
     return (ukp_gpr_dispatch != 0 ? UKP_LEAN_KPROBE : 0) | (ukp_gpr_ret_dispatch != 0 ? UKP_LEAN_KRETPROBE : 0);
-}
-
-int ukp_set_fork_policy(int policy) {
-    if (policy != UKP_FORK_KEEP && policy != UKP_FORK_REMOVE) return -EINVAL;
-    g_fork_policy.store(policy);
-    return 0;
 }
 
 int ukp_set_kprobes_enabled(int on) { return set_enabled(on != 0); }

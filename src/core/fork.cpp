@@ -1,0 +1,92 @@
+// fork(): the agent's locks taken around it, and the child's probes (ukp_set_fork_policy).
+#include "core/core.hpp"
+#include "core/registry_internal.hpp"
+
+#include "core/fork.hpp"
+#include "core/jit_debug.hpp"
+#include "core/kretprobe.hpp"
+#include "text/text.hpp"
+
+#include <atomic>
+#include <mutex>
+#include <pthread.h>
+
+namespace ukp::core {
+namespace {
+
+std::atomic<int> g_fork_policy{UKP_FORK_KEEP};
+std::mutex g_control_gate, g_optimizer_gate; // fork.hpp
+
+// Around fork(): the agent's threads are let finish what they do, then the registry mutex
+// is taken, so that the child never inherits a lock held by a thread it does not have.
+// The agent's locking around fork() is not the program's: a probe on the lock functions
+// neither runs nor counts (AgentWork).
+void before_fork() {
+    const AgentWork quiet;
+    g_control_gate.lock();
+    g_optimizer_gate.lock();
+    registry_mutex().lock();
+}
+void after_fork_parent() {
+    const AgentWork quiet;
+    registry_mutex().unlock();
+    g_optimizer_gate.unlock();
+    g_control_gate.unlock();
+}
+void after_fork_child() {
+    const AgentWork quiet;
+    opt_after_fork_child(); // first: the parent's optimizer is not here to wait for
+    if (g_fork_policy.load() == UKP_FORK_REMOVE) {
+        g_kprobes_enabled.store(false);
+        g_handlers_silenced.store(true);
+        for (auto &[addr, pt] : points()) {
+            if (pt->optimized && opt_unoptimize(pt) != 0) continue;
+            if (!pt->armed) continue;
+            // The child's own copy of the page: the parent keeps its int3.
+            if (text::poke_byte(addr, pt->orig_byte) == 0) {
+                pt->armed = false;
+                ++pt->disarms;
+            }
+        }
+    }
+    // The child's only thread is here, at no island: retired islands go back at once.
+    opt_restore_islands_alone();
+    spawn_gate_after_fork_child();
+    forget_tid_after_fork();
+    grace_after_fork_child();
+    spares_after_fork_child();
+    g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
+    registry_mutex().unlock();
+    g_optimizer_gate.unlock();
+    g_control_gate.unlock();
+}
+
+} // namespace
+
+void hook_fork() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // The prepare handlers run in the reverse order of registration: the lower layers'
+        // first here, so that theirs run after ours, as their locks nest inside ours.
+        text::init();
+        jit::hook_fork();
+        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    });
+}
+
+ForkQuiet::ForkQuiet(ForkGate gate) : mutex_(gate == ForkGate::kControl ? g_control_gate : g_optimizer_gate) {
+    mutex_.lock();
+}
+ForkQuiet::~ForkQuiet() { mutex_.unlock(); }
+
+} // namespace ukp::core
+
+extern "C" {
+
+int ukp_set_fork_policy(int policy) {
+    if (policy != UKP_FORK_KEEP && policy != UKP_FORK_REMOVE) return -EINVAL;
+    ukp::core::g_fork_policy.store(policy);
+    return 0;
+}
+
+} // extern "C"
