@@ -4,6 +4,7 @@
 // call, no exception between the trap and the return to the program. Everything used
 // here was prepared at registration.
 #include "core/core.hpp"
+#include "core/grace.hpp"
 
 #include "arch/x86_64/regs.hpp"
 #include "platform/safe_access.hpp"
@@ -24,11 +25,6 @@
 extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int ext_saved, pt_regs *at_hit);
 extern "C" void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs, int ext_saved); // kretprobe.cpp
 
-extern "C" {
-__attribute__((visibility("hidden"))) uint8_t ukp_gpr_dispatch = 0;
-__attribute__((visibility("hidden"))) uint8_t ukp_gpr_ret_dispatch = 0;
-}
-
 namespace ukp::core {
 
 std::atomic<bool> g_kprobes_enabled{true};
@@ -48,428 +44,11 @@ ThreadState &thread_state() { return t_state; }
 AgentWork::AgentWork() { ++t_state.quiet; }
 AgentWork::~AgentWork() { --t_state.quiet; }
 
-// ---- address table -------------------------------------------------------------------
+// ---- read sections (grace.hpp) ------------------------------------------------------------
 
-namespace {
-
-struct TableEntry {
-    std::atomic<uint64_t> key;   // 0 = empty; written last when inserting
-    std::atomic<Point *> value;
-};
-
-struct Table {
-    size_t mask;
-    size_t used;
-    TableEntry entries[1];
-};
-
-std::atomic<Table *> g_table{nullptr};
-// Tables replaced by bigger ones: kept, since a hit may still be walking one; their sizes
-// add up to less than the current table's.
-std::vector<Table *> &outgrown_tables() {
-    static auto *value = new std::vector<Table *>(); // never destroyed: probes outlive static destructors
-    return *value;
-}
-
-size_t hash_addr(uint64_t a) { return static_cast<size_t>((a * 0x9e3779b97f4a7c15ull) >> 17); }
-
-Table *new_table(size_t capacity) {
-    const size_t bytes = sizeof(Table) + (capacity - 1) * sizeof(TableEntry);
-    auto *t = static_cast<Table *>(::operator new(bytes));
-    t->mask = capacity - 1;
-    t->used = 0;
-    for (size_t i = 0; i < capacity; ++i) {
-        new (&t->entries[i].key) std::atomic<uint64_t>(0);
-        new (&t->entries[i].value) std::atomic<Point *>(nullptr);
-    }
-    return t;
-}
-
-void put(Table *t, uint64_t key, Point *value) {
-    for (size_t i = hash_addr(key);; ++i) {
-        TableEntry &e = t->entries[i & t->mask];
-        const uint64_t k = e.key.load(std::memory_order_relaxed);
-        if (k == key) {
-            e.value.store(value, std::memory_order_release);
-            return;
-        }
-        if (k == 0) {
-            e.value.store(value, std::memory_order_relaxed);
-            e.key.store(key, std::memory_order_release); // publishes the value with it
-            ++t->used;
-            return;
-        }
-    }
-}
-
-} // namespace
-
-Point *find_site(uint64_t addr) {
-    const Table *t = g_table.load(std::memory_order_acquire);
-    if (t == nullptr) return nullptr;
-    for (size_t i = hash_addr(addr), n = 0; n <= t->mask; ++i, ++n) {
-        const TableEntry &e = t->entries[i & t->mask];
-        const uint64_t k = e.key.load(std::memory_order_acquire);
-        if (k == 0) return nullptr;
-        if (k == addr) return e.value.load(std::memory_order_acquire);
-    }
-    return nullptr;
-}
-
-void insert_site(uint64_t addr, Point *p) {
-    Table *t = g_table.load(std::memory_order_relaxed);
-    if (t == nullptr || (t->used + 1) * 2 > t->mask + 1) {
-        // Grow by copying into a table twice the size. The old table stays allocated:
-        // a hit may still be walking it, and their sizes add up to less than the new one.
-        Table *bigger = new_table(t == nullptr ? 4096 : (t->mask + 1) * 2);
-        if (t != nullptr) {
-            for (size_t i = 0; i <= t->mask; ++i) {
-                const uint64_t k = t->entries[i].key.load(std::memory_order_relaxed);
-                if (k != 0) put(bigger, k, t->entries[i].value.load(std::memory_order_relaxed));
-            }
-        }
-        g_table.store(bigger, std::memory_order_release);
-        if (t != nullptr) outgrown_tables().push_back(t);
-        t = bigger;
-    }
-    put(t, addr, p);
-}
-
-// ---- grace periods -------------------------------------------------------------------
-//
-// A thread marks its read sections in a reader cell of its own: one word, the nesting depth
-// in its low 16 bits and above them the count of outermost sections it has begun. The marks
-// are plain stores, ordered only against the compiler. The writer first has every running
-// thread of the process execute a full memory barrier (membarrier's private expedited
-// command; a thread not running passed one when it was switched out): a section begun
-// before that is visible in its word, and one begun after it sees what the writer changed.
-// Then it waits for each word it found inside a section to show depth 0 or a later section.
-// Threads that find no free reader cell, and every thread when membarrier is missing, use
-// two shared counters (SRCU-like), with a locked instruction at each end of a section.
-//
-// A reader cell stays with its thread until the thread is gone. Nothing runs when a thread
-// ends (the hit path registers no destructor: that would allocate), so the writer
-// reclaims: a reader cell whose owner's ThreadState no longer names it belongs to a thread
-// that ended (its memory is free, or another thread's now). That memory is read fault-safe.
-
-namespace {
-
-constexpr uint64_t kDepthMask = kSectionDepthMask;
-constexpr uint64_t kOwnerMask = (uint64_t{1} << 48) - 1;
-constexpr uint64_t kClaimOne = kOwnerMask + 1;
-constexpr size_t kReaderSlots = kGraceSlots;
-constexpr unsigned kPrivateSection = 2; // read_lock()'s answer for a section in a reader cell
-
-ReaderSlot g_slots[kReaderSlots];
-// The `reader` of a thread that uses the shared counters. Its word shows depth 1 for good
-// (nothing writes it): trampolines.S's fast cases then go to the dispatcher.
-ReaderSlot g_no_slot{{1}, {0}};
-std::atomic<size_t> g_slot_hint{0};
-// One past the highest reader cell ever claimed: those above it were never written, and
-// grace_after_fork_child() leaves their pages alone (reading one would fault it in).
-std::atomic<size_t> g_slots_touched{0};
-std::atomic<bool> g_membarrier{false};
-
-std::atomic<unsigned> g_epoch{0};
-// Readers inside a section begun in an epoch of each parity. Separate cache lines.
-struct alignas(64) ReaderCount {
-    std::atomic<long> n{0};
-};
-ReaderCount g_readers[2];
-
-long sys_membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
-
-// A page of the agent's whose write permission is taken away when membarrier fails after
-// registration (a sandbox the program installed later may refuse it): the kernel then
-// interrupts every CPU that runs a thread of the process to flush its TLB, and an
-// interrupt drains the CPU's store buffer, which is the barrier asked for.
-void *g_shootdown_page = MAP_FAILED;
-
-void barrier_by_tlb_shootdown() {
-    auto *page = static_cast<volatile char *>(g_shootdown_page);
-    if (g_shootdown_page == MAP_FAILED || mprotect(g_shootdown_page, 4096, PROT_READ | PROT_WRITE) != 0) abort();
-    __atomic_fetch_add(page, 1, __ATOMIC_SEQ_CST); // a TLB entry, dirty, for the kernel to take back
-    if (mprotect(g_shootdown_page, 4096, PROT_READ) != 0) abort();
-}
-
-ThreadState *owner_of(uint64_t claim) { return reinterpret_cast<ThreadState *>(claim & kOwnerMask); }
-
-// The calling thread's first section: a free reader cell, claimed without a lock.
-// `claiming` names it before the claim and `reader` after, so a writer that sees the claim
-// sees whose it is. A section begun by a signal handler in the middle of the claim uses the
-// shared counters.
-__attribute__((noinline)) ReaderSlot *claim_slot(ThreadState &ts) {
-    if (ts.claiming != nullptr) return &g_no_slot;
-    if (!g_membarrier.load(std::memory_order_acquire)) {
-        // Decided before the first probe (grace_init): shared counters for good.
-        ts.reader = &g_no_slot;
-        return &g_no_slot;
-    }
-    const size_t start = g_slot_hint.load(std::memory_order_relaxed);
-    ReaderSlot *got = &g_no_slot;
-    for (size_t n = 0; n < kReaderSlots && got == &g_no_slot; ++n) {
-        ReaderSlot &slot = g_slots[(start + n) % kReaderSlots];
-        uint64_t c = slot.claim.load(std::memory_order_relaxed);
-        if (owner_of(c) != nullptr) continue;
-        __atomic_store_n(&ts.claiming, &slot, __ATOMIC_RELEASE);
-        const uint64_t mine = (c & ~kOwnerMask) + kClaimOne + reinterpret_cast<uint64_t>(&ts);
-        if (slot.claim.compare_exchange_strong(c, mine, std::memory_order_seq_cst)) {
-            // An ended thread may have left its depth behind; the section count goes on.
-            slot.word.store(slot.word.load(std::memory_order_relaxed) & ~kDepthMask, std::memory_order_relaxed);
-            const size_t index = (start + n) % kReaderSlots;
-            g_slot_hint.store((index + 1) % kReaderSlots, std::memory_order_relaxed);
-            for (size_t seen = g_slots_touched.load(std::memory_order_relaxed);
-                 seen <= index && !g_slots_touched.compare_exchange_weak(seen, index + 1, std::memory_order_relaxed);)
-                ;
-            got = &slot;
-        }
-    }
-    __atomic_store_n(&ts.reader, got, __ATOMIC_RELEASE); // a full table: shared counters for good
-    __atomic_store_n(&ts.claiming, nullptr, __ATOMIC_RELEASE);
-    return got;
-}
-
-unsigned shared_read_lock() {
-    for (;;) {
-        const unsigned e = g_epoch.load(std::memory_order_seq_cst);
-        g_readers[e & 1].n.fetch_add(1, std::memory_order_seq_cst);
-        // If the epoch moved between the load and the increment, a writer may already
-        // have found this counter at zero: step back and join the new epoch instead.
-        if (g_epoch.load(std::memory_order_seq_cst) == e) return e & 1;
-        g_readers[e & 1].n.fetch_sub(1, std::memory_order_release);
-    }
-}
-
-// Whether the thread that owns `slot` has ended (see above). Writers only.
-bool owner_gone(const ReaderSlot &slot, const ThreadState *owner) {
-    // `claiming` first: the claimer sets `reader` before it clears `claiming`.
-    ReaderSlot *claiming = nullptr, *reader = nullptr;
-    if (ukp_safe_copy(&claiming, &owner->claiming, sizeof claiming) != 0) return true; // unmapped
-    if (claiming == &slot) return false;
-    if (ukp_safe_copy(&reader, &owner->reader, sizeof reader) != 0) return true;
-    return reader != &slot;
-}
-
-void reclaim_slots() {
-    for (ReaderSlot &slot : g_slots) {
-        uint64_t c = slot.claim.load(std::memory_order_acquire);
-        ThreadState *owner = owner_of(c);
-        if (owner == nullptr || owner == &t_state || !owner_gone(slot, owner)) continue;
-        slot.claim.compare_exchange_strong(c, c & ~kOwnerMask, std::memory_order_acq_rel);
-    }
-}
-
-void wait_a_little(unsigned spins) {
-    if (spins < 100) {
-        sched_yield();
-    } else {
-        const timespec pause{0, 50 * 1000};
-        nanosleep(&pause, nullptr);
-    }
-}
-
-// Waits until the section `slot` was found in (`word`, under `claim`) has ended: its depth
-// went to 0, a later section began, or the reader cell changed hands (its thread ended).
-void wait_for_section(const ReaderSlot &slot, uint64_t word, uint64_t claim) {
-    for (unsigned spins = 0;; ++spins) {
-        const uint64_t now = slot.word.load(std::memory_order_acquire);
-        if ((now & kDepthMask) == 0 || (now & ~kDepthMask) != (word & ~kDepthMask) ||
-            slot.claim.load(std::memory_order_acquire) != claim)
-            return;
-        wait_a_little(spins);
-    }
-}
-
-} // namespace
-
-namespace {
-// read_lock() and read_unlock(), inlined into this file's hit path.
-__attribute__((always_inline)) inline unsigned read_lock_here() {
-    ThreadState &ts = t_state;
-    ReaderSlot *slot = ts.reader;
-    if (__builtin_expect(slot == nullptr, 0)) slot = claim_slot(ts);
-    if (__builtin_expect(slot == &g_no_slot, 0)) return shared_read_lock();
-    const uint64_t w = slot->word.load(std::memory_order_relaxed);
-    // A signal handler's section between this load and the store ends before the store.
-    slot->word.store((w & kDepthMask) == 0 ? (w & ~kDepthMask) + kSectionOne + 1 : w + 1, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst); // the writer's membarrier does the rest
-    return kPrivateSection;
-}
-
-__attribute__((always_inline)) inline void read_unlock_here(unsigned idx) {
-    if (__builtin_expect(idx != kPrivateSection, 0)) {
-        g_readers[idx & 1].n.fetch_sub(1, std::memory_order_release);
-        return;
-    }
-    ReaderSlot *slot = t_state.reader;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    slot->word.store(slot->word.load(std::memory_order_relaxed) - 1, std::memory_order_release);
-}
-
-} // namespace
-
-unsigned read_lock() { return read_lock_here(); }
-void read_unlock(unsigned idx) { read_unlock_here(idx); }
-void read_unlock_own_slot() { read_unlock_here(kPrivateSection); }
-
-ReaderSlot *claimed_slots(size_t *n) {
-    *n = g_slots_touched.load(std::memory_order_acquire);
-    return g_slots;
-}
-
-ReaderSlot *own_slot() {
-    ReaderSlot *slot = t_state.reader;
-    return slot == &g_no_slot ? nullptr : slot;
-}
-
-bool private_slots() { return g_membarrier.load(std::memory_order_acquire); }
-
-bool slot_in_section(uint64_t word) { return (word & kDepthMask) != 0; }
-
-bool barrier_everywhere() {
-    if (!g_membarrier.load(std::memory_order_acquire)) return false;
-    if (sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) barrier_by_tlb_shootdown();
-    return true;
-}
-
-bool synchronize() {
-    // From inside a handler this thread holds a section itself: waiting would never end.
-    if (t_state.depth > 0) return false;
-    if (g_membarrier.load(std::memory_order_acquire)) {
-        barrier_everywhere(); // after it, every section begun before the call shows in its reader cell
-        reclaim_slots();
-        for (const ReaderSlot &slot : g_slots) {
-            const uint64_t claim = slot.claim.load(std::memory_order_acquire);
-            const uint64_t word = slot.word.load(std::memory_order_acquire);
-            if (owner_of(claim) != nullptr && (word & kDepthMask) != 0) wait_for_section(slot, word, claim);
-        }
-    }
-    const unsigned e = g_epoch.fetch_add(1, std::memory_order_seq_cst);
-    for (unsigned spins = 0; g_readers[e & 1].n.load(std::memory_order_acquire) != 0; ++spins) wait_a_little(spins);
-    return true;
-}
-
-void grace_init() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        const long cmds = sys_membarrier(MEMBARRIER_CMD_QUERY);
-        if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
-            sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0) {
-            g_shootdown_page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            g_membarrier.store(g_shootdown_page != MAP_FAILED, std::memory_order_release);
-        }
-    });
-}
-
-size_t grace_slots_in_use() {
-    size_t n = 0;
-    for (const ReaderSlot &slot : g_slots) n += owner_of(slot.claim.load(std::memory_order_relaxed)) != nullptr;
-    return n;
-}
-
-void grace_after_fork_child() {
-    // The other threads' read sections ended with them. The forking thread holds none,
-    // unless it forked from inside a handler (not supported: fork.hpp).
-    // Only words that hold something are written, and only reader cells ever claimed are
-    // read: a write would copy its page (copy-on-write), a read of a page never written would
-    // map it, for nothing: the table spans 16 pages, a child goes through it at every fork.
-    if (t_state.depth > 0) return;
-    const size_t touched = g_slots_touched.load(std::memory_order_relaxed);
-    for (size_t i = 0; i < touched; ++i) {
-        ReaderSlot &slot = g_slots[i];
-        // A thread that was taking another's spare (kretprobe.cpp) is not here to unlock it.
-        if (slot.spare_lock.load(std::memory_order_relaxed) != 0) slot.spare_lock.store(0, std::memory_order_relaxed);
-        if (&slot == t_state.reader) continue;
-        if (slot.word.load(std::memory_order_relaxed) != 0) slot.word.store(0, std::memory_order_relaxed);
-        if (const uint64_t c = slot.claim.load(std::memory_order_relaxed); (c & kOwnerMask) != 0)
-            slot.claim.store(c & ~kOwnerMask, std::memory_order_relaxed);
-    }
-    for (ReaderCount &count : g_readers)
-        if (count.n.load(std::memory_order_relaxed) != 0) count.n.store(0, std::memory_order_relaxed);
-    // The registration belongs to the parent's address space; without it here, this
-    // thread goes over to the shared counters (it is in no section).
-    if (g_membarrier.load(std::memory_order_relaxed) && sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) {
-        g_membarrier.store(false, std::memory_order_relaxed);
-        if (t_state.reader != nullptr && t_state.reader != &g_no_slot)
-            t_state.reader->claim.store(t_state.reader->claim.load() & ~kOwnerMask);
-        t_state.reader = &g_no_slot;
-    }
-}
-
-// ---- the jump path without the vector state saved ---------------------------------------
-
-namespace {
-arch::VectorScan g_gpr_dispatch_scans[2];
-
-// The scan of the code as it was before the probes (read_original_code: under the
-// registry mutex), with the call helpers, where the agent's calls of code that is not lean
-// go, as stops (outside_gpr: a call helper either saves the state or is given lean code).
-arch::VectorScan scan_with_stops(const void *fn) {
-    const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
-                              reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
-    return arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), stops, std::size(stops), 20000,
-                                 read_original_code);
-}
-} // namespace
-
-void gpr_dispatch_init() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        const struct {
-            const void *fn;
-            uint8_t *flag;
-        } dispatchers[] = {{reinterpret_cast<const void *>(&ukp_optprobe_dispatch), &ukp_gpr_dispatch},
-                           {reinterpret_cast<const void *>(&ukp_kretprobe_dispatch), &ukp_gpr_ret_dispatch}};
-        for (size_t i = 0; i < std::size(dispatchers); ++i) {
-            g_gpr_dispatch_scans[i] = scan_with_stops(dispatchers[i].fn);
-            __atomic_store_n(dispatchers[i].flag, g_gpr_dispatch_scans[i].clean ? 1 : 0, __ATOMIC_RELEASE);
-        }
-    });
-}
-
-const arch::VectorScan &gpr_dispatch_scan(Dispatcher which) {
-    return g_gpr_dispatch_scans[which == Dispatcher::kOptprobe ? 0 : 1];
-}
-
-namespace {
-constexpr size_t kOwnHandlers = 8;
-std::atomic<const void *> g_own_handlers[kOwnHandlers];
-// handler_is_gpr_only()'s verdict on each once asked: 0 not yet, 1 lean, 2 not.
-std::atomic<uint8_t> g_own_verdicts[kOwnHandlers];
-
-// fn's index in g_own_handlers, or -1.
-int own_index(const void *fn) {
-    if (fn == nullptr) return -1;
-    for (size_t i = 0; i < kOwnHandlers; ++i)
-        if (g_own_handlers[i].load(std::memory_order_acquire) == fn) return static_cast<int>(i);
-    return -1;
-}
-} // namespace
-
-// The agent's own handlers (the tracer's, for every event) are scanned once: their code
-// neither changes nor goes. Any other function is scanned at every question, as another
-// library may have been loaded where its own was.
-bool handler_is_gpr_only(const void *fn) {
-    if (fn == nullptr) return true;
-    const int own = own_index(fn);
-    if (own < 0) return scan_with_stops(fn).clean;
-    uint8_t verdict = g_own_verdicts[own].load(std::memory_order_acquire);
-    if (verdict == 0) {
-        verdict = scan_with_stops(fn).clean ? 1 : 2;
-        g_own_verdicts[own].store(verdict, std::memory_order_release);
-    }
-    return verdict == 1;
-}
-
-void mark_own_handler(const void *fn) {
-    for (auto &slot : g_own_handlers) {
-        const void *expected = nullptr;
-        if (slot.compare_exchange_strong(expected, fn) || expected == fn) return;
-    }
-    std::abort(); // more of the agent's own handlers than kOwnHandlers: a build mistake
-}
-
-bool handler_is_own(const void *fn) { return own_index(fn) >= 0; }
+unsigned read_lock() { return read_lock_on(t_state); }
+void read_unlock(unsigned idx) { read_unlock_on(t_state, idx); }
+void read_unlock_own_slot() { read_unlock_on(t_state, kPrivateSection); }
 
 // ---- the hit path --------------------------------------------------------------------
 
@@ -868,11 +447,11 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     using namespace ukp::core;
     ThreadState &ts = thread_state();
     const uint64_t copy = pt->copy_code;
-    const unsigned idx = read_lock_here();
+    const unsigned idx = read_lock_on(t_state);
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
         count_skipped_hit(ts, list);
-        read_unlock_here(idx);
+        read_unlock_on(t_state, idx);
         regs->ip = copy;
         return;
     }
@@ -902,7 +481,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
             outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
     }
     --ts.depth;
-    read_unlock_here(idx);
+    read_unlock_on(t_state, idx);
 }
 
 // Called by ukp_optprobe_trampoline's fast case when the handler answered 1 and sent the
@@ -927,7 +506,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fa
     handler_faulted(p, regs, registers_at_hit(*at_hit, pt->addr + 1, *regs));
     regs->ip = pt->copy_code;
     --thread_state().depth;
-    read_unlock_here(kPrivateSection);
+    read_unlock_on(t_state, kPrivateSection);
 }
 
 namespace ukp::core {
