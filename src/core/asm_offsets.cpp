@@ -16,7 +16,7 @@ namespace ukp::core {
 // What the assembly assumes beyond single offsets.
 static_assert(offsetof(ThreadState, quiet) == offsetof(ThreadState, depth) + 4,
               "depth and quiet are one 8-byte word, 0 when both are");
-static_assert(offsetof(ReaderSlot, word) == 0);
+static_assert(offsetof(ReaderCell, word) == 0);
 static_assert(sizeof(std::atomic<int>) == 4 && sizeof(std::atomic<uint32_t>) == 4 &&
               sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<void *>) == 8 && sizeof(std::atomic<bool>) == 1);
 static_assert(sizeof(RetPool::Shard) == 64 && offsetof(RetPool::Shard, free_head) == 0);
@@ -29,10 +29,10 @@ void asm_offsets() {
     DEFINE(UKP_TS_READER, offsetof(ThreadState, reader));
     DEFINE(UKP_TS_FAST_FRAME, offsetof(ThreadState, fast_frame));
 
-    // struct ReaderSlot (core.hpp): the thread's spare return-probe instance.
-    DEFINE(UKP_SLOT_SPARE, offsetof(ReaderSlot, spare));
-    DEFINE(UKP_SLOT_SPARE_POOL, offsetof(ReaderSlot, spare_pool));
-    DEFINE(UKP_SLOT_SPARE_LOCK, offsetof(ReaderSlot, spare_lock));
+    // struct ReaderCell (core.hpp): the thread's spare return-probe instance.
+    DEFINE(UKP_SLOT_SPARE, offsetof(ReaderCell, spare));
+    DEFINE(UKP_SLOT_SPARE_POOL, offsetof(ReaderCell, spare_pool));
+    DEFINE(UKP_SLOT_SPARE_LOCK, offsetof(ReaderCell, spare_lock));
     // A reader cell's word: the depth of its read sections in the low bits, the count of
     // its outermost sections above (hit.cpp, "grace periods").
     DEFINE(UKP_SECTION_DEPTH_MASK, kSectionDepthMask);
@@ -41,7 +41,7 @@ void asm_offsets() {
     // struct Point, struct ProbeList (core.hpp).
     DEFINE(UKP_PT_ADDR, offsetof(Point, addr));
     DEFINE(UKP_PT_LIST, offsetof(Point, list));
-    DEFINE(UKP_PT_COPY, offsetof(Point, copy_code));
+    DEFINE(UKP_PT_COPY, offsetof(Point, region_copy));
     DEFINE(UKP_LIST_FAST, offsetof(ProbeList, fast));
     DEFINE(UKP_LIST_KRET_POOL, offsetof(ProbeList, kret_pool));
     DEFINE(UKP_LIST_PROBE0, offsetof(ProbeList, probes));

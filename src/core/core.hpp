@@ -48,7 +48,7 @@ enum FastCase : uint8_t {
     kFastOwn = 2,     // one of the agent's own handlers: called as it is
 };
 
-// A reader cell's word (ReaderSlot::word): the depth of the owner's read sections in the
+// A reader cell's word (ReaderCell::word): the depth of the owner's read sections in the
 // low 16 bits, the count of its outermost sections above (hit.cpp, "grace periods").
 inline constexpr uint64_t kSectionDepthMask = 0xffff;
 inline constexpr uint64_t kSectionOne = kSectionDepthMask + 1;
@@ -90,7 +90,7 @@ struct Point {
     uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
     arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
-    uint64_t copy_code = 0;   // the detour's region copy (detour_code + layout.copy), 0 without one
+    uint64_t region_copy = 0;   // the detour's region copy (detour_code + layout.copy), 0 without one
     bool armed = false;       // int3 in place; changed under the registry mutex
     // Times the int3 was taken out (under the registry mutex): threads may then run into the
     // region through the original code, so the optimizer that looked for them before one
@@ -103,7 +103,7 @@ struct Point {
     arch::DetourLayout layout;  // where the region copy is in it
     // The kretprobe detour's entry (arch::emit_kret_detour), after the detour in the same
     // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
-    // a kretprobe without an entry_handler (opt_target). It resumes at copy_code.
+    // a kretprobe without an entry_handler (opt_target). It resumes at region_copy.
     uint64_t kret_code = 0;
     uint64_t jump_target = 0;   // where the jmp in place leads (optimized)
     uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)
@@ -111,10 +111,10 @@ struct Point {
     // first instruction alone (so no thread ever enters the region past its first byte);
     // 0 while another probe is inside the region; the optimizer gives it back (its strict
     // pass) when that probe is gone.
-    std::atomic<uint64_t> dcr_copy{0};
+    std::atomic<uint64_t> breakpoint_region_copy{0};
     bool optimized = false;     // the jmp is in place; changed under the registry mutex
     bool queued = false;        // waiting for the optimizer; under the registry mutex
-    bool copy_fresh = false;    // dcr_copy came back: threads may still be on the old path in
+    bool copy_fresh = false;    // breakpoint_region_copy came back: threads may still be on the old path in
     // An island (arch/x86_64/island.hpp): the region is entered by one short branch
     // elsewhere, which is led to a jmp in dead padding before the region gets its jmp.
     // Under the registry mutex.
@@ -133,8 +133,8 @@ struct Point {
 
 // Lock-free address -> Point lookup for the hit path. Inserts happen under the registry
 // mutex; entries are never removed.
-UKP_HOT Point *find_site(uint64_t addr);
-void insert_site(uint64_t addr, Point *p);
+UKP_HOT Point *find_point(uint64_t addr);
+void insert_point(uint64_t addr, Point *p);
 
 // Read-side critical sections around every use of a ProbeList or kprobe by a hit, and
 // the writer's wait for all sections that began before a change. A thread marks its
@@ -145,7 +145,7 @@ void insert_site(uint64_t addr, Point *p);
 UKP_HOT unsigned read_lock();
 UKP_HOT void read_unlock(unsigned idx);
 // Ends a section that a trampoline's fast case began in the thread's own reader cell.
-void read_unlock_own_slot();
+void read_unlock_own_cell();
 // Waits until every read section begun before the call has ended. Returns false,
 // without waiting, when called from inside a probe handler.
 bool synchronize();
@@ -161,16 +161,16 @@ enum class Dispatcher { kOptprobe, kKretprobe };
 const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
 bool handler_is_own(const void *fn);
 // How many threads can have a reader cell for their read sections at once.
-constexpr size_t kGraceSlots = 1024;
+constexpr size_t kReaderCells = 1024;
 // Reader cells held now (by live threads, or by dead ones the next synchronize() has not
 // reclaimed yet); for tests.
-size_t grace_slots_in_use();
+size_t reader_cells_in_use();
 
 // A thread's reader cell (hit.cpp, "grace periods"): where it marks its read sections,
 // and where its return trampoline keeps one free return-probe instance for its next call
 // (kretprobe.cpp, "spare instances"). Static memory, never freed: a reader cell outlives
 // its thread, which lets other threads look into it at any time.
-struct alignas(64) ReaderSlot {
+struct alignas(64) ReaderCell {
     // The depth of the owner's read sections in the low 16 bits, and above them the count
     // of its outermost sections.
     std::atomic<uint64_t> word{0};
@@ -183,13 +183,13 @@ struct alignas(64) ReaderSlot {
 };
 
 // The reader cells ever claimed: a stealing thread looks through them (kretprobe.cpp).
-ReaderSlot *claimed_slots(size_t *n);
+ReaderCell *claimed_cells(size_t *n);
 // The calling thread's own reader cell, or null (none yet, or the shared counters').
-ReaderSlot *own_slot();
+ReaderCell *own_cell();
 // Whether threads mark their sections in reader cells of their own (membarrier is there).
-bool private_slots();
+bool private_cells();
 // Whether the word of a reader cell shows its owner inside a read section.
-bool slot_in_section(uint64_t word);
+bool cell_in_section(uint64_t word);
 // Makes every running thread of the process execute a full memory barrier (membarrier);
 // false, doing nothing, when the process has no private reader cells (membarrier missing).
 bool barrier_everywhere();
@@ -210,8 +210,8 @@ struct ThreadState {
     ucontext_t *hit_context;
     Point *hit_point;
     uint32_t hit_position;  // the running handler's probe's position in the point's list
-    ReaderSlot *reader;     // where its read sections are marked (hit.cpp); null before the first
-    ReaderSlot *claiming;   // the reader cell it is claiming, while it claims one
+    ReaderCell *reader;     // where its read sections are marked (hit.cpp); null before the first
+    ReaderCell *claiming;   // the reader cell it is claiming, while it claims one
 };
 UKP_HOT ThreadState &thread_state();
 

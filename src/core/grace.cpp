@@ -32,20 +32,19 @@
 
 namespace ukp::core {
 
-ReaderSlot g_no_slot{{1}, {0}};
+ReaderCell g_no_cell{{1}, {0}};
 ReaderCount g_readers[2];
 
 namespace {
 
 constexpr uint64_t kOwnerMask = (uint64_t{1} << 48) - 1;
 constexpr uint64_t kClaimOne = kOwnerMask + 1;
-constexpr size_t kReaderSlots = kGraceSlots;
 
-ReaderSlot g_slots[kReaderSlots];
-std::atomic<size_t> g_slot_hint{0};
+ReaderCell g_cells[kReaderCells];
+std::atomic<size_t> g_cell_hint{0};
 // One past the highest reader cell ever claimed: those above it were never written, and
 // grace_after_fork_child() leaves their pages alone (reading one would fault it in).
-std::atomic<size_t> g_slots_touched{0};
+std::atomic<size_t> g_cells_touched{0};
 std::atomic<bool> g_membarrier{false};
 
 std::atomic<unsigned> g_epoch{0};
@@ -67,22 +66,22 @@ void barrier_by_tlb_shootdown() {
 
 ThreadState *owner_of(uint64_t claim) { return reinterpret_cast<ThreadState *>(claim & kOwnerMask); }
 
-// Whether the thread that owns `slot` has ended (see above). Writers only.
-bool owner_gone(const ReaderSlot &slot, const ThreadState *owner) {
+// Whether the thread that owns `cell` has ended (see above). Writers only.
+bool owner_gone(const ReaderCell &cell, const ThreadState *owner) {
     // `claiming` first: the claimer sets `reader` before it clears `claiming`.
-    ReaderSlot *claiming = nullptr, *reader = nullptr;
+    ReaderCell *claiming = nullptr, *reader = nullptr;
     if (ukp_safe_copy(&claiming, &owner->claiming, sizeof claiming) != 0) return true; // unmapped
-    if (claiming == &slot) return false;
+    if (claiming == &cell) return false;
     if (ukp_safe_copy(&reader, &owner->reader, sizeof reader) != 0) return true;
-    return reader != &slot;
+    return reader != &cell;
 }
 
 void reclaim_slots() {
-    for (ReaderSlot &slot : g_slots) {
-        uint64_t c = slot.claim.load(std::memory_order_acquire);
+    for (ReaderCell &cell : g_cells) {
+        uint64_t c = cell.claim.load(std::memory_order_acquire);
         ThreadState *owner = owner_of(c);
-        if (owner == nullptr || owner == &thread_state() || !owner_gone(slot, owner)) continue;
-        slot.claim.compare_exchange_strong(c, c & ~kOwnerMask, std::memory_order_acq_rel);
+        if (owner == nullptr || owner == &thread_state() || !owner_gone(cell, owner)) continue;
+        cell.claim.compare_exchange_strong(c, c & ~kOwnerMask, std::memory_order_acq_rel);
     }
 }
 
@@ -95,13 +94,13 @@ void wait_a_little(unsigned spins) {
     }
 }
 
-// Waits until the section `slot` was found in (`word`, under `claim`) has ended: its depth
+// Waits until the section `cell` was found in (`word`, under `claim`) has ended: its depth
 // went to 0, a later section began, or the reader cell changed hands (its thread ended).
-void wait_for_section(const ReaderSlot &slot, uint64_t word, uint64_t claim) {
+void wait_for_section(const ReaderCell &cell, uint64_t word, uint64_t claim) {
     for (unsigned spins = 0;; ++spins) {
-        const uint64_t now = slot.word.load(std::memory_order_acquire);
+        const uint64_t now = cell.word.load(std::memory_order_acquire);
         if ((now & kDepthMask) == 0 || (now & ~kDepthMask) != (word & ~kDepthMask) ||
-            slot.claim.load(std::memory_order_acquire) != claim)
+            cell.claim.load(std::memory_order_acquire) != claim)
             return;
         wait_a_little(spins);
     }
@@ -113,30 +112,30 @@ void wait_for_section(const ReaderSlot &slot, uint64_t word, uint64_t claim) {
 // `claiming` names it before the claim and `reader` after, so a writer that sees the claim
 // sees whose it is. A section begun by a signal handler in the middle of the claim uses the
 // shared counters.
-ReaderSlot *claim_slot(ThreadState &ts) {
-    if (ts.claiming != nullptr) return &g_no_slot;
+ReaderCell *claim_cell(ThreadState &ts) {
+    if (ts.claiming != nullptr) return &g_no_cell;
     if (!g_membarrier.load(std::memory_order_acquire)) {
         // Decided before the first probe (grace_init): shared counters for good.
-        ts.reader = &g_no_slot;
-        return &g_no_slot;
+        ts.reader = &g_no_cell;
+        return &g_no_cell;
     }
-    const size_t start = g_slot_hint.load(std::memory_order_relaxed);
-    ReaderSlot *got = &g_no_slot;
-    for (size_t n = 0; n < kReaderSlots && got == &g_no_slot; ++n) {
-        ReaderSlot &slot = g_slots[(start + n) % kReaderSlots];
-        uint64_t c = slot.claim.load(std::memory_order_relaxed);
+    const size_t start = g_cell_hint.load(std::memory_order_relaxed);
+    ReaderCell *got = &g_no_cell;
+    for (size_t n = 0; n < kReaderCells && got == &g_no_cell; ++n) {
+        ReaderCell &cell = g_cells[(start + n) % kReaderCells];
+        uint64_t c = cell.claim.load(std::memory_order_relaxed);
         if (owner_of(c) != nullptr) continue;
-        __atomic_store_n(&ts.claiming, &slot, __ATOMIC_RELEASE);
+        __atomic_store_n(&ts.claiming, &cell, __ATOMIC_RELEASE);
         const uint64_t mine = (c & ~kOwnerMask) + kClaimOne + reinterpret_cast<uint64_t>(&ts);
-        if (slot.claim.compare_exchange_strong(c, mine, std::memory_order_seq_cst)) {
+        if (cell.claim.compare_exchange_strong(c, mine, std::memory_order_seq_cst)) {
             // An ended thread may have left its depth behind; the section count goes on.
-            slot.word.store(slot.word.load(std::memory_order_relaxed) & ~kDepthMask, std::memory_order_relaxed);
-            const size_t index = (start + n) % kReaderSlots;
-            g_slot_hint.store((index + 1) % kReaderSlots, std::memory_order_relaxed);
-            for (size_t seen = g_slots_touched.load(std::memory_order_relaxed);
-                 seen <= index && !g_slots_touched.compare_exchange_weak(seen, index + 1, std::memory_order_relaxed);)
+            cell.word.store(cell.word.load(std::memory_order_relaxed) & ~kDepthMask, std::memory_order_relaxed);
+            const size_t index = (start + n) % kReaderCells;
+            g_cell_hint.store((index + 1) % kReaderCells, std::memory_order_relaxed);
+            for (size_t seen = g_cells_touched.load(std::memory_order_relaxed);
+                 seen <= index && !g_cells_touched.compare_exchange_weak(seen, index + 1, std::memory_order_relaxed);)
                 ;
-            got = &slot;
+            got = &cell;
         }
     }
     __atomic_store_n(&ts.reader, got, __ATOMIC_RELEASE); // a full table: shared counters for good
@@ -158,19 +157,19 @@ unsigned shared_read_lock() {
 
 
 
-ReaderSlot *claimed_slots(size_t *n) {
-    *n = g_slots_touched.load(std::memory_order_acquire);
-    return g_slots;
+ReaderCell *claimed_cells(size_t *n) {
+    *n = g_cells_touched.load(std::memory_order_acquire);
+    return g_cells;
 }
 
-ReaderSlot *own_slot() {
-    ReaderSlot *slot = thread_state().reader;
-    return slot == &g_no_slot ? nullptr : slot;
+ReaderCell *own_cell() {
+    ReaderCell *cell = thread_state().reader;
+    return cell == &g_no_cell ? nullptr : cell;
 }
 
-bool private_slots() { return g_membarrier.load(std::memory_order_acquire); }
+bool private_cells() { return g_membarrier.load(std::memory_order_acquire); }
 
-bool slot_in_section(uint64_t word) { return (word & kDepthMask) != 0; }
+bool cell_in_section(uint64_t word) { return (word & kDepthMask) != 0; }
 
 bool barrier_everywhere() {
     if (!g_membarrier.load(std::memory_order_acquire)) return false;
@@ -184,10 +183,10 @@ bool synchronize() {
     if (g_membarrier.load(std::memory_order_acquire)) {
         barrier_everywhere(); // after it, every section begun before the call shows in its reader cell
         reclaim_slots();
-        for (const ReaderSlot &slot : g_slots) {
-            const uint64_t claim = slot.claim.load(std::memory_order_acquire);
-            const uint64_t word = slot.word.load(std::memory_order_acquire);
-            if (owner_of(claim) != nullptr && (word & kDepthMask) != 0) wait_for_section(slot, word, claim);
+        for (const ReaderCell &cell : g_cells) {
+            const uint64_t claim = cell.claim.load(std::memory_order_acquire);
+            const uint64_t word = cell.word.load(std::memory_order_acquire);
+            if (owner_of(claim) != nullptr && (word & kDepthMask) != 0) wait_for_section(cell, word, claim);
         }
     }
     const unsigned e = g_epoch.fetch_add(1, std::memory_order_seq_cst);
@@ -207,9 +206,9 @@ void grace_init() {
     });
 }
 
-size_t grace_slots_in_use() {
+size_t reader_cells_in_use() {
     size_t n = 0;
-    for (const ReaderSlot &slot : g_slots) n += owner_of(slot.claim.load(std::memory_order_relaxed)) != nullptr;
+    for (const ReaderCell &cell : g_cells) n += owner_of(cell.claim.load(std::memory_order_relaxed)) != nullptr;
     return n;
 }
 
@@ -220,15 +219,15 @@ void grace_after_fork_child() {
     // read: a write would copy its page (copy-on-write), a read of a page never written would
     // map it, for nothing: the table spans 16 pages, a child goes through it at every fork.
     if (thread_state().depth > 0) return;
-    const size_t touched = g_slots_touched.load(std::memory_order_relaxed);
+    const size_t touched = g_cells_touched.load(std::memory_order_relaxed);
     for (size_t i = 0; i < touched; ++i) {
-        ReaderSlot &slot = g_slots[i];
+        ReaderCell &cell = g_cells[i];
         // A thread that was taking another's spare (kretprobe.cpp) is not here to unlock it.
-        if (slot.spare_lock.load(std::memory_order_relaxed) != 0) slot.spare_lock.store(0, std::memory_order_relaxed);
-        if (&slot == thread_state().reader) continue;
-        if (slot.word.load(std::memory_order_relaxed) != 0) slot.word.store(0, std::memory_order_relaxed);
-        if (const uint64_t c = slot.claim.load(std::memory_order_relaxed); (c & kOwnerMask) != 0)
-            slot.claim.store(c & ~kOwnerMask, std::memory_order_relaxed);
+        if (cell.spare_lock.load(std::memory_order_relaxed) != 0) cell.spare_lock.store(0, std::memory_order_relaxed);
+        if (&cell == thread_state().reader) continue;
+        if (cell.word.load(std::memory_order_relaxed) != 0) cell.word.store(0, std::memory_order_relaxed);
+        if (const uint64_t c = cell.claim.load(std::memory_order_relaxed); (c & kOwnerMask) != 0)
+            cell.claim.store(c & ~kOwnerMask, std::memory_order_relaxed);
     }
     for (ReaderCount &count : g_readers)
         if (count.n.load(std::memory_order_relaxed) != 0) count.n.store(0, std::memory_order_relaxed);
@@ -236,9 +235,9 @@ void grace_after_fork_child() {
     // thread goes over to the shared counters (it is in no section).
     if (g_membarrier.load(std::memory_order_relaxed) && sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) {
         g_membarrier.store(false, std::memory_order_relaxed);
-        if (thread_state().reader != nullptr && thread_state().reader != &g_no_slot)
+        if (thread_state().reader != nullptr && thread_state().reader != &g_no_cell)
             thread_state().reader->claim.store(thread_state().reader->claim.load() & ~kOwnerMask);
-        thread_state().reader = &g_no_slot;
+        thread_state().reader = &g_no_cell;
     }
 }
 

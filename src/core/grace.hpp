@@ -20,23 +20,23 @@ struct alignas(64) ReaderCount {
 // Hidden: the hit path reaches them with a rip-relative address, as a file's own.
 // The `reader` of a thread that uses the shared counters. Its word shows depth 1 for good
 // (nothing writes it): trampolines.S's fast cases then go to the dispatcher.
-extern ReaderSlot g_no_slot __attribute__((visibility("hidden")));
+extern ReaderCell g_no_cell __attribute__((visibility("hidden")));
 extern ReaderCount g_readers[2] __attribute__((visibility("hidden")));
 
 // The calling thread's first section: a free reader cell, claimed without a lock (or
-// g_no_slot).
-__attribute__((noinline)) ReaderSlot *claim_slot(ThreadState &ts);
+// g_no_cell).
+__attribute__((noinline)) ReaderCell *claim_cell(ThreadState &ts);
 // A section on the shared counters: the parity it counts in.
 unsigned shared_read_lock();
 
 // A read section of the thread whose state is ts (the caller's), begun and ended.
 __attribute__((always_inline)) inline unsigned read_lock_on(ThreadState &ts) {
-    ReaderSlot *slot = ts.reader;
-    if (__builtin_expect(slot == nullptr, 0)) slot = claim_slot(ts);
-    if (__builtin_expect(slot == &g_no_slot, 0)) return shared_read_lock();
-    const uint64_t w = slot->word.load(std::memory_order_relaxed);
+    ReaderCell *cell = ts.reader;
+    if (__builtin_expect(cell == nullptr, 0)) cell = claim_cell(ts);
+    if (__builtin_expect(cell == &g_no_cell, 0)) return shared_read_lock();
+    const uint64_t w = cell->word.load(std::memory_order_relaxed);
     // A signal handler's section between this load and the store ends before the store.
-    slot->word.store((w & kDepthMask) == 0 ? (w & ~kDepthMask) + kSectionOne + 1 : w + 1, std::memory_order_relaxed);
+    cell->word.store((w & kDepthMask) == 0 ? (w & ~kDepthMask) + kSectionOne + 1 : w + 1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst); // the writer's membarrier does the rest
     return kPrivateSection;
 }
@@ -46,9 +46,9 @@ __attribute__((always_inline)) inline void read_unlock_on(ThreadState &ts, unsig
         g_readers[idx & 1].n.fetch_sub(1, std::memory_order_release);
         return;
     }
-    ReaderSlot *slot = ts.reader;
+    ReaderCell *cell = ts.reader;
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    slot->word.store(slot->word.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+    cell->word.store(cell->word.load(std::memory_order_relaxed) - 1, std::memory_order_release);
 }
 
 } // namespace ukp::core

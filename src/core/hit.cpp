@@ -48,7 +48,7 @@ AgentWork::~AgentWork() { --t_state.quiet; }
 
 unsigned read_lock() { return read_lock_on(t_state); }
 void read_unlock(unsigned idx) { read_unlock_on(t_state, idx); }
-void read_unlock_own_slot() { read_unlock_on(t_state, kPrivateSection); }
+void read_unlock_own_cell() { read_unlock_on(t_state, kPrivateSection); }
 
 // ---- the hit path --------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ uint64_t resume_where_sent(const Point *pt, uint64_t ip) {
 // Returns false if a branch's emulation faulted (*fault_addr says where).
 bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
     t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
-    if (const uint64_t copy = pt->dcr_copy.load(std::memory_order_acquire); copy != 0) {
+    if (const uint64_t copy = pt->breakpoint_region_copy.load(std::memory_order_acquire); copy != 0) {
         arch::set_context_ip(uc, copy);
         return true;
     }
@@ -306,7 +306,7 @@ void run_hit(Point *pt, const ProbeList *list, ucontext_t *uc, pt_regs &regs, ui
         const bool post = any_post_handler(list);
         regs.ip = pt->addr;
         t_decision_epoch = g_copy_epoch.load(std::memory_order_acquire);
-        const uint64_t copy = pt->dcr_copy.load(std::memory_order_acquire);
+        const uint64_t copy = pt->breakpoint_region_copy.load(std::memory_order_acquire);
         if (pt->slot != 0) {
             // The copy runs after sigreturn; a post copy goes on to the post trampoline.
             regs.ip = post ? pt->post : copy != 0 ? copy : pt->boosted;
@@ -367,7 +367,7 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
     const uint64_t trap_addr = arch::context_ip(uc) - 1;
     if (info->si_code == SI_KERNEL && on_jprobe_return(trap_addr, uc)) return;
     // Only int3 traps (SI_KERNEL on x86-64) are candidates; single-steps and raise() are not.
-    Point *pt = info->si_code == SI_KERNEL ? find_site(trap_addr) : nullptr;
+    Point *pt = info->si_code == SI_KERNEL ? find_point(trap_addr) : nullptr;
     if (pt == nullptr) {
         deliver_to_program(SIGTRAP, info, uc);
         return;
@@ -378,7 +378,7 @@ void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
 bool on_traced_trap(siginfo_t *info, ucontext_t *uc) {
     if (info->si_code != ILL_ILLOPN) return false;
     const uint64_t ip = arch::context_ip(uc);
-    Point *pt = find_site(ip);
+    Point *pt = find_point(ip);
     // The byte is not looked at: as an int3's SIGTRAP, the fault may be handled after the
     // point got its jmp (a debugger held the thread). A probed instruction that raises
     // SIGILL itself (ud0, ud1, ud2) is the program's business.
@@ -446,7 +446,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
                                                                                  int ext_saved, pt_regs *at_hit) {
     using namespace ukp::core;
     ThreadState &ts = thread_state();
-    const uint64_t copy = pt->copy_code;
+    const uint64_t copy = pt->region_copy;
     const unsigned idx = read_lock_on(t_state);
     const ProbeList *list = pt->list.load(std::memory_order_acquire);
     if (ts.depth > 0 || ts.quiet > 0 || list == nullptr || g_handlers_silenced.load(std::memory_order_relaxed)) {
@@ -504,7 +504,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fa
     using namespace ukp::core;
     count_missed(p);
     handler_faulted(p, regs, registers_at_hit(*at_hit, pt->addr + 1, *regs));
-    regs->ip = pt->copy_code;
+    regs->ip = pt->region_copy;
     --thread_state().depth;
     read_unlock_on(t_state, kPrivateSection);
 }

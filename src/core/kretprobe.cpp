@@ -119,7 +119,7 @@ void pool_push(RetInstance *ri) {
 //
 // Taking an instance from a shard and giving it back are a locked instruction each,
 // together about a fifth of an optimized kretprobe's cost. So the return trampoline's
-// fast case keeps the instance it frees in the thread's reader cell (ReaderSlot::spare)
+// fast case keeps the instance it frees in the thread's reader cell (ReaderCell::spare)
 // when the reader cell has none, and the entry trampoline's fast case takes it from there
 // when it is of the probe's pool: plain loads and stores, inside the thread's read section.
 //
@@ -141,7 +141,7 @@ void pool_push(RetInstance *ri) {
 
 // Locks the spare of reader cell `slot` against the other lockers; the owner's trampolines
 // are kept off by the steal's protocol, not by this.
-void lock_spare(ReaderSlot &slot) {
+void lock_spare(ReaderCell &slot) {
     for (uint32_t free = 0; !slot.spare_lock.compare_exchange_weak(free, 1, std::memory_order_acquire); free = 0)
         sched_yield();
 }
@@ -149,14 +149,14 @@ void lock_spare(ReaderSlot &slot) {
 // Gives the spare of reader cell `slot` back to its shard, by a thread that may touch it
 // (see above). The reader cell names the pool until the push is done: a reaper that finds
 // it there waits for the lock before it frees the pool (forget_spares).
-void give_spare_back(ReaderSlot &slot) {
+void give_spare_back(ReaderCell &slot) {
     pool_push(static_cast<RetInstance *>(slot.spare));
     slot.spare_pool.store(nullptr, std::memory_order_release);
 }
 
 // The calling thread's spare, if it is of pool (inside a read section, see above).
 RetInstance *take_own_spare(RetPool *pool) {
-    ReaderSlot *own = own_slot();
+    ReaderCell *own = own_cell();
     if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) != pool ||
         own->spare_lock.load(std::memory_order_relaxed) != 0)
         return nullptr;
@@ -170,15 +170,15 @@ RetInstance *take_own_spare(RetPool *pool) {
 // shards), or null.
 RetInstance *steal_spares(RetPool *pool) {
     size_t count = 0;
-    ReaderSlot *slots = claimed_slots(&count);
-    const ReaderSlot *own = own_slot();
+    ReaderCell *slots = claimed_cells(&count);
+    const ReaderCell *own = own_cell();
     RetInstance *got = nullptr;
     for (size_t next = 0; next < count && got == nullptr;) {
         constexpr size_t kAtOnce = 64; // on the hit path's stack, which may be a small signal stack
-        ReaderSlot *locked[kAtOnce];
+        ReaderCell *locked[kAtOnce];
         size_t n = 0;
         for (; next < count && n < kAtOnce; ++next) {
-            ReaderSlot &slot = slots[next];
+            ReaderCell &slot = slots[next];
             uint32_t free = 0;
             if (&slot != own && slot.spare_pool.load(std::memory_order_relaxed) == pool &&
                 slot.spare_lock.compare_exchange_strong(free, 1, std::memory_order_acquire))
@@ -188,8 +188,8 @@ RetInstance *steal_spares(RetPool *pool) {
         pool->no_spares.store(true, std::memory_order_relaxed);
         const bool barrier = barrier_everywhere();
         for (size_t i = 0; i < n; ++i) {
-            ReaderSlot &slot = *locked[i];
-            if (barrier && !slot_in_section(slot.word.load(std::memory_order_acquire)) &&
+            ReaderCell &slot = *locked[i];
+            if (barrier && !cell_in_section(slot.word.load(std::memory_order_acquire)) &&
                 slot.spare_pool.load(std::memory_order_acquire) == pool) {
                 if (got == nullptr) {
                     got = static_cast<RetInstance *>(slot.spare);
@@ -209,7 +209,7 @@ RetInstance *steal_spares(RetPool *pool) {
 // or takes the spare, and unlocks within its one system call. Waits for that, not longer
 // than some milliseconds (a stealer preempted meanwhile: the call then counts a miss).
 RetInstance *take_own_spare_after_steal(RetPool *pool) {
-    ReaderSlot *own = own_slot();
+    ReaderCell *own = own_cell();
     if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) != pool) return nullptr;
     for (unsigned spins = 0; own->spare_lock.load(std::memory_order_acquire) != 0; ++spins) {
         if (spins == (1u << 16)) return nullptr;
@@ -220,7 +220,7 @@ RetInstance *take_own_spare_after_steal(RetPool *pool) {
 
 // At the thread's exit: its spare goes back to its shard.
 void flush_own_spare() {
-    ReaderSlot *own = own_slot();
+    ReaderCell *own = own_cell();
     if (own == nullptr || own->spare_pool.load(std::memory_order_relaxed) == nullptr) return;
     lock_spare(*own);
     if (own->spare_pool.load(std::memory_order_relaxed) != nullptr) give_spare_back(*own);
@@ -232,9 +232,9 @@ void flush_own_spare() {
 // since its kretprobe was unregistered).
 void forget_spares(const RetPool *pool) {
     size_t count = 0;
-    ReaderSlot *slots = claimed_slots(&count);
+    ReaderCell *slots = claimed_cells(&count);
     for (size_t i = 0; i < count; ++i) {
-        ReaderSlot &slot = slots[i];
+        ReaderCell &slot = slots[i];
         if (slot.spare_pool.load(std::memory_order_relaxed) != pool) continue;
         lock_spare(slot);
         if (slot.spare_pool.load(std::memory_order_relaxed) == pool)
@@ -659,11 +659,11 @@ void spares_after_fork_child() {
     // Without membarrier here (grace_after_fork_child() could not register the child), no
     // thread has a reader cell of its own and no spare could be taken: all go back to the
     // shards. The child has one thread, this one.
-    if (private_slots()) return;
+    if (private_cells()) return;
     size_t count = 0;
-    ReaderSlot *slots = claimed_slots(&count);
+    ReaderCell *slots = claimed_cells(&count);
     for (size_t i = 0; i < count; ++i) {
-        ReaderSlot &slot = slots[i];
+        ReaderCell &slot = slots[i];
         if (slot.spare_pool.load(std::memory_order_relaxed) != nullptr) give_spare_back(slot);
     }
 }
@@ -775,7 +775,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_fast_f
     if (kretprobe *rp = ri->pool->rp.load(std::memory_order_acquire); rp != nullptr) count_missed(&rp->kp);
     pool_push(ri);
     --thread_state().depth;
-    read_unlock_own_slot();
+    read_unlock_own_cell();
 }
 
 extern "C" {

@@ -123,7 +123,7 @@ void retire_points_of(const sym::Object &gone) {
         pt->armed = false; // the int3 went with the mapping
         pt->optimized = false;
         opt_forget_island(pt); // and the island with it
-        insert_site(it->first, nullptr);
+        insert_point(it->first, nullptr);
         if (ProbeList *list = pt->list.exchange(nullptr, std::memory_order_acq_rel); list != nullptr) {
             for (uint32_t i = 0; i < list->count; ++i) {
                 kprobe *p = list->probes[i];

@@ -175,7 +175,7 @@ void stop_handler(int, siginfo_t *info, void *ctx) {
                                                                      ? pt->addr + pt->insn.len
                                                                      : 0;
             const uint64_t to = orig != 0 ? arch::detour_copy_of(pt->layout, pt->detour_code, pt->addr, orig) : 0;
-            if (to != 0 && pt->dcr_copy.load(std::memory_order_acquire) != 0)
+            if (to != 0 && pt->breakpoint_region_copy.load(std::memory_order_acquire) != 0)
                 arch::set_context_ip(uc, to);
             else
                 busy = true;
@@ -530,7 +530,7 @@ void optimize_pending_alone() {
         pt->queued = false;
         auto it = all_points().find(pt->addr);
         if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt)) continue;
-        if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
+        if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
         pt->copy_fresh = false;
         if (island_raise(pt) == 0) batch.push_back(pt);
     }
@@ -612,8 +612,8 @@ void worker() {
             // now) gets it back: from here on no new path leads into the region.
             bool strict = false;
             for (Point *pt : batch) {
-                if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) {
-                    pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
+                if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) {
+                    pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
                     pt->copy_fresh = true;
                 }
                 strict = strict || pt->copy_fresh;
@@ -640,7 +640,7 @@ void worker() {
                     // A probe armed inside the region meanwhile took the copy away (only this
                     // thread gives it back): threads may be in the region by the old path.
                     if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt) ||
-                        pt->dcr_copy.load(std::memory_order_relaxed) == 0)
+                        pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0)
                         continue;
                     // Disarmed meanwhile (unregistered, then registered again): a thread may
                     // have run into the region through the original code after it answered.
@@ -825,7 +825,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     pt->detour = slot;
     pt->detour_code = slot + kDetourOffset;
     pt->kret_code = kret_size > 0 ? slot + kret_at : 0;
-    pt->copy_code = pt->detour_code + layout.copy;
+    pt->region_copy = pt->detour_code + layout.copy;
     pt->layout = layout;
     std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);
     if (by_island) {
@@ -836,7 +836,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     }
     // With another probe inside the region, the breakpoint path must reach it.
     if (!other_point_inside(pt, pt->addr, layout.dcr_len))
-        pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
+        pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
 }
 
 void opt_update(Point *pt, bool) {
@@ -874,7 +874,7 @@ void opt_before_arming(uint64_t addr) {
         if (pt->optimized) opt_unoptimize(pt);
         // The optimizer brings the copy back when the region is free again (and every
         // thread on the way into the region is accounted for).
-        pt->dcr_copy.store(0, std::memory_order_release);
+        pt->breakpoint_region_copy.store(0, std::memory_order_release);
     }
     // A point at an island's branch or in its bytes (or whose region copy holds the
     // branch) takes them back: the island's branch goes back as its jmp does.
@@ -979,7 +979,7 @@ void opt_restore_islands_alone() {
 }
 
 uint64_t into_copy(const Point *pt, uint64_t ip) {
-    if (pt->dcr_copy.load(std::memory_order_acquire) == 0 || !in_region(pt, ip)) return ip;
+    if (pt->breakpoint_region_copy.load(std::memory_order_acquire) == 0 || !in_region(pt, ip)) return ip;
     const uint64_t to = arch::detour_copy_of(pt->layout, pt->detour_code, pt->addr, ip);
     return to != 0 ? to : ip;
 }
@@ -1032,7 +1032,7 @@ bool opt_arm_alone(Point *pt) {
     const bool ok = qualifies(pt) && arch::encode_jmp_rel32(pt->addr, opt_target(pt), jmp);
     pt->armed = false;
     if (!ok) return false;
-    if (pt->dcr_copy.load(std::memory_order_relaxed) == 0) pt->dcr_copy.store(pt->copy_code, std::memory_order_release);
+    if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
     pt->copy_fresh = false;
     if (island_raise(pt) != 0) return false;
     // One write: no other thread can run these bytes, and the caller is in agent code.

@@ -65,7 +65,7 @@ void put(Table *t, uint64_t key, Point *value) {
 
 } // namespace
 
-Point *find_site(uint64_t addr) {
+Point *find_point(uint64_t addr) {
     const Table *t = g_table.load(std::memory_order_acquire);
     if (t == nullptr) return nullptr;
     for (size_t i = hash_addr(addr), n = 0; n <= t->mask; ++i, ++n) {
@@ -77,7 +77,7 @@ Point *find_site(uint64_t addr) {
     return nullptr;
 }
 
-void insert_site(uint64_t addr, Point *p) {
+void insert_point(uint64_t addr, Point *p) {
     Table *t = g_table.load(std::memory_order_relaxed);
     if (t == nullptr || (t->used + 1) * 2 > t->mask + 1) {
         // Grow by copying into a table twice the size. The old table stays allocated:

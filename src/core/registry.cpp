@@ -174,7 +174,7 @@ int prepare_point(uint64_t addr, Point **out) {
     }
     Point *p = pt.release();
     points().emplace(addr, p);
-    insert_site(addr, p);
+    insert_point(addr, p);
     *out = p;
     return 0;
 }

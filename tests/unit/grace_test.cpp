@@ -207,14 +207,14 @@ TEST_F(Grace, UnregisterWaitsForAProvenReturnHandler) {
 TEST_F(Grace, SlotsOfThreadsThatEndedAreGivenBack) {
     kprobe kp = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&kp), 0);
-    const size_t before = ukp::core::grace_slots_in_use();
+    const size_t before = ukp::core::reader_cells_in_use();
     constexpr int kThreads = 1500;
     for (int i = 0; i < kThreads; ++i) std::thread([] { ukg_work(2); }).join();
     EXPECT_EQ(g_hits.load(), kThreads);
-    const size_t full = ukp::core::grace_slots_in_use();
+    const size_t full = ukp::core::reader_cells_in_use();
     EXPECT_GE(full, before + 1000) << "each thread that hit took a slot";
     unregister_kprobe(&kp);
-    EXPECT_LE(ukp::core::grace_slots_in_use(), before + 2) << "slots of ended threads, before: " << before
+    EXPECT_LE(ukp::core::reader_cells_in_use(), before + 2) << "slots of ended threads, before: " << before
                                                              << ", with them: " << full;
     // And new threads get slots again (a slot's marks work after it changed hands).
     kprobe again = blocking_probe("ukg_work");
@@ -248,14 +248,14 @@ TEST_F(Grace, AThreadWithoutASlotIsWaitedForToo) {
         return nullptr;
     };
     // Until the table is full (the count stops growing) and then some.
-    for (size_t i = 0; i < ukp::core::kGraceSlots + 76; ++i) {
+    for (size_t i = 0; i < ukp::core::kReaderCells + 76; ++i) {
         pthread_t t;
         ASSERT_EQ(pthread_create(&t, &attr, body, &h), 0);
         holders.push_back(t);
     }
     pthread_attr_destroy(&attr);
-    ASSERT_TRUE(wait_until([] { return g_hits.load() >= static_cast<long>(ukp::core::kGraceSlots) + 76; }, 60s));
-    EXPECT_EQ(ukp::core::grace_slots_in_use(), ukp::core::kGraceSlots) << "every slot held by a live thread";
+    ASSERT_TRUE(wait_until([] { return g_hits.load() >= static_cast<long>(ukp::core::kReaderCells) + 76; }, 60s));
+    EXPECT_EQ(ukp::core::reader_cells_in_use(), ukp::core::kReaderCells) << "every slot held by a live thread";
     expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
     {
         std::lock_guard lock(mu);
@@ -315,7 +315,7 @@ TEST_F(Grace, WithoutMembarrierTheSharedCountersServe) {
         kprobe kp = blocking_probe("ukg_work");
         ASSERT_EQ(register_kprobe(&kp), 0);
         for (int i = 0; i < 10; ++i) std::thread([] { ukg_work(2); }).join();
-        EXPECT_EQ(ukp::core::grace_slots_in_use(), 0u);
+        EXPECT_EQ(ukp::core::reader_cells_in_use(), 0u);
         expect_unregister_waits_for_the_handler(&kp, [] { EXPECT_EQ(ukg_work(1), 4); });
         ASSERT_EQ(ukp_set_kprobes_optimization(1), 0);
         kprobe jump = blocking_probe("ukpt_opt_work");
@@ -331,7 +331,7 @@ TEST_F(Grace, WithoutMembarrierTheSharedCountersServe) {
             ukp::core::read_unlock(ukp::core::read_lock()); // the stand-in, not a slot
             EXPECT_EQ(ukpt_opt_work(3), (4 * 3) ^ 3);
         });
-        EXPECT_EQ(ukp::core::grace_slots_in_use(), 0u);
+        EXPECT_EQ(ukp::core::reader_cells_in_use(), 0u);
         return;
     }
     const pid_t pid = fork();

@@ -78,7 +78,7 @@ TEST(KretprobePool, MaxactiveCallsInFlightAllGetAnInstance) {
 // How many threads' slots keep a spare instance of pool.
 size_t spares_of(const void *pool) {
     size_t count = 0, n = 0;
-    const ukp::core::ReaderSlot *slots = ukp::core::claimed_slots(&count);
+    const ukp::core::ReaderCell *slots = ukp::core::claimed_cells(&count);
     for (size_t i = 0; i < count; ++i) n += slots[i].spare_pool.load() == pool;
     return n;
 }

@@ -271,7 +271,7 @@ bool optimized(const kprobe &kp) { return (kp.flags & KPROBE_FLAG_OPTIMIZED) != 
 
 // The gpr_only bits of the list at kp's address.
 std::string gpr_bits(const kprobe &kp) {
-    const ukp::core::Point *pt = ukp::core::find_site(reinterpret_cast<uint64_t>(kp.addr));
+    const ukp::core::Point *pt = ukp::core::find_point(reinterpret_cast<uint64_t>(kp.addr));
     if (pt == nullptr) return "no point";
     const ukp::core::ProbeList *list = pt->list.load();
     std::string bits;
