@@ -540,8 +540,8 @@ void optimize_pending_alone() {
     done_cv().notify_all();
 }
 
-void worker() {
-    const AgentWork quiet; // its reads of /proc are not the program's calls
+// The optimizer thread's setup: its signals and its descriptor table.
+void enter_optimizer_thread() {
     // Asynchronous signals are the program's threads' business; the traps and faults of
     // probes it hits (in libc) must stay deliverable, or the kernel kills the process.
     sigset_t async;
@@ -554,70 +554,141 @@ void worker() {
     // process's, as before.
     text::use_own_fd_table();
     prctl(PR_SET_NAME, "ukp-optimizer"); // as `ps -L` and /proc/PID/task/TID/comm show it
+}
+
+// One pass's work, taken from the queues.
+struct Pass {
+    std::vector<Point *> batch;     // points to get their jmp
+    std::vector<uint64_t> disarms;  // each one's count when the threads were looked for
+    std::vector<Point *> retired;   // points whose island goes back
+    std::vector<RetiredIsland> islands;
+};
+
+// Takes a pass's work off the queues (at most kMaxBatch points and kMaxRetired islands;
+// the rest waits for the next pass). Under the registry mutex.
+Pass take_work() {
+    UKP_ASSERT_REGISTRY_HELD();
+    Pass pass;
+    std::vector<Point *> later;
+    for (Point *pt : pending()) {
+        if (pass.batch.size() == kMaxBatch) { // the next pass's, still queued
+            later.push_back(pt);
+            continue;
+        }
+        pt->queued = false;
+        auto it = all_points().find(pt->addr);
+        if (it == all_points().end() || it->second != pt) continue; // its object is gone
+        // A point whose region copy was taken away by a probe inside the region (gone
+        // now) comes back through the strict pass below.
+        if (!pt->optimized && qualifies(pt)) {
+            pass.batch.push_back(pt);
+            pass.disarms.push_back(pt->disarms);
+        } else {
+            spawn_gate_update(pt);
+        }
+    }
+    pending().swap(later);
+    // `later` holds the points that were queued now, and below gets the islands left for
+    // the next pass: of both, those whose island is written but not live are retiring.
+    for (Point *pt : retiring()) {
+        if (pass.retired.size() == kMaxRetired) {
+            later.push_back(pt);
+        } else if (pt->island_written && !pt->island_live) {
+            pass.retired.push_back(pt);
+            pass.islands.push_back({pt->island.at, pt->island_to});
+        }
+    }
+    retiring().clear();
+    for (Point *pt : later)
+        if (pt->island_written && !pt->island_live) retiring().push_back(pt);
+    return pass;
+}
+
+// Leads the branches into the pass's regions to their islands, and gives back the region
+// copies dropped for a probe inside a region (gone now): from here on no new path leads
+// into the regions. Whether a copy came back (the pass is strict). Under the registry mutex.
+bool prepare_regions(Pass &pass) {
+    size_t kept = 0;
+    for (size_t i = 0; i < pass.batch.size(); ++i) {
+        if (island_raise(pass.batch[i]) != 0) continue;
+        pass.batch[kept] = pass.batch[i];
+        pass.disarms[kept++] = pass.disarms[i];
+    }
+    pass.batch.resize(kept);
+    pass.disarms.resize(kept);
+    bool strict = false;
+    for (Point *pt : pass.batch) {
+        if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) {
+            pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
+            pt->copy_fresh = true;
+        }
+        strict = strict || pt->copy_fresh;
+    }
+    return strict;
+}
+
+// Once every thread was seen outside the regions: the jmps of the points that still
+// qualify go in, and the retired islands go back. False when a point must be looked for
+// again. Under the registry mutex.
+bool finish_pass(Pass &pass) {
+    UKP_ASSERT_REGISTRY_HELD();
+    bool retry = false;
+    // The registry may have changed while the threads answered: check again.
+    std::vector<Point *> still;
+    for (size_t i = 0; i < pass.batch.size(); ++i) {
+        Point *pt = pass.batch[i];
+        auto it = all_points().find(pt->addr);
+        // A probe armed inside the region meanwhile took the copy away (only this
+        // thread gives it back): threads may be in the region by the old path.
+        if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt) ||
+            pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0)
+            continue;
+        // Disarmed meanwhile (unregistered, then registered again): a thread may
+        // have run into the region through the original code after it answered.
+        // Looked for again.
+        if (pt->disarms != pass.disarms[i]) {
+            retry = true;
+            continue;
+        }
+        still.push_back(pt);
+    }
+    for (Point *pt : pass.batch) pt->copy_fresh = false;
+    write_jumps(still.data(), still.size());
+    for (Point *pt : pass.batch) spawn_gate_update(pt); // those that will not have a jmp
+    restore_islands(pass.retired);
+    pass.retired.clear();
+    return !retry;
+}
+
+// Queues a pass's points and islands again, for a later pass. Under the registry mutex.
+void requeue(const Pass &pass) {
+    UKP_ASSERT_REGISTRY_HELD();
+    for (Point *pt : pass.batch) {
+        if (!pt->queued) {
+            pt->queued = true;
+            pending().push_back(pt);
+        }
+    }
+    for (Point *pt : pass.retired)
+        if (std::find(retiring().begin(), retiring().end(), pt) == retiring().end()) retiring().push_back(pt);
+}
+
+void worker() {
+    const AgentWork quiet; // its reads of /proc are not the program's calls
+    enter_optimizer_thread();
     std::unique_lock lock(registry_mutex());
     for (;;) {
         work_cv().wait(lock, [] { return !pending().empty() || !retiring().empty(); });
         const uint64_t target = g_requested;
-        std::vector<Point *> batch, later;
-        std::vector<uint64_t> disarms; // each one's count when the threads were looked for
-        for (Point *pt : pending()) {
-            if (batch.size() == kMaxBatch) { // the next pass's, still queued
-                later.push_back(pt);
-                continue;
-            }
-            pt->queued = false;
-            auto it = all_points().find(pt->addr);
-            if (it == all_points().end() || it->second != pt) continue; // its object is gone
-            // A point whose region copy was taken away by a probe inside the region (gone
-            // now) comes back through the strict pass below.
-            if (!pt->optimized && qualifies(pt)) {
-                batch.push_back(pt);
-                disarms.push_back(pt->disarms);
-            } else {
-                spawn_gate_update(pt);
-            }
-        }
-        pending().swap(later);
-        std::vector<Point *> retired;
-        std::vector<RetiredIsland> islands;
-        for (Point *pt : retiring()) {
-            if (retired.size() == kMaxRetired) {
-                later.push_back(pt);
-            } else if (pt->island_written && !pt->island_live) {
-                retired.push_back(pt);
-                islands.push_back({pt->island.at, pt->island_to});
-            }
-        }
-        retiring().clear();
-        for (Point *pt : later)
-            if (pt->island_written && !pt->island_live) retiring().push_back(pt);
+        Pass pass = take_work();
         bool retry = false;
         // Under a tracer, or with no signal left to the optimizer, no signal: the jumps go
         // in when every thread is seen outside.
-        const bool work = !batch.empty() || !retired.empty();
+        const bool work = !pass.batch.empty() || !pass.retired.empty();
         const bool silent = work && (traced() || !ensure_stop_handler());
         if (work) {
-            // Branches that enter a region lead to islands before the threads are looked
-            // for: from then on none arrives in a region that way.
-            size_t kept = 0;
-            for (size_t i = 0; i < batch.size(); ++i) {
-                if (island_raise(batch[i]) != 0) continue;
-                batch[kept] = batch[i];
-                disarms[kept++] = disarms[i];
-            }
-            batch.resize(kept);
-            disarms.resize(kept);
+            const bool strict = prepare_regions(pass);
             g_busy = true;
-            // A point whose region copy was dropped for a probe inside the region (gone
-            // now) gets it back: from here on no new path leads into the region.
-            bool strict = false;
-            for (Point *pt : batch) {
-                if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) {
-                    pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
-                    pt->copy_fresh = true;
-                }
-                strict = strict || pt->copy_fresh;
-            }
             if (strict) g_strict_epoch.store(g_copy_epoch.fetch_add(1, std::memory_order_acq_rel) + 1,
                                              std::memory_order_release);
             lock.unlock();
@@ -626,39 +697,12 @@ void worker() {
             int err;
             {
                 const ForkQuiet busy(ForkGate::kOptimizer); // it allocates (opendir): fork.hpp
-                err = move_threads_out(batch.data(), batch.size(), strict, islands.data(), islands.size(),
-                                       silent);
+                err = move_threads_out(pass.batch.data(), pass.batch.size(), strict, pass.islands.data(),
+                                       pass.islands.size(), silent);
             }
             lock.lock();
             g_busy = false;
-            if (err == 0) {
-                // The registry may have changed while the threads answered: check again.
-                std::vector<Point *> still;
-                for (size_t i = 0; i < batch.size(); ++i) {
-                    Point *pt = batch[i];
-                    auto it = all_points().find(pt->addr);
-                    // A probe armed inside the region meanwhile took the copy away (only this
-                    // thread gives it back): threads may be in the region by the old path.
-                    if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt) ||
-                        pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0)
-                        continue;
-                    // Disarmed meanwhile (unregistered, then registered again): a thread may
-                    // have run into the region through the original code after it answered.
-                    // Looked for again.
-                    if (pt->disarms != disarms[i]) {
-                        retry = true;
-                        continue;
-                    }
-                    still.push_back(pt);
-                }
-                for (Point *pt : batch) pt->copy_fresh = false;
-                write_jumps(still.data(), still.size());
-                for (Point *pt : batch) spawn_gate_update(pt); // those that will not have a jmp
-                restore_islands(retired);
-                retired.clear();
-            } else {
-                retry = true;
-            }
+            retry = err != 0 || !finish_pass(pass);
         }
         // The work asked so far is done once no point of it waits for a later pass.
         if (pending().empty() && retiring().empty()) g_handled = target;
@@ -668,14 +712,7 @@ void worker() {
             const timespec pause{0, 20 * 1000 * 1000};
             nanosleep(&pause, nullptr);
             lock.lock();
-            for (Point *pt : batch) {
-                if (!pt->queued) {
-                    pt->queued = true;
-                    pending().push_back(pt);
-                }
-            }
-            for (Point *pt : retired)
-                if (std::find(retiring().begin(), retiring().end(), pt) == retiring().end()) retiring().push_back(pt);
+            requeue(pass);
         }
     }
 }
