@@ -102,7 +102,7 @@ public:
 
 // kprobe_profile's counts of one event. The hit count is kept per CPU as the kernel keeps
 // nhit: hits on different CPUs do not write one cache line (nor the one the hit path reads
-// the event's state from, which the bouncing line used to share). CPUs 0-30 each have
+// the event's state from). CPUs 0-30 each have
 // their own; the last is shared, with locked adds (platform::count_on_this_cpu).
 struct EventCounts {
     static constexpr unsigned kShards = 32;
@@ -381,6 +381,16 @@ public:
         return nullptr;
     }
     int define(std::string_view line, char separator, bool enable);
+    // Logs error e at offset off of word `word` of a definition's command.
+    void log_error(const std::string &command, Err e, int word, int off);
+    // 0 when def may add a probe point to e (same type and arguments, a point e has not
+    // got); else -EEXIST, logged.
+    int check_joins(const Event &e, const ProbeDef &def);
+    // A new event of def, its record laid out; null and *r (-E2BIG, logged) when the record
+    // is too big.
+    std::unique_ptr<Event> make_event(const ProbeDef &def, int *r);
+    // def's probe point registered with the core, disabled: 0, or the core's error (logged).
+    int register_point(ProbePoint &point, const ProbeDef &def);
     int remove(Event *e);
     void publish_profile();
     int set_enabled(Event *e, bool on);
@@ -502,6 +512,117 @@ void set_point_armed(ProbePoint &p, bool is_return, bool want) {
         want ? enable_kretprobe(&p.hook->rp) : disable_kretprobe(&p.hook->rp);
 }
 
+// The common fields and the probe's own: __probe_ip, or __probe_func and __probe_ret_ip.
+std::vector<Field> probe_fields(bool is_return) {
+    std::vector<Field> fields = common_fields();
+    if (is_return) {
+        fields.push_back({"__probe_func", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
+        fields.push_back({"__probe_ret_ip", "unsigned long", kCommonSize + 8, 8, false, Print::kHex, 0, false});
+    } else {
+        fields.push_back({"__probe_ip", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
+    }
+    return fields;
+}
+
+// The process's symbols with an address, by address: what symstr arguments print.
+std::unique_ptr<SymbolTable> symbol_table(const sym::Registry &symbols) {
+    auto t = std::make_unique<SymbolTable>();
+    for (const auto &obj : symbols.objects())
+        for (const sym::Symbol &s : obj->symbols()) {
+            if (s.value == 0) continue;
+            t->entries.push_back({s.value, s.size, static_cast<uint32_t>(t->names.size())});
+            t->names += s.name;
+            t->names += '\0';
+        }
+    std::stable_sort(t->entries.begin(), t->entries.end(),
+                     [](const auto &a, const auto &b) { return a.start < b.start; });
+    return t;
+}
+
+void Tracer::log_error(const std::string &command, Err e, int word, int off) {
+    // Position of word `word` in the command.
+    int pos = 0, w = 0;
+    for (size_t i = 0; i < command.size() && w < word; ++i)
+        if (command[i] == ' ') { ++w; pos = int(i) + 1; }
+    errors.add("trace_kprobe", command, ProbeError{e, pos + off, true});
+}
+
+int Tracer::check_joins(const Event &e, const ProbeDef &def) {
+    if (e.is_return != def.is_return) { log_error(def.command, Err::DIFF_PROBE_TYPE, 0, 0); return -EEXIST; }
+    const size_t na = e.arg_names.size(), nb = def.args.size();
+    for (size_t i = 0; i < std::max(na, nb); ++i) {
+        if (i >= na || i >= nb || e.arg_names[i] != def.args[i].name ||
+            e.arg_types[i] != type_key(def.args[i].prog.type)) {
+            log_error(def.command, Err::DIFF_ARG_TYPE, int(i) + 2, 0);
+            return -EEXIST;
+        }
+    }
+    for (auto &p : e.points)
+        if (same_point(p->def, def)) { log_error(def.command, Err::SAME_PROBE, 0, 0); return -EEXIST; }
+    return 0;
+}
+
+std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
+    auto e = std::make_unique<Event>();
+    e->group = def.group;
+    e->name = def.event;
+    e->is_return = def.is_return;
+    e->entry_args = def.entry_args;
+    for (auto &a : def.args) {
+        e->progs.push_back(a.prog);
+        e->arg_names.push_back(a.name);
+        e->arg_types.push_back(type_key(a.prog.type));
+    }
+    e->fields = probe_fields(e->is_return);
+    const uint32_t base = kCommonSize + (e->is_return ? 16u : 8u);
+    e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
+    e->direct = direct_stores(e->progs);
+    if (e->fixed_size > kMaxEventSize) {
+        log_error(def.command, Err::EVENT_TOO_BIG, 0, 0);
+        *r = -E2BIG;
+        return nullptr;
+    }
+    bool symstr = false;
+    for (auto &p : e->progs) {
+        e->dynamic |= p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr;
+        symstr |= p.type.kind == Kind::kSymStr;
+    }
+    if (symstr) e->symbols = symbol_table(resolver.symbols);
+    e->print_fmt = print_fmt_of(*e);
+    e->triggers.set_symbolizer([](uint64_t a, bool off) { return symbolize(a, off); });
+    return e;
+}
+
+int Tracer::register_point(ProbePoint &point, const ProbeDef &def) {
+    kprobe &kp = point.hook->rp.kp;
+    if (def.where == Where::kSymbol) {
+        point.symbol = def.symbol;
+        kp.symbol_name = point.symbol.c_str();
+        kp.offset = static_cast<unsigned>(def.offset);
+    } else {
+        kp.addr = reinterpret_cast<kprobe_opcode_t *>(def.addr);
+    }
+    kp.flags = KPROBE_FLAG_DISABLED;
+    int r;
+    if (def.is_return) {
+        point.hook->rp.handler = on_return;
+        // Only for $argN: a kretprobe without one is entered by the core's shortest path
+        // (an armed but disabled event then takes an instance, and its return is counted
+        // as its entry would be: Event::hit).
+        point.hook->rp.entry_handler = def.entry_args.empty() ? nullptr : on_entry;
+        point.hook->rp.maxactive = def.maxactive;
+        point.hook->rp.data_size = 8 * std::max<size_t>(1, def.entry_args.size());
+        r = register_kretprobe(&point.hook->rp);
+    } else {
+        kp.pre_handler = on_kprobe;
+        r = register_kprobe(&kp);
+    }
+    if (r == -EILSEQ) log_error(def.command, Err::BAD_INSN_BNDRY, 1, 0);
+    else if (r == -ENOENT) log_error(def.command, Err::BAD_PROBE_ADDR, 1, 0);
+    else if (r != 0 && r != -ENOMEM && r != -EEXIST) log_error(def.command, Err::FAIL_REG_PROBE, 1, 0);
+    return r;
+}
+
 int Tracer::define(std::string_view line, char separator, bool enable) {
     resolver.symbols.refresh();
     auto def = std::make_unique<ProbeDef>();
@@ -511,13 +632,6 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         if (err.logged) errors.add("trace_kprobe", def->command, err);
         return r;
     }
-    auto log = [&](Err e, int word, int off) {
-        // Position of word `word` in the command.
-        int pos = 0, w = 0;
-        for (size_t i = 0; i < def->command.size() && w < word; ++i)
-            if (def->command[i] == ' ') { ++w; pos = int(i) + 1; }
-        errors.add("trace_kprobe", def->command, ProbeError{e, pos + off, true});
-    };
     if (def->remove) {
         Event *e = find(def->group, def->event);
         if (e == nullptr) return -ENOENT;
@@ -527,102 +641,22 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     std::unique_ptr<Event> fresh;
     if (e != nullptr) {
         // Another probe point under an existing event: its arguments must agree.
-        if (e->is_return != def->is_return) { log(Err::DIFF_PROBE_TYPE, 0, 0); return -EEXIST; }
-        const size_t na = e->arg_names.size(), nb = def->args.size();
-        for (size_t i = 0; i < std::max(na, nb); ++i) {
-            if (i >= na || i >= nb || e->arg_names[i] != def->args[i].name ||
-                e->arg_types[i] != type_key(def->args[i].prog.type)) {
-                log(Err::DIFF_ARG_TYPE, int(i) + 2, 0);
-                return -EEXIST;
-            }
-        }
-        for (auto &p : e->points)
-            if (same_point(p->def, *def)) { log(Err::SAME_PROBE, 0, 0); return -EEXIST; }
+        if ((r = check_joins(*e, *def)) != 0) return r;
     } else {
-        for (auto &o : events)
-            if (o->name == def->event && o->group != def->group) {
-                // Event names are unique across groups in ukprobes' flat id space too.
-            }
-        fresh = std::make_unique<Event>();
+        fresh = make_event(*def, &r);
+        if (fresh == nullptr) return r;
         e = fresh.get();
-        e->group = def->group;
-        e->name = def->event;
-        e->is_return = def->is_return;
-        e->entry_args = def->entry_args;
-        for (auto &a : def->args) {
-            e->progs.push_back(a.prog);
-            e->arg_names.push_back(a.name);
-            e->arg_types.push_back(type_key(a.prog.type));
-        }
-        e->fields = common_fields();
-        const uint32_t base = kCommonSize + (e->is_return ? 16u : 8u);
-        if (e->is_return) {
-            e->fields.push_back({"__probe_func", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
-            e->fields.push_back({"__probe_ret_ip", "unsigned long", kCommonSize + 8, 8, false, Print::kHex, 0, false});
-        } else {
-            e->fields.push_back({"__probe_ip", "unsigned long", kCommonSize, 8, false, Print::kHex, 0, false});
-        }
-        e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
-        e->direct = direct_stores(e->progs);
-        if (e->fixed_size > kMaxEventSize) { log(Err::EVENT_TOO_BIG, 0, 0); return -E2BIG; }
-        bool symstr = false;
-        for (auto &p : e->progs) {
-            e->dynamic |= p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr;
-            symstr |= p.type.kind == Kind::kSymStr;
-        }
-        if (symstr) {
-            auto t = std::make_unique<SymbolTable>();
-            for (const auto &obj : resolver.symbols.objects())
-                for (const sym::Symbol &s : obj->symbols()) {
-                    if (s.value == 0) continue;
-                    t->entries.push_back({s.value, s.size, static_cast<uint32_t>(t->names.size())});
-                    t->names += s.name;
-                    t->names += '\0';
-                }
-            std::stable_sort(t->entries.begin(), t->entries.end(),
-                             [](const auto &a, const auto &b) { return a.start < b.start; });
-            e->symbols = std::move(t);
-        }
-        e->print_fmt = print_fmt_of(*e);
-        e->triggers.set_symbolizer([](uint64_t a, bool off) { return symbolize(a, off); });
     }
 
     auto point = std::make_unique<ProbePoint>();
     point->event = e;
     point->hook->point = point.get();
-    kprobe &kp = point->hook->rp.kp;
-    if (def->where == Where::kSymbol) {
-        point->symbol = def->symbol;
-        kp.symbol_name = point->symbol.c_str();
-        kp.offset = static_cast<unsigned>(def->offset);
-    } else {
-        kp.addr = reinterpret_cast<kprobe_opcode_t *>(def->addr);
-    }
-    kp.flags = KPROBE_FLAG_DISABLED;
-    if (def->is_return) {
-        point->hook->rp.handler = on_return;
-        // Only for $argN: a kretprobe without one is entered by the core's shortest path
-        // (an armed but disabled event then takes an instance, and its return is counted
-        // as its entry would be: Event::hit).
-        point->hook->rp.entry_handler = def->entry_args.empty() ? nullptr : on_entry;
-        point->hook->rp.maxactive = def->maxactive;
-        point->hook->rp.data_size = 8 * std::max<size_t>(1, def->entry_args.size());
-        r = register_kretprobe(&point->hook->rp);
-    } else {
-        kp.pre_handler = on_kprobe;
-        r = register_kprobe(&kp);
-    }
-    if (r != 0) {
-        if (r == -EILSEQ) log(Err::BAD_INSN_BNDRY, 1, 0);
-        else if (r == -ENOENT) log(Err::BAD_PROBE_ADDR, 1, 0);
-        else if (r != -ENOMEM && r != -EEXIST) log(Err::FAIL_REG_PROBE, 1, 0);
-        return r;
-    }
+    if ((r = register_point(*point, *def)) != 0) return r;
     point->registered = true;
     point->def = std::move(*def);
     e->points.push_back(std::move(point));
     if (fresh) {
-        if (next_id == UINT16_MAX) { log(Err::FAIL_REG_PROBE, 0, 0); return -ENOSPC; }
+        if (next_id == UINT16_MAX) { log_error(def->command, Err::FAIL_REG_PROBE, 0, 0); return -ENOSPC; }
         fresh->id = next_id++;
         by_id[fresh->id] = fresh.get();
         events.push_back(std::move(fresh));

@@ -70,6 +70,34 @@ const std::string_view kReservedFields[] = {"common_type", "common_flags", "comm
                                             "common_pid", "common_tgid", "__probe_ip",
                                             "__probe_ret_ip", "__probe_func"};
 
+// An argument's ":TYPE[[N]]" (text after the colon) and where it starts in the word.
+struct TypeText {
+    std::string_view text; // the array suffix taken off once parsed
+    bool given = false;
+    int pos = 0;           // 0 when not given
+};
+
+// FETCHARG[:TYPE[[N]]] split at its colon (an immediate string may hold ':' itself): the
+// fetch argument into *arg, and the type; body_at: where body starts in the word.
+TypeText split_type(std::string_view body, int body_at, std::string_view *arg) {
+    *arg = body;
+    TypeText tt;
+    size_t colon = std::string_view::npos;
+    if (body.size() > 1 && body[0] == '\\' && body[1] == '"') {
+        const size_t q = body.rfind('"');
+        if (q > 1) colon = body.find(':', q);
+    } else {
+        colon = body.find(':');
+    }
+    if (colon != std::string_view::npos) {
+        *arg = body.substr(0, colon);
+        tt.text = body.substr(colon + 1);
+        tt.given = true;
+        tt.pos = body_at + int(colon + 1); // offset + (t - arg)
+    }
+    return tt;
+}
+
 // The parse of one argument, as the kernel's traceprobe_parse_probe_arg.
 class ArgParser {
 public:
@@ -89,11 +117,27 @@ private:
         ops_.push_back(op);
         return 0;
     }
+    // NAME= of the word, or argN (N: index + 1) without one, checked against the kernel's
+    // rules and the names taken; *body: what follows it.
+    int parse_name(std::string_view word, int index, std::string *name, std::string_view *body);
+    // The type of tt, with its array suffix; $comm and an immediate string take only string.
+    int parse_type(std::string_view arg, TypeText *tt, ArgType *type);
+    // "[N]" at the end of tt: the array length, taken off tt's text.
+    int parse_array_suffix(TypeText *tt, ArgType *type);
+    // The fetch argument: operations in ops_ (an immediate string in data_).
     int parse_arg(std::string_view arg);
     int parse_vars(std::string_view arg);
     int parse_legacy(std::string_view arg, bool *matched);
+    int parse_memory(std::string_view at);   // @ADDR, @+FOFFS, @SYM[+|-offs]: what follows the '@'
+    int parse_deref(std::string_view arg);   // [u]+|-OFFS(FETCHARG)
+    int parse_immediate(std::string_view imm); // \IMM or \"STRING": what follows the backslash
     int entry_arg(uint16_t n, int err_off);
     bool find_type(std::string_view t, ArgType *type, bool *vfs);
+    // How p stores the value, from the last operation and the type: a final dereference
+    // moves into the store. -EINVAL when the type cannot take that value.
+    int choose_store(const ArgType &type, int t_off, FetchProgram *p);
+    // b<width>@<offset>/<container> (t): the bitfield's width and offset.
+    int parse_bitfield(std::string_view t, int t_off, ArgType *type);
 
     ProbeDef &def_;
     Resolver &res_;
@@ -178,77 +222,13 @@ int ArgParser::parse_arg(std::string_view arg) {
         if (r < 0) return fail(Err::BAD_REG_NAME, offset_);
         return push({Op::kReg, false, uint16_t(r), 0}, offset_);
     }
-    case '@': {
-        uint64_t addr = 0;
-        if (arg.size() > 1 && std::isdigit(static_cast<unsigned char>(arg[1]))) {
-            if (!to_u64(arg.substr(1), &addr)) return fail(Err::BAD_MEM_ADDR, offset_);
-        } else if (arg.size() > 1 && arg[1] == '+') {
-            // A file offset in the probed file: only with the PATH:OFFSET form.
-            if (def_.where != Where::kFile) return fail(Err::FILE_ON_KPROBE, offset_);
-            int64_t off = 0;
-            if (!to_s64(arg.substr(2), &off) || off < 0) return fail(Err::BAD_FILE_OFFS, offset_);
-            if (res_.resolve_file_offset(def_.path, uint64_t(off), &addr) != 0)
-                return fail(Err::BAD_FILE_OFFS, offset_);
-        } else {
-            std::string sym(arg.substr(1));
-            int64_t off = 0;
-            const size_t colon = sym.rfind(':');
-            const size_t pm = sym.find_first_of("+-", colon == std::string::npos ? 0 : colon + 1);
-            if (pm != std::string::npos) {
-                if (!to_s64(std::string_view(sym).substr(pm), &off)) return fail(Err::BAD_MEM_ADDR, offset_);
-                sym.resize(pm);
-            }
-            if (sym.empty() || res_.resolve_data(sym, &addr) != 0) return fail(Err::BAD_MEM_ADDR, offset_);
-            addr += static_cast<uint64_t>(off);
-        }
-        if (int r = push({Op::kImm, false, 0, static_cast<int64_t>(addr)}, offset_)) return r;
-        return push({Op::kDeref, false, 0, 0}, offset_);
-    }
+    case '@':
+        return parse_memory(arg.substr(1));
     case '+':
-    case '-': {
-        // Mirrors the kernel's in-place rewriting, so that carets land where its do.
-        std::string a(arg);
-        bool user = false;
-        size_t p = 0;
-        if (a.size() > 1 && a[1] == 'u') {
-            user = true;
-            a[1] = a[0];
-            p = 1;
-        }
-        if (a[p] == '+') ++p;
-        std::string_view s = std::string_view(a).substr(p);
-        const size_t open = s.find('(');
-        if (open == std::string_view::npos) return fail(Err::DEREF_NEED_BRACE, offset_);
-        int64_t off = 0;
-        if (!to_s64(s.substr(0, open), &off)) return fail(Err::BAD_DEREF_OFFS, offset_);
-        offset_ += int(open + 1) + (s[0] != '-' ? 1 : 0);
-        std::string_view inner = s.substr(open + 1);
-        const size_t close = inner.rfind(')');
-        if (close == std::string_view::npos) return fail(Err::DEREF_OPEN_BRACE, offset_ + int(inner.size()));
-        const int cur = offset_;
-        if (int r = parse_arg(inner.substr(0, close))) return r;
-        offset_ = cur;
-        if (ops_.back().op == Op::kComm || ops_.back().op == Op::kData)
-            return fail(Err::COMM_CANT_DEREF, offset_);
-        return push({Op::kDeref, user, 0, off}, offset_);
-    }
+    case '-':
+        return parse_deref(arg);
     case '\\':
-        if (arg.size() > 1 && arg[1] == '"') {
-            std::string_view s = arg.substr(2);
-            if (s.empty() || s.back() != '"') return fail(Err::IMMSTR_NO_CLOSE, offset_ + 2 + int(s.size()));
-            data_ = std::string(s.substr(0, s.size() - 1));
-            return push({Op::kData}, offset_);
-        } else {
-            std::string_view s = arg.substr(1);
-            uint64_t v = 0;
-            int64_t sv = 0;
-            bool ok = false;
-            if (!s.empty() && std::isdigit(static_cast<unsigned char>(s[0]))) ok = to_u64(s, &v);
-            else if (!s.empty() && s[0] == '-') { ok = to_s64(s, &sv); v = uint64_t(sv); }
-            else if (!s.empty() && s[0] == '+') { ok = to_s64(s.substr(1), &sv); v = uint64_t(sv); }
-            if (!ok) return fail(Err::BAD_IMM, offset_ + 1);
-            return push({Op::kImm, false, 0, static_cast<int64_t>(v)}, offset_);
-        }
+        return parse_immediate(arg.substr(1));
     default:
         if (std::isalpha(static_cast<unsigned char>(arg[0])) || arg[0] == '_') {
             bool matched = false;
@@ -258,6 +238,76 @@ int ArgParser::parse_arg(std::string_view arg) {
         }
         return fail(Err::BAD_FETCH_ARG, offset_);
     }
+}
+
+int ArgParser::parse_memory(std::string_view at) {
+    uint64_t addr = 0;
+    if (!at.empty() && std::isdigit(static_cast<unsigned char>(at[0]))) {
+        if (!to_u64(at, &addr)) return fail(Err::BAD_MEM_ADDR, offset_);
+    } else if (!at.empty() && at[0] == '+') {
+        // A file offset in the probed file: only with the PATH:OFFSET form.
+        if (def_.where != Where::kFile) return fail(Err::FILE_ON_KPROBE, offset_);
+        int64_t off = 0;
+        if (!to_s64(at.substr(1), &off) || off < 0) return fail(Err::BAD_FILE_OFFS, offset_);
+        if (res_.resolve_file_offset(def_.path, uint64_t(off), &addr) != 0) return fail(Err::BAD_FILE_OFFS, offset_);
+    } else {
+        std::string sym(at);
+        int64_t off = 0;
+        const size_t colon = sym.rfind(':');
+        const size_t pm = sym.find_first_of("+-", colon == std::string::npos ? 0 : colon + 1);
+        if (pm != std::string::npos) {
+            if (!to_s64(std::string_view(sym).substr(pm), &off)) return fail(Err::BAD_MEM_ADDR, offset_);
+            sym.resize(pm);
+        }
+        if (sym.empty() || res_.resolve_data(sym, &addr) != 0) return fail(Err::BAD_MEM_ADDR, offset_);
+        addr += static_cast<uint64_t>(off);
+    }
+    if (int r = push({Op::kImm, false, 0, static_cast<int64_t>(addr)}, offset_)) return r;
+    return push({Op::kDeref, false, 0, 0}, offset_);
+}
+
+int ArgParser::parse_deref(std::string_view arg) {
+    // Mirrors the kernel's in-place rewriting, so that carets land where its do.
+    std::string a(arg);
+    bool user = false;
+    size_t p = 0;
+    if (a.size() > 1 && a[1] == 'u') {
+        user = true;
+        a[1] = a[0];
+        p = 1;
+    }
+    if (a[p] == '+') ++p;
+    std::string_view s = std::string_view(a).substr(p);
+    const size_t open = s.find('(');
+    if (open == std::string_view::npos) return fail(Err::DEREF_NEED_BRACE, offset_);
+    int64_t off = 0;
+    if (!to_s64(s.substr(0, open), &off)) return fail(Err::BAD_DEREF_OFFS, offset_);
+    offset_ += int(open + 1) + (s[0] != '-' ? 1 : 0);
+    std::string_view inner = s.substr(open + 1);
+    const size_t close = inner.rfind(')');
+    if (close == std::string_view::npos) return fail(Err::DEREF_OPEN_BRACE, offset_ + int(inner.size()));
+    const int cur = offset_;
+    if (int r = parse_arg(inner.substr(0, close))) return r;
+    offset_ = cur;
+    if (ops_.back().op == Op::kComm || ops_.back().op == Op::kData) return fail(Err::COMM_CANT_DEREF, offset_);
+    return push({Op::kDeref, user, 0, off}, offset_);
+}
+
+int ArgParser::parse_immediate(std::string_view imm) {
+    if (!imm.empty() && imm[0] == '"') {
+        std::string_view s = imm.substr(1);
+        if (s.empty() || s.back() != '"') return fail(Err::IMMSTR_NO_CLOSE, offset_ + 2 + int(s.size()));
+        data_ = std::string(s.substr(0, s.size() - 1));
+        return push({Op::kData}, offset_);
+    }
+    uint64_t v = 0;
+    int64_t sv = 0;
+    bool ok = false;
+    if (!imm.empty() && std::isdigit(static_cast<unsigned char>(imm[0]))) ok = to_u64(imm, &v);
+    else if (!imm.empty() && imm[0] == '-') { ok = to_s64(imm, &sv); v = uint64_t(sv); }
+    else if (!imm.empty() && imm[0] == '+') { ok = to_s64(imm.substr(1), &sv); v = uint64_t(sv); }
+    if (!ok) return fail(Err::BAD_IMM, offset_ + 1);
+    return push({Op::kImm, false, 0, static_cast<int64_t>(v)}, offset_);
 }
 
 bool ArgParser::find_type(std::string_view t, ArgType *type, bool *vfs) {
@@ -304,77 +354,61 @@ bool ArgParser::find_type(std::string_view t, ArgType *type, bool *vfs) {
     return false;
 }
 
-int ArgParser::parse(std::string_view word, int index) {
-    ArgDef ad;
-    std::string_view body = word;
+int ArgParser::parse_name(std::string_view word, int index, std::string *name, std::string_view *body) {
+    *body = word;
     const size_t eq = word.find('=');
     if (eq != std::string_view::npos) {
         if (eq > kMaxArgNameLen) return fail(Err::ARG_NAME_TOO_LONG, 0);
         if (eq == 0) return fail(Err::NO_ARG_NAME, 0);
-        ad.name = std::string(word.substr(0, eq));
-        body = word.substr(eq + 1);
+        *name = std::string(word.substr(0, eq));
+        *body = word.substr(eq + 1);
     } else {
-        ad.name = "arg" + std::to_string(index + 1);
+        *name = "arg" + std::to_string(index + 1);
     }
-    if (!is_good_name(ad.name)) return fail(Err::BAD_ARG_NAME, 0);
+    if (!is_good_name(*name)) return fail(Err::BAD_ARG_NAME, 0);
     for (std::string_view r : kReservedFields)
-        if (ad.name == r) return fail(Err::USED_ARG_NAME, 0);
+        if (*name == r) return fail(Err::USED_ARG_NAME, 0);
     for (const ArgDef &o : def_.args)
-        if (o.name == ad.name) return fail(Err::USED_ARG_NAME, 0);
-    offset_ = int(body.data() - word.data());
-    const int body_at = offset_;
-    if (body.size() > kMaxArgStrLen) return fail(Err::ARG_TOO_LONG, offset_);
-    if (body.empty()) return fail(Err::NO_ARG_BODY, offset_);
-    ad.text = std::string(body);
+        if (o.name == *name) return fail(Err::USED_ARG_NAME, 0);
+    return 0;
+}
 
-    // FETCHARG[:TYPE[[N]]]; an immediate string may hold ':' itself.
-    std::string_view arg = body, t;
-    bool has_type = false;
-    size_t colon = std::string_view::npos;
-    if (body.size() > 1 && body[0] == '\\' && body[1] == '"') {
-        const size_t q = body.rfind('"');
-        if (q > 1) colon = body.find(':', q);
-    } else {
-        colon = body.find(':');
-    }
-    if (colon != std::string_view::npos) {
-        arg = body.substr(0, colon);
-        t = body.substr(colon + 1);
-        has_type = true;
-    }
-    const int t_off = has_type ? body_at + int(colon + 1) : 0; // offset + (t - arg)
-    ArgType type;
-    if (has_type) {
-        const size_t lb = t.find('[');
-        if (lb != std::string_view::npos) {
-            std::string_view n = t.substr(lb + 1);
-            const size_t rb = n.find(']');
-            const int n_off = t_off + int(lb + 1);
-            if (rb == std::string_view::npos) return fail(Err::ARRAY_NO_CLOSE, n_off + int(n.size()));
-            if (rb + 1 != n.size()) return fail(Err::BAD_ARRAY_SUFFIX, n_off + int(rb + 1));
-            uint64_t cnt = 0;
-            if (!to_u64(n.substr(0, rb), &cnt) || cnt == 0) return fail(Err::BAD_ARRAY_NUM, n_off);
-            if (cnt > uint64_t(kMaxArrayLen)) return fail(Err::ARRAY_TOO_BIG, n_off);
-            type.array_len = uint8_t(cnt);
-            t = t.substr(0, lb);
-        }
+int ArgParser::parse_array_suffix(TypeText *tt, ArgType *type) {
+    const size_t lb = tt->text.find('[');
+    if (lb == std::string_view::npos) return 0;
+    std::string_view n = tt->text.substr(lb + 1);
+    const size_t rb = n.find(']');
+    const int n_off = tt->pos + int(lb + 1);
+    if (rb == std::string_view::npos) return fail(Err::ARRAY_NO_CLOSE, n_off + int(n.size()));
+    if (rb + 1 != n.size()) return fail(Err::BAD_ARRAY_SUFFIX, n_off + int(rb + 1));
+    uint64_t cnt = 0;
+    if (!to_u64(n.substr(0, rb), &cnt) || cnt == 0) return fail(Err::BAD_ARRAY_NUM, n_off);
+    if (cnt > uint64_t(kMaxArrayLen)) return fail(Err::ARRAY_TOO_BIG, n_off);
+    type->array_len = uint8_t(cnt);
+    tt->text = tt->text.substr(0, lb);
+    return 0;
+}
+
+int ArgParser::parse_type(std::string_view arg, TypeText *tt, ArgType *type) {
+    if (tt->given) {
+        if (int r = parse_array_suffix(tt, type)) return r;
     }
     const bool special = arg == "$comm" || arg == "$COMM" || arg.substr(0, 2) == "\\\"";
     if (special) {
-        if (type.array_len > 0 || (has_type && t != "string")) return fail(Err::NEED_STRING_TYPE, t_off);
-        type.kind = Kind::kString;
-        type.size = 4;
-        type.name = has_type ? "string" : "";
-    } else if (has_type) {
-        const uint8_t cnt = type.array_len;
+        if (type->array_len > 0 || (tt->given && tt->text != "string")) return fail(Err::NEED_STRING_TYPE, tt->pos);
+        type->kind = Kind::kString;
+        type->size = 4;
+        type->name = tt->given ? "string" : "";
+    } else if (tt->given) {
+        const uint8_t cnt = type->array_len;
         bool vfs = false;
-        if (!find_type(t, &type, &vfs)) return fail(vfs ? Err::NO_VFS_TYPE : Err::BAD_TYPE, t_off);
-        type.array_len = cnt;
+        if (!find_type(tt->text, type, &vfs)) return fail(vfs ? Err::NO_VFS_TYPE : Err::BAD_TYPE, tt->pos);
+        type->array_len = cnt;
     }
+    return 0;
+}
 
-    if (int r = parse_arg(arg)) return r;
-
-    FetchProgram &p = ad.prog;
+int ArgParser::choose_store(const ArgType &type, int t_off, FetchProgram *p) {
     const Op last = ops_.back().op;
     const bool str = type.kind == Kind::kString || type.kind == Kind::kSymStr;
     if (str) {
@@ -382,39 +416,62 @@ int ArgParser::parse(std::string_view word, int index) {
             if (last != Op::kReg && last != Op::kStack && last != Op::kRetval && last != Op::kArg &&
                 last != Op::kEntryArg && last != Op::kDeref)
                 return fail(Err::BAD_SYMSTRING, t_off);
-            p.store = Store::kSymStr;
+            p->store = Store::kSymStr;
         } else {
             if (last != Op::kDeref && last != Op::kImm && last != Op::kComm && last != Op::kData)
                 return fail(Err::BAD_STRING, t_off);
             if (last == Op::kDeref) {
-                p.mem_offset = ops_.back().imm;
+                p->mem_offset = ops_.back().imm;
                 ops_.pop_back();
-                p.deref_string = true;
+                p->deref_string = true;
             }
-            p.store = type.array_len > 0 ? Store::kStringArray : Store::kString;
+            p->store = type.array_len > 0 ? Store::kStringArray : Store::kString;
         }
     } else if (last == Op::kDeref) {
-        p.mem_offset = ops_.back().imm;
+        p->mem_offset = ops_.back().imm;
         ops_.pop_back();
-        p.store = Store::kMem;
+        p->store = Store::kMem;
     } else {
-        p.store = Store::kRaw;
+        p->store = Store::kRaw;
     }
+    return 0;
+}
+
+int ArgParser::parse_bitfield(std::string_view t, int t_off, ArgType *type) {
+    std::string_view b = t.substr(1);
+    const size_t at = b.find('@'), slash = b.rfind('/');
+    uint64_t bw = 0, bo = 0;
+    if (at == std::string_view::npos || slash == std::string_view::npos || slash < at ||
+        !to_u64(b.substr(0, at), &bw) || bw == 0 || !to_u64(b.substr(at + 1, slash - at - 1), &bo) ||
+        bw + bo > uint64_t(type->size) * 8)
+        return fail(Err::BAD_BITFIELD, t_off);
+    type->bf_width = uint8_t(bw);
+    type->bf_offset = uint8_t(bo);
+    return 0;
+}
+
+int ArgParser::parse(std::string_view word, int index) {
+    ArgDef ad;
+    std::string_view body;
+    if (int r = parse_name(word, index, &ad.name, &body)) return r;
+    offset_ = int(body.data() - word.data());
+    if (body.size() > kMaxArgStrLen) return fail(Err::ARG_TOO_LONG, offset_);
+    if (body.empty()) return fail(Err::NO_ARG_BODY, offset_);
+    ad.text = std::string(body);
+
+    std::string_view arg;
+    TypeText tt = split_type(body, offset_, &arg);
+    ArgType type;
+    if (int r = parse_type(arg, &tt, &type)) return r;
+    if (int r = parse_arg(arg)) return r;
+    FetchProgram &p = ad.prog;
+    if (int r = choose_store(type, tt.pos, &p)) return r;
     if (type.bitfield) {
-        // b<width>@<offset>/<container>
-        std::string_view b = t.substr(1);
-        const size_t at = b.find('@'), slash = b.rfind('/');
-        uint64_t bw = 0, bo = 0;
-        if (at == std::string_view::npos || slash == std::string_view::npos || slash < at ||
-            !to_u64(b.substr(0, at), &bw) || bw == 0 || !to_u64(b.substr(at + 1, slash - at - 1), &bo) ||
-            bw + bo > uint64_t(type.size) * 8)
-            return fail(Err::BAD_BITFIELD, t_off);
-        type.bf_width = uint8_t(bw);
-        type.bf_offset = uint8_t(bo);
+        if (int r = parse_bitfield(tt.text, tt.pos, &type)) return r;
     }
     if (type.array_len > 0 && p.store != Store::kMem && p.store != Store::kString &&
         p.store != Store::kStringArray)
-        return fail(Err::BAD_STRING, t_off);
+        return fail(Err::BAD_STRING, tt.pos);
     if (type.array_len > 0 && p.store == Store::kString) {
         // string[N] on an immediate address: N pointers stored there.
         p.store = Store::kStringArray;
@@ -449,6 +506,210 @@ int parse_event_name(std::string_view s, ProbeDef *def, bool *named, ProbeError 
     if (!is_good_name(s)) return fail(Err::BAD_EVENT_NAME, offset);
     def->event = std::string(s);
     *named = true;
+    return 0;
+}
+
+// The words of a definition line, and where each starts in its command (the words joined by
+// single spaces, as error_log shows it).
+struct Words {
+    std::vector<std::string> argv;
+    std::vector<int> at;
+};
+
+// The line's words into *w; the command they make into *command.
+void split_command(std::string_view line, char separator, Words *w, std::string *command) {
+    w->argv = split_words(line, separator);
+    for (size_t i = 0; i < w->argv.size(); ++i) *command += (i ? " " : "") + w->argv[i];
+    w->at.assign(w->argv.size(), 0);
+    for (size_t i = 1; i < w->argv.size(); ++i) w->at[i] = w->at[i - 1] + int(w->argv[i - 1].size()) + 1;
+}
+
+// Error e at offset off of word `word`, logged; -EINVAL.
+int fail_at(ProbeError *err, const Words &w, Err e, size_t word, int off) {
+    err->err = e;
+    err->pos = w.at[word] + off;
+    err->logged = true;
+    return -EINVAL;
+}
+
+// "-:[GRP/]EVENT": the event to remove, which the caller looks up. -EINVAL, not logged, on a
+// bad name.
+int parse_removal(const std::string &a0, ProbeDef *def, ProbeError *err) {
+    if (a0.size() < 2 || a0[1] != ':') return -EINVAL;
+    bool named = false;
+    def->remove = true;
+    def->group.clear(); // "-:EVENT" names the event in whichever group holds it
+    if (parse_event_name(std::string_view(a0).substr(2), def, &named, err, 2) != 0 || !named) {
+        err->logged = false;
+        return -EINVAL;
+    }
+    return 0;
+}
+
+// "p" or "r[MAXACTIVE]" of word 0: the probe's type and maxactive; *colon: where its
+// ":[GRP/][EVENT]" starts (npos: none). -EINVAL, not logged, for a command the kernel does
+// not know.
+int parse_probe_type(const Words &w, ProbeDef *def, size_t *colon, ProbeError *err) {
+    const std::string &a0 = w.argv[0];
+    if (a0[0] != 'p' && a0[0] != 'r') return -EINVAL;
+    if (w.argv.size() < 2) return -EINVAL;
+    def->is_return = a0[0] == 'r';
+    *colon = a0.find(':', 1);
+    if (a0.size() > 1 && std::isdigit(static_cast<unsigned char>(a0[1]))) {
+        if (!def->is_return) return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
+        const std::string_view num =
+            std::string_view(a0).substr(1, *colon == std::string::npos ? std::string::npos : *colon - 1);
+        if (num.size() > kMaxEventNameLen - 1) return fail_at(err, w, Err::BAD_MAXACT, 0, 1);
+        uint64_t n = 0;
+        if (!to_u64(num, &n) || n == 0) return fail_at(err, w, Err::BAD_MAXACT, 0, 1);
+        if (n > uint64_t(kMaxActive)) return fail_at(err, w, Err::MAXACT_TOO_BIG, 0, 1);
+        def->maxactive = int(n);
+    } else if (a0.size() > 1 && *colon != 1) {
+        return -EINVAL; // "px ...": not a command the kernel knows
+    }
+    return 0;
+}
+
+// Whether a probe point is PATH:OFFSET: an offset starts with a digit, as the kernel's uprobe
+// parser checks; "/usr/lib/.../libc.so.6:malloc" stays a MOD:sym spec with MOD as a path.
+bool is_file_point(const std::string &a1) {
+    const size_t c = a1.rfind(':');
+    return a1.find('/') != std::string::npos && c != std::string::npos && c + 1 < a1.size() &&
+           std::isdigit(static_cast<unsigned char>(a1[c + 1]));
+}
+
+// MEMADDR: the probe at that address; *fentry: whether it is a function's first instruction.
+int parse_address_point(const Words &w, uint64_t addr, Resolver &resolver, ProbeDef *def, bool *fentry,
+                        ProbeError *err) {
+    def->where = Where::kAddress;
+    def->addr = addr;
+    *fentry = resolver.function_entry(addr);
+    if (def->is_return && !*fentry) return fail_at(err, w, Err::BAD_RETPROBE, 1, 0);
+    return 0;
+}
+
+// The kernel's uprobe_events form, PATH:OFFSET[%return][(REF_CTR_OFFSET)]: the address the
+// offset is mapped at, and the SDT semaphore's; *fentry as parse_address_point's.
+int parse_file_point(const Words &w, Resolver &resolver, ProbeDef *def, bool *fentry, ProbeError *err) {
+    std::string spec = w.argv[1];
+    const size_t open = spec.find('(');
+    if (open != std::string::npos) {
+        const size_t close = spec.find(')', open);
+        if (close == std::string::npos) return fail_at(err, w, Err::REFCNT_OPEN_BRACE, 1, int(spec.size()));
+        if (close + 1 != spec.size()) return fail_at(err, w, Err::BAD_REFCNT_SUFFIX, 1, int(close + 1));
+        if (!to_u64(std::string_view(spec).substr(open + 1, close - open - 1), &def->ref_ctr_offset))
+            return fail_at(err, w, Err::BAD_REFCNT, 1, int(open + 1));
+        spec.resize(open);
+    }
+    const size_t pct = spec.find('%');
+    if (pct != std::string::npos) {
+        if (spec.substr(pct) != "%return") return fail_at(err, w, Err::BAD_ADDR_SUFFIX, 1, int(pct));
+        def->is_return = true;
+        spec.resize(pct);
+    }
+    const size_t c = spec.rfind(':');
+    def->where = Where::kFile;
+    def->group = kDefaultUprobeGroup; // so that uprobe_events lines and paths work unchanged
+    def->path = spec.substr(0, c);
+    uint64_t off = 0;
+    if (!to_u64(std::string_view(spec).substr(c + 1), &off))
+        return fail_at(err, w, Err::BAD_UPROBE_OFFS, 1, int(c + 1));
+    def->offset = off;
+    const int r = resolver.resolve_file_offset(def->path, off, &def->addr, 'x');
+    if (r == -ENOENT) return fail_at(err, w, Err::FILE_NOT_FOUND, 1, 0);
+    if (r != 0) return fail_at(err, w, Err::BAD_UPROBE_OFFS, 1, int(c + 1));
+    *fentry = resolver.function_entry(def->addr);
+    if (open != std::string::npos &&
+        resolver.resolve_file_offset(def->path, def->ref_ctr_offset, &def->ref_ctr_addr, 'w') != 0)
+        return fail_at(err, w, Err::BAD_REFCNT, 1, int(open + 1));
+    return 0;
+}
+
+// [MOD:]SYM[+offs][%return]: the symbol's address (or a module still to load); *fentry:
+// whether the offset is 0.
+int parse_symbol_point(const Words &w, Resolver &resolver, ProbeDef *def, bool *fentry, ProbeError *err) {
+    std::string sym = w.argv[1];
+    const size_t pct = sym.find('%');
+    if (pct != std::string::npos) {
+        if (sym.substr(pct) != "%return") return fail_at(err, w, Err::BAD_ADDR_SUFFIX, 1, int(pct));
+        sym.resize(pct);
+        def->is_return = true;
+    }
+    // SYM+offs: the offset follows the module's ':' ("ld-linux-x86-64.so.2:f+4").
+    const size_t mcolon = sym.find(':');
+    const size_t pm = sym.find_first_of("+-", mcolon == std::string::npos ? 0 : mcolon + 1);
+    int64_t off = 0;
+    if (pm != std::string::npos) {
+        if (!to_s64(std::string_view(sym).substr(pm), &off)) return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+        sym.resize(pm);
+    }
+    if (off < 0 || off > int64_t(UINT32_MAX) || sym.empty()) return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+    def->where = Where::kSymbol;
+    def->symbol = sym;
+    def->offset = uint64_t(off);
+    if (resolver.resolve_code(sym, def->offset, &def->addr) != 0 && !resolver.module_pending(sym))
+        return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+    if (def->is_return && off != 0) return fail_at(err, w, Err::BAD_RETPROBE, 1, 0);
+    *fentry = off == 0;
+    return 0;
+}
+
+// The probe point of word 1; *fentry: whether $argN reads the arguments' registers there (a
+// function's entry; never for a return probe, whose $argN are saved at entry).
+int parse_probe_point(const Words &w, Resolver &resolver, ProbeDef *def, bool *fentry, ProbeError *err) {
+    const std::string &a1 = w.argv[1];
+    uint64_t addr = 0;
+    int r;
+    if (to_u64(a1, &addr) && a1[0] != '+') r = parse_address_point(w, addr, resolver, def, fentry, err);
+    else if (is_file_point(a1)) r = parse_file_point(w, resolver, def, fentry, err);
+    else r = parse_symbol_point(w, resolver, def, fentry, err);
+    if (def->is_return) *fentry = false;
+    return r;
+}
+
+// The name the kernel gives an event defined without one: the probe type, then the symbol
+// and offset, the address, or the file's base name (up to its first . - or _, as the
+// kernel's uprobe tracer) and offset.
+std::string default_event_name(const ProbeDef &def) {
+    char buf[kMaxEventNameLen];
+    const char t = def.is_return ? 'r' : 'p';
+    if (def.where == Where::kSymbol) {
+        std::snprintf(buf, sizeof buf, "%c_%s_%" PRIu64, t, def.symbol.c_str(), def.offset);
+    } else if (def.where == Where::kAddress) {
+        std::snprintf(buf, sizeof buf, "%c_0x%" PRIx64, t, def.addr);
+    } else {
+        std::string base = def.path.substr(def.path.rfind('/') + 1);
+        base = base.substr(0, base.find_first_of(".-_"));
+        std::snprintf(buf, sizeof buf, "%c_%s_0x%" PRIx64, t, base.c_str(), def.offset);
+    }
+    return sanitize(buf);
+}
+
+// The group and event of the ":[GRP/][EVENT]" at a0's colon (npos: none), the event named by
+// default_event_name when it gives none.
+int name_event(const std::string &a0, size_t colon, ProbeDef *def, ProbeError *err) {
+    bool named = false;
+    if (colon != std::string::npos) {
+        if (parse_event_name(std::string_view(a0).substr(colon + 1), def, &named, err, int(colon + 1)) != 0) {
+            err->logged = true;
+            return -EINVAL;
+        }
+    }
+    if (!named) def->event = default_event_name(*def);
+    return 0;
+}
+
+// The fetch arguments, words 2 on, into def->args; -EINVAL, logged, on a bad one.
+int parse_args(const Words &w, Resolver &resolver, bool fentry, ProbeDef *def, ProbeError *err) {
+    const size_t nargs = w.argv.size() - 2;
+    if (nargs > size_t(kMaxArgs)) return fail_at(err, w, Err::TOO_MANY_ARGS, 2, 0);
+    for (size_t i = 0; i < nargs; ++i) {
+        ArgParser ap(*def, resolver, err, fentry, w.at[i + 2]);
+        if (ap.parse(w.argv[i + 2], int(i)) != 0) {
+            err->logged = true;
+            return -EINVAL;
+        }
+    }
     return 0;
 }
 
@@ -493,152 +754,17 @@ std::string ProbeDef::show() const {
 int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err,
                      char separator) {
     *def = ProbeDef{};
-    std::vector<std::string> argv = split_words(line, separator);
-    for (size_t i = 0; i < argv.size(); ++i) def->command += (i ? " " : "") + argv[i];
-    std::vector<int> word_at(argv.size(), 0);
-    for (size_t i = 1; i < argv.size(); ++i) word_at[i] = word_at[i - 1] + int(argv[i - 1].size()) + 1;
-    auto fail = [&](Err e, size_t word, int off) {
-        err->err = e;
-        err->pos = word_at[word] + off;
-        err->logged = true;
-        return -EINVAL;
-    };
+    Words w;
+    split_command(line, separator, &w, &def->command);
     err->logged = false; // a line that is no definition at all leaves no log entry
-    if (argv.empty()) return -EINVAL;
-    const std::string &a0 = argv[0];
-
-    if (a0[0] == '-') {
-        // "-:[GRP/]EVENT": the caller looks the event up.
-        if (a0.size() < 2 || a0[1] != ':') return -EINVAL;
-        bool named = false;
-        def->remove = true;
-        def->group.clear(); // "-:EVENT" names the event in whichever group holds it
-        if (parse_event_name(std::string_view(a0).substr(2), def, &named, err, 2) != 0 || !named) {
-            err->logged = false;
-            return -EINVAL;
-        }
-        return 0;
-    }
-    if (a0[0] != 'p' && a0[0] != 'r') return -EINVAL;
-    if (argv.size() < 2) return -EINVAL;
-    def->is_return = a0[0] == 'r';
-    const size_t colon = a0.find(':', 1);
-    if (a0.size() > 1 && std::isdigit(static_cast<unsigned char>(a0[1]))) {
-        if (!def->is_return) return fail(Err::BAD_MAXACT_TYPE, 0, 1);
-        const std::string_view num = std::string_view(a0).substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
-        if (num.size() > kMaxEventNameLen - 1) return fail(Err::BAD_MAXACT, 0, 1);
-        uint64_t n = 0;
-        if (!to_u64(num, &n) || n == 0) return fail(Err::BAD_MAXACT, 0, 1);
-        if (n > uint64_t(kMaxActive)) return fail(Err::MAXACT_TOO_BIG, 0, 1);
-        def->maxactive = int(n);
-    } else if (a0.size() > 1 && colon != 1) {
-        return -EINVAL; // "px ...": not a command the kernel knows
-    }
-
-    // The probe point.
-    const std::string &a1 = argv[1];
+    if (w.argv.empty()) return -EINVAL;
+    if (w.argv[0][0] == '-') return parse_removal(w.argv[0], def, err);
+    size_t colon = std::string::npos;
+    if (int r = parse_probe_type(w, def, &colon, err)) return r;
     bool fentry = false;
-    uint64_t addr = 0;
-    if (to_u64(a1, &addr) && a1[0] != '+') {
-        def->where = Where::kAddress;
-        def->addr = addr;
-        fentry = resolver.function_entry(addr);
-        if (def->is_return && !fentry) return fail(Err::BAD_RETPROBE, 1, 0);
-    } else if (a1.find('/') != std::string::npos && a1.rfind(':') != std::string::npos &&
-               a1.rfind(':') + 1 < a1.size() && std::isdigit(static_cast<unsigned char>(a1[a1.rfind(':') + 1]))) {
-        // PATH:OFFSET (an offset starts with a digit, as the kernel's uprobe parser checks);
-        // "/usr/lib/.../libc.so.6:malloc" stays a MOD:sym spec with MOD as a path.
-        // The kernel's uprobe_events form: PATH:OFFSET[%return][(REF_CTR_OFFSET)].
-        std::string spec = a1;
-        const size_t open = spec.find('(');
-        if (open != std::string::npos) {
-            const size_t close = spec.find(')', open);
-            if (close == std::string::npos) return fail(Err::REFCNT_OPEN_BRACE, 1, int(spec.size()));
-            if (close + 1 != spec.size()) return fail(Err::BAD_REFCNT_SUFFIX, 1, int(close + 1));
-            if (!to_u64(std::string_view(spec).substr(open + 1, close - open - 1), &def->ref_ctr_offset))
-                return fail(Err::BAD_REFCNT, 1, int(open + 1));
-            spec.resize(open);
-        }
-        const size_t pct = spec.find('%');
-        if (pct != std::string::npos) {
-            if (spec.substr(pct) != "%return") return fail(Err::BAD_ADDR_SUFFIX, 1, int(pct));
-            def->is_return = true;
-            spec.resize(pct);
-        }
-        const size_t c = spec.rfind(':');
-        def->where = Where::kFile;
-        def->group = kDefaultUprobeGroup; // so that uprobe_events lines and paths work unchanged
-        def->path = spec.substr(0, c);
-        uint64_t off = 0;
-        if (!to_u64(std::string_view(spec).substr(c + 1), &off)) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));
-        def->offset = off;
-        const int r = resolver.resolve_file_offset(def->path, off, &def->addr, 'x');
-        if (r == -ENOENT) return fail(Err::FILE_NOT_FOUND, 1, 0);
-        if (r != 0) return fail(Err::BAD_UPROBE_OFFS, 1, int(c + 1));
-        fentry = resolver.function_entry(def->addr);
-        if (open != std::string::npos &&
-            resolver.resolve_file_offset(def->path, def->ref_ctr_offset, &def->ref_ctr_addr, 'w') != 0)
-            return fail(Err::BAD_REFCNT, 1, int(open + 1));
-    } else {
-        std::string sym = a1;
-        const size_t pct = sym.find('%');
-        if (pct != std::string::npos) {
-            if (sym.substr(pct) != "%return") return fail(Err::BAD_ADDR_SUFFIX, 1, int(pct));
-            sym.resize(pct);
-            def->is_return = true;
-        }
-        // SYM+offs: the offset follows the module's ':' ("ld-linux-x86-64.so.2:f+4").
-        const size_t mcolon = sym.find(':');
-        const size_t pm = sym.find_first_of("+-", mcolon == std::string::npos ? 0 : mcolon + 1);
-        int64_t off = 0;
-        if (pm != std::string::npos) {
-            if (!to_s64(std::string_view(sym).substr(pm), &off)) return fail(Err::BAD_PROBE_ADDR, 1, 0);
-            sym.resize(pm);
-        }
-        if (off < 0 || off > int64_t(UINT32_MAX) || sym.empty()) return fail(Err::BAD_PROBE_ADDR, 1, 0);
-        def->where = Where::kSymbol;
-        def->symbol = sym;
-        def->offset = uint64_t(off);
-        if (resolver.resolve_code(sym, def->offset, &def->addr) != 0 && !resolver.module_pending(sym))
-            return fail(Err::BAD_PROBE_ADDR, 1, 0);
-        if (def->is_return && off != 0) return fail(Err::BAD_RETPROBE, 1, 0);
-        fentry = off == 0;
-    }
-    if (def->is_return) fentry = false;
-
-    bool named = false;
-    if (colon != std::string::npos) {
-        if (parse_event_name(std::string_view(a0).substr(colon + 1), def, &named, err, int(colon + 1)) != 0) {
-            err->logged = true;
-            return -EINVAL;
-        }
-    }
-    if (!named) {
-        char buf[kMaxEventNameLen];
-        const char t = def->is_return ? 'r' : 'p';
-        if (def->where == Where::kSymbol) {
-            std::snprintf(buf, sizeof buf, "%c_%s_%" PRIu64, t, def->symbol.c_str(), def->offset);
-        } else if (def->where == Where::kAddress) {
-            std::snprintf(buf, sizeof buf, "%c_0x%" PRIx64, t, def->addr);
-        } else {
-            // As the kernel's uprobe tracer: the file's base name up to its first . - or _.
-            std::string base = def->path.substr(def->path.rfind('/') + 1);
-            base = base.substr(0, base.find_first_of(".-_"));
-            std::snprintf(buf, sizeof buf, "%c_%s_0x%" PRIx64, t, base.c_str(), def->offset);
-        }
-        def->event = sanitize(buf);
-    }
-
-    const size_t nargs = argv.size() - 2;
-    if (nargs > size_t(kMaxArgs)) return fail(Err::TOO_MANY_ARGS, 2, 0);
-    for (size_t i = 0; i < nargs; ++i) {
-        ArgParser ap(*def, resolver, err, fentry, word_at[i + 2]);
-        if (ap.parse(argv[i + 2], int(i)) != 0) {
-            err->logged = true;
-            return -EINVAL;
-        }
-    }
-    return 0;
+    if (int r = parse_probe_point(w, resolver, def, &fentry, err)) return r;
+    if (int r = name_event(w.argv[0], colon, def, err)) return r;
+    return parse_args(w, resolver, fentry, def, err);
 }
 
 } // namespace ukp::trace

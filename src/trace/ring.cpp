@@ -480,79 +480,83 @@ void count_drop(SlotHeader *s) {
 } // namespace
 
 // ---- Hit path ----
+//
+// ring_reserve is the common case only: the thread's buffer already claimed, room for the
+// record without evicting. What is not (a nested hit, claiming a buffer, a refused
+// record, a full buffer, a clock segment due) is out of line and cold, so that the common
+// path stays short and keeps its registers.
 
-uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
-    if (!g_tracing_on.load(std::memory_order_relaxed)) return nullptr;
-    Writer &w = t_w;
-    if (w.busy) {
-        // A probe hit in a signal handler that interrupted this thread's own record.
-        Region *r = g_main.load(std::memory_order_acquire);
-        if (w.slot != nullptr && r != nullptr && w.gen == r->gen) count_drop(w.slot);
-        else if (r != nullptr) r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
-        return nullptr;
-    }
-    w.busy = true;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
+namespace {
+
+// A nested reserve (a probe hit in a signal handler that interrupted this thread's own
+// record): refused, counted as lost. Null.
+__attribute__((noinline, cold)) uint8_t *refuse_nested(const Writer &w) {
     Region *r = g_main.load(std::memory_order_acquire);
+    if (w.slot != nullptr && r != nullptr && w.gen == r->gen) count_drop(w.slot);
+    else if (r != nullptr) r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+}
+
+// The thread's buffer in ring r, claimed at its first record there (or in a ring that
+// replaced its buffer's), into w. False, the writer idle again, when there is no ring, or
+// no buffer for the thread (counted as lost).
+__attribute__((noinline, cold)) bool take_buffer(Writer &w, Region *r, const char *comm) {
     if (r == nullptr) {
         w.busy = false;
-        return nullptr;
+        return false;
     }
-    if (w.slot == nullptr || w.gen != r->gen) {
-        uint32_t index = 0;
-        SlotHeader *s = w.exited && !tracks_owners(r) ? nullptr : claim(r, &index);
-        if (s == nullptr) {
-            r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
-            w.busy = false;
-            return nullptr;
-        }
-        w.slot = s;
-        w.data = r->data(index);
-        w.cap = r->cap;
-        w.gen = r->gen;
-        w.hdr = r->hdr();
-        w.tsc = w.hdr->clock == kClockTsc;
-        w.head_off = s->head.load(std::memory_order_relaxed) % r->cap;
-        if (!w.hooked) {
-            w.hooked = true;
-            // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
-            // descriptor: no allocation. (Calls into the C library from here go through
-            // saving_vectors: this path is lean.)
-            platform::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
-        }
-        // The caller's name for the thread (read once per thread, where the events layer
-        // makes its own system calls); whose it is, the first commit says (common_pid).
-        w.comm_pending = comm != nullptr;
-        if (comm != nullptr) {
-            s->comm_tid.store(0, std::memory_order_relaxed);
-            std::atomic_thread_fence(std::memory_order_release); // 0 is seen before the name changes
-            std::memcpy(s->comm, comm, sizeof s->comm);
-            s->comm[sizeof s->comm - 1] = 0;
-        }
-    }
-    SlotHeader *s = w.slot;
-    s->busy.store(1, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    const uint64_t need = align_up(kRecHdr + size, 8);
-    const uint64_t cap = w.cap;
-    const uint64_t h = s->head.load(std::memory_order_relaxed);
-    const uint64_t off = w.head_off;
-    const uint64_t pad = off + need > cap ? cap - off : 0;
-    if (size > kMaxRecordSize || pad + need > cap) {
-        count_drop(s);
-        s->busy.store(0, std::memory_order_release);
+    uint32_t index = 0;
+    SlotHeader *s = w.exited && !tracks_owners(r) ? nullptr : claim(r, &index);
+    if (s == nullptr) {
+        r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
         w.busy = false;
-        return nullptr;
+        return false;
     }
-    const uint64_t end = h + pad + need;
-    // Overwrite mode: evict the oldest records until the new one fits, and up to
-    // kEvictAhead bytes more (a 16th of a small buffer), in one compare-exchange (a
-    // reader may be consuming the same buffer): a full ring pays for one every few dozen
-    // records, not for every record. The kernel's ring buffer, too, overwrites a page at
-    // a time.
-    uint64_t t = s->tail.load(std::memory_order_acquire);
+    w.slot = s;
+    w.data = r->data(index);
+    w.cap = r->cap;
+    w.gen = r->gen;
+    w.hdr = r->hdr();
+    w.tsc = w.hdr->clock == kClockTsc;
+    w.head_off = s->head.load(std::memory_order_relaxed) % r->cap;
+    if (!w.hooked) {
+        w.hooked = true;
+        // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
+        // descriptor: no allocation. (Calls into the C library from here go through
+        // saving_vectors: this path is lean.)
+        platform::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
+    }
+    // The caller's name for the thread (read once per thread, where the events layer
+    // makes its own system calls); whose it is, the first commit says (common_pid).
+    w.comm_pending = comm != nullptr;
+    if (comm != nullptr) {
+        s->comm_tid.store(0, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_release); // 0 is seen before the name changes
+        std::memcpy(s->comm, comm, sizeof s->comm);
+        s->comm[sizeof s->comm - 1] = 0;
+    }
+    return true;
+}
+
+// The record being reserved in buffer s, refused (too big, or the buffer's records
+// unreadable) and counted as dropped; the writer idle again. Null.
+__attribute__((noinline, cold)) uint8_t *refuse_record(Writer &w, SlotHeader *s) {
+    count_drop(s);
+    s->busy.store(0, std::memory_order_release);
+    w.busy = false;
+    return nullptr;
+}
+
+// Overwrite mode: evicts the oldest records of buffer s (head h, at data offset off, tail
+// t) until a record ending at `end` fits, and up to kEvictAhead bytes more (a 16th of a
+// small buffer), in one compare-exchange (a reader may be consuming the same buffer): a
+// full ring pays for one every few dozen records, not for every record. The kernel's ring
+// buffer, too, overwrites a page at a time. False when the record is refused instead.
+__attribute__((noinline, cold)) bool evict(Writer &w, SlotHeader *s, uint64_t h, uint64_t off, uint64_t end,
+                                           uint64_t t) {
+    const uint64_t cap = w.cap;
     while (end - t > cap) {
-        // must <= h: a record never needs more than the whole buffer (checked above).
+        // must <= h: a record never needs more than the whole buffer (checked by the caller).
         const uint64_t must = end - cap, want = std::min(h, must + std::min(kEvictAhead, cap / 16));
         uint64_t nt = t, records = 0;
         while (nt < want) {
@@ -561,10 +565,8 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
             const auto *old = reinterpret_cast<const RecordHeader *>(w.data + at);
             const uint64_t len = old->len;
             if (len < 8 || len % 8 != 0 || nt + len > h) { // cannot happen unless memory was scribbled on
-                count_drop(s);
-                s->busy.store(0, std::memory_order_release);
-                w.busy = false;
-                return nullptr;
+                refuse_record(w, s);
+                return false;
             }
             if (nt >= must && nt + len > want) break; // the rest of the batch would overshoot
             records += old->kind == kRecordKind;
@@ -576,12 +578,51 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
             t = nt;
         }
     }
+    return true;
+}
+
+// The TSC conversion's next segments (clock_extend), unless a debugger single-steps the
+// thread (platform::single_stepped).
+__attribute__((noinline, cold)) void extend_clock(RingHeader *hdr) {
+    if (platform::single_stepped()) return;
+    platform::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
+}
+
+} // namespace
+
+uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
+    if (!g_tracing_on.load(std::memory_order_relaxed)) return nullptr;
+    Writer &w = t_w;
+    if (w.busy) [[unlikely]]
+        return refuse_nested(w);
+    w.busy = true;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    Region *r = g_main.load(std::memory_order_acquire);
+    if (r == nullptr || w.slot == nullptr || w.gen != r->gen) [[unlikely]] {
+        if (!take_buffer(w, r, comm)) return nullptr;
+    }
+    SlotHeader *s = w.slot;
+    s->busy.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    const uint64_t need = align_up(kRecHdr + size, 8);
+    const uint64_t cap = w.cap;
+    const uint64_t h = s->head.load(std::memory_order_relaxed);
+    const uint64_t off = w.head_off;
+    const uint64_t pad = off + need > cap ? cap - off : 0;
+    if (size > kMaxRecordSize || pad + need > cap) [[unlikely]]
+        return refuse_record(w, s);
+    const uint64_t end = h + pad + need;
+    const uint64_t t = s->tail.load(std::memory_order_acquire);
+    if (end - t > cap) [[unlikely]] {
+        if (!evict(w, s, h, off, end, t)) return nullptr;
+    }
     // Published before the data is overwritten: a reader that copied bytes this write
     // touches sees the new reserve_end afterwards and drops its copy (x86 keeps stores
     // in order; the fence keeps the compiler from moving the data stores up).
     s->reserve_end.store(end, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (pad != 0) {
+    if (pad != 0) [[unlikely]] {
+        // Records never wrap: a pad record fills the end of the data area.
         auto *p = reinterpret_cast<RecordHeader *>(w.data + off);
         p->len = static_cast<uint16_t>(pad);
         p->kind = kPadKind;
@@ -595,10 +636,8 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     if (w.tsc) {
         const uint64_t now = __rdtsc();
         rh->ts = now;
-        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed) && !platform::single_stepped()) [[unlikely]] {
-            RingHeader *hdr = w.hdr;
-            platform::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
-        }
+        if (now >= w.hdr->clock_next.load(std::memory_order_relaxed)) [[unlikely]]
+            extend_clock(w.hdr);
     } else {
         uint64_t ns = 0;
         platform::saving_vectors([&ns] { ns = now_ns(); }); // no invariant TSC: the vDSO's clock

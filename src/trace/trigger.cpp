@@ -11,29 +11,38 @@ namespace ukp::trace {
 
 namespace {
 
+// What a trigger does on a hit: fire()'s switch, not a call through the command table (an
+// indirect call would end the scan that proves the hit path lean).
 enum class Kind : uint8_t { kTraceOn, kTraceOff, kStacktrace, kSnapshot, kEnableEvent, kDisableEvent, kHist };
 
-constexpr struct { const char *name; Kind kind; } kCommands[] = {
-    {"traceon", Kind::kTraceOn},         {"traceoff", Kind::kTraceOff},
-    {"snapshot", Kind::kSnapshot},       {"stacktrace", Kind::kStacktrace},
-    {"enable_event", Kind::kEnableEvent}, {"disable_event", Kind::kDisableEvent},
-    {"hist", Kind::kHist},
-};
+// What a command's reg and unreg did to the list, when not a negative errno.
+constexpr int kUnchanged = 0, kChanged = 1;
 
-// The kernel's trigger types: traceon and traceoff share one, as do enable_event and
-// disable_event (per target event); a second trigger of a type is -EEXIST.
-int type_of(Kind k) {
-    switch (k) {
-    case Kind::kTraceOn:
-    case Kind::kTraceOff: return 0;
-    case Kind::kStacktrace: return 1;
-    case Kind::kSnapshot: return 2;
-    case Kind::kEnableEvent:
-    case Kind::kDisableEvent: return 3;
-    case Kind::kHist: return 4;
-    }
-    return -1;
-}
+// One trigger command, as the kernel's struct event_command: adding a command is one entry
+// of kCommands (and its action on a hit, a case of fire()).
+struct Command {
+    const char *name;
+    Kind kind;
+    // The kernel's trigger type: traceon and traceoff share one, as do enable_event and
+    // disable_event (per target event); a second trigger of a type is -EEXIST.
+    uint8_t type;
+    // Whether what follows the command is always its parameter; else text that does not
+    // start with a digit is the filter.
+    bool param_required;
+    // Parses the parameter (at pos in what was written) into t and takes the filter (null:
+    // none); 0, or -EINVAL with *err.
+    int (*parse)(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
+                 const std::vector<Field> &fields, FilterError *err);
+    // Whether installed trigger o, of t's type, is the one t names (what "!" removes).
+    bool (*same)(const Trigger &o, const Trigger &t);
+    // Puts t into items, `same` being the installed trigger it names (or null); kChanged,
+    // kUnchanged, or a negative errno with *err (pos: where the command starts).
+    int (*reg)(Trigger *t, Trigger *same, std::vector<Trigger *> &items, int pos, FilterError *err);
+    // Takes `same` (or null) out of items: kChanged or kUnchanged.
+    int (*unreg)(Trigger *same, std::vector<Trigger *> &items);
+    // The trigger file's line of t, without its newline.
+    std::string (*print)(const Trigger &t);
+};
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
@@ -63,7 +72,8 @@ int fail(FilterError *err, int rc, const char *msg, int pos) {
 } // namespace
 
 struct Trigger {
-    Kind kind;
+    const Command *cmd = nullptr;         // its command's entry in kCommands
+    Kind kind;                            // cmd->kind, where fire() reads it
     std::atomic<long> count{-1};          // remaining hits that act; -1: unlimited
     std::unique_ptr<Filter> filter;       // null: every hit (hist keeps its own)
     std::string system, event;            // enable_event/disable_event target
@@ -81,22 +91,223 @@ struct Trigger {
         }
     }
 
-    std::string text() const {
-        if (kind == Kind::kHist) return hist->spec_text();
-        std::string s;
-        for (const auto &c : kCommands)
-            if (c.kind == kind) s = c.name;
-        if (kind == Kind::kEnableEvent || kind == Kind::kDisableEvent) s += ":" + system + ":" + event;
-        const long c = count.load(std::memory_order_relaxed);
-        s += c < 0 ? ":unlimited" : ":count=" + std::to_string(c);
-        if (filter) s += " if " + filter->text();
-        return s;
-    }
+    std::string text() const { return cmd->print(*this); }
 };
 
 struct TriggerList {
     std::vector<Trigger *> items; // in the order the trigger file lists them
 };
+
+namespace {
+
+// ---- The commands' operations ----
+
+// "N[:...]", the count of traceon, traceoff, snapshot and stacktrace; empty: unlimited.
+int parse_count_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
+                      const std::vector<Field> &, FilterError *err) {
+    if (!param.empty()) {
+        long n;
+        if (!parse_count(param.substr(0, param.find(':')), &n)) return fail(err, -EINVAL, "Invalid count", pos);
+        t.count.store(n);
+    }
+    t.filter = std::move(filter);
+    return 0;
+}
+
+// "SYSTEM:EVENT[:N]" of enable_event and disable_event: the target's enable flag, looked up
+// now (the host arms the target), and the count.
+int parse_event_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
+                      const std::vector<Field> &, FilterError *err) {
+    const size_t c1 = param.find(':');
+    if (c1 == std::string_view::npos) return fail(err, -EINVAL, "Expecting SYSTEM:EVENT", pos);
+    t.system = std::string(param.substr(0, c1));
+    std::string_view after = param.substr(c1 + 1);
+    const size_t c2 = after.find(':');
+    t.event = std::string(after.substr(0, c2));
+    if (t.system.empty() || t.event.empty()) return fail(err, -EINVAL, "Expecting SYSTEM:EVENT", pos);
+    if (c2 != std::string_view::npos) {
+        std::string_view num = after.substr(c2 + 1);
+        num = num.substr(0, num.find(':'));
+        long n;
+        if (!parse_count(num, &n)) return fail(err, -EINVAL, "Invalid count", pos + int(c1 + 1 + c2 + 1));
+        t.count.store(n);
+    }
+    t.flag = t.host->event_enable_flag(t.system, t.event);
+    if (!t.flag) return fail(err, -EINVAL, "No such event", pos);
+    t.filter = std::move(filter);
+    return 0;
+}
+
+// "keys=...[:...]": the hist trigger, which keeps the filter itself.
+int parse_hist_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
+                     const std::vector<Field> &fields, FilterError *err) {
+    FilterError herr;
+    t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr);
+    if (!t.hist) return fail(err, -EINVAL, herr.message.c_str(), herr.pos);
+    return 0;
+}
+
+// Any trigger of the type is the one: traceon and traceoff, stacktrace, snapshot.
+bool same_type(const Trigger &, const Trigger &) { return true; }
+
+// The one with the same target event: enable_event and disable_event.
+bool same_target(const Trigger &o, const Trigger &t) { return o.flag == t.flag; }
+
+// The one with the same keys, values, sort and filter: hist.
+bool same_hist(const Trigger &o, const Trigger &t) { return o.hist->same_as(*t.hist); }
+
+// Prepends t, as the kernel does; -EEXIST when it names an installed trigger.
+int register_trigger(Trigger *t, Trigger *same, std::vector<Trigger *> &items, int pos, FilterError *err) {
+    if (same) return fail(err, -EEXIST, "Trigger already exists", pos);
+    items.insert(items.begin(), t);
+    return kChanged;
+}
+
+// Appends t; when it names an installed one, its pause, cont or clear act on that one
+// instead (-EEXIST with none of them).
+int register_hist(Trigger *t, Trigger *same, std::vector<Trigger *> &items, int pos, FilterError *err) {
+    HistTrigger &h = *t->hist;
+    if (same) {
+        HistTrigger &old = *same->hist;
+        if (h.pause_flag()) old.set_paused(true);
+        else if (h.cont_flag()) old.set_paused(false);
+        if (h.clear_flag()) old.clear();
+        if (!h.pause_flag() && !h.cont_flag() && !h.clear_flag())
+            return fail(err, -EEXIST, "Hist trigger already exists", pos);
+        return kUnchanged;
+    }
+    if (h.cont_flag() || h.clear_flag())
+        return fail(err, -ENOENT, "Can't clear or continue a nonexistent hist trigger", pos);
+    items.push_back(t); // the kernel appends hist triggers, prepends the others
+    return kChanged;
+}
+
+int unregister_trigger(Trigger *same, std::vector<Trigger *> &items) {
+    if (!same) return kUnchanged;
+    // The trigger itself stays in triggers_: a hit may still run it.
+    items.erase(std::find(items.begin(), items.end(), same));
+    return kChanged;
+}
+
+// ":count=N" or ":unlimited", then " if FILTER" when it has one.
+std::string count_and_filter(const Trigger &t) {
+    const long c = t.count.load(std::memory_order_relaxed);
+    std::string s = c < 0 ? ":unlimited" : ":count=" + std::to_string(c);
+    if (t.filter) s += " if " + t.filter->text();
+    return s;
+}
+
+std::string print_counted(const Trigger &t) { return t.cmd->name + count_and_filter(t); }
+
+std::string print_event_target(const Trigger &t) {
+    return t.cmd->name + (":" + t.system + ":" + t.event) + count_and_filter(t);
+}
+
+std::string print_hist(const Trigger &t) { return t.hist->spec_text(); }
+
+// In the order the trigger file lists them when there is no trigger.
+constexpr Command kCommands[] = {
+    // name, kind, type, param_required, parse, same, reg, unreg, print
+    {"traceon", Kind::kTraceOn, 0, false, parse_count_param, same_type, register_trigger, unregister_trigger,
+     print_counted},
+    {"traceoff", Kind::kTraceOff, 0, false, parse_count_param, same_type, register_trigger, unregister_trigger,
+     print_counted},
+    {"snapshot", Kind::kSnapshot, 2, false, parse_count_param, same_type, register_trigger, unregister_trigger,
+     print_counted},
+    {"stacktrace", Kind::kStacktrace, 1, false, parse_count_param, same_type, register_trigger, unregister_trigger,
+     print_counted},
+    {"enable_event", Kind::kEnableEvent, 3, true, parse_event_param, same_target, register_trigger,
+     unregister_trigger, print_event_target},
+    {"disable_event", Kind::kDisableEvent, 3, true, parse_event_param, same_target, register_trigger,
+     unregister_trigger, print_event_target},
+    {"hist", Kind::kHist, 4, true, parse_hist_param, same_hist, register_hist, unregister_trigger, print_hist},
+};
+
+// ---- A written trigger line ----
+
+// "[!]COMMAND[:PARAM] [if FILTER]" taken apart, with where each part starts in what was
+// written (for the caret of an error).
+struct TriggerLine {
+    const Command *cmd = nullptr;
+    bool remove = false;        // "!COMMAND"
+    int cmd_pos = 0;            // where the command's name starts
+    std::string_view rest;      // what follows the command and its separator
+    int rest_pos = 0;
+    std::string_view param, filter; // rest taken apart: the parameter, and "if FILTER"
+    int filter_pos = 0;
+};
+
+// The command of a line and what follows it; -EINVAL with *err when the line is empty or
+// names no command.
+int split_command(std::string_view text, TriggerLine *l, FilterError *err) {
+    size_t lead = 0;
+    while (lead < text.size() && is_space(text[lead])) lead++;
+    std::string_view s = trim(text);
+    int base = int(lead); // offset of s in text, for error positions
+    if (s.empty()) return fail(err, -EINVAL, "Empty trigger", 0);
+    l->remove = s[0] == '!';
+    if (l->remove) { s.remove_prefix(1); base++; }
+
+    size_t cmd_end = 0;
+    while (cmd_end < s.size() && s[cmd_end] != ':' && !is_space(s[cmd_end])) cmd_end++;
+    const std::string_view name = s.substr(0, cmd_end);
+    for (const Command &c : kCommands)
+        if (name == c.name) l->cmd = &c;
+    if (!l->cmd) return fail(err, -EINVAL, "Unknown trigger command", base);
+    l->cmd_pos = base;
+    // What follows the command and its one separator, leading blanks skipped.
+    size_t rest_at = cmd_end < s.size() ? cmd_end + 1 : cmd_end;
+    while (rest_at < s.size() && is_space(s[rest_at])) rest_at++;
+    l->rest = s.substr(rest_at);
+    l->rest_pos = base + int(rest_at);
+    return 0;
+}
+
+// The parameter and the filter of what follows the command, separated as the kernel does:
+// without a required parameter, text that does not start with a digit is the filter.
+// -EINVAL with *err when a required parameter is missing.
+int split_param(TriggerLine *l, FilterError *err) {
+    const std::string_view rest = l->rest;
+    l->filter_pos = l->rest_pos;
+    if (!rest.empty()) {
+        if (!l->cmd->param_required && !isdigit((unsigned char)rest[0])) {
+            l->filter = rest;
+        } else {
+            size_t sp = 0;
+            while (sp < rest.size() && !is_space(rest[sp])) sp++;
+            l->param = rest.substr(0, sp);
+            size_t f = sp;
+            while (f < rest.size() && is_space(rest[f])) f++;
+            l->filter = rest.substr(f);
+            l->filter_pos = l->rest_pos + int(f);
+        }
+    }
+    if (l->cmd->param_required && l->param.empty())
+        return fail(err, -EINVAL, "Missing trigger parameter", l->rest_pos);
+    return 0;
+}
+
+// The line's "if FILTER" compiled against the event's fields into *out (null when there is
+// none); -EINVAL with *err, its caret in the line, on a bad one.
+int compile_trigger_filter(const TriggerLine &l, const std::vector<Field> &fields, std::unique_ptr<Filter> *out,
+                           FilterError *err) {
+    const std::string_view part = l.filter;
+    if (part.empty()) return 0;
+    size_t w = 0;
+    while (w < part.size() && !is_space(part[w])) w++;
+    if (part.substr(0, w) != "if" || w == part.size()) return fail(err, -EINVAL, "Expecting 'if FILTER'", l.filter_pos);
+    const std::string_view ftext = part.substr(w + 1); // the kernel splits at one blank
+    FilterError ferr;
+    *out = compile_filter(ftext, fields, &ferr);
+    if (!*out) {
+        const int at = l.filter_pos + int(w) + 1;
+        return fail(err, -EINVAL, ferr.message.empty() ? "Error in filter" : ferr.message.c_str(),
+                    at + (ferr.pos < 0 ? 0 : ferr.pos));
+    }
+    return 0;
+}
+
+} // namespace
 
 TriggerSet::TriggerSet() = default;
 TriggerSet::~TriggerSet() = default;
@@ -108,132 +319,33 @@ void TriggerSet::set_symbolizer(Symbolizer sym) {
 
 int TriggerSet::write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host,
                       FilterError *err) {
-    size_t lead = 0;
-    while (lead < text.size() && is_space(text[lead])) lead++;
-    std::string_view s = trim(text);
-    int base = int(lead); // offset of s in text, for error positions
-    if (s.empty()) return fail(err, -EINVAL, "Empty trigger", 0);
-    const bool remove = s[0] == '!';
-    if (remove) { s.remove_prefix(1); base++; }
-
-    size_t cmd_end = 0;
-    while (cmd_end < s.size() && s[cmd_end] != ':' && !is_space(s[cmd_end])) cmd_end++;
-    const std::string_view cmd = s.substr(0, cmd_end);
-    const Kind *kind = nullptr;
-    for (const auto &c : kCommands)
-        if (cmd == c.name) kind = &c.kind;
-    if (!kind) return fail(err, -EINVAL, "Unknown trigger command", base);
-    // What follows the command and its one separator, leading blanks skipped.
-    size_t rest_at = cmd_end < s.size() ? cmd_end + 1 : cmd_end;
-    while (rest_at < s.size() && is_space(s[rest_at])) rest_at++;
-    std::string_view rest = s.substr(rest_at);
-    const int rest_pos = base + int(rest_at);
-
-    // Separate the parameter from "if FILTER" as the kernel does: without a required
-    // parameter, text that does not start with a digit is the filter.
-    const bool param_required = *kind == Kind::kEnableEvent || *kind == Kind::kDisableEvent || *kind == Kind::kHist;
-    std::string_view param, filter_part;
-    int filter_pos = rest_pos;
-    if (!rest.empty()) {
-        if (!param_required && !isdigit((unsigned char)rest[0])) {
-            filter_part = rest;
-        } else {
-            size_t sp = 0;
-            while (sp < rest.size() && !is_space(rest[sp])) sp++;
-            param = rest.substr(0, sp);
-            size_t f = sp;
-            while (f < rest.size() && is_space(rest[f])) f++;
-            filter_part = rest.substr(f);
-            filter_pos = rest_pos + int(f);
-        }
-    }
-    if (param_required && param.empty()) return fail(err, -EINVAL, "Missing trigger parameter", rest_pos);
-
+    TriggerLine l;
+    if (int r = split_command(text, &l, err)) return r;
+    if (int r = split_param(&l, err)) return r;
     std::unique_ptr<Filter> filter;
-    if (!filter_part.empty()) {
-        size_t w = 0;
-        while (w < filter_part.size() && !is_space(filter_part[w])) w++;
-        if (filter_part.substr(0, w) != "if" || w == filter_part.size())
-            return fail(err, -EINVAL, "Expecting 'if FILTER'", filter_pos);
-        const std::string_view ftext = filter_part.substr(w + 1); // the kernel splits at one blank
-        {
-            FilterError ferr;
-            filter = compile_filter(ftext, fields, &ferr);
-            if (!filter) {
-                const int at = filter_pos + int(w) + 1;
-                return fail(err, -EINVAL, ferr.message.empty() ? "Error in filter" : ferr.message.c_str(),
-                            at + (ferr.pos < 0 ? 0 : ferr.pos));
-            }
-        }
-    }
-
+    if (int r = compile_trigger_filter(l, fields, &filter, err)) return r;
     auto t = std::make_unique<Trigger>();
-    t->kind = *kind;
+    t->cmd = l.cmd;
+    t->kind = l.cmd->kind;
     t->host = &host;
-    if (*kind == Kind::kEnableEvent || *kind == Kind::kDisableEvent) {
-        const size_t c1 = param.find(':');
-        if (c1 == std::string_view::npos) return fail(err, -EINVAL, "Expecting SYSTEM:EVENT", rest_pos);
-        t->system = std::string(param.substr(0, c1));
-        std::string_view after = param.substr(c1 + 1);
-        const size_t c2 = after.find(':');
-        t->event = std::string(after.substr(0, c2));
-        if (t->system.empty() || t->event.empty()) return fail(err, -EINVAL, "Expecting SYSTEM:EVENT", rest_pos);
-        if (c2 != std::string_view::npos) {
-            std::string_view num = after.substr(c2 + 1);
-            num = num.substr(0, num.find(':'));
-            long n;
-            if (!parse_count(num, &n))
-                return fail(err, -EINVAL, "Invalid count", rest_pos + int(c1 + 1 + c2 + 1));
-            t->count.store(n);
-        }
-        t->flag = host.event_enable_flag(t->system, t->event);
-        if (!t->flag) return fail(err, -EINVAL, "No such event", rest_pos);
-    } else if (*kind == Kind::kHist) {
-        FilterError herr;
-        t->hist = HistTrigger::parse(param, rest_pos, std::move(filter), fields, &herr);
-        if (!t->hist) return fail(err, -EINVAL, herr.message.c_str(), herr.pos);
-    } else if (!param.empty()) {
-        long n;
-        if (!parse_count(param.substr(0, param.find(':')), &n)) return fail(err, -EINVAL, "Invalid count", rest_pos);
-        t->count.store(n);
-    }
-    if (*kind != Kind::kHist) t->filter = std::move(filter);
+    if (int r = l.cmd->parse(*t, l.param, l.rest_pos, std::move(filter), fields, err)) return r;
+    return install(std::move(t), l.remove, l.cmd_pos, err);
+}
 
+int TriggerSet::install(std::unique_ptr<Trigger> t, bool remove, int pos, FilterError *err) {
     std::lock_guard lk(mu_);
     std::vector<Trigger *> items;
     if (const TriggerList *cur = cur_.load(std::memory_order_relaxed)) items = cur->items;
-
-    auto same_slot = [&](const Trigger *o) {
-        if (type_of(o->kind) != type_of(t->kind)) return false;
-        if (t->kind == Kind::kEnableEvent || t->kind == Kind::kDisableEvent) return o->flag == t->flag;
-        if (t->kind == Kind::kHist) return o->hist->same_as(*t->hist);
-        return true;
-    };
-    auto it = std::find_if(items.begin(), items.end(), same_slot);
-
-    if (remove) {
-        if (it == items.end()) return 0;
-        items.erase(it); // the trigger itself stays in triggers_: a hit may still run it
-    } else if (t->kind == Kind::kHist) {
-        HistTrigger &h = *t->hist;
-        if (it != items.end()) {
-            HistTrigger &old = *(*it)->hist;
-            if (h.pause_flag()) old.set_paused(true);
-            else if (h.cont_flag()) old.set_paused(false);
-            if (h.clear_flag()) old.clear();
-            if (!h.pause_flag() && !h.cont_flag() && !h.clear_flag())
-                return fail(err, -EEXIST, "Hist trigger already exists", base);
-            return 0;
+    const Command &cmd = *t->cmd;
+    Trigger *same = nullptr;
+    for (Trigger *o : items)
+        if (o->cmd->type == cmd.type && cmd.same(*o, *t)) {
+            same = o;
+            break;
         }
-        if (h.cont_flag() || h.clear_flag())
-            return fail(err, -ENOENT, "Can't clear or continue a nonexistent hist trigger", base);
-        items.push_back(t.get()); // the kernel appends hist triggers, prepends the others
-        triggers_.push_back(std::move(t));
-    } else {
-        if (it != items.end()) return fail(err, -EEXIST, "Trigger already exists", base);
-        items.insert(items.begin(), t.get());
-        triggers_.push_back(std::move(t));
-    }
+    const int r = remove ? cmd.unreg(same, items) : cmd.reg(t.get(), same, items, pos, err);
+    if (r != kChanged) return r;
+    if (!remove) triggers_.push_back(std::move(t));
     auto list = std::make_unique<TriggerList>();
     list->items = std::move(items);
     // Readers may still walk the old list: it is kept in lists_, never freed before *this.
@@ -245,7 +357,11 @@ int TriggerSet::write(std::string_view text, const std::vector<Field> &fields, T
 std::string TriggerSet::text() const {
     std::lock_guard lk(mu_);
     const TriggerList *cur = cur_.load(std::memory_order_relaxed);
-    if (!cur) return "# Available triggers:\n# traceon traceoff snapshot stacktrace enable_event disable_event hist\n";
+    if (!cur) {
+        std::string s = "# Available triggers:\n#";
+        for (const Command &c : kCommands) s += std::string(" ") + c.name;
+        return s + "\n";
+    }
     std::string out;
     for (const Trigger *t : cur->items) out += t->text() + "\n";
     return out;

@@ -66,6 +66,10 @@ public:
     void set_symbolizer(Symbolizer sym);
 
 private:
+    // Registers t, or with `remove` takes out the installed trigger t names, and publishes
+    // the new list: 0, or a negative errno with *err (pos: where the command starts).
+    int install(std::unique_ptr<Trigger> t, bool remove, int pos, FilterError *err);
+
     mutable std::mutex mu_;                        // serializes writers and readers of text
     std::atomic<const TriggerList *> cur_{nullptr}; // what fire() runs; null when empty
     std::vector<std::unique_ptr<Trigger>> triggers_; // installed and retired, never freed early
