@@ -643,6 +643,11 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         // Another probe point under an existing event: its arguments must agree.
         if ((r = check_joins(*e, *def)) != 0) return r;
     } else {
+        // The ids are checked before the probe is registered: nothing is half-applied.
+        if (next_id == UINT16_MAX) {
+            log_error(def->command, Err::FAIL_REG_PROBE, 0, 0);
+            return -ENOSPC;
+        }
         fresh = make_event(*def, &r);
         if (fresh == nullptr) return r;
         e = fresh.get();
@@ -656,7 +661,6 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     point->def = std::move(*def);
     e->points.push_back(std::move(point));
     if (fresh) {
-        if (next_id == UINT16_MAX) { log_error(def->command, Err::FAIL_REG_PROBE, 0, 0); return -ENOSPC; }
         fresh->id = next_id++;
         by_id[fresh->id] = fresh.get();
         events.push_back(std::move(fresh));
