@@ -97,11 +97,11 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
     // Each buffer in turn, a batch at a time (the report sorts by timestamp), from the one
     // after where the last capture stopped: a thread that writes faster than this reads
     // does not keep the others' buffers from being read.
-    const uint32_t first = next_slot_ % h->slot_count;
-    for (uint32_t k = 0; k < h->slot_count && out.size() - start < max_bytes; ++k) {
-        const uint32_t slot = (first + k) % h->slot_count;
-        next_slot_ = slot + 1;
-        while (out.size() - start < max_bytes && ring_consume_batch(v, slot, max_bytes - (out.size() - start), &batch_)) {
+    const uint32_t first = next_buffer_ % h->buffer_count;
+    for (uint32_t k = 0; k < h->buffer_count && out.size() - start < max_bytes; ++k) {
+        const uint32_t buffer = (first + k) % h->buffer_count;
+        next_buffer_ = buffer + 1;
+        while (out.size() - start < max_bytes && ring_consume_batch(v, buffer, max_bytes - (out.size() - start), &batch_)) {
             if (block == std::string::npos) block = open_block(out, kRecords, stream_);
             // The batch's entries written in place: room for each record, its entry and a
             // LOST entry before it, made once (zeroed: the padding), cut to what was used.
@@ -156,7 +156,7 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
     last_tid_ = -1;
     // Emptied: then the records refused without a buffer, as trace_pipe's LOST line.
     if (out.size() - start < max_bytes) {
-        if (const uint64_t n = ring_claim_lost_no_slot(v); n != 0) {
+        if (const uint64_t n = ring_claim_lost_no_buffer(v); n != 0) {
             if (block == std::string::npos) block = open_block(out, kRecords, stream_);
             add_lost(last_ts_, 0, n);
         }

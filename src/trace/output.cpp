@@ -234,7 +234,7 @@ std::string PipeReader::read(const WithView &with_view, const EventPrinter &prin
             // Emptied: then the records refused without a buffer (a thread past its exit
             // destructor freeing its memory, every buffer in use), as one LOST line.
             uint64_t lost = 0;
-            with_view([&](const RingView &v) { lost = ring_claim_lost_no_slot(v); });
+            with_view([&](const RingView &v) { lost = ring_claim_lost_no_buffer(v); });
             if (lost != 0) out += lost_events_line(0, lost);
             break;
         }

@@ -36,7 +36,7 @@ std::atomic<bool> g_tracing_on{true};
 namespace {
 
 constexpr uint64_t kDefaultKb = 1408; // ftrace's default per-CPU size
-constexpr uint32_t kDefaultSlots = 256;
+constexpr uint32_t kDefaultBuffers = 256;
 constexpr uint64_t kMaxKb = 1ull << 22; // 4 GiB a buffer
 constexpr uint32_t kRecHdr = sizeof(RecordHeader);
 constexpr uint64_t kEvictAhead = 4096; // bytes a full ring evicts beyond what a record needs
@@ -52,10 +52,10 @@ struct Region {
     uint64_t cap = 0;  // data bytes per buffer
     uint32_t gen = 0;
     RingHeader *hdr() const { return reinterpret_cast<RingHeader *>(base); }
-    SlotHeader *slot(uint32_t i) const {
-        return reinterpret_cast<SlotHeader *>(base + hdr()->header_size) + i;
+    BufferHeader *buffer(uint32_t i) const {
+        return reinterpret_cast<BufferHeader *>(base + hdr()->header_size) + i;
     }
-    uint8_t *data(uint32_t i) const { return base + hdr()->data_offset + i * hdr()->slot_stride; }
+    uint8_t *data(uint32_t i) const { return base + hdr()->data_offset + i * hdr()->buffer_stride; }
     RingView view() const { return RingView{base, size}; }
     // Per buffer, its owner's tid word (tid_word()), 0 while the buffer is free or being
     // taken: claim() takes the buffer of an owner that has ended. Null if it could not be
@@ -68,7 +68,7 @@ std::atomic<Region *> g_main{nullptr};
 std::atomic<Region *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
 std::atomic<bool> g_swap_busy{false}; // held while main and snapshot change places (also from a hit)
 uint64_t g_kb = kDefaultKb;         // under g_mu
-uint32_t g_slots = kDefaultSlots;   // under g_mu
+uint32_t g_buffers = kDefaultBuffers;   // under g_mu
 std::atomic<uint32_t> g_gen{0};
 std::atomic<const uint8_t *> g_profile{nullptr}; // the kprobe_profile counter table
 pthread_key_t g_exit_key;
@@ -77,7 +77,7 @@ bool g_atfork_done = false;         // under g_mu
 
 // Per-thread writer state (initial-exec TLS: no allocation on first use).
 struct Writer {
-    SlotHeader *slot;      // this thread's buffer in the ring of generation `gen`
+    BufferHeader *buffer;      // this thread's buffer in the ring of generation `gen`
     uint8_t *data;
     uint64_t cap;
     uint32_t gen;
@@ -91,16 +91,16 @@ struct Writer {
     uint64_t pend_pos;     // its position
     uint64_t pend_off;     // its offset in the data area
     uint32_t pend_size;    // bytes reserved for it
-    uint64_t head_off;     // slot->head % cap, kept here to spare a division per record
+    uint64_t head_off;     // buffer->head % cap, kept here to spare a division per record
                            // (head is written by this thread only)
 };
 thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
 using platform::raw_syscall;
 
-// Saves the calling thread's name in its buffer (SlotHeader::comm). Not on the hit path
+// Saves the calling thread's name in its buffer (BufferHeader::comm). Not on the hit path
 // (two system calls): at exit().
-void save_comm(SlotHeader *s) {
+void save_comm(BufferHeader *s) {
     char name[16] = {};
     raw_syscall(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name));
     name[15] = 0;
@@ -223,11 +223,11 @@ void clock_extend(RingHeader *h) {
     h->clock_busy.store(0, std::memory_order_release);
 }
 
-Region *make_region(uint64_t kb, uint32_t slots) {
+Region *make_region(uint64_t kb, uint32_t buffers) {
     const uint64_t cap = std::max<uint64_t>(align_up(kb * 1024, 4096), 4096);
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
-    const uint64_t data_offset = align_up(header_size + uint64_t(slots) * sizeof(SlotHeader), 4096);
-    const uint64_t total = data_offset + slots * cap; // cap: whole pages
+    const uint64_t data_offset = align_up(header_size + uint64_t(buffers) * sizeof(BufferHeader), 4096);
+    const uint64_t total = data_offset + buffers * cap; // cap: whole pages
     const int fd = platform::move_fd_high(
         static_cast<int>(syscall(SYS_memfd_create, "ukprobes-trace", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
     if (fd < 0) return nullptr;
@@ -252,7 +252,7 @@ Region *make_region(uint64_t kb, uint32_t slots) {
         return nullptr;
     }
     r->fd.set(fd);
-    r->tid_words.reset(new (std::nothrow) std::atomic<uint64_t>[slots]());
+    r->tid_words.reset(new (std::nothrow) std::atomic<uint64_t>[buffers]());
     r->base = static_cast<uint8_t *>(p);
     r->size = total;
     r->cap = cap;
@@ -261,9 +261,9 @@ Region *make_region(uint64_t kb, uint32_t slots) {
     h->magic = kRingMagic;
     h->version = kRingVersion;
     h->header_size = static_cast<uint32_t>(header_size);
-    h->slot_count = slots;
-    h->slot_header_size = sizeof(SlotHeader);
-    h->slot_stride = cap;
+    h->buffer_count = buffers;
+    h->buffer_header_size = sizeof(BufferHeader);
+    h->buffer_stride = cap;
     h->data_size = cap;
     h->data_offset = data_offset;
     h->pid = static_cast<int32_t>(raw_syscall(SYS_getpid));
@@ -279,8 +279,8 @@ Region *make_region(uint64_t kb, uint32_t slots) {
 void wait_writers(Region *r) {
     for (int spin = 0; spin < 2000; ++spin) {
         bool idle = true;
-        for (uint32_t i = 0; i < r->hdr()->slot_count && idle; ++i)
-            idle = r->slot(i)->busy.load(std::memory_order_acquire) == 0;
+        for (uint32_t i = 0; i < r->hdr()->buffer_count && idle; ++i)
+            idle = r->buffer(i)->busy.load(std::memory_order_acquire) == 0;
         if (idle) return;
         usleep(50);
     }
@@ -333,12 +333,12 @@ bool tracks_owners(const Region *r) {
 void thread_exit(void *) {
     Writer &w = t_w;
     Region *r = g_main.load(std::memory_order_acquire);
-    if (w.slot != nullptr && r != nullptr && w.gen == r->gen) {
+    if (w.buffer != nullptr && r != nullptr && w.gen == r->gen) {
         // Keep the thread's name for readers (ftrace's saved_cmdlines).
         char name[16] = {};
         raw_syscall(SYS_prctl, PR_GET_NAME, reinterpret_cast<long>(name));
         RingHeader *h = r->hdr();
-        CommEntry &e = h->comms[h->comm_next.fetch_add(1, std::memory_order_relaxed) % kCommSlots];
+        CommEntry &e = h->comms[h->comm_next.fetch_add(1, std::memory_order_relaxed) % kCommEntries];
         e.tid.store(0, std::memory_order_relaxed);
         std::memcpy(e.comm, name, sizeof e.comm);
         e.comm[15] = 0;
@@ -347,9 +347,9 @@ void thread_exit(void *) {
         // the key destructors, and their events are the program's. Another thread takes the
         // buffer once this one has ended (claim()).
         if (tracks_owners(r)) return;
-        w.slot->owner.store(0, std::memory_order_release);
+        w.buffer->owner.store(0, std::memory_order_release);
     }
-    w.slot = nullptr;
+    w.buffer = nullptr;
     w.exited = true;
 }
 
@@ -359,7 +359,7 @@ void thread_exit(void *) {
 __attribute__((destructor)) void save_comm_at_exit() {
     Writer &w = t_w;
     Region *r = g_main.load(std::memory_order_acquire);
-    if (w.slot != nullptr && r != nullptr && w.gen == r->gen) save_comm(w.slot);
+    if (w.buffer != nullptr && r != nullptr && w.gen == r->gen) save_comm(w.buffer);
 }
 
 void after_fork_child() {
@@ -374,7 +374,7 @@ void after_fork_child() {
     // calls into the C library) would otherwise record there, under the child's pid.
     Region *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
     Region *snap = g_snap.exchange(nullptr, std::memory_order_relaxed);
-    t_w.slot = nullptr;
+    t_w.buffer = nullptr;
     // The child's kprobe_profile counts its own hits, as its ring holds its own records:
     // what the parent counted before the fork stays the parent's.
     if (const uint8_t *table = g_profile.load(std::memory_order_acquire)) profile_table_zero(table);
@@ -392,7 +392,7 @@ void after_fork_child() {
     }
     if (r == nullptr) return;
     const RingHeader *h = r->hdr();
-    Region *own = make_region(h->data_size / 1024, h->slot_count);
+    Region *own = make_region(h->data_size / 1024, h->buffer_count);
     g_main.store(own, std::memory_order_release);
     // Another thread of the parent may have held them at the fork; it does not exist here.
     new (&g_mu) std::mutex;
@@ -426,7 +426,7 @@ int init_locked() {
             const unsigned long long n = strtoull(kb, &end, 10);
             if (end != kb && *end == 0 && n > 0 && n <= kMaxKb) g_kb = n;
         }
-        Region *r = make_region(g_kb, g_slots);
+        Region *r = make_region(g_kb, g_buffers);
         if (r == nullptr) return -ENOMEM;
         g_main.store(r, std::memory_order_release);
     }
@@ -444,13 +444,13 @@ bool owner_gone(uint64_t word, uint32_t owner) {
 
 // A free buffer; failing that, one whose owner has ended. The buffer's owner becomes the
 // caller's tid, read from its tid word (1 where owners are not tracked).
-SlotHeader *claim(Region *r, uint32_t *index) {
+BufferHeader *claim(Region *r, uint32_t *index) {
     const uint64_t word = tracks_owners(r) ? tid_word() : 0;
     const uint32_t me = word != 0 ? *reinterpret_cast<const uint32_t *>(word) : 1;
-    const uint32_t n = r->hdr()->slot_count;
+    const uint32_t n = r->hdr()->buffer_count;
     for (const bool reclaim : {false, true}) {
         for (uint32_t i = 0; i < n; ++i) {
-            SlotHeader *s = r->slot(i);
+            BufferHeader *s = r->buffer(i);
             uint32_t owner = s->owner.load(std::memory_order_acquire);
             if (owner == 0) {
                 if (!s->owner.compare_exchange_strong(owner, me, std::memory_order_acq_rel)) continue;
@@ -472,7 +472,7 @@ SlotHeader *claim(Region *r, uint32_t *index) {
     return nullptr;
 }
 
-void count_drop(SlotHeader *s) {
+void count_drop(BufferHeader *s) {
     s->dropped.fetch_add(1, std::memory_order_relaxed);
     s->dropped_pending.fetch_add(1, std::memory_order_relaxed);
 }
@@ -492,8 +492,8 @@ namespace {
 // record): refused, counted as lost. Null.
 __attribute__((noinline, cold)) uint8_t *refuse_nested(const Writer &w) {
     Region *r = g_main.load(std::memory_order_acquire);
-    if (w.slot != nullptr && r != nullptr && w.gen == r->gen) count_drop(w.slot);
-    else if (r != nullptr) r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
+    if (w.buffer != nullptr && r != nullptr && w.gen == r->gen) count_drop(w.buffer);
+    else if (r != nullptr) r->hdr()->lost_no_buffer.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
 }
 
@@ -506,13 +506,13 @@ __attribute__((noinline, cold)) bool take_buffer(Writer &w, Region *r, const cha
         return false;
     }
     uint32_t index = 0;
-    SlotHeader *s = w.exited && !tracks_owners(r) ? nullptr : claim(r, &index);
+    BufferHeader *s = w.exited && !tracks_owners(r) ? nullptr : claim(r, &index);
     if (s == nullptr) {
-        r->hdr()->lost_no_slot.fetch_add(1, std::memory_order_relaxed);
+        r->hdr()->lost_no_buffer.fetch_add(1, std::memory_order_relaxed);
         w.busy = false;
         return false;
     }
-    w.slot = s;
+    w.buffer = s;
     w.data = r->data(index);
     w.cap = r->cap;
     w.gen = r->gen;
@@ -540,7 +540,7 @@ __attribute__((noinline, cold)) bool take_buffer(Writer &w, Region *r, const cha
 
 // The record being reserved in buffer s, refused (too big, or the buffer's records
 // unreadable) and counted as dropped; the writer idle again. Null.
-__attribute__((noinline, cold)) uint8_t *refuse_record(Writer &w, SlotHeader *s) {
+__attribute__((noinline, cold)) uint8_t *refuse_record(Writer &w, BufferHeader *s) {
     count_drop(s);
     s->busy.store(0, std::memory_order_release);
     w.busy = false;
@@ -552,7 +552,7 @@ __attribute__((noinline, cold)) uint8_t *refuse_record(Writer &w, SlotHeader *s)
 // small buffer), in one compare-exchange (a reader may be consuming the same buffer): a
 // full ring pays for one every few dozen records, not for every record. The kernel's ring
 // buffer, too, overwrites a page at a time. False when the record is refused instead.
-__attribute__((noinline, cold)) bool evict(Writer &w, SlotHeader *s, uint64_t h, uint64_t off, uint64_t end,
+__attribute__((noinline, cold)) bool evict(Writer &w, BufferHeader *s, uint64_t h, uint64_t off, uint64_t end,
                                            uint64_t t) {
     const uint64_t cap = w.cap;
     while (end - t > cap) {
@@ -598,10 +598,10 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
     w.busy = true;
     std::atomic_signal_fence(std::memory_order_seq_cst);
     Region *r = g_main.load(std::memory_order_acquire);
-    if (r == nullptr || w.slot == nullptr || w.gen != r->gen) [[unlikely]] {
+    if (r == nullptr || w.buffer == nullptr || w.gen != r->gen) [[unlikely]] {
         if (!take_buffer(w, r, comm)) return nullptr;
     }
-    SlotHeader *s = w.slot;
+    BufferHeader *s = w.buffer;
     s->busy.store(1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
     const uint64_t need = align_up(kRecHdr + size, 8);
@@ -652,8 +652,8 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
 
 void ring_commit(uint8_t *rec, uint32_t used) {
     Writer &w = t_w;
-    if (!w.busy || w.slot == nullptr || rec != reinterpret_cast<uint8_t *>(w.pend) + kRecHdr) return;
-    SlotHeader *s = w.slot;
+    if (!w.busy || w.buffer == nullptr || rec != reinterpret_cast<uint8_t *>(w.pend) + kRecHdr) return;
+    BufferHeader *s = w.buffer;
     if (used != 0) {
         used = std::min(used, w.pend_size);
         RecordHeader *rh = w.pend;
@@ -702,16 +702,16 @@ uint64_t buffer_size_kb() {
 namespace {
 void lock_swap();
 void unlock_swap();
-int replace_main_locked(uint64_t kb, uint32_t slots) {
+int replace_main_locked(uint64_t kb, uint32_t buffers) {
     if (int err = init_locked(); err != 0) return err;
-    Region *fresh = make_region(kb, slots);
+    Region *fresh = make_region(kb, buffers);
     if (fresh == nullptr) return -ENOMEM;
     lock_swap();
     Region *old = g_main.exchange(fresh, std::memory_order_acq_rel);
     Region *snap = g_snap.exchange(nullptr, std::memory_order_acq_rel); // must match the new geometry
     unlock_swap();
     g_kb = kb;
-    g_slots = slots;
+    g_buffers = buffers;
     retire_region(old);
     retire_region(snap);
     return 0;
@@ -721,15 +721,15 @@ int replace_main_locked(uint64_t kb, uint32_t slots) {
 int set_buffer_size_kb(uint64_t kb) {
     if (kb == 0 || kb > kMaxKb) return -EINVAL;
     std::lock_guard lock(g_mu);
-    return replace_main_locked(kb, g_slots);
+    return replace_main_locked(kb, g_buffers);
 }
 
-uint32_t ring_slot_count() {
+uint32_t ring_buffer_count() {
     std::lock_guard lock(g_mu);
-    return g_slots;
+    return g_buffers;
 }
 
-int set_ring_slot_count(uint32_t n) {
+int set_ring_buffer_count(uint32_t n) {
     if (n == 0 || n > 65536) return -EINVAL;
     std::lock_guard lock(g_mu);
     return replace_main_locked(g_kb, n);
@@ -762,7 +762,7 @@ int snapshot_alloc_locked() {
     if (int err = init_locked(); err != 0) return err;
     if (g_snap.load(std::memory_order_acquire) != nullptr) return 0;
     Region *main = g_main.load(std::memory_order_acquire);
-    Region *spare = make_region(main->cap / 1024, main->hdr()->slot_count);
+    Region *spare = make_region(main->cap / 1024, main->hdr()->buffer_count);
     if (spare == nullptr) return -ENOMEM;
     g_snap.store(spare, std::memory_order_release);
     return 0;
@@ -784,9 +784,9 @@ bool snapshot_swap() {
     }
     // The spare's buffers are free for the threads to claim again; writers still in the
     // old main finish their record there (it becomes part of the snapshot).
-    for (uint32_t i = 0; i < spare->hdr()->slot_count; ++i) {
+    for (uint32_t i = 0; i < spare->hdr()->buffer_count; ++i) {
         if (spare->tid_words != nullptr) spare->tid_words[i].store(0, std::memory_order_relaxed);
-        spare->slot(i)->owner.store(0, std::memory_order_relaxed);
+        spare->buffer(i)->owner.store(0, std::memory_order_relaxed);
     }
     g_main.store(spare, std::memory_order_release);
     g_snap.store(main, std::memory_order_release);

@@ -2,8 +2,8 @@
 // written lock-free by probe hits and read by the trace files here or by a reader in
 // another process that maps the memfd (docs/tracer-internals.md).
 //
-// The memfd holds a RingHeader, the slot_count SlotHeaders side by side, then from
-// data_offset the buffers' data, data_size bytes of records each, slot_stride apart. The
+// The memfd holds a RingHeader, the buffer_count SlotHeaders side by side, then from
+// data_offset the buffers' data, data_size bytes of records each, buffer_stride apart. The
 // headers are together so that a reader looking at every buffer touches a few pages, not
 // one per buffer (a page of a memfd first read is a page allocated). Everything in it is
 // positions and sizes, no pointers, so any process can map it anywhere. A record in a
@@ -29,7 +29,7 @@ namespace ukp::trace {
 // on the same thread (a probe hit in a signal handler that interrupted this thread
 // between its reserve and commit) is refused and counted as lost. `comm`: the thread's
 // name (16 bytes, NUL-terminated) as the caller keeps it, saved with the thread's buffer
-// at its first record there (SlotHeader::comm); null saves none. `cpu`: the record's CPU
+// at its first record there (BufferHeader::comm); null saves none. `cpu`: the record's CPU
 // if the caller read it already (platform::this_cpu, from the thread's rseq area), else
 // negative.
 uint8_t *ring_reserve(uint32_t size, const char *comm = nullptr, int cpu = -1);
@@ -50,8 +50,8 @@ void set_tracing_on(bool on);
 uint64_t buffer_size_kb();
 int set_buffer_size_kb(uint64_t kb);
 // Number of per-thread buffers (threads that can record at once). Replaces the buffers.
-uint32_t ring_slot_count();
-int set_ring_slot_count(uint32_t n);
+uint32_t ring_buffer_count();
+int set_ring_buffer_count(uint32_t n);
 // Empties the buffers and resets their counters (writing to the trace file).
 void ring_clear();
 // Names the kprobe_profile counter table (profile_table.hpp) in the buffers' header, now
@@ -94,7 +94,7 @@ long notify_supervisor(long kind);
 
 inline constexpr uint64_t kRingMagic = 0x31474e4952504b55ull; // "UKPRING1"
 inline constexpr uint32_t kRingVersion = 5;
-inline constexpr uint32_t kCommSlots = 256; // names of exited threads kept
+inline constexpr uint32_t kCommEntries = 256; // names of exited threads kept
 inline constexpr uint32_t kClockMonotonicNs = 0, kClockTsc = 1;
 inline constexpr uint32_t kClockSegments = 64;
 
@@ -122,19 +122,19 @@ struct CommEntry {
 struct RingHeader {
     uint64_t magic;              // kRingMagic
     uint32_t version;            // kRingVersion
-    uint32_t header_size;        // sizeof(RingHeader), rounded up: where SlotHeader 0 is
-    uint32_t slot_count;         // number of per-thread buffers
-    uint32_t slot_header_size;   // sizeof(SlotHeader): from one SlotHeader to the next
-    uint64_t slot_stride;        // bytes from one buffer's data to the next's
+    uint32_t header_size;        // sizeof(RingHeader), rounded up: where BufferHeader 0 is
+    uint32_t buffer_count;         // number of per-thread buffers
+    uint32_t buffer_header_size;   // sizeof(BufferHeader): from one BufferHeader to the next
+    uint64_t buffer_stride;        // bytes from one buffer's data to the next's
     uint64_t data_size;          // bytes of records a buffer holds (a multiple of 8)
     int32_t pid;                 // the traced process (for /proc/PID/task/TID/comm)
     uint32_t generation;         // distinct per ring of this process
-    std::atomic<uint64_t> lost_no_slot;  // records refused: every buffer in use, or the thread exiting
-    uint64_t lost_no_slot_base;          // reader-owned: lost_no_slot at the last clear
-    std::atomic<uint64_t> lost_no_slot_seen; // consumers: lost_no_slot as last reported (a LOST line)
-    std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommSlots)
+    std::atomic<uint64_t> lost_no_buffer;  // records refused: every buffer in use, or the thread exiting
+    uint64_t lost_no_slot_base;          // reader-owned: lost_no_buffer at the last clear
+    std::atomic<uint64_t> lost_no_slot_seen; // consumers: lost_no_buffer as last reported (a LOST line)
+    std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommEntries)
     uint32_t clock;              // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
-    CommEntry comms[kCommSlots];
+    CommEntry comms[kCommEntries];
     // kClockTsc: the conversion, a table of segments. segments[0] starts at a (TSC,
     // CLOCK_MONOTONIC) pair taken when the ring was made; a writer (or reader) whose
     // TSC passes clock_next adds one, at spacings that double, measuring the rate since
@@ -154,7 +154,7 @@ struct RingHeader {
 // One per-thread buffer. Positions are byte counts since the buffer was created; a
 // position p lives at data offset p % data_size. Records never wrap: a pad record fills
 // the end of the data area when the next record does not fit.
-struct alignas(64) SlotHeader {
+struct alignas(64) BufferHeader {
     std::atomic<uint32_t> owner;        // 0 free, else the tid of the thread that claimed it
                                         // (CAS; 1 where the agent could not learn tids)
     std::atomic<int32_t> tid;           // common_pid of the last committed record
@@ -182,7 +182,7 @@ struct alignas(64) SlotHeader {
     std::atomic<int32_t> comm_tid;      // whose name comm holds; 0 while it is written
     char comm[16];                      // NUL-terminated
 };
-static_assert(sizeof(SlotHeader) == 192, "the layout readers of version 2 and later expect");
+static_assert(sizeof(BufferHeader) == 192, "the layout readers of version 2 and later expect");
 
 // In front of each record in a buffer.
 struct RecordHeader {
@@ -206,7 +206,7 @@ struct RingView {
     // The header when the view holds a valid ring of this version, else null.
     const RingHeader *header() const;
     // Buffer i's header and data, in a view header() accepted.
-    SlotHeader *slot(uint32_t i) const; // readers move tail and their own fields
+    BufferHeader *buffer(uint32_t i) const; // readers move tail and their own fields
     const uint8_t *data(uint32_t i) const;
 };
 
@@ -235,7 +235,7 @@ void close_adopted_program_fds();
 struct RingEntry {
     uint64_t ts = 0;          // CLOCK_MONOTONIC, nanoseconds
     uint32_t cpu = 0;
-    uint32_t slot = 0;
+    uint32_t buffer = 0;
     uint64_t lost_before = 0; // events lost just before this one in its buffer
     std::vector<uint8_t> rec; // the record (common_type first), `size` bytes
 };
@@ -257,10 +257,10 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts);
 // processes may run at once: each record goes to exactly one of them (a CAS on tail).
 // Looks at every buffer: to consume many records, use a RingMerger.
 bool ring_consume(const RingView &v, RingEntry *out);
-// The records refused without a buffer (lost_no_slot: a thread past its exit destructor,
+// The records refused without a buffer (lost_no_buffer: a thread past its exit destructor,
 // every buffer in use) since a consumer last reported them; each is reported once, by the
 // consumer that claims it (a LOST line of trace_pipe).
-uint64_t ring_claim_lost_no_slot(const RingView &v);
+uint64_t ring_claim_lost_no_buffer(const RingView &v);
 
 // Consumes records oldest first, as ring_consume does, at O(log n) a record for n
 // buffers holding records: a heap of each buffer's oldest record, made once (a buffer
@@ -275,11 +275,11 @@ private:
     struct Head {
         uint64_t ts;              // the record's raw timestamp
         uint64_t pos;             // its position in the buffer
-        uint32_t slot;
+        uint32_t buffer;
         RecordHeader rh;
         std::vector<uint8_t> rec; // a copy of it
     };
-    bool peek(uint32_t slot, Head *h); // the buffer's oldest record
+    bool peek(uint32_t buffer, Head *h); // the buffer's oldest record
     void push(Head h);
     Head pop();
 
@@ -299,11 +299,11 @@ struct RingBatch {
     std::vector<uint8_t> bytes; // the buffer's bytes, copied (at its start; it may be longer)
     std::vector<Record> records;
 };
-// Consumes the oldest records of buffer `slot`, about max_bytes of them (at least one
+// Consumes the oldest records of buffer `buffer`, about max_bytes of them (at least one
 // whole record), into *out. False when the buffer is empty (or its writer keeps
 // overwriting it faster than it is read: the next call tries again). Safe with other
 // consumers, as ring_consume: each record goes to one of them.
-bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, RingBatch *out);
+bool ring_consume_batch(const RingView &v, uint32_t buffer, size_t max_bytes, RingBatch *out);
 
 // Whether the view has an unconsumed record.
 bool ring_has_data(const RingView &v);

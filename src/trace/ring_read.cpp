@@ -17,25 +17,25 @@ const RingHeader *RingView::header() const {
     if (base == nullptr || size < sizeof(RingHeader)) return nullptr;
     const auto *h = reinterpret_cast<const RingHeader *>(base);
     if (h->magic != kRingMagic || h->version != kRingVersion) return nullptr;
-    if (h->header_size < sizeof(RingHeader) || h->slot_header_size != sizeof(SlotHeader)) return nullptr;
-    if (h->data_size == 0 || h->data_size % 8 != 0 || h->slot_stride < h->data_size) return nullptr;
-    if (h->header_size % alignof(SlotHeader) != 0 ||
-        h->data_offset < h->header_size + uint64_t(h->slot_count) * sizeof(SlotHeader) || h->data_offset > size ||
-        (size - h->data_offset) / h->slot_stride < h->slot_count)
+    if (h->header_size < sizeof(RingHeader) || h->buffer_header_size != sizeof(BufferHeader)) return nullptr;
+    if (h->data_size == 0 || h->data_size % 8 != 0 || h->buffer_stride < h->data_size) return nullptr;
+    if (h->header_size % alignof(BufferHeader) != 0 ||
+        h->data_offset < h->header_size + uint64_t(h->buffer_count) * sizeof(BufferHeader) || h->data_offset > size ||
+        (size - h->data_offset) / h->buffer_stride < h->buffer_count)
         return nullptr;
     return h;
 }
 
-// slot() and data() are only called once header() accepted the view: they do not check
+// buffer() and data() are only called once header() accepted the view: they do not check
 // it again (a reader's scan of every buffer would check it once per buffer).
-SlotHeader *RingView::slot(uint32_t i) const {
+BufferHeader *RingView::buffer(uint32_t i) const {
     const auto *h = reinterpret_cast<const RingHeader *>(base);
-    return reinterpret_cast<SlotHeader *>(const_cast<uint8_t *>(base) + h->header_size) + i;
+    return reinterpret_cast<BufferHeader *>(const_cast<uint8_t *>(base) + h->header_size) + i;
 }
 
 const uint8_t *RingView::data(uint32_t i) const {
     const auto *h = reinterpret_cast<const RingHeader *>(base);
-    return base + h->data_offset + i * h->slot_stride;
+    return base + h->data_offset + i * h->buffer_stride;
 }
 
 namespace {
@@ -66,8 +66,8 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
     }
     const uint64_t cap = h->data_size;
     std::vector<uint8_t> buf;
-    for (uint32_t i = 0; i < h->slot_count; ++i) {
-        SlotHeader *s = v.slot(i);
+    for (uint32_t i = 0; i < h->buffer_count; ++i) {
+        BufferHeader *s = v.buffer(i);
         c.overrun += s->overrun.load(std::memory_order_acquire) - s->overrun_base;
         c.lost += s->dropped.load(std::memory_order_acquire) - s->dropped_base;
         const uint64_t head = s->head.load(std::memory_order_acquire);
@@ -90,7 +90,7 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
                 RingEntry e;
                 e.ts = rh.ts;
                 e.cpu = rh.cpu;
-                e.slot = i;
+                e.buffer = i;
                 e.lost_before = rh.dropped_before;
                 const uint8_t *r = buf.data() + (p - t0) + kRecHdr;
                 e.rec.assign(r, r + rh.size);
@@ -101,7 +101,7 @@ std::vector<RingEntry> ring_collect(const RingView &v, RingCounts *counts) {
     }
     std::stable_sort(out.begin(), out.end(), [](const RingEntry &a, const RingEntry &b) { return a.ts < b.ts; });
     for (RingEntry &e : out) e.ts = ring_time_ns(h, e.ts);
-    c.lost += h->lost_no_slot.load(std::memory_order_acquire) - h->lost_no_slot_base;
+    c.lost += h->lost_no_buffer.load(std::memory_order_acquire) - h->lost_no_slot_base;
     c.entries = out.size();
     c.written = c.entries + c.overrun + c.lost;
     if (counts != nullptr) *counts = c;
@@ -115,7 +115,7 @@ namespace {
 bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint8_t> *rec, uint64_t *pos) {
     const RingHeader *h = v.header();
     const uint64_t cap = h->data_size;
-    SlotHeader *s = v.slot(i);
+    BufferHeader *s = v.buffer(i);
     for (int attempt = 0; attempt < 1000; ++attempt) {
         const uint64_t head = s->head.load(std::memory_order_acquire);
         uint64_t t = s->tail.load(std::memory_order_acquire);
@@ -145,7 +145,7 @@ namespace {
 // The overruns of buffer s not reported yet, up to `overrun` (read before the consumer's
 // CAS on tail), claimed: each is reported once, by the consumer that raises overrun_seen
 // past it.
-uint64_t claim_overruns(SlotHeader *s, uint64_t overrun) {
+uint64_t claim_overruns(BufferHeader *s, uint64_t overrun) {
     std::atomic_ref<uint64_t> seen_ref(s->overrun_seen);
     uint64_t seen = seen_ref.load(std::memory_order_acquire);
     for (;;) {
@@ -157,12 +157,12 @@ uint64_t claim_overruns(SlotHeader *s, uint64_t overrun) {
 
 } // namespace
 
-bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, RingBatch *out) {
+bool ring_consume_batch(const RingView &v, uint32_t buffer, size_t max_bytes, RingBatch *out) {
     out->records.clear();
     const RingHeader *h = v.header();
-    if (h == nullptr || slot >= h->slot_count) return false;
+    if (h == nullptr || buffer >= h->buffer_count) return false;
     const uint64_t cap = h->data_size;
-    SlotHeader *s = v.slot(slot);
+    BufferHeader *s = v.buffer(buffer);
     for (int attempt = 0; attempt < 16; ++attempt) {
         const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
         const uint64_t t = s->tail.load(std::memory_order_acquire);
@@ -172,7 +172,7 @@ bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, Ring
         // Whole records up to about max_bytes: the copy may end inside one, left for later.
         const uint64_t end = std::min(head, t + std::max<uint64_t>(max_bytes, kMaxRecordSize + kRecHdr + 8));
         if (out->bytes.size() < end - t) out->bytes.resize(end - t); // kept between calls: no zeroing each time
-        copy_span(v.data(slot), cap, t, end, out->bytes.data());
+        copy_span(v.data(buffer), cap, t, end, out->bytes.data());
         std::atomic_thread_fence(std::memory_order_acquire);
         // The writer moves tail past what it evicts before it publishes reserve_end, and
         // both before it overwrites: the copy is whole from the tail read after
@@ -217,18 +217,18 @@ bool ring_consume_batch(const RingView &v, uint32_t slot, size_t max_bytes, Ring
 
 namespace {
 
-// Takes the record at `pos` of buffer `slot` (peeked), reporting the overruns before it
+// Takes the record at `pos` of buffer `buffer` (peeked), reporting the overruns before it
 // once; false when the writer overwrote it meanwhile (counted as an overrun).
-bool take(const RingView &v, const RingHeader *h, uint32_t slot, uint64_t pos, const RecordHeader &rh,
+bool take(const RingView &v, const RingHeader *h, uint32_t buffer, uint64_t pos, const RecordHeader &rh,
           std::vector<uint8_t> &rec, RingEntry *out) {
-    SlotHeader *s = v.slot(slot);
+    BufferHeader *s = v.buffer(buffer);
     const uint64_t overrun = s->overrun.load(std::memory_order_acquire);
     uint64_t expected = pos;
     if (!s->tail.compare_exchange_strong(expected, pos + rh.len, std::memory_order_acq_rel)) return false;
     out->lost_before = claim_overruns(s, overrun) + rh.dropped_before;
     out->ts = ring_time_ns(h, rh.ts);
     out->cpu = rh.cpu;
-    out->slot = slot;
+    out->buffer = buffer;
     out->rec.swap(rec);
     return true;
 }
@@ -239,18 +239,18 @@ bool ring_consume(const RingView &v, RingEntry *out) { return RingMerger(v).next
 
 RingMerger::RingMerger(const RingView &v) : v_(v), h_(v.header()) {
     if (h_ == nullptr) return;
-    for (uint32_t i = 0; i < h_->slot_count; ++i) {
-        SlotHeader *s = v.slot(i);
+    for (uint32_t i = 0; i < h_->buffer_count; ++i) {
+        BufferHeader *s = v.buffer(i);
         if (s->head.load(std::memory_order_acquire) == s->tail.load(std::memory_order_acquire)) continue;
         Head head;
         if (peek(i, &head)) push(std::move(head));
     }
 }
 
-bool RingMerger::peek(uint32_t slot, Head *h) {
-    if (!peek_slot(v_, slot, &h->rh, &h->rec, &h->pos)) return false;
+bool RingMerger::peek(uint32_t buffer, Head *h) {
+    if (!peek_slot(v_, buffer, &h->rh, &h->rec, &h->pos)) return false;
     h->ts = h->rh.ts;
-    h->slot = slot;
+    h->buffer = buffer;
     return true;
 }
 
@@ -269,10 +269,10 @@ RingMerger::Head RingMerger::pop() {
 bool RingMerger::next(RingEntry *out) {
     for (int attempt = 0; attempt < 1000 && !heap_.empty(); ++attempt) {
         Head h = pop();
-        const bool taken = take(v_, h_, h.slot, h.pos, h.rh, h.rec, out);
+        const bool taken = take(v_, h_, h.buffer, h.pos, h.rh, h.rec, out);
         // The buffer's next record (or, not taken, the one that overwrote it): h.rec now
         // holds the storage *out had, reused.
-        if (peek(h.slot, &h)) push(std::move(h));
+        if (peek(h.buffer, &h)) push(std::move(h));
         if (taken) return true;
     }
     return false;
@@ -287,11 +287,11 @@ uint64_t ring_time_ns(const RingHeader *h, uint64_t raw) {
     return clock_convert(h->segments[i], raw);
 }
 
-uint64_t ring_claim_lost_no_slot(const RingView &v) {
+uint64_t ring_claim_lost_no_buffer(const RingView &v) {
     const RingHeader *h = v.header();
     if (h == nullptr) return 0;
     auto *mh = const_cast<RingHeader *>(h);
-    const uint64_t now = h->lost_no_slot.load(std::memory_order_acquire);
+    const uint64_t now = h->lost_no_buffer.load(std::memory_order_acquire);
     uint64_t seen = mh->lost_no_slot_seen.load(std::memory_order_acquire);
     for (;;) {
         const uint64_t from = std::max(seen, h->lost_no_slot_base);
@@ -304,10 +304,10 @@ bool ring_has_data(const RingView &v) {
     const RingHeader *h = v.header();
     if (h == nullptr) return false;
     // Losses not reported yet are something to read too (a LOST line).
-    const uint64_t lost = h->lost_no_slot.load(std::memory_order_acquire);
+    const uint64_t lost = h->lost_no_buffer.load(std::memory_order_acquire);
     if (lost > std::max(h->lost_no_slot_seen.load(std::memory_order_acquire), h->lost_no_slot_base)) return true;
-    for (uint32_t i = 0; i < h->slot_count; ++i) {
-        SlotHeader *s = v.slot(i);
+    for (uint32_t i = 0; i < h->buffer_count; ++i) {
+        BufferHeader *s = v.buffer(i);
         if (s->head.load(std::memory_order_acquire) != s->tail.load(std::memory_order_acquire)) return true;
     }
     return false;
@@ -317,8 +317,8 @@ RingLevel ring_level(const RingView &v) {
     const RingHeader *h = v.header();
     if (h == nullptr || h->data_size == 0) return {};
     uint64_t most = 0, written = 0;
-    for (uint32_t i = 0; i < h->slot_count; ++i) {
-        SlotHeader *s = v.slot(i);
+    for (uint32_t i = 0; i < h->buffer_count; ++i) {
+        BufferHeader *s = v.buffer(i);
         const uint64_t head = s->head.load(std::memory_order_acquire);
         const uint64_t tail = s->tail.load(std::memory_order_acquire);
         if (head > tail) most = std::max(most, head - tail);
@@ -330,8 +330,8 @@ RingLevel ring_level(const RingView &v) {
 void ring_clear_view(const RingView &v) {
     const RingHeader *h = v.header();
     if (h == nullptr) return;
-    for (uint32_t i = 0; i < h->slot_count; ++i) {
-        SlotHeader *s = v.slot(i);
+    for (uint32_t i = 0; i < h->buffer_count; ++i) {
+        BufferHeader *s = v.buffer(i);
         uint64_t t = s->tail.load(std::memory_order_acquire);
         for (;;) {
             const uint64_t head = s->head.load(std::memory_order_acquire);
@@ -343,7 +343,7 @@ void ring_clear_view(const RingView &v) {
         s->dropped_pending.store(0, std::memory_order_relaxed);
     }
     auto *mh = const_cast<RingHeader *>(h);
-    mh->lost_no_slot_base = h->lost_no_slot.load(std::memory_order_acquire);
+    mh->lost_no_slot_base = h->lost_no_buffer.load(std::memory_order_acquire);
 }
 
 std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid) {
@@ -362,12 +362,12 @@ std::string ring_thread_name(const RingView &v, int32_t pid, int32_t tid) {
     }
     if (const RingHeader *h = v.header()) {
         const uint32_t next = h->comm_next.load(std::memory_order_acquire);
-        for (uint32_t k = 0; k < kCommSlots; ++k) { // newest first
-            const CommEntry &e = h->comms[(next - 1 - k) % kCommSlots];
+        for (uint32_t k = 0; k < kCommEntries; ++k) { // newest first
+            const CommEntry &e = h->comms[(next - 1 - k) % kCommEntries];
             if (e.tid.load(std::memory_order_acquire) == tid) return std::string(e.comm, strnlen(e.comm, 16));
         }
-        for (uint32_t i = 0; i < h->slot_count; ++i) { // a buffer's owner, saved at its first record
-            const SlotHeader *s = v.slot(i);
+        for (uint32_t i = 0; i < h->buffer_count; ++i) { // a buffer's owner, saved at its first record
+            const BufferHeader *s = v.buffer(i);
             if (s->comm_tid.load(std::memory_order_acquire) != tid) continue;
             char name[16];
             std::memcpy(name, s->comm, sizeof name);

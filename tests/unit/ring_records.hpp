@@ -53,7 +53,7 @@ protected:
         ASSERT_EQ(ring_init(), 0);
         set_tracing_on(true);
         snapshot_free();
-        ASSERT_EQ(set_ring_slot_count(64), 0);
+        ASSERT_EQ(set_ring_buffer_count(64), 0);
         ASSERT_EQ(set_buffer_size_kb(1408), 0);
     }
 };

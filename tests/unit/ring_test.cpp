@@ -384,9 +384,9 @@ bool consume_batch(uint32_t slot, size_t max_bytes, RingBatch *b) {
     return got;
 }
 
-uint32_t slot_count() {
+uint32_t buffer_count() {
     uint32_t n = 0;
-    with_ring_views([&](const RingView &main, const RingView &) { n = main.header()->slot_count; });
+    with_ring_views([&](const RingView &main, const RingView &) { n = main.header()->buffer_count; });
     return n;
 }
 
@@ -404,7 +404,7 @@ TEST_F(RingTest, ABatchTakesABuffersRecordsInOrderAndReportsTheOverwrittenOnce) 
     std::vector<uint32_t> seqs;
     uint64_t lost = 0;
     int batches = 0;
-    for (uint32_t s = 0; s < slot_count(); ++s) {
+    for (uint32_t s = 0; s < buffer_count(); ++s) {
         // Small batches (the least a batch copies is the largest record): each ends at a
         // whole record, the next starts there.
         while (consume_batch(s, 5000, &b)) {
@@ -498,7 +498,7 @@ TEST_F(RingTest, NestedReservationInASignalHandlerIsRefusedAndCounted) {
 }
 
 TEST_F(RingTest, ThreadsBeyondTheBuffersAreCountedAndBuffersComeBackAtExit) {
-    ASSERT_EQ(set_ring_slot_count(2), 0);
+    ASSERT_EQ(set_ring_buffer_count(2), 0);
     std::atomic<int> stage{0};
     auto holder = [&](uint32_t id) {
         write_record(id, 0);
@@ -544,7 +544,7 @@ void late_destructor(void *round) {
 }
 
 TEST_F(RingTest, AThreadRecordsPastItsExitDestructorAndItsBufferComesBackOnceItEnds) {
-    ASSERT_EQ(set_ring_slot_count(1), 0);
+    ASSERT_EQ(set_ring_buffer_count(1), 0);
     ASSERT_EQ(pthread_key_create(&g_late_key, late_destructor), 0);
     g_late_written = 0;
     std::thread t([&] {
@@ -748,7 +748,7 @@ TEST_F(RingTest, AReaderInAnotherProcessReadsTheSameRecords) {
 // follows) reads their headers only: a page of the memfd first read is a page allocated,
 // so the headers lie side by side, before the data, and nothing of the data is touched.
 TEST_F(RingTest, ReadingANewRingAllocatesItsHeadersOnly) {
-    ASSERT_EQ(set_ring_slot_count(256), 0);
+    ASSERT_EQ(set_ring_buffer_count(256), 0);
     size_t size = 0;
     const int fd = ring_memfd_copy(&size);
     ASSERT_GE(fd, 0);
@@ -763,7 +763,7 @@ TEST_F(RingTest, ReadingANewRingAllocatesItsHeadersOnly) {
     struct stat st{};
     ASSERT_EQ(fstat(fd, &st), 0);
     EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, h->data_offset)
-        << "pages allocated by reading " << h->slot_count << " empty buffers";
+        << "pages allocated by reading " << h->buffer_count << " empty buffers";
     EXPECT_LT(h->data_offset, 64u * 1024);
     munmap(p, size);
     close(fd);

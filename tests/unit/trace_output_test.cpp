@@ -57,7 +57,7 @@ class FakeRing {
 public:
     FakeRing(uint32_t slots, uint64_t data_size) {
         header_size_ = (sizeof(RingHeader) + 63) / 64 * 64;
-        data_offset_ = header_size_ + slots * sizeof(SlotHeader);
+        data_offset_ = header_size_ + slots * sizeof(BufferHeader);
         stride_ = data_size;
         size_ = data_offset_ + slots * stride_;
         base_ = static_cast<uint8_t *>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
@@ -65,9 +65,9 @@ public:
         h->magic = kRingMagic;
         h->version = kRingVersion;
         h->header_size = static_cast<uint32_t>(header_size_);
-        h->slot_count = slots;
-        h->slot_header_size = sizeof(SlotHeader);
-        h->slot_stride = stride_;
+        h->buffer_count = slots;
+        h->buffer_header_size = sizeof(BufferHeader);
+        h->buffer_stride = stride_;
         h->data_size = data_size;
         h->data_offset = data_offset_;
         h->pid = getpid();
@@ -75,9 +75,9 @@ public:
     ~FakeRing() { munmap(base_, size_); }
     RingView view() const { return RingView{base_, size_}; }
     RingHeader *header() { return reinterpret_cast<RingHeader *>(base_); }
-    SlotHeader *slot(uint32_t i) { return view().slot(i); }
+    BufferHeader *buffer(uint32_t i) { return view().buffer(i); }
     void add(uint32_t slot_index, uint16_t cpu, uint64_t ts, const std::vector<uint8_t> &rec, uint32_t dropped_before = 0) {
-        SlotHeader *s = slot(slot_index);
+        BufferHeader *s = buffer(slot_index);
         uint8_t *data = base_ + data_offset_ + slot_index * stride_;
         const uint64_t pos = s->head.load();
         RecordHeader rh{};
@@ -93,7 +93,7 @@ public:
         s->reserve_end.store(pos + rh.len);
     }
     void name(int32_t tid, const char *comm) {
-        CommEntry &e = header()->comms[header()->comm_next.fetch_add(1) % kCommSlots];
+        CommEntry &e = header()->comms[header()->comm_next.fetch_add(1) % kCommEntries];
         std::strncpy(e.comm, comm, 15);
         e.tid.store(tid);
     }
@@ -209,7 +209,7 @@ TEST(TraceText, TracePipeShowsOverrunsAsTheKernelDoes) {
         ring.add(1, k.cpu, k.ts, text_record(k.pid, 0xff, 0xff, k.event));
         ring.name(k.pid, "prog");
     }
-    ring.slot(1)->overrun.store(3774);
+    ring.buffer(1)->overrun.store(3774);
     // trace shows the overruns in its header only, as the kernel's does.
     const std::string trace = trace_text_of(ring.view(), print_text);
     EXPECT_NE(trace.find("# entries-in-buffer/entries-written: 2/3776   #P:"), std::string::npos);
@@ -225,7 +225,7 @@ TEST(TraceText, RefusedRecordsShowAsLostLinesInTrace) {
     FakeRing ring(2, 1 << 16);
     ring.add(0, 1, 1000000000, text_record(7, 0, 0, "ev: a"));
     ring.add(0, 0, 2000000000, text_record(7, 0, 0, "ev: b"), 5);
-    ring.slot(0)->dropped.store(5);
+    ring.buffer(0)->dropped.store(5);
     ring.name(7, "w");
     const std::string text = trace_text_of(ring.view(), print_text);
     const std::string body = text.substr(trace_header(2, 7, online_cpus()).size());
