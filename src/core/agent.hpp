@@ -29,8 +29,8 @@ public:
 // a probe takes the mark at its registration.
 void mark_own_handler(const void *fn);
 // Whether a handler's code is lean (true for none). Under registry_mutex(), as
-// gpr_dispatch_init(): the scan reads the code under the probes.
-bool handler_is_gpr_only(const void *fn);
+// lean_dispatch_init(): the scan reads the code under the probes.
+bool handler_is_lean(const void *fn);
 
 // A scope in which probes are registered while the process may have no other thread (a
 // process's start, before main): the optimizer thread is not started meanwhile, and at the

@@ -73,7 +73,7 @@ struct ProbeList {
     void *kret_pool = nullptr;
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
 
-    bool gpr_only(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
+    bool lean(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
     bool own(uint32_t i) const { return i < 64 && ((own_mask >> i) & 1) != 0; }
 };
 
@@ -154,11 +154,11 @@ bool synchronize();
 void grace_init();
 // Decides, once, whether the jump path's and the return path's dispatchers run without
 // saving the vector state: each only if the scan proves its code lean (not under the
-// sanitizers, whose checks call out through the PLT). gpr_dispatch_scan() tells what a
+// sanitizers, whose checks call out through the PLT). lean_dispatch_scan() tells what a
 // scan found.
-void gpr_dispatch_init();
+void lean_dispatch_init();
 enum class Dispatcher { kOptprobe, kKretprobe };
-const arch::VectorScan &gpr_dispatch_scan(Dispatcher which);
+const arch::VectorScan &lean_dispatch_scan(Dispatcher which);
 bool handler_is_own(const void *fn);
 // How many threads can have a reader cell for their read sections at once.
 constexpr size_t kReaderCells = 1024;
@@ -390,7 +390,7 @@ UKP_HOT int call_guarded(kprobe *p, void *fn, void *a, void *b, bool proven, boo
 // Runs f() with the vector state saved around it, unless the caller says it is saved
 // already (the breakpoint path: the kernel saved it in the signal frame). On the jump and
 // return paths, whose dispatchers run without that state saved when they are lean
-// (gpr_dispatch_init), every call of code that is not lean goes through here. Both ways
+// (lean_dispatch_init), every call of code that is not lean goes through here. Both ways
 // go through a call helper, so the scan of a dispatcher's code (vector_use.hpp) does not
 // follow into f.
 template <typename F>

@@ -253,7 +253,7 @@ bool any_post_handler(const ProbeList *list) {
 
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry. ext_saved:
-// whether the vector state is saved (see outside_gpr); lean handlers (ProbeList::gpr_only)
+// whether the vector state is saved (see outside_gpr); lean handlers (ProbeList::lean)
 // run without. *at_hit: regs as they were before any handler (of its fields, the general
 // registers, flags and sp are read).
 __attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const ProbeList *list, ucontext_t *uc,
@@ -274,7 +274,7 @@ __attribute__((always_inline)) inline bool run_pre_handlers(Point *pt, const Pro
         ts.hit_point = pt;
         ts.hit_position = i;
         const int r = guarded_handler_call(p, reinterpret_cast<void *>(p->pre_handler), p, &regs,
-                                           ext_saved || list->gpr_only(i), list->own(i));
+                                           ext_saved || list->lean(i), list->own(i));
         if (r < 0) {
             if (!ran) before = registers_at_hit(*at_hit, hit_ip, regs);
             outside_gpr(ext_saved, [&] { handler_faulted(p, &regs, before); });
@@ -439,7 +439,7 @@ void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
 // Called by ukp_optprobe_trampoline when an optimized probe's jump was taken: the
 // breakpoint path's handler chain, without the trap. regs->ip is the probe address + 1,
 // as on the int3 path; a pre_handler that changes it and returns non-zero is obeyed.
-// Without the vector state saved (ext_saved 0) when ukp_gpr_dispatch is set: then
+// Without the vector state saved (ext_saved 0) when ukp_lean_jump_path is set: then
 // everything this calls either is lean or goes through outside_gpr(). *at_hit: the
 // general registers, flags and sp at the hit, saved a second time by the trampoline.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs,

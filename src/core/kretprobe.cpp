@@ -730,7 +730,7 @@ using namespace ukp::core;
 
 // Called by ukp_kretprobe_trampoline when a probed function returned into a stub, and
 // its fast case (trampolines.S) did not take the return. Without the vector state saved
-// (ext_saved 0) when ukp_gpr_ret_dispatch is set (see ukp_optprobe_dispatch in hit.cpp).
+// (ext_saved 0) when ukp_lean_return_path is set (see ukp_optprobe_dispatch in hit.cpp).
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(uint64_t ret_addr_field,
                                                                                   pt_regs *regs, int ext_saved) {
     ThreadState &ts = thread_state();
@@ -798,8 +798,8 @@ int register_kretprobe(struct kretprobe *rp) {
     if (pool == nullptr) return -ENOMEM;
     {
         std::lock_guard lock(registry_mutex());
-        pool->entry_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->entry_handler));
-        pool->handler_gpr_only = handler_is_gpr_only(reinterpret_cast<const void *>(rp->handler));
+        pool->entry_gpr_only = handler_is_lean(reinterpret_cast<const void *>(rp->entry_handler));
+        pool->handler_gpr_only = handler_is_lean(reinterpret_cast<const void *>(rp->handler));
         pool->entry_own = handler_is_own(reinterpret_cast<const void *>(rp->entry_handler));
         pool->handler_own = handler_is_own(reinterpret_cast<const void *>(rp->handler));
         pool->handler = rp->handler;

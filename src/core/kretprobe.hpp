@@ -50,7 +50,7 @@ struct RetPool {
     std::vector<uint8_t> eh_frame;        // the sled's CIE and FDE, registered with libgcc
     void *unw_info = nullptr;             // the same, registered with libunwind if loaded
     alignas(8) int32_t unw_table[2] = {}; // its one-entry search table: {ip offset, FDE offset}
-    // The lean handlers (core.hpp, handler_is_gpr_only): called without saving the vector
+    // The lean handlers (core.hpp, handler_is_lean): called without saving the vector
     // state on the jump and return paths.
     bool entry_gpr_only = false;
     bool handler_gpr_only = false;

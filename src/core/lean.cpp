@@ -12,14 +12,14 @@ extern "C" void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs, int e
 extern "C" void ukp_kretprobe_dispatch(uint64_t ret_addr_field, pt_regs *regs, int ext_saved); // kretprobe.cpp
 
 extern "C" {
-__attribute__((visibility("hidden"))) uint8_t ukp_gpr_dispatch = 0;
-__attribute__((visibility("hidden"))) uint8_t ukp_gpr_ret_dispatch = 0;
+__attribute__((visibility("hidden"))) uint8_t ukp_lean_jump_path = 0;
+__attribute__((visibility("hidden"))) uint8_t ukp_lean_return_path = 0;
 }
 
 namespace ukp::core {
 
 namespace {
-arch::VectorScan g_gpr_dispatch_scans[2];
+arch::VectorScan g_lean_dispatch_scans[2];
 
 // The scan of the code as it was before the probes (read_original_code: under the
 // registry mutex), with the call helpers, where the agent's calls of code that is not lean
@@ -32,29 +32,29 @@ arch::VectorScan scan_with_stops(const void *fn) {
 }
 } // namespace
 
-void gpr_dispatch_init() {
+void lean_dispatch_init() {
     static std::once_flag once;
     std::call_once(once, [] {
         const struct {
             const void *fn;
             uint8_t *flag;
-        } dispatchers[] = {{reinterpret_cast<const void *>(&ukp_optprobe_dispatch), &ukp_gpr_dispatch},
-                           {reinterpret_cast<const void *>(&ukp_kretprobe_dispatch), &ukp_gpr_ret_dispatch}};
+        } dispatchers[] = {{reinterpret_cast<const void *>(&ukp_optprobe_dispatch), &ukp_lean_jump_path},
+                           {reinterpret_cast<const void *>(&ukp_kretprobe_dispatch), &ukp_lean_return_path}};
         for (size_t i = 0; i < std::size(dispatchers); ++i) {
-            g_gpr_dispatch_scans[i] = scan_with_stops(dispatchers[i].fn);
-            __atomic_store_n(dispatchers[i].flag, g_gpr_dispatch_scans[i].clean ? 1 : 0, __ATOMIC_RELEASE);
+            g_lean_dispatch_scans[i] = scan_with_stops(dispatchers[i].fn);
+            __atomic_store_n(dispatchers[i].flag, g_lean_dispatch_scans[i].clean ? 1 : 0, __ATOMIC_RELEASE);
         }
     });
 }
 
-const arch::VectorScan &gpr_dispatch_scan(Dispatcher which) {
-    return g_gpr_dispatch_scans[which == Dispatcher::kOptprobe ? 0 : 1];
+const arch::VectorScan &lean_dispatch_scan(Dispatcher which) {
+    return g_lean_dispatch_scans[which == Dispatcher::kOptprobe ? 0 : 1];
 }
 
 namespace {
 constexpr size_t kOwnHandlers = 8;
 std::atomic<const void *> g_own_handlers[kOwnHandlers];
-// handler_is_gpr_only()'s verdict on each once asked: 0 not yet, 1 lean, 2 not.
+// handler_is_lean()'s verdict on each once asked: 0 not yet, 1 lean, 2 not.
 std::atomic<uint8_t> g_own_verdicts[kOwnHandlers];
 
 // fn's index in g_own_handlers, or -1.
@@ -69,7 +69,7 @@ int own_index(const void *fn) {
 // The agent's own handlers (the tracer's, for every event) are scanned once: their code
 // neither changes nor goes. Any other function is scanned at every question, as another
 // library may have been loaded where its own was.
-bool handler_is_gpr_only(const void *fn) {
+bool handler_is_lean(const void *fn) {
     if (fn == nullptr) return true;
     const int own = own_index(fn);
     if (own < 0) return scan_with_stops(fn).clean;

@@ -226,19 +226,19 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
     if (mem == nullptr) return nullptr;
     auto *list = new (mem) ProbeList;
     list->count = 0;
-    const auto put = [list](kprobe *p, bool gpr_only, bool own) {
-        if (gpr_only && list->count < 64) list->gpr_mask |= uint64_t{1} << list->count;
+    const auto put = [list](kprobe *p, bool lean, bool own) {
+        if (lean && list->count < 64) list->gpr_mask |= uint64_t{1} << list->count;
         if (own && list->count < 64) list->own_mask |= uint64_t{1} << list->count;
         list->any_post = list->any_post || p->post_handler != nullptr;
         list->probes[list->count++] = p;
     };
     for (uint32_t i = 0; i < n; ++i)
-        if (from->probes[i] != drop) put(from->probes[i], from->gpr_only(i), from->own(i));
+        if (from->probes[i] != drop) put(from->probes[i], from->lean(i), from->own(i));
     if (add != nullptr) {
         const auto *fn = reinterpret_cast<const void *>(add->pre_handler);
-        put(add, handler_is_gpr_only(fn), handler_is_own(fn));
+        put(add, handler_is_lean(fn), handler_is_own(fn));
     }
-    if (list->count == 1 && !list->any_post && list->gpr_only(0) && list->probes[0]->pre_handler != nullptr)
+    if (list->count == 1 && !list->any_post && list->lean(0) && list->probes[0]->pre_handler != nullptr)
         list->fast = list->own(0) ? kFastOwn : kFastGuarded;
     if (list->count == 1 && !list->any_post) list->kret_pool = kret_pool_without_entry_handler(list->probes[0]);
     return list;
@@ -277,7 +277,7 @@ __attribute__((constructor(101))) void prepare_while_single_threaded() {
 
 int ensure_initialized() {
     grace_init(); // before the first probe: its hits may take reader cells
-    gpr_dispatch_init();
+    lean_dispatch_init();
     if (int err = install_signal_handlers(); err != 0) return err;
     if (int err = text::init(); err != 0) return err;
     if (g_symbols == nullptr) g_symbols = new (std::nothrow) sym::Registry();
@@ -608,7 +608,7 @@ int ukp_kprobes_enabled(void) { return g_kprobes_enabled.load() ? 1 : 0; }
 int ukp_lean_dispatch(void) {
     std::lock_guard lock(g_mutex);
     if (int err = ensure_initialized(); err != 0) return err;
-    return (ukp_gpr_dispatch != 0 ? UKP_LEAN_KPROBE : 0) | (ukp_gpr_ret_dispatch != 0 ? UKP_LEAN_KRETPROBE : 0);
+    return (ukp_lean_jump_path != 0 ? UKP_LEAN_KPROBE : 0) | (ukp_lean_return_path != 0 ? UKP_LEAN_KRETPROBE : 0);
 }
 
 int ukp_set_kprobes_enabled(int on) { return set_enabled(on != 0); }

@@ -119,7 +119,7 @@
         .cfi_def_cfa_register rsp
         .endm
 
-// CALL_DISPATCH, or, when the byte \flag is set (hit.cpp, gpr_dispatch_init: the scan
+// CALL_DISPATCH, or, when the byte \flag is set (hit.cpp, lean_dispatch_init: the scan
 // proved \fn lean), a call of \fn with nothing saved and rdx = 0: the dispatcher saves
 // the vector state itself before any code that is not lean.
         .macro  CALL_DISPATCH_GPR fn, ctx, flag
@@ -383,7 +383,7 @@ ukp_optprobe_fast_recovery:
 .Lopt_fast_declined:
         FAST_SECTION_END                        // unused
 .Lopt_dispatch:
-        CALL_DISPATCH_GPR ukp_optprobe_dispatch, FRAME+8, ukp_gpr_dispatch
+        CALL_DISPATCH_GPR ukp_optprobe_dispatch, FRAME+8, ukp_lean_jump_path
 .Lopt_dispatched:
         mov     FRAME(%rsp), %rax
         add     $DETOUR_BACK_LEN, %rax
@@ -678,7 +678,7 @@ ukp_kretprobe_trampoline:
 .Lret_fast_declined:
         FAST_SECTION_END                        // unused
 .Lret_dispatch:
-        CALL_DISPATCH_GPR ukp_kretprobe_dispatch, FRAME+128, ukp_gpr_ret_dispatch
+        CALL_DISPATCH_GPR ukp_kretprobe_dispatch, FRAME+128, ukp_lean_return_path
 .Lret_dispatched:
         lea     FRAME+136(%rsp), %rax
         cmp     RSP(%rsp), %rax

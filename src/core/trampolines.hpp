@@ -17,6 +17,6 @@ void ukp_call_on_stack(void (*fn)(void *), void *arg, void *stack_top);
 int ukp_call_handler(void *fn, void *a, void *b);
 // Set (hit.cpp) when the optprobe and the kretprobe trampolines may call their
 // dispatchers without saving the vector state; read by the trampolines.
-extern uint8_t ukp_gpr_dispatch;
-extern uint8_t ukp_gpr_ret_dispatch;
+extern uint8_t ukp_lean_jump_path;
+extern uint8_t ukp_lean_return_path;
 }

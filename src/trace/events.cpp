@@ -1034,7 +1034,7 @@ int apply_startup_events(std::string_view spec) {
 
 bool hit_handlers_lean() {
     for (const void *fn : hit_handlers())
-        if (!core::handler_is_gpr_only(fn)) return false;
+        if (!core::handler_is_lean(fn)) return false;
     return true;
 }
 

@@ -162,7 +162,7 @@ TEST_F(Grace, UnregisterWaitsForAProvenHandlerOnTheJumpPath) {
     bool proven;
     {
         std::lock_guard lock(ukp::core::registry_mutex());
-        proven = ukp::core::handler_is_gpr_only(reinterpret_cast<const void *>(&proven_blocking_pre));
+        proven = ukp::core::handler_is_lean(reinterpret_cast<const void *>(&proven_blocking_pre));
     }
     // Under AddressSanitizer its checks call out of the handler: the dispatcher calls it.
     EXPECT_EQ(proven, !UKP_UNDER_ASAN);
@@ -188,7 +188,7 @@ TEST_F(Grace, UnregisterWaitsForAProvenReturnHandler) {
     bool proven;
     {
         std::lock_guard lock(ukp::core::registry_mutex());
-        proven = ukp::core::handler_is_gpr_only(reinterpret_cast<const void *>(&proven_blocking_ret));
+        proven = ukp::core::handler_is_lean(reinterpret_cast<const void *>(&proven_blocking_ret));
     }
     EXPECT_EQ(proven, !UKP_UNDER_ASAN);
     expect_unregister_waits_for_the_handler(

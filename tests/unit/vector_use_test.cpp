@@ -269,13 +269,13 @@ __attribute__((noinline)) int vector_pre(kprobe *, pt_regs *) {
 
 bool optimized(const kprobe &kp) { return (kp.flags & KPROBE_FLAG_OPTIMIZED) != 0; }
 
-// The gpr_only bits of the list at kp's address.
+// The lean bits of the list at kp's address.
 std::string gpr_bits(const kprobe &kp) {
     const ukp::core::Point *pt = ukp::core::find_point(reinterpret_cast<uint64_t>(kp.addr));
     if (pt == nullptr) return "no point";
     const ukp::core::ProbeList *list = pt->list.load();
     std::string bits;
-    for (uint32_t i = 0; list != nullptr && i < list->count; ++i) bits += list->gpr_only(i) ? '1' : '0';
+    for (uint32_t i = 0; list != nullptr && i < list->count; ++i) bits += list->lean(i) ? '1' : '0';
     return bits;
 }
 
@@ -312,7 +312,7 @@ TEST_F(VectorPath, TheDispatchersAreProvenClean) {
 #else
     init_agent();
     for (auto which : {ukp::core::Dispatcher::kOptprobe, ukp::core::Dispatcher::kKretprobe}) {
-        const VectorScan &s = ukp::core::gpr_dispatch_scan(which);
+        const VectorScan &s = ukp::core::lean_dispatch_scan(which);
         EXPECT_TRUE(s.clean) << std::hex << s.at << ": " << s.why;
         EXPECT_GT(s.instructions, 100u);
     }
@@ -367,14 +367,14 @@ TEST_F(VectorPath, AnOwnHandlerIsScannedOnceOthersAtEveryQuestion) {
     ukp::core::mark_own_handler(own);
     // The scan reads the code as it was before the probes: under the registry mutex.
     std::lock_guard lock(ukp::core::registry_mutex());
-    ASSERT_TRUE(ukp::core::handler_is_gpr_only(own));
+    ASSERT_TRUE(ukp::core::handler_is_lean(own));
     const uint64_t scans = ukp::arch::vector_scans();
-    EXPECT_TRUE(ukp::core::handler_is_gpr_only(own));
+    EXPECT_TRUE(ukp::core::handler_is_lean(own));
     EXPECT_EQ(ukp::arch::vector_scans(), scans) << "the verdict on an own handler is kept";
-    EXPECT_TRUE(ukp::core::handler_is_gpr_only(other));
-    EXPECT_TRUE(ukp::core::handler_is_gpr_only(other));
+    EXPECT_TRUE(ukp::core::handler_is_lean(other));
+    EXPECT_TRUE(ukp::core::handler_is_lean(other));
     EXPECT_EQ(ukp::arch::vector_scans(), scans + 2);
-    EXPECT_FALSE(ukp::core::handler_is_gpr_only(reinterpret_cast<const void *>(vu_xmm)));
+    EXPECT_FALSE(ukp::core::handler_is_lean(reinterpret_cast<const void *>(vu_xmm)));
 }
 
 // A probe on a function that a handler calls: the scan reads the code under the int3,
