@@ -4,7 +4,7 @@
 # link per such layer (layers/NAME/LAYER -> src/LAYER), so that `#include "trace/ring.hpp"`
 # in src/core fails to compile: the build refuses a dependency the table does not list.
 # libukprobes is made of every layer's objects.
-set(UKP_LAYER_VIEWS ${PROJECT_BINARY_DIR}/layers)
+set(UKP_LAYER_VIEWS ${PROJECT_BINARY_DIR}/layers CACHE INTERNAL "where the layers' include paths are made")
 file(REMOVE ${UKP_LAYER_VIEWS}/table)
 
 # ukp_layer(NAME [FOLDER dir] USES layer... SOURCES file... [LIBS target...])
@@ -42,6 +42,9 @@ endfunction()
 # which sees the layers it names only; in ${NAME_VIEW}.
 function(ukp_view name)
   cmake_parse_arguments(V "" "" "USES" ${ARGN})
+  if(NOT UKP_LAYER_VIEWS)
+    message(FATAL_ERROR "ukp_view(${name}): cmake/layers.cmake is not included")
+  endif()
   set(view ${UKP_LAYER_VIEWS}/${name})
   file(REMOVE_RECURSE ${view})
   file(MAKE_DIRECTORY ${view})

@@ -123,171 +123,199 @@ struct Options {
     bool no_refs = false;
 };
 
-int run_object(const std::string &path, const Options &opt) {
-    auto obj = ukp::sym::load_object(path, 0);
-    if (!obj) {
-        fmt::print(stderr, "ukp-coverage: {}: cannot read ELF symbols\n", path);
-        return 1;
-    }
-    std::string err;
-    auto img = ukp::arch::ElfImage::open(path, 0, &err);
-    if (!img) {
-        fmt::print(stderr, "ukp-coverage: {}\n", err);
-        return 1;
-    }
-    const ukp::arch::ReadFn read = img->reader();
-    // The whole object's references: without them the check is the per-function one only.
-    const auto refs = opt.no_refs ? nullptr : ukp::arch::build_object_refs(path, 0, &err);
-    if (!refs && !opt.no_refs) fmt::print(stderr, "ukp-coverage: {} (checking without object references)\n", err);
+// The function symbols of an object.
+struct FunctionSymbols {
+    std::vector<const ukp::sym::Symbol *> funcs; // one per address (the preferred name comes first at an address)
+    std::vector<uint64_t> all_starts;            // any symbol, sorted, unique: entries other code may jump to
+    size_t count = 0;                            // function symbols, aliases at one address each counted
+};
 
-    // Function symbols, one per address (the preferred name comes first at an address).
-    std::vector<const ukp::sym::Symbol *> funcs;
-    std::vector<uint64_t> all_starts; // any symbol: entries other code may jump to
-    size_t func_symbols = 0;
-    for (const ukp::sym::Symbol &s : obj->symbols()) {
-        all_starts.push_back(s.value);
+// The sized function symbols of `obj`, and every symbol's address.
+FunctionSymbols function_symbols(const ukp::sym::Object &obj) {
+    FunctionSymbols fs;
+    for (const ukp::sym::Symbol &s : obj.symbols()) {
+        fs.all_starts.push_back(s.value);
         if (!s.function || s.size == 0) continue;
-        ++func_symbols;
-        if (!funcs.empty() && funcs.back()->value == s.value) continue;
-        funcs.push_back(&s);
+        ++fs.count;
+        if (!fs.funcs.empty() && fs.funcs.back()->value == s.value) continue;
+        fs.funcs.push_back(&s);
     }
-    std::sort(all_starts.begin(), all_starts.end());
-    all_starts.erase(std::unique(all_starts.begin(), all_starts.end()), all_starts.end());
+    std::sort(fs.all_starts.begin(), fs.all_starts.end());
+    fs.all_starts.erase(std::unique(fs.all_starts.begin(), fs.all_starts.end()), fs.all_starts.end());
+    return fs;
+}
 
-    Counts entries, boundaries;
+// The checks of one object: what they read, and what they count.
+struct ObjectCheck {
+    const ukp::arch::ElfImage &img;
+    const ukp::arch::ReadFn read;
+    const ukp::arch::ObjectRefs *refs; // the whole object's references; null: the per-function check only
+    const Options &opt;
+    Counts entries, boundaries;        // function entries; every instruction boundary
     Tactics t;
-    std::vector<std::string> listing, jumps;
-    for (size_t fi = 0; fi < funcs.size(); ++fi) {
-        const ukp::sym::Symbol &s = *funcs[fi];
-        const uint64_t start = s.value, end = s.value + s.size;
-        const uint8_t *code = img->bytes(start, s.size);
-        if (code == nullptr) {
-            ++entries.sites;
-            ++entries.extra[kCodeUnreadable];
-            if (opt.list) listing.push_back(fmt::format("{:#x} {} {}", start, s.name, kExtraNames[kCodeUnreadable]));
-            continue;
-        }
-        const FunctionMap f = ukp::arch::analyze_function(start, code, s.size, read);
-        std::vector<uint64_t> extra;
-        std::string why;
-        const int lp = ukp::arch::landing_pads(img->eh_frame_hdr(), start, end, read, &extra, &why);
-        if (lp != 0) {
-            ++entries.sites;
-            ++entries.extra[kLandingPadsUnknown];
-            if (opt.list) {
-                listing.push_back(fmt::format("{:#x} {} {} ({})", start, s.name,
-                                              kExtraNames[kLandingPadsUnknown], why));
-            }
-            continue;
-        }
-        t.pads += extra.size();
-        t.with_pads += !extra.empty();
-        // Other symbols inside this one are entries too (asm labels, nested aliases).
-        for (auto it = std::upper_bound(all_starts.begin(), all_starts.end(), start);
-             it != all_starts.end() && *it < end; ++it) {
-            extra.push_back(*it);
-        }
-        for (const IndirectJump &ij : f.indirect_jumps) {
-            if (opt.jumps) {
-                static const char *const kinds[] = {"unknown", "rip-memory", "table-rel32", "table-abs64"};
-                jumps.push_back(fmt::format("{:#x} in {}+{:#x}: {} table={:#x} entries={} {}", ij.addr, s.name,
-                                            ij.addr - start, kinds[static_cast<int>(ij.kind)], ij.table,
-                                            ij.entries,
-                                            ij.resolved ? "resolved"
-                                            : ij.whole_pointer ? fmt::format("whole pointer ({} instructions walked)", ij.walked.size())
-                                                               : std::string("unresolved")));
-            }
-            switch (ij.kind) {
-            case IndirectJump::Kind::kTableRel32:
-            case IndirectJump::Kind::kTableAbs64:
-                ++t.tables;
-                if (!ij.resolved) ++t.unsized_tables;
-                break;
-            case IndirectJump::Kind::kRipMemory: ++t.rip_jumps; break;
-            case IndirectJump::Kind::kUnknown: ++t.unknown_jumps; break;
-            }
-            t.whole_pointer_jumps += !ij.resolved && ij.whole_pointer;
-        }
+    std::vector<std::string> listing;  // --list's lines
+    std::vector<std::string> jumps;    // --jumps' lines
+};
 
-        // The check the agent makes: a region one short branch enters passes with an island.
-        const auto check = [&](uint64_t a, bool *island) {
-            OptimizeCheck c = check_region(f, a, extra, 5, refs.get());
-            ukp::arch::Island plan;
-            *island = !c.ok && refs && ukp::arch::plan_island(c, a, *refs, read, &plan);
-            if (*island) {
-                c.ok = true;
-                c.reason = Reason::kOk;
-                c.reasons = 0;
-            }
-            return c;
-        };
-        bool by_island = false;
-        const OptimizeCheck c = check(start, &by_island);
-        entries.add(c);
-        if (c.ok) {
-            t.by_trusted_jumps += c.trusted_jumps;
-            t.by_padding += c.into_padding;
-            t.by_island += by_island;
+// The check the agent makes at `a` in `f` (`extra`: its other entries): a region one short
+// branch enters passes with an island (*island).
+OptimizeCheck check_site(const ObjectCheck &oc, const FunctionMap &f, uint64_t a, const std::vector<uint64_t> &extra,
+                         bool *island) {
+    OptimizeCheck c = check_region(f, a, extra, 5, oc.refs);
+    ukp::arch::Island plan;
+    *island = !c.ok && oc.refs != nullptr && ukp::arch::plan_island(c, a, *oc.refs, oc.read, &plan);
+    if (*island) {
+        c.ok = true;
+        c.reason = Reason::kOk;
+        c.reasons = 0;
+    }
+    return c;
+}
+
+// The indirect jumps of `f` (the function of `s`), counted by kind and listed (--jumps).
+void count_indirect_jumps(ObjectCheck &oc, const FunctionMap &f, const ukp::sym::Symbol &s) {
+    Tactics &t = oc.t;
+    for (const IndirectJump &ij : f.indirect_jumps) {
+        if (oc.opt.jumps) {
+            static const char *const kinds[] = {"unknown", "rip-memory", "table-rel32", "table-abs64"};
+            oc.jumps.push_back(fmt::format("{:#x} in {}+{:#x}: {} table={:#x} entries={} {}", ij.addr, s.name,
+                                           ij.addr - s.value, kinds[static_cast<int>(ij.kind)], ij.table,
+                                           ij.entries,
+                                           ij.resolved ? "resolved"
+                                           : ij.whole_pointer ? fmt::format("whole pointer ({} instructions walked)", ij.walked.size())
+                                                              : std::string("unresolved")));
         }
-        if (c.ok && opt.list_all) listing.push_back(fmt::format("{:#x} {} ok", start, s.name));
-        if (!c.ok) {
-            if (opt.list) {
-                std::string reasons;
-                for (size_t r = 0; r < kReasons; ++r) {
-                    if (c.reasons & (1u << r)) {
-                        reasons += reasons.empty() ? "" : ",";
-                        reasons += reason_name(static_cast<Reason>(r));
-                    }
-                }
-                listing.push_back(fmt::format("{:#x} {} {}", start, s.name, reasons));
-            }
-            // Tactic estimates.
-            if (only(c, bit(Reason::kIndirectJump))) {
-                bool all_rip = true, no_table = true;
-                for (const IndirectJump &ij : f.indirect_jumps) {
-                    if (ij.resolved) continue;
-                    all_rip = all_rip && ij.kind == IndirectJump::Kind::kRipMemory;
-                    no_table = no_table && (ij.kind == IndirectJump::Kind::kRipMemory ||
-                                            ij.kind == IndirectJump::Kind::kUnknown);
-                }
-                t.trust_rip_jumps += all_rip;
-                t.trust_tail_jumps += no_table;
-            }
-            const uint64_t next_start = fi + 1 < funcs.size() ? funcs[fi + 1]->value : end;
-            if (only(c, bit(Reason::kTooSmallFunction) | bit(Reason::kRegionPastFunctionEnd)) &&
-                check_region(f, start, extra, s.size).ok &&
-                filler_after(*img, end, std::min(next_start, start + 64)) >= 5 - std::min<uint64_t>(s.size, 5)) {
-                ++t.into_padding;
-            }
-            const OptimizeCheck c2 = check_region(f, start, extra, 2);
-            if (c2.ok) {
-                // The free gap before this function (after the previous one) and after it.
-                const uint64_t prev_end = fi > 0 ? funcs[fi - 1]->value + funcs[fi - 1]->size : start;
-                const uint64_t from = start + 2;
-                if ((prev_end < start && padding_in_reach(*img, from, prev_end, start)) ||
-                    (next_start > end && padding_in_reach(*img, from, end, next_start))) {
-                    ++t.short_jump;
-                }
-            }
-            if (f.reliable() && !f.insns.empty()) {
-                ukp::arch::Insn in;
-                if (ukp::arch::decode(start, code, s.size, &in) == 0) {
-                    ++t.first_len[std::min<size_t>(in.len, 15)];
-                    uint8_t buf[ukp::arch::kMaxRelocatedSize];
-                    if (in.flow != ukp::arch::Flow::kUnsupported &&
-                        ukp::arch::relocate(in, start + (1ull << 40), buf, sizeof(buf),
-                                            ukp::arch::Exit::kNone) >= 0) {
-                        ++t.first_insn_reloc;
-                    }
-                }
-            }
+        switch (ij.kind) {
+        case IndirectJump::Kind::kTableRel32:
+        case IndirectJump::Kind::kTableAbs64:
+            ++t.tables;
+            if (!ij.resolved) ++t.unsized_tables;
+            break;
+        case IndirectJump::Kind::kRipMemory: ++t.rip_jumps; break;
+        case IndirectJump::Kind::kUnknown: ++t.unknown_jumps; break;
         }
-        if (!opt.entries_only && f.reliable()) {
-            for (uint64_t a : f.insns) boundaries.add(check(a, &by_island));
+        t.whole_pointer_jumps += !ij.resolved && ij.whole_pointer;
+    }
+}
+
+// Every failed check of `c`, by name, separated by commas.
+std::string reason_names(const OptimizeCheck &c) {
+    std::string reasons;
+    for (size_t r = 0; r < kReasons; ++r) {
+        if (c.reasons & (1u << r)) {
+            reasons += reasons.empty() ? "" : ",";
+            reasons += reason_name(static_cast<Reason>(r));
         }
     }
+    return reasons;
+}
 
-    fmt::print("{}: {} function symbols, {} distinct entries\n", path, func_symbols, entries.sites);
+// What other tactics would make of the entry of function `fi` (`f`, its `code`, its other
+// entries `extra`), which fails the check `c`: added to oc.t.
+void estimate_tactics(ObjectCheck &oc, const FunctionSymbols &fs, size_t fi, const FunctionMap &f,
+                      const uint8_t *code, const std::vector<uint64_t> &extra, const OptimizeCheck &c) {
+    Tactics &t = oc.t;
+    const ukp::sym::Symbol &s = *fs.funcs[fi];
+    const uint64_t start = s.value, end = s.value + s.size;
+    if (only(c, bit(Reason::kIndirectJump))) {
+        bool all_rip = true, no_table = true;
+        for (const IndirectJump &ij : f.indirect_jumps) {
+            if (ij.resolved) continue;
+            all_rip = all_rip && ij.kind == IndirectJump::Kind::kRipMemory;
+            no_table = no_table && (ij.kind == IndirectJump::Kind::kRipMemory ||
+                                    ij.kind == IndirectJump::Kind::kUnknown);
+        }
+        t.trust_rip_jumps += all_rip;
+        t.trust_tail_jumps += no_table;
+    }
+    const uint64_t next_start = fi + 1 < fs.funcs.size() ? fs.funcs[fi + 1]->value : end;
+    if (only(c, bit(Reason::kTooSmallFunction) | bit(Reason::kRegionPastFunctionEnd)) &&
+        check_region(f, start, extra, s.size).ok &&
+        filler_after(oc.img, end, std::min(next_start, start + 64)) >= 5 - std::min<uint64_t>(s.size, 5)) {
+        ++t.into_padding;
+    }
+    const OptimizeCheck c2 = check_region(f, start, extra, 2);
+    if (c2.ok) {
+        // The free gap before this function (after the previous one) and after it.
+        const uint64_t prev_end = fi > 0 ? fs.funcs[fi - 1]->value + fs.funcs[fi - 1]->size : start;
+        const uint64_t from = start + 2;
+        if ((prev_end < start && padding_in_reach(oc.img, from, prev_end, start)) ||
+            (next_start > end && padding_in_reach(oc.img, from, end, next_start))) {
+            ++t.short_jump;
+        }
+    }
+    if (f.reliable() && !f.insns.empty()) {
+        ukp::arch::Insn in;
+        if (ukp::arch::decode(start, code, s.size, &in) == 0) {
+            ++t.first_len[std::min<size_t>(in.len, 15)];
+            uint8_t buf[ukp::arch::kMaxRelocatedSize];
+            if (in.flow != ukp::arch::Flow::kUnsupported &&
+                ukp::arch::relocate(in, start + (1ull << 40), buf, sizeof(buf), ukp::arch::Exit::kNone) >= 0) {
+                ++t.first_insn_reloc;
+            }
+        }
+    }
+}
+
+// Checks the entry of function `fi` (and, unless --entries-only, every instruction
+// boundary of it), counted in `oc`.
+void check_function(ObjectCheck &oc, const FunctionSymbols &fs, size_t fi) {
+    const Options &opt = oc.opt;
+    const ukp::sym::Symbol &s = *fs.funcs[fi];
+    const uint64_t start = s.value, end = s.value + s.size;
+    const uint8_t *code = oc.img.bytes(start, s.size);
+    if (code == nullptr) {
+        ++oc.entries.sites;
+        ++oc.entries.extra[kCodeUnreadable];
+        if (opt.list) oc.listing.push_back(fmt::format("{:#x} {} {}", start, s.name, kExtraNames[kCodeUnreadable]));
+        return;
+    }
+    const FunctionMap f = ukp::arch::analyze_function(start, code, s.size, oc.read);
+    std::vector<uint64_t> extra;
+    std::string why;
+    const int lp = ukp::arch::landing_pads(oc.img.eh_frame_hdr(), start, end, oc.read, &extra, &why);
+    if (lp != 0) {
+        ++oc.entries.sites;
+        ++oc.entries.extra[kLandingPadsUnknown];
+        if (opt.list) {
+            oc.listing.push_back(fmt::format("{:#x} {} {} ({})", start, s.name,
+                                             kExtraNames[kLandingPadsUnknown], why));
+        }
+        return;
+    }
+    oc.t.pads += extra.size();
+    oc.t.with_pads += !extra.empty();
+    // Other symbols inside this one are entries too (asm labels, nested aliases).
+    for (auto it = std::upper_bound(fs.all_starts.begin(), fs.all_starts.end(), start);
+         it != fs.all_starts.end() && *it < end; ++it) {
+        extra.push_back(*it);
+    }
+    count_indirect_jumps(oc, f, s);
+
+    bool by_island = false;
+    const OptimizeCheck c = check_site(oc, f, start, extra, &by_island);
+    oc.entries.add(c);
+    if (c.ok) {
+        oc.t.by_trusted_jumps += c.trusted_jumps;
+        oc.t.by_padding += c.into_padding;
+        oc.t.by_island += by_island;
+    }
+    if (c.ok && opt.list_all) oc.listing.push_back(fmt::format("{:#x} {} ok", start, s.name));
+    if (!c.ok) {
+        if (opt.list) oc.listing.push_back(fmt::format("{:#x} {} {}", start, s.name, reason_names(c)));
+        estimate_tactics(oc, fs, fi, f, code, extra, c);
+    }
+    if (!opt.entries_only && f.reliable()) {
+        for (uint64_t a : f.insns) oc.boundaries.add(check_site(oc, f, a, extra, &by_island));
+    }
+}
+
+// The counts of `oc`, for the object at `path` (`fs`: its function symbols), on stdout.
+void print_counts(const std::string &path, const FunctionSymbols &fs, const ObjectCheck &oc) {
+    const Options &opt = oc.opt;
+    const Counts &entries = oc.entries, &boundaries = oc.boundaries;
+    const Tactics &t = oc.t;
+    fmt::print("{}: {} function symbols, {} distinct entries\n", path, fs.count, entries.sites);
     fmt::print("  entries optimizable (jmp rel32): {} of {} = {:.1f}%\n", entries.ok, entries.sites,
                pct(entries.ok, entries.sites));
     fmt::print("  not optimizable, by first failed check / by any failed check / as the only one:\n");
@@ -301,13 +329,13 @@ int run_object(const std::string &path, const Options &opt) {
         fmt::print("    {:<26} {:>6} {:>5.1f}%\n", kExtraNames[e], entries.extra[e],
                    pct(entries.extra[e], entries.sites));
     }
-    if (refs) {
+    if (oc.refs != nullptr) {
         fmt::print("  of those optimizable: {} with indirect jumps trusted as whole pointers, {} with the DCR "
                    "run into padding, {} with an island for a short branch into the region\n",
                    t.by_trusted_jumps, t.by_padding, t.by_island);
         fmt::print("  object references: {} values, {} branch targets, {} function starts, {} bytes decoded "
                    "at every offset\n",
-                   refs->values.size(), refs->branches.size(), refs->starts.size(), refs->resynced_bytes);
+                   oc.refs->values.size(), oc.refs->branches.size(), oc.refs->starts.size(), oc.refs->resynced_bytes);
     }
     fmt::print("  exception landing pads: {} in {} functions\n", t.pads, t.with_pads);
     fmt::print("  indirect jumps: {} jump tables ({} unsized), {} jmp *x(%rip), {} other; {} unresolved are "
@@ -336,12 +364,34 @@ int run_object(const std::string &path, const Options &opt) {
     }
     if (opt.jumps) {
         fmt::print("  indirect jumps:\n");
-        for (const std::string &l : jumps) fmt::print("    {}\n", l);
+        for (const std::string &l : oc.jumps) fmt::print("    {}\n", l);
     }
     if (opt.list) {
         fmt::print("{}", opt.list_all ? "  entries:\n" : "  not optimizable:\n");
-        for (const std::string &l : listing) fmt::print("    {}\n", l);
+        for (const std::string &l : oc.listing) fmt::print("    {}\n", l);
     }
+}
+
+int run_object(const std::string &path, const Options &opt) {
+    auto obj = ukp::sym::load_object(path, 0);
+    if (!obj) {
+        fmt::print(stderr, "ukp-coverage: {}: cannot read ELF symbols\n", path);
+        return 1;
+    }
+    std::string err;
+    auto img = ukp::arch::ElfImage::open(path, 0, &err);
+    if (!img) {
+        fmt::print(stderr, "ukp-coverage: {}\n", err);
+        return 1;
+    }
+    // The whole object's references: without them the check is the per-function one only.
+    const auto refs = opt.no_refs ? nullptr : ukp::arch::build_object_refs(path, 0, &err);
+    if (!refs && !opt.no_refs) fmt::print(stderr, "ukp-coverage: {} (checking without object references)\n", err);
+
+    const FunctionSymbols fs = function_symbols(*obj);
+    ObjectCheck oc{*img, img->reader(), refs.get(), opt, {}, {}, {}, {}, {}};
+    for (size_t fi = 0; fi < fs.funcs.size(); ++fi) check_function(oc, fs, fi);
+    print_counts(path, fs, oc);
     return 0;
 }
 

@@ -364,9 +364,6 @@ public:
         return s;
     }
 
-    // Calls fn(a0, a1) on the stopped thread with `sp` as its stack pointer (16-byte
-    // aligned, the return address 0 written at sp - 8 by the caller's layout) and waits
-    // for the return to trap at address 0.
     // Makes system call `nr` from the `syscall` instruction at `insn`, stopping at its exit
     // (PTRACE_SYSCALL): no stack is touched.
     uint64_t syscall(const user_regs_struct &saved, uint64_t insn, long nr, uint64_t a0, uint64_t a1, uint64_t a2 = 0,
@@ -411,6 +408,9 @@ public:
         }
     }
 
+    // Calls fn(a0, a1) on the stopped thread with `sp` as its stack pointer (16-byte
+    // aligned, the return address 0 written at sp - 8 by the caller's layout) and waits
+    // for the return to trap at address 0.
     uint64_t call(const user_regs_struct &saved, uint64_t fn, uint64_t sp, uint64_t a0 = 0, uint64_t a1 = 0,
                   uint64_t a2 = 0, uint64_t a3 = 0, uint64_t a4 = 0, uint64_t a5 = 0) {
         user_regs_struct r = saved;
@@ -459,125 +459,188 @@ private:
     int tid_;
 };
 
-} // namespace
-
-InjectResult inject_agent(int pid, const std::string &agent) {
-    InjectResult result;
+// Fails unless the agent can be read and process `pid` is there.
+void check_target(int pid, const std::string &agent) {
     if (access(agent.c_str(), R_OK) != 0) fail(fmt::format("cannot read the agent {}: {}", agent, strerror(errno)));
     if (read_text(fmt::format("/proc/{}/maps", pid)).empty() && kill(pid, 0) != 0 && errno == ESRCH)
         fail(fmt::format("no process {}", pid));
+}
 
+// The target's libc: its mapping of file offset 0. Fails when it has none.
+OwnedMapping find_libc(int pid) {
     // dlopen and its friends in the target's libc (glibc >= 2.34 has them there).
     const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
-    const OwnedMapping *libc = nullptr;
     for (const OwnedMapping &m : maps) {
         const std::string name = base_name(m.path);
-        if (m.offset == 0 && (name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos))) {
-            libc = &m;
-            break;
-        }
+        if (m.offset == 0 && (name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos)))
+            return m;
     }
-    if (libc == nullptr) {
-        if (maps.empty()) fail(refusal(pid, EPERM));
-        fail(fmt::format("process {} has no libc.so.6 mapped (a static or non-C program): it cannot load the "
-                         "agent; start it with `ukprobe run` or link libukprobes",
-                         pid));
-    }
+    if (maps.empty()) fail(refusal(pid, EPERM));
+    fail(fmt::format("process {} has no libc.so.6 mapped (a static or non-C program): it cannot load the "
+                     "agent; start it with `ukprobe run` or link libukprobes",
+                     pid));
+}
+
+// The run-time addresses of the functions the injection calls in `libc`, indexed by kFn*.
+// Fails when one is missing.
+std::vector<uint64_t> libc_functions(int pid, const OwnedMapping &libc) {
     const std::vector<std::string> names = {"dlopen", "dlsym", "dlerror", "mmap", "mprotect", "munmap",
                                             "pthread_create", "pthread_detach", "pthread_self", "snprintf", "usleep"};
-    const std::vector<uint64_t> fns = dynamic_symbols(libc->path, libc->start, names);
+    const std::vector<uint64_t> fns = dynamic_symbols(libc.path, libc.start, names);
     for (size_t i = 0; i < names.size(); ++i)
         if (fns[i] == 0)
-            fail(fmt::format("{} in process {} has no {} (glibc older than 2.34?)", libc->path, pid, names[i]));
-    if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
-    const uint64_t syscall_insn = find_syscall_insn(pid, libc->path);
-    // Tells the loader's data page from a later mapping at the same address.
-    const uint64_t cookie = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+            fail(fmt::format("{} in process {} has no {} (glibc older than 2.34?)", libc.path, pid, names[i]));
+    return fns;
+}
 
-    // Stopped where the agent's own code or an out-of-line copy of probed code runs, or
-    // with a signal pending, the thread is let go again at once and taken later: the agent knows which threads are
-    // inside its copies by asking them with a signal, and an injected call would answer
-    // for the thread from elsewhere while it still has to return there.
-    const auto safe_point = [&](uint64_t rip) {
-        bool safe = false;
-        platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
-            if (rip < m.start || rip >= m.end) return true;
-            safe = m.path == "[vdso]" || (m.in_file() && base_name(std::string(m.path)).rfind("libukprobes", 0) != 0);
-            return false;
-        });
-        return safe;
-    };
+// Whether a thread stopped at `rip` may run the calls. Stopped where the agent's own code
+// or an out-of-line copy of probed code runs, or with a signal pending, the thread is let
+// go again at once and taken later: the agent knows which threads are inside its copies
+// by asking them with a signal, and an injected call would answer for the thread from
+// elsewhere while it still has to return there.
+bool safe_point(int pid, uint64_t rip) {
+    bool safe = false;
+    platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
+        if (rip < m.start || rip >= m.end) return true;
+        safe = m.path == "[vdso]" || (m.in_file() && base_name(std::string(m.path)).rfind("libukprobes", 0) != 0);
+        return false;
+    });
+    return safe;
+}
+
+// Waits for the stop of the PTRACE_INTERRUPT sent to `tid`; fails if the process exits.
+void wait_for_interrupt(int pid, int tid) {
+    // The first stop: the interrupt's. A signal that comes first goes to the program
+    // (an int3 probe's SIGTRAP must reach the agent's handler).
+    while (true) {
+        int status = 0;
+        if (waitpid(tid, &status, __WALL) != tid) fail(fmt::format("waitpid: {}", strerror(errno)));
+        if (WIFEXITED(status) || WIFSIGNALED(status)) fail(fmt::format("process {} exited", pid));
+        if (WIFSTOPPED(status) && status >> 16 == PTRACE_EVENT_STOP) break;
+        if (WIFSTOPPED(status))
+            ptrace(PTRACE_CONT, tid, nullptr,
+                   reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
+    }
+}
+
+// Whether a signal is pending for thread `tid` of `pid`.
+bool signal_pending(int pid, int tid) {
+    const std::string status = read_text(fmt::format("/proc/{}/task/{}/status", pid, tid));
+    const size_t at = status.find("SigPnd:");
+    return at != std::string::npos && std::strtoull(status.c_str() + at + 7, nullptr, 16) != 0;
+}
+
+// A thread of the target, seized and stopped where the calls can run.
+struct StoppedThread {
     int tid = 0;
-    Clock::time_point t0, stopped;
-    user_regs_struct saved{};
+    user_regs_struct regs{};       // its registers at the stop, put back after the calls
+    Clock::time_point interrupted; // when PTRACE_INTERRUPT was sent
+    Clock::time_point stopped;     // when it stopped
+};
+
+// A thread of `pid` (pick_thread) seized and stopped at a safe point; fails when none is
+// found in 200 tries.
+StoppedThread stop_at_safe_point(int pid) {
+    StoppedThread s;
     for (int attempt = 0;; ++attempt) {
         bool in_syscall = false;
-        tid = pick_thread(pid, &in_syscall);
-        if (ptrace(PTRACE_SEIZE, tid, nullptr, reinterpret_cast<void *>(PTRACE_O_TRACESYSGOOD)) != 0)
+        s.tid = pick_thread(pid, &in_syscall);
+        if (ptrace(PTRACE_SEIZE, s.tid, nullptr, reinterpret_cast<void *>(PTRACE_O_TRACESYSGOOD)) != 0)
             fail(refusal(pid, errno));
-        t0 = Clock::now();
-        if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) {
+        s.interrupted = Clock::now();
+        if (ptrace(PTRACE_INTERRUPT, s.tid, nullptr, nullptr) != 0) {
             const int err = errno;
-            ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+            ptrace(PTRACE_DETACH, s.tid, nullptr, nullptr);
             fail(fmt::format("PTRACE_INTERRUPT: {}", strerror(err)));
         }
-        // The first stop: the interrupt's. A signal that comes first goes to the program
-        // (an int3 probe's SIGTRAP must reach the agent's handler).
-        while (true) {
-            int status = 0;
-            if (waitpid(tid, &status, __WALL) != tid) fail(fmt::format("waitpid: {}", strerror(errno)));
-            if (WIFEXITED(status) || WIFSIGNALED(status)) fail(fmt::format("process {} exited", pid));
-            if (WIFSTOPPED(status) && status >> 16 == PTRACE_EVENT_STOP) break;
-            if (WIFSTOPPED(status))
-                ptrace(PTRACE_CONT, tid, nullptr,
-                       reinterpret_cast<void *>(static_cast<long>(status >> 16 == 0 ? WSTOPSIG(status) : 0)));
-        }
-        stopped = Clock::now();
-        if (ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0) fail(fmt::format("PTRACE_GETREGS: {}", strerror(errno)));
+        wait_for_interrupt(pid, s.tid);
+        s.stopped = Clock::now();
+        if (ptrace(PTRACE_GETREGS, s.tid, nullptr, &s.regs) != 0)
+            fail(fmt::format("PTRACE_GETREGS: {}", strerror(errno)));
         // A signal already pending for this thread (an int3 probe's SIGTRAP raised just
         // before the stop) must be delivered with the registers it was raised with.
-        const std::string pending = read_text(fmt::format("/proc/{}/task/{}/status", pid, tid));
-        const size_t at = pending.find("SigPnd:");
-        const bool signal_pending =
-            at != std::string::npos && std::strtoull(pending.c_str() + at + 7, nullptr, 16) != 0;
+        const bool pending = signal_pending(pid, s.tid);
         // Stopped anywhere else (running, or in a call malloc makes), it may hold a lock
         // the calls take: taken only when no thread was found waiting in 100 tries.
-        const bool waiting = static_cast<long long>(saved.orig_rax) >= 0 && waits_outside(static_cast<long>(saved.orig_rax));
-        if (!signal_pending && safe_point(saved.rip) && (waiting || attempt >= 100)) break;
-        ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+        const bool waiting =
+            static_cast<long long>(s.regs.orig_rax) >= 0 && waits_outside(static_cast<long>(s.regs.orig_rax));
+        if (!pending && safe_point(pid, s.regs.rip) && (waiting || attempt >= 100)) return s;
+        ptrace(PTRACE_DETACH, s.tid, nullptr, nullptr);
         if (attempt == 200)
             fail(fmt::format("process {}: no thread stopped outside the agent's code in 200 tries", pid));
         usleep(1000);
     }
-    result.tid = tid;
-    Tracee t(tid);
-    result.was_in_syscall = static_cast<long long>(saved.orig_rax) >= 0;
+}
+
+// What the calls change in a stopped thread besides its registers, as it was.
+struct ThreadState {
+    std::vector<uint8_t> xstate; // the vector state (NT_X86_XSTATE), when have_xstate
+    bool have_xstate = false;
+    user_fpregs_struct fpregs{}; // else the x87 and SSE state, when have_fp
+    bool have_fp = false;
+    uint64_t mask = 0;           // the signal mask, when have_mask
+    bool have_mask = false;
+};
+
+// The state of the stopped thread `tid` the calls change, saved; its mask lets the agent's
+// signals through from now on.
+ThreadState prepare_for_calls(int tid) {
+    ThreadState s;
     // The vector state (x87, SSE, AVX, ...): the called code uses vector registers.
-    std::vector<uint8_t> xstate(16384);
-    iovec xiov{xstate.data(), xstate.size()};
-    const bool have_xstate = ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
-    xstate.resize(xiov.iov_len);
-    user_fpregs_struct fpregs{};
-    const bool have_fp = !have_xstate && ptrace(PTRACE_GETFPREGS, tid, nullptr, &fpregs) == 0;
+    s.xstate.resize(16384);
+    iovec xiov{s.xstate.data(), s.xstate.size()};
+    s.have_xstate = ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
+    s.xstate.resize(xiov.iov_len);
+    s.have_fp = !s.have_xstate && ptrace(PTRACE_GETFPREGS, tid, nullptr, &s.fpregs) == 0;
     // The signals the calls raise must reach their handlers: the return trap (a SIGSEGV
     // at address 0), the agent's own breakpoints and fault-safe reads while it loads. A
     // fault forced on a thread that blocks its signal is worse than fatal: the kernel
     // unblocks it and resets the process's action to SIG_DFL, and the agent's handler is
     // gone. And the thread created here to load the agent inherits this thread's mask.
     // So the agent's signals are let through for the calls, the mask put back after.
-    uint64_t old_mask = 0;
-    const bool have_mask = ptrace(PTRACE_GETSIGMASK, tid, reinterpret_cast<void *>(sizeof old_mask), &old_mask) == 0;
-    if (have_mask && (old_mask & kAgentSignals) != 0) {
-        uint64_t open = old_mask & ~kAgentSignals;
+    s.have_mask = ptrace(PTRACE_GETSIGMASK, tid, reinterpret_cast<void *>(sizeof s.mask), &s.mask) == 0;
+    if (s.have_mask && (s.mask & kAgentSignals) != 0) {
+        uint64_t open = s.mask & ~kAgentSignals;
         ptrace(PTRACE_SETSIGMASK, tid, reinterpret_cast<void *>(sizeof open), &open);
     }
+    return s;
+}
 
-    std::string error;
+// The loader's data page (the slots the code reads: see kDlopen and the rest) for the
+// loader mapped at `loader`.
+std::vector<uint8_t> loader_data(const std::vector<uint64_t> &fns, uint64_t loader, uint64_t cookie,
+                                 const std::string &agent) {
+    std::vector<uint8_t> data(kPage, 0);
+    const auto put64 = [&](uint64_t off, uint64_t v) { memcpy(data.data() + off, &v, 8); };
+    put64(kDlopen, fns[kFnDlopen]);
+    put64(kDlsym, fns[kFnDlsym]);
+    put64(kDlerror, fns[kFnDlerror]);
+    put64(kMunmap, fns[kFnMunmap]);
+    put64(kDetach, fns[kFnDetach]);
+    put64(kSelf, fns[kFnSelf]);
+    put64(kSnprintf, fns[kFnSnprintf]);
+    put64(kUsleep, fns[kFnUsleep]);
+    put64(kBase, loader);
+    put64(kSize, kLoaderSize);
+    put64(kCookie, cookie);
+    put64(kWaitLeft, kPolls);
+    memcpy(data.data() + kFormat, "%s", 3);
+    memcpy(data.data() + kCreateName, "pthread_create", 15);
+    memcpy(data.data() + kSymbol, "ukp_control_start", 18);
+    memcpy(data.data() + kPath, agent.c_str(), agent.size() + 1);
+    return data;
+}
+
+// The loader mapped into the target and its thread created, by calls on the stopped
+// thread `s` (libc's functions `fns`, its `syscall` instruction at `syscall_insn`); the
+// loader's address. On a failure *error says why, and a mapping made is removed again.
+uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_t> &fns, uint64_t syscall_insn,
+                      const std::string &agent, uint64_t cookie, std::string *error) {
+    Tracee t(s.tid);
     uint64_t loader = 0;
-    const Clock::time_point c0 = Clock::now();
     try {
         // The mapping by a bare system call; every call after it runs on its stack.
-        loader = t.syscall(saved, syscall_insn, SYS_mmap, 0, kLoaderSize, PROT_READ | PROT_WRITE,
+        loader = t.syscall(s.regs, syscall_insn, SYS_mmap, 0, kLoaderSize, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS, static_cast<uint64_t>(-1), 0);
         if (loader > static_cast<uint64_t>(-4096) || loader == 0) {
             loader = 0;
@@ -585,73 +648,65 @@ InjectResult inject_agent(int pid, const std::string &agent) {
         }
         const uint64_t sp = loader + kLoaderSize;
         const std::vector<uint8_t> code = loader_code();
-        std::vector<uint8_t> data(kPage, 0);
-        const auto put64 = [&](uint64_t off, uint64_t v) { memcpy(data.data() + off, &v, 8); };
-        put64(kDlopen, fns[kFnDlopen]);
-        put64(kDlsym, fns[kFnDlsym]);
-        put64(kDlerror, fns[kFnDlerror]);
-        put64(kMunmap, fns[kFnMunmap]);
-        put64(kDetach, fns[kFnDetach]);
-        put64(kSelf, fns[kFnSelf]);
-        put64(kSnprintf, fns[kFnSnprintf]);
-        put64(kUsleep, fns[kFnUsleep]);
-        put64(kBase, loader);
-        put64(kSize, kLoaderSize);
-        put64(kCookie, cookie);
-        put64(kWaitLeft, kPolls);
-        memcpy(data.data() + kFormat, "%s", 3);
-        memcpy(data.data() + kCreateName, "pthread_create", 15);
-        memcpy(data.data() + kSymbol, "ukp_control_start", 18);
-        memcpy(data.data() + kPath, agent.c_str(), agent.size() + 1);
+        const std::vector<uint8_t> data = loader_data(fns, loader, cookie, agent);
         t.write_mem(loader, code.data(), code.size());
         t.write_mem(loader + kPage, data.data(), data.size());
-        if (t.call(saved, fns[kFnMprotect], sp, loader, kPage, PROT_READ | PROT_EXEC) != 0)
+        if (t.call(s.regs, fns[kFnMprotect], sp, loader, kPage, PROT_READ | PROT_EXEC) != 0)
             fail(fmt::format("mprotect in process {} failed", pid));
         // The program's pthread_create if it interposes one (sanitizers, profilers must
         // know of every thread), libc's otherwise.
-        uint64_t create = t.call(saved, fns[kFnDlsym], sp, 0 /* RTLD_DEFAULT */, loader + kPage + kCreateName);
+        uint64_t create = t.call(s.regs, fns[kFnDlsym], sp, 0 /* RTLD_DEFAULT */, loader + kPage + kCreateName);
         if (create == 0) create = fns[kFnCreate];
-        const int rc = static_cast<int32_t>(t.call(saved, create, sp, loader + kPage + kThreadOut, 0, loader,
+        const int rc = static_cast<int32_t>(t.call(s.regs, create, sp, loader + kPage + kThreadOut, 0, loader,
                                                    loader + kPage));
         if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
     } catch (const std::exception &e) {
-        error = e.what();
+        *error = e.what();
         if (loader != 0) {
             try {
-                t.syscall(saved, syscall_insn, SYS_munmap, loader, kLoaderSize);
+                t.syscall(s.regs, syscall_insn, SYS_munmap, loader, kLoaderSize);
             } catch (const std::exception &) {
             }
         }
     }
-    result.calls_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+    return loader;
+}
 
+// The stopped thread put back as it was (`state`, its registers) and let go; whether all
+// of it could be put back.
+bool restore_thread(const StoppedThread &s, ThreadState &state) {
     // Restore exactly: the vector state, then the registers (with orig_rax and rax as
     // they were, so an interrupted system call restarts). Its stack was not touched.
     bool restored = true;
-    if (have_xstate) restored &= ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
-    if (have_fp) restored &= ptrace(PTRACE_SETFPREGS, tid, nullptr, &fpregs) == 0;
-    restored &= ptrace(PTRACE_SETREGS, tid, nullptr, &saved) == 0;
-    if (have_mask && (old_mask & kAgentSignals) != 0)
-        restored &= ptrace(PTRACE_SETSIGMASK, tid, reinterpret_cast<void *>(sizeof old_mask), &old_mask) == 0;
+    iovec xiov{state.xstate.data(), state.xstate.size()};
+    user_regs_struct regs = s.regs;
+    if (state.have_xstate)
+        restored &= ptrace(PTRACE_SETREGSET, s.tid, reinterpret_cast<void *>(NT_X86_XSTATE), &xiov) == 0;
+    if (state.have_fp) restored &= ptrace(PTRACE_SETFPREGS, s.tid, nullptr, &state.fpregs) == 0;
+    restored &= ptrace(PTRACE_SETREGS, s.tid, nullptr, &regs) == 0;
+    if (state.have_mask && (state.mask & kAgentSignals) != 0)
+        restored &= ptrace(PTRACE_SETSIGMASK, s.tid, reinterpret_cast<void *>(sizeof state.mask), &state.mask) == 0;
     // From the stop of our return trap: its SIGSEGV is dropped.
-    ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
-    if (error.empty() && restored) {
-        const uint64_t go = 1;
-        try {
-            Tracee(pid).write_mem(loader + kPage + kGo, &go, sizeof go);
-        } catch (const std::exception &e) {
-            error = e.what();
-        }
+    ptrace(PTRACE_DETACH, s.tid, nullptr, nullptr);
+    return restored;
+}
+
+// Tells the loader at `loader` that the interrupted thread is let go (kGo); why it could
+// not, or "".
+std::string release_loader(int pid, uint64_t loader) {
+    const uint64_t go = 1;
+    try {
+        Tracee(pid).write_mem(loader + kPage + kGo, &go, sizeof go);
+    } catch (const std::exception &e) {
+        return e.what();
     }
-    const Clock::time_point t1 = Clock::now();
-    result.pause_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    result.stopped_ms = std::chrono::duration<double, std::milli>(t1 - stopped).count();
+    return "";
+}
 
-    if (!restored) error += (error.empty() ? "" : "; ") + std::string("the thread's state could not be fully restored");
-    if (!error.empty()) fail(error);
-
-    // The loader thread runs on its own now: done when its pages are gone (success), or
-    // when its status says why not.
+// Waits for the loader thread at `loader` (its data page has `cookie`), which runs on its
+// own now: done when its pages are gone (success); fails when its status says why not, or
+// after 10 s.
+void wait_for_agent(int pid, uint64_t loader, uint64_t cookie) {
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
     Tracee reader(pid);
     while (true) {
@@ -689,7 +744,44 @@ InjectResult inject_agent(int pid, const std::string &agent) {
                              pid));
         usleep(500);
     }
-    result.ready_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Milliseconds from `from` to `to`.
+double ms_between(Clock::time_point from, Clock::time_point to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+} // namespace
+
+InjectResult inject_agent(int pid, const std::string &agent) {
+    InjectResult result;
+    check_target(pid, agent);
+    const OwnedMapping libc = find_libc(pid);
+    const std::vector<uint64_t> fns = libc_functions(pid, libc);
+    if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
+    const uint64_t syscall_insn = find_syscall_insn(pid, libc.path);
+    // Tells the loader's data page from a later mapping at the same address.
+    const uint64_t cookie = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+
+    const StoppedThread stopped = stop_at_safe_point(pid);
+    result.tid = stopped.tid;
+    result.was_in_syscall = static_cast<long long>(stopped.regs.orig_rax) >= 0;
+    ThreadState state = prepare_for_calls(stopped.tid);
+    std::string error;
+    const Clock::time_point c0 = Clock::now();
+    const uint64_t loader = start_loader(pid, stopped, fns, syscall_insn, agent, cookie, &error);
+    result.calls_ms = ms_between(c0, Clock::now());
+    const bool restored = restore_thread(stopped, state);
+    if (error.empty() && restored) error = release_loader(pid, loader);
+    const Clock::time_point t1 = Clock::now();
+    result.pause_ms = ms_between(stopped.interrupted, t1);
+    result.stopped_ms = ms_between(stopped.stopped, t1);
+
+    if (!restored) error += (error.empty() ? "" : "; ") + std::string("the thread's state could not be fully restored");
+    if (!error.empty()) fail(error);
+
+    wait_for_agent(pid, loader, cookie);
+    result.ready_ms = ms_between(stopped.interrupted, Clock::now());
     return result;
 }
 

@@ -412,6 +412,219 @@ std::string take_dashed_text(int argc, char **argv, char **args) {
     return argv[words[at]];
 }
 
+// The command line: the options parsing fills in, and the subcommands.
+struct CommandLine {
+    CLI::App app{"ukprobe: Kprobes for user space, outside the process"};
+    Options o;
+    bool no_follow = false;           // run, record: --no-follow
+    ukprobe::ReportOptions report_options;
+    ukprobe::MountOptions mount_options;
+    CLI::App *attach = nullptr, *ping = nullptr, *read = nullptr, *write = nullptr, *append = nullptr,
+             *list = nullptr, *verify = nullptr, *detach = nullptr, *session = nullptr, *add = nullptr,
+             *enable = nullptr, *disable = nullptr, *trace = nullptr, *trace_pipe = nullptr, *profile = nullptr,
+             *clear = nullptr, *run = nullptr, *record = nullptr, *report = nullptr, *mount = nullptr;
+};
+
+// The options every command takes, and the commands on the agent of a running process.
+void add_agent_commands(CommandLine &cl) {
+    CLI::App &app = cl.app;
+    Options &o = cl.o;
+    app.add_option("-p,--pid", o.pid, "the process");
+    app.add_flag("-v,--verbose", o.verbose, "say more (attach: the pause the target saw; run: each agent reached)");
+    app.add_option("--agent", o.agent, "libukprobes.so to load (attach) or preload (run)");
+
+    cl.attach = app.add_subcommand("attach", "load the agent into a running process and start its control thread");
+    cl.attach->add_option("PID", o.pid, "the process");
+    cl.ping = app.add_subcommand("ping", "check that the agent answers");
+    cl.read = app.add_subcommand("read", "print a file of the agent (kprobes/list, trace, ...)");
+    cl.read->add_option("PATH", o.path)->required();
+    cl.write = app.add_subcommand("write", "replace a file's content (as `echo TEXT > FILE`)");
+    cl.write->add_option("PATH", o.path)->required();
+    cl.write->add_option("TEXT", o.text)->required();
+    cl.append = app.add_subcommand("append", "append to a file (as `echo TEXT >> FILE`)");
+    cl.append->add_option("PATH", o.path)->required();
+    cl.append->add_option("TEXT", o.text)->required();
+    cl.list = app.add_subcommand("list", "the registered probes (kprobes/list)");
+    cl.verify = app.add_subcommand("verify", "compare the process's code with its files, probes aside");
+    cl.detach = app.add_subcommand("detach", "remove what this controller added and stop the control thread");
+    cl.session = app.add_subcommand("session", "run commands read from stdin over one connection; what they "
+                                               "add is removed when it ends");
+    // Short forms of the tracer's files.
+    cl.add = app.add_subcommand("add", "add a definition (append to kprobe_events)");
+    cl.add->add_option("DEF", o.text)->required();
+    cl.enable = app.add_subcommand("enable", "enable an event (GRP/EVENT, or EVENT)");
+    cl.enable->add_option("EVENT", o.event)->required();
+    cl.disable = app.add_subcommand("disable", "disable an event (GRP/EVENT, or EVENT)");
+    cl.disable->add_option("EVENT", o.event)->required();
+    cl.trace = app.add_subcommand("trace", "print the trace (read trace)");
+    cl.trace_pipe = app.add_subcommand("trace-pipe", "stream trace_pipe until interrupted");
+    cl.profile = app.add_subcommand("profile", "print kprobe_profile");
+    cl.clear = app.add_subcommand("clear", "clear the trace (echo > trace)");
+    for (CLI::App *sub : {cl.attach, cl.ping, cl.read, cl.write, cl.append, cl.list, cl.verify, cl.detach, cl.session,
+                          cl.add, cl.enable, cl.disable, cl.trace, cl.trace_pipe, cl.profile, cl.clear})
+        sub->fallthrough();
+}
+
+// The options run and record share: the events, their filters and triggers, the output
+// (`output`: its help), the buffers' size and --no-follow (`follow`: its help).
+void add_program_options(CommandLine &cl, CLI::App *sub, const char *output, const char *follow) {
+    Options &o = cl.o;
+    sub->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
+        ->allow_extra_args(false);
+    sub->add_option("--filter", o.run.filters, "EVENT=EXPR: the event's filter; repeatable")->allow_extra_args(false);
+    sub->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")
+        ->allow_extra_args(false);
+    sub->add_option("-o,--output", o.run.output, output);
+    sub->add_option("-b,--buffer-size-kb", o.run.buffer_size_kb,
+                    "KiB of each thread's ring buffer, as tracefs' buffer_size_kb (default 1408)")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
+    sub->add_flag("--no-follow", cl.no_follow, follow);
+}
+
+// run and record, the commands that start a program (or record a running process), and
+// report, which prints what record captured.
+void add_program_commands(CommandLine &cl) {
+    cl.run = cl.app.add_subcommand("run", "run a program with events defined before its main; stream its trace "
+                                          "until it exits");
+    add_program_options(cl, cl.run, "write the trace to FILE instead of stdout",
+                        "only the program itself is traced, not the processes it starts");
+    // PROG ARGS...: everything from the first word run does not know, or after "--".
+    cl.run->prefix_command();
+    cl.run->allow_extras();
+    cl.record = cl.app.add_subcommand("record", "capture the records of a program run (-- PROG ARGS) or of a "
+                                                "process (-p PID) into a file, for `report`");
+    add_program_options(cl, cl.record, "the capture file (default ukprobe.dat)",
+                        "only the program itself is recorded, not the processes it starts");
+    // `ukprobe record -p PID`, as `perf record -p` (the same as `ukprobe -p PID record`).
+    cl.record->add_option("-p,--pid", cl.o.pid,
+                          "the process to record (attached for the recording if its agent does not listen), "
+                          "instead of PROG");
+    cl.record->prefix_command();
+    cl.record->allow_extras();
+    ukprobe::ReportOptions &r = cl.report_options;
+    cl.report = cl.app.add_subcommand("report", "print a capture file of `record` as the trace, or export it");
+    cl.report->add_option("FILE", r.file, "the capture file (default ukprobe.dat)");
+    cl.report->add_option("--event", r.events, "only this event (GRP/EVENT, or EVENT); repeatable")
+        ->allow_extra_args(false);
+    cl.report->add_option("--pid", r.pids, "only this process or thread; repeatable")->allow_extra_args(false);
+    cl.report->add_option("--from", r.from, "only records at or after SECS (the trace's timestamps)");
+    cl.report->add_option("--to", r.to, "only records at or before SECS");
+    cl.report->add_option("--format", r.format,
+                          "text (the trace), or chrome (Chrome trace JSON: Perfetto, chrome://tracing)")
+        ->check(CLI::IsMember({"text", "chrome"}));
+    cl.report->add_option("-o,--output", r.output, "write to FILE instead of stdout");
+}
+
+// Each help ends with one example (tests/e2e/help.txt checks that every command has one).
+void add_examples(CommandLine &cl) {
+    cl.app.footer("Example:\n  ukprobe run -e 'p:open libc.so.6:open path=+0(%di):string' -- cat /etc/hostname\n\n"
+                  "`ukprobe COMMAND --help` shows a command's options; the manual is ukprobe(1).");
+    struct Example {
+        CLI::App *sub;
+        const char *command;
+        const char *note = ""; // before it
+    };
+    const Example examples[] = {
+        {cl.attach, "ukprobe attach 4242"},
+        {cl.ping, "ukprobe -p 4242 ping"},
+        {cl.read, "ukprobe -p 4242 read events/kprobes/acc/format"},
+        {cl.write, "ukprobe -p 4242 write events/kprobes/acc/filter 'fd == 3'"},
+        {cl.append, "ukprobe -p 4242 append events/kprobes/acc/trigger 'hist:keys=fd'"},
+        {cl.list, "ukprobe -p 4242 list"},
+        {cl.verify, "ukprobe -p 4242 verify"},
+        {cl.detach, "ukprobe -p 4242 detach"},
+        {cl.session, "(echo 'append kprobe_events p:m libc.so.6:malloc'; echo 'write events/kprobes/m/enable 1'; \\\n"
+                     "   sleep 5; echo 'read kprobe_profile') | ukprobe -p 4242 session"},
+        {cl.add, "ukprobe -p 4242 add 'p:acc libc.so.6:accept4 fd=%di:s32'"},
+        {cl.enable, "ukprobe -p 4242 enable acc"},
+        {cl.disable, "ukprobe -p 4242 disable kprobes/acc"},
+        {cl.trace, "ukprobe -p 4242 trace | tail"},
+        {cl.trace_pipe, "ukprobe -p 4242 trace-pipe > acc.trace"},
+        {cl.profile, "ukprobe -p 4242 profile"},
+        {cl.clear, "ukprobe -p 4242 clear"},
+        {cl.run,
+         "ukprobe run -e 'r:openret libc.so.6:open ret=$retval:s32' --filter 'openret=ret < 0' -- cat /nonexistent",
+         "PROG ARGS...: the program to run and its arguments (after --)"},
+        {cl.record, "ukprobe record -o cap.dat -e 'p:m libc.so.6:malloc size=%di:u64' -- ls /",
+         "PROG ARGS...: the program to run and its arguments (after --); or -p PID"},
+        {cl.report, "ukprobe report --event m --format chrome -o cap.json cap.dat"},
+        {cl.mount, "ukprobe -p 4242 mount /tmp/tracing"},
+    };
+    for (const Example &e : examples)
+        e.sub->footer(fmt::format("{}{}Example:\n  {}", e.note, *e.note != 0 ? "\n\n" : "", e.command));
+}
+
+// run's or record's PROG ARGS given after "--": the program's own, which CLI11 never sees.
+// *parsed: how many words of argv CLI11 parses (argc when there are none).
+std::vector<std::string> program_after_dashes(int argc, char **argv, int *parsed) {
+    std::vector<std::string> program;
+    *parsed = argc;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "run") != 0 && strcmp(argv[i], "record") != 0) continue;
+        for (int j = i + 1; j < argc; ++j)
+            if (strcmp(argv[j], "--") == 0) {
+                program.assign(argv + j + 1, argv + argc);
+                *parsed = j;
+                break;
+            }
+        break;
+    }
+    return program;
+}
+
+// The options of run and record that come from elsewhere on the command line.
+void set_run_options(CommandLine &cl) {
+    Options &o = cl.o;
+    o.run.follow = !cl.no_follow;
+    o.run.verbose = o.verbose;
+    o.run.agent = find_agent(o.agent);
+}
+
+// Runs the command parsed; its exit status. `program`: run's or record's PROG ARGS, when
+// given after "--" (`after_dashes`).
+int run_command(CommandLine &cl, const std::vector<std::string> &program, bool after_dashes) {
+    Options &o = cl.o;
+    if (*cl.attach) return cmd_attach(o);
+    if (*cl.ping) return cmd_simple(o, Op::kPing);
+    if (*cl.read) {
+        if (o.path == "trace" || o.path == "trace_pipe" || o.path == "snapshot") return cmd_trace(o, o.path);
+        return cmd_simple(o, Op::kRead, o.path);
+    }
+    if (*cl.write) return cmd_simple(o, Op::kWrite, o.path, o.text);
+    if (*cl.append) return cmd_simple(o, Op::kAppend, o.path, o.text);
+    if (*cl.list) return cmd_simple(o, Op::kRead, "kprobes/list");
+    if (*cl.verify) return cmd_simple(o, Op::kVerify);
+    if (*cl.detach) return cmd_simple(o, Op::kDetach);
+    if (*cl.session) return cmd_session(o);
+    if (*cl.add) return cmd_simple(o, Op::kAppend, "kprobe_events", o.text);
+    if (*cl.enable) return cmd_enable(o, true);
+    if (*cl.disable) return cmd_enable(o, false);
+    if (*cl.trace) return cmd_trace(o, "trace");
+    if (*cl.trace_pipe) return cmd_trace_pipe(o);
+    if (*cl.profile) return cmd_simple(o, Op::kRead, "kprobe_profile");
+    if (*cl.clear) return cmd_simple(o, Op::kWrite, "trace", "");
+    if (*cl.run) {
+        o.run.argv = after_dashes ? program : cl.run->remaining();
+        set_run_options(cl);
+        return ukprobe::run_program(o.run);
+    }
+    if (*cl.record) {
+        o.run.argv = after_dashes ? program : cl.record->remaining();
+        if (o.run.argv.empty()) return cmd_record_attached(o);
+        if (o.pid > 0) fail("record: give -p PID or -- PROG ARGS, not both");
+        if (o.run.output.empty()) o.run.output = "ukprobe.dat";
+        set_run_options(cl);
+        o.run.capture = true;
+        return ukprobe::run_program(o.run);
+    }
+    if (*cl.report) {
+        if (cl.report_options.file.empty()) cl.report_options.file = "ukprobe.dat";
+        return ukprobe::report(cl.report_options);
+    }
+    if (*cl.mount) return ukprobe::cmd_mount(o.pid, cl.mount_options);
+    return 1;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -421,199 +634,30 @@ int main(int argc, char **argv) {
     // time at a million lines a second. They stay in the heap.
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
-    CLI::App app{"ukprobe: Kprobes for user space, outside the process"};
-    app.require_subcommand(1);
-    Options o;
-    app.add_option("-p,--pid", o.pid, "the process");
-    app.add_flag("-v,--verbose", o.verbose, "say more (attach: the pause the target saw; run: each agent reached)");
-    app.add_option("--agent", o.agent, "libukprobes.so to load (attach) or preload (run)");
-
-    auto *attach = app.add_subcommand("attach", "load the agent into a running process and start its control thread");
-    attach->add_option("PID", o.pid, "the process");
-    auto *ping = app.add_subcommand("ping", "check that the agent answers");
-    auto *read = app.add_subcommand("read", "print a file of the agent (kprobes/list, trace, ...)");
-    read->add_option("PATH", o.path)->required();
-    auto *write = app.add_subcommand("write", "replace a file's content (as `echo TEXT > FILE`)");
-    write->add_option("PATH", o.path)->required();
-    write->add_option("TEXT", o.text)->required();
-    auto *append = app.add_subcommand("append", "append to a file (as `echo TEXT >> FILE`)");
-    append->add_option("PATH", o.path)->required();
-    append->add_option("TEXT", o.text)->required();
-    auto *list = app.add_subcommand("list", "the registered probes (kprobes/list)");
-    auto *verify = app.add_subcommand("verify", "compare the process's code with its files, probes aside");
-    auto *detach = app.add_subcommand("detach", "remove what this controller added and stop the control thread");
-    auto *session = app.add_subcommand("session", "run commands read from stdin over one connection; what they "
-                                                  "add is removed when it ends");
-    // Short forms of the tracer's files.
-    auto *add = app.add_subcommand("add", "add a definition (append to kprobe_events)");
-    add->add_option("DEF", o.text)->required();
-    auto *enable = app.add_subcommand("enable", "enable an event (GRP/EVENT, or EVENT)");
-    enable->add_option("EVENT", o.event)->required();
-    auto *disable = app.add_subcommand("disable", "disable an event (GRP/EVENT, or EVENT)");
-    disable->add_option("EVENT", o.event)->required();
-    auto *trace = app.add_subcommand("trace", "print the trace (read trace)");
-    auto *trace_pipe = app.add_subcommand("trace-pipe", "stream trace_pipe until interrupted");
-    auto *profile = app.add_subcommand("profile", "print kprobe_profile");
-    auto *clear = app.add_subcommand("clear", "clear the trace (echo > trace)");
-    auto *run = app.add_subcommand("run", "run a program with events defined before its main; stream its trace "
-                                          "until it exits");
-    run->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
-        ->allow_extra_args(false);
-    run->add_option("--filter", o.run.filters, "EVENT=EXPR: the event's filter; repeatable")
-        ->allow_extra_args(false);
-    run->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")
-        ->allow_extra_args(false);
-    run->add_option("-o,--output", o.run.output, "write the trace to FILE instead of stdout");
-    run->add_option("-b,--buffer-size-kb", o.run.buffer_size_kb,
-                    "KiB of each thread's ring buffer, as tracefs' buffer_size_kb (default 1408)")
-        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
-    bool no_follow = false;
-    run->add_flag("--no-follow", no_follow, "only the program itself is traced, not the processes it starts");
-    // PROG ARGS...: everything from the first word run does not know, or after "--".
-    run->prefix_command();
-    run->allow_extras();
-    auto *record = app.add_subcommand("record", "capture the records of a program run (-- PROG ARGS) or of a "
-                                                "process (-p PID) into a file, for `report`");
-    record->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
-        ->allow_extra_args(false);
-    record->add_option("--filter", o.run.filters, "EVENT=EXPR: the event's filter; repeatable")
-        ->allow_extra_args(false);
-    record->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")
-        ->allow_extra_args(false);
-    record->add_option("-o,--output", o.run.output, "the capture file (default ukprobe.dat)");
-    record->add_option("-b,--buffer-size-kb", o.run.buffer_size_kb,
-                       "KiB of each thread's ring buffer, as tracefs' buffer_size_kb (default 1408)")
-        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
-    record->add_flag("--no-follow", no_follow, "only the program itself is recorded, not the processes it starts");
-    // `ukprobe record -p PID`, as `perf record -p` (the same as `ukprobe -p PID record`).
-    record->add_option("-p,--pid", o.pid, "the process to record (attached for the recording if its agent does not listen), instead of PROG");
-    record->prefix_command();
-    record->allow_extras();
-    ukprobe::ReportOptions report_options;
-    auto *report = app.add_subcommand("report", "print a capture file of `record` as the trace, or export it");
-    report->add_option("FILE", report_options.file, "the capture file (default ukprobe.dat)");
-    report->add_option("--event", report_options.events, "only this event (GRP/EVENT, or EVENT); repeatable")
-        ->allow_extra_args(false);
-    report->add_option("--pid", report_options.pids, "only this process or thread; repeatable")
-        ->allow_extra_args(false);
-    report->add_option("--from", report_options.from, "only records at or after SECS (the trace's timestamps)");
-    report->add_option("--to", report_options.to, "only records at or before SECS");
-    report->add_option("--format", report_options.format,
-                       "text (the trace), or chrome (Chrome trace JSON: Perfetto, chrome://tracing)")
-        ->check(CLI::IsMember({"text", "chrome"}));
-    report->add_option("-o,--output", report_options.output, "write to FILE instead of stdout");
-    for (CLI::App *sub : {attach, ping, read, write, append, list, verify, detach, session, add, enable, disable,
-                          trace, trace_pipe, profile, clear})
-        sub->fallthrough();
-    ukprobe::MountOptions mount_options;
-    auto *mount = ukprobe::add_mount_command(app, mount_options);
-
-    // Each help ends with one example (tests/e2e/help.txt checks that every command has one).
-    app.footer("Example:\n  ukprobe run -e 'p:open libc.so.6:open path=+0(%di):string' -- cat /etc/hostname\n\n"
-               "`ukprobe COMMAND --help` shows a command's options; the manual is ukprobe(1).");
-    struct Example {
-        CLI::App *sub;
-        const char *command;
-        const char *note = ""; // before it
-    };
-    const Example examples[] = {
-        {attach, "ukprobe attach 4242"},
-        {ping, "ukprobe -p 4242 ping"},
-        {read, "ukprobe -p 4242 read events/kprobes/acc/format"},
-        {write, "ukprobe -p 4242 write events/kprobes/acc/filter 'fd == 3'"},
-        {append, "ukprobe -p 4242 append events/kprobes/acc/trigger 'hist:keys=fd'"},
-        {list, "ukprobe -p 4242 list"},
-        {verify, "ukprobe -p 4242 verify"},
-        {detach, "ukprobe -p 4242 detach"},
-        {session, "(echo 'append kprobe_events p:m libc.so.6:malloc'; echo 'write events/kprobes/m/enable 1'; \\\n"
-                  "   sleep 5; echo 'read kprobe_profile') | ukprobe -p 4242 session"},
-        {add, "ukprobe -p 4242 add 'p:acc libc.so.6:accept4 fd=%di:s32'"},
-        {enable, "ukprobe -p 4242 enable acc"},
-        {disable, "ukprobe -p 4242 disable kprobes/acc"},
-        {trace, "ukprobe -p 4242 trace | tail"},
-        {trace_pipe, "ukprobe -p 4242 trace-pipe > acc.trace"},
-        {profile, "ukprobe -p 4242 profile"},
-        {clear, "ukprobe -p 4242 clear"},
-        {run, "ukprobe run -e 'r:openret libc.so.6:open ret=$retval:s32' --filter 'openret=ret < 0' -- cat /nonexistent",
-         "PROG ARGS...: the program to run and its arguments (after --)"},
-        {record, "ukprobe record -o cap.dat -e 'p:m libc.so.6:malloc size=%di:u64' -- ls /",
-         "PROG ARGS...: the program to run and its arguments (after --); or -p PID"},
-        {report, "ukprobe report --event m --format chrome -o cap.json cap.dat"},
-        {mount, "ukprobe -p 4242 mount /tmp/tracing"},
-    };
-    for (const Example &e : examples)
-        e.sub->footer(fmt::format("{}{}Example:\n  {}", e.note, *e.note != 0 ? "\n\n" : "", e.command));
+    CommandLine cl;
+    cl.app.require_subcommand(1);
+    add_agent_commands(cl);
+    add_program_commands(cl);
+    cl.mount = ukprobe::add_mount_command(cl.app, cl.mount_options);
+    add_examples(cl);
 
     // TEXT or DEF words starting with '-' go to CLI11 as a stand-in (take_dashed_text).
     std::vector<char *> args(argv, argv + argc);
     const std::string dashed_text = take_dashed_text(argc, argv, args.data());
     argv = args.data();
 
-    // run's PROG ARGS after "--" are the program's own: CLI11 never sees them.
-    std::vector<std::string> program;
     int parsed = argc;
-    for (int i = 1; i < argc; ++i) {
-        if (strcmp(argv[i], "run") != 0 && strcmp(argv[i], "record") != 0) continue;
-        for (int j = i + 1; j < argc; ++j)
-            if (strcmp(argv[j], "--") == 0) {
-                program.assign(argv + j + 1, argv + argc);
-                parsed = j;
-                break;
-            }
-        break;
-    }
+    const std::vector<std::string> program = program_after_dashes(argc, argv, &parsed);
     try {
-        app.parse(parsed, argv);
+        cl.app.parse(parsed, argv);
     } catch (const CLI::ParseError &e) {
-        return app.exit(e);
+        return cl.app.exit(e);
     }
-    if (o.text == kStandIn) o.text = dashed_text;
+    if (cl.o.text == kStandIn) cl.o.text = dashed_text;
     try {
-        if (*attach) return cmd_attach(o);
-        if (*ping) return cmd_simple(o, Op::kPing);
-        if (*read) {
-            if (o.path == "trace" || o.path == "trace_pipe" || o.path == "snapshot") return cmd_trace(o, o.path);
-            return cmd_simple(o, Op::kRead, o.path);
-        }
-        if (*write) return cmd_simple(o, Op::kWrite, o.path, o.text);
-        if (*append) return cmd_simple(o, Op::kAppend, o.path, o.text);
-        if (*list) return cmd_simple(o, Op::kRead, "kprobes/list");
-        if (*verify) return cmd_simple(o, Op::kVerify);
-        if (*detach) return cmd_simple(o, Op::kDetach);
-        if (*session) return cmd_session(o);
-        if (*add) return cmd_simple(o, Op::kAppend, "kprobe_events", o.text);
-        if (*enable) return cmd_enable(o, true);
-        if (*disable) return cmd_enable(o, false);
-        if (*trace) return cmd_trace(o, "trace");
-        if (*trace_pipe) return cmd_trace_pipe(o);
-        if (*profile) return cmd_simple(o, Op::kRead, "kprobe_profile");
-        if (*clear) return cmd_simple(o, Op::kWrite, "trace", "");
-        if (*run) {
-            o.run.argv = parsed < argc ? program : run->remaining();
-            o.run.follow = !no_follow;
-            o.run.verbose = o.verbose;
-            o.run.agent = find_agent(o.agent);
-            return ukprobe::run_program(o.run);
-        }
-        if (*record) {
-            o.run.argv = parsed < argc ? program : record->remaining();
-            if (o.run.argv.empty()) return cmd_record_attached(o);
-            if (o.pid > 0) fail("record: give -p PID or -- PROG ARGS, not both");
-            if (o.run.output.empty()) o.run.output = "ukprobe.dat";
-            o.run.follow = !no_follow;
-            o.run.verbose = o.verbose;
-            o.run.agent = find_agent(o.agent);
-            o.run.capture = true;
-            return ukprobe::run_program(o.run);
-        }
-        if (*report) {
-            if (report_options.file.empty()) report_options.file = "ukprobe.dat";
-            return ukprobe::report(report_options);
-        }
-        if (*mount) return ukprobe::cmd_mount(o.pid, mount_options);
+        return run_command(cl, program, parsed < argc);
     } catch (const std::exception &e) {
         fmt::print(stderr, "ukprobe: {}\n", e.what());
         return 1;
     }
-    return 1;
 }

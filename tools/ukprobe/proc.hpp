@@ -1,0 +1,20 @@
+// What /proc tells `ukprobe run` of the processes of the program's tree.
+#pragma once
+
+#include <string>
+
+namespace ukprobe {
+
+// The program's name (/proc/PID/comm); empty if the process is gone.
+std::string comm_of(int pid);
+
+// The parent's pid, or -1.
+int parent_of(int pid);
+
+// The process thread `tid` belongs to, or -1.
+int tgid_of(int tid);
+
+// Whether `pid` descends from this process.
+bool descends_from_us(int pid);
+
+} // namespace ukprobe
