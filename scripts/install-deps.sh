@@ -16,6 +16,7 @@ packages=(
   libunwind8             # tests: another unwinder through kretprobed frames
   gdb                    # tests: gdb walks through kretprobed frames (JIT interface)
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes
+  clang-format-14        # scripts/format.sh: the sources checked against .clang-format
   sqlite3 python3        # tests/e2e/compare.txt: real programs traced by ukprobes and the kernel
   # tests/compat (scripts/compat.sh): real programs run plain, preloaded, under ukprobe run
   # and attached: PostgreSQL 15 + pgbench, Redis + redis-benchmark, python3's own regression
