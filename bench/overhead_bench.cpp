@@ -55,7 +55,8 @@ void raw_trap_handler(int, siginfo_t *, void *) {}
 
 // Runs before any probe exists, so sigaction() still reaches the kernel directly.
 void BM_RawInt3Trap(benchmark::State &state) {
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_sigaction = raw_trap_handler;
     act.sa_flags = SA_SIGINFO;
     sigaction(SIGTRAP, &act, &old);
@@ -250,11 +251,11 @@ void run_kernel_uprobe(benchmark::State &state, bool ret) {
     const std::string instance = std::string(kTracefs) + "/instances/ukp_bench";
     mkdir(instance.c_str(), 0755);
     const std::string enable = instance + "/events/ukp_bench/" + name + "/enable";
-    if (where.empty() ||
-        !write_file(events, fmt::format("{}:ukp_bench/{} {}\n", ret ? 'r' : 'p', name, where), true) ||
+    if (where.empty() || !write_file(events, fmt::format("{}:ukp_bench/{} {}\n", ret ? 'r' : 'p', name, where), true) ||
         !write_file(enable, "1")) {
-        state.SkipWithError(fmt::format("kernel uprobe: cannot define or enable {} at {}: {}", name, where,
-                                        std::strerror(errno)).c_str());
+        state.SkipWithError(
+            fmt::format("kernel uprobe: cannot define or enable {} at {}: {}", name, where, std::strerror(errno))
+                .c_str());
         write_file(events, fmt::format("-:ukp_bench/{}\n", name), true);
         rmdir(instance.c_str());
         return;
@@ -328,8 +329,7 @@ int main(int argc, char **argv) {
         std::printf("  kr / r       = %.2f   (a kprobe beside a kretprobe shares its trap)\n", kr / r);
         std::printf("  j / b        = %.2f   (a jprobe traps twice: entry and jprobe_return)\n", j / b);
         std::printf("  jr / j       = %.2f\n", jr / j);
-        std::printf("  / direct call: r %.0f, kr %.0f, j %.0f, jr %.0f\n", r / call, kr / call, j / call,
-                    jr / call);
+        std::printf("  / direct call: r %.0f, kr %.0f, j %.0f, jr %.0f\n", r / call, kr / call, j / call, jr / call);
         std::printf("  over a direct call: r %.0f ns, kr %.0f ns, j %.0f ns, jr %.0f ns\n", r - call, kr - call,
                     j - call, jr - call);
     }

@@ -71,8 +71,8 @@ long count_lines(const std::string &path) {
 }
 
 std::vector<std::string> run_args(const char *what, long n, const std::string &event) {
-    return {UKP_UKPROBE, "--agent", UKP_AGENT, "run", "-b", "262144", "-o", kFile, "-e", event, "--",
-            UKP_PIPELINE_TARGET, what, std::to_string(n)};
+    return {UKP_UKPROBE,         "--agent", UKP_AGENT,        "run", "-b", "262144", "-o", kFile, "-e", event, "--",
+            UKP_PIPELINE_TARGET, what,      std::to_string(n)};
 }
 
 void one(benchmark::State &state, const std::vector<std::string> &args, long expect_lines, long items) {
@@ -175,8 +175,10 @@ long reported_records(benchmark::State &state, long *lost) {
             while (fgets(line, sizeof line, f) != nullptr) {
                 unsigned cpu = 0;
                 unsigned long long n = 0;
-                if (sscanf(line, "CPU:%u [LOST %llu EVENTS]", &cpu, &n) == 2) *lost += static_cast<long>(n);
-                else if (strchr(line, '\n') != nullptr) ++records;
+                if (sscanf(line, "CPU:%u [LOST %llu EVENTS]", &cpu, &n) == 2)
+                    *lost += static_cast<long>(n);
+                else if (strchr(line, '\n') != nullptr)
+                    ++records;
             }
             fclose(f);
         }
@@ -187,8 +189,9 @@ long reported_records(benchmark::State &state, long *lost) {
 }
 
 std::vector<std::string> record_args(long n, const char *buffer_kb) {
-    return {UKP_UKPROBE, "--agent",     UKP_AGENT, "record", "-b", buffer_kb, "-o", kFile, "-e", kCallEvent, "--",
-            UKP_PIPELINE_TARGET, "calls", std::to_string(n)};
+    return {
+        UKP_UKPROBE, "--agent",           UKP_AGENT, "record",         "-b", buffer_kb, "-o", kFile, "-e", kCallEvent,
+        "--",        UKP_PIPELINE_TARGET, "calls",   std::to_string(n)};
 }
 
 // `ukprobe record` with a ring that holds every record: all of them in the file (checked
@@ -276,8 +279,8 @@ public:
             fmt::print("run -o FILE, a libc function's event: {:.0f} lines/s; {:.1f} x the program alone\n",
                        kCalls / (ms("BM_Run_libc") / 1e3), ms("BM_Run_libc") / ms("BM_Plain_libc"));
         if (ms("BM_Run_masks") > 0)
-            fmt::print("sigprocmask: {:.0f} ns a call alone, {:.0f} ns under run\n", ms("BM_Plain_masks") * 1e6 / kMasks,
-                       ms("BM_Run_masks") * 1e6 / kMasks);
+            fmt::print("sigprocmask: {:.0f} ns a call alone, {:.0f} ns under run\n",
+                       ms("BM_Plain_masks") * 1e6 / kMasks, ms("BM_Run_masks") * 1e6 / kMasks);
     }
 
 private:

@@ -70,9 +70,7 @@ void run_event(benchmark::State &state, const char *name, const char *line) {
 }
 
 void BM_Event0(benchmark::State &state) { run_event(state, "e0", "p:e0 utb_target"); }
-void BM_Event4Regs(benchmark::State &state) {
-    run_event(state, "e4", "p:e4 utb_target a=%di s=%si p=%dx d=%cx");
-}
+void BM_Event4Regs(benchmark::State &state) { run_event(state, "e4", "p:e4 utb_target a=%di s=%si p=%dx d=%cx"); }
 void BM_Event4StringDeref(benchmark::State &state) {
     run_event(state, "e4s", "p:e4s utb_target a=%di s=+0(%si):string v=+0(%dx):s64 d=%cx");
 }

@@ -68,8 +68,8 @@ static int measure(const char *where, kprobe_pre_handler_t pre, kretprobe_handle
         ro = min(ro, per_call());
         unregister_kretprobe(&rp);
     }
-    printf("handlers %-13s call %5.2f ns   o %6.2f ns   ro %6.2f ns   ro / o %.2f   over the call %.2f\n", where,
-           call, o, ro, ro / o, (ro - call) / (o - call));
+    printf("handlers %-13s call %5.2f ns   o %6.2f ns   ro %6.2f ns   ro / o %.2f   over the call %.2f\n", where, call,
+           o, ro, ro / o, (ro - call) / (o - call));
     return 0;
 }
 

@@ -15,36 +15,33 @@
 #include <unistd.h>
 
 /* Proxy routine having the same arguments as the actual handle_request() routine */
-static int j_handle_request(int id, const char *path)
-{
-	char buf[256];
-	int n = snprintf(buf, sizeof buf, "jprobe: id = %d, path = \"%s\"\n", id, path);
-	if (n > 0)
-		(void)!write(STDERR_FILENO, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
-	/* Always end with a call to jprobe_return(). */
-	jprobe_return();
-	return 0;
+static int j_handle_request(int id, const char *path) {
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "jprobe: id = %d, path = \"%s\"\n", id, path);
+    if (n > 0) (void)!write(STDERR_FILENO, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    /* Always end with a call to jprobe_return(). */
+    jprobe_return();
+    return 0;
 }
 
 static struct jprobe my_jprobe = {
-	.entry = JPROBE_ENTRY(j_handle_request),
-	.kp = {
-		.symbol_name = "handle_request",
-	},
+    .entry = JPROBE_ENTRY(j_handle_request),
+    .kp =
+        {
+            .symbol_name = "handle_request",
+        },
 };
 
-__attribute__((constructor)) static void jprobe_init(void)
-{
-	int ret = register_jprobe(&my_jprobe);
-	if (ret < 0) {
-		fprintf(stderr, "register_jprobe failed, returned %d\n", ret);
-		return;
-	}
-	fprintf(stderr, "Planted jprobe at %p, handler addr %p\n", (void *)my_jprobe.kp.addr, my_jprobe.entry);
+__attribute__((constructor)) static void jprobe_init(void) {
+    int ret = register_jprobe(&my_jprobe);
+    if (ret < 0) {
+        fprintf(stderr, "register_jprobe failed, returned %d\n", ret);
+        return;
+    }
+    fprintf(stderr, "Planted jprobe at %p, handler addr %p\n", (void *)my_jprobe.kp.addr, my_jprobe.entry);
 }
 
-__attribute__((destructor)) static void jprobe_exit(void)
-{
-	unregister_jprobe(&my_jprobe);
-	fprintf(stderr, "jprobe at %p unregistered\n", (void *)my_jprobe.kp.addr);
+__attribute__((destructor)) static void jprobe_exit(void) {
+    unregister_jprobe(&my_jprobe);
+    fprintf(stderr, "jprobe at %p unregistered\n", (void *)my_jprobe.kp.addr);
 }

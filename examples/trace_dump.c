@@ -16,22 +16,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void print_file(const char *path)
-{
-	char *text = NULL;
-	int err = ukp_trace_read(path, &text);
-	if (err != 0) {
-		fprintf(stderr, "trace_dump: reading %s: %s\n", path, strerror(-err));
-		return;
-	}
-	fprintf(stderr, "---- %s\n%s", path, text);
-	free(text);
+static void print_file(const char *path) {
+    char *text = NULL;
+    int err = ukp_trace_read(path, &text);
+    if (err != 0) {
+        fprintf(stderr, "trace_dump: reading %s: %s\n", path, strerror(-err));
+        return;
+    }
+    fprintf(stderr, "---- %s\n%s", path, text);
+    free(text);
 }
 
-__attribute__((destructor)) static void dump(void)
-{
-	fflush(stdout); /* the program's own output first */
-	print_file("kprobe_events");
-	print_file("trace");
-	print_file("kprobe_profile");
+__attribute__((destructor)) static void dump(void) {
+    fflush(stdout); /* the program's own output first */
+    print_file("kprobe_events");
+    print_file("trace");
+    print_file("kprobe_profile");
 }

@@ -26,27 +26,27 @@ extern "C" {
  * -1 (no system call in progress).
  */
 struct pt_regs {
-	unsigned long r15;
-	unsigned long r14;
-	unsigned long r13;
-	unsigned long r12;
-	unsigned long bp;
-	unsigned long bx;
-	unsigned long r11;
-	unsigned long r10;
-	unsigned long r9;
-	unsigned long r8;
-	unsigned long ax;
-	unsigned long cx;
-	unsigned long dx;
-	unsigned long si;
-	unsigned long di;
-	unsigned long orig_ax;
-	unsigned long ip;
-	unsigned long cs;
-	unsigned long flags;
-	unsigned long sp;
-	unsigned long ss;
+    unsigned long r15;
+    unsigned long r14;
+    unsigned long r13;
+    unsigned long r12;
+    unsigned long bp;
+    unsigned long bx;
+    unsigned long r11;
+    unsigned long r10;
+    unsigned long r9;
+    unsigned long r8;
+    unsigned long ax;
+    unsigned long cx;
+    unsigned long dx;
+    unsigned long si;
+    unsigned long di;
+    unsigned long orig_ax;
+    unsigned long ip;
+    unsigned long cs;
+    unsigned long flags;
+    unsigned long sp;
+    unsigned long ss;
 };
 
 /* The breakpoint instruction, as in the kernel's asm/kprobes.h. */
@@ -79,23 +79,23 @@ typedef int (*kprobe_fault_handler_t)(struct kprobe *p, struct pt_regs *regs, in
 #define KPROBE_FLAG_FTRACE 8
 
 struct kprobe {
-	/* Count of hits whose handlers did not run (recursion, a faulting handler). */
-	unsigned long nmissed;
-	/* Probe address; filled in from symbol_name + offset by register_kprobe(). */
-	kprobe_opcode_t *addr;
-	/* "sym" or "OBJECT:sym", OBJECT being a loaded object's file name. */
-	const char *symbol_name;
-	/* Offset into symbol_name (or from addr). */
-	unsigned int offset;
-	kprobe_pre_handler_t pre_handler;
-	kprobe_post_handler_t post_handler;
-	kprobe_fault_handler_t fault_handler;
-	/* The original first byte of the probed instruction, saved at registration. */
-	kprobe_opcode_t opcode;
-	/* KPROBE_FLAG_* */
-	unsigned int flags;
-	/* Owned by ukprobes while the probe is registered; leave zero. */
-	void *ukp_private;
+    /* Count of hits whose handlers did not run (recursion, a faulting handler). */
+    unsigned long nmissed;
+    /* Probe address; filled in from symbol_name + offset by register_kprobe(). */
+    kprobe_opcode_t *addr;
+    /* "sym" or "OBJECT:sym", OBJECT being a loaded object's file name. */
+    const char *symbol_name;
+    /* Offset into symbol_name (or from addr). */
+    unsigned int offset;
+    kprobe_pre_handler_t pre_handler;
+    kprobe_post_handler_t post_handler;
+    kprobe_fault_handler_t fault_handler;
+    /* The original first byte of the probed instruction, saved at registration. */
+    kprobe_opcode_t opcode;
+    /* KPROBE_FLAG_* */
+    unsigned int flags;
+    /* Owned by ukprobes while the probe is registered; leave zero. */
+    void *ukp_private;
 };
 
 int register_kprobe(struct kprobe *p);
@@ -116,31 +116,31 @@ struct kretprobe_instance;
 typedef int (*kretprobe_handler_t)(struct kretprobe_instance *ri, struct pt_regs *regs);
 
 struct kretprobe {
-	struct kprobe kp;
-	/* Called when the function returns; its return value is ignored. */
-	kretprobe_handler_t handler;
-	/* Called on entry; a non-zero return leaves this call unprobed (no handler call). */
-	kretprobe_handler_t entry_handler;
-	/* Instances allocated at registration: calls in flight at once, all threads.
+    struct kprobe kp;
+    /* Called when the function returns; its return value is ignored. */
+    kretprobe_handler_t handler;
+    /* Called on entry; a non-zero return leaves this call unprobed (no handler call). */
+    kretprobe_handler_t entry_handler;
+    /* Instances allocated at registration: calls in flight at once, all threads.
 	 * <= 0: the kernel's default, max(10, 2 * number of CPUs). */
-	int maxactive;
-	/* Entries that found no free instance (their return is not probed). */
-	int nmissed;
-	/* Bytes of private data per instance (ri->data), shared by entry and return handler. */
-	size_t data_size;
-	/* ukprobes: instances released without their handler because their frame was left
+    int maxactive;
+    /* Entries that found no free instance (their return is not probed). */
+    int nmissed;
+    /* Bytes of private data per instance (ri->data), shared by entry and return handler. */
+    size_t data_size;
+    /* ukprobes: instances released without their handler because their frame was left
 	 * without returning (a C++ exception, longjmp, thread exit or cancellation). */
-	unsigned long ukp_unwound;
-	/* Owned by ukprobes while registered; leave zero. */
-	void *ukp_private;
+    unsigned long ukp_unwound;
+    /* Owned by ukprobes while registered; leave zero. */
+    void *ukp_private;
 };
 
 struct kretprobe_instance {
-	struct kretprobe *rp;      /* the probe (see get_kretprobe()) */
-	kprobe_opcode_t *ret_addr; /* the real return address */
-	int task;                  /* the thread id (gettid()) of the call */
-	void *fp;                  /* where the return address is on the stack */
-	char data[];               /* rp->data_size bytes */
+    struct kretprobe *rp;      /* the probe (see get_kretprobe()) */
+    kprobe_opcode_t *ret_addr; /* the real return address */
+    int task;                  /* the thread id (gettid()) of the call */
+    void *fp;                  /* where the return address is on the stack */
+    char data[];               /* rp->data_size bytes */
 };
 
 static inline struct kretprobe *get_kretprobe(struct kretprobe_instance *ri) { return ri->rp; }
@@ -162,8 +162,8 @@ int enable_kretprobe(struct kretprobe *rp);
  * must end with jprobe_return(); the function then runs with its original arguments.
  */
 struct jprobe {
-	struct kprobe kp;
-	void *entry; /* the handler: same prototype as the probed function */
+    struct kprobe kp;
+    void *entry; /* the handler: same prototype as the probed function */
 };
 
 #define JPROBE_ENTRY(pentry) ((void *)(pentry))
@@ -181,15 +181,14 @@ void jprobe_return(void) __attribute__((noreturn));
  * scope, after the function's definition, as in the kernel.
  */
 struct ukp_blacklist_entry {
-	const void *addr;
-	const char *name;
+    const void *addr;
+    const char *name;
 };
 void ukp_blacklist_add(const void *addr, const char *name);
-#define NOKPROBE_SYMBOL(fname)                                                            \
-	__attribute__((constructor)) static void __ukp_nokprobe_##fname(void)            \
-	{                                                                                  \
-		ukp_blacklist_add((const void *)&(fname), #fname);                         \
-	}
+#define NOKPROBE_SYMBOL(fname)                                                                                         \
+    __attribute__((constructor)) static void __ukp_nokprobe_##fname(void) {                                            \
+        ukp_blacklist_add((const void *)&(fname), #fname);                                                             \
+    }
 
 /*
  * Introspection, as the kernel's debugfs files.

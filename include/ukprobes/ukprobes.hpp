@@ -47,8 +47,7 @@ public:
     ~Kprobe() { reset(); }
 
     // Registers a probe at "sym", "OBJECT:sym" (plus offset). Check error() or bool.
-    static Kprobe at(std::string_view symbol, KprobeHandlers handlers, unsigned offset = 0,
-                     bool disabled = false) {
+    static Kprobe at(std::string_view symbol, KprobeHandlers handlers, unsigned offset = 0, bool disabled = false) {
         Kprobe k(std::move(handlers));
         k.state_->symbol.assign(symbol);
         k.state_->kp.symbol_name = k.state_->symbol.c_str();
@@ -57,8 +56,7 @@ public:
         return k;
     }
     // A string literal would otherwise convert to `const void *` and be taken for an address.
-    static Kprobe at(const char *symbol, KprobeHandlers handlers, unsigned offset = 0,
-                     bool disabled = false) {
+    static Kprobe at(const char *symbol, KprobeHandlers handlers, unsigned offset = 0, bool disabled = false) {
         return at(std::string_view(symbol), std::move(handlers), offset, disabled);
     }
     // Registers a probe at an address.
@@ -75,9 +73,7 @@ public:
 
     int enable() { return error_ == 0 ? enable_kprobe(&state_->kp) : -EINVAL; }
     int disable() { return error_ == 0 ? disable_kprobe(&state_->kp) : -EINVAL; }
-    unsigned long nmissed() const {
-        return state_ ? __atomic_load_n(&state_->kp.nmissed, __ATOMIC_RELAXED) : 0;
-    }
+    unsigned long nmissed() const { return state_ ? __atomic_load_n(&state_->kp.nmissed, __ATOMIC_RELAXED) : 0; }
     void *address() const { return state_ ? state_->kp.addr : nullptr; }
     // The underlying C probe, for the C API (list, batch calls).
     kprobe *raw() { return state_ ? &state_->kp : nullptr; }
@@ -102,9 +98,7 @@ private:
 
     static State *state_of(kprobe *p) { return reinterpret_cast<State *>(p); }
     static int pre_trampoline(kprobe *p, pt_regs *regs) { return state_of(p)->handlers.pre(*regs); }
-    static void post_trampoline(kprobe *p, pt_regs *regs, unsigned long) {
-        state_of(p)->handlers.post(*regs);
-    }
+    static void post_trampoline(kprobe *p, pt_regs *regs, unsigned long) { state_of(p)->handlers.post(*regs); }
     static int fault_trampoline(kprobe *p, pt_regs *regs, int trapnr) {
         return state_of(p)->handlers.fault(*regs, trapnr);
     }
@@ -135,8 +129,8 @@ struct KretprobeHandlers {
 //       .ret = [&](kretprobe_instance &, pt_regs &regs) { last = (int)regs_return_value(&regs); },
 //   });
 struct KretprobeOptions {
-    int maxactive = 0;     // <= 0: max(10, 2 * CPUs)
-    size_t data_size = 0;  // bytes of kretprobe_instance::data per call
+    int maxactive = 0;    // <= 0: max(10, 2 * CPUs)
+    size_t data_size = 0; // bytes of kretprobe_instance::data per call
     bool disabled = false;
 };
 
@@ -182,9 +176,7 @@ public:
     int enable() { return error_ == 0 ? enable_kretprobe(&state_->rp) : -EINVAL; }
     int disable() { return error_ == 0 ? disable_kretprobe(&state_->rp) : -EINVAL; }
     int nmissed() const { return state_ ? __atomic_load_n(&state_->rp.nmissed, __ATOMIC_RELAXED) : 0; }
-    unsigned long unwound() const {
-        return state_ ? __atomic_load_n(&state_->rp.ukp_unwound, __ATOMIC_RELAXED) : 0;
-    }
+    unsigned long unwound() const { return state_ ? __atomic_load_n(&state_->rp.ukp_unwound, __ATOMIC_RELAXED) : 0; }
     void *address() const { return state_ ? state_->rp.kp.addr : nullptr; }
     kretprobe *raw() { return state_ ? &state_->rp : nullptr; }
 

@@ -48,7 +48,6 @@ namespace {
 
 constexpr int kPipeWaitMs = 100; // a trace_pipe request waits this long for a record
 
-
 // What one controller changed, undone when it detaches or disappears.
 struct Connection {
     int fd = -1;
@@ -58,15 +57,15 @@ struct Connection {
     bool session = false;            // Op::kSession: its additions go when it closes
 };
 
-std::mutex g_start_mu;             // serializes start and stop requests from the program
+std::mutex g_start_mu;               // serializes start and stop requests from the program
 std::atomic<bool> g_stopping{false}; // the thread is on its way out (after detach)
-bool g_thread_valid = false;       // g_thread is joinable; under g_start_mu
+bool g_thread_valid = false;         // g_thread is joinable; under g_start_mu
 pthread_t g_thread;
 // The thread's descriptors. It makes them in a table of its own (text::use_own_fd_table),
 // where the program can neither see nor close them, nor count them against its limit;
 // g_own_table says so (else, on a kernel that refuses, they are high in the program's).
 int g_listen_fd = -1;
-int g_wake_fd[2] = {-1, -1};       // a byte here makes the thread stop (ukp_control_stop)
+int g_wake_fd[2] = {-1, -1}; // a byte here makes the thread stop (ukp_control_stop)
 bool g_own_table = false;
 pid_t g_thread_tid = 0;
 // Where the socket is; plain chars so that the exit-time unlink never meets a destroyed string.
@@ -156,8 +155,8 @@ public:
 private:
     // Returns false when the connection must be closed (framing error or I/O failure).
     bool serve_one(size_t index);
-    int32_t handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload,
-                   std::string *reply, int *reply_fd);
+    int32_t handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload, std::string *reply,
+                   int *reply_fd);
     int32_t handle_read(const std::string &path, std::string *reply);
     int32_t handle_write(Connection &c, const std::string &path, const std::string &payload, bool append,
                          std::string *reply);
@@ -203,8 +202,7 @@ void Server::run() {
         if (fd < 0) continue;
         ucred cred{};
         socklen_t len = sizeof cred;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-            (cred.uid != geteuid() && cred.uid != 0)) {
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || (cred.uid != geteuid() && cred.uid != 0)) {
             char msg[128];
             snprintf(msg, sizeof msg, "peer uid %u is neither the process's uid %u nor root", cred.uid,
                      static_cast<unsigned>(geteuid()));
@@ -250,8 +248,8 @@ bool Server::serve_one(size_t index) {
 
 int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, const std::string &payload,
                        std::string *reply, int *reply_fd) {
-    const bool needs_path = op == uint16_t(Op::kRead) || op == uint16_t(Op::kWrite) ||
-                            op == uint16_t(Op::kAppend) || op == uint16_t(Op::kOpenFd);
+    const bool needs_path = op == uint16_t(Op::kRead) || op == uint16_t(Op::kWrite) || op == uint16_t(Op::kAppend) ||
+                            op == uint16_t(Op::kOpenFd);
     if (needs_path) {
         if (path.empty() || path.front() == '/' || path.find('\0') != std::string::npos ||
             path.find("..") != std::string::npos) {
@@ -271,9 +269,12 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
         // What this connection already added moves with it (none, as a rule: it is the first request).
         c.session = true;
         return 0;
-    case Op::kRead: return handle_read(path, reply);
-    case Op::kWrite: return handle_write(c.session ? c : shared_, path, payload, false, reply);
-    case Op::kAppend: return handle_write(c.session ? c : shared_, path, payload, true, reply);
+    case Op::kRead:
+        return handle_read(path, reply);
+    case Op::kWrite:
+        return handle_write(c.session ? c : shared_, path, payload, false, reply);
+    case Op::kAppend:
+        return handle_write(c.session ? c : shared_, path, payload, true, reply);
     case Op::kVerify: {
         char *report = nullptr;
         const int n = ukp_verify(&report);
@@ -308,8 +309,8 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
             return 0;
         }
         if (path != kTraceRingPath) {
-            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + ", " +
-                     kSnapshotRingPath + " and " + kCountersPath + ")";
+            *reply = "no descriptor is served at '" + path + "' (only " + kTraceRingPath + ", " + kSnapshotRingPath +
+                     " and " + kCountersPath + ")";
             return -ENOENT;
         }
         *reply_fd = trace::ring_memfd_copy(&size);
@@ -399,8 +400,8 @@ int32_t Server::handle_write(Connection &c, const std::string &path, const std::
     const bool defs = is_definitions_file(path);
     std::string before_text, after_text;
     if (defs) trace_read(path, &before_text);
-    const int rc = append ? ukp_trace_append(path.c_str(), payload.c_str())
-                          : ukp_trace_write(path.c_str(), payload.c_str());
+    const int rc =
+        append ? ukp_trace_append(path.c_str(), payload.c_str()) : ukp_trace_write(path.c_str(), payload.c_str());
     if (rc < 0) {
         *reply = last_error();
         return rc;
@@ -411,8 +412,7 @@ int32_t Server::handle_write(Connection &c, const std::string &path, const std::
         const std::vector<std::string> before = event_names(before_text), after = event_names(after_text);
         std::vector<std::string> added, removed;
         std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(added));
-        std::set_difference(before.begin(), before.end(), after.begin(), after.end(),
-                            std::back_inserter(removed));
+        std::set_difference(before.begin(), before.end(), after.begin(), after.end(), std::back_inserter(removed));
         forget_events(removed);
         c.events.insert(c.events.end(), added.begin(), added.end());
     }
@@ -454,7 +454,7 @@ Server *g_server = nullptr;
 struct Startup {
     pid_t caller = 0; // a thread of the program's table, waiting for `done`
     sem_t done;
-    int result = 0;   // 0 or -errno, set before `done` is posted
+    int result = 0; // 0 or -errno, set before `done` is posted
 };
 
 int listen_at(const sockaddr_un &addr);
@@ -574,7 +574,7 @@ int open_socket_dir(const std::string &dir) {
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return -errno;
     const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return errno == ELOOP || errno == ENOTDIR ? -ENOTDIR : -errno;
-    struct stat st{};
+    struct stat st {};
     if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
         close(fd);
         return -EPERM;
@@ -736,7 +736,6 @@ __attribute__((destructor)) void remove_socket_at_exit() {
     const core::AgentWork quiet; // its getpid and unlink are the agent's, not the program's
     if (g_listen_fd >= 0 && g_socket_path[0] != 0 && g_owner == getpid()) unlink(g_socket_path);
 }
-
 
 // UKP_CONTROL=1 in the environment starts the thread when the agent is loaded.
 __attribute__((constructor)) void start_from_environment() {

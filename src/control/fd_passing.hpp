@@ -59,8 +59,10 @@ inline ssize_t recv_with_fd(int sock, void *buf, size_t len, int *fd) {
         for (size_t i = 0; i < count; ++i) {
             int got;
             std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (*fd < 0) *fd = got;
-            else close(got);
+            if (*fd < 0)
+                *fd = got;
+            else
+                close(got);
         }
     }
     return n;

@@ -77,20 +77,26 @@ static_assert(sizeof(RequestHeader) == 16 && sizeof(ReplyHeader) == 16);
 // Where the agent of process `pid` running as `uid` listens. The directory is the user's
 // own (mode 0700); the agent refuses to use it otherwise.
 inline std::string socket_dir(unsigned uid) { return "/tmp/ukprobes-" + std::to_string(uid); }
-inline std::string socket_path(unsigned uid, int pid) {
-    return socket_dir(uid) + "/" + std::to_string(pid) + ".sock";
-}
+inline std::string socket_path(unsigned uid, int pid) { return socket_dir(uid) + "/" + std::to_string(pid) + ".sock"; }
 
 inline const char *op_name(uint16_t op) {
     switch (static_cast<Op>(op)) {
-    case Op::kPing: return "ping";
-    case Op::kRead: return "read";
-    case Op::kWrite: return "write";
-    case Op::kAppend: return "append";
-    case Op::kDetach: return "detach";
-    case Op::kVerify: return "verify";
-    case Op::kOpenFd: return "openfd";
-    case Op::kSession: return "session";
+    case Op::kPing:
+        return "ping";
+    case Op::kRead:
+        return "read";
+    case Op::kWrite:
+        return "write";
+    case Op::kAppend:
+        return "append";
+    case Op::kDetach:
+        return "detach";
+    case Op::kVerify:
+        return "verify";
+    case Op::kOpenFd:
+        return "openfd";
+    case Op::kSession:
+        return "session";
     }
     return "?";
 }

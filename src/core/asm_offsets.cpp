@@ -77,7 +77,7 @@ void asm_offsets() {
     DEFINE(UKP_POOL_HANDLER_OWN, offsetof(RetPool, handler_own));
     DEFINE(UKP_POOL_NO_SPARES, offsetof(RetPool, no_spares));
     DEFINE(UKP_POOL_HANDLER, offsetof(RetPool, handler));
-    DEFINE(UKP_POOL_SHARDS, offsetof(RetPool, shards)); // 64 bytes each, free_head first
+    DEFINE(UKP_POOL_SHARDS, offsetof(RetPool, shards));           // 64 bytes each, free_head first
     DEFINE(UKP_STUB_SHIFT, std::countr_zero(arch::kRetStubSize)); // log2 of a stub's size
     DEFINE(UKP_STUB_CALL, arch::kRetStubCall);
 

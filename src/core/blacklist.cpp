@@ -28,20 +28,43 @@ std::vector<BlacklistEntry> &blacklist_entries() {
 
 // The agent's own C entry points: a probe in them would run the agent inside itself.
 constexpr const char *kAgentFunctions[] = {
-    "register_kprobe",  "unregister_kprobe", "register_kprobes", "unregister_kprobes",
-    "enable_kprobe",    "disable_kprobe",    "sigaction",        "__sigaction",
-    "signal",           "bsd_signal",        "sysv_signal",      "__sysv_signal",
-    "register_kretprobe", "unregister_kretprobe", "register_kretprobes", "unregister_kretprobes",
-    "enable_kretprobe", "disable_kretprobe", "register_jprobe", "unregister_jprobe",
-    "register_jprobes", "unregister_jprobes", "jprobe_return", "__cxa_begin_catch",
-    "longjmp", "_longjmp", "siglongjmp", "__longjmp_chk", "backtrace", "_Unwind_Backtrace",
-    "swapcontext", "setcontext", "sigaltstack",
+    "register_kprobe",
+    "unregister_kprobe",
+    "register_kprobes",
+    "unregister_kprobes",
+    "enable_kprobe",
+    "disable_kprobe",
+    "sigaction",
+    "__sigaction",
+    "signal",
+    "bsd_signal",
+    "sysv_signal",
+    "__sysv_signal",
+    "register_kretprobe",
+    "unregister_kretprobe",
+    "register_kretprobes",
+    "unregister_kretprobes",
+    "enable_kretprobe",
+    "disable_kretprobe",
+    "register_jprobe",
+    "unregister_jprobe",
+    "register_jprobes",
+    "unregister_jprobes",
+    "jprobe_return",
+    "__cxa_begin_catch",
+    "longjmp",
+    "_longjmp",
+    "siglongjmp",
+    "__longjmp_chk",
+    "backtrace",
+    "_Unwind_Backtrace",
+    "swapcontext",
+    "setcontext",
+    "sigaltstack",
 };
 
 // Whether obj holds the agent's code: libukprobes.so, or the program it is linked into.
-bool holds_agent(const sym::Object &obj) {
-    return obj.contains_exec(reinterpret_cast<uint64_t>(&register_kprobe));
-}
+bool holds_agent(const sym::Object &obj) { return obj.contains_exec(reinterpret_cast<uint64_t>(&register_kprobe)); }
 
 } // namespace
 

@@ -82,52 +82,52 @@ struct ProbeList {
 // long after the last probe is gone, and a late int3 hit must still find it.
 struct Point {
     uint64_t addr = 0;
-    arch::BranchInsn insn;    // the original instruction, as far as emulating it needs
-    uint8_t orig_byte = 0;    // what the int3 replaced
-    uint64_t slot = 0;        // out-of-line slot (text::kSlotSize bytes), 0 for branches
-    uint64_t boosted = 0;     // copy that runs the instruction and jumps back
-    uint64_t post = 0;        // copy that runs the instruction, then the post trampoline
-    uint8_t boosted_len = 0;  // bytes of the instruction's copy in `boosted`, before its jump back
-    arch::FaultUndos undo;    // faults past the first instruction of `boosted`/`post`
+    arch::BranchInsn insn;                  // the original instruction, as far as emulating it needs
+    uint8_t orig_byte = 0;                  // what the int3 replaced
+    uint64_t slot = 0;                      // out-of-line slot (text::kSlotSize bytes), 0 for branches
+    uint64_t boosted = 0;                   // copy that runs the instruction and jumps back
+    uint64_t post = 0;                      // copy that runs the instruction, then the post trampoline
+    uint8_t boosted_len = 0;                // bytes of the instruction's copy in `boosted`, before its jump back
+    arch::FaultUndos undo;                  // faults past the first instruction of `boosted`/`post`
     std::atomic<ProbeList *> list{nullptr}; // null when no probe is registered
-    uint64_t region_copy = 0;   // the detour's region copy (detour_code + layout.copy), 0 without one
-    bool armed = false;       // int3 in place; changed under the registry mutex
+    uint64_t region_copy = 0;               // the detour's region copy (detour_code + layout.copy), 0 without one
+    bool armed = false;                     // int3 in place; changed under the registry mutex
     // Times the int3 was taken out (under the registry mutex): threads may then run into the
     // region through the original code, so the optimizer that looked for them before one
     // of these looks again (optimizer.cpp).
     uint64_t disarms = 0;
     // Jump optimization (optimizer.cpp). The detour is built when the point is prepared,
     // if the region check passes, and kept for the life of the process.
-    uint64_t detour = 0;        // its slot (text::kSlotSize bytes, the Point * first), or 0
-    uint64_t detour_code = 0;   // the detour's entry (detour + 16)
-    arch::DetourLayout layout;  // where the region copy is in it
+    uint64_t detour = 0;       // its slot (text::kSlotSize bytes, the Point * first), or 0
+    uint64_t detour_code = 0;  // the detour's entry (detour + 16)
+    arch::DetourLayout layout; // where the region copy is in it
     // The kretprobe detour's entry (arch::emit_kret_detour), after the detour in the same
     // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
     // a kretprobe without an entry_handler (opt_target). It resumes at region_copy.
     uint64_t kret_code = 0;
-    uint64_t jump_target = 0;   // where the jmp in place leads (optimized)
-    uint8_t dcr_orig[16] = {};  // the region's original bytes (layout.dcr_len of them)
+    uint64_t jump_target = 0;  // where the jmp in place leads (optimized)
+    uint8_t dcr_orig[16] = {}; // the region's original bytes (layout.dcr_len of them)
     // The detour's region copy while the breakpoint path runs it instead of the
     // first instruction alone (so no thread ever enters the region past its first byte);
     // 0 while another probe is inside the region; the optimizer gives it back (its strict
     // pass) when that probe is gone.
     std::atomic<uint64_t> breakpoint_region_copy{0};
-    bool optimized = false;     // the jmp is in place; changed under the registry mutex
-    bool queued = false;        // waiting for the optimizer; under the registry mutex
-    bool copy_fresh = false;    // breakpoint_region_copy came back: threads may still be on the old path in
+    bool optimized = false;  // the jmp is in place; changed under the registry mutex
+    bool queued = false;     // waiting for the optimizer; under the registry mutex
+    bool copy_fresh = false; // breakpoint_region_copy came back: threads may still be on the old path in
     // An island (arch/x86_64/island.hpp): the region is entered by one short branch
     // elsewhere, which is led to a jmp in dead padding before the region gets its jmp.
     // Under the registry mutex.
     arch::Island island;
-    uint64_t island_to = 0;      // the detour's copy of island.target; 0: no island
+    uint64_t island_to = 0;                     // the detour's copy of island.target; 0: no island
     uint8_t island_jmp[arch::kIslandSize] = {}; // the island's code: jmp island_to
-    bool island_live = false;    // the branch leads to the island
-    bool island_written = false; // the island's bytes are in place (until the optimizer retires them)
-    bool in_window = false;      // an int3 in libc on its way to a jmp: the spawn gate is closed (spawn_gate.cpp)
+    bool island_live = false;                   // the branch leads to the island
+    bool island_written = false;                // the island's bytes are in place (until the optimizer retires them)
+    bool in_window = false; // an int3 in libc on its way to a jmp: the spawn gate is closed (spawn_gate.cpp)
     // In a function glibc's spawn child may run: never an int3 for good (spawn_gate.cpp).
     bool spawn_path = false;
-    std::string object_name;  // for kprobes/list
-    std::string symbol;       // "sym", for kprobes/list
+    std::string object_name; // for kprobes/list
+    std::string symbol;      // "sym", for kprobes/list
     uint64_t symbol_offset = 0;
 };
 
@@ -197,24 +197,23 @@ bool barrier_everywhere();
 // Per-thread state of the hit path (initial-exec TLS: no allocation, no lock).
 
 struct ThreadState {
-    int depth;              // > 0 while this thread runs probe handlers
-    int quiet;              // > 0 while it does the agent's own work (AgentWork)
+    int depth; // > 0 while this thread runs probe handlers
+    int quiet; // > 0 while it does the agent's own work (AgentWork)
     // While ukp_optprobe_trampoline's fast case runs a user's pre_handler: its frame, where
     // a fault in the handler resumes (at ukp_optprobe_fast_recovery); else null. Beside
     // depth, which the fast case writes with it.
     pt_regs *fast_frame;
-    bool recovery_armed;    // a handler is running under `recovery`
-    ukp_recovery recovery;  // where a faulting handler is abandoned to
-    int fault_trapnr;       // trap number of that fault
+    bool recovery_armed;   // a handler is running under `recovery`
+    ukp_recovery recovery; // where a faulting handler is abandoned to
+    int fault_trapnr;      // trap number of that fault
     // The hit whose pre_handlers run, for handlers that need more than pt_regs (jprobes).
     ucontext_t *hit_context;
     Point *hit_point;
-    uint32_t hit_position;  // the running handler's probe's position in the point's list
-    ReaderCell *reader;     // where its read sections are marked (hit.cpp); null before the first
-    ReaderCell *claiming;   // the reader cell it is claiming, while it claims one
+    uint32_t hit_position; // the running handler's probe's position in the point's list
+    ReaderCell *reader;    // where its read sections are marked (hit.cpp); null before the first
+    ReaderCell *claiming;  // the reader cell it is claiming, while it claims one
 };
 UKP_HOT ThreadState &thread_state();
-
 
 // ---- jump optimization (optimizer.cpp) ------------------------------------------------
 // All but the last three are called with the registry mutex held.

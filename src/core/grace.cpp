@@ -154,9 +154,6 @@ unsigned shared_read_lock() {
     }
 }
 
-
-
-
 ReaderCell *claimed_cells(size_t *n) {
     *n = g_cells_touched.load(std::memory_order_acquire);
     return g_cells;
@@ -233,13 +230,13 @@ void grace_after_fork_child() {
         if (count.n.load(std::memory_order_relaxed) != 0) count.n.store(0, std::memory_order_relaxed);
     // The registration belongs to the parent's address space; without it here, this
     // thread goes over to the shared counters (it is in no section).
-    if (g_membarrier.load(std::memory_order_relaxed) && sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) {
+    if (g_membarrier.load(std::memory_order_relaxed) &&
+        sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) {
         g_membarrier.store(false, std::memory_order_relaxed);
         if (thread_state().reader != nullptr && thread_state().reader != &g_no_cell)
             thread_state().reader->claim.store(thread_state().reader->claim.load() & ~kOwnerMask);
         thread_state().reader = &g_no_cell;
     }
 }
-
 
 } // namespace ukp::core

@@ -159,8 +159,7 @@ bool execute_unprobed(const Point *pt, ucontext_t *uc, uint64_t *fault_addr) {
 
 // The instruction run out of line faulted: fault handlers first, then the program gets
 // the fault as if no probe were there (rip = the probed address).
-void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uint64_t real_ip,
-                  int trapnr) {
+void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uint64_t real_ip, int trapnr) {
     // A later instruction of a copy (the memory read of a relocated `call *mem`, a far
     // [rip] access through a scratch register) faults after the copy moved rsp or saved a
     // register: those go back first, for the fault handlers and the program alike.
@@ -208,8 +207,7 @@ void step_faulted(const Point *pt, int sig, siginfo_t *info, ucontext_t *uc, uin
         arch::set_context_ip(uc, orig);
         // SIGILL, SIGFPE and a fetch fault name the instruction itself in si_addr: the
         // program must see its own instruction there too, not the agent's copy.
-        if (reinterpret_cast<uint64_t>(info->si_addr) == real_ip)
-            info->si_addr = reinterpret_cast<void *>(orig);
+        if (reinterpret_cast<uint64_t>(info->si_addr) == real_ip) info->si_addr = reinterpret_cast<void *>(orig);
     }
     deliver_to_program(sig, info, uc);
 }
@@ -230,7 +228,10 @@ void run_post_handlers(const ProbeList *list, pt_regs *regs) {
         kprobe *p = list->probes[i];
         if (probe_disabled(p) || p->post_handler == nullptr) continue;
         const pt_regs at_entry = *regs;
-        if (run_guarded(p, [&] { p->post_handler(p, regs, 0); return 0; }) < 0)
+        if (run_guarded(p, [&] {
+                p->post_handler(p, regs, 0);
+                return 0;
+            }) < 0)
             handler_faulted(p, regs, at_entry);
     }
 }
@@ -249,7 +250,6 @@ bool any_post_handler(const ProbeList *list) {
         if (!probe_disabled(list->probes[i]) && list->probes[i]->post_handler != nullptr) return true;
     return false;
 }
-
 
 // Runs the pre_handlers of list from position `first` on; true if one asked to resume
 // at the regs->ip it set. regs->ip is the probe address plus one on entry. ext_saved:
@@ -443,7 +443,7 @@ void run_late_post_handlers(Point *pt, const ProbeList *list, pt_regs *regs) {
 // everything this calls either is lean or goes through outside_gpr(). *at_hit: the
 // general registers, flags and sp at the hit, saved a second time by the trampoline.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatch(ukp::core::Point *pt, pt_regs *regs,
-                                                                                 int ext_saved, pt_regs *at_hit) {
+                                                                                  int ext_saved, pt_regs *at_hit) {
     using namespace ukp::core;
     ThreadState &ts = thread_state();
     const uint64_t copy = pt->region_copy;
@@ -489,7 +489,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
 // replaced: there it goes on in the copy, as in ukp_optprobe_dispatch. In the read
 // section, with the vector state saved.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_into_copy(ukp::core::Point *pt,
-                                                                                  pt_regs *regs) {
+                                                                                   pt_regs *regs) {
     regs->ip = ukp::core::into_copy(pt, regs->ip);
 }
 
@@ -500,7 +500,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_into_co
 // unless it answered 1; then the section ends and the region copy runs. With the
 // vector state saved.
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_fast_fault(ukp::core::Point *pt, pt_regs *regs,
-                                                                                   int, pt_regs *at_hit, kprobe *p) {
+                                                                                    int, pt_regs *at_hit, kprobe *p) {
     using namespace ukp::core;
     count_missed(p);
     handler_faulted(p, regs, registers_at_hit(*at_hit, pt->addr + 1, *regs));

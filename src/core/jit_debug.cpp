@@ -33,8 +33,8 @@ struct jit_descriptor {
 // Protected: a debugger finds them by name in the agent's object, and the agent keeps
 // using its own even when the program has a JIT with descriptors of the same names (GDB
 // reads one descriptor per object file); the program's JIT keeps its list, we keep ours.
-__attribute__((visibility("protected"), used)) jit_descriptor __jit_debug_descriptor = {1, JIT_NOACTION, nullptr,
-                                                                                        nullptr};
+__attribute__((visibility("protected"), used))
+jit_descriptor __jit_debug_descriptor = {1, JIT_NOACTION, nullptr, nullptr};
 
 // The debugger's breakpoint: it reads the descriptor when this is called. Must stay a
 // real call (never inlined, never merged or dropped). clang has no noipa: noinline, and

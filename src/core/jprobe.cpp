@@ -32,9 +32,9 @@ constexpr uint32_t kContexts = 256;
 constexpr size_t kFxsaveSize = 512;
 
 struct JprobeContext {
-    pt_regs regs;          // at the hit
+    pt_regs regs; // at the hit
     Point *point;
-    const kprobe *probe;   // the jprobe: the chain resumes after it
+    const kprobe *probe; // the jprobe: the chain resumes after it
     size_t stack_len;
     uint8_t stack[kStackCopy];
     bool have_fp;
@@ -184,8 +184,7 @@ void unregister_jprobes(struct jprobe **jps, int num) {
         for (int i = 0; i < num; ++i) {
             if (jps[i] == nullptr) continue;
             kps.push_back(&jps[i]->kp);
-            if (jprobes().erase(&jps[i]->kp) != 0)
-                addresses().erase(reinterpret_cast<uint64_t>(jps[i]->kp.addr));
+            if (jprobes().erase(&jps[i]->kp) != 0) addresses().erase(reinterpret_cast<uint64_t>(jps[i]->kp.addr));
         }
     }
     unregister_kprobes(kps.data(), static_cast<int>(kps.size()));

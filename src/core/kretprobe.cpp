@@ -421,15 +421,14 @@ void report_bug(const RetInstance *ri, uint64_t sp) {
     outside_gpr(false, [&] { (void)!write(STDERR_FILENO, buf, n); });
 }
 
-
 // libunwind's dynamic unwind-information registry (libunwind-dynamic.h of libunwind 1.6,
 // Debian 12's), mirrored here
 // so that the agent needs neither its headers nor its library: used when the program
 // has libunwind loaded, whose unwinder does not read libgcc's registry.
 struct UnwDynTableInfo {
     uint64_t name_ptr;
-    uint64_t segbase;    // the search table's offsets are from here
-    uint64_t table_len;  // in 8-byte words
+    uint64_t segbase;   // the search table's offsets are from here
+    uint64_t table_len; // in 8-byte words
     const int32_t *table_data;
 };
 struct UnwDynInfo {
@@ -479,8 +478,12 @@ enum class Unwinder { kLibgcc, kLibunwind };
 std::vector<uint8_t> sled_eh_frame(RetPool *pool, Unwinder unwinder, size_t *fde_at) {
     std::vector<uint8_t> out;
     const auto u8 = [&](uint8_t v) { out.push_back(v); };
-    const auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); };
-    const auto u64 = [&](uint64_t v) { for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); };
+    const auto u32 = [&](uint32_t v) {
+        for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
+    };
+    const auto u64 = [&](uint64_t v) {
+        for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
+    };
     const auto pad = [&](size_t start) {
         while ((out.size() - start) % 8 != 4) u8(0); // DW_CFA_nop up to the next length word
     };
@@ -597,7 +600,8 @@ RetPool *make_pool(kretprobe *rp) {
         ri->next_free.store(last ? 0 : i + 2, std::memory_order_relaxed);
         RetPool::Shard &sh = pool->shards[pool->shard_of(i)];
         if (sh.free_head.load(std::memory_order_relaxed) == 0) sh.free_head.store(i + 1, std::memory_order_relaxed);
-        arch::emit_ret_stub(reinterpret_cast<uint64_t>(&ri->pub.ret_addr), reinterpret_cast<uint64_t>(&ukp_kretprobe_trampoline), &code[i * arch::kRetStubSize]);
+        arch::emit_ret_stub(reinterpret_cast<uint64_t>(&ri->pub.ret_addr),
+                            reinterpret_cast<uint64_t>(&ukp_kretprobe_trampoline), &code[i * arch::kRetStubSize]);
     }
     if (text::write(pool->sled, code.data(), code.size()) != 0) {
         free_pool(pool);
@@ -627,9 +631,7 @@ void reap_dead_pools() {
     std::vector<RetPool *> ready;
     {
         std::lock_guard lock(g_pools_mutex);
-        auto it = std::partition(dead_pools().begin(), dead_pools().end(), [](RetPool *p) {
-            return p->in_use() != 0;
-        });
+        auto it = std::partition(dead_pools().begin(), dead_pools().end(), [](RetPool *p) { return p->in_use() != 0; });
         ready.assign(it, dead_pools().end());
         dead_pools().erase(it, dead_pools().end());
     }
@@ -649,7 +651,8 @@ void reap_dead_pools() {
 } // namespace
 
 int current_tid() {
-    if (t_ret.tid == 0) outside_gpr(false, [] { t_ret.tid = static_cast<int>(syscall(SYS_gettid)); }); // once per thread
+    if (t_ret.tid == 0)
+        outside_gpr(false, [] { t_ret.tid = static_cast<int>(syscall(SYS_gettid)); }); // once per thread
     return t_ret.tid;
 }
 
@@ -732,7 +735,7 @@ using namespace ukp::core;
 // its fast case (trampolines.S) did not take the return. Without the vector state saved
 // (ext_saved 0) when ukp_lean_return_path is set (see ukp_optprobe_dispatch in hit.cpp).
 extern "C" __attribute__((used, visibility("hidden"))) void ukp_kretprobe_dispatch(uint64_t ret_addr_field,
-                                                                                  pt_regs *regs, int ext_saved) {
+                                                                                   pt_regs *regs, int ext_saved) {
     ThreadState &ts = thread_state();
     ++ts.depth;
     const unsigned idx = read_lock();

@@ -29,13 +29,13 @@ struct RetInstance {
     enum State : int { kFree, kLive, kReturnedElsewhere, kSuspect };
     RetInstance *next = nullptr; // the owning thread's list, most recent first
     RetPool *pool = nullptr;
-    uint32_t index = 0;          // in the pool; its stub is the index-th of the sled
-    uint16_t shard = 0;          // pool->shard_of(index), kept: a division costs ns on the return path
+    uint32_t index = 0; // in the pool; its stub is the index-th of the sled
+    uint16_t shard = 0; // pool->shard_of(index), kept: a division costs ns on the return path
     // Its stub called the probed function (ukp_kret_entry_trampoline) instead of taking its
     // return by a hijacked return address: the return trampoline leaves by `ret`.
     bool called = false;
-    std::atomic<int> state{kFree}; // kReturnedElsewhere: its frame returned on another
-                                   // thread; the owner releases it when it walks its list
+    std::atomic<int> state{kFree};      // kReturnedElsewhere: its frame returned on another
+                                        // thread; the owner releases it when it walks its list
     std::atomic<uint32_t> next_free{0}; // while free: index + 1 of the next in its shard's list
     kretprobe_instance pub{};
 };

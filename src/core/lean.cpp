@@ -27,8 +27,7 @@ arch::VectorScan g_lean_dispatch_scans[2];
 arch::VectorScan scan_with_stops(const void *fn) {
     const uint64_t stops[] = {reinterpret_cast<uint64_t>(&ukp_call_handler),
                               reinterpret_cast<uint64_t>(&ukp_call_saving_vectors)};
-    return arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), stops, std::size(stops), 20000,
-                                 read_original_code);
+    return arch::scan_vector_use(reinterpret_cast<uint64_t>(fn), stops, std::size(stops), 20000, read_original_code);
 }
 } // namespace
 

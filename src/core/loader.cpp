@@ -150,9 +150,8 @@ void sync_objects_locked() {
     g_symbols->refresh();
     const auto &after = g_symbols->objects();
     for (const auto &old : before) {
-        const bool still = std::any_of(after.begin(), after.end(), [&](const auto &o) {
-            return o->path == old->path && o->bias == old->bias;
-        });
+        const bool still = std::any_of(after.begin(), after.end(),
+                                       [&](const auto &o) { return o->path == old->path && o->bias == old->bias; });
         if (!still) {
             retire_points_of(*old);
             arch::forget_object_refs(old->bias);

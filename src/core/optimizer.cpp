@@ -104,12 +104,12 @@ std::condition_variable_any &done_cv() {
 }
 std::atomic<bool> g_thread_started{false};
 std::atomic<bool> g_thread_starting{false}; // one thread at a time starts it (no mutex: fork)
-std::atomic<int> g_start_held{0}; // OptimizeAtStart scopes open: the thread is not started
-bool g_alone = false; // inside the outermost of them, the caller is the process's only thread
-uint64_t g_requested = 0; // work items queued so far
-uint64_t g_handled = 0;   // work items the optimizer has been through
-bool g_busy = false;      // a pass is running (the mutex is dropped while threads answer)
-uint64_t g_stop_taken = 0; // bit N: the program took signal N over from the optimizer
+std::atomic<int> g_start_held{0};           // OptimizeAtStart scopes open: the thread is not started
+bool g_alone = false;                       // inside the outermost of them, the caller is the process's only thread
+uint64_t g_requested = 0;                   // work items queued so far
+uint64_t g_handled = 0;                     // work items the optimizer has been through
+bool g_busy = false;                        // a pass is running (the mutex is dropped while threads answer)
+uint64_t g_stop_taken = 0;                  // bit N: the program took signal N over from the optimizer
 
 // ---- what the stop signal's handler reads (lock-free) ----
 Point *g_stop_points[kMaxBatch];
@@ -132,7 +132,7 @@ RetiredIsland g_stop_islands[kMaxRetired];
 std::atomic<size_t> g_stop_island_count{0};
 std::atomic<bool> g_stop_busy{false};
 std::atomic<unsigned> g_strict_epoch{0}; // the g_copy_epoch value the copies came back under
-uint64_t g_restorer = 0; // the signal restorer (__restore_rt) the kernel returns through
+uint64_t g_restorer = 0;                 // the signal restorer (__restore_rt) the kernel returns through
 
 bool in_region(const Point *pt, uint64_t ip) { return ip > pt->addr && ip < pt->addr + pt->layout.dcr_len; }
 
@@ -171,9 +171,9 @@ void stop_handler(int, siginfo_t *info, void *ctx) {
             if (const uint64_t to = into_copy(pt, ip); to != ip) arch::set_context_ip(uc, to);
         } else if (strict && pt->slot != 0 && ip >= pt->boosted && ip <= pt->boosted + pt->boosted_len) {
             // In the first instruction's copy: before it, or at its jump back into the region.
-            const uint64_t orig = ip == pt->boosted ? pt->addr : ip == pt->boosted + pt->boosted_len
-                                                                     ? pt->addr + pt->insn.len
-                                                                     : 0;
+            const uint64_t orig = ip == pt->boosted                     ? pt->addr
+                                  : ip == pt->boosted + pt->boosted_len ? pt->addr + pt->insn.len
+                                                                        : 0;
             const uint64_t to = orig != 0 ? arch::detour_copy_of(pt->layout, pt->detour_code, pt->addr, orig) : 0;
             if (to != 0 && pt->breakpoint_region_copy.load(std::memory_order_acquire) != 0)
                 arch::set_context_ip(uc, to);
@@ -188,7 +188,8 @@ void stop_handler(int, siginfo_t *info, void *ctx) {
     const auto value = reinterpret_cast<uint64_t>(info->si_value.sival_ptr);
     const int gen = g_stop_gen.load(std::memory_order_acquire);
     if (info->si_code == SI_QUEUE && value >> 32 == static_cast<uint32_t>(gen)) {
-        if (const size_t slot = value & 0xffffffffu; slot < kAckSlots) g_acked[slot].store(gen, std::memory_order_release);
+        if (const size_t slot = value & 0xffffffffu; slot < kAckSlots)
+            g_acked[slot].store(gen, std::memory_order_release);
         g_acks.fetch_add(1, std::memory_order_release);
     }
     errno = saved_errno;
@@ -278,8 +279,7 @@ bool traced() { return status_number("TracerPid:", 0) != 0; }
 // Silent (a tracer is attached): no signal is sent; 0 only if every other thread is seen
 // blocked or preempted outside every region, else -EAGAIN (a strict pass needs the answers:
 // -EAGAIN). Called without the mutex.
-int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIsland *retired, size_t m,
-                     bool silent) {
+int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIsland *retired, size_t m, bool silent) {
     g_stop_strict.store(strict, std::memory_order_release);
     g_stop_busy.store(false, std::memory_order_release);
     g_stop_count.store(0, std::memory_order_release);
@@ -530,7 +530,8 @@ void optimize_pending_alone() {
         pt->queued = false;
         auto it = all_points().find(pt->addr);
         if (it == all_points().end() || it->second != pt || pt->optimized || !qualifies(pt)) continue;
-        if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
+        if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0)
+            pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
         pt->copy_fresh = false;
         if (island_raise(pt) == 0) batch.push_back(pt);
     }
@@ -558,9 +559,9 @@ void enter_optimizer_thread() {
 
 // One pass's work, taken from the queues.
 struct Pass {
-    std::vector<Point *> batch;     // points to get their jmp
-    std::vector<uint64_t> disarms;  // each one's count when the threads were looked for
-    std::vector<Point *> retired;   // points whose island goes back
+    std::vector<Point *> batch;    // points to get their jmp
+    std::vector<uint64_t> disarms; // each one's count when the threads were looked for
+    std::vector<Point *> retired;  // points whose island goes back
     std::vector<RetiredIsland> islands;
 };
 
@@ -689,8 +690,9 @@ void worker() {
         if (work) {
             const bool strict = prepare_regions(pass);
             g_busy = true;
-            if (strict) g_strict_epoch.store(g_copy_epoch.fetch_add(1, std::memory_order_acq_rel) + 1,
-                                             std::memory_order_release);
+            if (strict)
+                g_strict_epoch.store(g_copy_epoch.fetch_add(1, std::memory_order_acq_rel) + 1,
+                                     std::memory_order_release);
             lock.unlock();
             // Hits that chose the one-instruction copy before have finished choosing.
             if (strict) synchronize();
@@ -814,7 +816,8 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     dl_iterate_phdr(find_eh_frame_hdr, &eh);
     // What the whole object references (built once per object): without it, only the
     // per-function checks apply.
-    const auto refs = eh.path != nullptr ? arch::object_refs(*eh.path ? eh.path : "/proc/self/exe", bias, read) : nullptr;
+    const auto refs =
+        eh.path != nullptr ? arch::object_refs(*eh.path ? eh.path : "/proc/self/exe", bias, read) : nullptr;
     std::vector<uint64_t> extra = other_symbols;
     // Landing pads unknown: a jump into the region cannot be ruled out.
     if (arch::landing_pads(eh.hdr, fn_start, fn_start + fn_size, read, &extra) != 0) return;
@@ -855,8 +858,8 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     const size_t kret_at = (kDetourOffset + layout.size + 15) & ~size_t{15};
     int kret_size = -ENOSPC;
     if (kret_at < sizeof buf && pt->addr == fn_start && !f.start_jumped)
-        kret_size = arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at,
-                                           sizeof buf - kret_at);
+        kret_size =
+            arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at, sizeof buf - kret_at);
     const size_t used = kret_size > 0 ? kret_at + static_cast<size_t>(kret_size) : kDetourOffset + layout.size;
     if (text::write(slot, buf, used) != 0) return;
     pt->detour = slot;
@@ -986,9 +989,8 @@ uint8_t arming_byte() { return traced() ? kTracedTrap : uint8_t{BREAKPOINT_INSTR
 
 bool opt_breaks_spawn_path(const Point *pt, const kprobe *p) {
     if (!spawn_path_enforced()) return false;
-    if (pt->spawn_path &&
-        (p->post_handler != nullptr || is_jprobe(p) || pt->detour == 0 ||
-         other_point_inside(pt, pt->addr, pt->layout.dcr_len) || island_in_the_way(pt)))
+    if (pt->spawn_path && (p->post_handler != nullptr || is_jprobe(p) || pt->detour == 0 ||
+                           other_point_inside(pt, pt->addr, pt->layout.dcr_len) || island_in_the_way(pt)))
         return true;
     auto &pts = all_points();
     for (auto it = pts.lower_bound(pt->addr >= 16 ? pt->addr - 15 : 0); it != pts.end() && it->first < pt->addr; ++it) {
@@ -1028,8 +1030,7 @@ uint64_t copy_to_original(const Point *pt, uint64_t ip) {
 
 void optimizer_start() {
     if ((!g_opt_enabled.load(std::memory_order_relaxed) && !spawn_path_known()) ||
-        g_thread_started.load(std::memory_order_acquire) ||
-        g_start_held.load(std::memory_order_acquire) > 0)
+        g_thread_started.load(std::memory_order_acquire) || g_start_held.load(std::memory_order_acquire) > 0)
         return;
     bool expected = false;
     if (!g_thread_starting.compare_exchange_strong(expected, true)) return;
@@ -1069,7 +1070,8 @@ bool opt_arm_alone(Point *pt) {
     const bool ok = qualifies(pt) && arch::encode_jmp_rel32(pt->addr, opt_target(pt), jmp);
     pt->armed = false;
     if (!ok) return false;
-    if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0) pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
+    if (pt->breakpoint_region_copy.load(std::memory_order_relaxed) == 0)
+        pt->breakpoint_region_copy.store(pt->region_copy, std::memory_order_release);
     pt->copy_fresh = false;
     if (island_raise(pt) != 0) return false;
     // One write: no other thread can run these bytes, and the caller is in agent code.

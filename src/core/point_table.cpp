@@ -14,7 +14,7 @@ namespace ukp::core {
 namespace {
 
 struct TableEntry {
-    std::atomic<uint64_t> key;   // 0 = empty; written last when inserting
+    std::atomic<uint64_t> key; // 0 = empty; written last when inserting
     std::atomic<Point *> value;
 };
 

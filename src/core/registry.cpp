@@ -51,7 +51,8 @@ std::vector<Point *> &retired_points() {
 }
 // Registered probes and their points; null for a probe whose object is not loaded.
 std::unordered_map<const kprobe *, Point *> &registered() {
-    static auto *value = new std::unordered_map<const kprobe *, Point *>(); // never destroyed: probes outlive static destructors
+    static auto *value =
+        new std::unordered_map<const kprobe *, Point *>(); // never destroyed: probes outlive static destructors
     return *value;
 }
 // Lists retired where no grace period can be waited for (inside a hit): freed after the
@@ -130,7 +131,8 @@ int build_slot(Point *pt, const arch::Insn &insn) {
     for (uint8_t i = 0; i < post_undo.count; ++i)
         if (post_undo.at[i].offset != pt->undo.at[i].offset) return -EOPNOTSUPP;
     at += static_cast<size_t>(n);
-    n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt), reinterpret_cast<uint64_t>(&ukp_post_trampoline), code + at, sizeof code - at);
+    n = arch::emit_post_exit(slot + at, reinterpret_cast<uint64_t>(pt),
+                             reinterpret_cast<uint64_t>(&ukp_post_trampoline), code + at, sizeof code - at);
     if (n < 0) return n;
     at += static_cast<size_t>(n);
     if (int err = text::write(slot, code, at); err != 0) return err;
@@ -426,7 +428,8 @@ arch::ReadFn original_code_reader() {
 }
 
 arch::ReadFn memory_reader() {
-    return [](uint64_t a, void *out, size_t n) { return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0; };
+    return
+        [](uint64_t a, void *out, size_t n) { return ukp_safe_copy(out, reinterpret_cast<const void *>(a), n) == 0; };
 }
 
 bool is_registered(const kprobe *p) {
@@ -484,7 +487,8 @@ std::string list_text() {
         for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
             if (list->probes[i] == &g_link_map_probe || is_spawn_gate(list->probes[i])) continue; // the agent's own
             row(addr, list->probes[i],
-                pt->symbol.empty() ? fmt::format("0x{:x}", addr) : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset),
+                pt->symbol.empty() ? fmt::format("0x{:x}", addr)
+                                   : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset),
                 pt->object_name);
         }
     }

@@ -59,7 +59,7 @@ int set_mask(int how, const sigset_t *set, sigset_t *old) {
         set = &copy;
     }
     return static_cast<int>(platform::raw_syscall(SYS_rt_sigprocmask, how, reinterpret_cast<long>(set),
-                                              reinterpret_cast<long>(old), _NSIG / 8));
+                                                  reinterpret_cast<long>(old), _NSIG / 8));
 }
 
 // The C library's own definition of name (the next one in lookup order after the
@@ -140,8 +140,8 @@ __attribute__((visibility("default"))) int sigsuspend(const sigset_t *set) {
     return next_or_die<int (*)(const sigset_t *)>(g_sigsuspend, "sigsuspend")(mask.get());
 }
 
-__attribute__((visibility("default"))) int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *timeout,
-                                                   const sigset_t *set) {
+__attribute__((visibility("default"))) int pselect(int n, fd_set *r, fd_set *w, fd_set *e,
+                                                   const struct timespec *timeout, const sigset_t *set) {
     using namespace ukp::core;
     const WaitMask mask(set);
     using Fn = int (*)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);

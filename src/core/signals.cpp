@@ -276,13 +276,11 @@ int bsd_signal_flags(int sig) {
 
 extern "C" {
 
-__attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction *act,
-                                                     struct sigaction *old) {
+__attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
     return ukp::core::program_sigaction(sig, act, old);
 }
 
-__attribute__((visibility("default"))) int __sigaction(int sig, const struct sigaction *act,
-                                                       struct sigaction *old) {
+__attribute__((visibility("default"))) int __sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
     return ukp::core::program_sigaction(sig, act, old);
 }
 
@@ -292,7 +290,8 @@ __attribute__((visibility("default"))) sighandler_t signal(int sig, sighandler_t
         errno = EINVAL;
         return SIG_ERR;
     }
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_handler = handler;
     sigemptyset(&act.sa_mask);
     sigaddset(&act.sa_mask, sig);
@@ -311,7 +310,8 @@ __attribute__((visibility("default"))) sighandler_t sysv_signal(int sig, sighand
         errno = EINVAL;
         return SIG_ERR;
     }
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_handler = handler;
     sigemptyset(&act.sa_mask);
     // SA_INTERRUPT: glibc sets it; kernels older than 5.11 keep it in the action.

@@ -57,14 +57,14 @@ namespace {
 constexpr int64_t kMaxWait = 5ll * 1000 * 1000 * 1000; // ns
 constexpr int kGates = 4;
 
-std::atomic<int> g_spawning{0};   // spawns between posix_spawn's entry and its return
+std::atomic<int> g_spawning{0}; // spawns between posix_spawn's entry and its return
 std::atomic<bool> g_closed{false};
 std::atomic<int64_t> g_deadline{0}; // a spawn waits for a closed gate until then (monotonic ns)
 std::atomic<int> g_state{0};        // 0: not installed, 1: installing, 2: installed
 int64_t g_installed_at = 0;
 int g_window = 0; // points with an int3 in libc on their way to a jmp (registry mutex)
 kretprobe g_gates[kGates];
-arch::Reach g_path;               // the spawn path, written once before g_path_ready
+arch::Reach g_path; // the spawn path, written once before g_path_ready
 std::atomic<bool> g_path_ready{false};
 std::atomic<bool> g_path_enforced{true};
 thread_local bool t_installing = false;
@@ -168,7 +168,7 @@ void spawn_gate_install(uint64_t addr) {
     // stops, and dlsym() might find a program's own posix_spawn first.
     const std::vector<uint64_t> entries = functions_named(addr, {"posix_spawn", "posix_spawnp"});
     t_installing = true;
-    g_path = reachable_in(addr, entries); // the spawn path: the child's code included
+    g_path = reachable_in(addr, entries);                // the spawn path: the child's code included
     g_path_ready.store(true, std::memory_order_release); // before the gate's own points
     g_installed_at = now_ns();
     for (size_t i = 0; i < entries.size() && i < kGates; ++i) {
@@ -195,8 +195,7 @@ void spawn_gate_close(Point *pt) {
     }
     // The spawns in flight end (their children exec'd or exited) before the int3 goes in.
     const int64_t start = now_ns();
-    while (g_spawning.load(std::memory_order_seq_cst) > 0 ||
-           (start - g_installed_at < kMaxWait && thread_in_clone())) {
+    while (g_spawning.load(std::memory_order_seq_cst) > 0 || (start - g_installed_at < kMaxWait && thread_in_clone())) {
         if (now_ns() - start > kMaxWait) break;
         pause_ms();
     }

@@ -159,7 +159,8 @@ void note_stack(uint64_t lo, uint64_t size) {
     for (uint32_t i = 0; i < n; ++i) {
         if (g_stacks[i].lo.load(std::memory_order_acquire) != lo) continue;
         uint64_t old = g_stacks[i].hi.load(std::memory_order_relaxed);
-        while (old < hi && !g_stacks[i].hi.compare_exchange_weak(old, hi)) {}
+        while (old < hi && !g_stacks[i].hi.compare_exchange_weak(old, hi)) {
+        }
         return;
     }
     const uint32_t i = g_stack_count.fetch_add(1, std::memory_order_acq_rel);
@@ -215,8 +216,7 @@ __attribute__((visibility("default"), noinline)) int backtrace(void **buffer, in
     return out;
 }
 
-__attribute__((visibility("default"), noinline)) _Unwind_Reason_Code _Unwind_Backtrace(_Unwind_Trace_Fn fn,
-                                                                                     void *arg) {
+__attribute__((visibility("default"), noinline)) _Unwind_Reason_Code _Unwind_Backtrace(_Unwind_Trace_Fn fn, void *arg) {
     TraceFilter filter{fn, arg, false};
     return g_unwind_backtrace(skip_stubs, &filter);
 }
@@ -274,8 +274,7 @@ __attribute__((visibility("default"))) int setcontext(const ucontext_t *ucp) {
 __attribute__((visibility("default"))) int sigaltstack(const stack_t *ss, stack_t *old) {
     if (ss != nullptr && (ss->ss_flags & SS_DISABLE) == 0 && ss->ss_sp != nullptr)
         note_stack(reinterpret_cast<uint64_t>(ss->ss_sp), ss->ss_size);
-    const long r =
-        ukp::platform::raw_syscall(SYS_sigaltstack, reinterpret_cast<long>(ss), reinterpret_cast<long>(old));
+    const long r = ukp::platform::raw_syscall(SYS_sigaltstack, reinterpret_cast<long>(ss), reinterpret_cast<long>(old));
     if (r == 0) return 0;
     errno = static_cast<int>(-r);
     return -1;

@@ -23,7 +23,7 @@ struct Segment {
     std::string name;   // for the report
     uint64_t start = 0; // run-time address
     uint64_t file_offset = 0;
-    uint64_t size = 0;  // bytes backed by the file
+    uint64_t size = 0; // bytes backed by the file
 };
 
 int collect(dl_phdr_info *info, size_t, void *arg) {
@@ -80,8 +80,8 @@ int verify(std::string *report) {
             while (j < seg.size && memory[j] != file[j]) ++j;
             differing += static_cast<int>(j - i);
             if (report != nullptr)
-                *report += fmt::format("{:016x}  {}+0x{:x}  {} bytes\n", seg.start + i, seg.name,
-                                       seg.file_offset + i, j - i);
+                *report +=
+                    fmt::format("{:016x}  {}+0x{:x}  {} bytes\n", seg.start + i, seg.name, seg.file_offset + i, j - i);
             i = j;
         }
     }

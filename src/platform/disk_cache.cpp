@@ -30,7 +30,7 @@ bool key_of(const struct stat &st, FileKey *key) {
 }
 
 std::mutex g_dir_mu;
-std::string &given_dir() { // under g_dir_mu
+std::string &given_dir() {                // under g_dir_mu
     static auto *dir = new std::string(); // never destroyed: a probe may register at exit
     return *dir;
 }
@@ -43,12 +43,13 @@ void prune(const std::string &dir, const char *prefix) {
     std::vector<std::pair<timespec, std::string>> entries;
     while (const dirent *e = readdir(d)) {
         if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
-        struct stat st{};
+        struct stat st {};
         if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) entries.emplace_back(st.st_mtim, e->d_name);
     }
     if (entries.size() > kCacheEntries) {
         std::sort(entries.begin(), entries.end(), [](const auto &a, const auto &b) {
-            return a.first.tv_sec != b.first.tv_sec ? a.first.tv_sec < b.first.tv_sec : a.first.tv_nsec < b.first.tv_nsec;
+            return a.first.tv_sec != b.first.tv_sec ? a.first.tv_sec < b.first.tv_sec
+                                                    : a.first.tv_nsec < b.first.tv_nsec;
         });
         for (size_t i = 0; i + kCacheEntries < entries.size(); ++i) unlinkat(dirfd(d), entries[i].second.c_str(), 0);
     }
@@ -58,14 +59,14 @@ void prune(const std::string &dir, const char *prefix) {
 } // namespace
 
 bool file_key(const std::string &path, FileKey *key) {
-    struct stat st{};
+    struct stat st {};
     return stat(path.c_str(), &st) == 0 && key_of(st, key);
 }
 
 uint64_t agent_id() {
     static const uint64_t id = [] {
         Dl_info info{};
-        struct stat st{};
+        struct stat st {};
         FileKey key{};
         if (dladdr(reinterpret_cast<void *>(&agent_id), &info) == 0 || info.dli_fname == nullptr ||
             stat(info.dli_fname, &st) != 0 || !key_of(st, &key))
@@ -89,7 +90,7 @@ std::string cache_dir() {
         dir = given.c_str();
     }
     if (dir[0] != '/') return {};
-    struct stat st{};
+    struct stat st {};
     if (lstat(dir, &st) != 0 && (mkdir(dir, 0700) != 0 || lstat(dir, &st) != 0)) return {};
     if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) return {};
     return dir;
@@ -131,7 +132,7 @@ std::string read_cache_entry(const std::string &entry, size_t min) {
     const int fd = open(entry.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return {};
     std::string bytes;
-    struct stat st{};
+    struct stat st {};
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 022) == 0 &&
         st.st_size >= static_cast<off_t>(min) && st.st_size < (off_t{1} << 32)) {
         bytes.resize(static_cast<size_t>(st.st_size));

@@ -64,7 +64,8 @@ const uint8_t *ElfFile::bytes(size_t *size) const {
 uint64_t ElfFile::first_load_address() const {
     uint64_t first = UINT64_MAX;
     for_each_segment([&](const GElf_Phdr &ph) {
-        if (ph.p_type == PT_LOAD) first = std::min<uint64_t>(first, ph.p_vaddr & ~((ph.p_align != 0 ? ph.p_align : 1) - 1));
+        if (ph.p_type == PT_LOAD)
+            first = std::min<uint64_t>(first, ph.p_vaddr & ~((ph.p_align != 0 ? ph.p_align : 1) - 1));
     });
     return first;
 }

@@ -34,8 +34,6 @@ void close_all_listed() {
     for (int fd : fds) close(fd);
 }
 
-
-
 pid_t this_tid() { return static_cast<pid_t>(gettid()); }
 
 // The caller's table's key: its tid if it runs with a table of its own, else 0.
@@ -64,7 +62,7 @@ int enter_own_fd_table() {
 void HeldFd::set(int fd) {
     *this = HeldFd{};
     if (fd < 0) return;
-    struct stat st{};
+    struct stat st {};
     if (fstat(fd, &st) != 0) return;
     fd_ = fd;
     holder_ = table_of_caller();
@@ -73,7 +71,7 @@ void HeldFd::set(int fd) {
 }
 
 bool HeldFd::names_file(int fd) const {
-    struct stat st{};
+    struct stat st {};
     return fd >= 0 && fstat(fd, &st) == 0 && same_file(st.st_dev, st.st_ino);
 }
 
@@ -83,8 +81,10 @@ bool HeldFd::caller_holds() const { return table_of_caller() == holder_; }
 // leader), where it is number fd_; -errno, or -EBADF if that number names another file.
 int HeldFd::reopen_from(pid_t task) const {
     char path[64];
-    if (task == 0) snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
-    else snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", task, fd_);
+    if (task == 0)
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
+    else
+        snprintf(path, sizeof path, "/proc/self/task/%d/fd/%d", task, fd_);
     const int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) return -errno;
     if (!names_file(fd)) {

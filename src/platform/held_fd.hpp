@@ -66,13 +66,13 @@ public:
     void forget() { *this = HeldFd{}; }
 
 private:
-    bool names_file(int fd) const;      // fstat: the same device and inode
-    bool caller_holds() const;          // the caller's table is the one that holds fd_
-    int reopen_from(pid_t task) const;  // through /proc/self/[task/TID/]fd/N
+    bool names_file(int fd) const;     // fstat: the same device and inode
+    bool caller_holds() const;         // the caller's table is the one that holds fd_
+    int reopen_from(pid_t task) const; // through /proc/self/[task/TID/]fd/N
 
     int fd_ = -1;
-    pid_t holder_ = 0;     // the thread whose own table holds fd_, or 0: the program's table
-    int program_fd_ = -1;  // the program's number, after adopt(), until closed
+    pid_t holder_ = 0;    // the thread whose own table holds fd_, or 0: the program's table
+    int program_fd_ = -1; // the program's number, after adopt(), until closed
     dev_t dev_ = 0;
     ino_t ino_ = 0;
 };

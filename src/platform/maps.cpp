@@ -62,7 +62,8 @@ bool visit_mappings(int pid, MappingVisitor visit, void *context) {
     if (pid != 0) {
         char digits[12];
         int n = 0;
-        for (unsigned v = static_cast<unsigned>(pid); n == 0 || v != 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+        for (unsigned v = static_cast<unsigned>(pid); n == 0 || v != 0; v /= 10)
+            digits[n++] = static_cast<char>('0' + v % 10);
         char *p = name + 6; // after "/proc/"
         while (n > 0) *p++ = digits[--n];
         std::memcpy(p, "/maps", 6);

@@ -32,7 +32,6 @@ namespace ukp::sym {
 
 namespace {
 
-
 // A symbol as read, its name still in the ELF file's string table (which outlives it):
 // sorting these is cheap, and only the symbols kept get a std::string.
 struct RawSymbol {
@@ -46,58 +45,53 @@ struct RawSymbol {
 
 // Preference among symbols at one address, as a number: function, sized, global (then
 // weak, local, other), fewer leading underscores, shorter.
-uint64_t rank_of(std::string_view name, bool function, uint64_t size, unsigned binding_rank)
-{
+uint64_t rank_of(std::string_view name, bool function, uint64_t size, unsigned binding_rank) {
     const size_t underscores = std::min<size_t>(name.find_first_not_of('_'), name.size());
     return uint64_t(!function) << 62 | uint64_t(size == 0) << 61 | uint64_t(binding_rank) << 56 |
            std::min<uint64_t>(underscores, 0xff) << 48 | std::min<uint64_t>(name.size(), 0xffffffffffffull);
 }
 
 // Strict order among symbols at one address: the preferred one first.
-bool preferred(const RawSymbol &a, const RawSymbol &b)
-{
-    return a.rank != b.rank ? a.rank < b.rank : a.name < b.name;
-}
+bool preferred(const RawSymbol &a, const RawSymbol &b) { return a.rank != b.rank ? a.rank < b.rank : a.name < b.name; }
 
-void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSymbol> &out)
-{
+void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSymbol> &out) {
     GElf_Shdr sh;
-    if (!gelf_getshdr(scn, &sh) || sh.sh_entsize == 0)
-        return;
+    if (!gelf_getshdr(scn, &sh) || sh.sh_entsize == 0) return;
     Elf_Data *data = elf_getdata(scn, nullptr);
     Elf_Scn *strscn = elf_getscn(elf, sh.sh_link);
     Elf_Data *strings = strscn ? elf_getdata(strscn, nullptr) : nullptr;
-    if (!data || !strings || !strings->d_buf)
-        return;
+    if (!data || !strings || !strings->d_buf) return;
     const auto *names = static_cast<const char *>(strings->d_buf);
     const size_t names_size = strings->d_size;
     size_t count = sh.sh_size / sh.sh_entsize;
-    if (count > INT_MAX)
-        return;
+    if (count > INT_MAX) return;
     out.reserve(out.size() + count);
     for (size_t i = 1; i < count; ++i) {
         GElf_Sym s;
-        if (!gelf_getsym(data, static_cast<int>(i), &s))
-            continue;
+        if (!gelf_getsym(data, static_cast<int>(i), &s)) continue;
         int type = GELF_ST_TYPE(s.st_info);
         bool function = type == STT_FUNC || type == STT_GNU_IFUNC;
         // STT_TLS is skipped with the rest: its value is an offset in the TLS block.
-        if (!function && type != STT_OBJECT)
-            continue;
+        if (!function && type != STT_OBJECT) continue;
         // An SHN_ABS value is no address in the object, so the bias would not apply.
-        if (s.st_shndx == SHN_UNDEF || s.st_shndx == SHN_ABS || s.st_value == 0)
-            continue;
-        if (s.st_name == 0 || s.st_name >= names_size)
-            continue;
+        if (s.st_shndx == SHN_UNDEF || s.st_shndx == SHN_ABS || s.st_value == 0) continue;
+        if (s.st_name == 0 || s.st_name >= names_size) continue;
         const size_t len = strnlen(names + s.st_name, names_size - s.st_name);
-        if (len == names_size - s.st_name)
-            continue; // not terminated inside the table
+        if (len == names_size - s.st_name) continue; // not terminated inside the table
         unsigned binding_rank;
         switch (GELF_ST_BIND(s.st_info)) {
-        case STB_GLOBAL: binding_rank = 0; break;
-        case STB_WEAK: binding_rank = 1; break;
-        case STB_LOCAL: binding_rank = 2; break;
-        default: binding_rank = 3; break;
+        case STB_GLOBAL:
+            binding_rank = 0;
+            break;
+        case STB_WEAK:
+            binding_rank = 1;
+            break;
+        case STB_LOCAL:
+            binding_rank = 2;
+            break;
+        default:
+            binding_rank = 3;
+            break;
         }
         RawSymbol r;
         r.name = std::string_view(names + s.st_name, len);
@@ -111,43 +105,34 @@ void read_symbol_table(Elf *elf, Elf_Scn *scn, uint64_t bias, std::vector<RawSym
 }
 
 // Sorts by value (preferred alias first) and drops the copies .dynsym adds to .symtab.
-std::vector<Symbol> finish_symbols(std::vector<RawSymbol> raw)
-{
+std::vector<Symbol> finish_symbols(std::vector<RawSymbol> raw) {
     std::sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
-        if (a.value != b.value)
-            return a.value < b.value;
-        if (a.name != b.name)
-            return a.name < b.name;
+        if (a.value != b.value) return a.value < b.value;
+        if (a.name != b.name) return a.name < b.name;
         return preferred(a, b);
     });
-    raw.erase(std::unique(raw.begin(), raw.end(),
-                          [](const RawSymbol &a, const RawSymbol &b) {
-                              return a.value == b.value && a.name == b.name;
-                          }),
-              raw.end());
+    raw.erase(
+        std::unique(raw.begin(), raw.end(),
+                    [](const RawSymbol &a, const RawSymbol &b) { return a.value == b.value && a.name == b.name; }),
+        raw.end());
     std::sort(raw.begin(), raw.end(), [](const RawSymbol &a, const RawSymbol &b) {
-        if (a.value != b.value)
-            return a.value < b.value;
+        if (a.value != b.value) return a.value < b.value;
         return preferred(a, b); // a strict total order: the names break ties
     });
     std::vector<Symbol> out;
     out.reserve(raw.size());
-    for (const RawSymbol &r : raw)
-        out.push_back(Symbol{std::string(r.name), r.value, r.size, r.function, r.ifunc});
+    for (const RawSymbol &r : raw) out.push_back(Symbol{std::string(r.name), r.value, r.size, r.function, r.ifunc});
     return out;
 }
 
 // The NT_GNU_BUILD_ID of `elf` in lower-case hex, or "".
-std::string build_id(Elf *elf)
-{
+std::string build_id(Elf *elf) {
     Elf_Scn *scn = nullptr;
     while ((scn = elf_nextscn(elf, scn))) {
         GElf_Shdr sh;
-        if (!gelf_getshdr(scn, &sh) || sh.sh_type != SHT_NOTE)
-            continue;
+        if (!gelf_getshdr(scn, &sh) || sh.sh_type != SHT_NOTE) continue;
         Elf_Data *data = elf_getdata(scn, nullptr);
-        if (!data)
-            continue;
+        if (!data) continue;
         GElf_Nhdr note;
         size_t offset = 0, name_offset, desc_offset;
         while ((offset = gelf_getnote(data, offset, &note, &name_offset, &desc_offset)) > 0) {
@@ -169,47 +154,39 @@ std::string build_id(Elf *elf)
 
 // Where the separate debug file of the object with this build id is installed ("" for no
 // id).
-std::string debug_file_of(const std::string &id)
-{
-    if (id.size() < 3)
-        return {};
+std::string debug_file_of(const std::string &id) {
+    if (id.size() < 3) return {};
     return "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
 }
 
 // The .symtab of the separate debug file of the object with this build id, if installed,
 // opened in `debug` (the names point into it).
-void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out, platform::ElfFile &debug)
-{
+void read_debug_symtab(const std::string &id, uint64_t bias, std::vector<RawSymbol> &out, platform::ElfFile &debug) {
     const std::string path = debug_file_of(id);
-    if (path.empty() || !debug.open(path))
-        return;
+    if (path.empty() || !debug.open(path)) return;
     Elf_Scn *scn = nullptr;
     while ((scn = elf_nextscn(debug.elf(), scn))) {
         GElf_Shdr sh;
-        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB)
-            read_symbol_table(debug.elf(), scn, bias, out);
+        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB) read_symbol_table(debug.elf(), scn, bias, out);
     }
 }
 
 // The symbols and PLT ranges of an ELF image.
-detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias)
-{
+detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias) {
     detail::LazySymbols::Contents out;
     size_t shstrndx = 0;
     bool have_names = elf_getshdrstrndx(elf, &shstrndx) == 0;
     Elf_Scn *symtab = nullptr, *dynsym = nullptr, *scn = nullptr;
     while ((scn = elf_nextscn(elf, scn))) {
         GElf_Shdr sh;
-        if (!gelf_getshdr(scn, &sh))
-            continue;
+        if (!gelf_getshdr(scn, &sh)) continue;
         if (sh.sh_type == SHT_SYMTAB)
             symtab = scn;
         else if (sh.sh_type == SHT_DYNSYM)
             dynsym = scn;
         const char *name = have_names ? elf_strptr(elf, shstrndx, sh.sh_name) : nullptr;
         if (name && sh.sh_addr != 0 && sh.sh_size != 0 &&
-            (!std::strcmp(name, ".plt") || !std::strcmp(name, ".plt.sec") ||
-             !std::strcmp(name, ".plt.got")))
+            (!std::strcmp(name, ".plt") || !std::strcmp(name, ".plt.sec") || !std::strcmp(name, ".plt.got")))
             out.plt_ranges.emplace_back(bias + sh.sh_addr, bias + sh.sh_addr + sh.sh_size);
     }
 
@@ -220,21 +197,18 @@ detail::LazySymbols::Contents read_contents(Elf *elf, uint64_t bias)
     else
         read_debug_symtab(build_id(elf), bias, raw, debug);
     // .dynsym adds what a .symtab lacks (rare); the copies go in finish_symbols().
-    if (dynsym)
-        read_symbol_table(elf, dynsym, bias, raw);
+    if (dynsym) read_symbol_table(elf, dynsym, bias, raw);
     out.symbols = finish_symbols(std::move(raw));
     return out;
 }
 
 // The separate debug file read_contents() takes the .symtab from, or "" when it takes
 // none (the file has its own .symtab, or no debug file is installed).
-std::string debug_symtab_path(Elf *elf)
-{
+std::string debug_symtab_path(Elf *elf) {
     Elf_Scn *scn = nullptr;
     while ((scn = elf_nextscn(elf, scn))) {
         GElf_Shdr sh;
-        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB)
-            return {};
+        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_SYMTAB) return {};
     }
     const std::string path = debug_file_of(build_id(elf));
     return !path.empty() && access(path.c_str(), R_OK) == 0 ? path : std::string();
@@ -245,11 +219,9 @@ std::atomic<const TableStore *> g_store{nullptr};
 
 // read_contents() of a file, through the table store when one is set: a table kept for
 // the file (and its debug file) is taken instead, and one read is given to the store.
-detail::LazySymbols::Contents read_file_contents(Elf *elf, const std::string &path, uint64_t bias)
-{
+detail::LazySymbols::Contents read_file_contents(Elf *elf, const std::string &path, uint64_t bias) {
     const TableStore *store = g_store.load(std::memory_order_acquire);
-    if (store == nullptr)
-        return read_contents(elf, bias);
+    if (store == nullptr) return read_contents(elf, bias);
     const std::string debug = debug_symtab_path(elf);
     detail::LazySymbols::Contents c;
     if (!store->load(path, debug, bias, &c)) {
@@ -266,14 +238,12 @@ detail::LazySymbols::Contents read_file_contents(Elf *elf, const std::string &pa
 
 namespace detail {
 
-void parse_elf(Elf *elf, uint64_t bias, Object &obj)
-{
+void parse_elf(Elf *elf, uint64_t bias, Object &obj) {
     size_t phnum = 0;
     if (elf_getphdrnum(elf, &phnum) == 0) {
         for (size_t i = 0; i < phnum; ++i) {
             GElf_Phdr ph;
-            if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD &&
-                (ph.p_flags & PF_X))
+            if (gelf_getphdr(elf, static_cast<int>(i), &ph) && ph.p_type == PT_LOAD && (ph.p_flags & PF_X))
                 obj.exec_ranges.emplace_back(bias + ph.p_vaddr, bias + ph.p_vaddr + ph.p_memsz);
         }
     }
@@ -285,23 +255,18 @@ void parse_elf(Elf *elf, uint64_t bias, Object &obj)
 
 // ---- LazySymbols ----------------------------------------------------------------------
 
-void set_table_store(const TableStore *store)
-{
-    g_store.store(store, std::memory_order_release);
-}
+void set_table_store(const TableStore *store) { g_store.store(store, std::memory_order_release); }
 
 namespace detail {
 
-LazySymbols::LazySymbols(const LazySymbols &other) : source_(other.source_)
-{
+LazySymbols::LazySymbols(const LazySymbols &other) : source_(other.source_) {
     if (other.loaded()) {
         contents_ = other.contents_;
         loaded_.store(true, std::memory_order_release);
     }
 }
 
-LazySymbols &LazySymbols::operator=(const LazySymbols &other)
-{
+LazySymbols &LazySymbols::operator=(const LazySymbols &other) {
     if (this != &other) {
         source_ = other.source_;
         const bool loaded = other.loaded();
@@ -311,21 +276,17 @@ LazySymbols &LazySymbols::operator=(const LazySymbols &other)
     return *this;
 }
 
-void LazySymbols::set(std::vector<Symbol> symbols, std::vector<std::pair<uint64_t, uint64_t>> plt_ranges)
-{
+void LazySymbols::set(std::vector<Symbol> symbols, std::vector<std::pair<uint64_t, uint64_t>> plt_ranges) {
     contents_.symbols = std::move(symbols);
     contents_.plt_ranges = std::move(plt_ranges);
     loaded_.store(true, std::memory_order_release);
 }
 
-const LazySymbols::Contents &LazySymbols::load() const
-{
-    if (loaded())
-        return contents_;
+const LazySymbols::Contents &LazySymbols::load() const {
+    if (loaded()) return contents_;
     detail::forget_locks_at_fork();
     std::lock_guard lock(detail::load_mutex());
-    if (loaded())
-        return contents_;
+    if (loaded()) return contents_;
     try {
         platform::ElfFile elf;
         std::vector<char> copy; // libelf reads the vdso from a private copy: the kernel's

@@ -24,18 +24,13 @@ struct DemangledNames {
     explicit DemangledNames(std::string_view elf_name);
 
     template <typename F>
-    void for_each(F &&f) const
-    {
-        if (!full.empty())
-            f(std::string_view(full));
-        if (!base.empty())
-            f(base);
-        if (!untagged.empty())
-            f(std::string_view(untagged));
+    void for_each(F &&f) const {
+        if (!full.empty()) f(std::string_view(full));
+        if (!base.empty()) f(base);
+        if (!untagged.empty()) f(std::string_view(untagged));
     }
 
-    bool matches(std::string_view name) const
-    {
+    bool matches(std::string_view name) const {
         bool hit = false;
         for_each([&](std::string_view n) { hit = hit || n == name; });
         return hit;

@@ -29,7 +29,6 @@
 
 namespace ukp::sym {
 
-
 namespace detail {
 
 // One key of the demangled-name index: the hash of a name the symbol answers to.
@@ -53,10 +52,8 @@ struct Tables {
 LazyTables::LazyTables() : tables_(std::make_unique<Tables>()) {}
 LazyTables::~LazyTables() = default;
 LazyTables::LazyTables(const LazyTables &) : LazyTables() {}
-LazyTables &LazyTables::operator=(const LazyTables &other)
-{
-    if (this != &other)
-        tables_ = std::make_unique<Tables>();
+LazyTables &LazyTables::operator=(const LazyTables &other) {
+    if (this != &other) tables_ = std::make_unique<Tables>();
     return *this;
 }
 
@@ -64,17 +61,14 @@ LazyTables &LazyTables::operator=(const LazyTables &other)
 
 // ---- Object -------------------------------------------------------------------------
 
-bool Object::contains_exec(uint64_t addr) const
-{
+bool Object::contains_exec(uint64_t addr) const {
     for (const auto &[start, end] : exec_ranges) {
-        if (addr >= start && addr < end)
-            return true;
+        if (addr >= start && addr < end) return true;
     }
     return false;
 }
 
-const Symbol *Object::function_at(uint64_t addr) const
-{
+const Symbol *Object::function_at(uint64_t addr) const {
     const std::vector<Symbol> &syms = symbols();
     try {
         detail::Tables &t = tables.get();
@@ -83,26 +77,21 @@ const Symbol *Object::function_at(uint64_t addr) const
             uint64_t high = 0;
             for (size_t i = 0; i < syms.size(); ++i) {
                 const Symbol &s = syms[i];
-                if (s.function)
-                    high = std::max(high, s.value + std::max<uint64_t>(s.size, 1));
+                if (s.function) high = std::max(high, s.value + std::max<uint64_t>(s.size, 1));
                 ends[i] = high;
             }
             t.ends = std::move(ends);
         });
-        auto above = std::upper_bound(syms.begin(), syms.end(), addr,
-                                      [](uint64_t a, const Symbol &s) { return a < s.value; });
-        if (t.ends.size() != syms.size())
-            return nullptr; // symbols changed after the first query
+        auto above =
+            std::upper_bound(syms.begin(), syms.end(), addr, [](uint64_t a, const Symbol &s) { return a < s.value; });
+        if (t.ends.size() != syms.size()) return nullptr; // symbols changed after the first query
         const Symbol *best = nullptr;
         for (size_t i = static_cast<size_t>(above - syms.begin()); i-- > 0;) {
-            if (t.ends[i] <= addr)
-                break; // no function at or below i reaches addr
+            if (t.ends[i] <= addr) break; // no function at or below i reaches addr
             const Symbol &s = syms[i];
-            if (best && s.value != best->value)
-                break;
+            if (best && s.value != best->value) break;
             bool contains = s.size == 0 ? addr == s.value : addr - s.value < s.size;
-            if (s.function && contains)
-                best = &s; // walking down: the first of equal values wins
+            if (s.function && contains) best = &s; // walking down: the first of equal values wins
         }
         return best;
     } catch (...) {
@@ -110,48 +99,37 @@ const Symbol *Object::function_at(uint64_t addr) const
     }
 }
 
-const Symbol *Object::function_at_or_before(uint64_t addr) const
-{
-    if (const Symbol *s = function_at(addr))
-        return s;
+const Symbol *Object::function_at_or_before(uint64_t addr) const {
+    if (const Symbol *s = function_at(addr)) return s;
     const std::vector<Symbol> &syms = symbols();
-    auto above = std::upper_bound(syms.begin(), syms.end(), addr,
-                                  [](uint64_t a, const Symbol &s) { return a < s.value; });
+    auto above =
+        std::upper_bound(syms.begin(), syms.end(), addr, [](uint64_t a, const Symbol &s) { return a < s.value; });
     const Symbol *best = nullptr;
     for (size_t i = static_cast<size_t>(above - syms.begin()); i-- > 0;) {
         const Symbol &s = syms[i];
-        if (best && s.value != best->value)
-            break;
-        if (s.function)
-            best = &s;
+        if (best && s.value != best->value) break;
+        if (s.function) best = &s;
     }
     return best;
 }
 
-const Symbol *Object::find(std::string_view name) const
-{
-    if (name.empty())
-        return nullptr;
+const Symbol *Object::find(std::string_view name) const {
+    if (name.empty()) return nullptr;
     try {
         const std::vector<Symbol> &syms = symbols();
         const Symbol *data = nullptr;
         for (const Symbol &s : syms) {
-            if (s.name != name)
-                continue;
-            if (s.function)
-                return &s;
-            if (!data)
-                data = &s;
+            if (s.name != name) continue;
+            if (s.function) return &s;
+            if (!data) data = &s;
         }
-        if (data)
-            return data;
+        if (data) return data;
 
         detail::Tables &t = tables.get();
         std::call_once(t.names_once, [&] {
             std::vector<detail::NameKey> keys;
             for (size_t i = 0; i < syms.size(); ++i) {
-                if (!std::string_view(syms[i].name).starts_with("_Z"))
-                    continue;
+                if (!std::string_view(syms[i].name).starts_with("_Z")) continue;
                 detail::DemangledNames(syms[i].name).for_each([&](std::string_view n) {
                     keys.push_back({detail::name_hash(n), static_cast<uint32_t>(i)});
                 });
@@ -163,16 +141,13 @@ const Symbol *Object::find(std::string_view name) const
             t.names = std::move(keys);
         });
         uint64_t h = detail::name_hash(name);
-        auto first = std::lower_bound(
-            t.names.begin(), t.names.end(), h,
-            [](const detail::NameKey &k, uint64_t v) { return k.hash < v; });
+        auto first = std::lower_bound(t.names.begin(), t.names.end(), h,
+                                      [](const detail::NameKey &k, uint64_t v) { return k.hash < v; });
         for (auto it = first; it != t.names.end() && it->hash == h; ++it) {
-            if (it->symbol >= syms.size())
-                break; // symbols changed after the first query
+            if (it->symbol >= syms.size()) break; // symbols changed after the first query
             const Symbol &s = syms[it->symbol];
             if ((s.function || !data) && detail::DemangledNames(s.name).matches(name)) {
-                if (s.function)
-                    return &s;
+                if (s.function) return &s;
                 data = &s;
             }
         }

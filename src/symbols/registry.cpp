@@ -32,11 +32,9 @@ namespace ukp::sym {
 
 namespace {
 
-
 constexpr size_t npos = std::string_view::npos;
 
-std::string file_name(std::string_view path)
-{
+std::string file_name(std::string_view path) {
     size_t slash = path.rfind('/');
     return std::string(slash == npos ? path : path.substr(slash + 1));
 }
@@ -56,41 +54,35 @@ std::vector<std::weak_ptr<const Object>> &shared_objects() // under g_shared_mu
 // Serializes the lazy reading of symbols (LazySymbols::load), all objects at once.
 std::mutex g_load_mu;
 
-void forget_locks_after_fork()
-{
+void forget_locks_after_fork() {
     new (&g_shared_mu) std::mutex; // a thread that held them is not in the child
     new (&g_load_mu) std::mutex;
 }
 
-
 // A live object another registry made for this link-map entry, or null.
 std::shared_ptr<const Object> find_shared(const std::string &path, uint64_t bias, unsigned load_index,
                                           bool main_program,
-                                          const std::vector<std::pair<uint64_t, uint64_t>> &exec_ranges)
-{
+                                          const std::vector<std::pair<uint64_t, uint64_t>> &exec_ranges) {
     std::lock_guard lock(g_shared_mu);
     for (const auto &weak : shared_objects()) {
         std::shared_ptr<const Object> o = weak.lock();
-        if (o && o->path == path && o->bias == bias && o->load_index == load_index &&
-            o->main_program == main_program && o->exec_ranges == exec_ranges)
+        if (o && o->path == path && o->bias == bias && o->load_index == load_index && o->main_program == main_program &&
+            o->exec_ranges == exec_ranges)
             return o;
     }
     return nullptr;
 }
 
-void publish_shared(const std::shared_ptr<const Object> &obj)
-{
+void publish_shared(const std::shared_ptr<const Object> &obj) {
     detail::forget_locks_at_fork();
     std::lock_guard lock(g_shared_mu);
     std::erase_if(shared_objects(), [](const auto &weak) { return weak.expired(); });
     shared_objects().push_back(obj);
 }
 
-std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias)
-{
+std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias) {
     platform::ElfFile file;
-    if (!file.open(open_path))
-        return nullptr;
+    if (!file.open(open_path)) return nullptr;
     auto obj = std::make_shared<Object>();
     obj->bias = bias;
     detail::parse_elf(file.elf(), bias, *obj);
@@ -98,27 +90,22 @@ std::shared_ptr<Object> load_file(const std::string &open_path, uint64_t bias)
 }
 
 // The vdso's ELF image, [base, base + size), or {0, 0} when the kernel maps none.
-std::pair<uint64_t, uint64_t> vdso_image()
-{
+std::pair<uint64_t, uint64_t> vdso_image() {
     uint64_t base = getauxval(AT_SYSINFO_EHDR);
-    if (base == 0)
-        return {0, 0};
+    if (base == 0) return {0, 0};
     const auto *eh = reinterpret_cast<const ElfW(Ehdr) *>(base);
     constexpr unsigned char native_class = __ELF_NATIVE_CLASS == 64 ? ELFCLASS64 : ELFCLASS32;
-    if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != native_class)
-        return {0, 0};
+    if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != native_class) return {0, 0};
     // The whole file is mapped: its extent is that of the section headers or of the
     // loaded segments, whichever ends last.
     uint64_t size = eh->e_shoff + uint64_t(eh->e_shnum) * eh->e_shentsize;
     size = std::max<uint64_t>(size, eh->e_phoff + uint64_t(eh->e_phnum) * eh->e_phentsize);
     const auto *ph = reinterpret_cast<const ElfW(Phdr) *>(base + eh->e_phoff);
-    for (unsigned i = 0; i < eh->e_phnum; ++i)
-        size = std::max<uint64_t>(size, ph[i].p_offset + ph[i].p_filesz);
+    for (unsigned i = 0; i < eh->e_phnum; ++i) size = std::max<uint64_t>(size, ph[i].p_offset + ph[i].p_filesz);
     return {base, size};
 }
 
-std::string real_path(const char *path)
-{
+std::string real_path(const char *path) {
     if (char *resolved = ::realpath(path, nullptr)) {
         std::string out = resolved;
         std::free(resolved);
@@ -133,8 +120,7 @@ std::string real_path(const char *path)
 // The aliases of an object (Object::aliases) at `path`: for the main program of process
 // `pid` (0: this one, whose path it was executed as is known: AT_EXECFN), else a
 // library's path with its links resolved. Without duplicates of path and name.
-std::vector<std::string> aliases_of(const std::string &path, bool main_program, int pid)
-{
+std::vector<std::string> aliases_of(const std::string &path, bool main_program, int pid) {
     std::vector<std::string> out;
     const auto add = [&](std::string a) {
         if (!a.empty() && a != path && a != file_name(path) && std::find(out.begin(), out.end(), a) == out.end())
@@ -163,24 +149,18 @@ std::vector<std::string> aliases_of(const std::string &path, bool main_program, 
 
 // Whether MOD names object o (Registry::resolve); `real` is realpath(MOD) for a MOD
 // with a '/' that leads somewhere, else empty.
-bool names_object(const Object &o, std::string_view module, const std::string &real)
-{
-    if (o.name == module || o.path == module || (!real.empty() && o.path == real))
-        return true;
+bool names_object(const Object &o, std::string_view module, const std::string &real) {
+    if (o.name == module || o.path == module || (!real.empty() && o.path == real)) return true;
     for (const std::string &a : o.aliases)
-        if (a == module || (!real.empty() && a == real))
-            return true;
+        if (a == module || (!real.empty() && a == real)) return true;
     return false;
 }
 
-std::string real_module(std::string_view module)
-{
-    if (module.find('/') == std::string_view::npos)
-        return {};
+std::string real_module(std::string_view module) {
+    if (module.find('/') == std::string_view::npos) return {};
     const std::string text(module);
     char *resolved = ::realpath(text.c_str(), nullptr);
-    if (resolved == nullptr)
-        return {};
+    if (resolved == nullptr) return {};
     std::string out = resolved;
     std::free(resolved);
     return out;
@@ -199,21 +179,18 @@ struct IterateContext {
     std::vector<LinkEntry> *entries;
 };
 
-int collect_entry(struct dl_phdr_info *info, size_t, void *arg) noexcept
-{
+int collect_entry(struct dl_phdr_info *info, size_t, void *arg) noexcept {
     auto *ctx = static_cast<IterateContext *>(arg);
     try {
         LinkEntry e;
         e.name = info->dlpi_name ? info->dlpi_name : "";
         e.bias = info->dlpi_addr;
         auto phdrs = reinterpret_cast<uint64_t>(info->dlpi_phdr);
-        e.vdso = ctx->vdso.second != 0 && phdrs >= ctx->vdso.first &&
-                 phdrs < ctx->vdso.first + ctx->vdso.second;
+        e.vdso = ctx->vdso.second != 0 && phdrs >= ctx->vdso.first && phdrs < ctx->vdso.first + ctx->vdso.second;
         for (unsigned i = 0; i < info->dlpi_phnum; ++i) {
             const ElfW(Phdr) &ph = info->dlpi_phdr[i];
             if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X))
-                e.exec_ranges.emplace_back(e.bias + ph.p_vaddr,
-                                           e.bias + ph.p_vaddr + ph.p_memsz);
+                e.exec_ranges.emplace_back(e.bias + ph.p_vaddr, e.bias + ph.p_vaddr + ph.p_memsz);
         }
         ctx->entries->push_back(std::move(e));
         return 0;
@@ -224,22 +201,29 @@ int collect_entry(struct dl_phdr_info *info, size_t, void *arg) noexcept
 
 // Position of the ':' ending MOD in "MOD:sym", or npos. "::" belongs to C++ names, and
 // colons inside brackets to ABI tags ("f[abi:cxx11](int)").
-size_t module_separator(std::string_view spec)
-{
+size_t module_separator(std::string_view spec) {
     int depth = 0;
     for (size_t i = 0; i < spec.size(); ++i) {
         switch (spec[i]) {
-        case '(': case '[': case '<': ++depth; break;
-        case ')': case ']': case '>': depth -= depth > 0; break;
+        case '(':
+        case '[':
+        case '<':
+            ++depth;
+            break;
+        case ')':
+        case ']':
+        case '>':
+            depth -= depth > 0;
+            break;
         case ':':
-            if (depth != 0)
-                break;
+            if (depth != 0) break;
             if (i + 1 < spec.size() && spec[i + 1] == ':') {
                 ++i;
                 break;
             }
             return i;
-        default: break;
+        default:
+            break;
         }
     }
     return npos;
@@ -251,8 +235,7 @@ namespace detail {
 
 std::mutex &load_mutex() { return g_load_mu; }
 
-void forget_locks_at_fork()
-{
+void forget_locks_at_fork() {
     static std::once_flag once;
     std::call_once(once, [] { pthread_atfork(nullptr, nullptr, forget_locks_after_fork); });
 }
@@ -264,13 +247,11 @@ void forget_locks_at_fork()
 Registry::Registry() = default;
 Registry::~Registry() = default;
 
-void Registry::refresh()
-{
+void Registry::refresh() {
     try {
         std::vector<LinkEntry> entries;
         IterateContext ctx{vdso_image(), &entries};
-        if (dl_iterate_phdr(collect_entry, &ctx) != 0)
-            return;
+        if (dl_iterate_phdr(collect_entry, &ctx) != 0) return;
 
         std::vector<std::shared_ptr<const Object>> fresh;
         fresh.reserve(entries.size());
@@ -290,11 +271,9 @@ void Registry::refresh()
                 path = open_path = e.name;
             }
 
-            auto same = std::find_if(objects_.begin(), objects_.end(), [&](const auto &o) {
-                return o->path == path && o->bias == e.bias;
-            });
-            if (same != objects_.end() && (*same)->load_index == i &&
-                (*same)->main_program == main_program) {
+            auto same = std::find_if(objects_.begin(), objects_.end(),
+                                     [&](const auto &o) { return o->path == path && o->bias == e.bias; });
+            if (same != objects_.end() && (*same)->load_index == i && (*same)->main_program == main_program) {
                 fresh.push_back(*same);
                 continue;
             }
@@ -337,15 +316,12 @@ void Registry::refresh()
 namespace {
 
 // The virtual address of the first executable PT_LOAD of an ELF image, or false.
-bool first_exec_vaddr(Elf *elf, uint64_t *vaddr)
-{
+bool first_exec_vaddr(Elf *elf, uint64_t *vaddr) {
     size_t n = 0;
-    if (elf_getphdrnum(elf, &n) != 0)
-        return false;
+    if (elf_getphdrnum(elf, &n) != 0) return false;
     for (size_t i = 0; i < n; ++i) {
         GElf_Phdr ph;
-        if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD &&
-            (ph.p_flags & PF_X)) {
+        if (gelf_getphdr(elf, static_cast<int>(i), &ph) != nullptr && ph.p_type == PT_LOAD && (ph.p_flags & PF_X)) {
             *vaddr = ph.p_vaddr;
             return true;
         }
@@ -355,12 +331,10 @@ bool first_exec_vaddr(Elf *elf, uint64_t *vaddr)
 
 using MappedFile = Registry::ProcessMaps::File;
 
-std::vector<MappedFile> mapped_files(int pid)
-{
+std::vector<MappedFile> mapped_files(int pid) {
     std::vector<MappedFile> files;
     platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
-        if (!m.executable() || (!m.in_file() && m.path != "[vdso]"))
-            return true;
+        if (!m.executable() || (!m.in_file() && m.path != "[vdso]")) return true;
         auto it = std::find_if(files.begin(), files.end(), [&](const MappedFile &f) { return f.path == m.path; });
         if (it == files.end()) {
             files.push_back({std::string(m.path), m.start});
@@ -374,49 +348,41 @@ std::vector<MappedFile> mapped_files(int pid)
 
 } // namespace
 
-Registry::ProcessMaps Registry::read_maps(int pid)
-{
+Registry::ProcessMaps Registry::read_maps(int pid) {
     ProcessMaps m;
     try {
         m.files = mapped_files(pid);
-        if (!m.files.empty())
-            m.exe = real_path(("/proc/" + std::to_string(pid) + "/exe").c_str());
+        if (!m.files.empty()) m.exe = real_path(("/proc/" + std::to_string(pid) + "/exe").c_str());
     } catch (...) {
         m = ProcessMaps{};
     }
     return m;
 }
 
-void Registry::refresh_from_maps(int pid, ProcessMaps *remembered)
-{
+void Registry::refresh_from_maps(int pid, ProcessMaps *remembered) {
     try {
         ProcessMaps now = read_maps(pid);
         // The process alive: its maps (and /proc/PID/exe, which opens a program deleted
         // since). Gone: the maps remembered, and the files they name.
         const bool alive = !now.files.empty();
-        if (alive && remembered != nullptr)
-            *remembered = now;
+        if (alive && remembered != nullptr) *remembered = now;
         const ProcessMaps &use = alive || remembered == nullptr ? now : *remembered;
-        if (use.files.empty())
-            return; // nothing known: the objects parsed so far stay
+        if (use.files.empty()) return; // nothing known: the objects parsed so far stay
         load_maps(use, alive ? pid : 0, pid);
     } catch (...) {
         // Out of memory: the previous snapshot stays.
     }
 }
 
-void Registry::load_maps(const ProcessMaps &use)
-{
+void Registry::load_maps(const ProcessMaps &use) {
     try {
-        if (!use.files.empty())
-            load_maps(use, 0, 0);
+        if (!use.files.empty()) load_maps(use, 0, 0);
     } catch (...) {
         // Out of memory: the previous snapshot stays.
     }
 }
 
-void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
-{
+void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid) {
     {
         const std::string proc = "/proc/" + std::to_string(alive_pid);
         const bool alive = alive_pid != 0;
@@ -432,18 +398,15 @@ void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
             std::vector<char> copy;
             platform::ElfFile elf;
             if (vdso) {
-                if (image.second == 0)
-                    continue;
+                if (image.second == 0) continue;
                 copy.assign(reinterpret_cast<const char *>(image.first),
                             reinterpret_cast<const char *>(image.first) + image.second);
-                if (!elf.open_memory(copy.data(), copy.size()))
-                    continue;
+                if (!elf.open_memory(copy.data(), copy.size())) continue;
             } else if (!elf.open(main_program && alive ? proc + "/exe" : m.path)) {
                 continue; // not ELF, or gone: nothing to name addresses with
             }
             uint64_t vaddr = 0;
-            if (!first_exec_vaddr(elf.elf(), &vaddr))
-                continue;
+            if (!first_exec_vaddr(elf.elf(), &vaddr)) continue;
             const uint64_t bias = m.first_exec - vaddr / page * page;
             const std::string path = vdso ? "linux-vdso.so.1" : m.path;
             auto same = std::find_if(objects_.begin(), objects_.end(),
@@ -462,8 +425,7 @@ void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
             }
             obj->path = path;
             obj->name = file_name(path);
-            if (pid != 0)
-                obj->aliases = aliases_of(path, main_program, pid);
+            if (pid != 0) obj->aliases = aliases_of(path, main_program, pid);
             obj->bias = bias;
             obj->main_program = main_program;
             obj->load_index = static_cast<unsigned>(fresh.size());
@@ -473,11 +435,9 @@ void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid)
     }
 }
 
-const Object *Registry::object_at(uint64_t addr) const
-{
+const Object *Registry::object_at(uint64_t addr) const {
     for (const auto &o : objects_) {
-        if (o->contains_exec(addr))
-            return o.get();
+        if (o->contains_exec(addr)) return o.get();
     }
     return nullptr;
 }
@@ -487,50 +447,40 @@ namespace {
 // Calls an ifunc's resolver, as the dynamic linker does on x86-64 (elf_ifunc_invoke:
 // no arguments; the resolvers read the CPU features the loader set up). Not dlsym():
 // it takes the loader's lock, which the agent's link-map hook runs under.
-uint64_t ifunc_implementation(const Symbol &s)
-{
+uint64_t ifunc_implementation(const Symbol &s) {
     auto resolver = reinterpret_cast<uint64_t (*)()>(s.value);
     return resolver();
 }
 
 } // namespace
 
-std::string_view Registry::module_of(std::string_view spec)
-{
+std::string_view Registry::module_of(std::string_view spec) {
     const size_t colon = module_separator(spec);
     return colon == npos ? std::string_view() : spec.substr(0, colon);
 }
 
-bool Registry::has_module(std::string_view module) const
-{
+bool Registry::has_module(std::string_view module) const {
     const std::string real = real_module(module);
     for (const auto &o : objects_)
-        if (names_object(*o, module, real))
-            return true;
+        if (names_object(*o, module, real)) return true;
     return false;
 }
 
-int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip,
-                      bool call_resolvers) const
-{
-    if (!addr)
-        return -EINVAL;
+int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip, bool call_resolvers) const {
+    if (!addr) return -EINVAL;
     std::string_view module, name = spec;
     size_t colon = module_separator(spec);
     if (colon != npos) {
         module = spec.substr(0, colon);
         name = spec.substr(colon + 1);
-        if (module.empty())
-            return -EINVAL;
+        if (module.empty()) return -EINVAL;
     }
-    if (name.empty())
-        return -EINVAL;
+    if (name.empty()) return -EINVAL;
 
     int ifunc_error = 0;
     auto try_object = [&](const Object &o) {
         const Symbol *s = o.find(name);
-        if (!s)
-            return false;
+        if (!s) return false;
         *addr = s->value + offset;
         // An ifunc's symbol value is its resolver; the code that runs is what the
         // resolver chooses.
@@ -545,36 +495,30 @@ int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, Sk
     if (!module.empty()) {
         const std::string real = real_module(module);
         for (const auto &o : objects_) {
-            if (names_object(*o, module, real) && try_object(*o))
-                return ifunc_error;
+            if (names_object(*o, module, real) && try_object(*o)) return ifunc_error;
         }
         return -ENOENT;
     }
     auto try_unqualified = [&](const Object &o) {
         if (skip) {
             const Symbol *s = o.find(name);
-            if (s && skip(o, *s))
-                return false;
+            if (s && skip(o, *s)) return false;
         }
         return try_object(o);
     };
     for (const auto &o : objects_) {
-        if (o->main_program && try_unqualified(*o))
-            return ifunc_error;
+        if (o->main_program && try_unqualified(*o)) return ifunc_error;
     }
     for (const auto &o : objects_) {
-        if (!o->main_program && try_unqualified(*o))
-            return ifunc_error;
+        if (!o->main_program && try_unqualified(*o)) return ifunc_error;
     }
     return -ENOENT;
 }
 
-Registry::Location Registry::locate(uint64_t addr) const
-{
+Registry::Location Registry::locate(uint64_t addr) const {
     Location loc;
     loc.object = object_at(addr);
-    if (!loc.object)
-        return loc;
+    if (!loc.object) return loc;
     loc.symbol = loc.object->function_at_or_before(addr);
     loc.offset = addr - (loc.symbol ? loc.symbol->value : loc.object->bias);
     return loc;
@@ -582,8 +526,7 @@ Registry::Location Registry::locate(uint64_t addr) const
 
 // ---- Free functions -------------------------------------------------------------------
 
-std::shared_ptr<Object> load_object(const std::string &path, uint64_t bias)
-{
+std::shared_ptr<Object> load_object(const std::string &path, uint64_t bias) {
     try {
         std::shared_ptr<Object> obj = load_file(path, bias);
         if (obj) {

@@ -14,8 +14,8 @@
 namespace ukp::sym {
 
 struct Symbol {
-    std::string name;      // as in the ELF file (mangled for C++)
-    uint64_t value = 0;    // run-time address (load bias applied)
+    std::string name;   // as in the ELF file (mangled for C++)
+    uint64_t value = 0; // run-time address (load bias applied)
     uint64_t size = 0;
     bool function = false; // STT_FUNC or STT_GNU_IFUNC
     bool ifunc = false;    // STT_GNU_IFUNC: `value` is the resolver, not the implementation
@@ -45,8 +45,8 @@ private:
 class LazySymbols {
 public:
     struct Source {
-        std::string open_path;                        // a file to open, or
-        std::pair<uint64_t, uint64_t> image{0, 0};    // an ELF image in memory (the vdso)
+        std::string open_path;                     // a file to open, or
+        std::pair<uint64_t, uint64_t> image{0, 0}; // an ELF image in memory (the vdso)
         uint64_t bias = 0;
     };
 
@@ -92,16 +92,16 @@ uint64_t tables_loaded_from_disk();
 
 // One ELF object mapped into the process (the main program, a shared library, the vdso).
 struct Object {
-    std::string path;   // as the dynamic linker knows it ("" for the main program is
-                        // replaced by /proc/self/exe's target)
-    std::string name;   // file name only: "libc.so.6", "sample_target"
+    std::string path; // as the dynamic linker knows it ("" for the main program is
+                      // replaced by /proc/self/exe's target)
+    std::string name; // file name only: "libc.so.6", "sample_target"
     // Other names a definition's MOD may give it (Registry::resolve): the path the main
     // program was executed as and its file name ("python3" for python3.11 run through
     // the link /usr/bin/python3), /proc/self/exe and /proc/PID/exe, the path without the
     // " (deleted)" of an executable removed or replaced since it started, a library's
     // path with its links resolved.
     std::vector<std::string> aliases;
-    uint64_t bias = 0;  // load bias (dlpi_addr)
+    uint64_t bias = 0; // load bias (dlpi_addr)
     bool main_program = false;
     unsigned load_index = 0; // order in the link map: 0 for the main program
     // Executable PT_LOAD ranges, run-time addresses, [start, end).

@@ -47,7 +47,8 @@ bool load_cached_symbols(const std::string &path, const std::string &debug_path,
     const std::string dir = platform::cache_dir();
     FileKey file{}, debug{};
     if (dir.empty() || platform::agent_id() == 0 || !symbol_keys(path, debug_path, &file, &debug)) return false;
-    const std::string bytes = platform::read_cache_entry(platform::cache_entry_path(dir, "syms", path, file, debug), sizeof(SymHeader));
+    const std::string bytes =
+        platform::read_cache_entry(platform::cache_entry_path(dir, "syms", path, file, debug), sizeof(SymHeader));
     if (bytes.size() < sizeof(SymHeader)) return false;
     SymHeader h;
     memcpy(&h, bytes.data(), sizeof h);
@@ -58,7 +59,8 @@ bool load_cached_symbols(const std::string &path, const std::string &debug_path,
     std::vector<char> stored_path, names;
     std::vector<SymEntry> entries;
     std::vector<std::pair<uint64_t, uint64_t>> plt;
-    if (!platform::cache_take(bytes, &at, h.n_path, &stored_path) || std::string(stored_path.begin(), stored_path.end()) != path ||
+    if (!platform::cache_take(bytes, &at, h.n_path, &stored_path) ||
+        std::string(stored_path.begin(), stored_path.end()) != path ||
         !platform::cache_take(bytes, &at, h.n_symbols, &entries) || !platform::cache_take(bytes, &at, h.n_plt, &plt) ||
         !platform::cache_take(bytes, &at, h.n_names, &names) || at != bytes.size())
         return false;
@@ -67,7 +69,7 @@ bool load_cached_symbols(const std::string &path, const std::string &debug_path,
     for (const SymEntry &e : entries) {
         if (e.name_at > names.size() || e.name_len > names.size() - e.name_at) return false;
         c.symbols.push_back(Symbol{std::string(names.data() + e.name_at, e.name_len), e.value + bias, e.size,
-                                        (e.flags & 1) != 0, (e.flags & 2) != 0});
+                                   (e.flags & 1) != 0, (e.flags & 2) != 0});
     }
     for (auto &[lo, hi] : plt) c.plt_ranges.emplace_back(lo + bias, hi + bias);
     *out = std::move(c);
@@ -110,7 +112,8 @@ void store_cached_symbols(const std::string &path, const std::string &debug_path
     h.n_plt = in.plt_ranges.size();
     h.n_names = names.size();
     h.checksum = platform::cache_checksum(body.data(), body.size());
-    platform::write_cache_entry(dir, platform::cache_entry_path(dir, "syms", path, file, debug), "syms-", &h, sizeof h, body);
+    platform::write_cache_entry(dir, platform::cache_entry_path(dir, "syms", path, file, debug), "syms-", &h, sizeof h,
+                                body);
 }
 
 const TableStore kDiskStore{load_cached_symbols, store_cached_symbols};

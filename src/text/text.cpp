@@ -33,7 +33,7 @@ struct Chunk {
     uint64_t used; // bytes handed out, from start
 };
 
-std::mutex g_mutex; // guards everything below except the published chunk array
+std::mutex g_mutex;       // guards everything below except the published chunk array
 bool g_sync_core = false; // membarrier SYNC_CORE registered for this process
 pid_t g_sync_pid = 0;     // the process g_sync_core was decided for
 
@@ -148,7 +148,6 @@ int init() {
     close(fd);
     return 0;
 }
-
 
 int write(uint64_t addr, const void *data, size_t n) {
     std::lock_guard lock(g_mutex);

@@ -13,7 +13,8 @@ namespace {
 
 size_t padded(size_t n) { return (n + 7) & ~size_t{7}; }
 
-template <typename T> void put(std::string &out, const T &v) {
+template <typename T>
+void put(std::string &out, const T &v) {
     out.append(reinterpret_cast<const char *>(&v), sizeof v);
 }
 
@@ -101,7 +102,8 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
     for (uint32_t k = 0; k < h->buffer_count && out.size() - start < max_bytes; ++k) {
         const uint32_t buffer = (first + k) % h->buffer_count;
         next_buffer_ = buffer + 1;
-        while (out.size() - start < max_bytes && ring_consume_batch(v, buffer, max_bytes - (out.size() - start), &batch_)) {
+        while (out.size() - start < max_bytes &&
+               ring_consume_batch(v, buffer, max_bytes - (out.size() - start), &batch_)) {
             if (block == std::string::npos) block = open_block(out, kRecords, stream_);
             // The batch's entries written in place: room for each record, its entry and a
             // LOST entry before it, made once (zeroed: the padding), cut to what was used.
@@ -254,7 +256,8 @@ int read_file(const uint8_t *data, size_t size, File *out, std::string *why) {
         } else if (b.type == kEvents) {
             std::map<uint16_t, EventInfo> table;
             std::string bad;
-            if (parse_event_table(text, &table, &bad) != 0) return fail(why, "damaged event table" + where + ": " + bad);
+            if (parse_event_table(text, &table, &bad) != 0)
+                return fail(why, "damaged event table" + where + ": " + bad);
             for (auto &[id, info] : table) it->second.events[id] = std::move(info);
         } else if (b.type == kMaps) {
             if (!parse_maps(text, &it->second.maps)) return fail(why, "damaged maps block" + where);
@@ -276,7 +279,8 @@ int read_file(const uint8_t *data, size_t size, File *out, std::string *why) {
     }
     std::stable_sort(f.items.begin(), f.items.end(), [](const Item &a, const Item &b) { return a.ts < b.ts; });
     *out = std::move(f);
-    if (!cut.empty() && why != nullptr) *why = "the capture file is " + cut + " (its recorder was killed?): read up to its last whole block";
+    if (!cut.empty() && why != nullptr)
+        *why = "the capture file is " + cut + " (its recorder was killed?): read up to its last whole block";
     return 0;
 }
 

@@ -55,7 +55,7 @@ static_assert(sizeof(BlockHeader) == 16);
 inline constexpr uint16_t kRecord = 0, kLost = 1;
 
 struct Entry {
-    uint64_t ts;   // CLOCK_MONOTONIC ns
+    uint64_t ts; // CLOCK_MONOTONIC ns
     uint32_t cpu;
     uint16_t size; // bytes after the entry, before the padding (8 for kLost)
     uint16_t kind; // kRecord or kLost
@@ -101,7 +101,7 @@ private:
     RingBatch batch_;
     std::unordered_set<int32_t> named_; // threads named in this capture
     int32_t last_tid_ = -1;             // of the last record (most follow one of the same thread)
-    uint32_t next_buffer_ = 0;            // where the next capture starts
+    uint32_t next_buffer_ = 0;          // where the next capture starts
 };
 
 // ---- Reading a capture file ----

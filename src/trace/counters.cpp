@@ -39,11 +39,11 @@ struct Table {
 };
 
 std::mutex g_mu;
-uint8_t *g_base = nullptr;             // the arena; null until first use, or when none could be made
-platform::HeldFd g_fd;                     // its memfd
-bool g_tried = false;                  // under g_mu
-uint64_t g_used = kCountersFirstBlock; // under g_mu: bytes handed out from the start
-std::map<uint64_t, uint64_t> &free_blocks() { // under g_mu: offset -> bytes, merged
+uint8_t *g_base = nullptr;                               // the arena; null until first use, or when none could be made
+platform::HeldFd g_fd;                                   // its memfd
+bool g_tried = false;                                    // under g_mu
+uint64_t g_used = kCountersFirstBlock;                   // under g_mu: bytes handed out from the start
+std::map<uint64_t, uint64_t> &free_blocks() {            // under g_mu: offset -> bytes, merged
     static auto *m = new std::map<uint64_t, uint64_t>(); // never destroyed: counted hits may outlive statics
     return *m;
 }
@@ -57,8 +57,8 @@ size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // whose stores into a page past the end would raise SIGBUS in the traced program.
 // Returns the descriptor, or a negative errno.
 long make_memfd() {
-    const long fd = raw_syscall(SYS_memfd_create, reinterpret_cast<long>("ukprobes-counters"),
-                                MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    const long fd =
+        raw_syscall(SYS_memfd_create, reinterpret_cast<long>("ukprobes-counters"), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return fd;
     long r = raw_syscall(SYS_ftruncate, fd, static_cast<long>(kArenaSize));
     if (r == 0) r = raw_syscall(SYS_fcntl, fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
@@ -70,8 +70,8 @@ long make_memfd() {
 }
 
 long map_shared(long fd) {
-    return raw_syscall(SYS_mmap, 0, static_cast<long>(kArenaSize), PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_NORESERVE, fd, 0);
+    return raw_syscall(SYS_mmap, 0, static_cast<long>(kArenaSize), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                       fd, 0);
 }
 
 bool mapped(long r) { return r >= 0 || r < -4095; } // mmap's address, or -errno
@@ -152,7 +152,7 @@ void arena_free_locked(uint8_t *p, size_t size) {
 uint8_t *alloc_locked(size_t size) {
     size = round_up(size);
     if (uint8_t *p = arena_alloc_locked(size)) return p;
-    auto *p = static_cast<uint8_t *>(::operator new(size, std::align_val_t{kAlign}));
+    auto *p = static_cast<uint8_t *>(::operator new (size, std::align_val_t{kAlign}));
     zero_bytes(p, size);
     return p;
 }
@@ -160,8 +160,10 @@ uint8_t *alloc_locked(size_t size) {
 // What alloc_locked gave. Under g_mu.
 void free_locked(void *p, size_t size) {
     if (p == nullptr) return;
-    if (in_arena(p)) arena_free_locked(static_cast<uint8_t *>(p), round_up(size));
-    else ::operator delete(p, std::align_val_t{kAlign});
+    if (in_arena(p))
+        arena_free_locked(static_cast<uint8_t *>(p), round_up(size));
+    else
+        ::operator delete (p, std::align_val_t{kAlign});
 }
 
 } // namespace
@@ -243,7 +245,7 @@ void counters_after_fork_child() noexcept {
     // The child's table has a copy of the parent's memfd if the parent held it in the
     // program's table (at a high number: the child's takes its place), and none if the
     // control thread's table held it (the child's goes high).
-    struct stat st{};
+    struct stat st {};
     const long inherited = g_fd.in_program_table() ? g_fd.number() : -1;
     const bool ours = inherited >= 0 && raw_syscall(SYS_fstat, inherited, reinterpret_cast<long>(&st)) == 0 &&
                       g_fd.same_file(st.st_dev, st.st_ino);
@@ -255,8 +257,10 @@ void counters_after_fork_child() noexcept {
         kept = inherited;
     } else if (fd >= 0) {
         kept = raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 512);
-        if (kept >= 0) raw_syscall(SYS_close, fd);
-        else kept = fd;
+        if (kept >= 0)
+            raw_syscall(SYS_close, fd);
+        else
+            kept = fd;
     } else if (ours) {
         raw_syscall(SYS_close, inherited);
     }

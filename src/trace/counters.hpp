@@ -32,8 +32,8 @@ struct CountersHeader {
     uint32_t version; // kCountersVersion
     int32_t pid;      // the process whose counters these are (a forked child maps a copy)
     uint32_t reserved;
-    uint64_t base;    // where the process maps them
-    uint64_t size;    // bytes mapped (the memfd's size)
+    uint64_t base; // where the process maps them
+    uint64_t size; // bytes mapped (the memfd's size)
     // The current kprobe_profile table (profile_table.hpp): its offset and bytes, 0 when
     // none. `table_seq` is odd while they change: a reader that saw it move reads again.
     std::atomic<uint64_t> table_seq;

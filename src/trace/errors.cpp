@@ -19,8 +19,7 @@ constexpr ErrorText kErrors[] = {
 std::string_view error_id(Err e) { return kErrors[static_cast<size_t>(e)].id; }
 std::string_view error_message(Err e) { return kErrors[static_cast<size_t>(e)].message; }
 
-std::string format_error(std::string_view subsystem, std::string_view command,
-                         std::string_view message, int pos) {
+std::string format_error(std::string_view subsystem, std::string_view command, std::string_view message, int pos) {
     std::string s;
     s.append(subsystem).append(": error: ").append(message).append("\n  Command: ");
     s.append(command).append("\n");
@@ -33,13 +32,11 @@ void ErrorLog::add(std::string_view subsystem, std::string_view command, const P
     add_text(subsystem, command, error_message(e.err), e.pos);
 }
 
-void ErrorLog::add_text(std::string_view subsystem, std::string_view command,
-                        std::string_view message, int pos) {
+void ErrorLog::add_text(std::string_view subsystem, std::string_view command, std::string_view message, int pos) {
     timespec ts{};
     clock_gettime(CLOCK_MONOTONIC, &ts);
     char stamp[48];
-    std::snprintf(stamp, sizeof stamp, "[%5llu.%06ld] ", static_cast<unsigned long long>(ts.tv_sec),
-                  ts.tv_nsec / 1000);
+    std::snprintf(stamp, sizeof stamp, "[%5llu.%06ld] ", static_cast<unsigned long long>(ts.tv_sec), ts.tv_nsec / 1000);
     std::string entry = stamp + format_error(subsystem, command, message, pos);
     std::lock_guard lock(mu_);
     if (entries_.size() == kMaxEntries) entries_.erase(entries_.begin());

@@ -10,69 +10,69 @@
 
 namespace ukp::trace {
 
-#define UKP_TRACE_ERRORS                                                                   \
-    C(FILE_NOT_FOUND, "Failed to find the given file")                                     \
-    C(BAD_REFCNT, "Invalid reference counter offset")                                      \
-    C(REFCNT_OPEN_BRACE, "Reference counter brace is not closed")                          \
-    C(BAD_REFCNT_SUFFIX, "Reference counter has wrong suffix")                             \
-    C(BAD_UPROBE_OFFS, "Invalid uprobe offset")                                            \
-    C(BAD_MAXACT_TYPE, "Maxactive is only for function exit")                              \
-    C(BAD_MAXACT, "Invalid maxactive number")                                              \
-    C(MAXACT_TOO_BIG, "Maxactive is too big")                                              \
-    C(BAD_PROBE_ADDR, "Invalid probed address or symbol")                                  \
-    C(NON_UNIQ_SYMBOL, "The symbol is not unique")                                         \
-    C(BAD_RETPROBE, "Retprobe address must be an function entry")                          \
-    C(BAD_ADDR_SUFFIX, "Invalid probed address suffix")                                    \
-    C(NO_GROUP_NAME, "Group name is not specified")                                        \
-    C(GROUP_TOO_LONG, "Group name is too long")                                            \
-    C(BAD_GROUP_NAME, "Group name must follow the same rules as C identifiers")            \
-    C(NO_EVENT_NAME, "Event name is not specified")                                        \
-    C(EVENT_TOO_LONG, "Event name is too long")                                            \
-    C(BAD_EVENT_NAME, "Event name must follow the same rules as C identifiers")            \
-    C(EVENT_EXIST, "Given group/event name is already used by another event")              \
-    C(RETVAL_ON_PROBE, "$retval is not available on probe")                                \
-    C(BAD_STACK_NUM, "Invalid stack number")                                               \
-    C(BAD_ARG_NUM, "Invalid argument number")                                              \
-    C(BAD_VAR, "Invalid $-variable specified")                                             \
-    C(BAD_REG_NAME, "Invalid register name")                                               \
-    C(BAD_MEM_ADDR, "Invalid memory address")                                              \
-    C(BAD_IMM, "Invalid immediate value")                                                  \
-    C(IMMSTR_NO_CLOSE, "String is not closed with '\"'")                                   \
-    C(FILE_ON_KPROBE, "File offset is not available with kprobe")                          \
-    C(BAD_FILE_OFFS, "Invalid file offset value")                                          \
-    C(TOO_MANY_OPS, "Dereference is too much nested")                                      \
-    C(DEREF_NEED_BRACE, "Dereference needs a brace")                                       \
-    C(BAD_DEREF_OFFS, "Invalid dereference offset")                                        \
-    C(DEREF_OPEN_BRACE, "Dereference brace is not closed")                                 \
-    C(COMM_CANT_DEREF, "$comm can not be dereferenced")                                    \
-    C(BAD_FETCH_ARG, "Invalid fetch argument")                                             \
-    C(ARRAY_NO_CLOSE, "Array is not closed")                                               \
-    C(BAD_ARRAY_SUFFIX, "Array has wrong suffix")                                          \
-    C(BAD_ARRAY_NUM, "Invalid array size")                                                 \
-    C(ARRAY_TOO_BIG, "Array number is too big")                                            \
-    C(BAD_TYPE, "Unknown type is specified")                                               \
-    C(BAD_STRING, "String accepts only memory argument")                                   \
-    C(BAD_SYMSTRING, "Symbol String doesn't accept data/userdata")                         \
-    C(BAD_BITFIELD, "Invalid bitfield")                                                    \
-    C(ARG_NAME_TOO_LONG, "Argument name is too long")                                      \
-    C(NO_ARG_NAME, "Argument name is not specified")                                       \
-    C(BAD_ARG_NAME, "Argument name must follow the same rules as C identifiers")           \
-    C(USED_ARG_NAME, "This argument name is already used")                                 \
-    C(ARG_TOO_LONG, "Argument expression is too long")                                     \
-    C(NO_ARG_BODY, "No argument expression")                                               \
-    C(BAD_INSN_BNDRY, "Probe point is not an instruction boundary")                        \
-    C(FAIL_REG_PROBE, "Failed to register probe event")                                    \
-    C(DIFF_PROBE_TYPE, "Probe type is different from existing probe")                      \
-    C(DIFF_ARG_TYPE, "Argument type or name is different from existing probe")             \
-    C(SAME_PROBE, "There is already the exact same probe event")                           \
-    C(NOSUP_BTFARG, "BTF is not available or not supported")                               \
-    C(NOFENTRY_ARGS, "$arg* can be used only on function entry or exit")                   \
-    C(BAD_TYPE4STR, "This type does not fit for string.")                                  \
-    C(NEED_STRING_TYPE, "$comm and immediate-string only accepts string type")             \
-    C(TOO_MANY_ARGS, "Too many arguments are specified")                                   \
-    C(TOO_MANY_EARGS, "Too many entry arguments specified")                                \
-    C(EVENT_TOO_BIG, "Event too big (too many fields?)")                                   \
-    /* ukprobes: VFS types name kernel objects that user space does not have */           \
+#define UKP_TRACE_ERRORS                                                                                               \
+    C(FILE_NOT_FOUND, "Failed to find the given file")                                                                 \
+    C(BAD_REFCNT, "Invalid reference counter offset")                                                                  \
+    C(REFCNT_OPEN_BRACE, "Reference counter brace is not closed")                                                      \
+    C(BAD_REFCNT_SUFFIX, "Reference counter has wrong suffix")                                                         \
+    C(BAD_UPROBE_OFFS, "Invalid uprobe offset")                                                                        \
+    C(BAD_MAXACT_TYPE, "Maxactive is only for function exit")                                                          \
+    C(BAD_MAXACT, "Invalid maxactive number")                                                                          \
+    C(MAXACT_TOO_BIG, "Maxactive is too big")                                                                          \
+    C(BAD_PROBE_ADDR, "Invalid probed address or symbol")                                                              \
+    C(NON_UNIQ_SYMBOL, "The symbol is not unique")                                                                     \
+    C(BAD_RETPROBE, "Retprobe address must be an function entry")                                                      \
+    C(BAD_ADDR_SUFFIX, "Invalid probed address suffix")                                                                \
+    C(NO_GROUP_NAME, "Group name is not specified")                                                                    \
+    C(GROUP_TOO_LONG, "Group name is too long")                                                                        \
+    C(BAD_GROUP_NAME, "Group name must follow the same rules as C identifiers")                                        \
+    C(NO_EVENT_NAME, "Event name is not specified")                                                                    \
+    C(EVENT_TOO_LONG, "Event name is too long")                                                                        \
+    C(BAD_EVENT_NAME, "Event name must follow the same rules as C identifiers")                                        \
+    C(EVENT_EXIST, "Given group/event name is already used by another event")                                          \
+    C(RETVAL_ON_PROBE, "$retval is not available on probe")                                                            \
+    C(BAD_STACK_NUM, "Invalid stack number")                                                                           \
+    C(BAD_ARG_NUM, "Invalid argument number")                                                                          \
+    C(BAD_VAR, "Invalid $-variable specified")                                                                         \
+    C(BAD_REG_NAME, "Invalid register name")                                                                           \
+    C(BAD_MEM_ADDR, "Invalid memory address")                                                                          \
+    C(BAD_IMM, "Invalid immediate value")                                                                              \
+    C(IMMSTR_NO_CLOSE, "String is not closed with '\"'")                                                               \
+    C(FILE_ON_KPROBE, "File offset is not available with kprobe")                                                      \
+    C(BAD_FILE_OFFS, "Invalid file offset value")                                                                      \
+    C(TOO_MANY_OPS, "Dereference is too much nested")                                                                  \
+    C(DEREF_NEED_BRACE, "Dereference needs a brace")                                                                   \
+    C(BAD_DEREF_OFFS, "Invalid dereference offset")                                                                    \
+    C(DEREF_OPEN_BRACE, "Dereference brace is not closed")                                                             \
+    C(COMM_CANT_DEREF, "$comm can not be dereferenced")                                                                \
+    C(BAD_FETCH_ARG, "Invalid fetch argument")                                                                         \
+    C(ARRAY_NO_CLOSE, "Array is not closed")                                                                           \
+    C(BAD_ARRAY_SUFFIX, "Array has wrong suffix")                                                                      \
+    C(BAD_ARRAY_NUM, "Invalid array size")                                                                             \
+    C(ARRAY_TOO_BIG, "Array number is too big")                                                                        \
+    C(BAD_TYPE, "Unknown type is specified")                                                                           \
+    C(BAD_STRING, "String accepts only memory argument")                                                               \
+    C(BAD_SYMSTRING, "Symbol String doesn't accept data/userdata")                                                     \
+    C(BAD_BITFIELD, "Invalid bitfield")                                                                                \
+    C(ARG_NAME_TOO_LONG, "Argument name is too long")                                                                  \
+    C(NO_ARG_NAME, "Argument name is not specified")                                                                   \
+    C(BAD_ARG_NAME, "Argument name must follow the same rules as C identifiers")                                       \
+    C(USED_ARG_NAME, "This argument name is already used")                                                             \
+    C(ARG_TOO_LONG, "Argument expression is too long")                                                                 \
+    C(NO_ARG_BODY, "No argument expression")                                                                           \
+    C(BAD_INSN_BNDRY, "Probe point is not an instruction boundary")                                                    \
+    C(FAIL_REG_PROBE, "Failed to register probe event")                                                                \
+    C(DIFF_PROBE_TYPE, "Probe type is different from existing probe")                                                  \
+    C(DIFF_ARG_TYPE, "Argument type or name is different from existing probe")                                         \
+    C(SAME_PROBE, "There is already the exact same probe event")                                                       \
+    C(NOSUP_BTFARG, "BTF is not available or not supported")                                                           \
+    C(NOFENTRY_ARGS, "$arg* can be used only on function entry or exit")                                               \
+    C(BAD_TYPE4STR, "This type does not fit for string.")                                                              \
+    C(NEED_STRING_TYPE, "$comm and immediate-string only accepts string type")                                         \
+    C(TOO_MANY_ARGS, "Too many arguments are specified")                                                               \
+    C(TOO_MANY_EARGS, "Too many entry arguments specified")                                                            \
+    C(EVENT_TOO_BIG, "Event too big (too many fields?)")                                                               \
+    /* ukprobes: VFS types name kernel objects that user space does not have */                                        \
     C(NO_VFS_TYPE, "%pd/%pD (dentry/file names) are not available in user space")
 
 enum class Err : uint8_t {
@@ -97,10 +97,9 @@ struct ProbeError {
 //   "[ seconds.micros] trace_kprobe: error: MESSAGE\n  Command: COMMAND\n" + caret line.
 class ErrorLog {
 public:
-    static constexpr size_t kMaxEntries = 16;  // the kernel's TRACING_LOG_ERRS_MAX
+    static constexpr size_t kMaxEntries = 16; // the kernel's TRACING_LOG_ERRS_MAX
     void add(std::string_view subsystem, std::string_view command, const ProbeError &e);
-    void add_text(std::string_view subsystem, std::string_view command, std::string_view message,
-                  int pos);
+    void add_text(std::string_view subsystem, std::string_view command, std::string_view message, int pos);
     std::string text() const;
     void clear();
 
@@ -110,7 +109,6 @@ private:
 };
 
 // The entry alone, without the timestamp prefix ("trace_kprobe: error: ...").
-std::string format_error(std::string_view subsystem, std::string_view command,
-                         std::string_view message, int pos);
+std::string format_error(std::string_view subsystem, std::string_view command, std::string_view message, int pos);
 
 } // namespace ukp::trace

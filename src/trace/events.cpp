@@ -37,10 +37,10 @@ namespace ukp::trace {
 
 namespace {
 
-constexpr uint16_t kFirstEventId = 2000;       // dynamic event ids, after the static ones
-constexpr uint32_t kScratchSize = 1024;        // a record built when the ring takes none
-constexpr int kMaxUserStack = 16;              // frames a stacktrace trigger records
-constexpr int kPipeWaitMs = 1000;              // a trace_pipe read waits this long for a record
+constexpr uint16_t kFirstEventId = 2000; // dynamic event ids, after the static ones
+constexpr uint32_t kScratchSize = 1024;  // a record built when the ring takes none
+constexpr int kMaxUserStack = 16;        // frames a stacktrace trigger records
+constexpr int kPipeWaitMs = 1000;        // a trace_pipe read waits this long for a record
 
 // The thread's id and name, read once per thread (the name as it was at the first hit).
 struct ThreadInfo {
@@ -92,11 +92,11 @@ private:
 
 class ProbePoint {
 public:
-    SharedCounted<Hook> hook; // what the core calls; hook->point is this (its nmissed counted)
-    Event *event = nullptr; // the event the hits are recorded for
-    ProbeDef def;           // as defined, for the kprobe_events file
-    std::string symbol;     // kept alive for hook->rp.kp.symbol_name
-    bool registered = false; // hook is registered with the core
+    SharedCounted<Hook> hook;    // what the core calls; hook->point is this (its nmissed counted)
+    Event *event = nullptr;      // the event the hits are recorded for
+    ProbeDef def;                // as defined, for the kprobe_events file
+    std::string symbol;          // kept alive for hook->rp.kp.symbol_name
+    bool registered = false;     // hook is registered with the core
     bool semaphore_held = false; // this point counts in its SDT semaphore
 };
 
@@ -131,21 +131,21 @@ struct EventCounts {
 // fields, print fmt) never changes once it is defined.
 class Event : public EventInfo {
 public:
-    std::vector<FetchProgram> progs;              // one per argument, in order
-    std::vector<std::string> arg_names, arg_types; // for comparing definitions
-    std::vector<uint16_t> entry_args;             // $argN saved at entry (return probes)
-    std::vector<DirectStore> direct;              // every argument a register as it is: these
-    uint32_t fixed_size = 0;                      // record bytes before the string data
-    bool dynamic = false;                         // has string data (measured at each hit)
-    std::unique_ptr<SymbolTable> symbols;         // for symstr arguments
+    std::vector<FetchProgram> progs;                 // one per argument, in order
+    std::vector<std::string> arg_names, arg_types;   // for comparing definitions
+    std::vector<uint16_t> entry_args;                // $argN saved at entry (return probes)
+    std::vector<DirectStore> direct;                 // every argument a register as it is: these
+    uint32_t fixed_size = 0;                         // record bytes before the string data
+    bool dynamic = false;                            // has string data (measured at each hit)
+    std::unique_ptr<SymbolTable> symbols;            // for symstr arguments
     std::vector<std::unique_ptr<ProbePoint>> points; // one per definition line
 
-    std::atomic<bool> enabled{false};    // the enable file (and enable_event triggers)
-    bool trigger_target = false;         // an enable_event/disable_event trigger names it
-    SharedCounted<EventCounts> counts;   // kprobe_profile's: every armed hit, and the misses
-    std::atomic<const Filter *> filter{nullptr}; // the filter file's; null: all pass
+    std::atomic<bool> enabled{false};             // the enable file (and enable_event triggers)
+    bool trigger_target = false;                  // an enable_event/disable_event trigger names it
+    SharedCounted<EventCounts> counts;            // kprobe_profile's: every armed hit, and the misses
+    std::atomic<const Filter *> filter{nullptr};  // the filter file's; null: all pass
     std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
-    TriggerSet triggers;                 // the trigger file's
+    TriggerSet triggers;                          // the trigger file's
 
     void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept;
     uint64_t misses() const;
@@ -264,13 +264,25 @@ std::string print_fmt_of(const Event &e) {
         const std::string &n = e.arg_names[i];
         std::string one;
         switch (t.kind) {
-        case Kind::kUnsigned: one = t.size == 8 ? "%Lu" : "%u"; break;
-        case Kind::kSigned: one = t.size == 8 ? "%Ld" : "%d"; break;
-        case Kind::kHex: one = t.size == 8 ? "0x%Lx" : "0x%x"; break;
-        case Kind::kChar: one = "'%c'"; break;
-        case Kind::kSymbol: one = "%pS"; break;
+        case Kind::kUnsigned:
+            one = t.size == 8 ? "%Lu" : "%u";
+            break;
+        case Kind::kSigned:
+            one = t.size == 8 ? "%Ld" : "%d";
+            break;
+        case Kind::kHex:
+            one = t.size == 8 ? "0x%Lx" : "0x%x";
+            break;
+        case Kind::kChar:
+            one = "'%c'";
+            break;
+        case Kind::kSymbol:
+            one = "%pS";
+            break;
         case Kind::kString:
-        case Kind::kSymStr: one = "\\\"%s\\\""; break;
+        case Kind::kSymStr:
+            one = "\\\"%s\\\"";
+            break;
         }
         const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
         fmt += " " + n + "=";
@@ -306,8 +318,8 @@ std::string format_text(const Event &e) {
             size = f.size * f.array_len;
             if (!str) decl += "[]";
         }
-        std::snprintf(buf, sizeof buf, "\tfield:%s;\toffset:%u;\tsize:%u;\tsigned:%d;\n", decl.c_str(),
-                      f.offset, size, f.is_signed ? 1 : 0);
+        std::snprintf(buf, sizeof buf, "\tfield:%s;\toffset:%u;\tsize:%u;\tsigned:%d;\n", decl.c_str(), f.offset, size,
+                      f.is_signed ? 1 : 0);
         s += buf;
     }
     s += "\nprint fmt: " + e.print_fmt + "\n";
@@ -367,7 +379,7 @@ public:
 
 class Tracer : public TriggerHost {
 public:
-    std::mutex mu;  // definitions, enabling, file reads
+    std::mutex mu; // definitions, enabling, file reads
     ProcessResolver resolver;
     std::vector<std::unique_ptr<Event>> events;    // in definition order
     std::vector<std::unique_ptr<Event>> graveyard; // removed: records and hits may still name them
@@ -457,9 +469,7 @@ std::string type_key(const ArgType &t) {
            t.name;
 }
 
-bool same_point(const ProbeDef &a, const ProbeDef &b) {
-    return a.addr == b.addr && a.is_return == b.is_return;
-}
+bool same_point(const ProbeDef &a, const ProbeDef &b) { return a.addr == b.addr && a.is_return == b.is_return; }
 
 void set_point_armed(ProbePoint &p, bool is_return, bool want);
 
@@ -543,12 +553,18 @@ void Tracer::log_error(const std::string &command, Err e, int word, int off) {
     // Position of word `word` in the command.
     int pos = 0, w = 0;
     for (size_t i = 0; i < command.size() && w < word; ++i)
-        if (command[i] == ' ') { ++w; pos = int(i) + 1; }
+        if (command[i] == ' ') {
+            ++w;
+            pos = int(i) + 1;
+        }
     errors.add("trace_kprobe", command, ProbeError{e, pos + off, true});
 }
 
 int Tracer::check_joins(const Event &e, const ProbeDef &def) {
-    if (e.is_return != def.is_return) { log_error(def.command, Err::DIFF_PROBE_TYPE, 0, 0); return -EEXIST; }
+    if (e.is_return != def.is_return) {
+        log_error(def.command, Err::DIFF_PROBE_TYPE, 0, 0);
+        return -EEXIST;
+    }
     const size_t na = e.arg_names.size(), nb = def.args.size();
     for (size_t i = 0; i < std::max(na, nb); ++i) {
         if (i >= na || i >= nb || e.arg_names[i] != def.args[i].name ||
@@ -558,7 +574,10 @@ int Tracer::check_joins(const Event &e, const ProbeDef &def) {
         }
     }
     for (auto &p : e.points)
-        if (same_point(p->def, def)) { log_error(def.command, Err::SAME_PROBE, 0, 0); return -EEXIST; }
+        if (same_point(p->def, def)) {
+            log_error(def.command, Err::SAME_PROBE, 0, 0);
+            return -EEXIST;
+        }
     return 0;
 }
 
@@ -617,9 +636,12 @@ int Tracer::register_point(ProbePoint &point, const ProbeDef &def) {
         kp.pre_handler = on_kprobe;
         r = register_kprobe(&kp);
     }
-    if (r == -EILSEQ) log_error(def.command, Err::BAD_INSN_BNDRY, 1, 0);
-    else if (r == -ENOENT) log_error(def.command, Err::BAD_PROBE_ADDR, 1, 0);
-    else if (r != 0 && r != -ENOMEM && r != -EEXIST) log_error(def.command, Err::FAIL_REG_PROBE, 1, 0);
+    if (r == -EILSEQ)
+        log_error(def.command, Err::BAD_INSN_BNDRY, 1, 0);
+    else if (r == -ENOENT)
+        log_error(def.command, Err::BAD_PROBE_ADDR, 1, 0);
+    else if (r != 0 && r != -ENOMEM && r != -EEXIST)
+        log_error(def.command, Err::FAIL_REG_PROBE, 1, 0);
     return r;
 }
 
@@ -679,7 +701,10 @@ int Tracer::remove(Event *e) {
             __atomic_sub_fetch(reinterpret_cast<uint16_t *>(p->def.ref_ctr_addr), 1, __ATOMIC_RELAXED);
             p->semaphore_held = false;
         }
-        if (e->is_return) unregister_kretprobe(&p->hook->rp); else unregister_kprobe(&p->hook->rp.kp);
+        if (e->is_return)
+            unregister_kretprobe(&p->hook->rp);
+        else
+            unregister_kprobe(&p->hook->rp.kp);
         p->registered = false;
     }
     auto it = std::find_if(events.begin(), events.end(), [&](auto &x) { return x.get() == e; });
@@ -825,9 +850,21 @@ bool split_event_path(std::string_view path, EventPath *p) {
         if (slash == std::string_view::npos) break;
         rest = rest.substr(slash + 1);
     }
-    if (parts.size() == 1) { p->file = parts[0]; return true; }
-    if (parts.size() == 2) { p->group = parts[0]; p->file = parts[1]; return true; }
-    if (parts.size() == 3) { p->group = parts[0]; p->event = parts[1]; p->file = parts[2]; return true; }
+    if (parts.size() == 1) {
+        p->file = parts[0];
+        return true;
+    }
+    if (parts.size() == 2) {
+        p->group = parts[0];
+        p->file = parts[1];
+        return true;
+    }
+    if (parts.size() == 3) {
+        p->group = parts[0];
+        p->event = parts[1];
+        p->file = parts[2];
+        return true;
+    }
     return false;
 }
 
@@ -921,7 +958,10 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
     const bool write = mode != 0;
     if (path == "trace" || path == "trace_pipe" || path == "snapshot") {
         if (path == "trace") {
-            if (write) { ring_clear(); return 0; }
+            if (write) {
+                ring_clear();
+                return 0;
+            }
             *out = trace_text(print_event);
             return 0;
         }
@@ -930,17 +970,27 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
             *out = trace_pipe_read(print_event, kPipeWaitMs, 1 << 20);
             return 0;
         }
-        if (!write) { *out = snapshot_text(print_event); return 0; }
+        if (!write) {
+            *out = snapshot_text(print_event);
+            return 0;
+        }
         const std::string v = strip(text);
-        if (v == "0") snapshot_free();
-        else if (v == "1") return snapshot_take();
-        else if (v == "2") snapshot_clear();
-        else return -EINVAL;
+        if (v == "0")
+            snapshot_free();
+        else if (v == "1")
+            return snapshot_take();
+        else if (v == "2")
+            snapshot_clear();
+        else
+            return -EINVAL;
         return 0;
     }
     std::lock_guard lock(t.mu);
     if (path == "kprobe_events" || path == "dynamic_events") {
-        if (!write) { *out = definitions_text(t); return 0; }
+        if (!write) {
+            *out = definitions_text(t);
+            return 0;
+        }
         return write_definitions(t, text, mode == 1);
     }
     if (path == "kprobe_profile") {
@@ -967,12 +1017,18 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
         return 0;
     }
     if (path == "error_log") {
-        if (write) { t.errors.clear(); return 0; }
+        if (write) {
+            t.errors.clear();
+            return 0;
+        }
         *out = t.errors.text();
         return 0;
     }
     if (path == "tracing_on") {
-        if (!write) { *out = tracing_on() ? "1\n" : "0\n"; return 0; }
+        if (!write) {
+            *out = tracing_on() ? "1\n" : "0\n";
+            return 0;
+        }
         const std::string v = strip(text);
         char *end = nullptr;
         const long n = std::strtol(v.c_str(), &end, 10);
@@ -981,7 +1037,10 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
         return 0;
     }
     if (path == "buffer_size_kb") {
-        if (!write) { *out = std::to_string(buffer_size_kb()) + "\n"; return 0; }
+        if (!write) {
+            *out = std::to_string(buffer_size_kb()) + "\n";
+            return 0;
+        }
         const std::string v = strip(text);
         char *end = nullptr;
         const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
@@ -1010,9 +1069,7 @@ int file_append(std::string_view path, std::string_view text) {
     return file_op(path, text, 2, &ignored);
 }
 
-std::string pipe_read(int timeout_ms, size_t max_bytes) {
-    return trace_pipe_read(print_event, timeout_ms, max_bytes);
-}
+std::string pipe_read(int timeout_ms, size_t max_bytes) { return trace_pipe_read(print_event, timeout_ms, max_bytes); }
 
 int apply_startup_events(std::string_view spec) {
     Tracer &t = tracer();

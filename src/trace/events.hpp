@@ -20,7 +20,6 @@
 
 namespace ukp::trace {
 
-
 // The file API: `path` is relative to the tracefs root ("kprobe_events",
 // "events/kprobes/myprobe/enable"). 0 or a negative errno.
 int file_read(std::string_view path, std::string *out);

@@ -13,17 +13,14 @@ namespace ukp::trace {
 namespace {
 
 // The kernel's x86-64 register names, in struct pt_regs order.
-constexpr const char *kRegNames[] = {"r15", "r14", "r13", "r12", "bp", "bx", "r11",
-                                     "r10", "r9",  "r8",  "ax",  "cx", "dx", "si",
-                                     "di",  "orig_ax", "ip", "cs", "flags", "sp", "ss"};
+constexpr const char *kRegNames[] = {"r15", "r14", "r13", "r12", "bp",      "bx", "r11", "r10",   "r9", "r8", "ax",
+                                     "cx",  "dx",  "si",  "di",  "orig_ax", "ip", "cs",  "flags", "sp", "ss"};
 constexpr int kRegCount = sizeof(kRegNames) / sizeof(kRegNames[0]);
 constexpr int kRegSp = 19, kRegAx = 10;
 // System V AMD64: di, si, dx, cx, r8, r9.
 constexpr int kArgRegs[6] = {14, 13, 12, 11, 9, 8};
 
-inline uint64_t reg_at(const pt_regs *regs, int index) {
-    return reinterpret_cast<const unsigned long *>(regs)[index];
-}
+inline uint64_t reg_at(const pt_regs *regs, int index) { return reinterpret_cast<const unsigned long *>(regs)[index]; }
 
 inline bool load64(uint64_t addr, uint64_t *out) {
     return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), 8) == 0;
@@ -31,10 +28,23 @@ inline bool load64(uint64_t addr, uint64_t *out) {
 
 inline uint64_t get(const uint8_t *src, uint32_t size) {
     switch (size) {
-    case 1: return *src;
-    case 2: { uint16_t x; __builtin_memcpy(&x, src, 2); return x; }
-    case 4: { uint32_t x; __builtin_memcpy(&x, src, 4); return x; }
-    default: { uint64_t x; __builtin_memcpy(&x, src, 8); return x; }
+    case 1:
+        return *src;
+    case 2: {
+        uint16_t x;
+        __builtin_memcpy(&x, src, 2);
+        return x;
+    }
+    case 4: {
+        uint32_t x;
+        __builtin_memcpy(&x, src, 4);
+        return x;
+    }
+    default: {
+        uint64_t x;
+        __builtin_memcpy(&x, src, 8);
+        return x;
+    }
     }
 }
 
@@ -51,13 +61,21 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
     for (uint32_t i = 0; i < p.nops; ++i) {
         const FetchOp &op = p.ops[i];
         switch (op.op) {
-        case Op::kReg: v = reg_at(ctx.regs, op.param); break;
+        case Op::kReg:
+            v = reg_at(ctx.regs, op.param);
+            break;
         case Op::kStack:
             if (!load64(reg_at(ctx.regs, kRegSp) + 8ull * op.param, &v)) return false;
             break;
-        case Op::kStackAddr: v = reg_at(ctx.regs, kRegSp); break;
-        case Op::kRetval: v = reg_at(ctx.regs, kRegAx); break;
-        case Op::kRetAddr: v = ctx.ret_addr; break;
+        case Op::kStackAddr:
+            v = reg_at(ctx.regs, kRegSp);
+            break;
+        case Op::kRetval:
+            v = reg_at(ctx.regs, kRegAx);
+            break;
+        case Op::kRetAddr:
+            v = ctx.ret_addr;
+            break;
         case Op::kArg:
             if (op.param < 6) {
                 v = reg_at(ctx.regs, kArgRegs[op.param]);
@@ -66,10 +84,18 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
                 return false;
             }
             break;
-        case Op::kEntryArg: v = ctx.entry_args != nullptr ? ctx.entry_args[op.param] : 0; break;
-        case Op::kImm: v = static_cast<uint64_t>(op.imm); break;
-        case Op::kComm: v = reinterpret_cast<uint64_t>(ctx.comm); break;
-        case Op::kData: v = reinterpret_cast<uint64_t>(p.data.c_str()); break;
+        case Op::kEntryArg:
+            v = ctx.entry_args != nullptr ? ctx.entry_args[op.param] : 0;
+            break;
+        case Op::kImm:
+            v = static_cast<uint64_t>(op.imm);
+            break;
+        case Op::kComm:
+            v = reinterpret_cast<uint64_t>(ctx.comm);
+            break;
+        case Op::kData:
+            v = reinterpret_cast<uint64_t>(p.data.c_str());
+            break;
         case Op::kDeref:
             if (!load64(v + static_cast<uint64_t>(op.imm), &v)) return false;
             break;
@@ -117,8 +143,8 @@ uint32_t measure_string(uint64_t addr, StringStash *stash) {
 // the cap - dyn bytes left of the record (the kernel's maxlen), cut with a NUL at the end
 // as the kernel's fetch_store_string cuts it. Returns the bytes used in the dynamic area;
 // a fault, or no room left, stores an empty location (printed (fault)).
-inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t cap, uint64_t addr,
-                           bool *fault, const StringStash *stash) {
+inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t cap, uint64_t addr, bool *fault,
+                           const StringStash *stash) {
     uint32_t room = cap > dyn ? cap - dyn : 0;
     if (room > kMaxStringLen) room = kMaxStringLen;
     int n = -EFAULT;
@@ -129,7 +155,8 @@ inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t ca
             n = static_cast<int>(stash->len[i]);
             break;
         }
-        if (n < 0) n = platform::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
+        if (n < 0)
+            n = platform::safe_strncpy(reinterpret_cast<char *>(rec + dyn), reinterpret_cast<const char *>(addr), room);
     }
     if (n < 0) {
         *fault = true;
@@ -156,7 +183,10 @@ uint32_t SymbolTable::format(uint64_t addr, char *out, uint32_t room) const noex
     size_t lo = 0, hi = entries.size();
     while (lo < hi) {
         const size_t mid = (lo + hi) / 2;
-        if (entries[mid].start <= addr) lo = mid + 1; else hi = mid;
+        if (entries[mid].start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     uint32_t n = 0;
     auto putc = [&](char c) {
@@ -166,15 +196,23 @@ uint32_t SymbolTable::format(uint64_t addr, char *out, uint32_t room) const noex
         }
     };
     auto puthex = [&](uint64_t v) {
-        putc('0'); putc('x');
-        char buf[16]; int k = 0;
-        do { buf[k++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v != 0);
+        putc('0');
+        putc('x');
+        char buf[16];
+        int k = 0;
+        do {
+            buf[k++] = "0123456789abcdef"[v & 15];
+            v >>= 4;
+        } while (v != 0);
         while (k > 0) putc(buf[--k]);
     };
     if (lo > 0 && addr - entries[lo - 1].start < (entries[lo - 1].size ? entries[lo - 1].size : 1)) {
         const Entry &e = entries[lo - 1];
         for (const char *s = names.c_str() + e.name_off; *s != '\0'; ++s) putc(*s);
-        putc('+'); puthex(addr - e.start); putc('/'); puthex(e.size);
+        putc('+');
+        puthex(addr - e.start);
+        putc('/');
+        puthex(e.size);
     } else {
         puthex(addr);
     }
@@ -189,14 +227,14 @@ std::vector<DirectStore> direct_stores(const std::vector<FetchProgram> &progs) {
     std::vector<DirectStore> out;
     for (const FetchProgram &p : progs) {
         if (p.direct_reg < 0 || p.offset > UINT16_MAX) return {};
-        out.push_back({static_cast<uint16_t>(p.offset), static_cast<uint8_t>(p.direct_reg),
-                       static_cast<uint8_t>(p.type.size)});
+        out.push_back(
+            {static_cast<uint16_t>(p.offset), static_cast<uint8_t>(p.direct_reg), static_cast<uint8_t>(p.type.size)});
     }
     return out;
 }
 
-uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names,
-                       uint32_t base, std::vector<Field> *fields) {
+uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names, uint32_t base,
+                       std::vector<Field> *fields) {
     uint32_t off = base;
     for (size_t i = 0; i < progs.size(); ++i) {
         FetchProgram &p = progs[i];
@@ -206,9 +244,12 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
         p.direct_reg = -1;
         if (p.store == Store::kRaw && p.nops == 1 && !t.bitfield && t.array_len == 0) {
             const FetchOp &op = p.ops[0];
-            if (op.op == Op::kReg) p.direct_reg = static_cast<int8_t>(op.param);
-            else if (op.op == Op::kArg && op.param < 6) p.direct_reg = static_cast<int8_t>(kArgRegs[op.param]);
-            else if (op.op == Op::kRetval) p.direct_reg = static_cast<int8_t>(kRegAx);
+            if (op.op == Op::kReg)
+                p.direct_reg = static_cast<int8_t>(op.param);
+            else if (op.op == Op::kArg && op.param < 6)
+                p.direct_reg = static_cast<int8_t>(kArgRegs[op.param]);
+            else if (op.op == Op::kRetval)
+                p.direct_reg = static_cast<int8_t>(kRegAx);
         }
         Field f;
         f.name = names[i];
@@ -217,13 +258,33 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
         const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
         const std::string bits = std::to_string(t.size * 8);
         switch (t.kind) {
-        case Kind::kUnsigned: f.c_type = "u" + bits; f.print = Print::kUnsigned; break;
-        case Kind::kSigned: f.c_type = "s" + bits; f.is_signed = true; f.print = Print::kSigned; break;
-        case Kind::kHex: f.c_type = "u" + bits; f.print = Print::kHex; break;
-        case Kind::kChar: f.c_type = "u8"; f.print = Print::kChar; break;
-        case Kind::kSymbol: f.c_type = "u64"; f.print = Print::kSymbol; break;
+        case Kind::kUnsigned:
+            f.c_type = "u" + bits;
+            f.print = Print::kUnsigned;
+            break;
+        case Kind::kSigned:
+            f.c_type = "s" + bits;
+            f.is_signed = true;
+            f.print = Print::kSigned;
+            break;
+        case Kind::kHex:
+            f.c_type = "u" + bits;
+            f.print = Print::kHex;
+            break;
+        case Kind::kChar:
+            f.c_type = "u8";
+            f.print = Print::kChar;
+            break;
+        case Kind::kSymbol:
+            f.c_type = "u64";
+            f.print = Print::kSymbol;
+            break;
         case Kind::kString:
-        case Kind::kSymStr: f.c_type = "__data_loc char[]"; f.is_signed = true; f.print = Print::kString; break;
+        case Kind::kSymStr:
+            f.c_type = "__data_loc char[]";
+            f.is_signed = true;
+            f.print = Print::kString;
+            break;
         }
         if (t.array_len > 0) {
             f.array_len = t.array_len;
@@ -239,8 +300,8 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
     return off;
 }
 
-uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
-                       const SymbolTable *symbols, StringStash *stash) noexcept {
+uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx, const SymbolTable *symbols,
+                       StringStash *stash) noexcept {
     uint32_t total = 0;
     for (uint32_t a = 0; a < nprogs; ++a) {
         const FetchProgram &p = progs[a];
@@ -248,25 +309,29 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
         uint64_t v = 0;
         if (!run_ops(p, ctx, &v)) continue;
         switch (p.store) {
-        case Store::kString: total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v, stash); break;
+        case Store::kString:
+            total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v, stash);
+            break;
         case Store::kStringArray:
             for (uint32_t i = 0; i < p.type.array_len; ++i) {
                 uint64_t ptr = 0;
-                if (load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) total += measure_string(ptr, stash);
+                if (load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr))
+                    total += measure_string(ptr, stash);
             }
             break;
         case Store::kSymStr:
             if (symbols != nullptr) total += symbols->format(v, nullptr, kMaxStringLen);
             break;
-        default: break;
+        default:
+            break;
         }
     }
     return total;
 }
 
-uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
-                   const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
-                   uint32_t *faults, const StringStash *stash) noexcept {
+uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx, const SymbolTable *symbols,
+                   uint8_t *rec, uint32_t fixed_size, uint32_t cap, uint32_t *faults,
+                   const StringStash *stash) noexcept {
     uint32_t dyn = fixed_size;
     uint32_t nfault = 0;
     for (uint32_t a = 0; a < nprogs; ++a) {
@@ -290,8 +355,10 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
                 if (!fault) {
                     uint8_t buf[8];
                     const uint64_t at = v + static_cast<uint64_t>(p.mem_offset) + uint64_t(i) * t.size;
-                    if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), t.size) == 0) x = get(buf, t.size);
-                    else fault = true;
+                    if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), t.size) == 0)
+                        x = get(buf, t.size);
+                    else
+                        fault = true;
                 }
                 if (fault) x = 0;
                 put_value(dst + i * t.size, t.bitfield ? bitfield(x, t) : x, t.size);
@@ -299,8 +366,10 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
             break;
         case Store::kString: {
             const uint64_t at = p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v;
-            if (fault) put_value(dst, dyn & 0xffff, 4);
-            else dyn += put_string(rec, dst, dyn, cap, at, &fault, stash);
+            if (fault)
+                put_value(dst, dyn & 0xffff, 4);
+            else
+                dyn += put_string(rec, dst, dyn, cap, at, &fault, stash);
             break;
         }
         case Store::kStringArray:
@@ -308,8 +377,10 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
                 uint64_t ptr = 0;
                 bool f = fault;
                 if (!f && !load64(v + static_cast<uint64_t>(p.mem_offset) + 8ull * i, &ptr)) f = true;
-                if (f) put_value(dst + 4 * i, dyn & 0xffff, 4);
-                else dyn += put_string(rec, dst + 4 * i, dyn, cap, ptr, &f, stash);
+                if (f)
+                    put_value(dst + 4 * i, dyn & 0xffff, 4);
+                else
+                    dyn += put_string(rec, dst + 4 * i, dyn, cap, ptr, &f, stash);
                 if (f) fault = true;
             }
             break;

@@ -14,10 +14,10 @@ struct pt_regs; // include/ukprobes/kprobes.h
 
 namespace ukp::trace {
 
-inline constexpr int kMaxFetchOps = 16;     // the kernel's FETCH_INSN_MAX
-inline constexpr int kMaxArgs = 128;        // MAX_TRACE_ARGS
-inline constexpr int kMaxArrayLen = 64;     // MAX_ARRAY_LEN
-inline constexpr int kMaxEntryArgs = 16;    // $argN values a return probe saves at entry
+inline constexpr int kMaxFetchOps = 16;  // the kernel's FETCH_INSN_MAX
+inline constexpr int kMaxArgs = 128;     // MAX_TRACE_ARGS
+inline constexpr int kMaxArrayLen = 64;  // MAX_ARRAY_LEN
+inline constexpr int kMaxEntryArgs = 16; // $argN values a return probe saves at entry
 // Bytes a string field keeps, NUL included: the kernel's MAX_STRING_SIZE (PATH_MAX). A
 // longer string is measured 0, as the kernel's uprobe tracer measures it (measure_fetch).
 inline constexpr uint32_t kMaxStringLen = 4096;
@@ -36,13 +36,13 @@ enum class Kind : uint8_t {
 // A fetch argument's type.
 struct ArgType {
     Kind kind = Kind::kHex;
-    uint8_t size = 8;        // bytes of one element in the record (4 for strings)
-    bool user = false;       // ustring
+    uint8_t size = 8;  // bytes of one element in the record (4 for strings)
+    bool user = false; // ustring
     bool bitfield = false;
-    uint8_t bf_width = 0;    // b<width>@<offset>/<container>
+    uint8_t bf_width = 0; // b<width>@<offset>/<container>
     uint8_t bf_offset = 0;
-    uint8_t array_len = 0;   // [N]; 0: a scalar
-    std::string name;        // as written ("x16", "string", "b3@2/32"); "" for the default
+    uint8_t array_len = 0; // [N]; 0: a scalar
+    std::string name;      // as written ("x16", "string", "b3@2/32"); "" for the default
 };
 
 enum class Op : uint8_t {
@@ -68,11 +68,11 @@ struct FetchOp {
 
 // How the last stage stores the value into the record.
 enum class Store : uint8_t {
-    kRaw,    // the value itself, cut to the type's size
-    kMem,    // read the type's size at value + mem_offset
-    kString, // copy the string at value (+ mem_offset when `deref_string`)
+    kRaw,         // the value itself, cut to the type's size
+    kMem,         // read the type's size at value + mem_offset
+    kString,      // copy the string at value (+ mem_offset when `deref_string`)
     kStringArray, // array_len pointers at value + mem_offset, each a string
-    kSymStr, // value is an address; stored as "sym+0xoff/0xsize"
+    kSymStr,      // value is an address; stored as "sym+0xoff/0xsize"
 };
 
 // One compiled argument.
@@ -83,9 +83,9 @@ struct FetchProgram {
     bool deref_string = false; // kString: the address is value + mem_offset
     int64_t mem_offset = 0;    // offset of the final load (kMem, kString, kStringArray)
     ArgType type;
-    uint32_t offset = 0;       // of the field in the record
-    int8_t direct_reg = -1;    // stored as one register holds it (%di, $arg1, $retval): its index
-    std::string data;          // kData: the immediate string
+    uint32_t offset = 0;    // of the field in the record
+    int8_t direct_reg = -1; // stored as one register holds it (%di, $arg1, $retval): its index
+    std::string data;       // kData: the immediate string
 };
 
 // An argument stored as one register holds it (FetchProgram::direct_reg), in the four
@@ -104,10 +104,24 @@ std::vector<DirectStore> direct_stores(const std::vector<FetchProgram> &progs);
 // no call to memcpy (a probe may sit on it).
 inline void put_value(uint8_t *dst, uint64_t v, uint32_t size) noexcept {
     switch (size) {
-    case 1: { const auto x = static_cast<uint8_t>(v); __builtin_memcpy(dst, &x, 1); break; }
-    case 2: { const auto x = static_cast<uint16_t>(v); __builtin_memcpy(dst, &x, 2); break; }
-    case 4: { const auto x = static_cast<uint32_t>(v); __builtin_memcpy(dst, &x, 4); break; }
-    default: __builtin_memcpy(dst, &v, 8); break;
+    case 1: {
+        const auto x = static_cast<uint8_t>(v);
+        __builtin_memcpy(dst, &x, 1);
+        break;
+    }
+    case 2: {
+        const auto x = static_cast<uint16_t>(v);
+        __builtin_memcpy(dst, &x, 2);
+        break;
+    }
+    case 4: {
+        const auto x = static_cast<uint32_t>(v);
+        __builtin_memcpy(dst, &x, 4);
+        break;
+    }
+    default:
+        __builtin_memcpy(dst, &v, 8);
+        break;
     }
 }
 
@@ -141,8 +155,8 @@ struct SymbolTable {
 // The fields of a probe's arguments, starting at `base` (after __probe_ip or
 // __probe_func/__probe_ret_ip), packed, as the record and the format file lay them out.
 // Fills each program's offset; returns the size of the fixed part of the record.
-uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names,
-                       uint32_t base, std::vector<Field> *fields);
+uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::string> &names, uint32_t base,
+                       std::vector<Field> *fields);
 
 // The bytes of string data a hit's record needs, measured before the record is reserved
 // as the kernel measures them (__get_data_size): each string with its NUL, 0 for one that
@@ -159,8 +173,8 @@ struct StringStash {
     char bytes[kSlots][kBytes];
 };
 
-uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
-                       const SymbolTable *symbols, StringStash *stash = nullptr) noexcept;
+uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx, const SymbolTable *symbols,
+                       StringStash *stash = nullptr) noexcept;
 
 // Runs the programs and writes the argument fields (and the dynamic string data after
 // the fixed part, at `fixed_size`) into rec, which has room for `cap` bytes. The strings
@@ -169,9 +183,9 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
 // the room of the next ones). Returns the bytes used; *faults counts the arguments whose
 // memory could not be read or that got no room (their field gets the kernel's fault
 // form: 0 for integers, an empty __data_loc for strings).
-uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx,
-                   const SymbolTable *symbols, uint8_t *rec, uint32_t fixed_size, uint32_t cap,
-                   uint32_t *faults, const StringStash *stash = nullptr) noexcept;
+uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext &ctx, const SymbolTable *symbols,
+                   uint8_t *rec, uint32_t fixed_size, uint32_t cap, uint32_t *faults,
+                   const StringStash *stash = nullptr) noexcept;
 
 // The index in struct pt_regs of a register named as the kernel's x86-64 regs_query_
 // register_offset accepts it ("ax", "r8", "flags", ...), or -1.

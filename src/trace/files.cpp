@@ -86,8 +86,10 @@ void drop_inheritance() {
             kept += (kept.empty() ? "" : " ") + entry;
         entry.clear();
     }
-    if (kept.empty()) unsetenv("LD_PRELOAD");
-    else setenv("LD_PRELOAD", kept.c_str(), 1);
+    if (kept.empty())
+        unsetenv("LD_PRELOAD");
+    else
+        setenv("LD_PRELOAD", kept.c_str(), 1);
 }
 
 __attribute__((constructor)) void apply_ukp_events() { ukp::trace::apply_environment(); }

@@ -27,15 +27,18 @@ constexpr const char *kIllegalIntval = "Illegal integer value";
 constexpr const char *kTooManyPreds = "Too many terms in predicate expression";
 constexpr const char *kInvalidValue = "Invalid value (did you forget quotes)?";
 
-constexpr int kMaxPreds = 16384;    // the kernel's MAX_FILTER_PRED
-constexpr int kMaxNesting = 512;    // bounds the compiler's recursion on '(' (kernel: none)
-constexpr size_t kMaxString = 256;  // the kernel's MAX_FILTER_STR_VAL
+constexpr int kMaxPreds = 16384;   // the kernel's MAX_FILTER_PRED
+constexpr int kMaxNesting = 512;   // bounds the compiler's recursion on '(' (kernel: none)
+constexpr size_t kMaxString = 256; // the kernel's MAX_FILTER_STR_VAL
 constexpr int32_t kFalse = -1, kTrue = -2;
 
 enum class Op : uint8_t { kEq, kNe, kLe, kLt, kGe, kGt, kBand, kGlob };
 // Longest first where one is a prefix of another, as the kernel matches them.
-constexpr struct { const char *text; Op op; } kOps[] = {
-    {"==", Op::kEq}, {"!=", Op::kNe}, {"<=", Op::kLe}, {"<", Op::kLt},
+constexpr struct {
+    const char *text;
+    Op op;
+} kOps[] = {
+    {"==", Op::kEq}, {"!=", Op::kNe}, {"<=", Op::kLe},  {"<", Op::kLt},
     {">=", Op::kGe}, {">", Op::kGt},  {"&", Op::kBand}, {"~", Op::kGlob},
 };
 
@@ -57,7 +60,7 @@ struct FilterPred {
 };
 
 struct FilterInsn {
-    uint32_t pred;  // index in Program::preds
+    uint32_t pred;             // index in Program::preds
     int32_t on_true, on_false; // next insn, or kTrue / kFalse; always forward
 };
 
@@ -106,7 +109,10 @@ bool glob_match(const char *pat, size_t pn, const char *str, size_t sn) noexcept
                         if (c >= 0 && a <= c && c <= b) match = true;
                         if (q >= pn) break;
                         a = (unsigned char)pat[q++];
-                        if (a == ']') { closed = true; break; }
+                        if (a == ']') {
+                            closed = true;
+                            break;
+                        }
                     }
                 }
                 if (!closed) goto literal_bracket; // no closing ']': '[' is an ordinary char
@@ -115,14 +121,20 @@ bool glob_match(const char *pat, size_t pn, const char *str, size_t sn) noexcept
                 s++;
                 continue;
             literal_bracket:
-                if (c == '[') { s++; continue; }
+                if (c == '[') {
+                    s++;
+                    continue;
+                }
                 goto backtrack;
             }
             case '\\':
                 if (p < pn) d = (unsigned char)pat[p++];
                 [[fallthrough]];
             default:
-                if (c == d) { s++; continue; }
+                if (c == d) {
+                    s++;
+                    continue;
+                }
                 goto backtrack;
             }
         }
@@ -135,25 +147,50 @@ bool glob_match(const char *pat, size_t pn, const char *str, size_t sn) noexcept
 
 namespace {
 
-template <typename T> bool compare(Op op, T a, T b) {
+template <typename T>
+bool compare(Op op, T a, T b) {
     switch (op) {
-    case Op::kEq: return a == b;
-    case Op::kNe: return a != b;
-    case Op::kLt: return a < b;
-    case Op::kLe: return a <= b;
-    case Op::kGt: return a > b;
-    case Op::kGe: return a >= b;
-    case Op::kBand: return (a & b) != 0;
-    default: return false;
+    case Op::kEq:
+        return a == b;
+    case Op::kNe:
+        return a != b;
+    case Op::kLt:
+        return a < b;
+    case Op::kLe:
+        return a <= b;
+    case Op::kGt:
+        return a > b;
+    case Op::kGe:
+        return a >= b;
+    case Op::kBand:
+        return (a & b) != 0;
+    default:
+        return false;
     }
 }
 
 uint64_t load_sized(const uint8_t *p, uint32_t size, bool is_signed) {
     switch (size) {
-    case 1: { uint8_t v; std::memcpy(&v, p, 1); return is_signed ? uint64_t(int64_t(int8_t(v))) : v; }
-    case 2: { uint16_t v; std::memcpy(&v, p, 2); return is_signed ? uint64_t(int64_t(int16_t(v))) : v; }
-    case 4: { uint32_t v; std::memcpy(&v, p, 4); return is_signed ? uint64_t(int64_t(int32_t(v))) : v; }
-    default: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+    case 1: {
+        uint8_t v;
+        std::memcpy(&v, p, 1);
+        return is_signed ? uint64_t(int64_t(int8_t(v))) : v;
+    }
+    case 2: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return is_signed ? uint64_t(int64_t(int16_t(v))) : v;
+    }
+    case 4: {
+        uint32_t v;
+        std::memcpy(&v, p, 4);
+        return is_signed ? uint64_t(int64_t(int32_t(v))) : v;
+    }
+    default: {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+    }
     }
 }
 
@@ -174,13 +211,17 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
         const uint64_t v = load_sized(rec + p.offset, p.size, p.is_signed);
         return p.is_signed ? compare<int64_t>(p.op, int64_t(v), int64_t(p.val)) : compare<uint64_t>(p.op, v, p.val);
     }
-    case Src::kNever: return false;
+    case Src::kNever:
+        return false;
     case Src::kCpu: {
         const int cpu = platform::this_cpu(); // from rseq: no system call
         return compare<int64_t>(p.op, cpu, int64_t(p.val));
     }
     case Src::kComm:
-        if (comm) { s = comm; n = bounded_strlen(comm, 16); }
+        if (comm) {
+            s = comm;
+            n = bounded_strlen(comm, 16);
+        }
         break;
     case Src::kString: {
         if (uint64_t(p.offset) + 4 > size) return false;
@@ -204,8 +245,8 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
 struct Node {
     enum Kind : uint8_t { kPred, kAnd, kOr } kind;
     bool invert = false;
-    uint32_t pred = 0;             // kPred
-    std::vector<uint32_t> kids;    // kAnd, kOr
+    uint32_t pred = 0;          // kPred
+    std::vector<uint32_t> kids; // kAnd, kOr
 };
 
 struct ParseFail {};
@@ -237,7 +278,9 @@ private:
     bool fail_bare() { return fail("", -1); }
     // Errors inside a predicate: the kernel reports them one column right of the offence.
     bool fail_pred(const char *msg, size_t at) { return fail(msg, int(at + 1)); }
-    void skip() { while (i_ < t_.size() && isspace((unsigned char)t_[i_])) i_++; }
+    void skip() {
+        while (i_ < t_.size() && isspace((unsigned char)t_[i_])) i_++;
+    }
     char peek(size_t k = 0) const { return i_ + k < t_.size() ? t_[i_ + k] : '\0'; }
 
     // Quotes and parentheses over the whole text first, as the kernel's calc_stack().
@@ -251,8 +294,10 @@ private:
                 if (c == quote) quote = 0;
                 continue;
             }
-            if (c == '"' || c == '\'') { quote = c; last_quote = k; }
-            else if (c == '(') {
+            if (c == '"' || c == '\'') {
+                quote = c;
+                last_quote = k;
+            } else if (c == '(') {
                 open.push_back(k);
                 if (open.size() > size_t(kMaxNesting)) return fail(kTooManyOpen, int(k));
             } else if (c == ')') {
@@ -354,7 +399,10 @@ private:
         FilterPred p{};
         const Field *field = nullptr;
         for (const Field &f : fields_)
-            if (f.name == name) { field = &f; break; }
+            if (f.name == name) {
+                field = &f;
+                break;
+            }
         bool string_field;
         if (field) {
             string_field = field->print == Print::kString;
@@ -407,8 +455,10 @@ private:
             if (num.size() >= 24) return fail_pred(kOperandTooLong, i_);
             if (!parse_number(num, p.is_signed, &p.val)) return fail_pred(kIllegalIntval, vs);
             if (p.src == Src::kInt) {
-                if (p.size != 1 && p.size != 2 && p.size != 4 && p.size != 8) p.src = Src::kNever;
-                else p.val = truncate(p.val, p.size, p.is_signed);
+                if (p.size != 1 && p.size != 2 && p.size != 4 && p.size != 8)
+                    p.src = Src::kNever;
+                else
+                    p.val = truncate(p.val, p.size, p.is_signed);
             }
         } else {
             return fail_pred(kInvalidValue, vs);
@@ -430,15 +480,21 @@ private:
             p++;
         }
         int base = 10;
-        if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) { base = 16; p += 2; }
-        else if (p[0] == '0') base = 8;
+        if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+            base = 16;
+            p += 2;
+        } else if (p[0] == '0')
+            base = 8;
         if (!*p) return false;
         uint64_t v = 0;
         for (; *p; p++) {
             int d;
-            if (isdigit((unsigned char)*p)) d = *p - '0';
-            else if (isalpha((unsigned char)*p)) d = tolower((unsigned char)*p) - 'a' + 10;
-            else return false;
+            if (isdigit((unsigned char)*p))
+                d = *p - '0';
+            else if (isalpha((unsigned char)*p))
+                d = tolower((unsigned char)*p) - 'a' + 10;
+            else
+                return false;
             if (d >= base) return false;
             if (v > (UINT64_MAX - uint64_t(d)) / uint64_t(base)) return false;
             v = v * uint64_t(base) + uint64_t(d);
@@ -474,8 +530,10 @@ public:
                 break;
             }
             const int32_t next = new_label();
-            if (node.kind == Node::kAnd) emit(node.kids[k], next, on_false);
-            else emit(node.kids[k], on_true, next);
+            if (node.kind == Node::kAnd)
+                emit(node.kids[k], next, on_false);
+            else
+                emit(node.kids[k], on_true, next);
             labels_[size_t(-(next + 3))] = int32_t(prog_->insns.size());
         }
     }
@@ -512,8 +570,7 @@ bool Filter::match(const uint8_t *rec, uint32_t size, const char *comm) const no
     return i == kTrue;
 }
 
-std::unique_ptr<Filter> compile_filter(std::string_view text, const std::vector<Field> &fields,
-                                       FilterError *err) {
+std::unique_ptr<Filter> compile_filter(std::string_view text, const std::vector<Field> &fields, FilterError *err) {
     // The kernel strips surrounding whitespace (and the newline echo adds) first.
     while (!text.empty() && isspace((unsigned char)text.back())) text.remove_suffix(1);
     size_t lead = 0;

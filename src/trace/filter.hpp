@@ -36,14 +36,13 @@ public:
     const std::string &text() const { return text_; } // as the filter file shows it
 
 private:
-    std::string text_;                   // the filter as written, trailing newline removed
+    std::string text_;                    // the filter as written, trailing newline removed
     std::unique_ptr<const Program> prog_; // immutable after compile_filter
 };
 
 // fields: the event's fields, common ones included (common_fields() in record.hpp);
 // common_comm is accepted too. Null + *err on a bad filter.
-std::unique_ptr<Filter> compile_filter(std::string_view text, const std::vector<Field> &fields,
-                                       FilterError *err);
+std::unique_ptr<Filter> compile_filter(std::string_view text, const std::vector<Field> &fields, FilterError *err);
 
 // The filter file's content after a rejected write, as the kernel prints it: the text,
 // a caret line under err.pos, and "parse_error: MESSAGE".

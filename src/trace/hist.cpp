@@ -29,8 +29,8 @@ std::vector<std::pair<std::string_view, int>> split(std::string_view s, char sep
     size_t start = 0;
     for (;;) {
         const size_t e = s.find(sep, start);
-        out.push_back({s.substr(start, e == std::string_view::npos ? std::string_view::npos : e - start),
-                       base + int(start)});
+        out.push_back(
+            {s.substr(start, e == std::string_view::npos ? std::string_view::npos : e - start), base + int(start)});
         if (e == std::string_view::npos) break;
         start = e + 1;
     }
@@ -52,10 +52,26 @@ uint64_t log2_bucket(uint64_t v) {
 // hist_field_s32() and friends.
 uint64_t load_int(const uint8_t *p, uint32_t size, bool is_signed) {
     switch (size) {
-    case 1: { uint8_t v; std::memcpy(&v, p, 1); return is_signed ? uint64_t(int64_t(int8_t(v))) : v; }
-    case 2: { uint16_t v; std::memcpy(&v, p, 2); return is_signed ? uint64_t(int64_t(int16_t(v))) : v; }
-    case 4: { uint32_t v; std::memcpy(&v, p, 4); return is_signed ? uint64_t(int64_t(int32_t(v))) : v; }
-    default: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+    case 1: {
+        uint8_t v;
+        std::memcpy(&v, p, 1);
+        return is_signed ? uint64_t(int64_t(int8_t(v))) : v;
+    }
+    case 2: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return is_signed ? uint64_t(int64_t(int16_t(v))) : v;
+    }
+    case 4: {
+        uint32_t v;
+        std::memcpy(&v, p, 4);
+        return is_signed ? uint64_t(int64_t(int32_t(v))) : v;
+    }
+    default: {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+    }
     }
 }
 
@@ -252,8 +268,10 @@ bool parse_sort_key(std::string_view text, int pos, const std::vector<Column> &k
     const size_t dot = text.find('.');
     if (dot != std::string_view::npos) {
         const std::string_view mod = text.substr(dot + 1);
-        if (mod == "descending") sk->descending = true;
-        else if (mod != "ascending") return fail(err, kInvalidSortModifier, pos + int(dot) + 1);
+        if (mod == "descending")
+            sk->descending = true;
+        else if (mod != "ascending")
+            return fail(err, kInvalidSortModifier, pos + int(dot) + 1);
         name = text.substr(0, dot);
     }
     if (name == "hitcount") {
@@ -262,9 +280,17 @@ bool parse_sort_key(std::string_view text, int pos, const std::vector<Column> &k
     } else {
         bool found = false;
         for (size_t k = 0; k < keys.size() && !found; k++)
-            if (keys[k].name == name) { sk->column = int(k); sk->is_key = true; found = true; }
+            if (keys[k].name == name) {
+                sk->column = int(k);
+                sk->is_key = true;
+                found = true;
+            }
         for (size_t v = 1; v < vals.size() && !found; v++)
-            if (vals[v].name == name) { sk->column = int(v); sk->is_key = false; found = true; }
+            if (vals[v].name == name) {
+                sk->column = int(v);
+                sk->is_key = false;
+                found = true;
+            }
         if (!found) return fail(err, kInvalidSortField, pos);
         sk->text = column_text(sk->is_key ? keys[size_t(sk->column)] : vals[size_t(sk->column)]);
     }
@@ -338,8 +364,10 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
         } else if (uint64_t(c.offset) + c.size <= size) {
             v = load_int(rec + c.offset, c.size, c.is_signed);
         }
-        if (c.mod == Column::kLog2) v = log2_bucket(v);
-        else if (c.mod == Column::kBuckets) v = v / c.buckets * c.buckets;
+        if (c.mod == Column::kLog2)
+            v = log2_bucket(v);
+        else if (c.mod == Column::kBuckets)
+            v = v / c.buckets * c.buckets;
         std::memcpy(slot, &v, 8);
     }
     const int64_t el = t->find_or_insert(key, comm);
@@ -350,8 +378,10 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
     for (size_t i = 1; i < vals_.size(); i++) {
         const Column &c = vals_[i];
         uint64_t v = 0;
-        if (c.size == 0) v = uint64_t(int64_t(platform::this_cpu()));
-        else if (uint64_t(c.offset) + c.size <= size) v = load_int(rec + c.offset, c.size, c.is_signed);
+        if (c.size == 0)
+            v = uint64_t(int64_t(platform::this_cpu()));
+        else if (uint64_t(c.offset) + c.size <= size)
+            v = load_int(rec + c.offset, c.size, c.is_signed);
         sums[i].fetch_add(v, std::memory_order_relaxed);
     }
 }
@@ -467,8 +497,8 @@ void append_key(const Entry &e, const Column &c, const Symbolizer &sym, std::str
             std::snprintf(hex, sizeof hex, "0x%" PRIx64, v);
             s = hex;
         }
-        std::snprintf(buf, sizeof buf, off ? "%s: [%" PRIx64 "] %-55s" : "%s: [%" PRIx64 "] %-45s", c.name.c_str(),
-                      v, s.c_str());
+        std::snprintf(buf, sizeof buf, off ? "%s: [%" PRIx64 "] %-55s" : "%s: [%" PRIx64 "] %-45s", c.name.c_str(), v,
+                      s.c_str());
     } else if (c.modifier == "execname") {
         std::snprintf(buf, sizeof buf, "%s: %-16s[%10" PRIu64 "]", c.name.c_str(), e.comm, v);
     } else if (c.modifier == "log2") {

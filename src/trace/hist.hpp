@@ -45,10 +45,10 @@ public:
         uint32_t key_len = 0; // keys: bytes in the packed key (8, or kMaxStringKey)
     };
     struct SortKey {
-        int column = -1;      // -1: hitcount; else index in keys (is_key) or values
+        int column = -1; // -1: hitcount; else index in keys (is_key) or values
         bool is_key = false;
         bool descending = false;
-        std::string text;     // as the trigger file prints it
+        std::string text; // as the trigger file prints it
     };
 
     ~HistTrigger();
@@ -56,8 +56,7 @@ public:
     // Parses the part after "hist:" (and the filter after " if ", null for none).
     // Returns null and *err on a bad trigger (positions are offsets in `spec`, plus
     // spec_pos, the offset of spec in what the user wrote).
-    static std::unique_ptr<HistTrigger> parse(std::string_view spec, int spec_pos,
-                                              std::unique_ptr<Filter> filter,
+    static std::unique_ptr<HistTrigger> parse(std::string_view spec, int spec_pos, std::unique_ptr<Filter> filter,
                                               const std::vector<Field> &fields, FilterError *err);
 
     // Hit path (the filter already matched).
@@ -88,16 +87,16 @@ private:
     HistTrigger() = default;
 
     std::vector<Column> keys_;
-    std::vector<Column> vals_;   // vals_[0] is hitcount
+    std::vector<Column> vals_; // vals_[0] is hitcount
     std::vector<SortKey> sort_;
-    uint32_t size_ = 2048;       // elements; buckets are twice as many
-    uint32_t key_bytes_ = 0;     // packed key size
+    uint32_t size_ = 2048;                                             // elements; buckets are twice as many
+    uint32_t key_bytes_ = 0;                                           // packed key size
     bool want_pause_ = false, want_cont_ = false, want_clear_ = false; // as written
     std::atomic<bool> paused_{false};
     std::unique_ptr<Filter> filter_;
-    std::atomic<HistTable *> table_{nullptr};               // what update() uses
-    mutable std::mutex mu_;                                 // clear() and show()
-    std::vector<std::unique_ptr<HistTable>> tables_;        // current and retired
+    std::atomic<HistTable *> table_{nullptr};        // what update() uses
+    mutable std::mutex mu_;                          // clear() and show()
+    std::vector<std::unique_ptr<HistTable>> tables_; // current and retired
 };
 
 } // namespace ukp::trace

@@ -15,18 +15,18 @@ namespace ukp::trace {
 
 // One generation of a hist table (see hist.hpp): fixed arrays sized at creation.
 struct HistTable {
-    uint32_t n_elts = 0;     // elements: the trigger's size
-    uint32_t n_buckets = 0;  // 2 * n_elts, a power of two
-    uint32_t key_bytes = 0;  // packed key size
-    uint32_t n_vals = 0;     // sums per element, hitcount first
+    uint32_t n_elts = 0;                                  // elements: the trigger's size
+    uint32_t n_buckets = 0;                               // 2 * n_elts, a power of two
+    uint32_t key_bytes = 0;                               // packed key size
+    uint32_t n_vals = 0;                                  // sums per element, hitcount first
     std::unique_ptr<std::atomic<uint32_t>[]> bucket_hash; // 0: free
     std::unique_ptr<std::atomic<uint32_t>[]> bucket_elt;  // element index + 1; 0: not yet published
     std::unique_ptr<uint8_t[]> keys;                      // n_elts * key_bytes
     std::unique_ptr<std::atomic<uint64_t>[]> sums;        // n_elts * n_vals
     std::unique_ptr<char[]> comms;                        // n_elts * 16: .execname
     std::atomic<uint32_t> next_elt{0};                    // elements handed out
-    std::atomic<uint64_t> hits{0};  // hits that found or made their element
-    std::atomic<uint64_t> drops{0}; // hits whose new key found the table full
+    std::atomic<uint64_t> hits{0};                        // hits that found or made their element
+    std::atomic<uint64_t> drops{0};                       // hits whose new key found the table full
 
     HistTable(uint32_t elts, uint32_t kbytes, uint32_t vals)
         : n_elts(elts), n_buckets(elts * 2), key_bytes(kbytes), n_vals(vals),
@@ -112,9 +112,8 @@ struct HistTable {
                 p.sums.push_back(sums[size_t(e - 1) * n_vals + v].load(std::memory_order_relaxed));
             out.push_back(std::move(p));
         }
-        std::sort(out.begin(), out.end(), [&](const Published &x, const Published &y) {
-            return std::memcmp(x.key, y.key, key_bytes) < 0;
-        });
+        std::sort(out.begin(), out.end(),
+                  [&](const Published &x, const Published &y) { return std::memcmp(x.key, y.key, key_bytes) < 0; });
         size_t kept = 0;
         for (size_t i = 0; i < out.size(); i++) {
             if (kept > 0 && std::memcmp(out[kept - 1].key, out[i].key, key_bytes) == 0) {

@@ -15,22 +15,38 @@ namespace ukp::trace {
 namespace {
 
 // ftrace's trace_entry flag bits (kernel/trace/trace.h).
-constexpr uint8_t kIrqsOff = 0x01, kNeedReschedLazy = 0x02, kNeedResched = 0x04, kHardirq = 0x08,
-                  kSoftirq = 0x10, kPreemptResched = 0x20, kNmi = 0x40, kBhOff = 0x80;
+constexpr uint8_t kIrqsOff = 0x01, kNeedReschedLazy = 0x02, kNeedResched = 0x04, kHardirq = 0x08, kSoftirq = 0x10,
+                  kPreemptResched = 0x20, kNmi = 0x40, kBhOff = 0x80;
 
 // The five latency columns, as trace_print_lat_fmt prints them on 6.18.
 void lat_fmt(uint8_t flags, uint8_t pc, char out[6]) {
     const bool bh_off = flags & kBhOff;
     out[0] = (flags & kIrqsOff) && bh_off ? 'D' : (flags & kIrqsOff) ? 'd' : bh_off ? 'b' : '.';
     switch (flags & (kNeedResched | kNeedReschedLazy | kPreemptResched)) {
-    case kNeedResched | kNeedReschedLazy | kPreemptResched: out[1] = 'B'; break;
-    case kNeedResched | kPreemptResched: out[1] = 'N'; break;
-    case kNeedReschedLazy | kPreemptResched: out[1] = 'L'; break;
-    case kNeedResched | kNeedReschedLazy: out[1] = 'b'; break;
-    case kNeedResched: out[1] = 'n'; break;
-    case kPreemptResched: out[1] = 'p'; break;
-    case kNeedReschedLazy: out[1] = 'l'; break;
-    default: out[1] = '.'; break;
+    case kNeedResched | kNeedReschedLazy | kPreemptResched:
+        out[1] = 'B';
+        break;
+    case kNeedResched | kPreemptResched:
+        out[1] = 'N';
+        break;
+    case kNeedReschedLazy | kPreemptResched:
+        out[1] = 'L';
+        break;
+    case kNeedResched | kNeedReschedLazy:
+        out[1] = 'b';
+        break;
+    case kNeedResched:
+        out[1] = 'n';
+        break;
+    case kPreemptResched:
+        out[1] = 'p';
+        break;
+    case kNeedReschedLazy:
+        out[1] = 'l';
+        break;
+    default:
+        out[1] = '.';
+        break;
     }
     const bool nmi = flags & kNmi, hard = flags & kHardirq, soft = flags & kSoftirq;
     out[2] = nmi && hard ? 'Z' : nmi ? 'z' : hard && soft ? 'H' : hard ? 'h' : soft ? 's' : '.';
@@ -149,8 +165,8 @@ void append_trace_line_prefix(std::string &out, const std::string &comm, int32_t
     out.append(buf, static_cast<size_t>(p - buf));
 }
 
-std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
-                              uint8_t preempt_count, uint64_t ts_ns) {
+std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags, uint8_t preempt_count,
+                              uint64_t ts_ns) {
     std::string out;
     append_trace_line_prefix(out, comm, pid, cpu, flags, preempt_count, ts_ns);
     return out;
@@ -197,8 +213,8 @@ std::string trace_pipe_text_of(const RingView &v, const EventPrinter &print, siz
     return out;
 }
 
-std::string PipeReader::read(const WithView &with_view, const EventPrinter &print, int timeout_ms,
-                             size_t max_bytes, std::string buffer) {
+std::string PipeReader::read(const WithView &with_view, const EventPrinter &print, int timeout_ms, size_t max_bytes,
+                             std::string buffer) {
     std::string out = std::move(buffer);
     out.clear();
     if (max_bytes == 0) return out;

@@ -43,8 +43,8 @@ std::string trace_pipe_text_of(const RingView &, const EventPrinter &, size_t ma
 // thread names it shows).
 std::string trace_text_from(const RingView &v, const std::vector<RingEntry> &, const RingCounts &,
                             const EventPrinter &);
-std::string snapshot_text_from(const RingView &v, bool allocated, const std::vector<RingEntry> &,
-                               const RingCounts &, const EventPrinter &);
+std::string snapshot_text_from(const RingView &v, bool allocated, const std::vector<RingEntry> &, const RingCounts &,
+                               const EventPrinter &);
 
 // One trace_pipe reader: trace_pipe_read's semantics over any view. Not thread-safe.
 class PipeReader {
@@ -54,8 +54,7 @@ public:
     // The lines go into `buffer` (emptied first): one a caller had written out keeps its
     // capacity, and a read of a megabyte neither grows a string step by step nor touches
     // fresh pages.
-    std::string read(const WithView &, const EventPrinter &, int timeout_ms, size_t max_bytes,
-                     std::string buffer = {});
+    std::string read(const WithView &, const EventPrinter &, int timeout_ms, size_t max_bytes, std::string buffer = {});
 
 private:
     std::string left_; // the rest of a line that did not fit the last read
@@ -81,8 +80,8 @@ void append_entry(const RingEntry &, ThreadNames &, const EventPrinter &, std::s
 // "# tracer: nop" ... the column legend, with the entries line.
 std::string trace_header(uint64_t entries, uint64_t written, int cpus);
 // "            TASK-PID     [CPU] FLAGS  SECS.USECS: " for one record.
-std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
-                              uint8_t preempt_count, uint64_t ts_ns);
+std::string trace_line_prefix(const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags, uint8_t preempt_count,
+                              uint64_t ts_ns);
 // The same, appended to `out` (a reader formats a line per record: no snprintf, no string).
 void append_trace_line_prefix(std::string &out, const std::string &comm, int32_t pid, uint32_t cpu, uint8_t flags,
                               uint8_t preempt_count, uint64_t ts_ns);

@@ -19,8 +19,8 @@ EventPrinter counting(const EventPrinter &print) {
     };
 }
 
-std::mutex g_pipe_mu;  // one trace_pipe reader of this process at a time
-PipeReader g_pipe;     // under g_pipe_mu
+std::mutex g_pipe_mu; // one trace_pipe reader of this process at a time
+PipeReader g_pipe;    // under g_pipe_mu
 
 } // namespace
 

@@ -27,8 +27,11 @@ bool to_u64(std::string_view s, uint64_t *out, int base = 0) {
 // kstrtol(s, base 0).
 bool to_s64(std::string_view s, int64_t *out) {
     bool neg = false;
-    if (!s.empty() && s[0] == '-') { neg = true; s.remove_prefix(1); }
-    else if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+    if (!s.empty() && s[0] == '-') {
+        neg = true;
+        s.remove_prefix(1);
+    } else if (!s.empty() && s[0] == '+')
+        s.remove_prefix(1);
     uint64_t v = 0;
     if (!to_u64(s, &v) || (s.size() > 0 && s[0] == '+')) return false;
     if (v > (neg ? uint64_t(INT64_MAX) + 1 : uint64_t(INT64_MAX))) return false;
@@ -66,15 +69,14 @@ std::vector<std::string> split_words(std::string_view line, char separator) {
     return words;
 }
 
-const std::string_view kReservedFields[] = {"common_type", "common_flags", "common_preempt_count",
-                                            "common_pid", "common_tgid", "__probe_ip",
-                                            "__probe_ret_ip", "__probe_func"};
+const std::string_view kReservedFields[] = {"common_type", "common_flags", "common_preempt_count", "common_pid",
+                                            "common_tgid", "__probe_ip",   "__probe_ret_ip",       "__probe_func"};
 
 // An argument's ":TYPE[[N]]" (text after the colon) and where it starts in the word.
 struct TypeText {
     std::string_view text; // the array suffix taken off once parsed
     bool given = false;
-    int pos = 0;           // 0 when not given
+    int pos = 0; // 0 when not given
 };
 
 // FETCHARG[:TYPE[[N]]] split at its colon (an immediate string may hold ':' itself): the
@@ -128,8 +130,8 @@ private:
     int parse_arg(std::string_view arg);
     int parse_vars(std::string_view arg);
     int parse_legacy(std::string_view arg, bool *matched);
-    int parse_memory(std::string_view at);   // @ADDR, @+FOFFS, @SYM[+|-offs]: what follows the '@'
-    int parse_deref(std::string_view arg);   // [u]+|-OFFS(FETCHARG)
+    int parse_memory(std::string_view at);     // @ADDR, @+FOFFS, @SYM[+|-offs]: what follows the '@'
+    int parse_deref(std::string_view arg);     // [u]+|-OFFS(FETCHARG)
     int parse_immediate(std::string_view imm); // \IMM or \"STRING": what follows the backslash
     int entry_arg(uint16_t n, int err_off);
     bool find_type(std::string_view t, ArgType *type, bool *vfs);
@@ -142,11 +144,11 @@ private:
     ProbeDef &def_;
     Resolver &res_;
     ProbeError *err_;
-    bool fentry_;           // the probe is at a function's entry
-    int base_;              // position of this word in the command
-    int offset_ = 0;        // the kernel's ctx->offset, within the word
+    bool fentry_;    // the probe is at a function's entry
+    int base_;       // position of this word in the command
+    int offset_ = 0; // the kernel's ctx->offset, within the word
     std::vector<FetchOp> ops_;
-    std::string data_;      // an immediate string
+    std::string data_; // an immediate string
 };
 
 int ArgParser::entry_arg(uint16_t n, int err_off) {
@@ -303,9 +305,15 @@ int ArgParser::parse_immediate(std::string_view imm) {
     uint64_t v = 0;
     int64_t sv = 0;
     bool ok = false;
-    if (!imm.empty() && std::isdigit(static_cast<unsigned char>(imm[0]))) ok = to_u64(imm, &v);
-    else if (!imm.empty() && imm[0] == '-') { ok = to_s64(imm, &sv); v = uint64_t(sv); }
-    else if (!imm.empty() && imm[0] == '+') { ok = to_s64(imm.substr(1), &sv); v = uint64_t(sv); }
+    if (!imm.empty() && std::isdigit(static_cast<unsigned char>(imm[0])))
+        ok = to_u64(imm, &v);
+    else if (!imm.empty() && imm[0] == '-') {
+        ok = to_s64(imm, &sv);
+        v = uint64_t(sv);
+    } else if (!imm.empty() && imm[0] == '+') {
+        ok = to_s64(imm.substr(1), &sv);
+        v = uint64_t(sv);
+    }
     if (!ok) return fail(Err::BAD_IMM, offset_ + 1);
     return push({Op::kImm, false, 0, static_cast<int64_t>(v)}, offset_);
 }
@@ -319,11 +327,16 @@ bool ArgParser::find_type(std::string_view t, ArgType *type, bool *vfs) {
         return false;
     }
     auto bits_of = [](std::string_view s, uint8_t *size) {
-        if (s == "8") *size = 1;
-        else if (s == "16") *size = 2;
-        else if (s == "32") *size = 4;
-        else if (s == "64") *size = 8;
-        else return false;
+        if (s == "8")
+            *size = 1;
+        else if (s == "16")
+            *size = 2;
+        else if (s == "32")
+            *size = 4;
+        else if (s == "64")
+            *size = 8;
+        else
+            return false;
         return true;
     };
     if (t[0] == 'u' || t[0] == 's' || t[0] == 'x') {
@@ -334,15 +347,27 @@ bool ArgParser::find_type(std::string_view t, ArgType *type, bool *vfs) {
             return bits_of(t.substr(1), &type->size);
         }
     }
-    if (t == "char") { type->kind = Kind::kChar; type->size = 1; return true; }
+    if (t == "char") {
+        type->kind = Kind::kChar;
+        type->size = 1;
+        return true;
+    }
     if (t == "string" || t == "ustring") {
         type->kind = Kind::kString;
         type->size = 4;
         type->user = t[0] == 'u';
         return true;
     }
-    if (t == "symbol") { type->kind = Kind::kSymbol; type->size = 8; return true; }
-    if (t == "symstr") { type->kind = Kind::kSymStr; type->size = 4; return true; }
+    if (t == "symbol") {
+        type->kind = Kind::kSymbol;
+        type->size = 8;
+        return true;
+    }
+    if (t == "symstr") {
+        type->kind = Kind::kSymStr;
+        type->size = 4;
+        return true;
+    }
     if (t[0] == 'b') {
         const size_t slash = t.rfind('/');
         uint64_t c = 0;
@@ -469,8 +494,7 @@ int ArgParser::parse(std::string_view word, int index) {
     if (type.bitfield) {
         if (int r = parse_bitfield(tt.text, tt.pos, &type)) return r;
     }
-    if (type.array_len > 0 && p.store != Store::kMem && p.store != Store::kString &&
-        p.store != Store::kStringArray)
+    if (type.array_len > 0 && p.store != Store::kMem && p.store != Store::kString && p.store != Store::kStringArray)
         return fail(Err::BAD_STRING, tt.pos);
     if (type.array_len > 0 && p.store == Store::kString) {
         // string[N] on an immediate address: N pointers stored there.
@@ -486,7 +510,11 @@ int ArgParser::parse(std::string_view word, int index) {
 
 // Splits "GRP/EVENT" (or "GRP.EVENT"); offset: where it starts in the command.
 int parse_event_name(std::string_view s, ProbeDef *def, bool *named, ProbeError *err, int offset) {
-    auto fail = [&](Err e, int pos) { err->err = e; err->pos = pos; return -EINVAL; };
+    auto fail = [&](Err e, int pos) {
+        err->err = e;
+        err->pos = pos;
+        return -EINVAL;
+    };
     size_t slash = s.find('/');
     if (slash == std::string_view::npos) slash = s.find('.');
     if (slash != std::string_view::npos) {
@@ -499,7 +527,10 @@ int parse_event_name(std::string_view s, ProbeDef *def, bool *named, ProbeError 
         s = s.substr(slash + 1);
     }
     if (s.empty()) {
-        if (slash != std::string_view::npos) { *named = false; return 0; }
+        if (slash != std::string_view::npos) {
+            *named = false;
+            return 0;
+        }
         return fail(Err::NO_EVENT_NAME, offset);
     }
     if (s.size() >= kMaxEventNameLen) return fail(Err::EVENT_TOO_LONG, offset);
@@ -660,9 +691,12 @@ int parse_probe_point(const Words &w, Resolver &resolver, ProbeDef *def, bool *f
     const std::string &a1 = w.argv[1];
     uint64_t addr = 0;
     int r;
-    if (to_u64(a1, &addr) && a1[0] != '+') r = parse_address_point(w, addr, resolver, def, fentry, err);
-    else if (is_file_point(a1)) r = parse_file_point(w, resolver, def, fentry, err);
-    else r = parse_symbol_point(w, resolver, def, fentry, err);
+    if (to_u64(a1, &addr) && a1[0] != '+')
+        r = parse_address_point(w, addr, resolver, def, fentry, err);
+    else if (is_file_point(a1))
+        r = parse_file_point(w, resolver, def, fentry, err);
+    else
+        r = parse_symbol_point(w, resolver, def, fentry, err);
     if (def->is_return) *fentry = false;
     return r;
 }
@@ -730,11 +764,12 @@ std::string ProbeDef::location_text() const {
         return buf;
     case Where::kFile:
         std::snprintf(buf, sizeof buf, ":0x%016" PRIx64, offset);
-        if (ref_ctr_addr != 0) return path + buf + "(0x" + [&] {
-            char r[24];
-            std::snprintf(r, sizeof r, "%" PRIx64, ref_ctr_offset);
-            return std::string(r);
-        }() + ")";
+        if (ref_ctr_addr != 0)
+            return path + buf + "(0x" + [&] {
+                char r[24];
+                std::snprintf(r, sizeof r, "%" PRIx64, ref_ctr_offset);
+                return std::string(r);
+            }() + ")";
         return path + buf;
     case Where::kSymbol:
         break;
@@ -751,8 +786,7 @@ std::string ProbeDef::show() const {
     return s;
 }
 
-int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err,
-                     char separator) {
+int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err, char separator) {
     *def = ProbeDef{};
     Words w;
     split_command(line, separator, &w, &def->command);

@@ -38,8 +38,7 @@ struct Resolver {
     // file mapped), -ERANGE (the offset is not mapped, or not with `perm`). One file
     // offset may be mapped twice (read-only and read-write pages of a segment
     // boundary): perm 'x' or 'w' picks the executable or writable mapping, 0 any.
-    virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr,
-                                    char perm = 0) = 0;
+    virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr, char perm = 0) = 0;
     // Whether addr is the first instruction of a function.
     virtual bool function_entry(uint64_t addr) = 0;
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
@@ -60,21 +59,21 @@ struct ArgDef {
 enum class Where : uint8_t { kSymbol, kAddress, kFile };
 
 struct ProbeDef {
-    bool remove = false;      // "-:[GRP/]EVENT"
+    bool remove = false; // "-:[GRP/]EVENT"
     bool is_return = false;
-    int maxactive = 0;        // r<N>: 0 for the default
+    int maxactive = 0; // r<N>: 0 for the default
     std::string group = kDefaultGroup;
-    std::string event;        // generated when not given
+    std::string event; // generated when not given
     Where where = Where::kSymbol;
-    std::string symbol;       // kSymbol: "sym" or "MOD:sym"
-    uint64_t offset = 0;      // kSymbol: +offs; kFile: the file offset
-    std::string path;         // kFile
+    std::string symbol;          // kSymbol: "sym" or "MOD:sym"
+    uint64_t offset = 0;         // kSymbol: +offs; kFile: the file offset
+    std::string path;            // kFile
     uint64_t ref_ctr_offset = 0; // kFile: PATH:OFFSET(REF), the file offset of an SDT semaphore
     uint64_t ref_ctr_addr = 0;   // its address (0: none)
-    uint64_t addr = 0;        // resolved address of the probe point
+    uint64_t addr = 0;           // resolved address of the probe point
     std::vector<ArgDef> args;
     std::vector<uint16_t> entry_args; // $argN (0-based) a return probe saves at entry
-    std::string command;      // the words joined by single spaces, as error_log shows it
+    std::string command;              // the words joined by single spaces, as error_log shows it
     // The location as the kprobe_events file shows it ("do_sys_open", "f+4", "0x...",
     // "/bin/prog:0x0000000000001139").
     std::string location_text() const;
@@ -85,8 +84,7 @@ struct ProbeDef {
 // Parses one line (no newline, comments already removed). `args` splits the words: the
 // kprobe_events form uses blanks, the process-start form commas. 0, or -EINVAL with
 // *err filled in; -ENOENT for a "-:" of no event is left to the caller (it cannot know).
-int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err,
-                     char separator = ' ');
+int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, ProbeError *err, char separator = ' ');
 
 // Whether a name follows the C identifier rule (the kernel's is_good_name).
 bool is_good_name(std::string_view s);

@@ -19,8 +19,8 @@ namespace {
 const sym::Symbol *symbol_holding(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr) {
     for (const auto &obj : objects) {
         const auto &v = obj->symbols();
-        auto it = std::upper_bound(v.begin(), v.end(), addr,
-                                   [](uint64_t a, const sym::Symbol &s) { return a < s.value; });
+        auto it =
+            std::upper_bound(v.begin(), v.end(), addr, [](uint64_t a, const sym::Symbol &s) { return a < s.value; });
         const sym::Symbol *best = nullptr;
         for (int tries = 0; it != v.begin() && tries < 64; ++tries) {
             --it;
@@ -55,8 +55,7 @@ bool to_u32(std::string_view s, uint32_t *v) {
 
 } // namespace
 
-std::string symbol_text(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr,
-                        bool with_size) {
+std::string symbol_text(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr, bool with_size) {
     const sym::Symbol *s = symbol_holding(objects, addr);
     if (s == nullptr) return {};
     std::string out = s->name;
@@ -116,8 +115,7 @@ void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32
     out += buf;
 }
 
-void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, const Symbolizer &sym,
-                  std::string &out) {
+void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, const Symbolizer &sym, std::string &out) {
     if (size < kCommonSize) return;
     CommonHeader h;
     std::memcpy(&h, rec, sizeof h);
@@ -139,8 +137,10 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
     uint64_t a = 0, b = 0;
     if (size >= kCommonSize + 8) std::memcpy(&a, rec + kCommonSize, 8);
     if (e->is_return && size >= kCommonSize + 16) std::memcpy(&b, rec + kCommonSize + 8, 8);
-    if (e->is_return) out += sym(b, true) + " <- " + sym(a, false);
-    else out += sym(a, true);
+    if (e->is_return)
+        out += sym(b, true) + " <- " + sym(a, false);
+    else
+        out += sym(a, true);
     out += ")";
     const size_t first = e->is_return ? 6 : 5; // after the common and the probe's own fields
     for (size_t i = first; i < e->fields.size(); ++i) {

@@ -24,27 +24,25 @@ inline constexpr uint16_t kStackEventId = 12; // the kernel's TRACE_USER_STACK (
 
 // What printing one event's records takes: a line of the event table.
 struct EventInfo {
-    uint16_t id = 0;              // common_type of its records, its id file
+    uint16_t id = 0; // common_type of its records, its id file
     std::string group, name;
-    bool is_return = false;       // kretprobe: __probe_func, __probe_ret_ip
-    std::vector<Field> fields;    // common fields first, as the format file
-    std::string print_fmt;        // the format file's print fmt line
+    bool is_return = false;    // kretprobe: __probe_func, __probe_ret_ip
+    std::vector<Field> fields; // common fields first, as the format file
+    std::string print_fmt;     // the format file's print fmt line
 };
 
 // The event of a record's common_type, or null when there is none (printed "Unknown event N").
 using EventLookup = std::function<const EventInfo *(uint16_t id)>;
 
 // Prints the event's part of a record's trace line. No newline: the caller adds it.
-void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, const Symbolizer &sym,
-                  std::string &out);
+void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, const Symbolizer &sym, std::string &out);
 // The text of element `index` of field f of a record.
 void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32_t index, const Symbolizer &sym,
                        std::string &out);
 
 // "sym+0xoff/0xsize" (with_size) or "sym" for the symbol holding addr among objects
 // (data symbols too), or "" when none does.
-std::string symbol_text(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr,
-                        bool with_size);
+std::string symbol_text(const std::vector<std::shared_ptr<const sym::Object>> &objects, uint64_t addr, bool with_size);
 
 // symbol_text's answers by address, kept while the objects they came from stay the same:
 // a trace names a few probe addresses over and over, and each lookup searches every

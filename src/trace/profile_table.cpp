@@ -17,7 +17,8 @@ void ProfileTableBuilder::add_event(std::string_view name) {
 }
 
 void ProfileTableBuilder::add_counter(const void *addr, uint16_t size, uint16_t count, uint16_t stride, bool misses) {
-    counters_.push_back(ProfileCounter{reinterpret_cast<uint64_t>(addr), size, count, stride, misses ? uint16_t{1} : uint16_t{0}});
+    counters_.push_back(
+        ProfileCounter{reinterpret_cast<uint64_t>(addr), size, count, stride, misses ? uint16_t{1} : uint16_t{0}});
     ++events_.back().counters;
 }
 
@@ -45,8 +46,8 @@ const ProfileCounter *counters_of(const uint8_t *table, const ProfileTableHeader
 
 // Whether `h` describes a table that fits in its size.
 bool plausible(const ProfileTableHeader &h) {
-    const uint64_t fixed = sizeof h + uint64_t{h.events} * sizeof(ProfileEventEntry) +
-                           uint64_t{h.counters} * sizeof(ProfileCounter);
+    const uint64_t fixed =
+        sizeof h + uint64_t{h.events} * sizeof(ProfileEventEntry) + uint64_t{h.counters} * sizeof(ProfileCounter);
     return h.magic == kProfileMagic && h.total_size <= kProfileMaxSize && fixed <= h.total_size;
 }
 
@@ -60,8 +61,10 @@ void profile_table_zero(const uint8_t *table) {
     for (uint32_t i = 0; i < h.counters; ++i)
         for (uint32_t k = 0; k < c[i].count; ++k) {
             const uint64_t at = c[i].addr + uint64_t{k} * c[i].stride;
-            if (c[i].size == 8) __atomic_store_n(reinterpret_cast<uint64_t *>(at), 0, __ATOMIC_RELAXED);
-            else if (c[i].size == 4) __atomic_store_n(reinterpret_cast<uint32_t *>(at), 0, __ATOMIC_RELAXED);
+            if (c[i].size == 8)
+                __atomic_store_n(reinterpret_cast<uint64_t *>(at), 0, __ATOMIC_RELAXED);
+            else if (c[i].size == 4)
+                __atomic_store_n(reinterpret_cast<uint32_t *>(at), 0, __ATOMIC_RELAXED);
         }
 }
 
@@ -121,7 +124,8 @@ std::string read_profile(const uint8_t *map, size_t size, std::string *why) {
     std::string text;
     for (uint32_t e = 0; e < th.events; ++e) {
         const ProfileEventEntry &ev = events[e];
-        if (uint64_t{ev.name_off} + ev.name_len > names_size || uint64_t{ev.first_counter} + ev.counters > th.counters) {
+        if (uint64_t{ev.name_off} + ev.name_len > names_size ||
+            uint64_t{ev.first_counter} + ev.counters > th.counters) {
             *why = "the process's counter table is not valid";
             return {};
         }
@@ -138,9 +142,10 @@ std::string read_profile(const uint8_t *map, size_t size, std::string *why) {
             const uint8_t *at = map + (c.addr - h.base);
             for (uint32_t k = 0; k < c.count; ++k, at += c.stride) {
                 // A 4-byte counter is a kretprobe's int nmissed: summed as the agent sums it.
-                const uint64_t x = c.size == 4 ? static_cast<uint64_t>(static_cast<int64_t>(__atomic_load_n(
-                                                     reinterpret_cast<const int32_t *>(at), __ATOMIC_RELAXED)))
-                                               : __atomic_load_n(reinterpret_cast<const uint64_t *>(at), __ATOMIC_RELAXED);
+                const uint64_t x = c.size == 4
+                                       ? static_cast<uint64_t>(static_cast<int64_t>(
+                                             __atomic_load_n(reinterpret_cast<const int32_t *>(at), __ATOMIC_RELAXED)))
+                                       : __atomic_load_n(reinterpret_cast<const uint64_t *>(at), __ATOMIC_RELAXED);
                 sums[c.misses != 0 ? 1 : 0] += x;
             }
         }

@@ -23,10 +23,10 @@ namespace ukp::trace {
 
 // The common fields every record starts with (ftrace's struct trace_entry).
 struct CommonHeader {
-    uint16_t type;          // the event's id (its `id` file)
-    uint8_t flags;          // ftrace's irqs-off/need-resched/... bits: always 0 in user space
-    uint8_t preempt_count;  // always 0 in user space
-    int32_t pid;            // the thread id of the thread that hit the probe
+    uint16_t type;         // the event's id (its `id` file)
+    uint8_t flags;         // ftrace's irqs-off/need-resched/... bits: always 0 in user space
+    uint8_t preempt_count; // always 0 in user space
+    int32_t pid;           // the thread id of the thread that hit the probe
 };
 static_assert(sizeof(CommonHeader) == 8);
 inline constexpr uint32_t kCommonSize = sizeof(CommonHeader);
@@ -50,15 +50,15 @@ enum class Print : uint8_t {
 
 // One field of a record, as the `format` file describes it.
 struct Field {
-    std::string name;          // as in the format file and in filters ("arg1", "__probe_ip")
-    std::string c_type;        // as the format file prints the type ("u64", "s32",
-                               // "__data_loc char[]", "unsigned long", "int")
-    uint32_t offset = 0;       // from the start of the record
-    uint32_t size = 0;         // of one element in bytes (4 for a __data_loc word)
+    std::string name;    // as in the format file and in filters ("arg1", "__probe_ip")
+    std::string c_type;  // as the format file prints the type ("u64", "s32",
+                         // "__data_loc char[]", "unsigned long", "int")
+    uint32_t offset = 0; // from the start of the record
+    uint32_t size = 0;   // of one element in bytes (4 for a __data_loc word)
     bool is_signed = false;
     Print print = Print::kHex;
-    uint32_t array_len = 0;    // 0 for a scalar; N for an array of N elements of `size` bytes
-    bool common = false;       // one of the common fields (printed before the blank line)
+    uint32_t array_len = 0; // 0 for a scalar; N for an array of N elements of `size` bytes
+    bool common = false;    // one of the common fields (printed before the blank line)
 };
 
 // Address -> symbol text: "name" or, with_offset, "name+0x1a/0x40" (hist's .sym and
@@ -74,17 +74,32 @@ std::vector<Field> common_fields();
 inline uint64_t load_integer(const uint8_t *rec, const Field &f, uint32_t index = 0) {
     const uint8_t *p = rec + f.offset + index * f.size;
     switch (f.size) {
-    case 1: { uint8_t v; std::memcpy(&v, p, 1); return f.is_signed ? uint64_t(int64_t(int8_t(v))) : v; }
-    case 2: { uint16_t v; std::memcpy(&v, p, 2); return f.is_signed ? uint64_t(int64_t(int16_t(v))) : v; }
-    case 4: { uint32_t v; std::memcpy(&v, p, 4); return f.is_signed ? uint64_t(int64_t(int32_t(v))) : v; }
-    default: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+    case 1: {
+        uint8_t v;
+        std::memcpy(&v, p, 1);
+        return f.is_signed ? uint64_t(int64_t(int8_t(v))) : v;
+    }
+    case 2: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return f.is_signed ? uint64_t(int64_t(int16_t(v))) : v;
+    }
+    case 4: {
+        uint32_t v;
+        std::memcpy(&v, p, 4);
+        return f.is_signed ? uint64_t(int64_t(int32_t(v))) : v;
+    }
+    default: {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+    }
     }
 }
 
 // The string a __data_loc field (element `index`) points to, or null when the word
 // points outside the record of `size` bytes. *len receives its length without the NUL.
-inline const char *load_string(const uint8_t *rec, uint32_t size, const Field &f, uint32_t *len,
-                               uint32_t index = 0) {
+inline const char *load_string(const uint8_t *rec, uint32_t size, const Field &f, uint32_t *len, uint32_t index = 0) {
     uint32_t loc;
     std::memcpy(&loc, rec + f.offset + index * 4, 4);
     const uint32_t off = loc & 0xffff, n = loc >> 16;

@@ -49,12 +49,10 @@ struct Region {
     platform::HeldFd fd; // its memfd, for readers in other processes
     uint8_t *base = nullptr;
     size_t size = 0;
-    uint64_t cap = 0;  // data bytes per buffer
+    uint64_t cap = 0; // data bytes per buffer
     uint32_t gen = 0;
     RingHeader *hdr() const { return reinterpret_cast<RingHeader *>(base); }
-    BufferHeader *buffer(uint32_t i) const {
-        return reinterpret_cast<BufferHeader *>(base + hdr()->header_size) + i;
-    }
+    BufferHeader *buffer(uint32_t i) const { return reinterpret_cast<BufferHeader *>(base + hdr()->header_size) + i; }
     uint8_t *data(uint32_t i) const { return base + hdr()->data_offset + i * hdr()->buffer_stride; }
     RingView view() const { return RingView{base, size}; }
     // Per buffer, its owner's tid word (tid_word()), 0 while the buffer is free or being
@@ -63,36 +61,36 @@ struct Region {
     std::unique_ptr<std::atomic<uint64_t>[]> tid_words;
 };
 
-std::mutex g_mu;                    // control operations and in-process readers
+std::mutex g_mu; // control operations and in-process readers
 std::atomic<Region *> g_main{nullptr};
 std::atomic<Region *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
-std::atomic<bool> g_swap_busy{false}; // held while main and snapshot change places (also from a hit)
-uint64_t g_kb = kDefaultKb;         // under g_mu
-uint32_t g_buffers = kDefaultBuffers;   // under g_mu
+std::atomic<bool> g_swap_busy{false};  // held while main and snapshot change places (also from a hit)
+uint64_t g_kb = kDefaultKb;            // under g_mu
+uint32_t g_buffers = kDefaultBuffers;  // under g_mu
 std::atomic<uint32_t> g_gen{0};
 std::atomic<const uint8_t *> g_profile{nullptr}; // the kprobe_profile counter table
 pthread_key_t g_exit_key;
-bool g_key_made = false;            // under g_mu
-bool g_atfork_done = false;         // under g_mu
+bool g_key_made = false;    // under g_mu
+bool g_atfork_done = false; // under g_mu
 
 // Per-thread writer state (initial-exec TLS: no allocation on first use).
 struct Writer {
-    BufferHeader *buffer;      // this thread's buffer in the ring of generation `gen`
+    BufferHeader *buffer; // this thread's buffer in the ring of generation `gen`
     uint8_t *data;
     uint64_t cap;
     uint32_t gen;
-    RingHeader *hdr;       // the ring's header
-    bool tsc;              // the ring's clock is the TSC
-    bool busy;             // between reserve and commit: a nested reserve is refused
-    bool hooked;           // the thread-exit destructor is registered
-    bool exited;           // past the thread-exit destructor: no buffer claimed any more
-    bool comm_pending;     // the buffer's comm is this thread's: its first commit names it
-    RecordHeader *pend;    // the reserved record
-    uint64_t pend_pos;     // its position
-    uint64_t pend_off;     // its offset in the data area
-    uint32_t pend_size;    // bytes reserved for it
-    uint64_t head_off;     // buffer->head % cap, kept here to spare a division per record
-                           // (head is written by this thread only)
+    RingHeader *hdr;    // the ring's header
+    bool tsc;           // the ring's clock is the TSC
+    bool busy;          // between reserve and commit: a nested reserve is refused
+    bool hooked;        // the thread-exit destructor is registered
+    bool exited;        // past the thread-exit destructor: no buffer claimed any more
+    bool comm_pending;  // the buffer's comm is this thread's: its first commit names it
+    RecordHeader *pend; // the reserved record
+    uint64_t pend_pos;  // its position
+    uint64_t pend_off;  // its offset in the data area
+    uint32_t pend_size; // bytes reserved for it
+    uint64_t head_off;  // buffer->head % cap, kept here to spare a division per record
+                        // (head is written by this thread only)
 };
 thread_local Writer t_w __attribute__((tls_model("initial-exec")));
 
@@ -142,8 +140,8 @@ void clock_pair(uint64_t *tsc, uint64_t *mono) {
 // ---- TSC to CLOCK_MONOTONIC (RingHeader::segments) ----
 
 constexpr uint64_t kFirstSpacingNs = 10'000'000; // the first segment's length
-constexpr uint64_t kLeadNs = 1'000'000;           // a new segment starts this far ahead
-constexpr uint64_t kMaxSlewPpm = 100;             // steering back never exceeds this rate
+constexpr uint64_t kLeadNs = 1'000'000;          // a new segment starts this far ahead
+constexpr uint64_t kMaxSlewPpm = 100;            // steering back never exceeds this rate
 
 // The best TSC rate this process has measured (ns per tick times 2^32): a new ring's
 // first segment starts with it.
@@ -383,9 +381,10 @@ void after_fork_child() {
     for (Region *parents : {r, snap}) {
         if (parents == nullptr) continue;
         if (parents->fd.in_program_table()) {
-            struct stat st{};
+            struct stat st {};
             const long fd = parents->fd.number();
-            if (raw_syscall(SYS_fstat, fd, reinterpret_cast<long>(&st)) == 0 && parents->fd.same_file(st.st_dev, st.st_ino))
+            if (raw_syscall(SYS_fstat, fd, reinterpret_cast<long>(&st)) == 0 &&
+                parents->fd.same_file(st.st_dev, st.st_ino))
                 raw_syscall(SYS_close, fd);
         }
         parents->fd.forget();
@@ -492,8 +491,10 @@ namespace {
 // record): refused, counted as lost. Null.
 __attribute__((noinline, cold)) uint8_t *refuse_nested(const Writer &w) {
     Region *r = g_main.load(std::memory_order_acquire);
-    if (w.buffer != nullptr && r != nullptr && w.gen == r->gen) count_drop(w.buffer);
-    else if (r != nullptr) r->hdr()->lost_no_buffer.fetch_add(1, std::memory_order_relaxed);
+    if (w.buffer != nullptr && r != nullptr && w.gen == r->gen)
+        count_drop(w.buffer);
+    else if (r != nullptr)
+        r->hdr()->lost_no_buffer.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
 }
 

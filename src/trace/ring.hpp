@@ -114,73 +114,73 @@ inline uint64_t clock_convert(const ClockSegment &s, uint64_t raw) {
 
 // A thread's name, saved when it exits (the reader's saved_cmdlines).
 struct CommEntry {
-    std::atomic<int32_t> tid;  // 0 while being written
-    char comm[16];             // NUL-terminated
+    std::atomic<int32_t> tid; // 0 while being written
+    char comm[16];            // NUL-terminated
 };
 
 // At offset 0 of the memfd.
 struct RingHeader {
-    uint64_t magic;              // kRingMagic
-    uint32_t version;            // kRingVersion
-    uint32_t header_size;        // sizeof(RingHeader), rounded up: where BufferHeader 0 is
-    uint32_t buffer_count;         // number of per-thread buffers
-    uint32_t buffer_header_size;   // sizeof(BufferHeader): from one BufferHeader to the next
-    uint64_t buffer_stride;        // bytes from one buffer's data to the next's
-    uint64_t data_size;          // bytes of records a buffer holds (a multiple of 8)
-    int32_t pid;                 // the traced process (for /proc/PID/task/TID/comm)
-    uint32_t generation;         // distinct per ring of this process
-    std::atomic<uint64_t> lost_no_buffer;  // records refused: every buffer in use, or the thread exiting
-    uint64_t lost_no_slot_base;          // reader-owned: lost_no_buffer at the last clear
+    uint64_t magic;                          // kRingMagic
+    uint32_t version;                        // kRingVersion
+    uint32_t header_size;                    // sizeof(RingHeader), rounded up: where BufferHeader 0 is
+    uint32_t buffer_count;                   // number of per-thread buffers
+    uint32_t buffer_header_size;             // sizeof(BufferHeader): from one BufferHeader to the next
+    uint64_t buffer_stride;                  // bytes from one buffer's data to the next's
+    uint64_t data_size;                      // bytes of records a buffer holds (a multiple of 8)
+    int32_t pid;                             // the traced process (for /proc/PID/task/TID/comm)
+    uint32_t generation;                     // distinct per ring of this process
+    std::atomic<uint64_t> lost_no_buffer;    // records refused: every buffer in use, or the thread exiting
+    uint64_t lost_no_slot_base;              // reader-owned: lost_no_buffer at the last clear
     std::atomic<uint64_t> lost_no_slot_seen; // consumers: lost_no_buffer as last reported (a LOST line)
-    std::atomic<uint32_t> comm_next;     // next CommEntry to fill (mod kCommEntries)
-    uint32_t clock;              // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
+    std::atomic<uint32_t> comm_next;         // next CommEntry to fill (mod kCommEntries)
+    uint32_t clock;                          // what RecordHeader::ts counts: kClockMonotonicNs or kClockTsc
     CommEntry comms[kCommEntries];
     // kClockTsc: the conversion, a table of segments. segments[0] starts at a (TSC,
     // CLOCK_MONOTONIC) pair taken when the ring was made; a writer (or reader) whose
     // TSC passes clock_next adds one, at spacings that double, measuring the rate since
     // segments[0] and steering back towards CLOCK_MONOTONIC without a jump.
-    std::atomic<uint32_t> clock_count;   // segments published
-    std::atomic<uint32_t> clock_busy;    // 1 while someone adds one (try-lock: never waited on)
-    std::atomic<uint64_t> clock_next;    // TSC at which the next segment is due (~0: table full)
-    uint64_t clock_mono0;                // CLOCK_MONOTONIC at segments[0].tsc0, as measured
+    std::atomic<uint32_t> clock_count; // segments published
+    std::atomic<uint32_t> clock_busy;  // 1 while someone adds one (try-lock: never waited on)
+    std::atomic<uint64_t> clock_next;  // TSC at which the next segment is due (~0: table full)
+    uint64_t clock_mono0;              // CLOCK_MONOTONIC at segments[0].tsc0, as measured
     ClockSegment segments[kClockSegments];
     // Where the process keeps its kprobe_profile counter table (profile_table.hpp): its
     // address there, 0 when none. Readers take the counts from the counters' own memfd
     // (counters.hpp), which outlives the process; this stays for debuggers.
     std::atomic<uint64_t> profile_addr;
-    uint64_t data_offset;        // where buffer 0's data begins (page-aligned)
+    uint64_t data_offset; // where buffer 0's data begins (page-aligned)
 };
 
 // One per-thread buffer. Positions are byte counts since the buffer was created; a
 // position p lives at data offset p % data_size. Records never wrap: a pad record fills
 // the end of the data area when the next record does not fit.
 struct alignas(64) BufferHeader {
-    std::atomic<uint32_t> owner;        // 0 free, else the tid of the thread that claimed it
-                                        // (CAS; 1 where the agent could not learn tids)
-    std::atomic<int32_t> tid;           // common_pid of the last committed record
-    std::atomic<uint32_t> busy;         // 1 between reserve and commit (writer-owned)
+    std::atomic<uint32_t> owner; // 0 free, else the tid of the thread that claimed it
+                                 // (CAS; 1 where the agent could not learn tids)
+    std::atomic<int32_t> tid;    // common_pid of the last committed record
+    std::atomic<uint32_t> busy;  // 1 between reserve and commit (writer-owned)
     uint32_t reserved0;
-    std::atomic<uint64_t> head;         // end of the last committed record (writer-owned)
-    std::atomic<uint64_t> reserve_end;  // end of the room being written: data at positions
-                                        // below reserve_end - data_size may be overwritten
-    std::atomic<uint64_t> overrun;      // records overwritten (evicted) by the writer
-    std::atomic<uint64_t> dropped;      // records refused (nested, too large)
+    std::atomic<uint64_t> head;            // end of the last committed record (writer-owned)
+    std::atomic<uint64_t> reserve_end;     // end of the room being written: data at positions
+                                           // below reserve_end - data_size may be overwritten
+    std::atomic<uint64_t> overrun;         // records overwritten (evicted) by the writer
+    std::atomic<uint64_t> dropped;         // records refused (nested, too large)
     std::atomic<uint32_t> dropped_pending; // refused since the last commit: goes into the
-                                        // next record's dropped_before
+                                           // next record's dropped_before
     uint32_t reserved1;
     alignas(64) std::atomic<uint64_t> tail; // oldest unconsumed record: moved by the writer
-                                        // (eviction) and by a consuming reader (CAS)
-    alignas(64) uint64_t overrun_base;  // reader-owned: overrun at the last clear
-    uint64_t dropped_base;              // reader-owned: dropped at the last clear
-    uint64_t overrun_seen;              // reader-owned: overruns trace_pipe reported (readers
-                                        // in several processes raise it with a CAS)
+                                            // (eviction) and by a consuming reader (CAS)
+    alignas(64) uint64_t overrun_base;      // reader-owned: overrun at the last clear
+    uint64_t dropped_base;                  // reader-owned: dropped at the last clear
+    uint64_t overrun_seen;                  // reader-owned: overruns trace_pipe reported (readers
+                                            // in several processes raise it with a CAS)
     // The owning thread's name, written when it claims the buffer (its first record in
     // this ring: the name ring_reserve was given) and again when the process exits
     // normally: the reader's name for a thread gone from /proc without its exit handler
     // (a process that exited or was killed, a thread ended by a raw exit). Zero in a
     // ring of an older agent.
-    std::atomic<int32_t> comm_tid;      // whose name comm holds; 0 while it is written
-    char comm[16];                      // NUL-terminated
+    std::atomic<int32_t> comm_tid; // whose name comm holds; 0 while it is written
+    char comm[16];                 // NUL-terminated
 };
 static_assert(sizeof(BufferHeader) == 192, "the layout readers of version 2 and later expect");
 
@@ -192,7 +192,7 @@ struct RecordHeader {
     uint16_t cpu;            // the CPU at the hit, from the thread's rseq area (platform::this_cpu)
     uint32_t dropped_before; // records this thread lost just before this one
     uint32_t reserved;
-    uint64_t ts;             // RingHeader::clock: CLOCK_MONOTONIC ns, or TSC ticks
+    uint64_t ts; // RingHeader::clock: CLOCK_MONOTONIC ns, or TSC ticks
 };
 static_assert(sizeof(RecordHeader) == 24);
 // A record's timestamp in CLOCK_MONOTONIC ns (ring_collect and ring_consume convert).
@@ -233,7 +233,7 @@ void close_adopted_program_fds();
 
 // One record copied out of a buffer.
 struct RingEntry {
-    uint64_t ts = 0;          // CLOCK_MONOTONIC, nanoseconds
+    uint64_t ts = 0; // CLOCK_MONOTONIC, nanoseconds
     uint32_t cpu = 0;
     uint32_t buffer = 0;
     uint64_t lost_before = 0; // events lost just before this one in its buffer
@@ -241,10 +241,10 @@ struct RingEntry {
 };
 
 struct RingCounts {
-    uint64_t entries = 0;   // records in the buffers (entries-in-buffer)
-    uint64_t written = 0;   // entries + overwritten + lost since the last clear
-    uint64_t overrun = 0;   // overwritten since the last clear
-    uint64_t lost = 0;      // refused since the last clear (nesting, size, no buffer)
+    uint64_t entries = 0; // records in the buffers (entries-in-buffer)
+    uint64_t written = 0; // entries + overwritten + lost since the last clear
+    uint64_t overrun = 0; // overwritten since the last clear
+    uint64_t lost = 0;    // refused since the last clear (nesting, size, no buffer)
 };
 
 // Every valid record of the view in timestamp order, without consuming them. A record
@@ -273,8 +273,8 @@ public:
 
 private:
     struct Head {
-        uint64_t ts;              // the record's raw timestamp
-        uint64_t pos;             // its position in the buffer
+        uint64_t ts;  // the record's raw timestamp
+        uint64_t pos; // its position in the buffer
         uint32_t buffer;
         RecordHeader rh;
         std::vector<uint8_t> rec; // a copy of it
@@ -292,10 +292,10 @@ private:
 // CAS on tail instead of a heap step per record.
 struct RingBatch {
     struct Record {
-        RecordHeader header;  // ts raw (ring_time_ns converts), cpu, size
-        uint32_t offset;      // of the record (common_type first) in bytes
-        uint64_t lost_before; // overwritten and refused records just before it
-    };                        // (header.kind 0: no record, a loss alone)
+        RecordHeader header;    // ts raw (ring_time_ns converts), cpu, size
+        uint32_t offset;        // of the record (common_type first) in bytes
+        uint64_t lost_before;   // overwritten and refused records just before it
+    };                          // (header.kind 0: no record, a loss alone)
     std::vector<uint8_t> bytes; // the buffer's bytes, copied (at its start; it may be longer)
     std::vector<Record> records;
 };
@@ -321,13 +321,15 @@ void ring_clear_view(const RingView &v);
 
 // Runs fn with the views of the main and snapshot buffers while they cannot be
 // replaced (in-process readers).
-template <typename Fn> void with_ring_views(Fn &&fn);
+template <typename Fn>
+void with_ring_views(Fn &&fn);
 void ring_lock_views();
 void ring_unlock_views();
 RingView ring_main_view();     // only between ring_lock_views and ring_unlock_views
 RingView ring_snapshot_view(); // idem; empty when no snapshot is allocated
 
-template <typename Fn> void with_ring_views(Fn &&fn) {
+template <typename Fn>
+void with_ring_views(Fn &&fn) {
     ring_lock_views();
     fn(ring_main_view(), ring_snapshot_view());
     ring_unlock_views();

@@ -122,12 +122,12 @@ bool peek_slot(const RingView &v, uint32_t i, RecordHeader *rh, std::vector<uint
         if (t == head || head - t > cap) return false;
         const uint8_t *at = v.data(i) + t % cap;
         std::memcpy(rh, at, std::min<uint64_t>(kRecHdr, cap - t % cap));
-        if (rh->kind == kRecordKind && rh->len >= kRecHdr && rh->size <= rh->len - kRecHdr &&
-            t % cap + rh->len <= cap)
+        if (rh->kind == kRecordKind && rh->len >= kRecHdr && rh->size <= rh->len - kRecHdr && t % cap + rh->len <= cap)
             rec->assign(at + kRecHdr, at + kRecHdr + rh->size);
         std::atomic_thread_fence(std::memory_order_acquire);
         const uint64_t re = s->reserve_end.load(std::memory_order_acquire);
-        if ((re > cap && t < re - cap) || !sane(*rh, t, head) || t % cap + rh->len > cap) continue; // overwritten meanwhile
+        if ((re > cap && t < re - cap) || !sane(*rh, t, head) || t % cap + rh->len > cap)
+            continue; // overwritten meanwhile
         if (rh->kind == kPadKind) {
             s->tail.compare_exchange_strong(t, t + rh->len, std::memory_order_acq_rel);
             continue;
@@ -189,7 +189,8 @@ bool ring_consume_batch(const RingView &v, uint32_t buffer, size_t max_bytes, Ri
             std::memcpy(&rh, out->bytes.data() + (p - t), std::min<uint64_t>(kRecHdr, end - p));
             if (!sane(rh, p, head) || p + rh.len > end) break;
             if (rh.kind == kRecordKind) // pads are consumed with the records
-                out->records.push_back(RingBatch::Record{rh, static_cast<uint32_t>(p - t + kRecHdr), rh.dropped_before});
+                out->records.push_back(
+                    RingBatch::Record{rh, static_cast<uint32_t>(p - t + kRecHdr), rh.dropped_before});
             p += rh.len;
         }
         if (p == from) return false; // not one whole record: a writer mid-way; later
@@ -199,7 +200,7 @@ bool ring_consume_batch(const RingView &v, uint32_t buffer, size_t max_bytes, Ri
         bool taken = false;
         while (expected >= from && expected < p)
             if ((taken = s->tail.compare_exchange_strong(expected, p, std::memory_order_acq_rel))) break;
-        if (!taken) continue; // all of it gone meanwhile: again
+        if (!taken) continue;  // all of it gone meanwhile: again
         if (expected > from) { // the records before it are not this consumer's
             const auto first = std::find_if(out->records.begin(), out->records.end(), [&](const RingBatch::Record &r) {
                 return t + r.offset - kRecHdr >= expected;
@@ -207,8 +208,11 @@ bool ring_consume_batch(const RingView &v, uint32_t buffer, size_t max_bytes, Ri
             out->records.erase(out->records.begin(), first);
         }
         if (const uint64_t reported = claim_overruns(s, overrun); reported != 0) {
-            if (!out->records.empty()) out->records.front().lost_before += reported;
-            else out->records.push_back(RingBatch::Record{RecordHeader{}, 0, reported}); // pads only: kind 0, a loss alone
+            if (!out->records.empty())
+                out->records.front().lost_before += reported;
+            else
+                out->records.push_back(
+                    RingBatch::Record{RecordHeader{}, 0, reported}); // pads only: kind 0, a loss alone
         }
         return true;
     }

@@ -72,13 +72,13 @@ int fail(FilterError *err, int rc, const char *msg, int pos) {
 } // namespace
 
 struct Trigger {
-    const Command *cmd = nullptr;         // its command's entry in kCommands
-    Kind kind;                            // cmd->kind, where fire() reads it
-    std::atomic<long> count{-1};          // remaining hits that act; -1: unlimited
-    std::unique_ptr<Filter> filter;       // null: every hit (hist keeps its own)
-    std::string system, event;            // enable_event/disable_event target
-    std::atomic<bool> *flag = nullptr;    // the target's enable flag
-    std::unique_ptr<HistTrigger> hist;    // kHist
+    const Command *cmd = nullptr;      // its command's entry in kCommands
+    Kind kind;                         // cmd->kind, where fire() reads it
+    std::atomic<long> count{-1};       // remaining hits that act; -1: unlimited
+    std::unique_ptr<Filter> filter;    // null: every hit (hist keeps its own)
+    std::string system, event;         // enable_event/disable_event target
+    std::atomic<bool> *flag = nullptr; // the target's enable flag
+    std::unique_ptr<HistTrigger> hist; // kHist
     TriggerHost *host = nullptr;
 
     // Takes one from the count; false when it is used up.
@@ -169,8 +169,10 @@ int register_hist(Trigger *t, Trigger *same, std::vector<Trigger *> &items, int 
     HistTrigger &h = *t->hist;
     if (same) {
         HistTrigger &old = *same->hist;
-        if (h.pause_flag()) old.set_paused(true);
-        else if (h.cont_flag()) old.set_paused(false);
+        if (h.pause_flag())
+            old.set_paused(true);
+        else if (h.cont_flag())
+            old.set_paused(false);
         if (h.clear_flag()) old.clear();
         if (!h.pause_flag() && !h.cont_flag() && !h.clear_flag())
             return fail(err, -EEXIST, "Hist trigger already exists", pos);
@@ -216,8 +218,8 @@ constexpr Command kCommands[] = {
      print_counted},
     {"stacktrace", Kind::kStacktrace, 1, false, parse_count_param, same_type, register_trigger, unregister_trigger,
      print_counted},
-    {"enable_event", Kind::kEnableEvent, 3, true, parse_event_param, same_target, register_trigger,
-     unregister_trigger, print_event_target},
+    {"enable_event", Kind::kEnableEvent, 3, true, parse_event_param, same_target, register_trigger, unregister_trigger,
+     print_event_target},
     {"disable_event", Kind::kDisableEvent, 3, true, parse_event_param, same_target, register_trigger,
      unregister_trigger, print_event_target},
     {"hist", Kind::kHist, 4, true, parse_hist_param, same_hist, register_hist, unregister_trigger, print_hist},
@@ -229,9 +231,9 @@ constexpr Command kCommands[] = {
 // written (for the caret of an error).
 struct TriggerLine {
     const Command *cmd = nullptr;
-    bool remove = false;        // "!COMMAND"
-    int cmd_pos = 0;            // where the command's name starts
-    std::string_view rest;      // what follows the command and its separator
+    bool remove = false;   // "!COMMAND"
+    int cmd_pos = 0;       // where the command's name starts
+    std::string_view rest; // what follows the command and its separator
     int rest_pos = 0;
     std::string_view param, filter; // rest taken apart: the parameter, and "if FILTER"
     int filter_pos = 0;
@@ -246,7 +248,10 @@ int split_command(std::string_view text, TriggerLine *l, FilterError *err) {
     int base = int(lead); // offset of s in text, for error positions
     if (s.empty()) return fail(err, -EINVAL, "Empty trigger", 0);
     l->remove = s[0] == '!';
-    if (l->remove) { s.remove_prefix(1); base++; }
+    if (l->remove) {
+        s.remove_prefix(1);
+        base++;
+    }
 
     size_t cmd_end = 0;
     while (cmd_end < s.size() && s[cmd_end] != ':' && !is_space(s[cmd_end])) cmd_end++;
@@ -282,8 +287,7 @@ int split_param(TriggerLine *l, FilterError *err) {
             l->filter_pos = l->rest_pos + int(f);
         }
     }
-    if (l->cmd->param_required && l->param.empty())
-        return fail(err, -EINVAL, "Missing trigger parameter", l->rest_pos);
+    if (l->cmd->param_required && l->param.empty()) return fail(err, -EINVAL, "Missing trigger parameter", l->rest_pos);
     return 0;
 }
 
@@ -317,8 +321,7 @@ void TriggerSet::set_symbolizer(Symbolizer sym) {
     sym_ = std::move(sym);
 }
 
-int TriggerSet::write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host,
-                      FilterError *err) {
+int TriggerSet::write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host, FilterError *err) {
     TriggerLine l;
     if (int r = split_command(text, &l, err)) return r;
     if (int r = split_param(&l, err)) return r;
@@ -419,7 +422,8 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
             if (t->take()) t->flag->store(on, std::memory_order_release);
             break;
         }
-        case Kind::kHist: break;
+        case Kind::kHist:
+            break;
         }
     }
 }

@@ -40,7 +40,7 @@ struct TriggerHost {
     virtual void record_stacktrace(const struct pt_regs &regs) = 0;
 };
 
-struct Trigger;   // one installed trigger, defined in trigger.cpp
+struct Trigger;     // one installed trigger, defined in trigger.cpp
 struct TriggerList; // an immutable published list, defined in trigger.cpp
 
 // The triggers of one event: what its `trigger` file holds, and its hist tables.
@@ -54,8 +54,7 @@ public:
     // "traceon[:N] [if FILTER]", "!traceon", "hist:keys=...", ... as the kernel's trigger
     // file takes them; 0, or -EINVAL (-ENOENT, -EEXIST as the kernel) with *err (message
     // and position) on a bad one.
-    int write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host,
-              FilterError *err);
+    int write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host, FilterError *err);
     std::string text() const;      // the trigger file's content
     std::string hist_text() const; // the hist file's content (the kernel's format)
     // Hit path, after the record is written: runs every trigger whose filter matches.
@@ -70,11 +69,11 @@ private:
     // the new list: 0, or a negative errno with *err (pos: where the command starts).
     int install(std::unique_ptr<Trigger> t, bool remove, int pos, FilterError *err);
 
-    mutable std::mutex mu_;                        // serializes writers and readers of text
-    std::atomic<const TriggerList *> cur_{nullptr}; // what fire() runs; null when empty
-    std::vector<std::unique_ptr<Trigger>> triggers_; // installed and retired, never freed early
+    mutable std::mutex mu_;                           // serializes writers and readers of text
+    std::atomic<const TriggerList *> cur_{nullptr};   // what fire() runs; null when empty
+    std::vector<std::unique_ptr<Trigger>> triggers_;  // installed and retired, never freed early
     std::vector<std::unique_ptr<TriggerList>> lists_; // published and retired lists
-    Symbolizer sym_;                                // for .sym keys; empty prints hex
+    Symbolizer sym_;                                  // for .sym keys; empty prints hex
 };
 
 } // namespace ukp::trace

@@ -72,8 +72,10 @@ Result run_shell(const std::string &script, int timeout_seconds) {
             pollfd p{pipefd[0], POLLIN, 0};
             if (poll(&p, 1, 100) > 0) {
                 const ssize_t n = read(pipefd[0], buf, sizeof buf);
-                if (n > 0) r.output.append(buf, static_cast<size_t>(n));
-                else eof = true;
+                if (n > 0)
+                    r.output.append(buf, static_cast<size_t>(n));
+                else
+                    eof = true;
                 continue;
             }
         } else {
@@ -118,10 +120,9 @@ public:
         ASSERT_NE(mkdtemp(tmpl), nullptr);
         const std::string tmp = tmpl;
         chmod(tmp.c_str(), 0755); // targets may run as another user
-        const std::string env = std::string("UKPROBE='") + UKP_UKPROBE + "'; TARGETS='" + UKP_TARGETS +
-                                "'; E2E_TMP='" + tmp + "'; E2E_DIR='" + UKP_E2E_DIR +
-                                "'; export UKPROBE TARGETS E2E_TMP E2E_DIR; . '" + UKP_E2E_DIR +
-                                "/lib.sh'\n";
+        const std::string env = std::string("UKPROBE='") + UKP_UKPROBE + "'; TARGETS='" + UKP_TARGETS + "'; E2E_TMP='" +
+                                tmp + "'; E2E_DIR='" + UKP_E2E_DIR + "'; export UKPROBE TARGETS E2E_TMP E2E_DIR; . '" +
+                                UKP_E2E_DIR + "/lib.sh'\n";
         if (!r_.requires_.empty()) {
             const Result req = run_shell(env + r_.requires_, 10);
             if (req.status != 0) {
@@ -146,7 +147,8 @@ public:
             EXPECT_NE(std::find(lines.begin(), lines.end(), e), lines.end()) << "no output line is: " << e;
         for (const std::string &e : r_.expect_regex) {
             const std::regex re(e);
-            EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [&](const std::string &l) { return std::regex_search(l, re); }))
+            EXPECT_TRUE(
+                std::any_of(lines.begin(), lines.end(), [&](const std::string &l) { return std::regex_search(l, re); }))
                 << "no output line matches: " << e;
         }
         // Every target still running: its code must be what its files say.
@@ -154,10 +156,10 @@ public:
         pid_t pid;
         while (pids >> pid) {
             if (!alive(pid)) continue;
-            const Result v = run_shell(env + "$UKPROBE attach " + std::to_string(pid) + " && $UKPROBE -p " +
-                                           std::to_string(pid) + " verify && $UKPROBE -p " + std::to_string(pid) +
-                                           " detach",
-                                       10);
+            const Result v =
+                run_shell(env + "$UKPROBE attach " + std::to_string(pid) + " && $UKPROBE -p " + std::to_string(pid) +
+                              " verify && $UKPROBE -p " + std::to_string(pid) + " detach",
+                          10);
             EXPECT_EQ(v.status, 0) << "after the test, ukprobe verify of process " << pid << ":\n" << v.output;
             kill(pid, SIGKILL);
         }
@@ -176,15 +178,18 @@ std::vector<Record> parse(const std::string &path) {
     Record cur;
     int lineno = 0;
     auto flush = [&] {
-        if (!cur.name.empty()) out.push_back(cur);
-        else if (!cur.run.empty()) throw std::runtime_error(path + ":" + std::to_string(cur.line) + ": record without NAME");
+        if (!cur.name.empty())
+            out.push_back(cur);
+        else if (!cur.run.empty())
+            throw std::runtime_error(path + ":" + std::to_string(cur.line) + ": record without NAME");
         cur = Record{};
         last_key.clear();
     };
     while (std::getline(in, line)) {
         ++lineno;
         if (!line.empty() && (line[0] == ' ' || line[0] == '\t')) {
-            if (last_key != "RUN") throw std::runtime_error(path + ":" + std::to_string(lineno) + ": continuation line not after RUN");
+            if (last_key != "RUN")
+                throw std::runtime_error(path + ":" + std::to_string(lineno) + ": continuation line not after RUN");
             cur.run += "\n" + line;
             continue;
         }
@@ -205,14 +210,20 @@ std::vector<Record> parse(const std::string &path) {
             cur.name = value;
             cur.file = path;
             cur.line = lineno;
-        } else if (key == "RUN") cur.run = value;
-        else if (key == "EXPECT") cur.expect.push_back(value);
-        else if (key == "EXPECT_REGEX") cur.expect_regex.push_back(value);
+        } else if (key == "RUN")
+            cur.run = value;
+        else if (key == "EXPECT")
+            cur.expect.push_back(value);
+        else if (key == "EXPECT_REGEX")
+            cur.expect_regex.push_back(value);
         else if (key == "REQUIRES") // several lines: all must hold
             cur.requires_ = cur.requires_.empty() ? value : "{ " + cur.requires_ + "; } && { " + value + "; }";
-        else if (key == "WILL_FAIL") cur.will_fail = true;
-        else if (key == "TIMEOUT") cur.timeout = std::atoi(value.c_str());
-        else throw std::runtime_error(where + ": unknown key " + key);
+        else if (key == "WILL_FAIL")
+            cur.will_fail = true;
+        else if (key == "TIMEOUT")
+            cur.timeout = std::atoi(value.c_str());
+        else
+            throw std::runtime_error(where + ": unknown key " + key);
     }
     flush();
     return out;
@@ -225,7 +236,8 @@ int main(int argc, char **argv) {
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     std::vector<std::string> files;
     for (const auto &e : std::filesystem::directory_iterator(UKP_E2E_DIR))
-        if (e.path().extension() == ".txt" && e.path().filename() != "CMakeLists.txt") files.push_back(e.path().string());
+        if (e.path().extension() == ".txt" && e.path().filename() != "CMakeLists.txt")
+            files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
     for (const std::string &f : files) {
         std::vector<Record> records;

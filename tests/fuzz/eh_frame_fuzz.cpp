@@ -18,18 +18,19 @@
 
 namespace {
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            std::fprintf(stderr, "eh_frame_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            std::abort();                                                             \
-        }                                                                             \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            std::fprintf(stderr, "eh_frame_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond);                             \
+            std::abort();                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 constexpr uint64_t kBase = 0x5555'0000'4000;
 constexpr uint64_t kSentinel = 0xdead'beef'dead'beef;
 
-template <class T> T load(const uint8_t *p) {
+template <class T>
+T load(const uint8_t *p) {
     T v;
     std::memcpy(&v, p, sizeof(v));
     return v;

@@ -23,12 +23,12 @@ namespace {
 
 using namespace ukp::arch;
 
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            std::fprintf(stderr, "region_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            std::abort();                                                           \
-        }                                                                           \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            std::fprintf(stderr, "region_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond);                               \
+            std::abort();                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 constexpr uint64_t kStart = 0x5555'0000'1000;
@@ -137,7 +137,8 @@ void check_verdict(const FunctionMap &f, uint64_t addr, const std::vector<uint64
         CHECK(!refs->value_in(f.start, fn_end));
         for (const IndirectJump &ij : f.indirect_jumps) {
             CHECK(ij.resolved || ij.whole_pointer);
-            for (uint64_t w : ij.walked) CHECK(w >= f.start && w < fn_end && !refs->reached_from_outside(w, f.start, fn_end));
+            for (uint64_t w : ij.walked)
+                CHECK(w >= f.start && w < fn_end && !refs->reached_from_outside(w, f.start, fn_end));
         }
     }
 }

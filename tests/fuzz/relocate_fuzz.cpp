@@ -46,7 +46,7 @@ using ukp::fuzz::RunSpec;
 // starts at 0x600000000000, libraries sit at 0x7f...): +-2 GiB around it is free.
 constexpr uint64_t kOrigBase = 0x2000'0000'0000;
 constexpr uint64_t kFarDistance = 0x100'0000'0000; // 1 TiB
-constexpr uint64_t kDataBase = 0x3000'0000;         // 4 pages: what registers point to
+constexpr uint64_t kDataBase = 0x3000'0000;        // 4 pages: what registers point to
 constexpr size_t kDataPages = 4;
 constexpr uint64_t kStackBase = kDataBase + 0x2c00; // rsp = this + [0, 0x400)
 constexpr size_t kInputSize = 418;
@@ -108,11 +108,11 @@ bool safe_to_run(const Insn &in) {
         break;
     }
     switch (zi.mnemonic) {
-    case ZYDIS_MNEMONIC_CPUID:  // per-CPU answers (APIC id)
+    case ZYDIS_MNEMONIC_CPUID: // per-CPU answers (APIC id)
     case ZYDIS_MNEMONIC_RDTSC:
     case ZYDIS_MNEMONIC_RDTSCP:
     case ZYDIS_MNEMONIC_RDPMC:
-    case ZYDIS_MNEMONIC_POPF:   // could set TF/AC: a trap or fault after the next instruction
+    case ZYDIS_MNEMONIC_POPF: // could set TF/AC: a trap or fault after the next instruction
     case ZYDIS_MNEMONIC_POPFD:
     case ZYDIS_MNEMONIC_POPFQ:
     case ZYDIS_MNEMONIC_FXSAVE: // store the last x87 instruction pointer
@@ -259,7 +259,9 @@ int naive_copy(const Insn &insn, uint64_t dest, Exit exit, uint8_t *out, int *tr
 
 // A run's result, for the report.
 void print_result(const char *name, const RunResult &r) {
-    std::fprintf(stderr, "  %s: kind %d wait 0x%x sig %d code %d addr 0x%" PRIx64 " rip 0x%" PRIx64 " trapno %" PRIu64 " err 0x%" PRIx64 "\n",
+    std::fprintf(stderr,
+                 "  %s: kind %d wait 0x%x sig %d code %d addr 0x%" PRIx64 " rip 0x%" PRIx64 " trapno %" PRIu64
+                 " err 0x%" PRIx64 "\n",
                  name, r.kind, r.wait_status, r.sig, r.code, r.addr, r.gregs[REG_RIP], r.gregs[REG_TRAPNO],
                  r.gregs[REG_ERR]);
 }
@@ -290,8 +292,8 @@ bool undo_copy_regs(const Case &c, const RunResult &k, const FaultUndo &u, uint6
     return true;
 }
 
-const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint64_t dest, int copy_len,
-                    int trap_offset, const FaultUndos &undo, char *buf, size_t cap) {
+const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint64_t dest, int copy_len, int trap_offset,
+                    const FaultUndos &undo, char *buf, size_t cap) {
     if (o.kind != k.kind) return "the runs ended differently (signal/timeout/killed)";
     if (o.kind != RunResult::kSignal) {
         return o.wait_status == k.wait_status ? nullptr : "the children's exit status differs";
@@ -352,14 +354,13 @@ const char *compare(const Case &c, const RunResult &o, const RunResult &k, uint6
             // A relocated indirect call pushes the return address before it reads its
             // target, so when that read faults the copy has written the slot the call
             // would have (no program keeps data there across a call; rsp is put back).
-            if (orig_faulted_in_insn && c.insn.flow == Flow::kIndirectCall && a >= c.lay.rsp0 - 8 &&
-                a < c.lay.rsp0) {
+            if (orig_faulted_in_insn && c.insn.flow == Flow::kIndirectCall && a >= c.lay.rsp0 - 8 && a < c.lay.rsp0) {
                 continue;
             }
             // In copy runs the original instruction's bytes are int3s.
             if (a >= c.lay.orig && a < c.lay.orig + c.insn.len) continue;
-            std::snprintf(buf, cap, "memory differs at 0x%" PRIx64 " (rsp0 0x%" PRIx64 "): %02x vs %02x", a,
-                          c.lay.rsp0, o.mem[i][b], k.mem[i][b]);
+            std::snprintf(buf, cap, "memory differs at 0x%" PRIx64 " (rsp0 0x%" PRIx64 "): %02x vs %02x", a, c.lay.rsp0,
+                          o.mem[i][b], k.mem[i][b]);
             return buf;
         }
     }
@@ -426,10 +427,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const uint64_t v = load64(val + 8 * r);
         uint64_t x;
         switch (sel[r] & 3) {
-        case 0: x = kDataBase + v % (kDataPages * kPageSize); break;
-        case 1: x = v; break;
-        case 2: x = static_cast<uint64_t>(static_cast<int64_t>(static_cast<int8_t>(v))); break;
-        default: x = kOrigBase - kPageSize + v % (3 * kPageSize); break; // into the int3s
+        case 0:
+            x = kDataBase + v % (kDataPages * kPageSize);
+            break;
+        case 1:
+            x = v;
+            break;
+        case 2:
+            x = static_cast<uint64_t>(static_cast<int64_t>(static_cast<int8_t>(v)));
+            break;
+        default:
+            x = kOrigBase - kPageSize + v % (3 * kPageSize);
+            break; // into the int3s
         }
         c.cpu.gpr[r] = sanitize_value(c, x);
     }
@@ -442,8 +451,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::memcpy(c.cpu.xmm, in + 162, sizeof(c.cpu.xmm));
     // Memory: the tail of the input at rsp, then no value that would make runs differ.
     if (size > kInputSize) {
-        const size_t n = std::min({size - kInputSize, kMaxStackBytes,
-                                   static_cast<size_t>(kDataBase + kDataPages * kPageSize - c.lay.rsp0)});
+        const size_t n = std::min(
+            {size - kInputSize, kMaxStackBytes, static_cast<size_t>(kDataBase + kDataPages * kPageSize - c.lay.rsp0)});
         for (size_t i = 0; i < n; ++i) {
             const uint64_t a = c.lay.rsp0 + i;
             for (Page &p : c.lay.pages) {
@@ -565,8 +574,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *diff =
             compare(c, ro, rk, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, k.undo, buf, sizeof(buf));
         const uint64_t krip = rk.gregs[REG_RIP];
-        const bool ran_into_orig = rk.kind == RunResult::kSignal && rk.gregs[REG_TRAPNO] == 3 &&
-                                   krip > c.lay.orig && krip <= c.lay.orig + insn.len;
+        const bool ran_into_orig = rk.kind == RunResult::kSignal && rk.gregs[REG_TRAPNO] == 3 && krip > c.lay.orig &&
+                                   krip <= c.lay.orig + insn.len;
         if (diff != nullptr && int3s_at_orig && !ran_into_orig) {
             // Memory operands (rep movs from a register, say) may read the original's
             // bytes: a difference that goes away with them in place is no finding.
@@ -577,8 +586,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             write_orig(int3s);
             if (!ok) return 0;
             if (again.kind == RunResult::kTimeout || again.kind == RunResult::kSetupFailed) continue;
-            diff = compare(c, ro, again, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, k.undo, buf,
-                           sizeof(buf));
+            diff =
+                compare(c, ro, again, k.dest, k.n, exit == Exit::kTrap ? k.trap_offset : -1, k.undo, buf, sizeof(buf));
             if (diff == nullptr) continue;
         }
         if (diff != nullptr) {

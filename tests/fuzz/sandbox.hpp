@@ -16,11 +16,10 @@ constexpr int kMaxPages = 16;
 struct CpuState {
     uint8_t xmm[16][16]; // xmm0..15 (the rest of the vector/x87 state starts in init state)
     uint64_t rflags;
-    uint64_t gpr[16];    // rax rcx rdx rbx rsp rbp rsi rdi r8..r15 (hardware numbering)
+    uint64_t gpr[16]; // rax rcx rdx rbx rsp rbp rsi rdi r8..r15 (hardware numbering)
     uint64_t rip;
 };
-static_assert(offsetof(CpuState, rflags) == 256 && offsetof(CpuState, gpr) == 264 &&
-              offsetof(CpuState, rip) == 392);
+static_assert(offsetof(CpuState, rflags) == 256 && offsetof(CpuState, gpr) == 264 && offsetof(CpuState, rip) == 392);
 
 // One page mapped at a fixed address in the child.
 struct PageSpec {

@@ -18,12 +18,12 @@
 
 namespace {
 
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            std::fprintf(stderr, "trace_filter_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            std::abort();                                                                   \
-        }                                                                                   \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            std::fprintf(stderr, "trace_filter_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond);                         \
+            std::abort();                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 } // namespace
@@ -33,8 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nul = static_cast<const uint8_t *>(std::memchr(data, 0, size));
     const size_t text_len = nul != nullptr ? static_cast<size_t>(nul - data) : size;
     const std::string text(reinterpret_cast<const char *>(data), text_len);
-    const std::vector<uint8_t> rec =
-        ukp::fuzz::make_record(data + text_len, nul != nullptr ? size - text_len : 0);
+    const std::vector<uint8_t> rec = ukp::fuzz::make_record(data + text_len, nul != nullptr ? size - text_len : 0);
     static const std::vector<Field> fields = ukp::fuzz::probe_fields();
 
     FilterError err;

@@ -18,12 +18,12 @@
 
 namespace {
 
-#define CHECK(cond)                                                                        \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            std::fprintf(stderr, "trace_parse_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            std::abort();                                                                  \
-        }                                                                                  \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            std::fprintf(stderr, "trace_parse_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond);                          \
+            std::abort();                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 uint64_t fnv(std::string_view s) {
@@ -62,7 +62,7 @@ struct AnyResolver : ukp::trace::Resolver {
         return 0;
     }
     int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr, char perm) override {
-        if (perm == 'w' && offset < 0x1000) return -ERANGE; // the first page: code only
+        if (perm == 'w' && offset < 0x1000) return -ERANGE;          // the first page: code only
         if (!plausible_name(path) || path[0] != '/') return -ENOENT; // as /proc/PID/maps names them
         if (offset >= 0x100000) return -ERANGE;
         *addr = 0x500000 + offset;
@@ -99,8 +99,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ProbeError err2;
     if (parse_definition(shown, resolver, &again, &err2) != 0) {
         std::fprintf(stderr, "trace_parse_fuzz: \"%.*s\" shows as \"%s\", which is rejected: %s at %d\n",
-                     static_cast<int>(line.size()), line.data(), shown.c_str(),
-                     std::string(error_id(err2.err)).c_str(), err2.pos);
+                     static_cast<int>(line.size()), line.data(), shown.c_str(), std::string(error_id(err2.err)).c_str(),
+                     err2.pos);
         std::abort();
     }
     if (again.show() != shown) {

@@ -22,12 +22,12 @@
 
 namespace {
 
-#define CHECK(cond)                                                                          \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            std::fprintf(stderr, "trace_trigger_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            std::abort();                                                                    \
-        }                                                                                    \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            std::fprintf(stderr, "trace_trigger_fuzz: %s:%d: %s\n", __FILE__, __LINE__, #cond);                        \
+            std::abort();                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 struct Host : ukp::trace::TriggerHost {

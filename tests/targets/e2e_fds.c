@@ -68,8 +68,10 @@ int main(int argc, char **argv) {
     const char *dir = NULL;
     int fill = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--wait") == 0 && i + 1 < argc) dir = argv[++i];
-        else if (strcmp(argv[i], "--fill") == 0) fill = 1;
+        if (strcmp(argv[i], "--wait") == 0 && i + 1 < argc)
+            dir = argv[++i];
+        else if (strcmp(argv[i], "--fill") == 0)
+            fill = 1;
     }
     work(2);
     list("start");

@@ -54,7 +54,7 @@ static int child(const char *mode, const char *file) {
 
 int main(int argc, char **argv) {
     const int known = argc >= 2 && (strcmp(argv[1], "kill") == 0 || strcmp(argv[1], "killboth") == 0 ||
-                                     (strcmp(argv[1], "wait") == 0 && argc >= 3));
+                                    (strcmp(argv[1], "wait") == 0 && argc >= 3));
     if (!known) {
         fprintf(stderr, "usage: e2e_fork_child kill | killboth | wait FILE\n");
         return 2;

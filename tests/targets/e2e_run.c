@@ -23,7 +23,8 @@ static int agent_loaded(void) {
     FILE *maps = fopen("/proc/self/maps", "r");
     char line[512];
     int found = 0;
-    while (maps != NULL && !found && fgets(line, sizeof line, maps) != NULL) found = strstr(line, "libukprobes") != NULL;
+    while (maps != NULL && !found && fgets(line, sizeof line, maps) != NULL)
+        found = strstr(line, "libukprobes") != NULL;
     if (maps != NULL) fclose(maps);
     return found;
 }

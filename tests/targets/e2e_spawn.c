@@ -60,8 +60,10 @@ int main(int argc, char **argv) {
     }
     printf("started %d, failed %d", 3 * n, failed);
     if (failed > 0) {
-        if (WIFSIGNALED(first)) printf(" (the first killed by signal %d)", WTERMSIG(first));
-        else printf(" (the first with status 0x%x)", first);
+        if (WIFSIGNALED(first))
+            printf(" (the first killed by signal %d)", WTERMSIG(first));
+        else
+            printf(" (the first with status 0x%x)", first);
     }
     printf("\n");
     if (rt) {

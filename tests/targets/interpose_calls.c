@@ -38,7 +38,7 @@ extern void __longjmp_chk(struct __jmp_buf_tag *, int) __attribute__((noreturn))
 #define SA_RESTORER 0x04000000
 #endif
 
-static int g_sentinel;    // errno before every call of the current pass
+static int g_sentinel; // errno before every call of the current pass
 static int g_managed_exact;
 
 static void report(const char *call, long ret) {
@@ -46,11 +46,11 @@ static void report(const char *call, long ret) {
     printf("%s [errno=%d before]: ret=%ld errno=%d\n", call, g_sentinel, ret, err);
 }
 
-#define CASE(call)                                                                         \
-    do {                                                                                   \
-        errno = g_sentinel;                                                                \
-        const long ret_ = (long)(call);                                                    \
-        report(#call, ret_);                                                               \
+#define CASE(call)                                                                                                     \
+    do {                                                                                                               \
+        errno = g_sentinel;                                                                                            \
+        const long ret_ = (long)(call);                                                                                \
+        report(#call, ret_);                                                                                           \
     } while (0)
 
 static void h1(int sig) { (void)sig; }
@@ -66,13 +66,12 @@ static const char *handler_name(__sighandler_t h) {
     return "other";
 }
 
-#define CASE_HANDLER(call)                                                                 \
-    do {                                                                                   \
-        errno = g_sentinel;                                                                \
-        const __sighandler_t h_ = (call);                                                  \
-        const int err_ = errno;                                                            \
-        printf("%s [errno=%d before]: ret=%s errno=%d\n", #call, g_sentinel,              \
-               handler_name(h_), err_);                                                    \
+#define CASE_HANDLER(call)                                                                                             \
+    do {                                                                                                               \
+        errno = g_sentinel;                                                                                            \
+        const __sighandler_t h_ = (call);                                                                              \
+        const int err_ = errno;                                                                                        \
+        printf("%s [errno=%d before]: ret=%s errno=%d\n", #call, g_sentinel, handler_name(h_), err_);                  \
     } while (0)
 
 // The agent never blocks these, and strips them from every sa_mask it installs.
@@ -89,8 +88,8 @@ static void print_mask(const char *what, const sigset_t *set, int with_agent_sig
 
 static void print_action(const char *what, const struct sigaction *sa, int with_agent_signals) {
     const char *handler = sa->sa_sigaction == h3 ? "h3" : handler_name(sa->sa_handler);
-    printf("  %s: handler=%s flags=%#x restorer=%s\n", what, handler,
-           (unsigned)sa->sa_flags, sa->sa_restorer != NULL ? "set" : "null");
+    printf("  %s: handler=%s flags=%#x restorer=%s\n", what, handler, (unsigned)sa->sa_flags,
+           sa->sa_restorer != NULL ? "set" : "null");
     print_mask("sa_mask", &sa->sa_mask, with_agent_signals);
 }
 
@@ -325,8 +324,8 @@ static void altstack_cases(void) {
     sigemptyset(&onstack.sa_mask);
     sigaction(SIGUSR2, &onstack, NULL);
     raise(SIGUSR2);
-    printf("sigaltstack(&other, NULL) on the alternate stack [errno=%d before]: ret=%ld errno=%ld\n",
-           g_sentinel, g_nested_ret, g_nested_errno);
+    printf("sigaltstack(&other, NULL) on the alternate stack [errno=%d before]: ret=%ld errno=%ld\n", g_sentinel,
+           g_nested_ret, g_nested_errno);
     signal(SIGUSR2, SIG_DFL);
     ss = (stack_t){.ss_flags = SS_DISABLE};
     CASE(sigaltstack(&ss, &old));
@@ -447,7 +446,10 @@ static void fork_dlopen_cases(void) {
 }
 
 static volatile sig_atomic_t g_usr1_seen;
-static void on_usr1(int sig) { (void)sig; g_usr1_seen = 1; }
+static void on_usr1(int sig) {
+    (void)sig;
+    g_usr1_seen = 1;
+}
 
 // The calls that install a mask while they wait, and the BSD mask calls: results, errno,
 // and the mask in force afterwards (theirs is temporary). A pending SIGUSR1 ends each wait.

@@ -95,8 +95,8 @@ long drive_global_rw(long seed) {
 
 // String literals: a table of pointers to them, a lea of RIP for another, a strlen call.
 SWEEP_FN unsigned long string_hash(long x) {
-    static const char *const words[] = {"kprobe", "int3", "single-step", "out-of-line",
-                                        "boost", "red zone", "jump table"};
+    static const char *const words[] = {"kprobe", "int3",     "single-step", "out-of-line",
+                                        "boost",  "red zone", "jump table"};
     const char *s = words[static_cast<unsigned long>(x) % 7];
     unsigned long h = 1469598103934665603ul;
     for (const char *p = s; *p != '\0'; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ul;
@@ -113,21 +113,36 @@ long drive_string_hash(long seed) {
 // Dense enough for a jump table at every level.
 SWEEP_FN long switch_table(int op, long a) {
     switch (op) {
-    case 0: return a + 1;
-    case 1: return a * 3;
-    case 2: return a - 17;
-    case 3: return a ^ 0x5a5a;
-    case 4: return a << 3;
-    case 5: return a >> 2;
-    case 6: return -a;
-    case 7: return a * a;
-    case 8: return a | 0x100;
-    case 9: return a & 0xff0;
-    case 10: return a % 13;
-    case 11: return a / 5;
-    case 12: return ~a;
-    case 13: return a + op * 1000;
-    default: return 424242;
+    case 0:
+        return a + 1;
+    case 1:
+        return a * 3;
+    case 2:
+        return a - 17;
+    case 3:
+        return a ^ 0x5a5a;
+    case 4:
+        return a << 3;
+    case 5:
+        return a >> 2;
+    case 6:
+        return -a;
+    case 7:
+        return a * a;
+    case 8:
+        return a | 0x100;
+    case 9:
+        return a & 0xff0;
+    case 10:
+        return a % 13;
+    case 11:
+        return a / 5;
+    case 12:
+        return ~a;
+    case 13:
+        return a + op * 1000;
+    default:
+        return 424242;
     }
 }
 
@@ -244,9 +259,7 @@ struct Pair {
     long lo, hi;
 };
 
-SWEEP_FN Pair pair_divmod(Pair p, long d) {
-    return Pair{p.lo / d + p.hi, p.lo % d - p.hi};
-}
+SWEEP_FN Pair pair_divmod(Pair p, long d) { return Pair{p.lo / d + p.hi, p.lo % d - p.hi}; }
 
 long drive_pair_divmod(long seed) {
     const Pair a = pair_divmod(Pair{seed * 1001, seed}, 7);
@@ -308,9 +321,9 @@ SWEEP_FN long alloca_str(int n) {
 long drive_alloca_str(long seed) { return alloca_str(static_cast<int>(seed) * 4 + 1) * 100 + alloca_str(0); }
 
 // More arguments than registers, of both kinds: integers and doubles on the stack.
-SWEEP_FN long many_args(long a, long b, long c, long d, long e, long f, long g, long h, int i, short j,
-                        double d0, double d1, double d2, double d3, double d4, double d5, double d6,
-                        double d7, double d8, float d9) {
+SWEEP_FN long many_args(long a, long b, long c, long d, long e, long f, long g, long h, int i, short j, double d0,
+                        double d1, double d2, double d3, double d4, double d5, double d6, double d7, double d8,
+                        float d9) {
     const double fs = d0 + d1 * 2 + d2 * 3 + d3 * 4 + d4 * 5 + d5 * 6 + d6 * 7 + d7 * 8 + d8 * 9 + d9 * 10;
     return a - b * 2 + c * 3 - d * 4 + e * 5 - f * 6 + g * 7 - h * 8 + i * 9 - j * 10 + static_cast<long>(fs * 8);
 }
@@ -445,9 +458,7 @@ SWEEP_FN long minmax(long a, long b, long c) {
     return hi * 1000 + lo * 10 + cmp + (c == lo);
 }
 
-long drive_minmax(long seed) {
-    return minmax(seed, -seed, 3) * 7 + minmax(5, seed * 2, seed) * 3 + minmax(1, 1, 1);
-}
+long drive_minmax(long seed) { return minmax(seed, -seed, 3) * 7 + minmax(5, seed * 2, seed) * 3 + minmax(1, 1, 1); }
 
 // A large struct returned by value and zero-initialized locals: rep stos / rep movs at -Os.
 struct Big {
@@ -473,18 +484,19 @@ long drive_big_struct(long seed) {
 
 // ---- the table ------------------------------------------------------------------------
 
-#define SWEEP_ENTRY(f) {#f, reinterpret_cast<void *>(&f), &drive_##f}
+#define SWEEP_ENTRY(f)                                                                                                 \
+    { #f, reinterpret_cast < void *>(&f), &drive_##f }
 
 const ukpt_sweep_fn kTable[] = {
-    SWEEP_ENTRY(global_rw),     SWEEP_ENTRY(string_hash),   SWEEP_ENTRY(switch_table),
-    SWEEP_ENTRY(fib),           SWEEP_ENTRY(collatz),       SWEEP_ENTRY(add3),
-    SWEEP_ENTRY(mul5),          SWEEP_ENTRY(apply_n),       SWEEP_ENTRY(call_hook),
-    SWEEP_ENTRY(tail_hook),     SWEEP_ENTRY(tail_dispatch), SWEEP_ENTRY(fp_mix),
-    SWEEP_ENTRY(vec_cross),     SWEEP_ENTRY(pair_divmod),   SWEEP_ENTRY(byte_copy),
-    SWEEP_ENTRY(byte_fill),     SWEEP_ENTRY(vla_sum),       SWEEP_ENTRY(alloca_str),
-    SWEEP_ENTRY(many_args),     SWEEP_ENTRY(popcount_loop), SWEEP_ENTRY(bit_tricks),
+    SWEEP_ENTRY(global_rw),     SWEEP_ENTRY(string_hash),      SWEEP_ENTRY(switch_table),
+    SWEEP_ENTRY(fib),           SWEEP_ENTRY(collatz),          SWEEP_ENTRY(add3),
+    SWEEP_ENTRY(mul5),          SWEEP_ENTRY(apply_n),          SWEEP_ENTRY(call_hook),
+    SWEEP_ENTRY(tail_hook),     SWEEP_ENTRY(tail_dispatch),    SWEEP_ENTRY(fp_mix),
+    SWEEP_ENTRY(vec_cross),     SWEEP_ENTRY(pair_divmod),      SWEEP_ENTRY(byte_copy),
+    SWEEP_ENTRY(byte_fill),     SWEEP_ENTRY(vla_sum),          SWEEP_ENTRY(alloca_str),
+    SWEEP_ENTRY(many_args),     SWEEP_ENTRY(popcount_loop),    SWEEP_ENTRY(bit_tricks),
     SWEEP_ENTRY(virtual_area),  SWEEP_ENTRY(via_std_function), SWEEP_ENTRY(div64),
-    SWEEP_ENTRY(red_zone_leaf), SWEEP_ENTRY(insertion_sort), SWEEP_ENTRY(minmax),
+    SWEEP_ENTRY(red_zone_leaf), SWEEP_ENTRY(insertion_sort),   SWEEP_ENTRY(minmax),
     SWEEP_ENTRY(big_struct),
 };
 

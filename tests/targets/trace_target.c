@@ -4,8 +4,7 @@ struct ttarget_rec ttarget_second = {
     7, 0x01, 1, 0x1111, 99, "beta", {"b1", "b2", "b3"}, {'a', 'b', 'c', 'd'}, 0,
 };
 struct ttarget_rec ttarget_first = {
-    -5, 0xb5, 200, 0xbeef, -1234567890123LL, "alpha", {"one", "two", "three"},
-    {'w', 'x', 'y', 'z'}, &ttarget_second,
+    -5, 0xb5, 200, 0xbeef, -1234567890123LL, "alpha", {"one", "two", "three"}, {'w', 'x', 'y', 'z'}, &ttarget_second,
 };
 const char ttarget_greeting[] = "hello";
 long ttarget_counter = 4242;
@@ -17,14 +16,13 @@ __attribute__((noinline, used)) long ttarget_triple(long x) {
     return x * 3;
 }
 
-__attribute__((noinline, used)) long ttarget_eight(long a1, long a2, long a3, long a4, long a5, long a6,
-                                                   long a7, long a8) {
+__attribute__((noinline, used)) long ttarget_eight(long a1, long a2, long a3, long a4, long a5, long a6, long a7,
+                                                   long a8) {
     __asm__ volatile("" ::: "memory");
     return a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8;
 }
 
-__attribute__((noinline, used)) long ttarget_record(struct ttarget_rec *r, const char *s, int c,
-                                                    unsigned long u) {
+__attribute__((noinline, used)) long ttarget_record(struct ttarget_rec *r, const char *s, int c, unsigned long u) {
     __asm__ volatile("" ::: "memory");
     return r->neg + (s != 0) + c + (long)u;
 }

@@ -9,21 +9,21 @@ extern "C" {
 #endif
 
 struct ttarget_rec {
-    int32_t neg;            /* -5 */
-    uint8_t flags;          /* 0xb5: bits 2..4 hold 5 */
-    uint8_t small;          /* 200 */
-    uint16_t word;          /* 0xbeef */
-    int64_t big;            /* -1234567890123 */
-    const char *name;       /* "alpha" */
-    const char *names[3];   /* "one", "two", "three" */
-    char letters[4];        /* "wxyz" (no NUL) */
+    int32_t neg;              /* -5 */
+    uint8_t flags;            /* 0xb5: bits 2..4 hold 5 */
+    uint8_t small;            /* 200 */
+    uint16_t word;            /* 0xbeef */
+    int64_t big;              /* -1234567890123 */
+    const char *name;         /* "alpha" */
+    const char *names[3];     /* "one", "two", "three" */
+    char letters[4];          /* "wxyz" (no NUL) */
     struct ttarget_rec *next; /* points to ttarget_second */
 };
 
 extern struct ttarget_rec ttarget_first;
 extern struct ttarget_rec ttarget_second;
-extern const char ttarget_greeting[]; /* "hello" */
-extern long ttarget_counter;          /* 4242 */
+extern const char ttarget_greeting[];    /* "hello" */
+extern long ttarget_counter;             /* 4242 */
 extern unsigned short ttarget_semaphore; /* an SDT-style semaphore: 0 until a tracer attaches */
 
 /* Returns its argument times 3. */

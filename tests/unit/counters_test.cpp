@@ -19,7 +19,7 @@ struct Mapped {
     const uint8_t *base = nullptr;
     size_t size = 0;
     explicit Mapped(int fd) {
-        struct stat st{};
+        struct stat st {};
         if (fd < 0 || fstat(fd, &st) != 0) return;
         void *p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
         close(fd);
@@ -32,7 +32,9 @@ struct Mapped {
     }
     const CountersHeader *hdr() const { return reinterpret_cast<const CountersHeader *>(base); }
     // The address `p` of this process, as the reader's mapping shows it.
-    const uint8_t *at(const void *p) const { return base + (static_cast<const uint8_t *>(p) - reinterpret_cast<const uint8_t *>(hdr()->base)); }
+    const uint8_t *at(const void *p) const {
+        return base + (static_cast<const uint8_t *>(p) - reinterpret_cast<const uint8_t *>(hdr()->base));
+    }
 };
 
 bool inside(const Mapped &m, const void *p) {

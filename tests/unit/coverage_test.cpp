@@ -31,7 +31,7 @@
 namespace {
 
 std::atomic<long> g_hits{0};
-kprobe *g_first = nullptr;               // the probes' array, to count hits per probe
+kprobe *g_first = nullptr; // the probes' array, to count hits per probe
 std::atomic<long> *g_per_probe = nullptr;
 int count_pre(kprobe *p, pt_regs *) {
     g_hits.fetch_add(1, std::memory_order_relaxed);
@@ -84,8 +84,8 @@ std::vector<NewEntry> newly_covered(const std::string &file) {
 std::string workload() {
     std::string r;
     char buf[512];
-    std::snprintf(buf, sizeof buf, "%d %5.2f %s %x %lu %e %-8s| %c %p", 42, 3.14159, "str", 0xbeef, 123456789ul,
-                  1e-7, "left", 'z', static_cast<void *>(nullptr));
+    std::snprintf(buf, sizeof buf, "%d %5.2f %s %x %lu %e %-8s| %c %p", 42, 3.14159, "str", 0xbeef, 123456789ul, 1e-7,
+                  "left", 'z', static_cast<void *>(nullptr));
     r += buf;
     std::vector<int> v{5, 3, 9, 1, 7, 2, 8};
     std::qsort(v.data(), v.size(), sizeof(int), [](const void *a, const void *b) {
@@ -171,8 +171,10 @@ TEST(coverage, NewlyCoveredLibraryEntriesOptimizedBehaveTheSame) {
         kps[i].addr = reinterpret_cast<kprobe_opcode_t *>(entries[i].addr);
         kps[i].pre_handler = count_pre;
         // The blacklist refuses some (the agent's own dependencies): those are skipped.
-        if (register_kprobe(&kps[i]) == 0) ++registered;
-        else kps[i].addr = nullptr;
+        if (register_kprobe(&kps[i]) == 0)
+            ++registered;
+        else
+            kps[i].addr = nullptr;
     }
     ukp_optimizer_flush();
     for (size_t i = 0; i < entries.size(); ++i) {

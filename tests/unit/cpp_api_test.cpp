@@ -29,13 +29,14 @@ TEST(CppApi, LambdasSeeAndChangeRegisters) {
     std::atomic<int> pre{0}, post{0};
     {
         auto probe = ukp::Kprobe::at("ns::scaled", {
-            .pre = [&](pt_regs &regs) {
-                ++pre;
-                regs.si = 10; // second argument
-                return 0;
-            },
-            .post = [&](pt_regs &) { ++post; },
-        });
+                                                       .pre =
+                                                           [&](pt_regs &regs) {
+                                                               ++pre;
+                                                               regs.si = 10; // second argument
+                                                               return 0;
+                                                           },
+                                                       .post = [&](pt_regs &) { ++post; },
+                                                   });
         ASSERT_TRUE(probe) << probe.error();
         EXPECT_EQ(probe.address(), reinterpret_cast<void *>(&ns::scaled));
         EXPECT_EQ(ns::scaled(3, 2), 30);
@@ -64,9 +65,9 @@ TEST(CppApi, MovedHandlesKeepTheProbe) {
     ukp::Kprobe outer;
     {
         auto inner = ukp::Kprobe::at(reinterpret_cast<const void *>(&ukpt_twice), {.pre = [&](pt_regs &) {
-                                                                                      ++hits;
-                                                                                      return 0;
-                                                                                  }});
+                                         ++hits;
+                                         return 0;
+                                     }});
         ASSERT_TRUE(inner);
         outer = std::move(inner);
     }
@@ -79,13 +80,13 @@ TEST(CppApi, MovedHandlesKeepTheProbe) {
 
 TEST(CppApi, FaultLambda) {
     std::atomic<int> trap{-1};
-    auto probe = ukp::Kprobe::at(reinterpret_cast<const void *>(ukpt_load_at_mov),
-                                 {.fault = [&](pt_regs &regs, int trapnr) {
-                                     trap = trapnr;
-                                     regs.ax = 5;
-                                     regs.ip += 3;
-                                     return 1;
-                                 }});
+    auto probe =
+        ukp::Kprobe::at(reinterpret_cast<const void *>(ukpt_load_at_mov), {.fault = [&](pt_regs &regs, int trapnr) {
+                            trap = trapnr;
+                            regs.ax = 5;
+                            regs.ip += 3;
+                            return 1;
+                        }});
     ASSERT_TRUE(probe);
     long *volatile bad = nullptr;
     EXPECT_EQ(ukpt_load(bad), 5);
@@ -101,19 +102,21 @@ TEST(CppApi, KretprobeLambdasWithPrivateData) {
     std::atomic<int> failures{0};
     int last = 0;
     {
-        auto rp = ukp::Kretprobe::at(
-            reinterpret_cast<const void *>(&cpp_divide),
-            {
-                .entry = [](kretprobe_instance &ri, pt_regs &regs) {
-                    *reinterpret_cast<long *>(ri.data) = static_cast<long>(regs.si); // the divisor
-                    return 0;
-                },
-                .ret = [&](kretprobe_instance &ri, pt_regs &regs) {
-                    last = static_cast<int>(regs_return_value(&regs));
-                    if (*reinterpret_cast<long *>(ri.data) == 0) ++failures;
-                },
-            },
-            {.maxactive = 4, .data_size = sizeof(long)});
+        auto rp = ukp::Kretprobe::at(reinterpret_cast<const void *>(&cpp_divide),
+                                     {
+                                         .entry =
+                                             [](kretprobe_instance &ri, pt_regs &regs) {
+                                                 *reinterpret_cast<long *>(ri.data) =
+                                                     static_cast<long>(regs.si); // the divisor
+                                                 return 0;
+                                             },
+                                         .ret =
+                                             [&](kretprobe_instance &ri, pt_regs &regs) {
+                                                 last = static_cast<int>(regs_return_value(&regs));
+                                                 if (*reinterpret_cast<long *>(ri.data) == 0) ++failures;
+                                             },
+                                     },
+                                     {.maxactive = 4, .data_size = sizeof(long)});
         ASSERT_TRUE(rp) << rp.error();
         EXPECT_EQ(cpp_divide(10, 2), 5);
         EXPECT_EQ(last, 5);

@@ -160,8 +160,8 @@ void *send_usr1(void *target) {
 // overflowed in 9 runs of 30 there (the nested handlers), none in 30 with 36.
 int load_on_a_small_alternate_stack() {
     const size_t page = static_cast<size_t>(getpagesize()), size = (UKP_UNDER_ASAN ? 36 : 12) * 1024;
-    auto *mem = static_cast<char *>(mmap(nullptr, page + size, PROT_READ | PROT_WRITE,
-                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    auto *mem =
+        static_cast<char *>(mmap(nullptr, page + size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (mem == MAP_FAILED || mprotect(mem, page, PROT_NONE) != 0) return 10;
     stack_t ss{};
     ss.ss_sp = mem + page;

@@ -85,9 +85,7 @@ TEST_F(FaultTest, FaultInHandlerWithoutFaultHandlerIsSurvived) {
     unregister_kprobe(&kp);
 }
 
-void faulting_post(kprobe *, pt_regs *, unsigned long) {
-    (void)*static_cast<volatile long *>(kBadPointer);
-}
+void faulting_post(kprobe *, pt_regs *, unsigned long) { (void)*static_cast<volatile long *>(kBadPointer); }
 
 TEST_F(FaultTest, FaultInPostHandler) {
     kprobe kp{};
@@ -225,7 +223,12 @@ const HandlerFault kHandlerFaults[] = {
          return static_cast<int>(q);
      },
      0},
-    {"invalid opcode", [](kprobe *, pt_regs *) { asm volatile("ud2"); return 0; }, 6},
+    {"invalid opcode",
+     [](kprobe *, pt_regs *) {
+         asm volatile("ud2");
+         return 0;
+     },
+     6},
     {"general protection", [](kprobe *, pt_regs *) { return static_cast<int>(load_through(kNonCanonical)); }, 13},
     {"page fault", [](kprobe *, pt_regs *) { return static_cast<int>(load_through(kBadPointer)); }, 14},
 };
@@ -310,7 +313,8 @@ TEST_F(FaultTest, UnhandledSteppedFaultReachesTheProgramsHandler) {
     kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_load_at_mov);
     kp.fault_handler = fault_unhandled;
     ASSERT_EQ(register_kprobe(&kp), 0);
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_sigaction = program_segv;
     act.sa_flags = SA_SIGINFO;
     ASSERT_EQ(sigaction(SIGSEGV, &act, &old), 0);
@@ -357,7 +361,8 @@ struct ProgramSignals : ::testing::Test {
 };
 
 TEST_F(ProgramSignals, ProgramsOwnInt3ReachesItsHandler) {
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_sigaction = program_trap;
     act.sa_flags = SA_SIGINFO;
     ASSERT_EQ(sigaction(SIGTRAP, &act, &old), 0);
@@ -378,14 +383,14 @@ std::atomic<int> g_guard_faults{0};
 char *g_guard_page = nullptr;
 void unprotect_on_fault(int, siginfo_t *info, void *) {
     ++g_guard_faults;
-    if (static_cast<char *>(info->si_addr) == g_guard_page)
-        mprotect(g_guard_page, 4096, PROT_READ | PROT_WRITE);
+    if (static_cast<char *>(info->si_addr) == g_guard_page) mprotect(g_guard_page, 4096, PROT_READ | PROT_WRITE);
 }
 
 TEST_F(ProgramSignals, ProgramHandlesItsOwnSegfaults) {
     g_guard_page = static_cast<char *>(mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     ASSERT_NE(g_guard_page, MAP_FAILED);
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_sigaction = unprotect_on_fault;
     act.sa_flags = SA_SIGINFO;
     ASSERT_EQ(sigaction(SIGSEGV, &act, &old), 0);

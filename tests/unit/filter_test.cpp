@@ -33,9 +33,7 @@ struct Record {
     std::string comm;
 };
 
-void put(std::vector<uint8_t> &b, uint32_t off, uint64_t v, uint32_t size) {
-    std::memcpy(b.data() + off, &v, size);
-}
+void put(std::vector<uint8_t> &b, uint32_t off, uint64_t v, uint32_t size) { std::memcpy(b.data() + off, &v, size); }
 
 // "a=1 s="x" comm="t" pid=4 ..." -> a record of test_fields().
 Record build(const std::string &spec) {
@@ -101,8 +99,7 @@ TEST(Filter, DataFile) {
         if (tag == "yes " || tag == "no  ") {
             ASSERT_TRUE(have_rec) << where;
             ASSERT_NE(f, nullptr) << where << " -> " << err.message << " at " << err.pos;
-            EXPECT_EQ(f->match(rec.bytes.data(), uint32_t(rec.bytes.size()), rec.comm.c_str()), tag == "yes ")
-                << where;
+            EXPECT_EQ(f->match(rec.bytes.data(), uint32_t(rec.bytes.size()), rec.comm.c_str()), tag == "yes ") << where;
             std::string shown = text;
             while (!shown.empty() && shown.back() == ' ') shown.pop_back();
             EXPECT_EQ(f->text(), shown) << where;
@@ -115,8 +112,9 @@ TEST(Filter, DataFile) {
             EXPECT_EQ(f, nullptr) << where;
             if (want == "Error: (0)") {
                 EXPECT_EQ(err.message, "") << where;
-                EXPECT_EQ(filter_error_text(text, err), text.substr(0, text.find_last_not_of(' ') + 1) +
-                                                            "\nError: (0)\n") << where;
+                EXPECT_EQ(filter_error_text(text, err),
+                          text.substr(0, text.find_last_not_of(' ') + 1) + "\nError: (0)\n")
+                    << where;
             } else {
                 const size_t caret = want.find("^ ");
                 ASSERT_NE(caret, std::string::npos) << where;
@@ -134,15 +132,32 @@ TEST(Filter, DataFile) {
 }
 
 TEST(Filter, KernelGlob) {
-    struct Case { const char *pat, *str; bool match; };
+    struct Case {
+        const char *pat, *str;
+        bool match;
+    };
     const Case cases[] = {
-        {"", "", true},           {"", "a", false},          {"*", "", true},
-        {"a*b*c", "axxbyyc", true}, {"a*b*c", "axxbyy", false}, {"*a", "bba", true},
-        {"?", "", false},         {"??", "ab", true},        {"[abc]", "b", true},
-        {"[!abc]", "b", false},   {"[a-c]x", "cx", true},    {"[]]", "]", true},
-        {"[a-]", "-", true},      {"[", "[", true},          {"[ab", "[ab", true},
-        {"\\*", "*", true},       {"\\*", "a", false},       {"a*", "a", true},
-        {"*ab*ab", "xabyabab", true}, {"[^a]", "^", true},   {"[^a]", "b", false},
+        {"", "", true},
+        {"", "a", false},
+        {"*", "", true},
+        {"a*b*c", "axxbyyc", true},
+        {"a*b*c", "axxbyy", false},
+        {"*a", "bba", true},
+        {"?", "", false},
+        {"??", "ab", true},
+        {"[abc]", "b", true},
+        {"[!abc]", "b", false},
+        {"[a-c]x", "cx", true},
+        {"[]]", "]", true},
+        {"[a-]", "-", true},
+        {"[", "[", true},
+        {"[ab", "[ab", true},
+        {"\\*", "*", true},
+        {"\\*", "a", false},
+        {"a*", "a", true},
+        {"*ab*ab", "xabyabab", true},
+        {"[^a]", "^", true},
+        {"[^a]", "b", false},
     };
     for (const Case &c : cases)
         EXPECT_EQ(glob_match(c.pat, strlen(c.pat), c.str, strlen(c.str)), c.match) << c.pat << " ~ " << c.str;
@@ -160,7 +175,8 @@ TEST(Filter, RecordTooShortDoesNotMatchOrRead) {
 TEST(Filter, ManyTermsCompileToABoundedProgram) {
     const std::vector<Field> fields = test_fields();
     std::string text = "a == 0";
-    for (int i = 1; i < 5000; i++) text += (i % 2 ? " || a == " : " && !(a == ") + std::to_string(i) + (i % 2 ? "" : ")");
+    for (int i = 1; i < 5000; i++)
+        text += (i % 2 ? " || a == " : " && !(a == ") + std::to_string(i) + (i % 2 ? "" : ")");
     FilterError err;
     auto f = compile_filter(text, fields, &err);
     ASSERT_NE(f, nullptr) << err.message << " at " << err.pos;

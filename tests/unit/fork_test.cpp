@@ -190,8 +190,10 @@ TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheControlThreadsLocks) {
         }
         int status = 0;
         waitpid(pid, &status, 0);
-        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++hung;
-        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+            ++hung;
+        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            ++failed;
     }
     stop = true;
     client.join();

@@ -59,10 +59,10 @@ struct Code {
     }
 };
 
-const std::initializer_list<uint8_t> kXorEdi = {0x31, 0xff};                   // xor %edi,%edi
+const std::initializer_list<uint8_t> kXorEdi = {0x31, 0xff};                       // xor %edi,%edi
 const std::initializer_list<uint8_t> kSetmaskEdi = {0xbf, 0x02, 0x00, 0x00, 0x00}; // mov $2,%edi
 const std::initializer_list<uint8_t> kUnblockEdi = {0xbf, 0x01, 0x00, 0x00, 0x00}; // mov $1,%edi
-const std::initializer_list<uint8_t> kNrEax = {0xb8, 0x0e, 0x00, 0x00, 0x00};    // mov $0xe,%eax
+const std::initializer_list<uint8_t> kNrEax = {0xb8, 0x0e, 0x00, 0x00, 0x00};      // mov $0xe,%eax
 const std::initializer_list<uint8_t> kSyscall = {0x0f, 0x05};
 const std::initializer_list<uint8_t> kR10 = {0x41, 0xba, 0x08, 0x00, 0x00, 0x00}; // mov $8,%r10d
 
@@ -104,8 +104,8 @@ TEST(FullBlocks, ASetInMemoryIsFoundAtItsLeasDisplacement) {
 TEST(FullBlocks, AnImmediateStoredAsTheSetIsFoundAtItsImmediate) {
     Code c;
     c.add({0x48, 0xb8, 0xff, 0xff, 0xff, 0xff, 0xfe, 0xff, 0xff, 0xff}); // movabs $0xfffffffeffffffff,%rax
-    c.add({0x48, 0x89, 0x83, 0xf0, 0x08, 0x00, 0x00});                 // mov %rax,0x8f0(%rbx)
-    c.add({0x48, 0x8d, 0xb3, 0xf0, 0x08, 0x00, 0x00});                 // lea 0x8f0(%rbx),%rsi
+    c.add({0x48, 0x89, 0x83, 0xf0, 0x08, 0x00, 0x00});                   // mov %rax,0x8f0(%rbx)
+    c.add({0x48, 0x8d, 0xb3, 0xf0, 0x08, 0x00, 0x00});                   // lea 0x8f0(%rbx),%rsi
     c.add(kXorEdi);
     c.add(kNrEax);
     c.add(kSyscall);
@@ -178,8 +178,8 @@ TEST(FullBlocks, ThreadsStartAndEndOverInt3sInTheStepsGlibcRunsWithEverySignalBl
     // the parent's clone3, the exiting thread's getpagesize and madvise, pthread_kill's
     // getpid. Each one killed this process with SIGTRAP on its int3 before.
     std::vector<kprobe> kps(5);
-    const char *names[] = {"libc.so.6:__ctype_init", "libc.so.6:clone3", "libc.so.6:getpagesize",
-                           "libc.so.6:madvise", "libc.so.6:getpid"};
+    const char *names[] = {"libc.so.6:__ctype_init", "libc.so.6:clone3", "libc.so.6:getpagesize", "libc.so.6:madvise",
+                           "libc.so.6:getpid"};
     for (size_t i = 0; i < kps.size(); ++i) {
         kps[i].symbol_name = names[i];
         kps[i].pre_handler = count_pre;

@@ -36,7 +36,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::atomic<bool> g_block{false};   // the next hit's handler waits for g_release
+std::atomic<bool> g_block{false}; // the next hit's handler waits for g_release
 std::atomic<bool> g_inside{false};
 std::atomic<bool> g_release{false};
 std::atomic<bool> g_left{false};
@@ -168,16 +168,14 @@ TEST_F(Grace, UnregisterWaitsForAProvenHandlerOnTheJumpPath) {
     EXPECT_EQ(proven, !UKP_UNDER_ASAN);
     expect_unregister_waits_for_the_handler(&kp, [] {
         ukp::core::read_unlock(ukp::core::read_lock()); // claims the thread's slot
-        EXPECT_EQ(ukpt_opt_work(3), (4 * 3) ^ 3);      // g_block is set: this one blocks
+        EXPECT_EQ(ukpt_opt_work(3), (4 * 3) ^ 3);       // g_block is set: this one blocks
     });
     EXPECT_EQ(g_hits.load(), 1);
 }
 
 // A kretprobe's return handler, proven, called by the return trampoline itself: its
 // read section holds unregister_kretprobe back too.
-int proven_blocking_ret(kretprobe_instance *, pt_regs *regs) {
-    return proven_blocking_pre(nullptr, regs);
-}
+int proven_blocking_ret(kretprobe_instance *, pt_regs *regs) { return proven_blocking_pre(nullptr, regs); }
 
 TEST_F(Grace, UnregisterWaitsForAProvenReturnHandler) {
     static kretprobe rp{};
@@ -214,8 +212,8 @@ TEST_F(Grace, SlotsOfThreadsThatEndedAreGivenBack) {
     const size_t full = ukp::core::reader_cells_in_use();
     EXPECT_GE(full, before + 1000) << "each thread that hit took a slot";
     unregister_kprobe(&kp);
-    EXPECT_LE(ukp::core::reader_cells_in_use(), before + 2) << "slots of ended threads, before: " << before
-                                                             << ", with them: " << full;
+    EXPECT_LE(ukp::core::reader_cells_in_use(), before + 2)
+        << "slots of ended threads, before: " << before << ", with them: " << full;
     // And new threads get slots again (a slot's marks work after it changed hands).
     kprobe again = blocking_probe("ukg_work");
     ASSERT_EQ(register_kprobe(&again), 0);

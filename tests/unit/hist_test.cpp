@@ -81,7 +81,8 @@ void feed(Fixture &f) {
 TEST(Hist, GoldenKeysValuesSort) {
     Fixture f;
     ASSERT_EQ(f.set.write("hist:keys=a:vals=b:sort=b.descending", f.fields, f.host, nullptr), 0);
-    ASSERT_EQ(f.set.write("hist:keys=s,common_pid.execname:values=hitcount,a.hex if b > 1", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=s,common_pid.execname:values=hitcount,a.hex if b > 1", f.fields, f.host, nullptr),
+              0);
     ASSERT_EQ(f.set.write("hist:keys=b.log2,a.hex:sort=a", f.fields, f.host, nullptr), 0);
     ASSERT_EQ(f.set.write("hist:keys=b.buckets=10:size=200", f.fields, f.host, nullptr), 0);
     feed(f);
@@ -107,7 +108,8 @@ TEST(Hist, FullTableCountsDrops) {
     ASSERT_EQ(f.set.write("hist:keys=a:size=100", f.fields, f.host, nullptr), 0); // rounds up to 128
     for (int i = 0; i < 300; i++) f.fire(1, 0, i % 200, 0, "");
     const std::string text = f.set.hist_text();
-    EXPECT_NE(text.find("# trigger info: hist:keys=a:vals=hitcount:sort=hitcount:size=128 [active]\n"), std::string::npos);
+    EXPECT_NE(text.find("# trigger info: hist:keys=a:vals=hitcount:sort=hitcount:size=128 [active]\n"),
+              std::string::npos);
     // As the kernel's tracing_map: Hits leaves the dropped hits out.
     EXPECT_NE(text.find("\nTotals:\n    Hits: 228\n    Entries: 128\n    Dropped: 72\n"), std::string::npos) << text;
     // Keys 0..199 then 0..99 again: the first 128 distinct keys (0..127) get elements;
@@ -152,7 +154,11 @@ TEST(Hist, PauseContinueClear) {
 
 TEST(Hist, BadSpecsAreRejectedWithTheKernelsMessages) {
     Fixture f;
-    struct Case { const char *text; const char *message; int pos; };
+    struct Case {
+        const char *text;
+        const char *message;
+        int pos;
+    };
     const Case cases[] = {
         {"hist:keys=nosuch", "Couldn't find field", 10},
         {"hist:keys=a.bogus", "Invalid field modifier", 12},

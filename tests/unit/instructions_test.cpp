@@ -16,7 +16,10 @@ namespace {
 std::atomic<int> g_pre{0}, g_post{0};
 unsigned long g_post_ip = 0;
 
-int count_pre(kprobe *, pt_regs *) { ++g_pre; return 0; }
+int count_pre(kprobe *, pt_regs *) {
+    ++g_pre;
+    return 0;
+}
 void count_post(kprobe *, pt_regs *regs, unsigned long) {
     ++g_post;
     g_post_ip = regs->ip;
@@ -39,7 +42,13 @@ std::vector<Case> cases() {
     auto fn = [](auto f) { return [f] { return reinterpret_cast<unsigned long>(f); }; };
     return {
         {"rip_load", ukpt_rip_load_at_mov, [] { return ukpt_rip_load(); }, 0x1234 * 2, at(ukpt_rip_load_at_store)},
-        {"rip_store", ukpt_rip_load_at_store, [] { ukpt_data_copy = 0; ukpt_rip_load(); return ukpt_data_copy; }, 0x1234, at(ukpt_rip_load_at_lea)},
+        {"rip_store", ukpt_rip_load_at_store,
+         [] {
+             ukpt_data_copy = 0;
+             ukpt_rip_load();
+             return ukpt_data_copy;
+         },
+         0x1234, at(ukpt_rip_load_at_lea)},
         {"rip_lea", ukpt_rip_load_at_lea, [] { return ukpt_rip_load(); }, 0x1234 * 2, nullptr},
         {"test", ukpt_branches_at_test, [] { return ukpt_branches(5); }, 11, at(ukpt_branches_at_jcc)},
         // SF=1 from the probed test must reach the jcc: the flags survive the copy and the
@@ -56,10 +65,16 @@ std::vector<Case> cases() {
         {"jrcxz_taken", ukpt_loop_at_jrcxz, [] { return ukpt_loop(0); }, 0, nullptr},
         {"jrcxz_not_taken", ukpt_loop_at_jrcxz, [] { return ukpt_loop(10); }, 55, nullptr},
         {"loop", ukpt_loop_at_loop, [] { return ukpt_loop(10); }, 55, nullptr},
-        {"red_zone_nop", ukpt_red_zone_at_nop, [] { return ukpt_red_zone(3); }, 3 + 0x5a5a5a5a, at(ukpt_red_zone_at_xor)},
+        {"red_zone_nop", ukpt_red_zone_at_nop, [] { return ukpt_red_zone(3); }, 3 + 0x5a5a5a5a,
+         at(ukpt_red_zone_at_xor)},
         {"red_zone_xor", ukpt_red_zone_at_xor, [] { return ukpt_red_zone(3); }, 3 + 0x5a5a5a5a, nullptr},
         {"syscall_rcx", ukpt_syscall_rcx_at_syscall, [] { return ukpt_syscall_rcx(); }, 0, nullptr},
-        {"load", ukpt_load_at_mov, [] { long v = 77; return ukpt_load(&v); }, 77, nullptr},
+        {"load", ukpt_load_at_mov,
+         [] {
+             long v = 77;
+             return ukpt_load(&v);
+         },
+         77, nullptr},
     };
 }
 

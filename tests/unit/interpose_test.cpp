@@ -83,7 +83,7 @@ void expect_same_lines(const Run &glibc, const Run &agent) {
 
 // Under AddressSanitizer the agent cannot be preloaded into a program without its runtime,
 // whose own interceptors of these functions would answer instead of glibc.
-#define SKIP_UNDER_ASAN() \
+#define SKIP_UNDER_ASAN()                                                                                              \
     if (UKP_UNDER_ASAN) GTEST_SKIP() << "the sanitizer's interceptors answer, not glibc"
 
 TEST(Interposed, SameResultsAndErrnoAsGlibc) {

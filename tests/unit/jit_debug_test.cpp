@@ -69,7 +69,8 @@ GdbRun run_gdb(const std::vector<std::string> &what) {
     close(fd);
     if (err == 0) {
         int status = 0;
-        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        }
         run.ran = true;
         std::ifstream in(out_path);
         std::stringstream text;
@@ -311,9 +312,26 @@ TEST(JitDebug, GdbThatStartedTheProgramLearnsAndForgetsEachSled) {
     ASSERT_GT(n, 0);
     exe[n] = 0;
     const std::string list = "info functions ^ukp_kretprobe_stub";
-    const GdbRun run = run_gdb({"-iex", "set environment UKP_JIT_TEST_UNDER_GDB=1", "-ex", "break ukj_stop", "-ex",
-                                "run", "-ex", "echo STOP1\\n", "-ex", list, "-ex", "continue", "-ex",
-                                "echo STOP2\\n", "-ex", list, "-ex", "kill", "--args", exe,
+    const GdbRun run = run_gdb({"-iex",
+                                "set environment UKP_JIT_TEST_UNDER_GDB=1",
+                                "-ex",
+                                "break ukj_stop",
+                                "-ex",
+                                "run",
+                                "-ex",
+                                "echo STOP1\\n",
+                                "-ex",
+                                list,
+                                "-ex",
+                                "continue",
+                                "-ex",
+                                "echo STOP2\\n",
+                                "-ex",
+                                list,
+                                "-ex",
+                                "kill",
+                                "--args",
+                                exe,
                                 "--gtest_filter=JitDebug.GdbThatStartedTheProgramLearnsAndForgetsEachSled"});
     if (std::string why; !usable(run, &why)) GTEST_SKIP() << why;
     SCOPED_TRACE(run.output);
@@ -345,11 +363,19 @@ TEST(JitDebug, GdbInsideTheReturnPathWalksToTheRealCaller) {
     });
     while (!g_waiting.load()) usleep(1000);
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    const GdbRun run = run_gdb({"-p", std::to_string(getpid()), "-ex",
-                                "break *((char *) 'ukp_kretprobe_stub.ukj_mid' + 15)", "-ex",
-                                "break ukp_kretprobe_trampoline_exit", "-ex", "break ukp_kretprobe_trampoline_ret", "-ex", "set var g_go_on = 1", "-ex", "continue",
-                                "-ex", "echo STUB\\n", "-ex", "bt", "-ex", "continue", "-ex", "echo EXIT\\n", "-ex",
-                                "bt", "-ex", "delete", "-ex", "detach"});
+    const GdbRun run = run_gdb({"-p",  std::to_string(getpid()),
+                                "-ex", "break *((char *) 'ukp_kretprobe_stub.ukj_mid' + 15)",
+                                "-ex", "break ukp_kretprobe_trampoline_exit",
+                                "-ex", "break ukp_kretprobe_trampoline_ret",
+                                "-ex", "set var g_go_on = 1",
+                                "-ex", "continue",
+                                "-ex", "echo STUB\\n",
+                                "-ex", "bt",
+                                "-ex", "continue",
+                                "-ex", "echo EXIT\\n",
+                                "-ex", "bt",
+                                "-ex", "delete",
+                                "-ex", "detach"});
     g_go_on = 1; // if gdb did not
     worker.join();
     g_wait_in_stop = false;
@@ -405,13 +431,23 @@ TEST(JitDebug, GdbInTheStubsCallWalksToTheRealCaller) {
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     // The hijacked way's exit too: a call that went that way stops there (and fails the
     // test) instead of running on while gdb waits.
-    const GdbRun run =
-        run_gdb({"-p", std::to_string(getpid()), "-ex", fmt::format("break *{:#x}", stub), "-ex",
-                 fmt::format("break *{:#x}", stub + ukp::arch::kRetStubCalling), "-ex",
-                 "break ukp_kretprobe_trampoline_ret", "-ex", "break ukp_kretprobe_trampoline_exit", "-ex",
-                 "set var g_go_on = 1", "-ex", "continue", "-ex", "echo FIRST\\n", "-ex", "bt", "-ex", "continue",
-                 "-ex", "echo CALL\\n", "-ex", "bt", "-ex", "continue", "-ex", "echo RET\\n", "-ex", "bt", "-ex",
-                 "delete", "-ex", "detach"});
+    const GdbRun run = run_gdb({"-p",  std::to_string(getpid()),
+                                "-ex", fmt::format("break *{:#x}", stub),
+                                "-ex", fmt::format("break *{:#x}", stub + ukp::arch::kRetStubCalling),
+                                "-ex", "break ukp_kretprobe_trampoline_ret",
+                                "-ex", "break ukp_kretprobe_trampoline_exit",
+                                "-ex", "set var g_go_on = 1",
+                                "-ex", "continue",
+                                "-ex", "echo FIRST\\n",
+                                "-ex", "bt",
+                                "-ex", "continue",
+                                "-ex", "echo CALL\\n",
+                                "-ex", "bt",
+                                "-ex", "continue",
+                                "-ex", "echo RET\\n",
+                                "-ex", "bt",
+                                "-ex", "delete",
+                                "-ex", "detach"});
     g_go_on = 1; // if gdb did not
     worker.join();
     unregister_kretprobe(&rp);

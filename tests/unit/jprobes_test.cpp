@@ -34,26 +34,25 @@ unsigned long g_handler_sp = 0, g_fn_sp = 0;
 // Overwrites an argument in place: for an argument passed on the stack, that is the
 // caller's outgoing-argument area, which the callee owns. (A plain volatile store to a
 // parameter is dropped by GCC before a noreturn call; hiding the pointer keeps it.)
-#define SMASH(x, val)                                                                           \
-    do {                                                                                        \
-        auto *p_ = &(x);                                                                        \
-        asm volatile("" : "+r"(p_));                                                            \
-        *p_ = (val);                                                                            \
-        asm volatile("" : : "r"(p_) : "memory");                                                \
+#define SMASH(x, val)                                                                                                  \
+    do {                                                                                                               \
+        auto *p_ = &(x);                                                                                               \
+        asm volatile("" : "+r"(p_));                                                                                   \
+        *p_ = (val);                                                                                                   \
+        asm volatile("" : : "r"(p_) : "memory");                                                                       \
     } while (0)
 // Fills every integer argument register with garbage (the handler may: it never returns).
-#define CLOBBER_INT_ARG_REGS()                                                                  \
-    asm volatile("mov $-1, %%rdi\n\tmov $-1, %%rsi\n\tmov $-1, %%rdx\n\t"                      \
-                 "mov $-1, %%rcx\n\tmov $-1, %%r8\n\tmov $-1, %%r9\n\tmov $-1, %%rax" ::         \
+#define CLOBBER_INT_ARG_REGS()                                                                                         \
+    asm volatile("mov $-1, %%rdi\n\tmov $-1, %%rsi\n\tmov $-1, %%rdx\n\t"                                              \
+                 "mov $-1, %%rcx\n\tmov $-1, %%r8\n\tmov $-1, %%r9\n\tmov $-1, %%rax" ::                               \
                      : "rdi", "rsi", "rdx", "rcx", "r8", "r9", "rax", "memory")
 // Fills every vector register with all-ones (a NaN pattern), as floating-point work would.
-#define CLOBBER_XMM_REGS()                                                                      \
-    asm volatile("pcmpeqd %%xmm0, %%xmm0\n\tpcmpeqd %%xmm1, %%xmm1\n\tpcmpeqd %%xmm2, %%xmm2\n\t" \
-                 "pcmpeqd %%xmm3, %%xmm3\n\tpcmpeqd %%xmm4, %%xmm4\n\tpcmpeqd %%xmm5, %%xmm5\n\t" \
-                 "pcmpeqd %%xmm6, %%xmm6\n\tpcmpeqd %%xmm7, %%xmm7\n\tpcmpeqd %%xmm8, %%xmm8\n\t" \
-                 "pcmpeqd %%xmm15, %%xmm15" ::                                                  \
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",  \
-                       "xmm15", "memory")
+#define CLOBBER_XMM_REGS()                                                                                             \
+    asm volatile("pcmpeqd %%xmm0, %%xmm0\n\tpcmpeqd %%xmm1, %%xmm1\n\tpcmpeqd %%xmm2, %%xmm2\n\t"                      \
+                 "pcmpeqd %%xmm3, %%xmm3\n\tpcmpeqd %%xmm4, %%xmm4\n\tpcmpeqd %%xmm5, %%xmm5\n\t"                      \
+                 "pcmpeqd %%xmm6, %%xmm6\n\tpcmpeqd %%xmm7, %%xmm7\n\tpcmpeqd %%xmm8, %%xmm8\n\t"                      \
+                 "pcmpeqd %%xmm15, %%xmm15" ::                                                                         \
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm15", "memory")
 
 // ---- probed functions: 1..8 integer arguments (7 and 8 on the stack) -------------------------
 
@@ -100,8 +99,7 @@ NOIPA long ukj_a8(long a, long b, long c, long d, long e, long f, long g, long h
 }
 
 // Floating point: a..h in xmm0..xmm7, i and j on the stack.
-NOIPA double ukj_fp(double a, float b, double c, float d, double e, double f, double g, double h, double i,
-                    float j) {
+NOIPA double ukj_fp(double a, float b, double c, float d, double e, double f, double g, double h, double i, float j) {
     const double v[10] = {a, b, c, d, e, f, g, h, i, j};
     std::memcpy(g_fnd, v, sizeof v);
     ++g_fn_calls;
@@ -328,8 +326,7 @@ TEST_F(JprobesTest, IntegerArguments1To8) {
         expect_ints(5, v);
         EXPECT_EQ(ukj_a6(v[0], v[1], v[2], v[3], v[4], v[5]), v[0] + v[1] + v[2] + v[3] + v[4] * 6 + v[5]);
         expect_ints(6, v);
-        EXPECT_EQ(ukj_a7(v[0], v[1], v[2], v[3], v[4], v[5], v[6]),
-                  v[0] + v[1] + v[2] + v[3] + v[4] + v[5] * 7 + v[6]);
+        EXPECT_EQ(ukj_a7(v[0], v[1], v[2], v[3], v[4], v[5], v[6]), v[0] + v[1] + v[2] + v[3] + v[4] + v[5] * 7 + v[6]);
         expect_ints(7, v);
         EXPECT_EQ(ukj_a8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]),
                   v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] * 8 + v[7]);
@@ -349,8 +346,8 @@ TEST_F(JprobesTest, FloatingPointArguments) {
     const double v[10] = {1.25, 2.5f, -3.75, 4.5f, 1e100, -6.125, 7.0 / 3.0, 8e-300, 9.875, -10.5f};
     const double expected = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7] + v[8] * 2 + v[9];
     // Computed the same way as the function does, so the result is bit-identical.
-    const double got = ukj_fp(v[0], static_cast<float>(v[1]), v[2], static_cast<float>(v[3]), v[4], v[5], v[6],
-                              v[7], v[8], static_cast<float>(v[9]));
+    const double got = ukj_fp(v[0], static_cast<float>(v[1]), v[2], static_cast<float>(v[3]), v[4], v[5], v[6], v[7],
+                              v[8], static_cast<float>(v[9]));
     EXPECT_EQ(got, expected);
     EXPECT_EQ(g_h_calls, 1);
     EXPECT_EQ(g_fn_calls, 1);
@@ -368,10 +365,10 @@ TEST_F(JprobesTest, MixedIntegerAndFloatingPointArguments) {
     ASSERT_EQ(register_jprobe(&jp), 0);
     const long ints[8] = {-123456, 0x123456789aL, 'z', -3210, 250, -0x7fffffffffL, 0x5555aaaa5555L, 77777};
     const double fps[4] = {0.5, -1.75f, 3.0e10, -42.25};
-    const long result = ukj_mix(static_cast<int>(ints[0]), fps[0], ints[1], static_cast<float>(fps[1]),
-                                static_cast<char>(ints[2]), fps[2], static_cast<short>(ints[3]),
-                                static_cast<unsigned char>(ints[4]), ints[5], ints[6], fps[3],
-                                static_cast<int>(ints[7]));
+    const long result =
+        ukj_mix(static_cast<int>(ints[0]), fps[0], ints[1], static_cast<float>(fps[1]), static_cast<char>(ints[2]),
+                fps[2], static_cast<short>(ints[3]), static_cast<unsigned char>(ints[4]), ints[5], ints[6], fps[3],
+                static_cast<int>(ints[7]));
     long sum = 0;
     for (long x : ints) sum += x;
     EXPECT_EQ(result, sum + static_cast<long>(fps[0] + fps[1] + fps[2] + fps[3]));
@@ -453,8 +450,8 @@ TEST_F(JprobesTest, ManyThreadsAtOnce) {
             for (int i = 0; i < kCalls; ++i) {
                 const long x = (t + 1) * 1000000L + i * 16;
                 t_expect = x;
-                const long want = x + (x + 1) * 2 + (x + 2) * 3 + (x + 3) * 4 + (x + 4) * 5 + (x + 5) * 6 +
-                                  (x + 6) * 7 + (x + 7) * 8;
+                const long want =
+                    x + (x + 1) * 2 + (x + 2) * 3 + (x + 3) * 4 + (x + 4) * 5 + (x + 5) * 6 + (x + 6) * 7 + (x + 7) * 8;
                 if (ukj_mt(x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7) != want) wrong.fetch_add(1);
             }
         });
@@ -575,8 +572,7 @@ TEST_F(JprobesTest, BatchRegistration) {
     EXPECT_EQ(ukj_a1(1), 2);
     EXPECT_EQ(g_h_calls, 2);
 
-    jprobe good = make_jp("ukj_a3", JPROBE_ENTRY(h_a3)), bad = make_jp("no_such_function_anywhere",
-                                                                        JPROBE_ENTRY(h_a1));
+    jprobe good = make_jp("ukj_a3", JPROBE_ENTRY(h_a3)), bad = make_jp("no_such_function_anywhere", JPROBE_ENTRY(h_a1));
     jprobe *mixed[] = {&good, &bad};
     EXPECT_EQ(register_jprobes(mixed, 2), -ENOENT);
     EXPECT_EQ(list(), "") << "the probes before the bad one were unregistered";

@@ -56,8 +56,7 @@ std::vector<uint8_t> file_bytes(const void *addr, size_t n) {
         unsigned long long lo, hi, off;
         char perms[8];
         char path[4096] = "";
-        if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %4095s", &lo, &hi, perms, &off, path) < 4)
-            continue;
+        if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %4095s", &lo, &hi, perms, &off, path) < 4) continue;
         if (a < lo || a >= hi || path[0] != '/') continue;
         std::ifstream f(path, std::ios::binary);
         f.seekg(static_cast<std::streamoff>(off + (a - lo)));
@@ -221,8 +220,7 @@ TEST_F(KprobesTest, UnqualifiedNamesSkipTheAgentsInterposers) {
     ASSERT_NE(dladdr(reinterpret_cast<void *>(kp.addr), &info), 0);
     // libc's, or the sanitizer runtime's interceptor that the program calls first.
     const std::string object = info.dli_fname;
-    EXPECT_TRUE(object.find("libc.so") != std::string::npos || object.find("libasan") != std::string::npos)
-        << object;
+    EXPECT_TRUE(object.find("libc.so") != std::string::npos || object.find("libasan") != std::string::npos) << object;
     unregister_kprobe(&kp);
 }
 
@@ -236,9 +234,18 @@ TEST_F(KprobesTest, UnregisteringAnUnknownProbeClearsItsAddr) {
 }
 
 std::vector<int> g_order;
-int order_a(kprobe *, pt_regs *) { g_order.push_back(1); return 0; }
-int order_b(kprobe *, pt_regs *) { g_order.push_back(2); return 0; }
-int order_c(kprobe *, pt_regs *) { g_order.push_back(3); return 0; }
+int order_a(kprobe *, pt_regs *) {
+    g_order.push_back(1);
+    return 0;
+}
+int order_b(kprobe *, pt_regs *) {
+    g_order.push_back(2);
+    return 0;
+}
+int order_c(kprobe *, pt_regs *) {
+    g_order.push_back(3);
+    return 0;
+}
 
 TEST_F(KprobesTest, ManyProbesOnOneAddressRunInRegistrationOrder) {
     kprobe a{}, b{}, c{};

@@ -140,7 +140,7 @@ int blocking_pre(kprobe *, pt_regs *) {
     while (!g_release_handler.load()) usleep(200);
     return 0;
 }
-}
+} // namespace
 extern "C" __attribute__((noinline)) int ukpool_block(int x) {
     asm volatile("" ::: "memory");
     return x + 2;

@@ -192,8 +192,7 @@ TEST_F(KretprobesTest, ErrorsOfRegistration) {
 
     // Not the function's first instruction (but an instruction boundary): -EINVAL.
     kretprobe with_offset = make_rp("ukpt_branches");
-    with_offset.kp.offset =
-        static_cast<unsigned>(ukpt_branches_at_call - reinterpret_cast<char *>(&ukpt_branches));
+    with_offset.kp.offset = static_cast<unsigned>(ukpt_branches_at_call - reinterpret_cast<char *>(&ukpt_branches));
     EXPECT_EQ(register_kretprobe(&with_offset), -EINVAL);
     kretprobe mid_addr = make_rp(nullptr);
     mid_addr.kp.addr = reinterpret_cast<kprobe_opcode_t *>(ukpt_branches_at_jcc);
@@ -353,9 +352,8 @@ TEST_F(KretprobesTest, DeepRecursionEveryLevelInLifoOrder) {
         // The deepest call (argument 0) returns first.
         if (e.value != i || e.data.arg != i || e.fp != e.data.sp || e.ret_addr != e.data.slot) {
             if (++bad < 10)
-                ADD_FAILURE() << "event " << i << ": value " << e.value << " arg " << e.data.arg
-                              << " fp " << std::hex << e.fp << " sp " << e.data.sp << " ret " << e.ret_addr
-                              << " slot " << e.data.slot;
+                ADD_FAILURE() << "event " << i << ": value " << e.value << " arg " << e.data.arg << " fp " << std::hex
+                              << e.fp << " sp " << e.data.sp << " ret " << e.ret_addr << " slot " << e.data.slot;
         }
     }
     EXPECT_EQ(bad, 0);
@@ -734,15 +732,27 @@ extern "C" NOIPA int ukr_jump(int depth, int setjmp_at, int mode) {
         r = -1;
     } else if (depth == setjmp_at && mode == 1) {
         switch (setjmp(g_jb)) {
-        case 0: r = ukr_jump(depth - 1, setjmp_at, mode); break;
-        case 5: r = 999; break;
-        default: r = -999; break;
+        case 0:
+            r = ukr_jump(depth - 1, setjmp_at, mode);
+            break;
+        case 5:
+            r = 999;
+            break;
+        default:
+            r = -999;
+            break;
         }
     } else if (depth == setjmp_at && mode == 2) {
         switch (sigsetjmp(g_sjb, 1)) {
-        case 0: r = ukr_jump(depth - 1, setjmp_at, mode); break;
-        case 6: r = 999; break;
-        default: r = -999; break;
+        case 0:
+            r = ukr_jump(depth - 1, setjmp_at, mode);
+            break;
+        case 6:
+            r = 999;
+            break;
+        default:
+            r = -999;
+            break;
         }
     } else {
         r = ukr_jump(depth - 1, setjmp_at, mode);
@@ -821,8 +831,10 @@ NOIPA int jump_out(int depth, int mode) {
             OPAQUE(r);
             return -1000 - r;
         }
-        case 5: return 5;
-        default: return -1;
+        case 5:
+            return 5;
+        default:
+            return -1;
         }
     }
     switch (sigsetjmp(g_sjb, 1)) {
@@ -831,8 +843,10 @@ NOIPA int jump_out(int depth, int mode) {
         OPAQUE(r);
         return -1000 - r;
     }
-    case 6: return 6;
-    default: return -1;
+    case 6:
+        return 6;
+    default:
+        return -1;
     }
 }
 
@@ -924,7 +938,8 @@ TEST_F(KretprobesTest, ASignalHandlersJumpDuringAReturnLosesNoInstance) {
     ASSERT_EQ(register_kretprobe(&outer), 0);
     ASSERT_EQ(register_kretprobe(&inner), 0);
     ukp_optimizer_flush(); // a return costs some 30 ns: the fast case is a good share of it
-    struct sigaction sa {}, old{};
+    struct sigaction sa {
+    }, old{};
     sa.sa_handler = storm_handler;
     ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
     g_storm_entries = 0;
@@ -1009,13 +1024,16 @@ NOIPA int raise_and_jump(int depth) {
         OPAQUE(r);
         return -1000 - r;
     }
-    case 9: return 9;
-    default: return -1;
+    case 9:
+        return 9;
+    default:
+        return -1;
     }
 }
 
 TEST_F(KretprobesTest, SiglongjmpFromASignalHandlerOutOfProbedFrames) {
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_handler = jump_from_handler;
     sigemptyset(&act.sa_mask);
     ASSERT_EQ(sigaction(SIGUSR1, &act, &old), 0);
@@ -1425,7 +1443,8 @@ TEST_F(KretprobesTest, ListShowsTypeR) {
     ASSERT_TRUE(std::regex_match(text, m, row)) << text;
     EXPECT_EQ(std::stoul(m[1].str(), nullptr, 16), reinterpret_cast<unsigned long>(&ukr_triple));
     ASSERT_EQ(disable_kretprobe(&rp), 0);
-    EXPECT_TRUE(std::regex_match(list(), std::regex("[0-9a-f]{16}  r  ukr_triple\\+0x0  kretprobes_test \\[DISABLED\\]\n")))
+    EXPECT_TRUE(
+        std::regex_match(list(), std::regex("[0-9a-f]{16}  r  ukr_triple\\+0x0  kretprobes_test \\[DISABLED\\]\n")))
         << list();
     unregister_kretprobe(&rp);
 }

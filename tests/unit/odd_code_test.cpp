@@ -175,8 +175,8 @@ long odd_call_size1(long x);
 long odd_call_size3(void);
 long odd_call_getppid(void);
 long odd_ud2(long x);
-extern const unsigned char odd_sig_target_insns[], odd_red_zone_insns[], odd_size1_insns[],
-    odd_size2_insns[], odd_size3_insns[], odd_size4_insns[];
+extern const unsigned char odd_sig_target_insns[], odd_red_zone_insns[], odd_size1_insns[], odd_size2_insns[],
+    odd_size3_insns[], odd_size4_insns[];
 extern char odd_call_getppid_at_call[], odd_ud2_at_ud2[];
 }
 
@@ -311,8 +311,8 @@ TEST_F(SignalCase, SignalsInterruptingProbedCodeOnAnotherThread) {
     }
     stop = true;
     worker.join();
-    std::printf("thread calls %ld, signals sent %ld, handled %ld, missed %lu\n", thread_calls, sent,
-                g_sig_calls.load(), kp.nmissed);
+    std::printf("thread calls %ld, signals sent %ld, handled %ld, missed %lu\n", thread_calls, sent, g_sig_calls.load(),
+                kp.nmissed);
     EXPECT_GE(thread_calls, 20000);
     EXPECT_GE(g_sig_calls, 200);
     EXPECT_EQ(thread_bad, 0) << "wrong result in the interrupted thread";
@@ -338,8 +338,7 @@ TEST_F(OddCode, RedZoneLeafWithEveryInstructionProbed) {
             ASSERT_EQ(register_kprobe(&kps[i]), 0) << "offset " << offs[i];
         }
         g_pre = g_post = 0;
-        for (long x : {0L, 1L, -5L, 1L << 40, 123456789L})
-            EXPECT_EQ(odd_red_zone(x), 3 * x + 18) << "x = " << x;
+        for (long x : {0L, 1L, -5L, 1L << 40, 123456789L}) EXPECT_EQ(odd_red_zone(x), 3 * x + 18) << "x = " << x;
         EXPECT_EQ(g_pre, 5 * static_cast<long>(offs.size()));
         EXPECT_EQ(g_post, with_post ? 5 * static_cast<long>(offs.size()) : 0);
         for (auto &kp : kps) {
@@ -391,9 +390,7 @@ TEST_F(OddCode, IfuncMemcpyByNameAndByImplementationAddress) {
     int ok = 0;
     for (size_t n : sizes) {
         std::memset(dst, 0, sizeof dst);
-        if (mc(dst, src, n) == dst && std::memcmp(dst, src, n) == 0 &&
-            (n == sizeof dst || dst[n] == 0))
-            ++ok;
+        if (mc(dst, src, n) == dst && std::memcmp(dst, src, n) == 0 && (n == sizeof dst || dst[n] == 0)) ++ok;
     }
     const long a = g_filtered_a, b = g_filtered_b, any = g_unfiltered;
     g_filter_di = nullptr;
@@ -624,8 +621,8 @@ void coro_entry() {
 
 void start_coro(long arg, int yield) {
     if (g_coro_stack == nullptr)
-        g_coro_stack = static_cast<char *>(
-            mmap(nullptr, kCoroStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        g_coro_stack =
+            static_cast<char *>(mmap(nullptr, kCoroStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     g_coro_arg = arg;
     g_coro_yield = yield;
     g_coro_done = false;
@@ -727,17 +724,23 @@ void coroutine_suspended_child(int maxactive) {
     const long main_returns = g_coro_ret_calls;
     resume_coro();
     int code = 0;
-    if (main_sum != 301 + 304 + 307) code = 10;
-    else if (!g_coro_done || g_coro_result != 22) code = 11;
-    else if (main_returns != 3) code = 12;
-    else if (g_coro_ret_calls != 4) code = 13;
-    else if (g_coro_ret_on_coro != 1) code = 14;
-    else if (rp.ukp_unwound != 0) code = 15;
+    if (main_sum != 301 + 304 + 307)
+        code = 10;
+    else if (!g_coro_done || g_coro_result != 22)
+        code = 11;
+    else if (main_returns != 3)
+        code = 12;
+    else if (g_coro_ret_calls != 4)
+        code = 13;
+    else if (g_coro_ret_on_coro != 1)
+        code = 14;
+    else if (rp.ukp_unwound != 0)
+        code = 15;
     std::fprintf(stderr,
                  "main_sum %ld done %d result %ld main_returns %ld handler calls %ld "
                  "on coro stack %ld unwound %lu nmissed %d\n",
-                 main_sum, g_coro_done, g_coro_result, main_returns, g_coro_ret_calls.load(),
-                 g_coro_ret_on_coro.load(), rp.ukp_unwound, rp.nmissed);
+                 main_sum, g_coro_done, g_coro_result, main_returns, g_coro_ret_calls.load(), g_coro_ret_on_coro.load(),
+                 rp.ukp_unwound, rp.nmissed);
     unregister_kretprobe(&rp);
     _exit(code);
 }
@@ -785,7 +788,8 @@ TEST_F(OddCode, ProbedUd2ReachesTheProgramsSigillHandler) {
         kp.pre_handler = count_pre;
         if (with_post) kp.post_handler = count_post;
         ASSERT_EQ(register_kprobe(&kp), 0);
-        struct sigaction act {}, old {};
+        struct sigaction act {
+        }, old{};
         act.sa_sigaction = program_sigill;
         act.sa_flags = SA_SIGINFO;
         sigemptyset(&act.sa_mask);
@@ -807,7 +811,8 @@ TEST_F(OddCode, ProbedUd2ReachesTheProgramsSigillHandler) {
         unregister_kprobe(&kp);
     }
     // Without the probe, the same handler sees the same thing.
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_sigaction = program_sigill;
     act.sa_flags = SA_SIGINFO;
     ASSERT_EQ(sigaction(SIGILL, &act, &old), 0);
@@ -865,7 +870,8 @@ TEST_F(OddCode, KretprobeInASignalHandlerOnAnAlternateStackAboveTheThreadStack) 
     ASSERT_NE(b, MAP_FAILED);
     char *thread_stack = std::min(a, b), *signal_stack = std::max(a, b);
 
-    struct sigaction act {}, old {};
+    struct sigaction act {
+    }, old{};
     act.sa_handler = alt_handler;
     act.sa_flags = SA_ONSTACK;
     sigemptyset(&act.sa_mask);

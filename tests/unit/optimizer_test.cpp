@@ -134,8 +134,7 @@ int optimizer_tid() {
         char path[320], name[32] = {};
         snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
         if (FILE *f = fopen(path, "re")) {
-            if (fgets(name, sizeof name, f) != nullptr && strcmp(name, "ukp-optimizer\n") == 0)
-                found = atoi(e->d_name);
+            if (fgets(name, sizeof name, f) != nullptr && strcmp(name, "ukp-optimizer\n") == 0) found = atoi(e->d_name);
             fclose(f);
         }
     }
@@ -648,7 +647,8 @@ TEST_F(OptimizerTest, FlagsSurviveTheHandlers) {
     ASSERT_TRUE(optimized(kp));
     for (size_t i = 0; i < std::size(cases); ++i) {
         EXPECT_EQ(ukpt_opt_flags(cases[i][0], cases[i][1]), expected[i]) << i;
-        EXPECT_EQ(g_seen_flags, static_cast<unsigned long>(expected[i])) << "regs->flags is the flags at the hit, " << i;
+        EXPECT_EQ(g_seen_flags, static_cast<unsigned long>(expected[i]))
+            << "regs->flags is the flags at the hit, " << i;
     }
     EXPECT_EQ(g_hits.load(), static_cast<long>(std::size(cases)));
     unregister_kprobe(&kp);
@@ -1390,7 +1390,8 @@ TEST_F(OptimizerTest, AProgramThatTakesTheStopSignalKeepsItAndJumpsStillGoIn) {
     ukp_optimizer_flush(); // a pass: the optimizer has its signal
     unregister_kprobe(&first);
     const int sig = SIGRTMAX - 2;
-    struct sigaction own {}, old {};
+    struct sigaction own {
+    }, old{};
     own.sa_handler = own_signal;
     sigemptyset(&own.sa_mask);
     ASSERT_EQ(sigaction(sig, &own, &old), 0);
@@ -1454,7 +1455,8 @@ TEST_F(OptimizerTest, AThreadThatBlocksTheStopSignalIsNotSentOne) {
     for (long i = 0; i < 10; ++i) ukpt_opt_work(i);
     unregister_kprobe(&kp);
     EXPECT_TRUE(jumped);
-    for (int sig = SIGRTMIN; sig <= SIGRTMAX; ++sig) EXPECT_FALSE(sigismember(&pending, sig)) << "signal " << sig << " left pending";
+    for (int sig = SIGRTMIN; sig <= SIGRTMAX; ++sig)
+        EXPECT_FALSE(sigismember(&pending, sig)) << "signal " << sig << " left pending";
     EXPECT_EQ(g_hits.load(), 10);
 }
 

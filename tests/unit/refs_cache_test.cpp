@@ -111,7 +111,7 @@ TEST_F(RefsCache, ATableComesBackAsBuiltAtAnyBias) {
     ASSERT_TRUE(built_there);
     expect_same(*moved, *built_there);
     // Readable and writable by this user only.
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(stat(entries(dir_)[0].c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
@@ -133,7 +133,7 @@ TEST_F(RefsCache, DamagedEntriesAreIgnored) {
     const std::string entry = store_libc();
     ASSERT_FALSE(entry.empty());
     ASSERT_TRUE(ukp::arch::load_cached_refs(libc_.path, libc_.bias));
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(stat(entry.c_str(), &st), 0);
     // One byte of the table changed.
     {
@@ -296,7 +296,7 @@ TEST_F(RefsCache, DamagedSymbolEntriesAreIgnored) {
     lazy_symbols(libc_.path, libc_.bias);
     const auto names = entries(dir_, "syms-");
     ASSERT_EQ(names.size(), 1u);
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(stat(names[0].c_str(), &st), 0);
     const int fd = open(names[0].c_str(), O_RDWR);
     ASSERT_GE(fd, 0);

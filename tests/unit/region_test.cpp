@@ -33,7 +33,6 @@ using ukp::arch::OptimizeCheck;
 using ukp::arch::Reason;
 using ukp::arch::reason_name;
 
-
 // Where the functions of the table live: far from everything, so that relocation to a
 // near and a far buffer are both exercised for real. Jump tables sit at kTable.
 constexpr uint64_t kStart = 0x7f00'0000'1000;
@@ -41,14 +40,14 @@ constexpr uint64_t kTable = kStart + 0x100;
 
 struct RegionSpec {
     const char *name;
-    const char *code;         // the function, instruction by instruction
-    uint64_t probe;           // offset of the probe in it
-    Reason reason;            // expected first failed check (kOk: optimizable)
-    uint64_t dcr_len;         // expected DCR length (0: not checked)
-    size_t dcr_insns;         // expected DCR instruction count (0: not checked)
-    std::vector<int32_t> table = {};      // int32 entries readable at kTable (rel32 tables)
-    std::vector<uint64_t> extra = {};     // extra entries, as offsets from kStart
-    bool abs_table = false;               // the entries are 8-byte absolute addresses
+    const char *code;                 // the function, instruction by instruction
+    uint64_t probe;                   // offset of the probe in it
+    Reason reason;                    // expected first failed check (kOk: optimizable)
+    uint64_t dcr_len;                 // expected DCR length (0: not checked)
+    size_t dcr_insns;                 // expected DCR instruction count (0: not checked)
+    std::vector<int32_t> table = {};  // int32 entries readable at kTable (rel32 tables)
+    std::vector<uint64_t> extra = {}; // extra entries, as offsets from kStart
+    bool abs_table = false;           // the entries are 8-byte absolute addresses
 };
 
 // Entries of a rel32 table are offsets from kTable: "kStart + off" is off - 0x100.
@@ -56,8 +55,8 @@ constexpr int32_t to(uint64_t off) { return static_cast<int32_t>(off) - 0x100; }
 
 const RegionSpec kCases[] = {
     // --- optimizable ---
-    {"FirstInsnLong", "48 8b 05 00 01 00 00 | c3", 0, Reason::kOk, 7, 1},     // mov 0x100(%rip),%rax
-    {"MovImmIsFive", "b8 01 00 00 00 | c3", 0, Reason::kOk, 5, 1},            // mov $1,%eax
+    {"FirstInsnLong", "48 8b 05 00 01 00 00 | c3", 0, Reason::kOk, 7, 1}, // mov 0x100(%rip),%rax
+    {"MovImmIsFive", "b8 01 00 00 00 | c3", 0, Reason::kOk, 5, 1},        // mov $1,%eax
     {"PushesAndMov", "55 | 53 | 41 54 | 48 89 e5 | 5d | 5b | 41 5c | c3", 0, Reason::kOk, 7, 4},
     {"Endbr64Push", "f3 0f 1e fa | 55 | 48 89 e5 | 5d | c3", 0, Reason::kOk, 5, 2},
     {"LoopToProbeItself", "31 c0 | 83 c0 01 | 83 f8 0a | 7c f6 | c3", 0, Reason::kOk, 5, 2},
@@ -70,42 +69,71 @@ const RegionSpec kCases[] = {
     {"JumpAfterRegion", "31 c0 | 83 c0 01 | 83 f8 0a | 7c fb | c3", 0, Reason::kOk, 5, 2}, // jl to 5
     // --- jump table: cmp $2,%edi; ja ret; lea T(%rip),%rax; movslq (%rax,%rdi,4),%rdx;
     //     add %rax,%rdx; jmp *%rdx; ret (at 21). Targets resolved from kTable. ---
-    {"JumpTableOutsideRegion", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
-     0, Reason::kOk, 5, 2, {to(21), to(21), to(5)}},
-    {"JumpTableIntoRegion", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
-     0, Reason::kJumpIntoRegion, 5, 2, {to(21), to(3), to(21)}},
-    {"JumpTableUnreadable", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
-     0, Reason::kIndirectJump, 5, 2},
+    {"JumpTableOutsideRegion",
+     "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
+     0,
+     Reason::kOk,
+     5,
+     2,
+     {to(21), to(21), to(5)}},
+    {"JumpTableIntoRegion",
+     "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
+     0,
+     Reason::kJumpIntoRegion,
+     5,
+     2,
+     {to(21), to(3), to(21)}},
+    {"JumpTableUnreadable", "83 ff 02 | 77 10 | 48 8d 05 f4 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3", 0,
+     Reason::kIndirectJump, 5, 2},
     // notrack jmp *%rdx, and the index copied after the bounds check (mov %edi,%ecx).
     {"JumpTableNotrackCopiedIndex",
-     "83 ff 02 | 77 13 | 89 f9 | 48 8d 05 f2 00 00 00 | 48 63 14 88 | 48 01 c2 | 3e ff e2 | c3", 0,
-     Reason::kJumpIntoRegion, 5, 2, {to(24), to(24), to(1)}},
+     "83 ff 02 | 77 13 | 89 f9 | 48 8d 05 f2 00 00 00 | 48 63 14 88 | 48 01 c2 | 3e ff e2 | c3",
+     0,
+     Reason::kJumpIntoRegion,
+     5,
+     2,
+     {to(24), to(24), to(1)}},
     // No bounds check: the table cannot be sized.
-    {"JumpTableUnbounded", "48 8d 05 f9 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3", 0,
-     Reason::kIndirectJump, 7, 1, {to(16)}},
+    {"JumpTableUnbounded",
+     "48 8d 05 f9 00 00 00 | 48 63 14 b8 | 48 01 c2 | ff e2 | c3",
+     0,
+     Reason::kIndirectJump,
+     7,
+     1,
+     {to(16)}},
     // glibc's assembly: bsf %rdx,%rdx; lea T(%rip),%r11; movslq (%r11,%rdx,4),%rcx;
     // lea (%r11,%rcx,1),%rcx; jmp *%rcx; ret (at 21). bsf bounds the index to 64 entries.
     {"JumpTableLeaSumBsfBound", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
      Reason::kOk, 11, 2, std::vector<int32_t>(64, to(21))},
-    {"JumpTableLeaSumBsfIntoRegion", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3",
-     0, Reason::kJumpIntoRegion, 11, 2, [] {
+    {"JumpTableLeaSumBsfIntoRegion", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
+     Reason::kJumpIntoRegion, 11, 2,
+     [] {
          std::vector<int32_t> t(64, to(21));
          t[63] = to(4); // the last entry bsf allows
          return t;
      }()},
     // The same with 63 readable entries: the 64th that bsf allows cannot be read.
-    {"JumpTableLeaSumBsfShortTable", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3",
-     0, Reason::kIndirectJump, 11, 2, std::vector<int32_t>(63, to(21))},
+    {"JumpTableLeaSumBsfShortTable", "48 0f bc d2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
+     Reason::kIndirectJump, 11, 2, std::vector<int32_t>(63, to(21))},
     // bsf of another register: no bound on %rdx.
     {"JumpTableLeaSumOtherBsf", "48 0f bc c2 | 4c 8d 1d f5 00 00 00 | 49 63 0c 93 | 49 8d 0c 0b | ff e1 | c3", 0,
      Reason::kIndirectJump, 11, 2, std::vector<int32_t>(64, to(21))},
     // A constant index: nop x3; movslq T+8(%rip),%rax; lea T(%rip),%rdx; add %rdx,%rax;
     // jmp *%rax; ret (at 22): one entry, T[2].
-    {"JumpTableConstantIndex", "90 | 90 | 90 | 48 63 05 fe 00 00 00 | 48 8d 15 ef 00 00 00 | 48 01 d0 | ff e0 | c3", 0,
-     Reason::kOk, 10, 4, {to(1), to(1), to(22)}},
+    {"JumpTableConstantIndex",
+     "90 | 90 | 90 | 48 63 05 fe 00 00 00 | 48 8d 15 ef 00 00 00 | 48 01 d0 | ff e0 | c3",
+     0,
+     Reason::kOk,
+     10,
+     4,
+     {to(1), to(1), to(22)}},
     {"JumpTableConstantIndexIntoRegion",
-     "90 | 90 | 90 | 48 63 05 fe 00 00 00 | 48 8d 15 ef 00 00 00 | 48 01 d0 | ff e0 | c3", 0, Reason::kJumpIntoRegion,
-     10, 4, {to(22), to(22), to(1)}},
+     "90 | 90 | 90 | 48 63 05 fe 00 00 00 | 48 8d 15 ef 00 00 00 | 48 01 d0 | ff e0 | c3",
+     0,
+     Reason::kJumpIntoRegion,
+     10,
+     4,
+     {to(22), to(22), to(1)}},
     // cmp $1,%edi; ja ret; jmp *T(,%rdi,8); ret (at 12)
     {"AbsJumpTableUnreadable", "83 ff 01 | 77 07 | ff 24 fd 00 11 00 00 | c3", 0, Reason::kIndirectJump, 5, 2},
     // --- not optimizable ---
@@ -178,11 +206,11 @@ INSTANTIATE_TEST_SUITE_P(region, RegionCase, ::testing::ValuesIn(kCases),
 
 struct RefsSpec {
     const char *name;
-    const char *code;                 // the function
-    const char *tail;                 // the bytes after it ("" : none readable)
-    Reason reason;                    // expected first failed check with the references
-    bool trusted = false;             // expected OptimizeCheck::trusted_jumps
-    bool padding = false;             // expected OptimizeCheck::into_padding
+    const char *code;     // the function
+    const char *tail;     // the bytes after it ("" : none readable)
+    Reason reason;        // expected first failed check with the references
+    bool trusted = false; // expected OptimizeCheck::trusted_jumps
+    bool padding = false; // expected OptimizeCheck::into_padding
     std::vector<uint64_t> values = {};
     std::vector<std::pair<uint64_t, uint64_t>> branches = {};
     std::vector<uint64_t> starts = {0, 0x40};
@@ -193,7 +221,13 @@ const RefsSpec kRefsCases[] = {
     // xor %eax,%eax; mov 0x10(%rdi),%rax; jmp *%rax: a tail call through a loaded pointer.
     {"TailCallLoadedPointer", "31 c0 | 48 8b 47 10 | ff e0", "", Reason::kOk, true},
     {"TailCallEntryPlus2Taken", "31 c0 | 48 8b 47 10 | ff e0", "", Reason::kJumpIntoRegion, true, false, {2}},
-    {"TailCallEntryPlus2Branched", "31 c0 | 48 8b 47 10 | ff e0", "", Reason::kJumpIntoRegion, true, false, {},
+    {"TailCallEntryPlus2Branched",
+     "31 c0 | 48 8b 47 10 | ff e0",
+     "",
+     Reason::kJumpIntoRegion,
+     true,
+     false,
+     {},
      {{2, 0x80}}},
     // mov (%rdi),%rax; add $8,%rax; jmp *%rax: computed, whatever the references.
     {"ComputedTarget", "48 8b 07 | 48 83 c0 08 | ff e0", "", Reason::kIndirectJump},
@@ -215,25 +249,50 @@ const RefsSpec kRefsCases[] = {
      true},
     // ... but another function jumps to L (with anything in %rax).
     {"PointerThroughBranchJoinedFromOutside",
-     "48 8b 07 | 48 8b 40 10 | 48 3b 05 00 01 00 00 | 75 01 | c3 | ff e0", "", Reason::kIndirectJump, false, false,
-     {}, {{0x11, 0x80}}},
+     "48 8b 07 | 48 8b 40 10 | 48 3b 05 00 01 00 00 | 75 01 | c3 | ff e0",
+     "",
+     Reason::kIndirectJump,
+     false,
+     false,
+     {},
+     {{0x11, 0x80}}},
     // -O0 computed goto: push %rbp; mov %rsp,%rbp; lea 0x100(%rip),%rax; add $0x10,%rax;
     // mov %rax,-8(%rbp); mov -8(%rbp),%rax; jmp *%rax -- the spill is followed to the add.
-    {"SpilledComputedValue",
-     "55 | 48 89 e5 | 48 8d 05 00 01 00 00 | 48 83 c0 10 | 48 89 45 f8 | 48 8b 45 f8 | ff e0", "",
-     Reason::kIndirectJump},
+    {"SpilledComputedValue", "55 | 48 89 e5 | 48 8d 05 00 01 00 00 | 48 83 c0 10 | 48 89 45 f8 | 48 8b 45 f8 | ff e0",
+     "", Reason::kIndirectJump},
     {"SpilledLeaValue", "55 | 48 89 e5 | 48 8d 05 00 01 00 00 | 48 89 45 f8 | 48 8b 45 f8 | ff e0", "", Reason::kOk,
      true},
     // The function takes the address of a label inside itself (a computed goto's &&label).
     {"LabelAddressInside", "48 8b 07 | 48 89 f2 | ff 60 18 | c3", "", Reason::kIndirectJump, false, false, {9}},
     // xor %eax,%eax; ret, then nop padding (nopl (%rax); nop x2) up to the next start at 8.
     {"ShortIntoPadding", "31 c0 | c3", "0f 1f 00 | 90 90 | 55", Reason::kOk, false, true, {}, {}, {0, 8}},
-    {"ShortPaddingReachedByJump", "31 c0 | c3", "0f 1f 00 | 90 90 | 55", Reason::kJumpIntoRegion, false, true, {},
-     {{3, 0x80}}, {0, 8}},
-    {"ShortPaddingAddressTaken", "31 c0 | c3", "0f 1f 00 | 90 90 | 55", Reason::kJumpIntoRegion, false, true, {4},
-     {}, {0, 8}},
-    {"ShortNextFunctionInside", "31 c0 | c3", "0f 1f 00 | 90 90 | 55", Reason::kTooSmallFunction, false, false, {},
-     {}, {0, 4}},
+    {"ShortPaddingReachedByJump",
+     "31 c0 | c3",
+     "0f 1f 00 | 90 90 | 55",
+     Reason::kJumpIntoRegion,
+     false,
+     true,
+     {},
+     {{3, 0x80}},
+     {0, 8}},
+    {"ShortPaddingAddressTaken",
+     "31 c0 | c3",
+     "0f 1f 00 | 90 90 | 55",
+     Reason::kJumpIntoRegion,
+     false,
+     true,
+     {4},
+     {},
+     {0, 8}},
+    {"ShortNextFunctionInside",
+     "31 c0 | c3",
+     "0f 1f 00 | 90 90 | 55",
+     Reason::kTooSmallFunction,
+     false,
+     false,
+     {},
+     {},
+     {0, 4}},
     // No ret at the end: execution would fall into the padding.
     {"ShortFallsThrough", "31 c0 | 90", "0f 1f 00 | 90 90 | 55", Reason::kTooSmallFunction},
     {"ShortInt3Padding", "31 c0 | c3", "cc cc cc cc", Reason::kTooSmallFunction},
@@ -251,15 +310,39 @@ const RefsSpec kRefsCases[] = {
     // call f; L: cmp $2,%edi; ja out; mov %edi,%edi; movslq (%rbx,%rdi,4),%rax;
     // add %rbx,%rax; jmp *%rax; out: ret (at 0x20). Every path to the add has %rbx = T.
     {"TableBaseOnEveryPath",
-     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff e0 | c3",
-     "", Reason::kOk, false, false, {}, {}, {0, 0x40}, {to(0x20), to(0x20), to(0x20)}},
+     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff "
+     "e0 | c3",
+     "",
+     Reason::kOk,
+     false,
+     false,
+     {},
+     {},
+     {0, 0x40},
+     {to(0x20), to(0x20), to(0x20)}},
     {"TableBaseOnEveryPathIntoRegion",
-     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff e0 | c3",
-     "", Reason::kJumpIntoRegion, false, false, {}, {}, {0, 0x40}, {to(0x20), to(3), to(0x20)}},
+     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff "
+     "e0 | c3",
+     "",
+     Reason::kJumpIntoRegion,
+     false,
+     false,
+     {},
+     {},
+     {0, 0x40},
+     {to(0x20), to(3), to(0x20)}},
     // ... and another function jumps to the cmp, with anything in %rbx.
     {"TableBaseJoinedFromOutside",
-     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff e0 | c3",
-     "", Reason::kIndirectJump, false, false, {}, {{0x10, 0x80}}, {0, 0x40}, {to(0x20), to(0x20), to(0x20)}},
+     "48 8d 1d f9 00 00 00 | 85 f6 | 75 05 | e8 fb 01 00 00 | 83 ff 02 | 77 0b | 89 ff | 48 63 04 bb | 48 01 d8 | ff "
+     "e0 | c3",
+     "",
+     Reason::kIndirectJump,
+     false,
+     false,
+     {},
+     {{0x10, 0x80}},
+     {0, 0x40},
+     {to(0x20), to(0x20), to(0x20)}},
 };
 
 void PrintTo(const RefsSpec &s, std::ostream *os) { *os << s.name; }
@@ -317,8 +400,8 @@ TEST(region, AnalyzeRecordsBoundariesTargetsAndTables) {
     };
     const FunctionMap f = analyze_function(kStart, code.data(), code.size(), read);
     ASSERT_TRUE(f.reliable());
-    const std::vector<uint64_t> insns = {kStart, kStart + 3, kStart + 5, kStart + 12, kStart + 16,
-                                         kStart + 19, kStart + 21};
+    const std::vector<uint64_t> insns = {kStart,      kStart + 3,  kStart + 5, kStart + 12,
+                                         kStart + 16, kStart + 19, kStart + 21};
     EXPECT_EQ(f.insns, insns);
     ASSERT_EQ(f.indirect_jumps.size(), 1u);
     const IndirectJump &ij = f.indirect_jumps[0];
@@ -443,8 +526,7 @@ extern "C" __attribute__((noinline)) int ukp_region_might_throw(int x) {
     return x;
 }
 
-extern "C" __attribute__((noinline, optimize("no-reorder-blocks-and-partition"))) int
-ukp_region_catches(int x) {
+extern "C" __attribute__((noinline, optimize("no-reorder-blocks-and-partition"))) int ukp_region_catches(int x) {
     try {
         return ukp_region_might_throw(x) + 1;
     } catch (const std::exception &) {
@@ -467,9 +549,9 @@ TEST(region, LandingPadOfTryCatchIsInsideTheFunction) {
     ASSERT_GT(fn->size, 0u);
     std::vector<uint64_t> pads;
     std::string why;
-    ASSERT_EQ(ukp::arch::landing_pads(s.img->eh_frame_hdr(), fn->value, fn->value + fn->size, s.img->reader(),
-                                      &pads, &why),
-              0)
+    ASSERT_EQ(
+        ukp::arch::landing_pads(s.img->eh_frame_hdr(), fn->value, fn->value + fn->size, s.img->reader(), &pads, &why),
+        0)
         << why;
     ASSERT_FALSE(pads.empty());
     for (uint64_t p : pads) {
@@ -480,15 +562,15 @@ TEST(region, LandingPadOfTryCatchIsInsideTheFunction) {
     const ukp::sym::Symbol *plain = s.obj->find("ukp_region_might_throw");
     ASSERT_NE(plain, nullptr);
     std::vector<uint64_t> none;
-    EXPECT_EQ(ukp::arch::landing_pads(s.img->eh_frame_hdr(), plain->value, plain->value + plain->size,
-                                      s.img->reader(), &none, &why),
+    EXPECT_EQ(ukp::arch::landing_pads(s.img->eh_frame_hdr(), plain->value, plain->value + plain->size, s.img->reader(),
+                                      &none, &why),
               0)
         << why;
     EXPECT_TRUE(none.empty());
 
     // A landing pad moved into the DCR would forbid the jump.
-    const FunctionMap f = analyze_function(fn->value, reinterpret_cast<const uint8_t *>(fn->value), fn->size,
-                                           s.img->reader());
+    const FunctionMap f =
+        analyze_function(fn->value, reinterpret_cast<const uint8_t *>(fn->value), fn->size, s.img->reader());
     const OptimizeCheck c = check_region(f, fn->value, pads);
     if (c.ok) {
         EXPECT_EQ(check_region(f, fn->value, {fn->value + 1}).reason, Reason::kJumpIntoRegion);
@@ -513,8 +595,8 @@ TEST(region, EveryEntryOfThisBinary) {
         const FunctionMap f = analyze_function(sym.value, code, sym.size, s.img->reader());
         std::vector<uint64_t> pads;
         std::string why;
-        if (ukp::arch::landing_pads(s.img->eh_frame_hdr(), sym.value, sym.value + sym.size, s.img->reader(),
-                                    &pads, &why) != 0) {
+        if (ukp::arch::landing_pads(s.img->eh_frame_hdr(), sym.value, sym.value + sym.size, s.img->reader(), &pads,
+                                    &why) != 0) {
             ++pad_errors;
             ADD_FAILURE() << sym.name << ": " << why;
             continue;
@@ -591,8 +673,8 @@ TEST(region, ObjectRefsOfHandWrittenFunctions) {
     };
     EXPECT_EQ(reason("ukp_refs_tail_call"), "ok");
     EXPECT_TRUE(v["ukp_refs_tail_call"].check.trusted_jumps);
-    EXPECT_EQ(reason("ukp_refs_tail_call_taken"), "jump-into-region"); // a lea of entry+2
-    EXPECT_EQ(reason("ukp_refs_tail_call_reloc"), "jump-into-region"); // a RELATIVE relocation
+    EXPECT_EQ(reason("ukp_refs_tail_call_taken"), "jump-into-region");  // a lea of entry+2
+    EXPECT_EQ(reason("ukp_refs_tail_call_reloc"), "jump-into-region");  // a RELATIVE relocation
     EXPECT_EQ(reason("ukp_refs_tail_call_jumped"), "jump-into-region"); // jne from another function
     EXPECT_EQ(reason("ukp_refs_short"), "ok");
     EXPECT_TRUE(v["ukp_refs_short"].check.into_padding);
@@ -636,8 +718,8 @@ std::string loaded_path(const std::string &file) {
 // floors leave a margin for other builds of the libraries (docs/performance.md has the
 // figures of Debian 12's).
 TEST(region, CoverageOfLibcAndLibstdcxxAboveFloors) {
-    for (const auto &[file, floor] : {std::pair{std::string("libc.so.6"), 98.5},
-                                      std::pair{std::string("libstdc++.so.6"), 99.5}}) {
+    for (const auto &[file, floor] :
+         {std::pair{std::string("libc.so.6"), 98.5}, std::pair{std::string("libstdc++.so.6"), 99.5}}) {
         const std::string path = loaded_path(file);
         ASSERT_FALSE(path.empty()) << file << " not loaded";
         const auto v = entry_verdicts(path);

@@ -38,7 +38,6 @@ using ukp::arch::Insn;
 using ukp::arch::kMaxRelocatedSize;
 using ukp::arch::relocate;
 
-
 std::string hex(const uint8_t *p, size_t n) {
     std::string s;
     char buf[4];
@@ -76,154 +75,146 @@ struct RelocCase {
 // = -0xf00 (00 f1 ff ff). Far targets are 0x7f00'0000'1xxx and appear as literals.
 const RelocCase kRelocCases[] = {
     // --- ordinary instructions: copied, then the exit ---
-    {"PlainExitNone", "48 89 e5", kNearOrig, kNearDest, Exit::kNone,
-     "48 89 e5"},  // mov %rsp,%rbp
+    {"PlainExitNone", "48 89 e5", kNearOrig, kNearDest, Exit::kNone, "48 89 e5"}, // mov %rsp,%rbp
     {"PlainJumpBackNear", "48 89 e5", kNearOrig, kNearDest, Exit::kJumpBack,
-     "48 89 e5 | e9 fb ef ff ff"},  // jmp 0x10000003 from 0x10001008
+     "48 89 e5 | e9 fb ef ff ff"}, // jmp 0x10000003 from 0x10001008
     {"PlainJumpBackFar", "48 89 e5", kFarOrig, kFarDest, Exit::kJumpBack,
-     "48 89 e5 | ff 25 00 00 00 00 | 03 10 00 00 00 7f 00 00"},  // jmp *lit; lit = next
-    {"PlainTrap", "48 89 e5", kNearOrig, kNearDest, Exit::kTrap,
-     "48 89 e5 | cc", 0, 3},
+     "48 89 e5 | ff 25 00 00 00 00 | 03 10 00 00 00 7f 00 00"}, // jmp *lit; lit = next
+    {"PlainTrap", "48 89 e5", kNearOrig, kNearDest, Exit::kTrap, "48 89 e5 | cc", 0, 3},
     {"Ud2Copied", "0f 0b", kNearOrig, kNearDest, Exit::kNone, "0f 0b"},
     {"Int80Copied", "cd 80", kNearOrig, kNearDest, Exit::kTrap, "cd 80 | cc", 0, 2},
     {"Endbr64Copied", "f3 0f 1e fa", kNearOrig, kNearDest, Exit::kNone, "f3 0f 1e fa"},
 
     // --- RIP-relative data operands, near: disp32 re-aimed ---
     {"MovLoadRipNear", "48 8b 05 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "48 8b 05 00 f1 ff ff"},  // mov 0x100(%rip),%rax
+     "48 8b 05 00 f1 ff ff"}, // mov 0x100(%rip),%rax
     {"MovStoreRipNear", "48 89 05 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "48 89 05 00 f1 ff ff"},  // mov %rax,0x100(%rip)
+     "48 89 05 00 f1 ff ff"}, // mov %rax,0x100(%rip)
     {"CmpImmRipNear", "83 3d 00 01 00 00 05", kNearOrig, kNearDest, Exit::kNone,
-     "83 3d 00 f1 ff ff 05"},  // cmpl $5,0x100(%rip): imm8 follows disp, rip = end
+     "83 3d 00 f1 ff ff 05"}, // cmpl $5,0x100(%rip): imm8 follows disp, rip = end
     {"LeaRipNear", "48 8d 05 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "48 8d 05 00 f1 ff ff"},  // lea 0x100(%rip),%rax
+     "48 8d 05 00 f1 ff ff"}, // lea 0x100(%rip),%rax
     {"MovapsRipNear", "0f 28 05 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "0f 28 05 00 f1 ff ff"},  // movaps 0x100(%rip),%xmm0
+     "0f 28 05 00 f1 ff ff"}, // movaps 0x100(%rip),%xmm0
     {"PushRipNear", "ff 35 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 00 f1 ff ff"},  // push 0x100(%rip): fine when only the disp changes
+     "ff 35 00 f1 ff ff"}, // push 0x100(%rip): fine when only the disp changes
     {"MovLoadRipNearJumpBack", "48 8b 05 00 01 00 00", kNearOrig, kNearDest, Exit::kJumpBack,
-     "48 8b 05 00 f1 ff ff | e9 fb ef ff ff"},  // jmp 0x10000007 from 0x1000100c
+     "48 8b 05 00 f1 ff ff | e9 fb ef ff ff"}, // jmp 0x10000007 from 0x1000100c
 
     // --- RIP-relative data operands, far: scratch register holding the address ---
     // lea -128(%rsp),%rsp | push %s | movabs $EA,%s | insn with (%s) | pop %s | lea 128(%rsp),%rsp
     {"MovLoadRipFar", "48 8b 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 51 | 48 b9 07 11 00 00 00 7f 00 00 | 48 8b 01 | 59 | "
-     "48 8d a4 24 80 00 00 00"},  // rax is the operand: scratch rcx
+     "48 8d a4 24 80 00 00 00"}, // rax is the operand: scratch rcx
     {"MovStoreRipFar", "48 89 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 51 | 48 b9 07 11 00 00 00 7f 00 00 | 48 89 01 | 59 | "
      "48 8d a4 24 80 00 00 00"},
     {"CmpImmRipFar", "83 3d 00 01 00 00 05", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 50 | 48 b8 07 11 00 00 00 7f 00 00 | 83 38 05 | 58 | "
-     "48 8d a4 24 80 00 00 00"},  // no GPR operand: scratch rax
+     "48 8d a4 24 80 00 00 00"}, // no GPR operand: scratch rax
     {"MovapsRipFar", "0f 28 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 50 | 48 b8 07 11 00 00 00 7f 00 00 | 0f 28 00 | 58 | "
      "48 8d a4 24 80 00 00 00"},
     {"MovAhRipFar", "8a 25 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 51 | 48 b9 06 11 00 00 00 7f 00 00 | 8a 21 | 59 | "
-     "48 8d a4 24 80 00 00 00"},  // mov 0x100(%rip),%ah: ah is part of rax
+     "48 8d a4 24 80 00 00 00"}, // mov 0x100(%rip),%ah: ah is part of rax
     {"FsMovRipFar", "64 48 8b 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 51 | 48 b9 08 11 00 00 00 7f 00 00 | 64 48 8b 01 | 59 | "
-     "48 8d a4 24 80 00 00 00"},  // mov %fs:0x100(%rip),%rax keeps its fs override
+     "48 8d a4 24 80 00 00 00"}, // mov %fs:0x100(%rip),%rax keeps its fs override
     {"CmpxchgRipFar", "48 0f b1 0d 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 52 | 48 ba 08 11 00 00 00 7f 00 00 | 48 0f b1 0a | 5a | "
-     "48 8d a4 24 80 00 00 00"},  // cmpxchg %rcx,0x100(%rip) uses rax implicitly: rdx
+     "48 8d a4 24 80 00 00 00"}, // cmpxchg %rcx,0x100(%rip) uses rax implicitly: rdx
     {"MovLoadRipFarJumpBack", "48 8b 05 00 01 00 00", kFarOrig, kFarDest, Exit::kJumpBack,
      "48 8d 64 24 80 | 51 | 48 b9 07 11 00 00 00 7f 00 00 | 48 8b 01 | 59 | "
      "48 8d a4 24 80 00 00 00 | ff 25 00 00 00 00 | 07 10 00 00 00 7f 00 00"},
     {"MovLoadRipFarTrap", "48 8b 05 00 01 00 00", kFarOrig, kFarDest, Exit::kTrap,
      "48 8d 64 24 80 | 51 | 48 b9 07 11 00 00 00 7f 00 00 | 48 8b 01 | 59 | "
-     "48 8d a4 24 80 00 00 00 | cc", 0, 28},
+     "48 8d a4 24 80 00 00 00 | cc",
+     0, 28},
     {"VmovdqaRipNear", "c5 fd 6f 05 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "c5 fd 6f 05 00 f1 ff ff"},  // vmovdqa 0x100(%rip),%ymm0
+     "c5 fd 6f 05 00 f1 ff ff"}, // vmovdqa 0x100(%rip),%ymm0
     {"VmovdqaRipFar", "c5 fd 6f 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 50 | 48 b8 08 11 00 00 00 7f 00 00 | c5 fd 6f 00 | 58 | "
-     "48 8d a4 24 80 00 00 00"},  // VEX: re-encoded as vmovdqa (%rax),%ymm0
+     "48 8d a4 24 80 00 00 00"}, // VEX: re-encoded as vmovdqa (%rax),%ymm0
     {"VmovapsZmmRipFar", "62 f1 7c 48 28 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 50 | 48 b8 0a 11 00 00 00 7f 00 00 | 62 f1 7c 48 28 00 | 58 | "
-     "48 8d a4 24 80 00 00 00"},  // EVEX: vmovaps 0x100(%rip),%zmm0
+     "48 8d a4 24 80 00 00 00"}, // EVEX: vmovaps 0x100(%rip),%zmm0
     {"LeaRipFar", "48 8d 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
-     "48 b8 07 11 00 00 00 7f 00 00"},  // movabs $EA,%rax
+     "48 b8 07 11 00 00 00 7f 00 00"}, // movabs $EA,%rax
     {"LeaRipFarR9", "4c 8d 0d 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
-     "49 b9 07 11 00 00 00 7f 00 00"},  // lea 0x100(%rip),%r9 -> movabs $EA,%r9
+     "49 b9 07 11 00 00 00 7f 00 00"}, // lea 0x100(%rip),%r9 -> movabs $EA,%r9
     {"LeaRipFar32", "8d 05 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
-     "b8 06 11 00 00"},  // lea 0x100(%rip),%eax -> mov $(EA & 0xffffffff),%eax
+     "b8 06 11 00 00"}, // lea 0x100(%rip),%eax -> mov $(EA & 0xffffffff),%eax
     {"PushRipFar", "ff 35 00 01 00 00", kFarOrig, kFarDest, Exit::kNone, nullptr, -EOPNOTSUPP},
 
     // --- jmp rel ---
     {"JmpRel8Near", "eb 10", kNearOrig, kNearDest, Exit::kJumpBack,
-     "e9 0d f0 ff ff"},  // to 0x10000012 from 0x10001005; no exit after a jmp
-    {"JmpRel8Far", "eb 10", kFarOrig, kFarDest, Exit::kNone,
-     "ff 25 00 00 00 00 | 12 10 00 00 00 7f 00 00"},
-    {"JmpRel32Near", "e9 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "e9 00 f1 ff ff"},  // to 0x10000105
+     "e9 0d f0 ff ff"}, // to 0x10000012 from 0x10001005; no exit after a jmp
+    {"JmpRel8Far", "eb 10", kFarOrig, kFarDest, Exit::kNone, "ff 25 00 00 00 00 | 12 10 00 00 00 7f 00 00"},
+    {"JmpRel32Near", "e9 00 01 00 00", kNearOrig, kNearDest, Exit::kNone, "e9 00 f1 ff ff"}, // to 0x10000105
     {"JmpRel32Far", "e9 00 01 00 00", kFarOrig, kFarDest, Exit::kJumpBack,
      "ff 25 00 00 00 00 | 05 11 00 00 00 7f 00 00"},
     {"BndJmpRel32Near", "f2 e9 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "e9 01 f1 ff ff"},  // bnd jmp to 0x10000106, bnd dropped
+     "e9 01 f1 ff ff"}, // bnd jmp to 0x10000106, bnd dropped
     {"JmpTrap", "eb 10", kNearOrig, kNearDest, Exit::kTrap, nullptr, -EINVAL},
 
     // --- jcc ---
     {"JeRel8Near", "74 10", kNearOrig, kNearDest, Exit::kJumpBack,
-     "0f 84 0c f0 ff ff | e9 f7 ef ff ff"},  // je 0x10000012; jmp 0x10000002
+     "0f 84 0c f0 ff ff | e9 f7 ef ff ff"}, // je 0x10000012; jmp 0x10000002
     {"JeRel8Far", "74 10", kFarOrig, kFarDest, Exit::kJumpBack,
      "75 06 | ff 25 06 00 00 00 | ff 25 08 00 00 00 | 12 10 00 00 00 7f 00 00 | "
-     "02 10 00 00 00 7f 00 00"},  // jne over jmp *target; jmp *next
+     "02 10 00 00 00 7f 00 00"}, // jne over jmp *target; jmp *next
     {"JeRel8FarExitNone", "74 10", kFarOrig, kFarDest, Exit::kNone,
-     "75 06 | ff 25 02 00 00 00 | eb 08 | 12 10 00 00 00 7f 00 00"},  // fall through past pool
-    {"JgRel32Near", "0f 8f 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "0f 8f 00 f1 ff ff"},  // jg 0x10000106
+     "75 06 | ff 25 02 00 00 00 | eb 08 | 12 10 00 00 00 7f 00 00"}, // fall through past pool
+    {"JgRel32Near", "0f 8f 00 01 00 00", kNearOrig, kNearDest, Exit::kNone, "0f 8f 00 f1 ff ff"}, // jg 0x10000106
     {"JbRel32Far", "0f 82 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
-     "73 06 | ff 25 02 00 00 00 | eb 08 | 06 11 00 00 00 7f 00 00"},  // jae over jmp
+     "73 06 | ff 25 02 00 00 00 | eb 08 | 06 11 00 00 00 7f 00 00"}, // jae over jmp
     {"JeTrap", "74 10", kNearOrig, kNearDest, Exit::kTrap, nullptr, -EINVAL},
 
     // --- loop / jrcxz: only rel8, so `insn +2; jmp short over; jmp target` ---
-    {"LoopNear", "e2 10", kNearOrig, kNearDest, Exit::kJumpBack,
-     "e2 02 | eb 05 | e9 09 f0 ff ff | e9 f4 ef ff ff"},
+    {"LoopNear", "e2 10", kNearOrig, kNearDest, Exit::kJumpBack, "e2 02 | eb 05 | e9 09 f0 ff ff | e9 f4 ef ff ff"},
     {"LoopFar", "e2 10", kFarOrig, kFarDest, Exit::kJumpBack,
      "e2 02 | eb 06 | ff 25 06 00 00 00 | ff 25 08 00 00 00 | 12 10 00 00 00 7f 00 00 | "
      "02 10 00 00 00 7f 00 00"},
-    {"JrcxzNear", "e3 10", kNearOrig, kNearDest, Exit::kNone,
-     "e3 02 | eb 05 | e9 09 f0 ff ff"},
+    {"JrcxzNear", "e3 10", kNearOrig, kNearDest, Exit::kNone, "e3 02 | eb 05 | e9 09 f0 ff ff"},
     {"JecxzNear", "67 e3 10", kNearOrig, kNearDest, Exit::kNone,
-     "67 e3 02 | eb 05 | e9 09 f0 ff ff"},  // keeps the 67 prefix (tests ecx)
+     "67 e3 02 | eb 05 | e9 09 f0 ff ff"}, // keeps the 67 prefix (tests ecx)
 
     // --- call rel32: push the original return address, then jmp ---
     {"CallRel32Near", "e8 00 01 00 00", kNearOrig, kNearDest, Exit::kJumpBack,
-     "ff 35 05 00 00 00 | e9 fa f0 ff ff | 05 00 00 10 00 00 00 00"},  // push lit; jmp
+     "ff 35 05 00 00 00 | e9 fa f0 ff ff | 05 00 00 10 00 00 00 00"}, // push lit; jmp
     {"CallRel32Far", "e8 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "ff 35 06 00 00 00 | ff 25 08 00 00 00 | 05 10 00 00 00 7f 00 00 | "
-     "05 11 00 00 00 7f 00 00"},  // push lit(ret); jmp *lit(target)
+     "05 11 00 00 00 7f 00 00"}, // push lit(ret); jmp *lit(target)
     {"CallTrap", "e8 00 01 00 00", kNearOrig, kNearDest, Exit::kTrap, nullptr, -EINVAL},
 
     // --- call r/m64 ---
     {"CallRipNear", "ff 15 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 06 00 00 00 | ff 25 fa f0 ff ff | 06 00 00 10 00 00 00 00"},  // jmp *0x10000106
+     "ff 35 06 00 00 00 | ff 25 fa f0 ff ff | 06 00 00 10 00 00 00 00"}, // jmp *0x10000106
     {"NotrackCallRipNear", "3e ff 15 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
      "ff 35 07 00 00 00 | 3e ff 25 fa f0 ff ff | 07 00 00 10 00 00 00 00"},
     {"CallRipFar", "ff 15 00 01 00 00", kFarOrig, kFarDest, Exit::kJumpBack,
      "ff 35 1a 00 00 00 | 48 8d 64 24 80 | 50 | 48 b8 06 11 00 00 00 7f 00 00 | 48 8b 00 | "
      "48 87 04 24 | c2 80 00 | 06 10 00 00 00 7f 00 00"},
     {"CallRspDisp8", "ff 54 24 08", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 04 00 00 00 | ff 64 24 10 | 04 00 00 10 00 00 00 00"},  // jmp *16(%rsp)
+     "ff 35 04 00 00 00 | ff 64 24 10 | 04 00 00 10 00 00 00 00"}, // jmp *16(%rsp)
     {"CallRspNoDisp", "ff 14 24", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 04 00 00 00 | ff 64 24 08 | 03 00 00 10 00 00 00 00"},  // jmp *8(%rsp)
+     "ff 35 04 00 00 00 | ff 64 24 08 | 03 00 00 10 00 00 00 00"}, // jmp *8(%rsp)
     {"CallRspDisp8Grows", "ff 54 24 7c", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 07 00 00 00 | ff a4 24 84 00 00 00 | 04 00 00 10 00 00 00 00"},  // disp8 -> disp32
+     "ff 35 07 00 00 00 | ff a4 24 84 00 00 00 | 04 00 00 10 00 00 00 00"}, // disp8 -> disp32
     {"NotrackCallRsp", "3e ff 54 24 08", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 05 00 00 00 | 3e ff 64 24 10 | 05 00 00 10 00 00 00 00"},  // notrack kept
-    {"CallRax", "ff d0", kNearOrig, kNearDest, Exit::kNone,
-     "ff 35 02 00 00 00 | ff e0 | 02 00 00 10 00 00 00 00"},
+     "ff 35 05 00 00 00 | 3e ff 64 24 10 | 05 00 00 10 00 00 00 00"}, // notrack kept
+    {"CallRax", "ff d0", kNearOrig, kNearDest, Exit::kNone, "ff 35 02 00 00 00 | ff e0 | 02 00 00 10 00 00 00 00"},
     {"CallR11Far", "41 ff d3", kFarOrig, kFarDest, Exit::kNone,
      "ff 35 03 00 00 00 | 41 ff e3 | 03 10 00 00 00 7f 00 00"},
     {"CallRsp", "ff d4", kNearOrig, kNearDest, Exit::kNone, nullptr, -EOPNOTSUPP},
     {"CallRspRedZoneSlot", "ff 54 24 f8", kNearOrig, kNearDest, Exit::kNone, nullptr,
-     -EOPNOTSUPP},  // call *-8(%rsp): our push would overwrite the pointer first
+     -EOPNOTSUPP}, // call *-8(%rsp): our push would overwrite the pointer first
 
     // --- jmp r/m64 ---
     {"JmpRax", "ff e0", kFarOrig, kFarDest, Exit::kJumpBack, "ff e0"},
     {"NotrackJmpRax", "3e ff e0", kNearOrig, kNearDest, Exit::kNone, "3e ff e0"},
-    {"JmpRipNear", "ff 25 00 01 00 00", kNearOrig, kNearDest, Exit::kNone,
-     "ff 25 00 f1 ff ff"},
+    {"JmpRipNear", "ff 25 00 01 00 00", kNearOrig, kNearDest, Exit::kNone, "ff 25 00 f1 ff ff"},
     {"JmpRipFar", "ff 25 00 01 00 00", kFarOrig, kFarDest, Exit::kNone,
      "48 8d 64 24 80 | 50 | 48 b8 06 11 00 00 00 7f 00 00 | 48 8b 00 | 48 87 04 24 | "
      "c2 80 00"},
@@ -237,8 +228,7 @@ const RelocCase kRelocCases[] = {
     // --- syscall: rcx must hold the original next address ---
     {"SyscallNear", "0f 05", kNearOrig, kNearDest, Exit::kJumpBack,
      "0f 05 | 48 b9 02 00 00 10 00 00 00 00 | e9 f1 ef ff ff"},
-    {"SyscallFarTrap", "0f 05", kFarOrig, kFarDest, Exit::kTrap,
-     "0f 05 | 48 b9 02 10 00 00 00 7f 00 00 | cc", 0, 12},
+    {"SyscallFarTrap", "0f 05", kFarOrig, kFarDest, Exit::kTrap, "0f 05 | 48 b9 02 10 00 00 00 7f 00 00 | cc", 0, 12},
 
     // --- refused ---
     {"Int3", "cc", kNearOrig, kNearDest, Exit::kNone, nullptr, -EOPNOTSUPP},
@@ -283,14 +273,12 @@ TEST_P(RelocateBytes, Emits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(relocator, RelocateBytes, ::testing::ValuesIn(kRelocCases),
-                         [](const ::testing::TestParamInfo<RelocCase> &info) {
-                             return std::string(info.param.name);
-                         });
+                         [](const ::testing::TestParamInfo<RelocCase> &info) { return std::string(info.param.name); });
 
 TEST(relocator, EmitJmpNearIsRel32) {
     uint8_t out[16];
     ASSERT_EQ(emit_jmp(kNearDest, kNearOrig, out, sizeof(out)), 5);
-    EXPECT_EQ(hex(out, 5), "e9 fb ef ff ff");  // 0x10000000 - 0x10001005
+    EXPECT_EQ(hex(out, 5), "e9 fb ef ff ff"); // 0x10000000 - 0x10001005
 }
 
 TEST(relocator, EmitJmpFarIsAbsolute) {
@@ -455,15 +443,13 @@ TEST_P(Decode, Classifies) {
 }
 
 INSTANTIATE_TEST_SUITE_P(relocator, Decode, ::testing::ValuesIn(kDecodeCases),
-                         [](const ::testing::TestParamInfo<DecodeCase> &info) {
-                             return std::string(info.param.name);
-                         });
+                         [](const ::testing::TestParamInfo<DecodeCase> &info) { return std::string(info.param.name); });
 
 TEST(relocator, DecodeInvalidAndTruncated) {
     Insn insn;
-    const uint8_t push_es[] = {0x06};                   // invalid in 64-bit mode
-    const uint8_t lock_nop[] = {0xf0, 0x90};            // lock without a memory operand
-    const uint8_t short_call[] = {0xe8, 0x00, 0x00};    // rel32 cut short
+    const uint8_t push_es[] = {0x06};                // invalid in 64-bit mode
+    const uint8_t lock_nop[] = {0xf0, 0x90};         // lock without a memory operand
+    const uint8_t short_call[] = {0xe8, 0x00, 0x00}; // rel32 cut short
     const uint8_t rip_load[] = {0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00};
     EXPECT_EQ(decode(0x1000, push_es, sizeof(push_es), &insn), -EILSEQ);
     EXPECT_EQ(decode(0x1000, lock_nop, sizeof(lock_nop), &insn), -EILSEQ);
@@ -584,8 +570,7 @@ protected:
         const uint64_t at = orig_addr(p.probe);
         EXPECT_EQ(decode(at, orig_ + p.probe, p.code.size() - p.probe, &insn), 0);
         uint8_t *copy = slot_page + p.prologue.size();
-        const int n = relocate(insn, reinterpret_cast<uint64_t>(copy), copy, kMaxRelocatedSize,
-                               Exit::kJumpBack);
+        const int n = relocate(insn, reinterpret_cast<uint64_t>(copy), copy, kMaxRelocatedSize, Exit::kJumpBack);
         EXPECT_GT(n, 0) << "relocate: " << n;
         if (n <= 0) return nullptr;
         return reinterpret_cast<Fn>(slot_page);
@@ -782,9 +767,9 @@ TEST_F(relocator_exec, JmpRel8) {
                         0xeb, 0x0e,                   // 0: jmp 0x10  <- probe
                         0xb8, 0x01, 0x00, 0x00, 0x00, // 2: mov $1,%eax
                         0xc3,                         // 7: ret
-                        0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc,
-                        0xb8, 0x2a, 0x00, 0x00, 0x00, // 10: mov $42,%eax
-                        0xc3,                         // 15: ret
+                        0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc,
+                        0xcc, 0xb8, 0x2a, 0x00, 0x00, 0x00, // 10: mov $42,%eax
+                        0xc3,                               // 15: ret
                     },
                     0,
                     {}};
@@ -842,14 +827,14 @@ Program rcx_branch(uint8_t opcode) {
 
 TEST_F(relocator_exec, Loop) {
     const Program p = rcx_branch(0xe2);
-    expect_result(p, 5, 0, 0, 4);                             // rcx 5 -> 4: taken
-    expect_result(p, 1, 0, 0, static_cast<uint64_t>(-1));     // rcx 1 -> 0: falls through
+    expect_result(p, 5, 0, 0, 4);                         // rcx 5 -> 4: taken
+    expect_result(p, 1, 0, 0, static_cast<uint64_t>(-1)); // rcx 1 -> 0: falls through
 }
 
 TEST_F(relocator_exec, Jrcxz) {
     const Program p = rcx_branch(0xe3);
-    expect_result(p, 0, 0, 0, 0);                             // rcx == 0: taken
-    expect_result(p, 3, 0, 0, static_cast<uint64_t>(-1));     // falls through
+    expect_result(p, 0, 0, 0, 0);                         // rcx == 0: taken
+    expect_result(p, 3, 0, 0, static_cast<uint64_t>(-1)); // falls through
 }
 
 // The callee at 0x30 returns the return address it finds at (%rsp).
@@ -1032,7 +1017,7 @@ protected:
         const pid_t pid = fork();
         if (pid == 0) {
             alarm(10);
-            struct sigaction sa{};
+            struct sigaction sa {};
             sa.sa_sigaction = on_copy_fault;
             sa.sa_flags = SA_SIGINFO;
             sigaction(SIGSEGV, &sa, nullptr);
@@ -1124,12 +1109,13 @@ TEST_F(relocator_fault, FarRipLoadInsideADetour) {
                        far_ + sizeof prologue, 64 - sizeof prologue),
               5);
     g_fault_orig = orig_addr(0);
-    g_seen = static_cast<FaultSeen *>(mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    g_seen =
+        static_cast<FaultSeen *>(mmap(nullptr, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     *g_seen = FaultSeen{};
     const pid_t pid = fork();
     if (pid == 0) {
         alarm(10);
-        struct sigaction sa{};
+        struct sigaction sa {};
         sa.sa_sigaction = on_detour_fault;
         sa.sa_flags = SA_SIGINFO;
         sigaction(SIGSEGV, &sa, nullptr);

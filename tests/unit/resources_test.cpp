@@ -144,8 +144,8 @@ TEST_F(Resources, HundredThousandRegistrationsKeepMemoryBounded) {
     for (long i = 1000; i < 100000; ++i) cycle(i);
     const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const long rss_after = rss_bytes();
-    std::printf("RSS before %ld KiB, after %ld KiB (99,000 cycles in %.1f s)\n", rss_before / 1024,
-                rss_after / 1024, secs);
+    std::printf("RSS before %ld KiB, after %ld KiB (99,000 cycles in %.1f s)\n", rss_before / 1024, rss_after / 1024,
+                secs);
     EXPECT_EQ(failed, 0);
     EXPECT_EQ(wrong, 0);
     EXPECT_EQ(lost_hits, 0);
@@ -195,8 +195,7 @@ int run_threads(int n, const std::function<void(int)> &body) {
                     body(i);
                 });
         } catch (const std::system_error &e) {
-            std::printf("std::thread #%zu failed (%s): retrying with 64 KiB stacks\n", threads.size(),
-                        e.what());
+            std::printf("std::thread #%zu failed (%s): retrying with 64 KiB stacks\n", threads.size(), e.what());
             gate.open = 2; // the threads started return without running body
             gate.open.notify_all();
             for (auto &t : threads) t.join();
@@ -314,8 +313,8 @@ TEST_F(Resources, RegistrationChurnWhileThreadsRunThroughAKretprobe) {
         rp.data_size = sizeof(unsigned long);
         rp.maxactive = 64;
         kprobe kp{};
-        kp.addr = reinterpret_cast<kprobe_opcode_t *>(reinterpret_cast<char *>(&res_target) +
-                                                      res_target_insns[rounds % 8]);
+        kp.addr =
+            reinterpret_cast<kprobe_opcode_t *>(reinterpret_cast<char *>(&res_target) + res_target_insns[rounds % 8]);
         kp.pre_handler = count_pre;
         if (rounds % 2) kp.post_handler = [](kprobe *, pt_regs *, unsigned long) {};
         if (register_kretprobe(&rp) != 0 || register_kprobe(&kp) != 0) {

@@ -53,9 +53,17 @@ bool consume(RingEntry *e) {
 using RingTest = test::FreshRing;
 
 TEST_F(RingTest, RecordsComeBackInOrderWithTheirHeader) {
-    const uint64_t before = [] { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ull + t.tv_nsec; }();
+    const uint64_t before = [] {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000000000ull + t.tv_nsec;
+    }();
     for (uint32_t i = 0; i < 100; ++i) ASSERT_TRUE(write_record(0, i));
-    const uint64_t after = [] { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ull + t.tv_nsec; }();
+    const uint64_t after = [] {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000000000ull + t.tv_nsec;
+    }();
     RingCounts c;
     auto entries = collect(&c);
     ASSERT_EQ(entries.size(), 100u);
@@ -380,7 +388,8 @@ TEST_F(RingTest, ConcurrentReadersNeverSeeTornRecords) {
 
 bool consume_batch(uint32_t slot, size_t max_bytes, RingBatch *b) {
     bool got = false;
-    with_ring_views([&](const RingView &main, const RingView &) { got = ring_consume_batch(main, slot, max_bytes, b); });
+    with_ring_views(
+        [&](const RingView &main, const RingView &) { got = ring_consume_batch(main, slot, max_bytes, b); });
     return got;
 }
 
@@ -608,11 +617,13 @@ TEST_F(RingTest, ExitedThreadKeepsItsName) {
     std::string name;
     with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), tid); });
     EXPECT_EQ(name, "ring-worker");
-    with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), gettid_()); });
+    with_ring_views(
+        [&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), gettid_()); });
     char own[16] = {};
     pthread_getname_np(pthread_self(), own, sizeof own);
     EXPECT_EQ(name, own);
-    with_ring_views([&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), 0x7ffffff0); });
+    with_ring_views(
+        [&](const RingView &main, const RingView &) { name = ring_thread_name(main, getpid(), 0x7ffffff0); });
     EXPECT_EQ(name, "<...>");
 }
 
@@ -760,7 +771,7 @@ TEST_F(RingTest, ReadingANewRingAllocatesItsHeadersOnly) {
     EXPECT_FALSE(ring_has_data(v));
     RingCounts c;
     EXPECT_TRUE(ring_collect(v, &c).empty());
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(fstat(fd, &st), 0);
     EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, h->data_offset)
         << "pages allocated by reading " << h->buffer_count << " empty buffers";
@@ -775,13 +786,13 @@ TEST_F(RingTest, ReadingANewRingAllocatesItsHeadersOnly) {
 TEST_F(RingTest, ReadersInOtherProcessesConsumeEachRecordOnce) {
     constexpr uint32_t kWriters = 4, kPerWriter = 5000, kReaders = 2;
     struct Shared {
-        std::atomic<int> done;                      // the writers have finished
-        std::atomic<uint32_t> got[kReaders];        // records each reader consumed
+        std::atomic<int> done;                           // the writers have finished
+        std::atomic<uint32_t> got[kReaders];             // records each reader consumed
         std::atomic<uint8_t> seen[kWriters][kPerWriter]; // times each record was consumed
-        std::atomic<uint32_t> bad;                  // torn or malformed records
+        std::atomic<uint32_t> bad;                       // torn or malformed records
     };
-    auto *sh = static_cast<Shared *>(
-        mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    auto *sh =
+        static_cast<Shared *>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     ASSERT_NE(sh, MAP_FAILED);
     size_t size = 0;
     const int fd = ring_memfd_copy(&size);

@@ -84,9 +84,9 @@ TEST_P(SafeAccess, AnUnwritableDestinationIsEfaultAndUnchanged) {
 // 8 is the two-move path; 9 to 256 the word loop with its overlapping last word; the
 // others go through REP MOVSB.
 INSTANTIATE_TEST_SUITE_P(Sizes, SafeAccess,
-                         ::testing::Values(size_t{1}, size_t{4}, size_t{7}, size_t{8}, size_t{9}, size_t{15}, size_t{16},
-                                           size_t{17}, size_t{48}, size_t{63}, size_t{64}, size_t{255}, size_t{256},
-                                           size_t{257}, size_t{320}),
+                         ::testing::Values(size_t{1}, size_t{4}, size_t{7}, size_t{8}, size_t{9}, size_t{15},
+                                           size_t{16}, size_t{17}, size_t{48}, size_t{63}, size_t{64}, size_t{255},
+                                           size_t{256}, size_t{257}, size_t{320}),
                          [](const auto &info) {
                              // Not `"n" + string`: GCC 12 warns falsely (-Wrestrict) about it at -O3.
                              std::string name = "n";

@@ -147,11 +147,21 @@ void probe_hit_while_waiting(Wait how) {
     epoll_event ev{};
     int r = 0;
     switch (how) {
-    case Wait::kSigsuspend: r = sigsuspend(&all_but_usr1); break;
-    case Wait::kPpoll: r = ppoll(nullptr, 0, nullptr, &all_but_usr1); break;
-    case Wait::kPselect: r = pselect(0, nullptr, nullptr, nullptr, nullptr, &all_but_usr1); break;
-    case Wait::kEpollPwait: r = epoll_pwait(ep, &ev, 1, -1, &all_but_usr1); break;
-    case Wait::kEpollPwait2: r = epoll_pwait2(ep, &ev, 1, nullptr, &all_but_usr1); break;
+    case Wait::kSigsuspend:
+        r = sigsuspend(&all_but_usr1);
+        break;
+    case Wait::kPpoll:
+        r = ppoll(nullptr, 0, nullptr, &all_but_usr1);
+        break;
+    case Wait::kPselect:
+        r = pselect(0, nullptr, nullptr, nullptr, nullptr, &all_but_usr1);
+        break;
+    case Wait::kEpollPwait:
+        r = epoll_pwait(ep, &ev, 1, -1, &all_but_usr1);
+        break;
+    case Wait::kEpollPwait2:
+        r = epoll_pwait2(ep, &ev, 1, nullptr, &all_but_usr1);
+        break;
     }
     if (r != -1 || errno != EINTR) _exit(3);
     if (g_handler_result != 36) _exit(10);
@@ -180,8 +190,10 @@ TEST(SignalMasks, AProbeHitInAHandlerRunDuringEpollPwait2) {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 void probe_hit_after_bsd_mask(bool setmask) {
     register_target_probe();
-    if (setmask) sigsetmask(~0);
-    else sigblock(~0);
+    if (setmask)
+        sigsetmask(~0);
+    else
+        sigblock(~0);
     if (sigmask_target(1) != 6) _exit(10);
     if (g_pre != 1 || g_post != 1) _exit(11);
     sigset_t now;

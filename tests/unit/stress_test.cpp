@@ -38,8 +38,8 @@ int ret_handler(kretprobe_instance *, pt_regs *) { return 0; }
 
 // A probe site: where, and what kinds of probe may go there.
 struct Site {
-    const char *symbol;  // for kretprobes and jprobes (function entries)
-    const void *addr;    // for kprobes
+    const char *symbol; // for kretprobes and jprobes (function entries)
+    const void *addr;   // for kprobes
     bool entry;
 };
 

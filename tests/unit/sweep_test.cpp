@@ -45,9 +45,15 @@ __attribute__((weak)) const ukpt_sweep_fn *ukpt_sweep_table_O2(size_t *n);
 __attribute__((weak)) const ukpt_sweep_fn *ukpt_sweep_table_Os(size_t *n);
 }
 
-namespace sweep_O0 { __attribute__((weak)) long run_all(long seed); }
-namespace sweep_O2 { __attribute__((weak)) long run_all(long seed); }
-namespace sweep_Os { __attribute__((weak)) long run_all(long seed); }
+namespace sweep_O0 {
+__attribute__((weak)) long run_all(long seed);
+}
+namespace sweep_O2 {
+__attribute__((weak)) long run_all(long seed);
+}
+namespace sweep_Os {
+__attribute__((weak)) long run_all(long seed);
+}
 
 // The instruction being probed and how:
 //   "O2 fib+0x1a (0x55d0c3a1b4fa) [48 8b 05 ...] with_post".
@@ -126,8 +132,7 @@ bool padding_only(const uint8_t *p, size_t n) {
 
 // Saves the code of s and decodes it, from its start to its end. False (with a failure)
 // if some of it does not decode, trailing padding excepted.
-bool load_code(const char *level, const ukpt_sweep_fn &e, std::string name, const sym::Symbol &s,
-               Function *f) {
+bool load_code(const char *level, const ukpt_sweep_fn &e, std::string name, const sym::Symbol &s, Function *f) {
     f->name = std::move(name);
     f->entry = &e;
     f->start = s.value;
@@ -220,7 +225,8 @@ TEST_P(SweepTest, EveryInstructionSameResults) {
         const std::string drive_name = std::string("drive_") + e.name;
         const size_t first = fns.size();
         ASSERT_TRUE(add_function(reg, level.name, e, e.name, e.fn, &fns));
-        ASSERT_TRUE(add_function(reg, level.name, e, drive_name.c_str(), reinterpret_cast<const void *>(e.drive), &fns));
+        ASSERT_TRUE(
+            add_function(reg, level.name, e, drive_name.c_str(), reinterpret_cast<const void *>(e.drive), &fns));
         long expected[kNumSeeds];
         for (size_t s = 0; s < kNumSeeds; ++s) {
             expected[s] = e.drive(kSeeds[s]);
@@ -269,8 +275,8 @@ TEST_P(SweepTest, EveryInstructionSameResults) {
                 c.hits += pre;
                 bool same = true;
                 for (size_t s = 0; s < kNumSeeds; ++s) {
-                    EXPECT_EQ(got[s], f.expected[s]) << where << " " << mode << ", seed " << kSeeds[s] << ", "
-                                                     << pre << " hits";
+                    EXPECT_EQ(got[s], f.expected[s])
+                        << where << " " << mode << ", seed " << kSeeds[s] << ", " << pre << " hits";
                     same = same && got[s] == f.expected[s];
                 }
                 if (!same) ++c.mismatches;
@@ -290,8 +296,8 @@ TEST_P(SweepTest, EveryInstructionSameResults) {
         const auto *now = reinterpret_cast<const uint8_t *>(f.start);
         for (size_t i = 0; i < f.size; ++i) {
             if (now[i] != f.code[i]) {
-                ADD_FAILURE() << level.name << " " << f.name << "+0x" << std::hex << i << ": byte 0x"
-                              << int{now[i]} << " after probing, 0x" << int{f.code[i]} << " before";
+                ADD_FAILURE() << level.name << " " << f.name << "+0x" << std::hex << i << ": byte 0x" << int{now[i]}
+                              << " after probing, 0x" << int{f.code[i]} << " before";
                 break;
             }
         }
@@ -299,7 +305,8 @@ TEST_P(SweepTest, EveryInstructionSameResults) {
     for (size_t s = 0; s < kNumSeeds; ++s)
         EXPECT_EQ(level.run_all(kSeeds[s]), run_all_expected[s]) << level.name << " run_all, seed " << kSeeds[s];
 
-    std::printf("[ sweep    ] %s: %zu functions (%zu code ranges), %zu instructions probed, %zu hit (%.1f%%), %zu registrations, "
+    std::printf("[ sweep    ] %s: %zu functions (%zu code ranges), %zu instructions probed, %zu hit (%.1f%%), %zu "
+                "registrations, "
                 "%zu refused, %zu runs differed, %lu probe hits\n",
                 level.name, c.functions, c.ranges, c.probed, c.hit, c.probed != 0 ? 100.0 * c.hit / c.probed : 0.0,
                 c.registrations, c.refused, c.mismatches, c.hits);

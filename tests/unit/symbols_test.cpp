@@ -15,11 +15,9 @@
 // Functions of the test executable itself. noipa: no inlining, cloning or merging, so
 // each keeps its own symbol and address.
 extern "C" {
-__attribute__((noipa)) int ukp_symtest_alpha(int x)
-{
+__attribute__((noipa)) int ukp_symtest_alpha(int x) {
     int sum = 0;
-    for (int i = 0; i < x; ++i)
-        sum += i * x;
+    for (int i = 0; i < x; ++i) sum += i * x;
     return sum;
 }
 
@@ -64,7 +62,10 @@ __attribute__((noipa)) int scaled(int x) { return x * 5 + 3; }
 __attribute__((noipa)) double scaled(double x) { return x * 2.5; }
 __attribute__((noipa)) std::string label(int x) { return std::to_string(x) + "!"; }
 
-template <typename T> __attribute__((noipa)) T twice(T x) { return x + x; }
+template <typename T>
+__attribute__((noipa)) T twice(T x) {
+    return x + x;
+}
 template int twice<int>(int);
 
 struct Counter {
@@ -81,46 +82,42 @@ using ukp::sym::Object;
 using ukp::sym::Registry;
 using ukp::sym::Symbol;
 
-template <typename F> uint64_t addr_of(F *fn) { return reinterpret_cast<uint64_t>(fn); }
+template <typename F>
+uint64_t addr_of(F *fn) {
+    return reinterpret_cast<uint64_t>(fn);
+}
 
-std::string exe_path()
-{
+std::string exe_path() {
     char buf[PATH_MAX];
     return realpath("/proc/self/exe", buf) ? std::string(buf) : std::string();
 }
 
-std::string exe_name()
-{
+std::string exe_name() {
     std::string p = exe_path();
     return p.substr(p.rfind('/') + 1);
 }
 
-Registry &registry()
-{
+Registry &registry() {
     static Registry r;
     r.refresh();
     return r;
 }
 
-const Object *object_named(const Registry &r, std::string_view name)
-{
+const Object *object_named(const Registry &r, std::string_view name) {
     for (const auto &o : r.objects()) {
-        if (o->name == name)
-            return o.get();
+        if (o->name == name) return o.get();
     }
     return nullptr;
 }
 
-uint64_t resolved(const Registry &r, std::string_view spec, uint64_t offset = 0)
-{
+uint64_t resolved(const Registry &r, std::string_view spec, uint64_t offset = 0) {
     uint64_t addr = 0;
     int rc = r.resolve(spec, offset, &addr);
     EXPECT_EQ(rc, 0) << spec;
     return rc == 0 ? addr : 0;
 }
 
-TEST(symbols, DemangleMangledAndPlainNames)
-{
+TEST(symbols, DemangleMangledAndPlainNames) {
     EXPECT_EQ(ukp::sym::demangle("_ZN2ns1fEi"), "ns::f(int)");
     EXPECT_EQ(ukp::sym::demangle("malloc"), "malloc");
     EXPECT_EQ(ukp::sym::demangle("i"), "i"); // a bare type encoding is no symbol
@@ -128,8 +125,7 @@ TEST(symbols, DemangleMangledAndPlainNames)
     EXPECT_EQ(ukp::sym::demangle("_Zfoo!"), "_Zfoo!");
 }
 
-TEST(symbols, RegistryMainProgramComesFirst)
-{
+TEST(symbols, RegistryMainProgramComesFirst) {
     Registry &r = registry();
     ASSERT_FALSE(r.objects().empty());
     const Object &main = *r.objects().front();
@@ -145,21 +141,18 @@ TEST(symbols, RegistryMainProgramComesFirst)
     }
 }
 
-TEST(symbols, RegistryRefreshReusesParsedObjects)
-{
+TEST(symbols, RegistryRefreshReusesParsedObjects) {
     Registry r;
     r.refresh();
     auto before = r.objects();
     r.refresh();
     ASSERT_EQ(r.objects().size(), before.size());
-    for (size_t i = 0; i < before.size(); ++i)
-        EXPECT_EQ(r.objects()[i].get(), before[i].get()) << before[i]->path;
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(r.objects()[i].get(), before[i].get()) << before[i]->path;
 }
 
 // Two registries of one process (the core's and the tracer's) share the objects the first
 // parsed, and only they hold them: once none does, an object goes.
-TEST(symbols, RegistriesShareParsedObjects)
-{
+TEST(symbols, RegistriesShareParsedObjects) {
     Registry &global = registry(); // this file's, parsed first
     Registry second;
     second.refresh();
@@ -171,23 +164,20 @@ TEST(symbols, RegistriesShareParsedObjects)
     EXPECT_EQ(global.objects().front().use_count(), 1);
 }
 
-TEST(symbols, ResolveOwnFunctions)
-{
+TEST(symbols, ResolveOwnFunctions) {
     Registry &r = registry();
     EXPECT_EQ(resolved(r, "ukp_symtest_alpha"), addr_of(&ukp_symtest_alpha));
     EXPECT_EQ(resolved(r, "ukp_symtest_beta"), addr_of(&ukp_symtest_beta));
     EXPECT_EQ(resolved(r, "ukp_symtest_beta", 4), addr_of(&ukp_symtest_beta) + 4);
 }
 
-TEST(symbols, ResolveModuleIsNameOrPath)
-{
+TEST(symbols, ResolveModuleIsNameOrPath) {
     Registry &r = registry();
     EXPECT_EQ(resolved(r, exe_name() + ":ukp_symtest_alpha"), addr_of(&ukp_symtest_alpha));
     EXPECT_EQ(resolved(r, exe_path() + ":ukp_symtest_beta"), addr_of(&ukp_symtest_beta));
 }
 
-TEST(symbols, ResolveLibcMallocMatchesDlsym)
-{
+TEST(symbols, ResolveLibcMallocMatchesDlsym) {
 #if defined(__SANITIZE_ADDRESS__)
     GTEST_SKIP() << "malloc is AddressSanitizer's interceptor";
 #endif
@@ -208,8 +198,7 @@ TEST(symbols, ResolveLibcMallocMatchesDlsym)
     EXPECT_EQ(s->name, "malloc"); // preferred over its alias __libc_malloc
 }
 
-TEST(symbols, ResolveCppByMangledDemangledAndBaseName)
-{
+TEST(symbols, ResolveCppByMangledDemangledAndBaseName) {
     Registry &r = registry();
     uint64_t as_int = addr_of(static_cast<int (*)(int)>(&ukp_symtest::scaled));
     uint64_t as_double = addr_of(static_cast<double (*)(double)>(&ukp_symtest::scaled));
@@ -220,12 +209,10 @@ TEST(symbols, ResolveCppByMangledDemangledAndBaseName)
     EXPECT_EQ(resolved(r, "ukp_symtest::scaled"), std::min(as_int, as_double));
 }
 
-TEST(symbols, ResolveCppTemplatesConstMembersAndAbiTags)
-{
+TEST(symbols, ResolveCppTemplatesConstMembersAndAbiTags) {
     Registry &r = registry();
     EXPECT_EQ(resolved(r, "ukp_symtest::twice<int>"), addr_of(&ukp_symtest::twice<int>));
-    EXPECT_EQ(resolved(r, "int ukp_symtest::twice<int>(int)"),
-              addr_of(&ukp_symtest::twice<int>));
+    EXPECT_EQ(resolved(r, "int ukp_symtest::twice<int>(int)"), addr_of(&ukp_symtest::twice<int>));
 
     uint64_t get = resolved(r, "_ZNK11ukp_symtest7Counter3getEv");
     EXPECT_NE(get, 0u);
@@ -238,19 +225,16 @@ TEST(symbols, ResolveCppTemplatesConstMembersAndAbiTags)
     EXPECT_EQ(resolved(r, "ukp_symtest::label"), label);
 }
 
-TEST(symbols, ResolveDoubleColonIsNoModuleSeparator)
-{
+TEST(symbols, ResolveDoubleColonIsNoModuleSeparator) {
     Registry &r = registry();
     uint64_t as_int = addr_of(static_cast<int (*)(int)>(&ukp_symtest::scaled));
     // No object is named "ukp_symtest": a split at "::" would fail.
     EXPECT_EQ(resolved(r, "ukp_symtest::scaled(int)"), as_int);
     EXPECT_EQ(resolved(r, exe_name() + ":ukp_symtest::scaled(int)"), as_int);
-    EXPECT_EQ(resolved(r, exe_name() + ":ukp_symtest::label[abi:cxx11](int)"),
-              addr_of(&ukp_symtest::label));
+    EXPECT_EQ(resolved(r, exe_name() + ":ukp_symtest::label[abi:cxx11](int)"), addr_of(&ukp_symtest::label));
 }
 
-TEST(symbols, ResolveUnknownSymbolOrModule)
-{
+TEST(symbols, ResolveUnknownSymbolOrModule) {
     Registry &r = registry();
     uint64_t addr = 12345;
     EXPECT_EQ(r.resolve("ukp_symtest_no_such_function", 0, &addr), -ENOENT);
@@ -265,8 +249,7 @@ TEST(symbols, ResolveUnknownSymbolOrModule)
     EXPECT_EQ(r.resolve("malloc", 0, nullptr), -EINVAL);
 }
 
-TEST(symbols, ResolveMainProgramBeforeLibraryUnlessModuleGiven)
-{
+TEST(symbols, ResolveMainProgramBeforeLibraryUnlessModuleGiven) {
 #ifndef UKP_SYMBOLS_FIXTURE
     GTEST_SKIP() << "symbols_fixtures.cmake is not included by tests/unit/CMakeLists.txt";
 #else
@@ -291,8 +274,7 @@ TEST(symbols, ResolveMainProgramBeforeLibraryUnlessModuleGiven)
 #endif
 }
 
-TEST(symbols, BoundsFunctionAtOwnFunction)
-{
+TEST(symbols, BoundsFunctionAtOwnFunction) {
     Registry &r = registry();
     const Object *main = r.object_at(addr_of(&ukp_symtest_alpha));
     ASSERT_NE(main, nullptr);
@@ -307,8 +289,7 @@ TEST(symbols, BoundsFunctionAtOwnFunction)
     EXPECT_EQ(main->find("ukp_symtest_alpha"), s);
 }
 
-TEST(symbols, BoundsAliasesPreferSizedThenGlobal)
-{
+TEST(symbols, BoundsAliasesPreferSizedThenGlobal) {
     Registry &r = registry();
     uint64_t sized = addr_of(&ukp_symtest_asm_sized);
     uint64_t global = addr_of(&ukp_symtest_asm_global);
@@ -327,23 +308,26 @@ TEST(symbols, BoundsAliasesPreferSizedThenGlobal)
 }
 
 // A hand-made table: aliases, a size-0 function, data, nested functions.
-Object synthetic()
-{
+Object synthetic() {
     Object o;
     o.name = "synthetic";
     o.set_symbols({
-        {"alpha", 0x1000, 0x10, true},     {"alpha_alias", 0x1000, 0x10, true},
-        {"zero", 0x1020, 0, true},         {"datum", 0x1030, 8, false},
-        {"outer", 0x2000, 0x100, true},    {"inner", 0x2010, 0x10, true},
-        {"twin", 0x3000, 4, false},        {"twin", 0x3010, 4, true},
-        {"_ZN2ns1fEi", 0x4000, 4, true},   {"_ZN2ns1fEd", 0x4010, 4, true},
+        {"alpha", 0x1000, 0x10, true},
+        {"alpha_alias", 0x1000, 0x10, true},
+        {"zero", 0x1020, 0, true},
+        {"datum", 0x1030, 8, false},
+        {"outer", 0x2000, 0x100, true},
+        {"inner", 0x2010, 0x10, true},
+        {"twin", 0x3000, 4, false},
+        {"twin", 0x3010, 4, true},
+        {"_ZN2ns1fEi", 0x4000, 4, true},
+        {"_ZN2ns1fEd", 0x4010, 4, true},
         {"_ZN2ns3varE", 0x4020, 4, false},
     });
     return o;
 }
 
-TEST(symbols, BoundsFunctionAtSyntheticTable)
-{
+TEST(symbols, BoundsFunctionAtSyntheticTable) {
     Object o = synthetic();
     EXPECT_EQ(o.function_at(0xfff), nullptr);
     ASSERT_NE(o.function_at(0x1000), nullptr);
@@ -366,8 +350,7 @@ TEST(symbols, BoundsFunctionAtSyntheticTable)
     EXPECT_EQ(o.function_at_or_before(0xfff), nullptr);
 }
 
-TEST(symbols, FindSyntheticTable)
-{
+TEST(symbols, FindSyntheticTable) {
     Object o = synthetic();
     ASSERT_NE(o.find("twin"), nullptr);
     EXPECT_EQ(o.find("twin")->value, 0x3010u); // the function, though data comes first
@@ -387,8 +370,7 @@ TEST(symbols, FindSyntheticTable)
     EXPECT_EQ(o.find("ns::f")->value, 0x4000u);
 }
 
-TEST(symbols, LocateSymbolAndOffset)
-{
+TEST(symbols, LocateSymbolAndOffset) {
     Registry &r = registry();
     auto loc = r.locate(addr_of(&ukp_symtest_alpha) + 3);
     ASSERT_NE(loc.object, nullptr);
@@ -414,8 +396,7 @@ TEST(symbols, LocateSymbolAndOffset)
     EXPECT_EQ(loc.symbol, nullptr);
 }
 
-TEST(symbols, RegistryRefreshSeesDlopen)
-{
+TEST(symbols, RegistryRefreshSeesDlopen) {
     // A library nothing in this process has loaded yet.
     const char *candidates[] = {"libcrypt.so.1", "libbz2.so.1.0", "liblzma.so.5", "libz.so.1"};
     const char *chosen = nullptr;
@@ -427,8 +408,7 @@ TEST(symbols, RegistryRefreshSeesDlopen)
         }
         dlclose(h);
     }
-    if (!chosen)
-        GTEST_SKIP() << "every candidate library is loaded already";
+    if (!chosen) GTEST_SKIP() << "every candidate library is loaded already";
 
     Registry r;
     r.refresh();
@@ -445,13 +425,11 @@ TEST(symbols, RegistryRefreshSeesDlopen)
     dlclose(h);
 }
 
-TEST(symbols, RegistryVdsoSymbolsWork)
-{
+TEST(symbols, RegistryVdsoSymbolsWork) {
     Registry &r = registry();
     const Object *vdso = nullptr;
     for (const auto &o : r.objects()) {
-        if (o->name.starts_with("linux-vdso"))
-            vdso = o.get();
+        if (o->name.starts_with("linux-vdso")) vdso = o.get();
     }
     ASSERT_NE(vdso, nullptr);
     EXPECT_FALSE(vdso->symbols().empty());
@@ -467,8 +445,7 @@ TEST(symbols, RegistryVdsoSymbolsWork)
     EXPECT_TRUE(ts.tv_sec != 0 || ts.tv_nsec != 0);
 }
 
-TEST(symbols, LibstdcxxLoadsAndFindsDemangledNames)
-{
+TEST(symbols, LibstdcxxLoadsAndFindsDemangledNames) {
     const Object *reg_obj = object_named(registry(), "libstdc++.so.6");
     ASSERT_NE(reg_obj, nullptr);
     auto start = std::chrono::steady_clock::now();
@@ -476,9 +453,7 @@ TEST(symbols, LibstdcxxLoadsAndFindsDemangledNames)
     ASSERT_NE(obj, nullptr);
     EXPECT_GT(obj->symbols().size(), 1000u);
     const Symbol *s = obj->find("std::terminate");
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - start)
-                  .count();
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
     ASSERT_NE(s, nullptr);
     EXPECT_TRUE(s->function);
     EXPECT_EQ(s->value, addr_of(&std::terminate));
@@ -492,14 +467,12 @@ TEST(symbols, LibstdcxxLoadsAndFindsDemangledNames)
     EXPECT_EQ(addr, s->value);
 }
 
-TEST(symbols, LoadObjectFilesThatAreNoElf)
-{
+TEST(symbols, LoadObjectFilesThatAreNoElf) {
     EXPECT_EQ(load_object("/nonexistent/ukp_symtest.so", 0), nullptr);
     EXPECT_EQ(load_object("/etc/passwd", 0), nullptr);
 }
 
-TEST(symbols, LoadObjectAppliesBiasAndSorts)
-{
+TEST(symbols, LoadObjectAppliesBiasAndSorts) {
     const Object &main = *registry().objects().front();
     auto a = load_object("/proc/self/exe", main.bias);
     auto b = load_object("/proc/self/exe", main.bias + 0x1000);
@@ -511,10 +484,8 @@ TEST(symbols, LoadObjectAppliesBiasAndSorts)
     EXPECT_EQ(a->find("ukp_symtest_beta")->value, addr_of(&ukp_symtest_beta));
     EXPECT_EQ(b->find("ukp_symtest_beta")->value, addr_of(&ukp_symtest_beta) + 0x1000);
     EXPECT_EQ(a->exec_ranges, main.exec_ranges);
-    for (size_t i = 1; i < a->symbols().size(); ++i)
-        ASSERT_LE(a->symbols()[i - 1].value, a->symbols()[i].value);
-    for (const Symbol &s : a->symbols())
-        ASSERT_NE(s.value, main.bias) << s.name; // zero-valued symbols are skipped
+    for (size_t i = 1; i < a->symbols().size(); ++i) ASSERT_LE(a->symbols()[i - 1].value, a->symbols()[i].value);
+    for (const Symbol &s : a->symbols()) ASSERT_NE(s.value, main.bias) << s.name; // zero-valued symbols are skipped
 }
 
 } // namespace

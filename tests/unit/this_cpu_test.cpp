@@ -95,7 +95,8 @@ void on_alarm(int, siginfo_t *, void *ctx) {
 TEST(ThisCpu, ASignalNeverFindsTheThreadInsideTheSection) {
     ASSERT_LT(__start___rseq_cs, __stop___rseq_cs);
     Shard shards[kShards];
-    struct sigaction sa{}, old{};
+    struct sigaction sa {
+    }, old{};
     sa.sa_sigaction = on_alarm;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);

@@ -176,7 +176,7 @@ TEST_F(TraceEvents, ForkChildRecordsItsOwnThreadId) {
 // fork() that serves no socket, or a process killed by a signal): from the memfd of the
 // shared counters (counters.hpp), mapped.
 std::string profile_from_memfd(int fd, std::string *why) {
-    struct stat st{};
+    struct stat st {};
     if (fd < 0 || fstat(fd, &st) != 0) return "no counters";
     void *p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
@@ -204,8 +204,10 @@ int counters_of_process(pid_t pid) {
             continue;
         const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, atoi(e->d_name), 0));
         CountersHeader h{};
-        if (fd >= 0 && pread(fd, &h, offsetof(CountersHeader, table_seq), 0) > 0 && h.pid == pid) found = fd;
-        else if (fd >= 0) close(fd);
+        if (fd >= 0 && pread(fd, &h, offsetof(CountersHeader, table_seq), 0) > 0 && h.pid == pid)
+            found = fd;
+        else if (fd >= 0)
+            close(fd);
     }
     if (d != nullptr) closedir(d);
     close(pidfd);
@@ -318,7 +320,8 @@ TEST_F(TraceEvents, TheCounterTableReaderRefusesWhatIsNoTable) {
     f.hdr()->table_seq = 2;
     // Junk where the table is.
     const uint64_t junk[8] = {0x1234, 99, 7, 7};
-    f.publish(std::vector<uint8_t>(reinterpret_cast<const uint8_t *>(junk), reinterpret_cast<const uint8_t *>(junk + 8)));
+    f.publish(
+        std::vector<uint8_t>(reinterpret_cast<const uint8_t *>(junk), reinterpret_cast<const uint8_t *>(junk + 8)));
     EXPECT_EQ(read_profile(f.mem, sizeof f.mem, &why), "");
     EXPECT_EQ(why, "the process's counter table is not valid");
     // A table that lists a counter outside the shared memory (the heap: no room there), or

@@ -94,9 +94,11 @@ TEST_F(TraceFetch, EveryTypeAndFetchargAtEntry) {
                              ") neg=-5 flags=0xb5 bf=5 small=200 word=0xbeef big=-1234567890123 "
                              "name=\"alpha\" names={\"one\",\"two\",\"three\"} letters={'w','x','y','z'} "
                              "nextneg=7 unext=\"beta\" s=\"hello\" c=-7 u=12345 x32=0xfffffff9 u16=65529 s8=-7 "
-                             "dflt=0x3039 cm=\"" + comm() + "\" imm=0x2a immneg=-1 lit=\"lit\" g=4242 gs=\"hello\" "
-                             "sym=ttarget_first+0x0/0x40 ss=\"ttarget_first+0x0/0x40\" a1=" + addr +
-                             " a3=-7 words={0xbeef} ch=\"alpha\"";
+                             "dflt=0x3039 cm=\"" +
+                             comm() +
+                             "\" imm=0x2a immneg=-1 lit=\"lit\" g=4242 gs=\"hello\" "
+                             "sym=ttarget_first+0x0/0x40 ss=\"ttarget_first+0x0/0x40\" a1=" +
+                             addr + " a3=-7 words={0xbeef} ch=\"alpha\"";
     EXPECT_EQ(lines[0], want);
     EXPECT_NE(read("kprobe_profile").find("vals"), std::string::npos);
 }
@@ -219,7 +221,8 @@ TEST_F(TraceFetch, LongStringsFromData) {
 // unreadable page prints whole, one that runs into it prints (fault).
 TEST_F(TraceFetch, StringsNextToAnUnreadablePage) {
     const size_t page = static_cast<size_t>(getpagesize());
-    auto *mem = static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    auto *mem =
+        static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     ASSERT_NE(mem, MAP_FAILED);
     ASSERT_EQ(mprotect(mem + 2 * page, page, PROT_NONE), 0);
     char *end = mem + 2 * page;
@@ -292,7 +295,8 @@ TEST_F(TraceFetch, UprobeFormPathAndFileOffset) {
     ASSERT_NE(off, 0u);
     char def[128], shown[128];
     snprintf(def, sizeof def, "p:up /proc/self/exe:0x%llx x=%%di", static_cast<unsigned long long>(off));
-    snprintf(shown, sizeof shown, "p:uprobes/up /proc/self/exe:0x%016llx x=%%di\n", static_cast<unsigned long long>(off));
+    snprintf(shown, sizeof shown, "p:uprobes/up /proc/self/exe:0x%016llx x=%%di\n",
+             static_cast<unsigned long long>(off));
     ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");
     EXPECT_EQ(read("kprobe_events"), shown);
     snprintf(def, sizeof def, "r /proc/self/exe:0x%llx $retval", static_cast<unsigned long long>(off));
@@ -380,8 +384,10 @@ TEST_F(TraceFetch, FormatFileAsTheKernelPrintsIt) {
     std::ifstream in(data_path("format_golden.txt"));
     std::string line, def, want;
     while (std::getline(in, line)) {
-        if (line.rfind("# definition: ", 0) == 0) def = line.substr(14);
-        else if (line[0] != '#') want += line + "\n";
+        if (line.rfind("# definition: ", 0) == 0)
+            def = line.substr(14);
+        else if (line[0] != '#')
+            want += line + "\n";
     }
     ASSERT_FALSE(def.empty());
     ASSERT_EQ(file_write("kprobe_events", def), 0) << read("error_log");

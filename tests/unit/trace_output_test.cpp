@@ -60,7 +60,8 @@ public:
         data_offset_ = header_size_ + slots * sizeof(BufferHeader);
         stride_ = data_size;
         size_ = data_offset_ + slots * stride_;
-        base_ = static_cast<uint8_t *>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        base_ =
+            static_cast<uint8_t *>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
         auto *h = reinterpret_cast<RingHeader *>(base_);
         h->magic = kRingMagic;
         h->version = kRingVersion;
@@ -76,7 +77,8 @@ public:
     RingView view() const { return RingView{base_, size_}; }
     RingHeader *header() { return reinterpret_cast<RingHeader *>(base_); }
     BufferHeader *buffer(uint32_t i) { return view().buffer(i); }
-    void add(uint32_t slot_index, uint16_t cpu, uint64_t ts, const std::vector<uint8_t> &rec, uint32_t dropped_before = 0) {
+    void add(uint32_t slot_index, uint16_t cpu, uint64_t ts, const std::vector<uint8_t> &rec,
+             uint32_t dropped_before = 0) {
         BufferHeader *s = buffer(slot_index);
         uint8_t *data = base_ + data_offset_ + slot_index * stride_;
         const uint64_t pos = s->head.load();
@@ -165,7 +167,8 @@ TEST(TraceText, LinePrefixWidths) {
 // The prefix is formatted by hand (a line per record): it matches printf's, the format the
 // kernel's trace uses, for names, pids, CPUs and times at and past every field's width.
 TEST(TraceText, LinePrefixIsPrintfs) {
-    const std::vector<std::string> comms = {"", "x", "<...>", "fifteen-chars-x", "sixteen-chars-xy", "a-name-longer-than-16"};
+    const std::vector<std::string> comms = {
+        "", "x", "<...>", "fifteen-chars-x", "sixteen-chars-xy", "a-name-longer-than-16"};
     const std::vector<int32_t> pids = {0, 1, -1, 1234567, 12345678, INT32_MAX, INT32_MIN};
     const std::vector<uint32_t> cpus = {0, 7, 99, 999, 1000, UINT32_MAX};
     const std::vector<uint64_t> times = {0, 499, 500, 999999, 5000500, 99999999999999ull, UINT64_MAX - 1000};
@@ -243,7 +246,8 @@ TEST(TraceText, RecordsOfSeveralBuffersMergeByTime) {
     ring.add(1, 1, 4000, text_record(2, 0, 0, "e: 4"));
     const auto lines = lines_of(trace_text_of(ring.view(), print_text));
     ASSERT_EQ(lines.size(), 16u);
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(lines[12 + i].substr(lines[12 + i].size() - 4), "e: " + std::to_string(i + 1));
+    for (int i = 0; i < 4; ++i)
+        EXPECT_EQ(lines[12 + i].substr(lines[12 + i].size() - 4), "e: " + std::to_string(i + 1));
 }
 
 TEST(TraceText, SnapshotTextOfAViewFollowsTheKernel) {

@@ -72,9 +72,15 @@ TEST(TraceParseFuzz, MutatedLinesForABoundedTime) {
             const size_t at = line.empty() ? 0 : rng() % (line.size() + 1);
             const char c = alphabet[rng() % alphabet.size()];
             switch (rng() % 3) {
-            case 0: line.insert(line.begin() + static_cast<long>(at), c); break;
-            case 1: if (at < line.size()) line.erase(at, 1); break;
-            default: if (at < line.size()) line[at] = c; break;
+            case 0:
+                line.insert(line.begin() + static_cast<long>(at), c);
+                break;
+            case 1:
+                if (at < line.size()) line.erase(at, 1);
+                break;
+            default:
+                if (at < line.size()) line[at] = c;
+                break;
             }
         }
         ProbeDef def;

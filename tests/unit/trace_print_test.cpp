@@ -87,8 +87,8 @@ TEST(ProcessSymbols, TheMapsNameAddressesAsTheLinkMapDoes) {
         EXPECT_EQ(symbol_text(mapped.objects(), a, true), symbol_text(linked.objects(), a, true)) << std::hex << a;
         EXPECT_EQ(symbol_text(mapped.objects(), a, false), symbol_text(linked.objects(), a, false)) << std::hex << a;
     }
-    EXPECT_EQ(symbol_text(mapped.objects(), reinterpret_cast<uint64_t>(&print_test_function), true).rfind(
-                  "_ZN3ukp5trace12_GLOBAL__N_119print_test_functionEi+0x0/", 0),
+    EXPECT_EQ(symbol_text(mapped.objects(), reinterpret_cast<uint64_t>(&print_test_function), true)
+                  .rfind("_ZN3ukp5trace12_GLOBAL__N_119print_test_functionEi+0x0/", 0),
               0u);
     EXPECT_GE(print_test_function(1), 7);
 }

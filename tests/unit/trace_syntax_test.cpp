@@ -84,8 +84,8 @@ TEST(TraceSyntax, ErrorCasesFromData) {
         EXPECT_EQ(read("kprobe_events"), before) << "a rejected line changed kprobe_events";
 
         const std::string log = read("error_log");
-        const std::string expect = "trace_kprobe: error: " + std::string(error_message(want)) +
-                                   "\n  Command: " + cmd + "\n" + std::string(11 + caret, ' ') + "^\n";
+        const std::string expect = "trace_kprobe: error: " + std::string(error_message(want)) + "\n  Command: " + cmd +
+                                   "\n" + std::string(11 + caret, ' ') + "^\n";
         const size_t close = log.find("] ");
         ASSERT_NE(close, std::string::npos) << log;
         EXPECT_EQ(log.substr(close + 2), expect);

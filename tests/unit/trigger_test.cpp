@@ -21,8 +21,14 @@ namespace {
 // the stack traces it was asked to record.
 class RecordingHost : public TriggerHost {
 public:
-    RecordingHost() { flags_["tfilt/work"].store(false); flags_["tfilt/other"].store(true); }
-    void set_tracing_on(bool on) override { on_ = on; set_calls++; }
+    RecordingHost() {
+        flags_["tfilt/work"].store(false);
+        flags_["tfilt/other"].store(true);
+    }
+    void set_tracing_on(bool on) override {
+        on_ = on;
+        set_calls++;
+    }
     bool tracing_is_on() const override { return on_; }
     void take_snapshot() override { snapshots++; }
     std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) override {
@@ -203,8 +209,7 @@ TEST(Trigger, WritesWhileFiring) {
             // On a busy machine the firing threads may not run at all between two writes:
             // the first snapshot trigger stays until one of them has fired it.
             const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-            while (host.snapshots.load() == 0 && std::chrono::steady_clock::now() < deadline)
-                std::this_thread::yield();
+            while (host.snapshots.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
         }
         ASSERT_EQ(set.write("hist:keys=b:vals=a", fields, host, nullptr), 0);
         ASSERT_EQ(set.write("!snapshot", fields, host, nullptr), 0);

@@ -25,7 +25,7 @@ UnwInitLocal g_unw_init_local;
 UnwGetReg g_unw_get_reg;
 using UnwInitLocal2 = int (*)(void *, ucontext_t *, int);
 UnwInitLocal2 g_unw_init_local2; // libunwind 1.3 and later
-bool g_use_step; // walk with unw_step instead of unw_backtrace
+bool g_use_step;                 // walk with unw_step instead of unw_backtrace
 
 struct Trace {
     void *frames[64];
@@ -72,9 +72,9 @@ extern "C" __attribute__((noinline, noipa)) int ukw_level(int depth, Trace *t) {
 
 // ukw_stub_step: a hijacked function that steps libunwind once from inside its own
 // return stub, after the stub's push, with a context made up for that instant.
-void *g_entry_ret_addr;   // the real return address, as the kretprobe's entry saw it
+void *g_entry_ret_addr; // the real return address, as the kretprobe's entry saw it
 void *g_stepped_ip, *g_stepped_sp;
-uint64_t g_fake_sp;       // the stack pointer of the made-up context
+uint64_t g_fake_sp; // the stack pointer of the made-up context
 
 extern "C" __attribute__((noinline, noipa)) int ukw_stub_step() {
     // The stub's entry is the hijacked return address; its push is 6 bytes on.

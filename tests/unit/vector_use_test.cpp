@@ -203,10 +203,18 @@ TEST(VectorUse, EachWayOfTouchingTheStateIsFound) {
         const char *name;
         size_t culprit; // offset of the instruction to blame
     } cases[] = {
-        {vu_xmm, "xmm", 0},           {vu_xmm_on_one_branch, "one branch", 6}, {vu_calls_xmm, "callee", 0},
-        {vu_ymm, "ymm", 0},           {vu_stmxcsr, "stmxcsr", 0},              {vu_ldmxcsr, "ldmxcsr", 0},
-        {vu_x87, "x87", 0},           {vu_fnstcw, "fnstcw", 0},                {vu_emms, "emms", 0},
-        {vu_vzeroupper, "vzeroupper", 0}, {vu_fxsave, "fxsave", 0},            {vu_xsave, "xsave", 0},
+        {vu_xmm, "xmm", 0},
+        {vu_xmm_on_one_branch, "one branch", 6},
+        {vu_calls_xmm, "callee", 0},
+        {vu_ymm, "ymm", 0},
+        {vu_stmxcsr, "stmxcsr", 0},
+        {vu_ldmxcsr, "ldmxcsr", 0},
+        {vu_x87, "x87", 0},
+        {vu_fnstcw, "fnstcw", 0},
+        {vu_emms, "emms", 0},
+        {vu_vzeroupper, "vzeroupper", 0},
+        {vu_fxsave, "fxsave", 0},
+        {vu_xsave, "xsave", 0},
         {vu_kmask, "AVX-512 mask", 0},
     };
     for (const auto &c : cases) {

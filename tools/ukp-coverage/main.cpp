@@ -41,9 +41,9 @@ uint32_t bit(Reason r) { return 1u << static_cast<unsigned>(r); }
 
 struct Counts {
     uint64_t sites = 0, ok = 0;
-    std::array<uint64_t, kReasons> first{};  // by first failed check
-    std::array<uint64_t, kReasons> any{};    // by every failed check
-    std::array<uint64_t, kReasons> sole{};   // functions failing this check only
+    std::array<uint64_t, kReasons> first{}; // by first failed check
+    std::array<uint64_t, kReasons> any{};   // by every failed check
+    std::array<uint64_t, kReasons> sole{};  // functions failing this check only
     std::array<uint64_t, kExtraCount> extra{};
 
     void add(const OptimizeCheck &c) {
@@ -62,18 +62,18 @@ struct Counts {
 
 // What other tactics would add, over entries that fail the rel32 check.
 struct Tactics {
-    uint64_t trust_rip_jumps = 0;      // indirect-jump only, all unresolved are jmp *x(%rip)
-    uint64_t trust_tail_jumps = 0;     // indirect-jump only, none is an unsized table
-    uint64_t into_padding = 0;         // too small / past the end, but padding after it completes 5 bytes
-    uint64_t short_jump = 0;           // a jmp rel8 DCR passes and >= 5 padding bytes in reach
-    uint64_t first_insn_reloc = 0;     // the first instruction alone relocates (punning base)
+    uint64_t trust_rip_jumps = 0;         // indirect-jump only, all unresolved are jmp *x(%rip)
+    uint64_t trust_tail_jumps = 0;        // indirect-jump only, none is an unsized table
+    uint64_t into_padding = 0;            // too small / past the end, but padding after it completes 5 bytes
+    uint64_t short_jump = 0;              // a jmp rel8 DCR passes and >= 5 padding bytes in reach
+    uint64_t first_insn_reloc = 0;        // the first instruction alone relocates (punning base)
     std::array<uint64_t, 16> first_len{}; // length of the first instruction of failing entries
-    uint64_t with_pads = 0, pads = 0;   // functions with landing pads (or inner entries), pads
+    uint64_t with_pads = 0, pads = 0;     // functions with landing pads (or inner entries), pads
     uint64_t unsized_tables = 0, tables = 0, rip_jumps = 0, unknown_jumps = 0;
-    uint64_t whole_pointer_jumps = 0;  // unresolved, but a whole pointer (IndirectJump)
-    uint64_t by_trusted_jumps = 0;     // passing entries whose indirect jumps were trusted
-    uint64_t by_padding = 0;           // passing entries whose DCR runs into padding
-    uint64_t by_island = 0;            // passing entries whose region one short branch enters (island.hpp)
+    uint64_t whole_pointer_jumps = 0; // unresolved, but a whole pointer (IndirectJump)
+    uint64_t by_trusted_jumps = 0;    // passing entries whose indirect jumps were trusted
+    uint64_t by_padding = 0;          // passing entries whose DCR runs into padding
+    uint64_t by_island = 0;           // passing entries whose region one short branch enters (island.hpp)
 };
 
 double pct(uint64_t a, uint64_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; }
@@ -151,10 +151,10 @@ struct ObjectCheck {
     const ukp::arch::ReadFn read;
     const ukp::arch::ObjectRefs *refs; // the whole object's references; null: the per-function check only
     const Options &opt;
-    Counts entries, boundaries;        // function entries; every instruction boundary
+    Counts entries, boundaries; // function entries; every instruction boundary
     Tactics t;
-    std::vector<std::string> listing;  // --list's lines
-    std::vector<std::string> jumps;    // --jumps' lines
+    std::vector<std::string> listing; // --list's lines
+    std::vector<std::string> jumps;   // --jumps' lines
 };
 
 // The check the agent makes at `a` in `f` (`extra`: its other entries): a region one short
@@ -179,11 +179,11 @@ void count_indirect_jumps(ObjectCheck &oc, const FunctionMap &f, const ukp::sym:
         if (oc.opt.jumps) {
             static const char *const kinds[] = {"unknown", "rip-memory", "table-rel32", "table-abs64"};
             oc.jumps.push_back(fmt::format("{:#x} in {}+{:#x}: {} table={:#x} entries={} {}", ij.addr, s.name,
-                                           ij.addr - s.value, kinds[static_cast<int>(ij.kind)], ij.table,
-                                           ij.entries,
+                                           ij.addr - s.value, kinds[static_cast<int>(ij.kind)], ij.table, ij.entries,
                                            ij.resolved ? "resolved"
-                                           : ij.whole_pointer ? fmt::format("whole pointer ({} instructions walked)", ij.walked.size())
-                                                              : std::string("unresolved")));
+                                           : ij.whole_pointer
+                                               ? fmt::format("whole pointer ({} instructions walked)", ij.walked.size())
+                                               : std::string("unresolved")));
         }
         switch (ij.kind) {
         case IndirectJump::Kind::kTableRel32:
@@ -191,8 +191,12 @@ void count_indirect_jumps(ObjectCheck &oc, const FunctionMap &f, const ukp::sym:
             ++t.tables;
             if (!ij.resolved) ++t.unsized_tables;
             break;
-        case IndirectJump::Kind::kRipMemory: ++t.rip_jumps; break;
-        case IndirectJump::Kind::kUnknown: ++t.unknown_jumps; break;
+        case IndirectJump::Kind::kRipMemory:
+            ++t.rip_jumps;
+            break;
+        case IndirectJump::Kind::kUnknown:
+            ++t.unknown_jumps;
+            break;
         }
         t.whole_pointer_jumps += !ij.resolved && ij.whole_pointer;
     }
@@ -212,8 +216,8 @@ std::string reason_names(const OptimizeCheck &c) {
 
 // What other tactics would make of the entry of function `fi` (`f`, its `code`, its other
 // entries `extra`), which fails the check `c`: added to oc.t.
-void estimate_tactics(ObjectCheck &oc, const FunctionSymbols &fs, size_t fi, const FunctionMap &f,
-                      const uint8_t *code, const std::vector<uint64_t> &extra, const OptimizeCheck &c) {
+void estimate_tactics(ObjectCheck &oc, const FunctionSymbols &fs, size_t fi, const FunctionMap &f, const uint8_t *code,
+                      const std::vector<uint64_t> &extra, const OptimizeCheck &c) {
     Tactics &t = oc.t;
     const ukp::sym::Symbol &s = *fs.funcs[fi];
     const uint64_t start = s.value, end = s.value + s.size;
@@ -222,8 +226,8 @@ void estimate_tactics(ObjectCheck &oc, const FunctionSymbols &fs, size_t fi, con
         for (const IndirectJump &ij : f.indirect_jumps) {
             if (ij.resolved) continue;
             all_rip = all_rip && ij.kind == IndirectJump::Kind::kRipMemory;
-            no_table = no_table && (ij.kind == IndirectJump::Kind::kRipMemory ||
-                                    ij.kind == IndirectJump::Kind::kUnknown);
+            no_table =
+                no_table && (ij.kind == IndirectJump::Kind::kRipMemory || ij.kind == IndirectJump::Kind::kUnknown);
         }
         t.trust_rip_jumps += all_rip;
         t.trust_tail_jumps += no_table;
@@ -278,8 +282,7 @@ void check_function(ObjectCheck &oc, const FunctionSymbols &fs, size_t fi) {
         ++oc.entries.sites;
         ++oc.entries.extra[kLandingPadsUnknown];
         if (opt.list) {
-            oc.listing.push_back(fmt::format("{:#x} {} {} ({})", start, s.name,
-                                             kExtraNames[kLandingPadsUnknown], why));
+            oc.listing.push_back(fmt::format("{:#x} {} {} ({})", start, s.name, kExtraNames[kLandingPadsUnknown], why));
         }
         return;
     }
@@ -347,15 +350,14 @@ void print_counts(const std::string &path, const FunctionSymbols &fs, const Obje
     fmt::print("    trust every non-table indirect jmp:        +{}\n", t.trust_tail_jumps);
     fmt::print("    DCR runs on into the padding after the end: +{}\n", t.into_padding);
     fmt::print("    jmp rel8 to a trampoline in >=5 padding:   +{}\n", t.short_jump);
-    fmt::print("    first instruction relocatable (punning):   {}; first-insn length histogram:",
-               t.first_insn_reloc);
+    fmt::print("    first instruction relocatable (punning):   {}; first-insn length histogram:", t.first_insn_reloc);
     for (size_t l = 1; l < t.first_len.size(); ++l) {
         if (t.first_len[l]) fmt::print(" {}:{}", l, t.first_len[l]);
     }
     fmt::print("\n");
     if (!opt.entries_only) {
-        fmt::print("  every instruction boundary: {} of {} = {:.1f}% optimizable\n", boundaries.ok,
-                   boundaries.sites, pct(boundaries.ok, boundaries.sites));
+        fmt::print("  every instruction boundary: {} of {} = {:.1f}% optimizable\n", boundaries.ok, boundaries.sites,
+                   pct(boundaries.ok, boundaries.sites));
         for (size_t r = 1; r < kReasons; ++r) {
             if (boundaries.first[r] == 0) continue;
             fmt::print("    {:<26} {:>8} {:>5.1f}%\n", reason_name(static_cast<Reason>(r)), boundaries.first[r],

@@ -32,7 +32,7 @@ AgentStream::~AgentStream() {
 }
 
 int AgentStream::connect() {
-    struct stat st{};
+    struct stat st {};
     if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid_).c_str(), &st) == 0)
         socket_ino_ = st.st_ino;
     std::string why;
@@ -41,8 +41,10 @@ int AgentStream::connect() {
 
 void AgentStream::share_counts() {
     const Reply r = client_.request(Op::kOpenFd, ukp::control::kCountersPath);
-    if (r.status >= 0) counts_.map(r.fd);
-    else if (r.fd >= 0) close(r.fd);
+    if (r.status >= 0)
+        counts_.map(r.fd);
+    else if (r.fd >= 0)
+        close(r.fd);
 }
 
 void AgentStream::prepare() {

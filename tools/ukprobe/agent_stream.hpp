@@ -82,14 +82,14 @@ private:
     Output &out_;
     Client client_;
     TraceReader reader_{client_, pid_, true}; // trace_pipe, read and printed here
-    SharedCounts counts_; // its kprobe_profile counters, mapped (share_counts)
+    SharedCounts counts_;                     // its kprobe_profile counters, mapped (share_counts)
     std::thread thread_;
-    uint64_t drain_asked_ = 0; // under mu_
-    uint64_t drain_done_ = 0;  // under mu_
+    uint64_t drain_asked_ = 0;   // under mu_
+    uint64_t drain_done_ = 0;    // under mu_
     std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
-    bool ended_ = false;       // under mu_: the connection is gone
-    std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
-    bool final_ = false;       // under mu_: profile_ read from counts_ once the process was gone
+    bool ended_ = false;         // under mu_: the connection is gone
+    std::string profile_;        // under mu_: kprobe_profile at the last drain, or as last read
+    bool final_ = false;         // under mu_: profile_ read from counts_ once the process was gone
     std::chrono::steady_clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 

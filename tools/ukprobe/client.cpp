@@ -125,7 +125,8 @@ Reply Client::request(Op op, const std::string &path, const std::string &payload
     const ssize_t n = recv_with_fd(fd_, &rh, sizeof rh, &reply.fd);
     if (n == 0) throw std::runtime_error("the agent closed the connection");
     if (n < 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
-    if (static_cast<size_t>(n) < sizeof rh) read_all(fd_, reinterpret_cast<char *>(&rh) + n, sizeof rh - static_cast<size_t>(n));
+    if (static_cast<size_t>(n) < sizeof rh)
+        read_all(fd_, reinterpret_cast<char *>(&rh) + n, sizeof rh - static_cast<size_t>(n));
     if (rh.magic != kMagic) throw std::runtime_error("the agent's reply is not of this protocol");
     if (rh.payload_len > kMaxPayload) throw std::runtime_error("the agent's reply is too large");
     reply.status = rh.status;

@@ -50,7 +50,7 @@ bool ForkedRing::open(const ukp::sym::Registry &known) {
     if (pidfd_ < 0) return false;
     const int ring = ring_of(pid_, pidfd_);
     if (ring < 0) return false;
-    struct stat st{};
+    struct stat st {};
     if (fstat(ring, &st) == 0) ring_ino_ = st.st_ino;
     counts_.map(counters_of(pid_, pidfd_));
     std::string why;

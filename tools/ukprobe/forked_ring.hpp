@@ -88,24 +88,24 @@ private:
     void loop();
 
     const int pid_;
-    const int events_pid_; // the process whose agent gave the event table
-    const uint64_t seq_;   // the order processes were met in (their kprobe_profile's)
+    const int events_pid_;   // the process whose agent gave the event table
+    const uint64_t seq_;     // the order processes were met in (their kprobe_profile's)
     const std::string comm_; // the program's name when taken
     Output &out_;
-    int pidfd_ = -1;       // the process, ready to read once it is gone
-    ino_t ring_ino_ = 0;   // the ring's file (holds_ring)
-    Client events_;        // to events_pid_'s agent: its event table only
+    int pidfd_ = -1;                      // the process, ready to read once it is gone
+    ino_t ring_ino_ = 0;                  // the ring's file (holds_ring)
+    Client events_;                       // to events_pid_'s agent: its event table only
     std::unique_ptr<TraceReader> reader_; // the taken ring, read and printed here
-    SharedCounts counts_;  // its kprobe_profile counters, taken with the ring
+    SharedCounts counts_;                 // its kprobe_profile counters, taken with the ring
     std::thread thread_;
-    uint64_t drain_asked_ = 0; // under mu_
-    uint64_t drain_done_ = 0;  // under mu_
+    uint64_t drain_asked_ = 0;   // under mu_
+    uint64_t drain_done_ = 0;    // under mu_
     std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
-    bool finish_ = false;      // under mu_: the process exec'd; a last read, then the end
-    bool exec_asked_ = false;  // under mu_: a drain at an execve came (it may have failed)
-    bool ended_ = false;       // under mu_: the stream is over
-    std::string profile_;      // under mu_: kprobe_profile at the last drain, or as last read
-    bool final_ = false;       // under mu_: profile_ read once the process was gone
+    bool finish_ = false;        // under mu_: the process exec'd; a last read, then the end
+    bool exec_asked_ = false;    // under mu_: a drain at an execve came (it may have failed)
+    bool ended_ = false;         // under mu_: the stream is over
+    std::string profile_;        // under mu_: kprobe_profile at the last drain, or as last read
+    bool final_ = false;         // under mu_: profile_ read once the process was gone
     std::chrono::steady_clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 

@@ -163,14 +163,39 @@ bool shares_process_files(int pid, int tid) {
 // attached while it forked children hung so, in calloc under pthread_create).
 bool waits_outside(long nr) {
     switch (nr) {
-    case SYS_read: case SYS_readv: case SYS_pread64: case SYS_write: case SYS_writev:
-    case SYS_poll: case SYS_ppoll: case SYS_select: case SYS_pselect6:
-    case SYS_epoll_wait: case SYS_epoll_pwait: case SYS_epoll_pwait2:
-    case SYS_nanosleep: case SYS_clock_nanosleep: case SYS_pause: case SYS_rt_sigsuspend:
-    case SYS_rt_sigtimedwait: case SYS_wait4: case SYS_waitid: case SYS_futex:
-    case SYS_accept: case SYS_accept4: case SYS_recvfrom: case SYS_recvmsg: case SYS_recvmmsg:
-    case SYS_sendto: case SYS_sendmsg: case SYS_connect: case SYS_msgrcv: case SYS_semop:
-    case SYS_semtimedop: case SYS_io_getevents: case SYS_io_uring_enter:
+    case SYS_read:
+    case SYS_readv:
+    case SYS_pread64:
+    case SYS_write:
+    case SYS_writev:
+    case SYS_poll:
+    case SYS_ppoll:
+    case SYS_select:
+    case SYS_pselect6:
+    case SYS_epoll_wait:
+    case SYS_epoll_pwait:
+    case SYS_epoll_pwait2:
+    case SYS_nanosleep:
+    case SYS_clock_nanosleep:
+    case SYS_pause:
+    case SYS_rt_sigsuspend:
+    case SYS_rt_sigtimedwait:
+    case SYS_wait4:
+    case SYS_waitid:
+    case SYS_futex:
+    case SYS_accept:
+    case SYS_accept4:
+    case SYS_recvfrom:
+    case SYS_recvmsg:
+    case SYS_recvmmsg:
+    case SYS_sendto:
+    case SYS_sendmsg:
+    case SYS_connect:
+    case SYS_msgrcv:
+    case SYS_semop:
+    case SYS_semtimedop:
+    case SYS_io_getevents:
+    case SYS_io_uring_enter:
         return true;
     default:
         return false;
@@ -212,16 +237,18 @@ int pick_thread(int pid, bool *in_syscall) {
 // pthread_create, never for dlopen (milliseconds, and locks it might itself hold).
 //
 // Data page (the thread's argument, rbx in the stub):
-constexpr uint64_t kDlopen = 0, kDlsym = 8, kDlerror = 16, kMunmap = 24, kDetach = 32, kSelf = 40, kSnprintf = 48, kUsleep = 96;
-constexpr uint64_t kStatus = 56;  // 0 running; 1 dlopen, 2 dlsym, 3 ukp_control_start failed, 4 no go
-constexpr uint64_t kValue = 64;   // ukp_control_start's result when status is 3
-constexpr uint64_t kBase = 72;    // the mapping, for munmap
+constexpr uint64_t kDlopen = 0, kDlsym = 8, kDlerror = 16, kMunmap = 24, kDetach = 32, kSelf = 40, kSnprintf = 48,
+                   kUsleep = 96;
+constexpr uint64_t kStatus = 56; // 0 running; 1 dlopen, 2 dlsym, 3 ukp_control_start failed, 4 no go
+constexpr uint64_t kValue = 64;  // ukp_control_start's result when status is 3
+constexpr uint64_t kBase = 72;   // the mapping, for munmap
 constexpr uint64_t kSize = 80;
-constexpr uint64_t kCookie = 88;  // tells our page from whatever is mapped there later
-constexpr uint64_t kGo = 104;     // set by the controller once the interrupted thread is released
-constexpr uint64_t kWaitLeft = 112; // polls of kGo left before the loader gives up
+constexpr uint64_t kCookie = 88;     // tells our page from whatever is mapped there later
+constexpr uint64_t kGo = 104;        // set by the controller once the interrupted thread is released
+constexpr uint64_t kWaitLeft = 112;  // polls of kGo left before the loader gives up
 constexpr uint64_t kThreadOut = 120; // pthread_create's out-parameter
-constexpr uint64_t kCreateName = 0xc0, kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00, kErrorMax = 0x400;
+constexpr uint64_t kCreateName = 0xc0, kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00,
+                   kErrorMax = 0x400;
 // The mapping: the loader's code page, its data page, then the stack the interrupted
 // thread's calls run on (never the thread's own: it may be on a small signal stack).
 constexpr uint64_t kPage = 4096, kStackSize = 64 * 1024, kLoaderSize = 2 * kPage + kStackSize;
@@ -243,67 +270,77 @@ std::vector<uint8_t> loader_code() {
     auto imm32 = [&](uint32_t v) { put({uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)}); };
     auto call_slot = [&](uint64_t slot) { put({0xff, 0x53, static_cast<uint8_t>(slot)}); }; // call [rbx+slot]
     auto set_status = [&](uint8_t v) { put({0x48, 0xc7, 0x43, static_cast<uint8_t>(kStatus), v, 0, 0, 0}); };
-    auto lea_rbx = [&](uint8_t modrm, uint64_t off) { put({0x48, 0x8d, modrm}); imm32(uint32_t(off)); };
+    auto lea_rbx = [&](uint8_t modrm, uint64_t off) {
+        put({0x48, 0x8d, modrm});
+        imm32(uint32_t(off));
+    };
     // A forward jump with a rel32 to fill in by `land`.
-    auto jump = [&](std::initializer_list<uint8_t> opcode) { put(opcode); imm32(0); return c.size(); };
+    auto jump = [&](std::initializer_list<uint8_t> opcode) {
+        put(opcode);
+        imm32(0);
+        return c.size();
+    };
     auto land = [&](size_t after) {
         const uint32_t rel = uint32_t(c.size() - after);
         memcpy(c.data() + after - 4, &rel, 4);
     };
-    put({0x53});                         // push rbx (aligns the stack for calls)
-    put({0x48, 0x89, 0xfb});             // mov rbx, rdi
+    put({0x53});             // push rbx (aligns the stack for calls)
+    put({0x48, 0x89, 0xfb}); // mov rbx, rdi
     const size_t wait = c.size();
-    put({0x48, 0x83, 0x7b, uint8_t(kGo), 0x00}); // cmp qword [rbx+go], 0
-    const size_t to_go = jump({0x0f, 0x85});     // jne go
-    put({0x48, 0xff, 0x4b, uint8_t(kWaitLeft)}); // dec qword [rbx+wait_left]
+    put({0x48, 0x83, 0x7b, uint8_t(kGo), 0x00});  // cmp qword [rbx+go], 0
+    const size_t to_go = jump({0x0f, 0x85});      // jne go
+    put({0x48, 0xff, 0x4b, uint8_t(kWaitLeft)});  // dec qword [rbx+wait_left]
     const size_t to_timeout = jump({0x0f, 0x84}); // jz timeout
-    put({0xbf}); imm32(kPollMicros);     // mov edi, poll
+    put({0xbf});
+    imm32(kPollMicros); // mov edi, poll
     call_slot(kUsleep);
-    put({0xe9}); imm32(uint32_t(wait - (c.size() + 4))); // jmp wait
+    put({0xe9});
+    imm32(uint32_t(wait - (c.size() + 4))); // jmp wait
     land(to_go);
     call_slot(kSelf);
-    put({0x48, 0x89, 0xc7});             // mov rdi, rax
+    put({0x48, 0x89, 0xc7}); // mov rdi, rax
     call_slot(kDetach);
-    lea_rbx(0xbb, kPath);                // lea rdi, [rbx+path]
-    put({0xbe, RTLD_NOW, 0, 0, 0});      // mov esi, RTLD_NOW
+    lea_rbx(0xbb, kPath);           // lea rdi, [rbx+path]
+    put({0xbe, RTLD_NOW, 0, 0, 0}); // mov esi, RTLD_NOW
     call_slot(kDlopen);
-    put({0x48, 0x85, 0xc0});             // test rax, rax
+    put({0x48, 0x85, 0xc0}); // test rax, rax
     const size_t to_dlopen_failed = jump({0x0f, 0x84});
-    put({0x48, 0x89, 0xc7});             // mov rdi, rax
-    lea_rbx(0xb3, kSymbol);              // lea rsi, [rbx+symbol]
+    put({0x48, 0x89, 0xc7}); // mov rdi, rax
+    lea_rbx(0xb3, kSymbol);  // lea rsi, [rbx+symbol]
     call_slot(kDlsym);
-    put({0x48, 0x85, 0xc0});             // test rax, rax
+    put({0x48, 0x85, 0xc0}); // test rax, rax
     const size_t to_dlsym_failed = jump({0x0f, 0x84});
-    put({0xff, 0xd0});                   // call rax
-    put({0x85, 0xc0});                   // test eax, eax
+    put({0xff, 0xd0}); // call rax
+    put({0x85, 0xc0}); // test eax, eax
     const size_t to_start_failed = jump({0x0f, 0x85});
     put({0x48, 0x8b, 0x7b, uint8_t(kBase)});   // mov rdi, [rbx+base]
     put({0x48, 0x8b, 0x73, uint8_t(kSize)});   // mov rsi, [rbx+size]
     put({0x48, 0x8b, 0x43, uint8_t(kMunmap)}); // mov rax, [rbx+munmap]
-    put({0x5b});                         // pop rbx
-    put({0xff, 0xe0});                   // jmp rax
+    put({0x5b});                               // pop rbx
+    put({0xff, 0xe0});                         // jmp rax
     land(to_dlopen_failed);
-    put({0xb8, 1, 0, 0, 0});             // mov eax, 1
+    put({0xb8, 1, 0, 0, 0}); // mov eax, 1
     const size_t to_error = jump({0xe9});
     land(to_dlsym_failed);
-    put({0xb8, 2, 0, 0, 0});             // mov eax, 2
+    put({0xb8, 2, 0, 0, 0}); // mov eax, 2
     land(to_error);
-    put({0x50, 0x50});                   // push rax twice (keeps the alignment)
+    put({0x50, 0x50}); // push rax twice (keeps the alignment)
     call_slot(kDlerror);
-    put({0x48, 0x85, 0xc0});             // test rax, rax
+    put({0x48, 0x85, 0xc0}); // test rax, rax
     const size_t to_no_message = jump({0x0f, 0x84});
-    lea_rbx(0xbb, kError);               // lea rdi, [rbx+error]
-    put({0xbe}); imm32(uint32_t(kErrorMax)); // mov esi, max
-    lea_rbx(0x93, kFormat);              // lea rdx, [rbx+format]
-    put({0x48, 0x89, 0xc1});             // mov rcx, rax
-    put({0x31, 0xc0});                   // xor eax, eax (no vector arguments)
+    lea_rbx(0xbb, kError); // lea rdi, [rbx+error]
+    put({0xbe});
+    imm32(uint32_t(kErrorMax)); // mov esi, max
+    lea_rbx(0x93, kFormat);     // lea rdx, [rbx+format]
+    put({0x48, 0x89, 0xc1});    // mov rcx, rax
+    put({0x31, 0xc0});          // xor eax, eax (no vector arguments)
     call_slot(kSnprintf);
     land(to_no_message);
-    put({0x58, 0x58});                   // pop rax twice
+    put({0x58, 0x58});                         // pop rax twice
     put({0x48, 0x89, 0x43, uint8_t(kStatus)}); // mov [rbx+status], rax
     const size_t to_out1 = jump({0xe9});
     land(to_start_failed);
-    put({0x48, 0x63, 0xc0});             // movsxd rax, eax
+    put({0x48, 0x63, 0xc0});                  // movsxd rax, eax
     put({0x48, 0x89, 0x43, uint8_t(kValue)}); // mov [rbx+value], rax
     set_status(3);
     const size_t to_out2 = jump({0xe9});
@@ -311,9 +348,9 @@ std::vector<uint8_t> loader_code() {
     set_status(4);
     land(to_out1);
     land(to_out2);
-    put({0x31, 0xc0});                   // xor eax, eax
-    put({0x5b});                         // pop rbx
-    put({0xc3});                         // ret
+    put({0x31, 0xc0}); // xor eax, eax
+    put({0x5b});       // pop rbx
+    put({0xc3});       // ret
     return c;
 }
 
@@ -337,7 +374,19 @@ uint64_t find_syscall_insn(int pid, const std::string &path) {
     return found;
 }
 
-enum { kFnDlopen, kFnDlsym, kFnDlerror, kFnMmap, kFnMprotect, kFnMunmap, kFnCreate, kFnDetach, kFnSelf, kFnSnprintf, kFnUsleep };
+enum {
+    kFnDlopen,
+    kFnDlsym,
+    kFnDlerror,
+    kFnMmap,
+    kFnMprotect,
+    kFnMunmap,
+    kFnCreate,
+    kFnDetach,
+    kFnSelf,
+    kFnSnprintf,
+    kFnUsleep
+};
 
 class Tracee {
 public:
@@ -389,9 +438,10 @@ public:
             int status = 0;
             if (waitpid(tid_, &status, __WALL) != tid_) fail(fmt::format("waitpid: {}", strerror(errno)));
             if (WIFEXITED(status) || WIFSIGNALED(status))
-                fail(WIFSIGNALED(status) ? fmt::format("the target was killed by {} during the injection (in system call {})",
-                                                       strsignal(WTERMSIG(status)), nr)
-                                         : std::string("the target exited during the injection"));
+                fail(WIFSIGNALED(status)
+                         ? fmt::format("the target was killed by {} during the injection (in system call {})",
+                                       strsignal(WTERMSIG(status)), nr)
+                         : std::string("the target exited during the injection"));
             if (!WIFSTOPPED(status) || status >> 16 != 0) continue;
             if (WSTOPSIG(status) != (SIGTRAP | 0x80)) {
                 deliver = WSTOPSIG(status); // the program's signal, delivered as usual
@@ -437,7 +487,8 @@ public:
             int status = 0;
             if (waitpid(tid_, &status, __WALL) != tid_) fail(fmt::format("waitpid: {}", strerror(errno)));
             if (WIFEXITED(status) || WIFSIGNALED(status))
-                fail(WIFSIGNALED(status) ? fmt::format("the target was killed by {} during the injection (in a call of {:#x}, last stop by signal {})",
+                fail(WIFSIGNALED(status) ? fmt::format("the target was killed by {} during the injection (in a call of "
+                                                       "{:#x}, last stop by signal {})",
                                                        strsignal(WTERMSIG(status)), fn, deliver_last)
                                          : std::string("the target exited during the injection"));
             if (!WIFSTOPPED(status) || status >> 16 != 0) continue; // an event or group stop: go on
@@ -472,7 +523,8 @@ OwnedMapping find_libc(int pid) {
     const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
     for (const OwnedMapping &m : maps) {
         const std::string name = base_name(m.path);
-        if (m.offset == 0 && (name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos)))
+        if (m.offset == 0 &&
+            (name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos)))
             return m;
     }
     if (maps.empty()) fail(refusal(pid, EPERM));
@@ -484,8 +536,9 @@ OwnedMapping find_libc(int pid) {
 // The run-time addresses of the functions the injection calls in `libc`, indexed by kFn*.
 // Fails when one is missing.
 std::vector<uint64_t> libc_functions(int pid, const OwnedMapping &libc) {
-    const std::vector<std::string> names = {"dlopen", "dlsym", "dlerror", "mmap", "mprotect", "munmap",
-                                            "pthread_create", "pthread_detach", "pthread_self", "snprintf", "usleep"};
+    const std::vector<std::string> names = {"dlopen",       "dlsym",    "dlerror",        "mmap",
+                                            "mprotect",     "munmap",   "pthread_create", "pthread_detach",
+                                            "pthread_self", "snprintf", "usleep"};
     const std::vector<uint64_t> fns = dynamic_symbols(libc.path, libc.start, names);
     for (size_t i = 0; i < names.size(); ++i)
         if (fns[i] == 0)
@@ -578,7 +631,7 @@ struct ThreadState {
     bool have_xstate = false;
     user_fpregs_struct fpregs{}; // else the x87 and SSE state, when have_fp
     bool have_fp = false;
-    uint64_t mask = 0;           // the signal mask, when have_mask
+    uint64_t mask = 0; // the signal mask, when have_mask
     bool have_mask = false;
 };
 
@@ -657,8 +710,8 @@ uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_
         // know of every thread), libc's otherwise.
         uint64_t create = t.call(s.regs, fns[kFnDlsym], sp, 0 /* RTLD_DEFAULT */, loader + kPage + kCreateName);
         if (create == 0) create = fns[kFnCreate];
-        const int rc = static_cast<int32_t>(t.call(s.regs, create, sp, loader + kPage + kThreadOut, 0, loader,
-                                                   loader + kPage));
+        const int rc =
+            static_cast<int32_t>(t.call(s.regs, create, sp, loader + kPage + kThreadOut, 0, loader, loader + kPage));
         if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
     } catch (const std::exception &e) {
         *error = e.what();
@@ -732,8 +785,7 @@ void wait_for_agent(int pid, uint64_t loader, uint64_t cookie) {
         if (head[0] == 4) fail(fmt::format("the loader in process {} gave up waiting for ukprobe", pid));
         if (head[0] == 3) {
             const int rc = static_cast<int>(static_cast<int64_t>(head[1]));
-            fail(fmt::format("the agent loaded, but ukp_control_start() failed in process {}: {}{}", pid,
-                             strerror(-rc),
+            fail(fmt::format("the agent loaded, but ukp_control_start() failed in process {}: {}{}", pid, strerror(-rc),
                              rc == -EPERM ? " (its socket directory /tmp/ukprobes-UID must be a directory of the "
                                             "process's user with mode 0700)"
                                           : ""));
@@ -761,7 +813,8 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
     const uint64_t syscall_insn = find_syscall_insn(pid, libc.path);
     // Tells the loader's data page from a later mapping at the same address.
-    const uint64_t cookie = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    const uint64_t cookie =
+        (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 
     const StoppedThread stopped = stop_at_safe_point(pid);
     result.tid = stopped.tid;

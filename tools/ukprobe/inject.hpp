@@ -7,11 +7,11 @@
 namespace ukprobe {
 
 struct InjectResult {
-    int tid = 0;           // the thread that ran the calls
-    double pause_ms = 0;   // that thread's stop: from PTRACE_INTERRUPT to PTRACE_DETACH
-    double stopped_ms = 0; // of which stopped (from its stop to PTRACE_DETACH)
-    double calls_ms = 0;   // of which running mmap, mprotect and pthread_create in it
-    double ready_ms = 0;   // from PTRACE_INTERRUPT until the loader thread was done
+    int tid = 0;                 // the thread that ran the calls
+    double pause_ms = 0;         // that thread's stop: from PTRACE_INTERRUPT to PTRACE_DETACH
+    double stopped_ms = 0;       // of which stopped (from its stop to PTRACE_DETACH)
+    double calls_ms = 0;         // of which running mmap, mprotect and pthread_create in it
+    double ready_ms = 0;         // from PTRACE_INTERRUPT until the loader thread was done
     bool was_in_syscall = false; // it was blocked in a system call (restarted after)
 };
 
@@ -26,8 +26,8 @@ InjectResult inject_agent(int pid, const std::string &agent);
 // A thread of the process that blocked signals the agent lives on.
 struct UnblockedThread {
     int tid = 0;
-    uint64_t signals = 0;  // the bits (1 << (sig - 1)) it blocked among them
-    std::string error;     // empty if they were taken out of its mask
+    uint64_t signals = 0; // the bits (1 << (sig - 1)) it blocked among them
+    std::string error;    // empty if they were taken out of its mask
 };
 
 // Takes SIGTRAP, SIGSEGV, SIGBUS, SIGFPE and SIGILL out of the mask of every thread of

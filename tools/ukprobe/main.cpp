@@ -40,7 +40,7 @@ struct Options {
     bool verbose = false;
     std::string agent;
     std::string path, text;
-    std::string event;      // enable, disable: GRP/EVENT or EVENT
+    std::string event;       // enable, disable: GRP/EVENT or EVENT
     ukprobe::RunOptions run; // run
 };
 
@@ -51,11 +51,13 @@ struct Options {
 // The paths come from tools/ukprobe/CMakeLists.txt.
 std::string find_agent(const std::string &given) {
     std::vector<std::string> candidates;
-    if (!given.empty()) candidates.push_back(given);
+    if (!given.empty())
+        candidates.push_back(given);
     else {
         if (const char *env = getenv("UKP_AGENT"); env != nullptr && *env != 0) candidates.push_back(env);
         // The same file as the build tree's ukprobe (not a copy of it, not an installed one).
-        struct stat self {}, built {};
+        struct stat self {
+        }, built{};
         if (stat("/proc/self/exe", &self) == 0 && stat(UKP_BUILD_EXE, &built) == 0 && self.st_dev == built.st_dev &&
             self.st_ino == built.st_ino)
             candidates.push_back(UKP_AGENT_BUILD_PATH);
@@ -109,7 +111,8 @@ void unblock_agent_signals(int pid) {
     for (const ukprobe::UnblockedThread &t : ukprobe::unblock_agent_signals(pid)) {
         std::string names;
         for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
-            if ((t.signals & (1ull << (sig - 1))) != 0) names += fmt::format("{}SIG{}", names.empty() ? "" : ",", sigabbrev_np(sig));
+            if ((t.signals & (1ull << (sig - 1))) != 0)
+                names += fmt::format("{}SIG{}", names.empty() ? "" : ",", sigabbrev_np(sig));
         if (t.error.empty())
             fmt::print("thread {}: {} unblocked (on a thread that blocks them a probe hit is fatal)\n", t.tid, names);
         else
@@ -310,7 +313,8 @@ void record_process(const Options &o, ukprobe::Client &c, bool *exited_out) {
     fclose(out);
     if (!ok) fail(fmt::format("cannot write {}: {}", path, strerror(errno)));
     fmt::print(stderr, "ukprobe: {} bytes written to {}{}{}\n", bytes, path,
-               lost != 0 ? fmt::format(", {} events lost", lost) : "", exited ? fmt::format("; process {} exited", o.pid) : "");
+               lost != 0 ? fmt::format(", {} events lost", lost) : "",
+               exited ? fmt::format("; process {} exited", o.pid) : "");
     *exited_out = exited;
 }
 
@@ -358,11 +362,16 @@ int cmd_session(const Options &o) {
         const std::string path = rest.substr(0, sp2), text = sp2 == std::string::npos ? "" : rest.substr(sp2 + 1);
         try {
             if (verb.empty() || verb[0] == '#') continue;
-            if (verb == "ping") fmt::print("{}\n", ask(o, c, Op::kPing).payload);
-            else if (verb == "read") fmt::print("{}", ask(o, c, Op::kRead, path).payload);
-            else if (verb == "list") fmt::print("{}", ask(o, c, Op::kRead, "kprobes/list").payload);
-            else if (verb == "write") ask(o, c, Op::kWrite, path, text);
-            else if (verb == "append") ask(o, c, Op::kAppend, path, text);
+            if (verb == "ping")
+                fmt::print("{}\n", ask(o, c, Op::kPing).payload);
+            else if (verb == "read")
+                fmt::print("{}", ask(o, c, Op::kRead, path).payload);
+            else if (verb == "list")
+                fmt::print("{}", ask(o, c, Op::kRead, "kprobes/list").payload);
+            else if (verb == "write")
+                ask(o, c, Op::kWrite, path, text);
+            else if (verb == "append")
+                ask(o, c, Op::kAppend, path, text);
             else if (verb == "verify") {
                 const ukprobe::Reply r = ask(o, c, Op::kVerify);
                 fmt::print("{}verify: {} bytes differ\n", r.payload, r.status);
@@ -416,13 +425,13 @@ std::string take_dashed_text(int argc, char **argv, char **args) {
 struct CommandLine {
     CLI::App app{"ukprobe: Kprobes for user space, outside the process"};
     Options o;
-    bool no_follow = false;           // run, record: --no-follow
+    bool no_follow = false; // run, record: --no-follow
     ukprobe::ReportOptions report_options;
     ukprobe::MountOptions mount_options;
-    CLI::App *attach = nullptr, *ping = nullptr, *read = nullptr, *write = nullptr, *append = nullptr,
-             *list = nullptr, *verify = nullptr, *detach = nullptr, *session = nullptr, *add = nullptr,
-             *enable = nullptr, *disable = nullptr, *trace = nullptr, *trace_pipe = nullptr, *profile = nullptr,
-             *clear = nullptr, *run = nullptr, *record = nullptr, *report = nullptr, *mount = nullptr;
+    CLI::App *attach = nullptr, *ping = nullptr, *read = nullptr, *write = nullptr, *append = nullptr, *list = nullptr,
+             *verify = nullptr, *detach = nullptr, *session = nullptr, *add = nullptr, *enable = nullptr,
+             *disable = nullptr, *trace = nullptr, *trace_pipe = nullptr, *profile = nullptr, *clear = nullptr,
+             *run = nullptr, *record = nullptr, *report = nullptr, *mount = nullptr;
 };
 
 // The options every command takes, and the commands on the agent of a running process.
@@ -509,8 +518,9 @@ void add_program_commands(CommandLine &cl) {
     cl.report->add_option("--pid", r.pids, "only this process or thread; repeatable")->allow_extra_args(false);
     cl.report->add_option("--from", r.from, "only records at or after SECS (the trace's timestamps)");
     cl.report->add_option("--to", r.to, "only records at or before SECS");
-    cl.report->add_option("--format", r.format,
-                          "text (the trace), or chrome (Chrome trace JSON: Perfetto, chrome://tracing)")
+    cl.report
+        ->add_option("--format", r.format,
+                     "text (the trace), or chrome (Chrome trace JSON: Perfetto, chrome://tracing)")
         ->check(CLI::IsMember({"text", "chrome"}));
     cl.report->add_option("-o,--output", r.output, "write to FILE instead of stdout");
 }

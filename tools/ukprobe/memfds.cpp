@@ -70,7 +70,7 @@ int counters_of(int pid, int pidfd) {
 
 bool SharedCounts::map(int fd) {
     unmap();
-    struct stat st{};
+    struct stat st {};
     if (fd < 0) return false;
     if (fstat(fd, &st) != 0 || st.st_size <= 0) {
         close(fd);

@@ -59,13 +59,13 @@ struct FileSpec {
 
 // The files the agent serves, by directory (src/trace/events.cpp, src/control/control.cpp).
 constexpr FileSpec kRootFiles[] = {
-    {"available_events", false}, {"buffer_size_kb", true}, {"dynamic_events", true}, {"error_log", true},
-    {"kprobe_events", true},     {"kprobe_profile", false}, {"snapshot", true},      {"trace", true},
+    {"available_events", false}, {"buffer_size_kb", true},  {"dynamic_events", true}, {"error_log", true},
+    {"kprobe_events", true},     {"kprobe_profile", false}, {"snapshot", true},       {"trace", true},
     {"trace_pipe", false},       {"tracing_on", true},
 };
 constexpr FileSpec kKprobesFiles[] = {{"enabled", true}, {"list", false}, {"optimization", true}};
-constexpr FileSpec kEventFiles[] = {{"enable", true}, {"filter", true},  {"format", false},
-                                    {"hist", false},  {"id", false},     {"trigger", true}};
+constexpr FileSpec kEventFiles[] = {{"enable", true}, {"filter", true}, {"format", false},
+                                    {"hist", false},  {"id", false},    {"trigger", true}};
 
 const FileSpec *find_spec(std::span<const FileSpec> files, std::string_view name) {
     for (const FileSpec &f : files)
@@ -152,7 +152,8 @@ public:
     // Asked before the first read too: a reader that had not mapped the ring yet waited
     // at the gate, and a `cat trace` every 50 ms (a script waiting for the ring to empty)
     // kept it there for good.
-    template <typename Interrupted> Answer ask_pipe(TraceReader &reader, Interrupted interrupted) {
+    template <typename Interrupted>
+    Answer ask_pipe(TraceReader &reader, Interrupted interrupted) {
         try {
             if (!reader.will_format_locally()) {
                 std::unique_lock lock(gate_mu_);
@@ -176,7 +177,8 @@ private:
     static constexpr int kPipeWaitMs = 100; // a trace_pipe read waits this long for a record
 
     // fn's answer, counted as an operation under way (ask_pipe waits for them).
-    template <typename Fn> Answer counted(Fn fn) {
+    template <typename Fn>
+    Answer counted(Fn fn) {
         {
             std::lock_guard lock(gate_mu_);
             ++active_;
@@ -192,7 +194,8 @@ private:
     }
 
     // fn(client) over a pooled connection; -ENODEV when none works.
-    template <typename Fn> Answer with_client(Fn fn) {
+    template <typename Fn>
+    Answer with_client(Fn fn) {
         for (int attempt = 0; attempt < 2; ++attempt) {
             bool reused = false;
             std::unique_ptr<Client> c = take(&reused);
@@ -318,10 +321,12 @@ public:
             return 0;
         }
         if (p[0] == "kprobes") {
-            if (p.size() == 1) n->dir = true;
+            if (p.size() == 1)
+                n->dir = true;
             else if (p.size() == 2 && find_spec(kKprobesFiles, p[1]) != nullptr)
                 n->writable = find_spec(kKprobesFiles, p[1])->writable;
-            else return -ENOENT;
+            else
+                return -ENOENT;
             return 0;
         }
         if (p[0] != "events" || p.size() > 4) return -ENOENT;
@@ -522,8 +527,10 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi) {
     fi->fh = reinterpret_cast<uint64_t>(h.get());
     // On a failed reply (the opener was interrupted) no release follows.
     if (h->pipe) ++fs.pipes_open;
-    if (fuse_reply_open(req, fi) == 0) h.release();
-    else if (h->pipe) --fs.pipes_open;
+    if (fuse_reply_open(req, fi) == 0)
+        h.release();
+    else if (h->pipe)
+        --fs.pipes_open;
 }
 
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info *fi) {
@@ -620,8 +627,10 @@ void op_write(fuse_req_t req, fuse_ino_t, const char *buf, size_t size, off_t, f
     // and take every write as lines added.
     const Op op = (h.flags & O_TRUNC) && !is_definitions(h.path) ? Op::kWrite : Op::kAppend;
     const Answer a = fs.agent.ask(op, h.path, std::string(buf, size));
-    if (a.status < 0) fuse_reply_err(req, -a.status);
-    else fuse_reply_write(req, size);
+    if (a.status < 0)
+        fuse_reply_err(req, -a.status);
+    else
+        fuse_reply_write(req, size);
 }
 
 void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi) {
@@ -654,7 +663,7 @@ void op_readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_in
     std::vector<char> buf(size);
     size_t used = 0;
     for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < d.entries.size(); ++i) {
-        struct stat st{};
+        struct stat st {};
         st.st_ino = d.entries[i].ino;
         st.st_mode = d.entries[i].mode;
         // The offset given with an entry is where the next readdir goes on.
@@ -702,8 +711,10 @@ public:
     }
     ~ProcessWatch() {
         const char byte = 1;
-        if (write(wake_[1], &byte, 1) != 1) thread_.detach();
-        else thread_.join();
+        if (write(wake_[1], &byte, 1) != 1)
+            thread_.detach();
+        else
+            thread_.join();
         close(wake_[0]);
         close(wake_[1]);
     }
@@ -740,8 +751,9 @@ CLI::App *add_mount_command(CLI::App &app, MountOptions &o) {
     CLI::App *m = app.add_subcommand("mount", "serve the process's tracing files as a tracefs-shaped file system "
                                               "at DIR (FUSE)");
     m->add_option("DIR", o.dir, "the mount point, an existing directory")->required();
-    m->add_flag("-f,--foreground", o.foreground, "serve in the foreground until unmounted (default: return once "
-                                                 "mounted, the server in the background)");
+    m->add_flag("-f,--foreground", o.foreground,
+                "serve in the foreground until unmounted (default: return once "
+                "mounted, the server in the background)");
     m->add_option("-o", o.fuse_options, "a FUSE mount option (allow_other, debug, ...); may repeat")
         ->allow_extra_args(false);
     m->fallthrough();
@@ -753,7 +765,7 @@ int cmd_mount(int pid, const MountOptions &o) {
     char dir[PATH_MAX];
     if (realpath(o.dir.c_str(), dir) == nullptr)
         throw std::runtime_error(fmt::format("mount point {}: {}", o.dir, strerror(errno)));
-    struct stat st{};
+    struct stat st {};
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         throw std::runtime_error(fmt::format("mount point {} is not a directory", o.dir));
     {
@@ -787,8 +799,8 @@ int cmd_mount(int pid, const MountOptions &o) {
     if (fuse_session_mount(se, dir) != 0) {
         fuse_session_destroy(se);
         close(pidfd);
-        throw std::runtime_error(fmt::format("cannot mount at {} (see above; /dev/fuse and fusermount3 are needed)",
-                                             dir));
+        throw std::runtime_error(
+            fmt::format("cannot mount at {} (see above; /dev/fuse and fusermount3 are needed)", dir));
     }
     fmt::print("process {}: tracing files mounted at {}\n", pid, dir);
     fflush(stdout);

@@ -13,8 +13,8 @@ class App;
 namespace ukprobe {
 
 struct MountOptions {
-    std::string dir;                 // the mount point, an existing directory
-    bool foreground = false;         // serve in this process; else return once mounted
+    std::string dir;                       // the mount point, an existing directory
+    bool foreground = false;               // serve in this process; else return once mounted
     std::vector<std::string> fuse_options; // -o OPT, handed to FUSE (allow_other, debug, ...)
 };
 

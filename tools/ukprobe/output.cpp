@@ -34,7 +34,8 @@ uint64_t line_timestamp(std::string_view line) {
         const size_t word = i;
         uint64_t sec = 0, frac = 0;
         int digits = 0, frac_digits = 0;
-        while (i < line.size() && line[i] >= '0' && line[i] <= '9') sec = sec * 10 + uint64_t(line[i++] - '0'), ++digits;
+        while (i < line.size() && line[i] >= '0' && line[i] <= '9')
+            sec = sec * 10 + uint64_t(line[i++] - '0'), ++digits;
         if (digits > 0 && i < line.size() && line[i] == '.') {
             ++i;
             while (i < line.size() && line[i] >= '0' && line[i] <= '9') {
@@ -57,7 +58,8 @@ uint64_t lost_count(std::string_view line) {
     const size_t at = line.find("[LOST ");
     if (line.rfind("CPU:", 0) != 0 || at == std::string_view::npos) return 0;
     uint64_t n = 0;
-    for (size_t i = at + 6; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i) n = n * 10 + uint64_t(line[i] - '0');
+    for (size_t i = at + 6; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i)
+        n = n * 10 + uint64_t(line[i] - '0');
     return n;
 }
 
@@ -130,7 +132,7 @@ void Output::finish() {
 }
 
 void Output::merge(std::vector<RunPtr> &runs, uint64_t cutoff, std::vector<std::string_view> &pieces,
-                  std::vector<RunPtr> &done) {
+                   std::vector<RunPtr> &done) {
     // (next line's timestamp, seq, index): the smallest first.
     using Head = std::tuple<uint64_t, uint64_t, size_t>;
     std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
@@ -158,7 +160,7 @@ void Output::write_loop() {
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, nullptr); // signals are ukprobe's main thread's (signalfd)
-    std::vector<RunPtr> ready, done; // runs old enough (and what is left of them); runs written
+    std::vector<RunPtr> ready, done;           // runs old enough (and what is left of them); runs written
     std::vector<std::string_view> pieces;
     std::string block;
     block.reserve(kWriteBlock + (64 << 10));
@@ -211,7 +213,8 @@ void Output::write_loop() {
 
 void Output::recycle(std::vector<RunPtr> &runs) {
     for (RunPtr &r : runs)
-        if (spare_.size() < kSpareBuffers && r->text.capacity() >= kWriteBlock / 2) spare_.push_back(std::move(r->text));
+        if (spare_.size() < kSpareBuffers && r->text.capacity() >= kWriteBlock / 2)
+            spare_.push_back(std::move(r->text));
     runs.clear();
 }
 

@@ -52,12 +52,12 @@ public:
 private:
     struct Run {
         std::chrono::steady_clock::time_point arrived;
-        uint64_t seq = 0;             // arrival order, for lines of equal timestamps
-        std::string text;             // whole lines
-        std::vector<uint32_t> start;  // each line's offset, then the end of the text
-        std::vector<uint64_t> ts;     // each line's timestamp
+        uint64_t seq = 0;            // arrival order, for lines of equal timestamps
+        std::string text;            // whole lines
+        std::vector<uint32_t> start; // each line's offset, then the end of the text
+        std::vector<uint64_t> ts;    // each line's timestamp
         uint64_t min_ts = 0;
-        size_t next = 0;              // the first line not written yet
+        size_t next = 0; // the first line not written yet
     };
     using RunPtr = std::unique_ptr<Run>;
 
@@ -74,14 +74,14 @@ private:
 
     std::mutex mu_;
     std::condition_variable cv_;
-    FILE *f_;                // the writer's
+    FILE *f_; // the writer's
     const bool capture_;
-    bool stop_ = false;      // under mu_
-    std::deque<RunPtr> runs_; // under mu_: in arrival order
+    bool stop_ = false;              // under mu_
+    std::deque<RunPtr> runs_;        // under mu_: in arrival order
     std::vector<std::string> spare_; // under mu_: read buffers written out, for spare()
-    uint64_t seq_ = 0;       // under mu_
-    uint64_t lost_ = 0;      // under mu_
-    std::thread writer_;     // last: starts once the rest is made
+    uint64_t seq_ = 0;               // under mu_
+    uint64_t lost_ = 0;              // under mu_
+    std::thread writer_;             // last: starts once the rest is made
 };
 
 } // namespace ukprobe

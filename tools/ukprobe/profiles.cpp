@@ -23,7 +23,8 @@ void print_profiles(std::vector<ProfileBlock> blocks, uint64_t lost) {
         std::vector<Sum> lines;
         std::istringstream in(b.text);
         for (Sum one; in >> one.name >> one.hits >> one.misses;) lines.push_back(one);
-        const bool counted = std::any_of(lines.begin(), lines.end(), [](const Sum &x) { return x.hits + x.misses != 0; });
+        const bool counted =
+            std::any_of(lines.begin(), lines.end(), [](const Sum &x) { return x.hits + x.misses != 0; });
         if (!counted && &b != &blocks.front()) {
             ++silent;
             continue;

@@ -9,12 +9,12 @@ namespace ukprobe {
 
 // kprobe_profile of one process image, printed when everything ends.
 struct ProfileBlock {
-    uint64_t seq;      // the order processes were met in
+    uint64_t seq; // the order processes were met in
     int pid;
     std::string comm;
-    std::string text;  // the file's lines; empty if never read
-    bool final;        // read at its exit_group or execve, not as last read while it ran
-    bool forked;       // a child of fork() that had not exec'd
+    std::string text; // the file's lines; empty if never read
+    bool final;       // read at its exit_group or execve, not as last read while it ran
+    bool forked;      // a child of fork() that had not exec'd
 };
 
 // The counts as each process image left them, apart from the trace (stderr, as a second

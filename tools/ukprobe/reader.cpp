@@ -62,7 +62,7 @@ void TraceReader::unmap(Mapping &m) {
 }
 
 bool TraceReader::map_fd(int fd, int prot, Mapping &m) {
-    struct stat st{};
+    struct stat st {};
     if (fstat(fd, &st) != 0 || st.st_size <= 0) {
         close(fd);
         unmap(m);
@@ -93,8 +93,10 @@ bool TraceReader::map_ring() {
                 // ring up): one killed later has no maps left to name its addresses with.
                 // Objects of `known` still mapped where they were are not parsed again.
                 // A capture only notes the maps: the report parses the objects.
-                if (capturer_ != nullptr) remember_maps();
-                else refresh_symbols();
+                if (capturer_ != nullptr)
+                    remember_maps();
+                else
+                    refresh_symbols();
             } else {
                 unmap(m);
             }
@@ -116,7 +118,7 @@ bool TraceReader::map_ring() {
         unmap();
         return false;
     }
-    struct stat st{};
+    struct stat st {};
     if (fstat(r.fd, &st) != 0 || st.st_size <= 0) {
         close(r.fd);
         unmap();
@@ -177,7 +179,7 @@ std::string TraceReader::symbolize(uint64_t addr, bool with_size) {
     if (symbols_.objects().empty()) refresh_symbols();
     std::string text = trace::symbol_text(symbols_.objects(), addr, with_size);
     if (text.empty() && !symbols_fresh_ && !agent_gone_) { // a process gone has no maps left
-        symbols_fresh_ = true; // an object loaded since
+        symbols_fresh_ = true;                             // an object loaded since
         refresh_symbols();
         text = trace::symbol_text(symbols_.objects(), addr, with_size);
     }
@@ -225,8 +227,8 @@ std::string TraceReader::capture_blocks(size_t max_bytes) {
     // last maps), and the event table as known.
     const trace::RingView view{mapped_, size_};
     const auto now = std::chrono::steady_clock::now();
-    if (!agent_gone_ && (maps_written_.empty() || (now - maps_read_ >= std::chrono::milliseconds(100) &&
-                                                   trace::ring_has_data(view)))) {
+    if (!agent_gone_ &&
+        (maps_written_.empty() || (now - maps_read_ >= std::chrono::milliseconds(100) && trace::ring_has_data(view)))) {
         maps_read_ = now;
         if (auto maps = ukp::sym::Registry::read_maps(pid_); !maps.files.empty()) maps_ = std::move(maps);
     }

@@ -115,7 +115,7 @@ private:
     // Maps the descriptor `fd` (taking it) into `m` unless m already maps that file.
     static bool map_fd(int fd, int prot, Mapping &m);
     static void unmap(Mapping &m);
-    bool load_events(); // the event table, again
+    bool load_events();                              // the event table, again
     std::string agent_text(const std::string &path); // the agent's formatting; throws on a refusal
     const ukp::trace::EventInfo *find_event(uint16_t id);
     std::string symbolize(uint64_t addr, bool with_size);
@@ -124,21 +124,21 @@ private:
     Client &client_;
     const int pid_;
     const bool consume_;
-    bool agent_formats_ = false;    // for good: the agent does not serve the ring
-    bool agent_snapshots_ = false;  // for good: the agent does not serve the snapshot's
-    int taken_fd_ = -1;             // the taken ring's descriptor, until mapped
-    bool taken_ = false;            // the ring was taken from the process, not served
-    bool agent_gone_ = false;       // the connection is lost: nothing more is asked
+    bool agent_formats_ = false;   // for good: the agent does not serve the ring
+    bool agent_snapshots_ = false; // for good: the agent does not serve the snapshot's
+    int taken_fd_ = -1;            // the taken ring's descriptor, until mapped
+    bool taken_ = false;           // the ring was taken from the process, not served
+    bool agent_gone_ = false;      // the connection is lost: nothing more is asked
     uint8_t *mapped_ = nullptr;
     size_t size_ = 0;
     dev_t dev_ = 0;
-    ino_t ino_ = 0;                 // the memfd mapped (a new one means new buffers)
+    ino_t ino_ = 0;                                          // the memfd mapped (a new one means new buffers)
     std::chrono::steady_clock::time_point served_checked_{}; // map_ring's last ask
-    Mapping snap_;                  // the snapshot buffers, read-only
+    Mapping snap_;                                           // the snapshot buffers, read-only
     std::map<uint16_t, ukp::trace::EventInfo> events_;
-    bool events_fresh_ = false;     // loaded during this read: an unknown id stays unknown
-    ukp::sym::Registry symbols_;    // the process's objects, from its maps
-    bool symbols_fresh_ = false;    // likewise, re-read during this read
+    bool events_fresh_ = false;            // loaded during this read: an unknown id stays unknown
+    ukp::sym::Registry symbols_;           // the process's objects, from its maps
+    bool symbols_fresh_ = false;           // likewise, re-read during this read
     ukp::sym::Registry::ProcessMaps maps_; // the process's maps as last read
     ukp::trace::SymbolTexts symbol_texts_; // symbolize's answers, until the objects are read again
     void refresh_symbols();
@@ -146,11 +146,11 @@ private:
     std::string capture_blocks(size_t max_bytes);
     ukp::trace::PipeReader pipe_;
     std::unique_ptr<ukp::trace::capture::Capturer> capturer_;
-    std::string spare_;                // give_buffer's
-    bool stream_written_ = false;      // its kStream block
-    std::string events_text_;          // the event table as last read
-    std::string events_written_;       // ... as last written
-    std::string maps_written_;         // the kMaps text as last written
+    std::string spare_;                                 // give_buffer's
+    bool stream_written_ = false;                       // its kStream block
+    std::string events_text_;                           // the event table as last read
+    std::string events_written_;                        // ... as last written
+    std::string maps_written_;                          // the kMaps text as last written
     std::chrono::steady_clock::time_point maps_read_{}; // maps_ last read while capturing
 };
 

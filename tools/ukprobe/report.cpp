@@ -33,7 +33,7 @@ public:
     explicit Mapped(const std::string &path) {
         const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path, strerror(errno)));
-        struct stat st{};
+        struct stat st {};
         if (fstat(fd, &st) != 0) {
             const int e = errno;
             close(fd);
@@ -148,7 +148,8 @@ void json_value(std::string &out, const uint8_t *rec, uint32_t size, const trace
     }
     std::string text;
     trace::print_field_value(rec, size, f, k, sym, text);
-    if (f.print == trace::Print::kString && text.size() >= 2 && text.front() == '"') text = text.substr(1, text.size() - 2);
+    if (f.print == trace::Print::kString && text.size() >= 2 && text.front() == '"')
+        text = text.substr(1, text.size() - 2);
     json_string(out, text);
 }
 
@@ -220,8 +221,8 @@ public:
 
     void lost(const StreamPrinter &p, const capture::Item &it, uint64_t count) {
         begin(p.stream().pid, p.stream().pid, it.ts, 'p');
-        out_ += fmt::format("\"name\":\"LOST\",\"cat\":\"ukprobe\",\"args\":{{\"events\":{},\"cpu\":{}}}}}", count,
-                            it.cpu);
+        out_ +=
+            fmt::format("\"name\":\"LOST\",\"cat\":\"ukprobe\",\"args\":{{\"events\":{},\"cpu\":{}}}}}", count, it.cpu);
     }
 
     void end() { out_ += "\n]}\n"; }
@@ -278,7 +279,8 @@ private:
 
     void meta(int32_t pid, int32_t tid, const char *what, const std::string &name) {
         if (events_++ != 0) out_ += ",\n";
-        out_ += fmt::format("{{\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"{}\",\"args\":{{\"name\":", pid, tid, what);
+        out_ +=
+            fmt::format("{{\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"{}\",\"args\":{{\"name\":", pid, tid, what);
         json_string(out_, name);
         out_ += "}}";
     }
@@ -346,8 +348,10 @@ int report(const ReportOptions &o) {
             uint64_t n = 0;
             std::memcpy(&n, it.data, sizeof n);
             if (!pid_wanted(pid, pid)) continue;
-            if (chrome) chrome->lost(p, it, n);
-            else text += trace::lost_events_line(it.cpu, n);
+            if (chrome)
+                chrome->lost(p, it, n);
+            else
+                text += trace::lost_events_line(it.cpu, n);
         } else if (it.kind == capture::kRecord) {
             trace::CommonHeader c{};
             if (it.size < trace::kCommonSize) continue;

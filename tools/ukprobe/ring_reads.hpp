@@ -13,7 +13,8 @@ inline constexpr int kPipeWaitMs = 5;
 
 // What read() returns of `reader`, added to `out`; the read fills a buffer the output
 // wrote out (TraceReader::give_buffer).
-template <typename Read> void read_into(TraceReader &reader, Output &out, Read read) {
+template <typename Read>
+void read_into(TraceReader &reader, Output &out, Read read) {
     reader.give_buffer(out.spare());
     out.add(read());
 }

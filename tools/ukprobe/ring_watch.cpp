@@ -83,8 +83,9 @@ std::chrono::microseconds RingStream::look(Clock::time_point now) {
         // The rate since the last look: the next comes before the ring has twice what wakes
         // its stream.
         if (looked_ != Clock::time_point{} && level.written > written_) {
-            const double per_us = static_cast<double>(level.written - written_) /
-                                  static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(now - looked_).count() + 1);
+            const double per_us =
+                static_cast<double>(level.written - written_) /
+                static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(now - looked_).count() + 1);
             const double twice_us = 2 * wake_bytes(level) / per_us;
             next = std::clamp(std::chrono::microseconds(static_cast<int64_t>(twice_us)),
                               std::chrono::microseconds(kWatchMin), std::chrono::microseconds(kWatchMax));

@@ -78,7 +78,8 @@ protected:
     void unwatch();
     // Runs fn() as a read: the watch does not look at the ring meanwhile (a read may map
     // it again). For the stream's reads other than read_some's.
-    template <typename Fn> void while_reading(Fn fn) {
+    template <typename Fn>
+    void while_reading(Fn fn) {
         std::lock_guard reading(reading_);
         fn();
     }
@@ -88,7 +89,8 @@ protected:
     std::string read_some(TraceReader &reader, bool *again);
     // Waits, mu_ held by `lock`, for a look that found the ring worth reading, for `stop`
     // (checked under mu_; a drain asked), or kStreamWaitMax at the longest.
-    template <typename Stop> void wait_for_look(std::unique_lock<std::mutex> &lock, Stop stop) {
+    template <typename Stop>
+    void wait_for_look(std::unique_lock<std::mutex> &lock, Stop stop) {
         cv_.wait_for(lock, kStreamWaitMax, [&] { return due_ || stop(); });
         due_ = false;
     }

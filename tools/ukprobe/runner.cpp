@@ -68,7 +68,6 @@ using ukp::control::Op;
 namespace ukprobe {
 namespace platform = ukp::platform;
 
-
 std::string event_path(const std::string &event, const std::string &definitions) {
     std::string e = event;
     if (const size_t dot = e.find('.'); e.find('/') == std::string::npos && dot != std::string::npos) e[dot] = '/';
@@ -106,8 +105,8 @@ std::string startup_events(const std::vector<std::string> &defs) {
 std::pair<std::string, std::string> split_assignment(const std::string &s, const char *what) {
     const size_t eq = s.find('=');
     if (eq == std::string::npos || eq == 0)
-        throw std::runtime_error(fmt::format("--{} '{}': give EVENT={}", what, s,
-                                             std::string(what) == "filter" ? "EXPR" : "TRIGGER"));
+        throw std::runtime_error(
+            fmt::format("--{} '{}': give EVENT={}", what, s, std::string(what) == "filter" ? "EXPR" : "TRIGGER"));
     return {s.substr(0, eq), s.substr(eq + 1)};
 }
 
@@ -130,9 +129,10 @@ std::string untraceable(const std::string &prog) {
         }
         if (path.empty()) return ""; // execvp says why
     }
-    struct stat st{};
+    struct stat st {};
     if (stat(path.c_str(), &st) != 0) return "";
-    if (((st.st_mode & S_ISUID) != 0 && st.st_uid != geteuid()) || ((st.st_mode & S_ISGID) != 0 && st.st_gid != getegid()))
+    if (((st.st_mode & S_ISUID) != 0 && st.st_uid != geteuid()) ||
+        ((st.st_mode & S_ISGID) != 0 && st.st_gid != getegid()))
         return "set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD there, so the agent is not loaded";
     platform::ElfFile elf;
     if (elf.open(path) && !elf.has_interpreter())
@@ -172,16 +172,16 @@ private:
     int child_ = -1;
     int child_status_ = -1; // wait status once the child is gone
     int signal_fd_ = -1;
-    Supervisor supervisor_; // the notifications of the program's tree
+    Supervisor supervisor_;                            // the notifications of the program's tree
     std::vector<std::unique_ptr<AgentStream>> agents_; // every agent connected, in order
     std::map<int, AgentStream *> by_pid_;              // the latest agent of each process
-    std::vector<std::unique_ptr<ForkedRing>> forked_; // rings of forked children, until they end
-    std::map<int, ForkedRing *> forked_by_pid_;       // the latest of each process
-    ukp::sym::Registry forked_symbols_; // the objects of the last forked child taken: its
-                                        // siblings have the same ones at the same addresses
-    std::vector<ProfileBlock> forked_profiles_; // of forked children whose stream ended
+    std::vector<std::unique_ptr<ForkedRing>> forked_;  // rings of forked children, until they end
+    std::map<int, ForkedRing *> forked_by_pid_;        // the latest of each process
+    ukp::sym::Registry forked_symbols_;                // the objects of the last forked child taken: its
+                                                       // siblings have the same ones at the same addresses
+    std::vector<ProfileBlock> forked_profiles_;        // of forked children whose stream ended
     uint64_t next_seq_ = 0;
-    bool failed_ = false;                         // the program's definitions were refused
+    bool failed_ = false; // the program's definitions were refused
 };
 
 int Runner::run() {
@@ -206,7 +206,8 @@ void Runner::check_options() {
     for (const std::string &f : o_.filters) split_assignment(f, "filter");
     for (const std::string &t : o_.triggers) split_assignment(t, "trigger");
     if (const std::string why = untraceable(o_.argv[0]); !why.empty())
-        fmt::print(stderr, "ukprobe: {} is {}; it runs untraced (the programs it starts are traced)\n", o_.argv[0], why);
+        fmt::print(stderr, "ukprobe: {} is {}; it runs untraced (the programs it starts are traced)\n", o_.argv[0],
+                   why);
 }
 
 // The trace's destination (o_.output, else stdout) and the watch of the streams' rings.
@@ -422,7 +423,7 @@ void Runner::on_socket(int pid) {
 // or a new image after an exec: its socket is another one under the same path, which the
 // file system may give the inode number of the old one, freed by the new agent's unlink).
 bool Runner::new_agent_in(int pid) {
-    struct stat st{};
+    struct stat st {};
     if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid).c_str(), &st) != 0) return false;
     const auto it = by_pid_.find(pid);
     return it == by_pid_.end() || it->second->ended() || it->second->image_gone() ||

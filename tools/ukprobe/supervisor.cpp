@@ -55,8 +55,8 @@ int send_ping(int pid) {
     memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    const ukp::control::RequestHeader h{ukp::control::kMagic, ukp::control::kVersion,
-                                        static_cast<uint16_t>(Op::kPing), 0, 0};
+    const ukp::control::RequestHeader h{ukp::control::kMagic, ukp::control::kVersion, static_cast<uint16_t>(Op::kPing),
+                                        0, 0};
     if (::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 ||
         send(fd, &h, sizeof h, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof h)) {
         close(fd);
@@ -124,7 +124,7 @@ bool exec_file_missing(const seccomp_notif &req) {
     if (path.empty() || path.size() >= PATH_MAX) return false;
     // As the process sees it: its root for an absolute path, its working directory else.
     const std::string proc = "/proc/" + std::to_string(pid) + (path[0] == '/' ? "/root" : "/cwd/");
-    struct stat st{};
+    struct stat st {};
     return stat((proc + path).c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
 }
 

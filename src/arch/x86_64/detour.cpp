@@ -21,11 +21,11 @@ void put_rip_disp(uint8_t *out, size_t insn_at, size_t insn_len, size_t literal_
 // What both kinds of detour begin with: up to and including the way back over the red
 // zone, the literals' references left for put_literals.
 struct Head {
-    size_t push_at = 0;  // push context(%rip)
-    size_t call_at = 0;  // call trampoline, near or through a literal
+    size_t push_at = 0; // push context(%rip)
+    size_t call_at = 0; // call trampoline, near or through a literal
     bool near = false;
     uint64_t trampoline = 0;
-    size_t end = 0;      // after `lea 0x88(%rsp),%rsp`
+    size_t end = 0; // after `lea 0x88(%rsp),%rsp`
 };
 
 int emit_head(uint64_t dest, void (*trampoline_fn)(), uint8_t *out, size_t cap, Head *h) {

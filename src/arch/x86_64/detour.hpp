@@ -49,13 +49,13 @@ inline constexpr size_t kMaxDcrInsns = 5;
 
 // Where the parts of an emitted detour are, as offsets from its start.
 struct DetourLayout {
-    uint16_t size = 0;                     // bytes emitted
-    uint16_t copy = 0;                     // the region copy
-    uint8_t count = 0;                     // instructions in the DCR
-    uint8_t dcr_len = 0;                   // bytes the DCR covers at the probe address
-    uint8_t orig_offset[kMaxDcrInsns] = {}; // each instruction's offset in the DCR
+    uint16_t size = 0;                       // bytes emitted
+    uint16_t copy = 0;                       // the region copy
+    uint8_t count = 0;                       // instructions in the DCR
+    uint8_t dcr_len = 0;                     // bytes the DCR covers at the probe address
+    uint8_t orig_offset[kMaxDcrInsns] = {};  // each instruction's offset in the DCR
     uint16_t copy_offset[kMaxDcrInsns] = {}; // where its copy starts in the region copy
-    FaultUndos undo[kMaxDcrInsns];          // faults past the first instruction of each copy
+    FaultUndos undo[kMaxDcrInsns];           // faults past the first instruction of each copy
 };
 
 // Emits the detour for the DCR `dcr[0..n)` (consecutive instructions, dcr[0].addr the

@@ -6,7 +6,6 @@
 
 namespace ukp::arch {
 
-
 std::unique_ptr<ElfImage> ElfImage::open(const std::string &path, uint64_t bias, std::string *error) {
     auto fail = [&](const std::string &why) -> std::unique_ptr<ElfImage> {
         if (error != nullptr) *error = path + ": " + why;

@@ -13,8 +13,8 @@ namespace ukp::arch {
 
 namespace {
 
-constexpr size_t kWindow = 12;      // instructions kept since the last branch or call
-constexpr int kMaxClearBits = 8;    // a "full" set leaves at most this many signals out
+constexpr size_t kWindow = 12;       // instructions kept since the last branch or call
+constexpr int kMaxClearBits = 8;     // a "full" set leaves at most this many signals out
 constexpr int64_t kSpan = 1ll << 24; // what a change of a disp32's high byte moves by
 
 ZydisRegister widest(ZydisRegister r) { return ZydisRegisterGetLargestEnclosing(ZYDIS_MACHINE_MODE_LONG_64, r); }

@@ -52,9 +52,9 @@ int last_writer(const std::vector<Insn> &w, int before, ZydisRegister r) {
 }
 
 bool same_memory(const ZydisDecodedOperand &a, const ZydisDecodedOperand &b) {
-    return a.type == ZYDIS_OPERAND_TYPE_MEMORY && b.type == ZYDIS_OPERAND_TYPE_MEMORY &&
-           a.mem.base == b.mem.base && a.mem.index == b.mem.index && a.mem.scale == b.mem.scale &&
-           a.mem.disp.value == b.mem.disp.value && a.mem.segment == b.mem.segment && a.size == b.size;
+    return a.type == ZYDIS_OPERAND_TYPE_MEMORY && b.type == ZYDIS_OPERAND_TYPE_MEMORY && a.mem.base == b.mem.base &&
+           a.mem.index == b.mem.index && a.mem.scale == b.mem.scale && a.mem.disp.value == b.mem.disp.value &&
+           a.mem.segment == b.mem.segment && a.size == b.size;
 }
 
 // For `cmp $n, x` at w[i]: the entry count the following ja/jae/jbe/jb (after any
@@ -93,7 +93,7 @@ bool is_cmp_imm(const Insn &in) {
 // register, a register copied into it, or the memory it was loaded from. A byte
 // zero-extended into the index bounds it to 256 when no cmp is found. 0 if unknown.
 uint64_t table_bound(const std::vector<Insn> &w, int before, ZydisRegister index) {
-    ZydisRegister reg = index;          // holds the index value here (or NONE: `mem` does)
+    ZydisRegister reg = index; // holds the index value here (or NONE: `mem` does)
     const ZydisDecodedOperand *mem = nullptr;
     uint64_t fallback = 0;
     // `cmp $n, r` seen on another register: good if r is later found copied into `reg`
@@ -122,8 +122,8 @@ uint64_t table_bound(const std::vector<Insn> &w, int before, ZydisRegister index
             continue;
         }
         if (in.flow != Flow::kSequential && in.flow != Flow::kCondJump) return fallback;
-        const bool copy = (m == ZYDIS_MNEMONIC_MOV || m == ZYDIS_MNEMONIC_MOVZX) &&
-                          in.zi.operand_count_visible == 2 && is_reg(in.ops[0]);
+        const bool copy = (m == ZYDIS_MNEMONIC_MOV || m == ZYDIS_MNEMONIC_MOVZX) && in.zi.operand_count_visible == 2 &&
+                          is_reg(in.ops[0]);
         if (reg != ZYDIS_REGISTER_NONE && writes(in, reg) && (m == ZYDIS_MNEMONIC_BSF || m == ZYDIS_MNEMONIC_TZCNT) &&
             in.zi.operand_count_visible == 2 && is_reg(in.ops[1]) && gpr64(in.ops[1].reg.value) == reg) {
             // bsf %r,%r: a bit index below the width, or (source 0) the register left as it
@@ -166,8 +166,7 @@ bool read_data(const FunctionMap &f, const ReadFn &read, uint64_t addr, void *ou
 }
 
 // Recognizes the jump table (if any) that the indirect jmp w.back() dispatches through.
-void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const ReadFn &read,
-                      IndirectJump &ij) {
+void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const ReadFn &read, IndirectJump &ij) {
     const int last = static_cast<int>(w.size()) - 1;
     const Insn &jmp = w[last];
     const ZydisDecodedOperand &target = jmp.ops[0];
@@ -276,12 +275,17 @@ void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const Re
     ij.resolved = true;
 }
 
-
 bool callee_saved(ZydisRegister r) {
     switch (r) {
-    case ZYDIS_REGISTER_RBX: case ZYDIS_REGISTER_RBP: case ZYDIS_REGISTER_R12:
-    case ZYDIS_REGISTER_R13: case ZYDIS_REGISTER_R14: case ZYDIS_REGISTER_R15: return true;
-    default: return false;
+    case ZYDIS_REGISTER_RBX:
+    case ZYDIS_REGISTER_RBP:
+    case ZYDIS_REGISTER_R12:
+    case ZYDIS_REGISTER_R13:
+    case ZYDIS_REGISTER_R14:
+    case ZYDIS_REGISTER_R15:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -319,8 +323,8 @@ struct Body {
     std::vector<bool> table_target;           // also reached from a resolved jump table
     bool rbp_frame = false;                   // some instruction sets %rbp from %rsp
     int index_of(uint64_t addr) const {
-        auto it = std::lower_bound(insns.begin(), insns.end(), addr,
-                                   [](const Insn &in, uint64_t a) { return in.addr < a; });
+        auto it =
+            std::lower_bound(insns.begin(), insns.end(), addr, [](const Insn &in, uint64_t a) { return in.addr < a; });
         return it != insns.end() && it->addr == addr ? static_cast<int>(it - insns.begin()) : -1;
     }
 };
@@ -373,10 +377,14 @@ bool is_rsp(ZydisRegister r) { return gpr64(r) == ZYDIS_REGISTER_RSP; }
 bool rsp_delta(const Insn &in, int64_t *delta) {
     *delta = 0;
     const ZydisMnemonic m = in.zi.mnemonic;
-    if (m == ZYDIS_MNEMONIC_PUSH) *delta = -static_cast<int64_t>(in.zi.operand_width / 8);
-    else if (m == ZYDIS_MNEMONIC_POP) *delta = in.zi.operand_width / 8;
-    else if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall) return true; // the callee pops its return address
-    else if (!writes(in, ZYDIS_REGISTER_RSP)) return true;
+    if (m == ZYDIS_MNEMONIC_PUSH)
+        *delta = -static_cast<int64_t>(in.zi.operand_width / 8);
+    else if (m == ZYDIS_MNEMONIC_POP)
+        *delta = in.zi.operand_width / 8;
+    else if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall)
+        return true; // the callee pops its return address
+    else if (!writes(in, ZYDIS_REGISTER_RSP))
+        return true;
     else if ((m == ZYDIS_MNEMONIC_SUB || m == ZYDIS_MNEMONIC_ADD) && in.zi.operand_count_visible == 2 &&
              is_reg(in.ops[0]) && is_rsp(in.ops[0].reg.value) && in.ops[1].type == ZYDIS_OPERAND_TYPE_IMMEDIATE) {
         *delta = m == ZYDIS_MNEMONIC_ADD ? in.ops[1].imm.value.s : -in.ops[1].imm.value.s;
@@ -634,10 +642,11 @@ void classify_pointers(FunctionMap &f, const ReadFn &read) {
             // mov %rsp,%rbp / lea d(%rsp),%rbp, or anything that reads %rsp into %rbp.
             for (int k = 0; k < in.zi.operand_count; ++k) {
                 const ZydisDecodedOperand &op = in.ops[k];
-                const bool reads_rsp = (is_reg(op) && gpr64(op.reg.value) == ZYDIS_REGISTER_RSP &&
-                                        (op.actions & ZYDIS_OPERAND_ACTION_MASK_READ)) ||
-                                       (op.type == ZYDIS_OPERAND_TYPE_MEMORY && gpr64(op.mem.base) == ZYDIS_REGISTER_RSP &&
-                                        in.zi.mnemonic == ZYDIS_MNEMONIC_LEA);
+                const bool reads_rsp =
+                    (is_reg(op) && gpr64(op.reg.value) == ZYDIS_REGISTER_RSP &&
+                     (op.actions & ZYDIS_OPERAND_ACTION_MASK_READ)) ||
+                    (op.type == ZYDIS_OPERAND_TYPE_MEMORY && gpr64(op.mem.base) == ZYDIS_REGISTER_RSP &&
+                     in.zi.mnemonic == ZYDIS_MNEMONIC_LEA);
                 if (reads_rsp && op.visibility == ZYDIS_OPERAND_VISIBILITY_EXPLICIT) b.rbp_frame = true;
             }
         }
@@ -739,8 +748,7 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
         off += in.len;
     }
     std::sort(f.branch_targets.begin(), f.branch_targets.end());
-    f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()),
-                           f.branch_targets.end());
+    f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()), f.branch_targets.end());
     if (f.reliable() && f.has_unresolved_indirect_jump()) classify_pointers(f, read);
     if (read) {
         // Whatever is readable of the bytes after the function, longest first.
@@ -764,9 +772,7 @@ bool FunctionMap::has_unresolved_indirect_jump() const {
     return false;
 }
 
-bool FunctionMap::is_boundary(uint64_t addr) const {
-    return std::binary_search(insns.begin(), insns.end(), addr);
-}
+bool FunctionMap::is_boundary(uint64_t addr) const { return std::binary_search(insns.begin(), insns.end(), addr); }
 
 FunctionMap analyze_function(uint64_t start, const uint8_t *code, size_t size, const ReadFn &read) {
     try {

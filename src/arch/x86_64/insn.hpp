@@ -29,7 +29,7 @@ struct Insn {
     uint8_t len = 0;        // its length in bytes
     uint8_t bytes[15] = {}; // its bytes
     Flow flow = Flow::kSequential;
-    uint64_t target = 0;    // kJump, kCondJump, kCall: the absolute branch target
+    uint64_t target = 0;       // kJump, kCondJump, kCall: the absolute branch target
     bool rip_relative = false; // has a [rip + disp32] memory operand (or lea of one)
     uint64_t rip_target = 0;   // the absolute address that operand designates
     ZydisDecodedInstruction zi{};
@@ -105,8 +105,8 @@ struct FaultUndos {
 // *trap_offset (if not null) receives the offset of the int3 for Exit::kTrap, else -1.
 // *undo (if not null) receives what to undo when an instruction of the copy other than
 // its first faults (see FaultUndos).
-int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit,
-             int *trap_offset = nullptr, FaultUndos *undo = nullptr);
+int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit, int *trap_offset = nullptr,
+             FaultUndos *undo = nullptr);
 
 // The largest relocate() output for one instruction, for sizing buffers.
 inline constexpr size_t kMaxRelocatedSize = 64;

@@ -26,11 +26,11 @@ namespace ukp::arch {
 inline constexpr size_t kIslandSize = 5; // a jmp rel32
 
 struct Island {
-    uint64_t source = 0;      // the `jmp rel8` whose target is inside the region
-    uint64_t target = 0;      // where it enters the region: an instruction of the DCR
-    uint64_t at = 0;          // the island: kIslandSize dead bytes in the branch's reach
-    uint8_t source_disp = 0;  // the branch's displacement byte (at source + 1), as the file has it
-    uint8_t island_disp = 0;  // the displacement that leads the branch to `at`
+    uint64_t source = 0;            // the `jmp rel8` whose target is inside the region
+    uint64_t target = 0;            // where it enters the region: an instruction of the DCR
+    uint64_t at = 0;                // the island: kIslandSize dead bytes in the branch's reach
+    uint8_t source_disp = 0;        // the branch's displacement byte (at source + 1), as the file has it
+    uint8_t island_disp = 0;        // the displacement that leads the branch to `at`
     uint8_t orig[kIslandSize] = {}; // the island's bytes as the file has them
 };
 

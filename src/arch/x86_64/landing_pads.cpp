@@ -12,9 +12,8 @@ namespace {
 
 // DW_EH_PE_* (LSB "Linux Standard Base Core Specification", .eh_frame pointer encodings).
 constexpr uint8_t kPeOmit = 0xff;
-constexpr uint8_t kPeAbsptr = 0x00, kPeUleb128 = 0x01, kPeUdata2 = 0x02, kPeUdata4 = 0x03,
-                  kPeUdata8 = 0x04, kPeSleb128 = 0x09, kPeSdata2 = 0x0a, kPeSdata4 = 0x0b,
-                  kPeSdata8 = 0x0c;
+constexpr uint8_t kPeAbsptr = 0x00, kPeUleb128 = 0x01, kPeUdata2 = 0x02, kPeUdata4 = 0x03, kPeUdata8 = 0x04,
+                  kPeSleb128 = 0x09, kPeSdata2 = 0x0a, kPeSdata4 = 0x0b, kPeSdata8 = 0x0c;
 constexpr uint8_t kPePcrel = 0x10, kPeDatarel = 0x30;
 constexpr uint8_t kPeIndirect = 0x80;
 // Sanity limits: no real table comes near them; a corrupt one stops here.
@@ -48,7 +47,8 @@ public:
         pos_ += n;
         return true;
     }
-    template <class T> T get() {
+    template <class T>
+    T get() {
         T v{};
         get(&v, sizeof(v));
         return v;
@@ -85,21 +85,44 @@ public:
         const uint64_t field = pos_;
         uint64_t v = 0;
         switch (enc & 0x0f) {
-        case kPeAbsptr: v = get<uint64_t>(); break;
-        case kPeUleb128: v = uleb(); break;
-        case kPeUdata2: v = get<uint16_t>(); break;
-        case kPeUdata4: v = get<uint32_t>(); break;
-        case kPeUdata8: v = get<uint64_t>(); break;
-        case kPeSleb128: v = static_cast<uint64_t>(sleb()); break;
-        case kPeSdata2: v = static_cast<uint64_t>(static_cast<int64_t>(get<int16_t>())); break;
-        case kPeSdata4: v = static_cast<uint64_t>(static_cast<int64_t>(get<int32_t>())); break;
-        case kPeSdata8: v = get<uint64_t>(); break;
-        default: fail(-EPROTO, "unknown pointer encoding format"); return 0;
+        case kPeAbsptr:
+            v = get<uint64_t>();
+            break;
+        case kPeUleb128:
+            v = uleb();
+            break;
+        case kPeUdata2:
+            v = get<uint16_t>();
+            break;
+        case kPeUdata4:
+            v = get<uint32_t>();
+            break;
+        case kPeUdata8:
+            v = get<uint64_t>();
+            break;
+        case kPeSleb128:
+            v = static_cast<uint64_t>(sleb());
+            break;
+        case kPeSdata2:
+            v = static_cast<uint64_t>(static_cast<int64_t>(get<int16_t>()));
+            break;
+        case kPeSdata4:
+            v = static_cast<uint64_t>(static_cast<int64_t>(get<int32_t>()));
+            break;
+        case kPeSdata8:
+            v = get<uint64_t>();
+            break;
+        default:
+            fail(-EPROTO, "unknown pointer encoding format");
+            return 0;
         }
         if (error_ != 0 || v == 0) return v;
         switch (enc & 0x70) {
-        case 0: break;
-        case kPePcrel: v += field; break;
+        case 0:
+            break;
+        case kPePcrel:
+            v += field;
+            break;
         case kPeDatarel:
             if (datarel == 0) {
                 fail(-EPROTO, "datarel pointer where no data base is defined");
@@ -107,7 +130,9 @@ public:
             }
             v += datarel;
             break;
-        default: fail(-EPROTO, "unsupported pointer encoding base (textrel/funcrel/aligned)"); return 0;
+        default:
+            fail(-EPROTO, "unsupported pointer encoding base (textrel/funcrel/aligned)");
+            return 0;
         }
         if (enc & kPeIndirect) {
             uint64_t p = 0;
@@ -123,8 +148,10 @@ public:
     // no base.
     uint64_t value(uint8_t enc) { return pointer(static_cast<uint8_t>(enc & 0x0f)); }
     void skip(uint64_t n) {
-        if (error_ == 0 && (pos_ > end_ || n > end_ - pos_)) fail(-EPROTO, "record runs past its end");
-        else pos_ += n;
+        if (error_ == 0 && (pos_ > end_ || n > end_ - pos_))
+            fail(-EPROTO, "record runs past its end");
+        else
+            pos_ += n;
     }
 
 private:
@@ -178,8 +205,10 @@ int parse_cie(const ReadFn &read, uint64_t cie, CieInfo *out, std::string *why) 
     aug[n] = '\0';
     b.uleb(); // code alignment
     b.sleb(); // data alignment
-    if (version == 1) b.get<uint8_t>();
-    else b.uleb(); // return address register
+    if (version == 1)
+        b.get<uint8_t>();
+    else
+        b.uleb(); // return address register
     if (b.error() == 0 && n > 0) {
         if (aug[0] != 'z') {
             b.fail(-EPROTO, "CIE augmentation without 'z'");
@@ -193,10 +222,19 @@ int parse_cie(const ReadFn &read, uint64_t cie, CieInfo *out, std::string *why) 
                     b.value(enc);
                     break;
                 }
-                case 'L': out->lsda_enc = b.get<uint8_t>(); break;
-                case 'R': out->fde_enc = b.get<uint8_t>(); break;
-                case 'S': case 'B': case 'G': break; // no data
-                default: b.fail(-EPROTO, "unknown CIE augmentation character"); break;
+                case 'L':
+                    out->lsda_enc = b.get<uint8_t>();
+                    break;
+                case 'R':
+                    out->fde_enc = b.get<uint8_t>();
+                    break;
+                case 'S':
+                case 'B':
+                case 'G':
+                    break; // no data
+                default:
+                    b.fail(-EPROTO, "unknown CIE augmentation character");
+                    break;
                 }
             }
         }
@@ -239,8 +277,8 @@ int parse_lsda(const ReadFn &read, uint64_t lsda, uint64_t region_start, std::ve
 
 } // namespace
 
-int landing_pads(uint64_t eh_frame_hdr, uint64_t lo, uint64_t hi, const ReadFn &read,
-                 std::vector<uint64_t> *pads, std::string *error) {
+int landing_pads(uint64_t eh_frame_hdr, uint64_t lo, uint64_t hi, const ReadFn &read, std::vector<uint64_t> *pads,
+                 std::string *error) {
     std::string why;
     auto done = [&](int rc, const std::string &what, uint64_t at) {
         if (rc != 0 && error != nullptr) {

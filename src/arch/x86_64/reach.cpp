@@ -38,9 +38,8 @@ bool Reach::contains(uint64_t addr) const {
     return it != code.begin() && addr < std::prev(it)->hi;
 }
 
-Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
-                     int max_depth) {
+Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries, const std::vector<uint64_t> &stops,
+                     const ReadFn &read_code, const ReadFn &read_data, int max_depth) {
     Reach out;
     std::unordered_set<uint64_t> seen;
     std::set<uint64_t> swept;

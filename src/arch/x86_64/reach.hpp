@@ -34,8 +34,7 @@ struct Reach {
 // pointers in memory.
 // With max_depth >= 0, only that many calls deep (a call, a function pointer formed or
 // read: one level down; jumps stay at their level).
-Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries,
-                     const std::vector<uint64_t> &stops, const ReadFn &read_code, const ReadFn &read_data,
-                     int max_depth = -1);
+Reach reachable_code(const ObjectRefs &refs, const std::vector<uint64_t> &entries, const std::vector<uint64_t> &stops,
+                     const ReadFn &read_code, const ReadFn &read_data, int max_depth = -1);
 
 } // namespace ukp::arch

@@ -193,9 +193,8 @@ private:
 
     // SHT_RELR: packed RELATIVE relocations; the addend is the word in place.
     void relr(const GElf_Shdr &sh) {
-        const uint8_t *p = sh.sh_offset <= file_size_ && sh.sh_size <= file_size_ - sh.sh_offset
-                               ? file_ + sh.sh_offset
-                               : nullptr;
+        const uint8_t *p =
+            sh.sh_offset <= file_size_ && sh.sh_size <= file_size_ - sh.sh_offset ? file_ + sh.sh_offset : nullptr;
         if (p == nullptr) return;
         uint64_t where = 0;
         for (size_t i = 0; i + 8 <= sh.sh_size; i += 8) {

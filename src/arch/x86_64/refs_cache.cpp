@@ -21,7 +21,7 @@ constexpr char kMagic[8] = {'U', 'K', 'P', 'R', 'E', 'F', 'S', '2'};
 
 struct Header {
     char magic[8];
-    uint64_t agent;  // hash of the agent's FileKey
+    uint64_t agent; // hash of the agent's FileKey
     FileKey file;
     uint64_t resynced_bytes;
     uint64_t identity_offset; // identity_addr - bias
@@ -37,7 +37,8 @@ std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint
     const std::string dir = platform::cache_dir();
     FileKey file{};
     if (dir.empty() || platform::agent_id() == 0 || !platform::file_key(path, &file)) return nullptr;
-    const std::string bytes = platform::read_cache_entry(platform::cache_entry_path(dir, "refs", path, file), sizeof(Header));
+    const std::string bytes =
+        platform::read_cache_entry(platform::cache_entry_path(dir, "refs", path, file), sizeof(Header));
     if (bytes.size() < sizeof(Header)) return nullptr;
     Header h;
     memcpy(&h, bytes.data(), sizeof h);
@@ -47,10 +48,12 @@ std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint
     size_t at = sizeof h;
     std::vector<char> stored_path;
     auto refs = std::make_shared<ObjectRefs>();
-    if (!platform::cache_take(bytes, &at, h.n_path, &stored_path) || std::string(stored_path.begin(), stored_path.end()) != path ||
-        !platform::cache_take(bytes, &at, h.n_identity, &refs->identity) || !platform::cache_take(bytes, &at, h.n_values, &refs->values) ||
-        !platform::cache_take(bytes, &at, h.n_branches, &refs->branches) || !platform::cache_take(bytes, &at, h.n_starts, &refs->starts) ||
-        at != bytes.size())
+    if (!platform::cache_take(bytes, &at, h.n_path, &stored_path) ||
+        std::string(stored_path.begin(), stored_path.end()) != path ||
+        !platform::cache_take(bytes, &at, h.n_identity, &refs->identity) ||
+        !platform::cache_take(bytes, &at, h.n_values, &refs->values) ||
+        !platform::cache_take(bytes, &at, h.n_branches, &refs->branches) ||
+        !platform::cache_take(bytes, &at, h.n_starts, &refs->starts) || at != bytes.size())
         return nullptr;
     refs->resynced_bytes = h.resynced_bytes;
     refs->identity_addr = h.identity_offset + bias;
@@ -107,6 +110,5 @@ void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs 
 }
 
 uint64_t object_refs_loaded_from_disk() { return g_loads.load(std::memory_order_relaxed); }
-
 
 } // namespace ukp::arch

@@ -25,17 +25,28 @@ bool any_in(const std::vector<uint64_t> &sorted, uint64_t lo, uint64_t hi) {
 
 const char *reason_name(Reason r) {
     switch (r) {
-    case Reason::kOk: return "ok";
-    case Reason::kNotInstructionBoundary: return "not-instruction-boundary";
-    case Reason::kRegionPastFunctionEnd: return "region-past-function-end";
-    case Reason::kNotRelocatable: return "not-relocatable";
-    case Reason::kJumpIntoRegion: return "jump-into-region";
-    case Reason::kIndirectJump: return "indirect-jump";
-    case Reason::kCallInRegion: return "call-in-region";
-    case Reason::kCrossesControlFlowEnd: return "crosses-control-flow-end";
-    case Reason::kDecodeFailed: return "decode-failed";
-    case Reason::kTooSmallFunction: return "too-small-function";
-    case Reason::kCount_: break;
+    case Reason::kOk:
+        return "ok";
+    case Reason::kNotInstructionBoundary:
+        return "not-instruction-boundary";
+    case Reason::kRegionPastFunctionEnd:
+        return "region-past-function-end";
+    case Reason::kNotRelocatable:
+        return "not-relocatable";
+    case Reason::kJumpIntoRegion:
+        return "jump-into-region";
+    case Reason::kIndirectJump:
+        return "indirect-jump";
+    case Reason::kCallInRegion:
+        return "call-in-region";
+    case Reason::kCrossesControlFlowEnd:
+        return "crosses-control-flow-end";
+    case Reason::kDecodeFailed:
+        return "decode-failed";
+    case Reason::kTooSmallFunction:
+        return "too-small-function";
+    case Reason::kCount_:
+        break;
     }
     return "unknown";
 }
@@ -176,8 +187,7 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vecto
                     fail(Reason::kCrossesControlFlowEnd);
                 }
             }
-            if (in.flow == Flow::kUnsupported ||
-                relocate(in, near_dest(in.addr), buf, sizeof(buf), Exit::kNone) < 0 ||
+            if (in.flow == Flow::kUnsupported || relocate(in, near_dest(in.addr), buf, sizeof(buf), Exit::kNone) < 0 ||
                 relocate(in, far_dest(in.addr), buf, sizeof(buf), Exit::kNone) < 0) {
                 relocatable = false;
             }

@@ -30,16 +30,16 @@ using ReadFn = std::function<bool(uint64_t addr, void *out, size_t n)>;
 // An indirect `jmp r/m` found in a function.
 struct IndirectJump {
     enum class Kind : uint8_t {
-        kUnknown,      // jmp *%reg or jmp *mem that matches no pattern below
-        kRipMemory,    // jmp *disp(%rip): a tail call through a GOT entry or function pointer
-        kTableRel32,   // lea T(%rip),%rX; movslq (%rX,%rI,4),%rY; add %rX,%rY; jmp *%rY
-        kTableAbs64,   // jmp *T(,%rI,8)
+        kUnknown,    // jmp *%reg or jmp *mem that matches no pattern below
+        kRipMemory,  // jmp *disp(%rip): a tail call through a GOT entry or function pointer
+        kTableRel32, // lea T(%rip),%rX; movslq (%rX,%rI,4),%rY; add %rX,%rY; jmp *%rY
+        kTableAbs64, // jmp *T(,%rI,8)
     };
-    uint64_t addr = 0;     // of the jmp instruction
+    uint64_t addr = 0; // of the jmp instruction
     Kind kind = Kind::kUnknown;
-    uint64_t table = 0;    // kTable*: the table's address
-    uint32_t entries = 0;  // kTable*: entry count from the bounds check (cmp $n, idx; ja)
-    bool resolved = false; // kTable*: bound found and every entry read; targets below
+    uint64_t table = 0;            // kTable*: the table's address
+    uint32_t entries = 0;          // kTable*: entry count from the bounds check (cmp $n, idx; ja)
+    bool resolved = false;         // kTable*: bound found and every entry read; targets below
     std::vector<uint64_t> targets; // resolved entries (inside the function or not)
     // Not resolved, but every value the target can hold there is a whole code pointer, not
     // computed in this function: loaded from memory other than the stack (GOT entry,
@@ -63,11 +63,11 @@ struct IndirectJump {
 struct FunctionMap {
     uint64_t start = 0;
     uint64_t size = 0;
-    std::vector<uint8_t> code;    // the function's bytes (check_region re-decodes from them)
+    std::vector<uint8_t> code; // the function's bytes (check_region re-decodes from them)
     // Up to kMaxTail bytes after the function (fewer if unreadable): the padding a region
     // of a function shorter than the jump may run into.
     std::vector<uint8_t> tail;
-    std::vector<uint64_t> insns;  // instruction addresses, ascending
+    std::vector<uint64_t> insns; // instruction addresses, ascending
     // Addresses inside the function that a direct jmp/jcc/loop/jrcxz/call or a resolved
     // jump table entry goes to; sorted, unique.
     std::vector<uint64_t> branch_targets;
@@ -96,8 +96,7 @@ inline constexpr size_t kMaxTail = 16;
 // when given, reads jump tables outside `code` (.rodata) and the tail after the function;
 // tables inside `code` are read from it. Never throws (an allocation failure gives
 // decode_failed).
-FunctionMap analyze_function(uint64_t start, const uint8_t *code, size_t size,
-                             const ReadFn &read = {});
+FunctionMap analyze_function(uint64_t start, const uint8_t *code, size_t size, const ReadFn &read = {});
 
 enum class Reason : uint8_t {
     kOk,
@@ -177,11 +176,11 @@ size_t object_refs_cached();
 struct OptimizeCheck {
     bool ok = false;
     Reason reason = Reason::kNotInstructionBoundary; // the first failed check, kOk if ok
-    uint64_t dcr_len = 0;        // bytes of whole instructions the jump replaces (0 if unknown)
-    std::vector<uint64_t> insns; // addresses of the DCR's instructions
-    bool into_padding = false;   // the DCR ends with nops after the function's last ret/jmp
-    bool trusted_jumps = false;  // unresolved indirect jumps accepted as whole pointers
-    uint32_t reasons = 0;        // bit (1 << Reason) for every failed check, for statistics
+    uint64_t dcr_len = 0;                            // bytes of whole instructions the jump replaces (0 if unknown)
+    std::vector<uint64_t> insns;                     // addresses of the DCR's instructions
+    bool into_padding = false;                       // the DCR ends with nops after the function's last ret/jmp
+    bool trusted_jumps = false;                      // unresolved indirect jumps accepted as whole pointers
+    uint32_t reasons = 0;                            // bit (1 << Reason) for every failed check, for statistics
     // kJumpIntoRegion with refs, when the only ways into (addr, addr + DCR) are direct
     // branches of the object (no materialized value, no extra entry, no jump table
     // entry): those branches, (target, source). Empty otherwise. What an island
@@ -203,9 +202,8 @@ struct OptimizeCheck {
 // joining in, and the function materializes no address inside itself (no `&&label`: its
 // jumps could be computed gotos); and a function that ends in ret/jmp before 5 bytes may
 // have its DCR run on over nop padding (f.tail) that ends before the next function start.
-OptimizeCheck check_region(const FunctionMap &f, uint64_t addr,
-                           const std::vector<uint64_t> &extra_entries, size_t jump_len = 5,
-                           const ObjectRefs *refs = nullptr);
+OptimizeCheck check_region(const FunctionMap &f, uint64_t addr, const std::vector<uint64_t> &extra_entries,
+                           size_t jump_len = 5, const ObjectRefs *refs = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // Exception landing pads
@@ -222,16 +220,15 @@ OptimizeCheck check_region(const FunctionMap &f, uint64_t addr,
 //   -EPROTO   a malformed or unsupported table (version, encoding, augmentation, length);
 //             *error says which and where.
 // The caller treats a function whose pads are unknown as unsafe.
-int landing_pads(uint64_t eh_frame_hdr, uint64_t lo, uint64_t hi, const ReadFn &read,
-                 std::vector<uint64_t> *pads, std::string *error = nullptr);
+int landing_pads(uint64_t eh_frame_hdr, uint64_t lo, uint64_t hi, const ReadFn &read, std::vector<uint64_t> *pads,
+                 std::string *error = nullptr);
 
 // An ELF file's loadable bytes by address (p_vaddr + bias), read through libelf: what a
 // file-based analysis (ukp-coverage) reads code, .rodata and unwind tables from.
 class ElfImage {
 public:
     // Null on failure, with *error saying why.
-    static std::unique_ptr<ElfImage> open(const std::string &path, uint64_t bias,
-                                          std::string *error = nullptr);
+    static std::unique_ptr<ElfImage> open(const std::string &path, uint64_t bias, std::string *error = nullptr);
     ~ElfImage();
     ElfImage(const ElfImage &) = delete;
     ElfImage &operator=(const ElfImage &) = delete;

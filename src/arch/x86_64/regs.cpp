@@ -6,53 +6,85 @@ namespace ukp::arch {
 
 namespace {
 
-constexpr uint64_t kFlagCF = 1u << 0, kFlagPF = 1u << 2, kFlagZF = 1u << 6,
-                   kFlagSF = 1u << 7, kFlagOF = 1u << 11;
+constexpr uint64_t kFlagCF = 1u << 0, kFlagPF = 1u << 2, kFlagZF = 1u << 6, kFlagSF = 1u << 7, kFlagOF = 1u << 11;
 
 // The pt_regs field holding a 64-bit general-purpose register, or null.
 unsigned long *gpr(pt_regs *r, ZydisRegister reg) {
     switch (ZydisRegisterGetLargestEnclosing(ZYDIS_MACHINE_MODE_LONG_64, reg)) {
-    case ZYDIS_REGISTER_RAX: return &r->ax;
-    case ZYDIS_REGISTER_RCX: return &r->cx;
-    case ZYDIS_REGISTER_RDX: return &r->dx;
-    case ZYDIS_REGISTER_RBX: return &r->bx;
-    case ZYDIS_REGISTER_RSP: return &r->sp;
-    case ZYDIS_REGISTER_RBP: return &r->bp;
-    case ZYDIS_REGISTER_RSI: return &r->si;
-    case ZYDIS_REGISTER_RDI: return &r->di;
-    case ZYDIS_REGISTER_R8: return &r->r8;
-    case ZYDIS_REGISTER_R9: return &r->r9;
-    case ZYDIS_REGISTER_R10: return &r->r10;
-    case ZYDIS_REGISTER_R11: return &r->r11;
-    case ZYDIS_REGISTER_R12: return &r->r12;
-    case ZYDIS_REGISTER_R13: return &r->r13;
-    case ZYDIS_REGISTER_R14: return &r->r14;
-    case ZYDIS_REGISTER_R15: return &r->r15;
-    default: return nullptr;
+    case ZYDIS_REGISTER_RAX:
+        return &r->ax;
+    case ZYDIS_REGISTER_RCX:
+        return &r->cx;
+    case ZYDIS_REGISTER_RDX:
+        return &r->dx;
+    case ZYDIS_REGISTER_RBX:
+        return &r->bx;
+    case ZYDIS_REGISTER_RSP:
+        return &r->sp;
+    case ZYDIS_REGISTER_RBP:
+        return &r->bp;
+    case ZYDIS_REGISTER_RSI:
+        return &r->si;
+    case ZYDIS_REGISTER_RDI:
+        return &r->di;
+    case ZYDIS_REGISTER_R8:
+        return &r->r8;
+    case ZYDIS_REGISTER_R9:
+        return &r->r9;
+    case ZYDIS_REGISTER_R10:
+        return &r->r10;
+    case ZYDIS_REGISTER_R11:
+        return &r->r11;
+    case ZYDIS_REGISTER_R12:
+        return &r->r12;
+    case ZYDIS_REGISTER_R13:
+        return &r->r13;
+    case ZYDIS_REGISTER_R14:
+        return &r->r14;
+    case ZYDIS_REGISTER_R15:
+        return &r->r15;
+    default:
+        return nullptr;
     }
 }
 
 bool condition_holds(ZydisMnemonic m, uint64_t f) {
-    const bool cf = f & kFlagCF, pf = f & kFlagPF, zf = f & kFlagZF, sf = f & kFlagSF,
-               of = f & kFlagOF;
+    const bool cf = f & kFlagCF, pf = f & kFlagPF, zf = f & kFlagZF, sf = f & kFlagSF, of = f & kFlagOF;
     switch (m) {
-    case ZYDIS_MNEMONIC_JO: return of;
-    case ZYDIS_MNEMONIC_JNO: return !of;
-    case ZYDIS_MNEMONIC_JB: return cf;
-    case ZYDIS_MNEMONIC_JNB: return !cf;
-    case ZYDIS_MNEMONIC_JZ: return zf;
-    case ZYDIS_MNEMONIC_JNZ: return !zf;
-    case ZYDIS_MNEMONIC_JBE: return cf || zf;
-    case ZYDIS_MNEMONIC_JNBE: return !cf && !zf;
-    case ZYDIS_MNEMONIC_JS: return sf;
-    case ZYDIS_MNEMONIC_JNS: return !sf;
-    case ZYDIS_MNEMONIC_JP: return pf;
-    case ZYDIS_MNEMONIC_JNP: return !pf;
-    case ZYDIS_MNEMONIC_JL: return sf != of;
-    case ZYDIS_MNEMONIC_JNL: return sf == of;
-    case ZYDIS_MNEMONIC_JLE: return zf || sf != of;
-    case ZYDIS_MNEMONIC_JNLE: return !zf && sf == of;
-    default: return false;
+    case ZYDIS_MNEMONIC_JO:
+        return of;
+    case ZYDIS_MNEMONIC_JNO:
+        return !of;
+    case ZYDIS_MNEMONIC_JB:
+        return cf;
+    case ZYDIS_MNEMONIC_JNB:
+        return !cf;
+    case ZYDIS_MNEMONIC_JZ:
+        return zf;
+    case ZYDIS_MNEMONIC_JNZ:
+        return !zf;
+    case ZYDIS_MNEMONIC_JBE:
+        return cf || zf;
+    case ZYDIS_MNEMONIC_JNBE:
+        return !cf && !zf;
+    case ZYDIS_MNEMONIC_JS:
+        return sf;
+    case ZYDIS_MNEMONIC_JNS:
+        return !sf;
+    case ZYDIS_MNEMONIC_JP:
+        return pf;
+    case ZYDIS_MNEMONIC_JNP:
+        return !pf;
+    case ZYDIS_MNEMONIC_JL:
+        return sf != of;
+    case ZYDIS_MNEMONIC_JNL:
+        return sf == of;
+    case ZYDIS_MNEMONIC_JLE:
+        return zf || sf != of;
+    case ZYDIS_MNEMONIC_JNLE:
+        return !zf && sf == of;
+    default:
+        return false;
     }
 }
 
@@ -62,18 +94,25 @@ bool count_register_branch(const BranchInsn &insn, pt_regs *r) {
     const uint64_t mask = addr32 ? 0xffffffffull : ~0ull;
     const bool zf = r->flags & kFlagZF;
     switch (insn.mnemonic) {
-    case ZYDIS_MNEMONIC_JRCXZ: return (r->cx & mask) == 0;
-    case ZYDIS_MNEMONIC_JECXZ: return (r->cx & 0xffffffffull) == 0;
-    default: break;
+    case ZYDIS_MNEMONIC_JRCXZ:
+        return (r->cx & mask) == 0;
+    case ZYDIS_MNEMONIC_JECXZ:
+        return (r->cx & 0xffffffffull) == 0;
+    default:
+        break;
     }
     const uint64_t count = (r->cx - 1) & mask;
     // A 32-bit write zero-extends, as the CPU does for loop with a 0x67 prefix.
     r->cx = count;
     switch (insn.mnemonic) {
-    case ZYDIS_MNEMONIC_LOOP: return count != 0;
-    case ZYDIS_MNEMONIC_LOOPE: return count != 0 && zf;
-    case ZYDIS_MNEMONIC_LOOPNE: return count != 0 && !zf;
-    default: return false;
+    case ZYDIS_MNEMONIC_LOOP:
+        return count != 0;
+    case ZYDIS_MNEMONIC_LOOPE:
+        return count != 0 && zf;
+    case ZYDIS_MNEMONIC_LOOPNE:
+        return count != 0 && !zf;
+    default:
+        return false;
     }
 }
 
@@ -234,8 +273,12 @@ int emulate_branch(const BranchInsn &insn, pt_regs *regs, uint64_t *fault_addr) 
         case ZYDIS_MNEMONIC_LOOPE:
         case ZYDIS_MNEMONIC_LOOPNE:
         case ZYDIS_MNEMONIC_JRCXZ:
-        case ZYDIS_MNEMONIC_JECXZ: taken = count_register_branch(insn, regs); break;
-        default: taken = condition_holds(insn.mnemonic, regs->flags); break;
+        case ZYDIS_MNEMONIC_JECXZ:
+            taken = count_register_branch(insn, regs);
+            break;
+        default:
+            taken = condition_holds(insn.mnemonic, regs->flags);
+            break;
         }
         regs->ip = taken ? insn.target : next;
         return 0;
@@ -249,16 +292,14 @@ int emulate_branch(const BranchInsn &insn, pt_regs *regs, uint64_t *fault_addr) 
         uint64_t target;
         // The operand is read before the push, as the CPU computes it from the old rsp.
         if (read_branch_operand(insn, regs, &target, fault_addr) != 0) return -EFAULT;
-        if (insn.flow == Flow::kIndirectCall && push_return_address(insn, regs, fault_addr) != 0)
-            return -EFAULT;
+        if (insn.flow == Flow::kIndirectCall && push_return_address(insn, regs, fault_addr) != 0) return -EFAULT;
         regs->ip = target;
         return 0;
     }
     case Flow::kRet: {
         uint64_t target;
         *fault_addr = regs->sp;
-        if (ukp_safe_copy(&target, reinterpret_cast<const void *>(regs->sp), sizeof target) != 0)
-            return -EFAULT;
+        if (ukp_safe_copy(&target, reinterpret_cast<const void *>(regs->sp), sizeof target) != 0) return -EFAULT;
         regs->sp += 8 + insn.ret_pop;
         regs->ip = target;
         return 0;

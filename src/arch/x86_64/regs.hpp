@@ -35,9 +35,9 @@ void resume_at_recovery(ucontext_t *uc, const ukp_recovery &r, int value);
 // whole decoded instruction (which is 1.2 KB with its operands).
 struct BranchInsn {
     uint64_t addr = 0;
-    uint64_t target = 0;        // kJump, kCondJump, kCall
-    int64_t disp = 0;           // indirect memory operand's displacement
-    uint16_t ret_pop = 0;       // ret imm16
+    uint64_t target = 0;  // kJump, kCondJump, kCall
+    int64_t disp = 0;     // indirect memory operand's displacement
+    uint16_t ret_pop = 0; // ret imm16
     uint8_t len = 0;
     uint8_t address_width = 64; // 32 with a 0x67 prefix (loop/jrcxz count, effective address)
     uint8_t scale = 0;

@@ -16,8 +16,22 @@ namespace {
 // General-purpose registers by their hardware number (low 3 bits in the opcode/ModRM,
 // bit 3 in REX.B).
 enum Gpr : uint8_t {
-    kRax = 0, kRcx = 1, kRdx = 2, kRbx = 3, kRsp = 4, kRbp = 5, kRsi = 6, kRdi = 7,
-    kR8 = 8, kR9 = 9, kR10 = 10, kR11 = 11, kR12 = 12, kR13 = 13, kR14 = 14, kR15 = 15,
+    kRax = 0,
+    kRcx = 1,
+    kRdx = 2,
+    kRbx = 3,
+    kRsp = 4,
+    kRbp = 5,
+    kRsi = 6,
+    kRdi = 7,
+    kR8 = 8,
+    kR9 = 9,
+    kR10 = 10,
+    kR11 = 11,
+    kR12 = 12,
+    kR13 = 13,
+    kR14 = 14,
+    kR15 = 15,
 };
 
 constexpr uint8_t kRexW = 0x48;
@@ -190,8 +204,8 @@ public:
             overflow_ = true;
             return;
         }
-        undo_.at[undo_.count++] = FaultUndo{static_cast<uint8_t>(len_), static_cast<uint8_t>(sp_delta),
-                                            static_cast<int8_t>(saved_reg)};
+        undo_.at[undo_.count++] =
+            FaultUndo{static_cast<uint8_t>(len_), static_cast<uint8_t>(sp_delta), static_cast<int8_t>(saved_reg)};
     }
     const FaultUndos &undos() const { return undo_; }
 
@@ -276,8 +290,7 @@ bool put_copy_rip_adjusted(Assembler &a, const Insn &insn) {
     if (!a.reaches(insn.rip_target, insn.len) || insn.zi.raw.disp.size != 32) return false;
     uint8_t copy[sizeof(insn.bytes)];
     std::memcpy(copy, insn.bytes, insn.len);
-    store_le32(copy + insn.zi.raw.disp.offset,
-               static_cast<uint32_t>(distance(a.pc() + insn.len, insn.rip_target)));
+    store_le32(copy + insn.zi.raw.disp.offset, static_cast<uint32_t>(distance(a.pc() + insn.len, insn.rip_target)));
     a.put_bytes(copy, insn.len);
     return true;
 }
@@ -286,8 +299,8 @@ bool put_copy_rip_adjusted(Assembler &a, const Insn &insn) {
 // buf; returns its length, or 0 if the encoder refuses (e.g. ah next to a REX prefix).
 size_t encode_with_base(const Insn &insn, int mem_op, ZydisRegister scratch, uint8_t *buf, size_t cap) {
     ZydisEncoderRequest req;
-    if (!ZYAN_SUCCESS(ZydisEncoderDecodedInstructionToEncoderRequest(&insn.zi, insn.ops,
-                                                                     insn.zi.operand_count_visible, &req))) {
+    if (!ZYAN_SUCCESS(
+            ZydisEncoderDecodedInstructionToEncoderRequest(&insn.zi, insn.ops, insn.zi.operand_count_visible, &req))) {
         return 0;
     }
     ZydisEncoderOperand &m = req.operands[mem_op];
@@ -319,7 +332,7 @@ int put_via_scratch(Assembler &a, const Insn &insn) {
     const int mem_op = rip_operand(insn);
     if (mem_op < 0) return -EOPNOTSUPP;
     // Low registers first: they need no REX, which keeps ah/bh/ch/dh operands encodable.
-    static constexpr Gpr kCandidates[] = {kRax, kRcx, kRdx, kRbx, kRsi, kRdi, kR8,  kR9,
+    static constexpr Gpr kCandidates[] = {kRax, kRcx, kRdx, kRbx, kRsi, kRdi, kR8, kR9,
                                           kR10, kR11, kR12, kR13, kR14, kR15, kRbp};
     for (Gpr s : kCandidates) {
         const ZydisRegister reg = ZydisRegisterEncode(ZYDIS_REGCLASS_GPR64, s);
@@ -429,8 +442,7 @@ void put_call_bytes_as_jmp(Assembler &a, const Insn &insn) {
     uint8_t &modrm = copy[insn.zi.raw.modrm.offset];
     modrm = static_cast<uint8_t>((modrm & ~0x38) | (4 << 3));
     if (insn.rip_relative) {
-        store_le32(copy + insn.zi.raw.disp.offset,
-                   static_cast<uint32_t>(distance(a.pc() + insn.len, insn.rip_target)));
+        store_le32(copy + insn.zi.raw.disp.offset, static_cast<uint32_t>(distance(a.pc() + insn.len, insn.rip_target)));
     }
     a.put_bytes(copy, insn.len);
 }
@@ -482,8 +494,8 @@ int put_indirect_call(Assembler &a, const Insn &insn) {
     const int64_t disp = op.mem.disp.value;
     if (op.mem.index == ZYDIS_REGISTER_NONE && disp > -16 && disp < 0) return -EOPNOTSUPP;
     ZydisEncoderRequest req;
-    if (!ZYAN_SUCCESS(ZydisEncoderDecodedInstructionToEncoderRequest(&insn.zi, insn.ops,
-                                                                     insn.zi.operand_count_visible, &req))) {
+    if (!ZYAN_SUCCESS(
+            ZydisEncoderDecodedInstructionToEncoderRequest(&insn.zi, insn.ops, insn.zi.operand_count_visible, &req))) {
         return -EOPNOTSUPP;
     }
     req.mnemonic = ZYDIS_MNEMONIC_JMP;
@@ -499,8 +511,7 @@ int put_indirect_call(Assembler &a, const Insn &insn) {
 
 } // namespace
 
-int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit, int *trap_offset,
-             FaultUndos *undo) {
+int relocate(const Insn &insn, uint64_t dest, uint8_t *out, size_t cap, Exit exit, int *trap_offset, FaultUndos *undo) {
     if (trap_offset != nullptr) *trap_offset = -1;
     if (undo != nullptr) *undo = FaultUndos{};
     if (insn.len == 0 || insn.len > sizeof(insn.bytes)) return -EINVAL;

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 
-
 namespace ukp::arch {
 
 // Emits, for code placed at `dest`:  lea -128(%rsp),%rsp ; push <context> ;

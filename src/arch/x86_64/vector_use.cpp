@@ -63,8 +63,8 @@ bool is_state_instruction(const ZydisDecodedInstruction &zi) {
 
 // An instruction after which a path goes nowhere: the thread traps.
 bool ends_in_trap(ZydisMnemonic m) {
-    return m == ZYDIS_MNEMONIC_INT3 || m == ZYDIS_MNEMONIC_UD0 || m == ZYDIS_MNEMONIC_UD1 ||
-           m == ZYDIS_MNEMONIC_UD2 || m == ZYDIS_MNEMONIC_HLT;
+    return m == ZYDIS_MNEMONIC_INT3 || m == ZYDIS_MNEMONIC_UD0 || m == ZYDIS_MNEMONIC_UD1 || m == ZYDIS_MNEMONIC_UD2 ||
+           m == ZYDIS_MNEMONIC_HLT;
 }
 
 int read_in_place(uint64_t addr, uint8_t *buf, size_t n) {
