@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite: once as built for
-# users; then builds everything with clang 14 and runs its quick unit tests; then the
-# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, then the
-# libFuzzer targets (relocator, region analysis, unwind tables, the tracer's parsers).
+# Installs what is missing, checks that the sources are formatted (.clang-format), builds,
+# and runs the whole test suite: once as built for users; then builds everything with
+# clang 14 and runs its quick unit tests; then the whole suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, then the libFuzzer targets (relocator,
+# region analysis, unwind tables, the tracer's parsers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/format.sh --check
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
