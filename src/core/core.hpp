@@ -58,7 +58,7 @@ struct ProbeList {
     // Bit i: probes[i]'s pre_handler is lean (the scan, arch::scan_vector_use), so the
     // jump path calls it without saving the vector state. Probes past the 64th are not
     // looked at: they run with it saved.
-    uint64_t gpr_mask = 0;
+    uint64_t lean_mask = 0;
     // Bit i: probes[i]'s pre_handler is the agent's own (handler_is_own): called without
     // a recovery point. Probes past the 64th are guarded.
     uint64_t own_mask = 0;
@@ -73,7 +73,7 @@ struct ProbeList {
     void *kret_pool = nullptr;
     kprobe *probes[1]; // really `count` entries (allocated with room for them)
 
-    bool lean(uint32_t i) const { return i < 64 && ((gpr_mask >> i) & 1) != 0; }
+    bool lean(uint32_t i) const { return i < 64 && ((lean_mask >> i) & 1) != 0; }
     bool own(uint32_t i) const { return i < 64 && ((own_mask >> i) & 1) != 0; }
 };
 
@@ -308,6 +308,8 @@ std::vector<arch::FullBlock> opened_full_blocks();
 [[noreturn]] void die_naming(const char *text, const char *name);
 // For a function that runs under the registry mutex: checked in UKP_CHECKS builds.
 #define UKP_ASSERT_REGISTRY_HELD() ::ukp::core::registry_mutex().assert_held(__func__)
+// For a function that runs without it (it takes it, or waits for a thread that does).
+#define UKP_ASSERT_REGISTRY_NOT_HELD() ::ukp::core::registry_mutex().assert_not_held(__func__)
 std::map<uint64_t, Point *> &all_points();
 int read_original_code(uint64_t addr, uint8_t *buf, size_t n);
 // Readers for arch's analyses: code as the files have it (the bytes under our int3s and

@@ -23,7 +23,7 @@ enum class ForkGate { kControl, kOptimizer };
 // starts.
 void hook_fork();
 
-// In the child of fork(): the read-side sections of the threads that did not come along
+// In the child of fork(): the read sections of the threads that did not come along
 // are forgotten, or a grace period (an unregistration) would wait for them for ever
 // (hit.cpp).
 void grace_after_fork_child();

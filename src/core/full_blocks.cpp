@@ -135,6 +135,7 @@ void open_set_in_memory(const std::vector<arch::FullBlock> &blocks, uint64_t bit
 } // namespace
 
 void open_full_blocks(uint64_t addr) {
+    UKP_ASSERT_REGISTRY_NOT_HELD();
     if (g_started.load(std::memory_order_acquire)) return;
     Dl_info info{};
     if (dladdr(reinterpret_cast<void *>(addr), &info) == 0 ||

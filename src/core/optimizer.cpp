@@ -798,6 +798,7 @@ std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr) {
 }
 
 void opt_warm(uint64_t addr) {
+    UKP_ASSERT_REGISTRY_NOT_HELD();
     if (g_opt_enabled.load(std::memory_order_relaxed)) opt_object_refs(addr);
 }
 
@@ -1029,6 +1030,7 @@ uint64_t copy_to_original(const Point *pt, uint64_t ip) {
 }
 
 void optimizer_start() {
+    UKP_ASSERT_REGISTRY_NOT_HELD();
     if ((!g_opt_enabled.load(std::memory_order_relaxed) && !spawn_path_known()) ||
         g_thread_started.load(std::memory_order_acquire) || g_start_held.load(std::memory_order_acquire) > 0)
         return;

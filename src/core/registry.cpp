@@ -229,7 +229,7 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
     auto *list = new (mem) ProbeList;
     list->count = 0;
     const auto put = [list](kprobe *p, bool lean, bool own) {
-        if (lean && list->count < 64) list->gpr_mask |= uint64_t{1} << list->count;
+        if (lean && list->count < 64) list->lean_mask |= uint64_t{1} << list->count;
         if (own && list->count < 64) list->own_mask |= uint64_t{1} << list->count;
         list->any_post = list->any_post || p->post_handler != nullptr;
         list->probes[list->count++] = p;
@@ -411,6 +411,10 @@ void CheckedMutex::not_held(const char *where) {
     die_naming("ukprobes: a lock rule is broken: the mutex is not held in ", where);
 }
 
+void CheckedMutex::held(const char *where) {
+    die_naming("ukprobes: a lock rule is broken: the mutex is held in ", where);
+}
+
 void die_naming(const char *text, const char *name) {
     ssize_t ignored = ::write(2, text, __builtin_strlen(text));
     ignored = ::write(2, name, __builtin_strlen(name));
@@ -517,6 +521,7 @@ int set_enabled(bool on) {
 // before the registration takes the registry mutex for good, so that other registrations,
 // the loader's events and the optimizer do not wait a second for it.
 std::vector<uint64_t> functions_named(uint64_t in_object, std::initializer_list<std::string_view> names) {
+    UKP_ASSERT_REGISTRY_NOT_HELD();
     std::vector<uint64_t> out;
     std::lock_guard lock(g_mutex);
     if (ensure_initialized() != 0) return out;

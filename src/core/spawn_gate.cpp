@@ -149,6 +149,7 @@ void set_spawn_path_enforced(bool on) { g_path_enforced.store(on, std::memory_or
 bool spawn_path_known() { return g_path_ready.load(std::memory_order_acquire) && !g_path.code.empty(); }
 
 void spawn_gate_install(uint64_t addr) {
+    UKP_ASSERT_REGISTRY_NOT_HELD();
     if (g_state.load(std::memory_order_acquire) != 0) {
         wait_for_installer();
         return;

@@ -45,7 +45,7 @@ uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // A mapped ring. Never unmapped while the process lives: a writer that loaded the old
 // ring just before it was replaced may still write into it (harmlessly).
-struct Region {
+struct MappedRing {
     platform::HeldFd fd; // its memfd, for readers in other processes
     uint8_t *base = nullptr;
     size_t size = 0;
@@ -62,11 +62,11 @@ struct Region {
 };
 
 std::mutex g_mu; // control operations and in-process readers
-std::atomic<Region *> g_main{nullptr};
-std::atomic<Region *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
-std::atomic<bool> g_swap_busy{false};  // held while main and snapshot change places (also from a hit)
-uint64_t g_kb = kDefaultKb;            // under g_mu
-uint32_t g_buffers = kDefaultBuffers;  // under g_mu
+std::atomic<MappedRing *> g_main{nullptr};
+std::atomic<MappedRing *> g_snap{nullptr}; // changed under g_mu, or by snapshot_swap
+std::atomic<bool> g_swap_busy{false};      // held while main and snapshot change places (also from a hit)
+uint64_t g_kb = kDefaultKb;                // under g_mu
+uint32_t g_buffers = kDefaultBuffers;      // under g_mu
 std::atomic<uint32_t> g_gen{0};
 std::atomic<const uint8_t *> g_profile{nullptr}; // the kprobe_profile counter table
 pthread_key_t g_exit_key;
@@ -221,7 +221,7 @@ void clock_extend(RingHeader *h) {
     h->clock_busy.store(0, std::memory_order_release);
 }
 
-Region *make_region(uint64_t kb, uint32_t buffers) {
+MappedRing *map_ring(uint64_t kb, uint32_t buffers) {
     const uint64_t cap = std::max<uint64_t>(align_up(kb * 1024, 4096), 4096);
     const uint64_t header_size = align_up(sizeof(RingHeader), 64);
     const uint64_t data_offset = align_up(header_size + uint64_t(buffers) * sizeof(BufferHeader), 4096);
@@ -243,7 +243,7 @@ Region *make_region(uint64_t kb, uint32_t buffers) {
         close(fd);
         return nullptr;
     }
-    auto *r = new (std::nothrow) Region;
+    auto *r = new (std::nothrow) MappedRing;
     if (r == nullptr) {
         munmap(p, total);
         close(fd);
@@ -274,7 +274,7 @@ Region *make_region(uint64_t kb, uint32_t buffers) {
 
 // Waits (boundedly) until no writer is between reserve and commit in `r`, which is no
 // longer the main ring.
-void wait_writers(Region *r) {
+void wait_writers(MappedRing *r) {
     for (int spin = 0; spin < 2000; ++spin) {
         bool idle = true;
         for (uint32_t i = 0; i < r->hdr()->buffer_count && idle; ++i)
@@ -284,14 +284,14 @@ void wait_writers(Region *r) {
     }
 }
 
-// Rings replaced so far: kept, as their mappings are (see Region). Under g_mu.
-std::vector<Region *> &retired() {
-    static auto *v = new std::vector<Region *>(); // never destroyed: writers may outlive statics
+// Rings replaced so far: kept, as their mappings are (see MappedRing). Under g_mu.
+std::vector<MappedRing *> &retired() {
+    static auto *v = new std::vector<MappedRing *>(); // never destroyed: writers may outlive statics
     return *v;
 }
 
-// Unbacks a replaced ring's memory; its mapping stays (see Region).
-void retire_region(Region *r) {
+// Unbacks a replaced ring's memory; its mapping stays (see MappedRing).
+void retire_ring(MappedRing *r) {
     if (r == nullptr) return;
     retired().push_back(r);
     wait_writers(r);
@@ -324,13 +324,13 @@ uint64_t tid_word() {
 
 // Whether the buffers of r are taken back from owners that ended (else they are given
 // back in the exit destructor).
-bool tracks_owners(const Region *r) {
+bool tracks_owners(const MappedRing *r) {
     return r->tid_words != nullptr && g_tid_word_offset.load(std::memory_order_relaxed) != kNoOffset;
 }
 
 void thread_exit(void *) {
     Writer &w = t_w;
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     if (w.buffer != nullptr && r != nullptr && w.gen == r->gen) {
         // Keep the thread's name for readers (ftrace's saved_cmdlines).
         char name[16] = {};
@@ -356,7 +356,7 @@ void thread_exit(void *) {
 // the name of their first record.
 __attribute__((destructor)) void save_comm_at_exit() {
     Writer &w = t_w;
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     if (w.buffer != nullptr && r != nullptr && w.gen == r->gen) save_comm(w.buffer);
 }
 
@@ -370,15 +370,15 @@ void after_fork_child() {
     // The child must not write into the parent's buffers (shared memory): new ones. It
     // lets go of the parent's first: a probe hit in what follows (making the ring
     // calls into the C library) would otherwise record there, under the child's pid.
-    Region *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
-    Region *snap = g_snap.exchange(nullptr, std::memory_order_relaxed);
+    MappedRing *r = g_main.exchange(nullptr, std::memory_order_acq_rel);
+    MappedRing *snap = g_snap.exchange(nullptr, std::memory_order_relaxed);
     t_w.buffer = nullptr;
     // The child's kprobe_profile counts its own hits, as its ring holds its own records:
     // what the parent counted before the fork stays the parent's.
     if (const uint8_t *table = g_profile.load(std::memory_order_acquire)) profile_table_zero(table);
     // The parent's memfds are not the child's business: its table has copies of those the
     // parent held in the program's table (closed), none of those of the control thread's.
-    for (Region *parents : {r, snap}) {
+    for (MappedRing *parents : {r, snap}) {
         if (parents == nullptr) continue;
         if (parents->fd.in_program_table()) {
             struct stat st {};
@@ -391,7 +391,7 @@ void after_fork_child() {
     }
     if (r == nullptr) return;
     const RingHeader *h = r->hdr();
-    Region *own = make_region(h->data_size / 1024, h->buffer_count);
+    MappedRing *own = map_ring(h->data_size / 1024, h->buffer_count);
     g_main.store(own, std::memory_order_release);
     // Another thread of the parent may have held them at the fork; it does not exist here.
     new (&g_mu) std::mutex;
@@ -425,7 +425,7 @@ int init_locked() {
             const unsigned long long n = strtoull(kb, &end, 10);
             if (end != kb && *end == 0 && n > 0 && n <= kMaxKb) g_kb = n;
         }
-        Region *r = make_region(g_kb, g_buffers);
+        MappedRing *r = map_ring(g_kb, g_buffers);
         if (r == nullptr) return -ENOMEM;
         g_main.store(r, std::memory_order_release);
     }
@@ -443,7 +443,7 @@ bool owner_gone(uint64_t word, uint32_t owner) {
 
 // A free buffer; failing that, one whose owner has ended. The buffer's owner becomes the
 // caller's tid, read from its tid word (1 where owners are not tracked).
-BufferHeader *claim(Region *r, uint32_t *index) {
+BufferHeader *claim(MappedRing *r, uint32_t *index) {
     const uint64_t word = tracks_owners(r) ? tid_word() : 0;
     const uint32_t me = word != 0 ? *reinterpret_cast<const uint32_t *>(word) : 1;
     const uint32_t n = r->hdr()->buffer_count;
@@ -490,7 +490,7 @@ namespace {
 // A nested reserve (a probe hit in a signal handler that interrupted this thread's own
 // record): refused, counted as lost. Null.
 __attribute__((noinline, cold)) uint8_t *refuse_nested(const Writer &w) {
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     if (w.buffer != nullptr && r != nullptr && w.gen == r->gen)
         count_drop(w.buffer);
     else if (r != nullptr)
@@ -501,7 +501,7 @@ __attribute__((noinline, cold)) uint8_t *refuse_nested(const Writer &w) {
 // The thread's buffer in ring r, claimed at its first record there (or in a ring that
 // replaced its buffer's), into w. False, the writer idle again, when there is no ring, or
 // no buffer for the thread (counted as lost).
-__attribute__((noinline, cold)) bool take_buffer(Writer &w, Region *r, const char *comm) {
+__attribute__((noinline, cold)) bool take_buffer(Writer &w, MappedRing *r, const char *comm) {
     if (r == nullptr) {
         w.busy = false;
         return false;
@@ -598,7 +598,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
         return refuse_nested(w);
     w.busy = true;
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     if (r == nullptr || w.buffer == nullptr || w.gen != r->gen) [[unlikely]] {
         if (!take_buffer(w, r, comm)) return nullptr;
     }
@@ -705,16 +705,16 @@ void lock_swap();
 void unlock_swap();
 int replace_main_locked(uint64_t kb, uint32_t buffers) {
     if (int err = init_locked(); err != 0) return err;
-    Region *fresh = make_region(kb, buffers);
+    MappedRing *fresh = map_ring(kb, buffers);
     if (fresh == nullptr) return -ENOMEM;
     lock_swap();
-    Region *old = g_main.exchange(fresh, std::memory_order_acq_rel);
-    Region *snap = g_snap.exchange(nullptr, std::memory_order_acq_rel); // must match the new geometry
+    MappedRing *old = g_main.exchange(fresh, std::memory_order_acq_rel);
+    MappedRing *snap = g_snap.exchange(nullptr, std::memory_order_acq_rel); // must match the new geometry
     unlock_swap();
     g_kb = kb;
     g_buffers = buffers;
-    retire_region(old);
-    retire_region(snap);
+    retire_ring(old);
+    retire_ring(snap);
     return 0;
 }
 } // namespace
@@ -738,14 +738,14 @@ int set_ring_buffer_count(uint32_t n) {
 
 void ring_clear() {
     std::lock_guard lock(g_mu);
-    if (Region *r = g_main.load(std::memory_order_acquire)) ring_clear_view(r->view());
+    if (MappedRing *r = g_main.load(std::memory_order_acquire)) ring_clear_view(r->view());
 }
 
 void ring_publish_profile(const uint8_t *table) {
     std::lock_guard lock(g_mu);
     g_profile.store(table, std::memory_order_release);
-    for (const std::atomic<Region *> *which : {&g_main, &g_snap})
-        if (Region *r = which->load(std::memory_order_acquire))
+    for (const std::atomic<MappedRing *> *which : {&g_main, &g_snap})
+        if (MappedRing *r = which->load(std::memory_order_acquire))
             r->hdr()->profile_addr.store(reinterpret_cast<uint64_t>(table), std::memory_order_release);
 }
 
@@ -762,8 +762,8 @@ void unlock_swap() { g_swap_busy.store(false, std::memory_order_release); }
 int snapshot_alloc_locked() {
     if (int err = init_locked(); err != 0) return err;
     if (g_snap.load(std::memory_order_acquire) != nullptr) return 0;
-    Region *main = g_main.load(std::memory_order_acquire);
-    Region *spare = make_region(main->cap / 1024, main->hdr()->buffer_count);
+    MappedRing *main = g_main.load(std::memory_order_acquire);
+    MappedRing *spare = map_ring(main->cap / 1024, main->hdr()->buffer_count);
     if (spare == nullptr) return -ENOMEM;
     g_snap.store(spare, std::memory_order_release);
     return 0;
@@ -777,8 +777,8 @@ int snapshot_alloc() {
 
 bool snapshot_swap() {
     if (!try_lock_swap()) return false;
-    Region *spare = g_snap.load(std::memory_order_acquire);
-    Region *main = g_main.load(std::memory_order_acquire);
+    MappedRing *spare = g_snap.load(std::memory_order_acquire);
+    MappedRing *main = g_main.load(std::memory_order_acquire);
     if (spare == nullptr || main == nullptr) {
         unlock_swap();
         return false;
@@ -804,15 +804,15 @@ int snapshot_take() {
 
 void snapshot_clear() {
     std::lock_guard lock(g_mu);
-    if (Region *r = g_snap.load(std::memory_order_acquire)) ring_clear_view(r->view());
+    if (MappedRing *r = g_snap.load(std::memory_order_acquire)) ring_clear_view(r->view());
 }
 
 void snapshot_free() {
     std::lock_guard lock(g_mu);
     lock_swap();
-    Region *r = g_snap.exchange(nullptr, std::memory_order_acq_rel);
+    MappedRing *r = g_snap.exchange(nullptr, std::memory_order_acq_rel);
     unlock_swap();
-    retire_region(r);
+    retire_ring(r);
 }
 
 bool snapshot_allocated() { return g_snap.load(std::memory_order_acquire) != nullptr; }
@@ -820,7 +820,7 @@ bool snapshot_allocated() { return g_snap.load(std::memory_order_acquire) != nul
 int ring_memfd(size_t *size) {
     std::lock_guard lock(g_mu);
     if (init_locked() != 0) return -1;
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     if (size != nullptr) *size = r->size;
     return r->fd.number();
 }
@@ -828,7 +828,7 @@ int ring_memfd(size_t *size) {
 int ring_memfd_copy(size_t *size) {
     std::lock_guard lock(g_mu);
     if (int err = init_locked(); err != 0) return err;
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     if (size != nullptr) *size = r->size;
     // Under the lock: a resize retires (closes) the ring's own descriptor.
     return r->fd.copy();
@@ -836,7 +836,7 @@ int ring_memfd_copy(size_t *size) {
 
 int snapshot_memfd(size_t *size) {
     std::lock_guard lock(g_mu);
-    Region *r = g_snap.load(std::memory_order_acquire);
+    MappedRing *r = g_snap.load(std::memory_order_acquire);
     if (r == nullptr) return -1;
     if (size != nullptr) *size = r->size;
     return r->fd.number();
@@ -844,7 +844,7 @@ int snapshot_memfd(size_t *size) {
 
 int snapshot_memfd_copy(size_t *size) {
     std::lock_guard lock(g_mu);
-    Region *r = g_snap.load(std::memory_order_acquire);
+    MappedRing *r = g_snap.load(std::memory_order_acquire);
     if (r == nullptr) return -ENOENT;
     if (size != nullptr) *size = r->size;
     return r->fd.copy();
@@ -854,7 +854,7 @@ int adopt_program_fds(pid_t from) {
     int err = 0;
     {
         std::lock_guard lock(g_mu);
-        for (Region *r : {g_main.load(std::memory_order_acquire), g_snap.load(std::memory_order_acquire)})
+        for (MappedRing *r : {g_main.load(std::memory_order_acquire), g_snap.load(std::memory_order_acquire)})
             if (r != nullptr && r->fd.in_program_table())
                 if (const int rc = r->fd.adopt(from); rc != 0) err = rc;
     }
@@ -865,7 +865,7 @@ int adopt_program_fds(pid_t from) {
 void close_adopted_program_fds() {
     {
         std::lock_guard lock(g_mu);
-        for (Region *r : {g_main.load(std::memory_order_acquire), g_snap.load(std::memory_order_acquire)})
+        for (MappedRing *r : {g_main.load(std::memory_order_acquire), g_snap.load(std::memory_order_acquire)})
             if (r != nullptr) r->fd.close_program_copy();
     }
     counters_close_adopted();
@@ -878,12 +878,12 @@ void ring_lock_views() {
 void ring_unlock_views() { g_mu.unlock(); }
 
 RingView ring_main_view() {
-    Region *r = g_main.load(std::memory_order_acquire);
+    MappedRing *r = g_main.load(std::memory_order_acquire);
     return r != nullptr ? r->view() : RingView{};
 }
 
 RingView ring_snapshot_view() {
-    Region *r = g_snap.load(std::memory_order_acquire);
+    MappedRing *r = g_snap.load(std::memory_order_acquire);
     return r != nullptr ? r->view() : RingView{};
 }
 

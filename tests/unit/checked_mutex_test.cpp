@@ -22,6 +22,7 @@ TEST(CheckedMutex, TheThreadThatHoldsItPassesTheCheck) {
     ASSERT_TRUE(m.try_lock());
     m.assert_held("the test");
     m.unlock();
+    m.assert_not_held("the test");
     std::lock_guard lock(ukp::core::registry_mutex());
     UKP_ASSERT_REGISTRY_HELD();
 }
@@ -44,6 +45,15 @@ TEST(CheckedMutexDeathTest, AFunctionRunOutsideTheMutexStopsTheProcess) {
     other.join();
     // The registry's own: its points are read under it only.
     EXPECT_DEATH(ukp::core::all_points(), "not held in points");
+}
+
+TEST(CheckedMutexDeathTest, AFunctionThatMustRunWithoutItStopsTheProcessUnderIt) {
+    CheckedMutex m;
+    std::lock_guard lock(m);
+    EXPECT_DEATH(m.assert_not_held("waiting_function"), "a lock rule is broken: the mutex is held in waiting_function");
+    // The registry's own: starting the optimizer waits for the dynamic linker's lock.
+    std::lock_guard registry(ukp::core::registry_mutex());
+    EXPECT_DEATH(ukp::core::optimizer_start(), "the mutex is held in optimizer_start");
 }
 #else
 TEST(CheckedMutexDeathTest, AFunctionRunOutsideTheMutexStopsTheProcess) {

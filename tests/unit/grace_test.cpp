@@ -54,7 +54,7 @@ int blocking_pre(kprobe *, pt_regs *) {
 
 // The same without a call into the C library (usleep goes through the PLT, which the
 // scan of a handler does not follow): a handler proven to leave the vector state alone,
-// which the optimized path's trampoline calls itself when it is a point's only one.
+// which the jump path's trampoline calls itself when it is a point's only one.
 int proven_blocking_pre(kprobe *, pt_regs *) {
     g_hits.fetch_add(1, std::memory_order_relaxed);
     if (!g_block.exchange(false)) return 0;

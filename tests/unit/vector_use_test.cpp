@@ -1,5 +1,5 @@
 // The proof that code leaves the vector and floating-point state alone
-// (arch/x86_64/vector_use.hpp), and the optimized path that uses it: a dispatcher that
+// (arch/x86_64/vector_use.hpp), and the jump path that uses it: a dispatcher that
 // saves no vector state, handlers proven clean called as they are, the rest with the
 // state saved around them.
 #include <ukprobes/kprobes.h>
@@ -258,7 +258,7 @@ TEST(VectorUse, UnreadableCodeAndTooMuchCodeAreNotProven) {
     EXPECT_STREQ(s.why, "too much code to follow");
 }
 
-// ---- the optimized path ----------------------------------------------------------------
+// ---- the jump path --------------------------------------------------------------------
 
 std::atomic<long> g_vector_hits{0};
 

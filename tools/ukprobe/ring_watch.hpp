@@ -1,5 +1,5 @@
 // How `ukprobe run` and `record` learn that a ring has something to read. A traced
-// thread writes its records without a system call (the hot path makes none), so nothing
+// thread writes its records without a system call (the hit path makes none), so nothing
 // can wake a reader: the rings are polled. One thread, the watch, looks at every ring the
 // streams map and wakes a stream only when its ring is worth a read; a stream's own
 // thread sleeps otherwise. On the VMs this runs on, a thread's wakeup costs more than
