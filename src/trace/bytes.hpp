@@ -61,4 +61,31 @@ inline size_t bounded_strlen(const char *s, size_t max) noexcept {
     return n;
 }
 
+// A record's integer field of `size` bytes (1, 2, 4 or 8) widened to 64 bits,
+// sign-extended when signed, as the kernel's hist_field_s32() and friends.
+inline uint64_t load_widened(const uint8_t *p, uint32_t size, bool is_signed) noexcept {
+    switch (size) {
+    case 1: {
+        uint8_t v;
+        __builtin_memcpy(&v, p, 1);
+        return is_signed ? uint64_t(int64_t(int8_t(v))) : v;
+    }
+    case 2: {
+        uint16_t v;
+        __builtin_memcpy(&v, p, 2);
+        return is_signed ? uint64_t(int64_t(int16_t(v))) : v;
+    }
+    case 4: {
+        uint32_t v;
+        __builtin_memcpy(&v, p, 4);
+        return is_signed ? uint64_t(int64_t(int32_t(v))) : v;
+    }
+    default: {
+        uint64_t v;
+        __builtin_memcpy(&v, p, 8);
+        return v;
+    }
+    }
+}
+
 } // namespace ukp::trace

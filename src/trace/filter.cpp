@@ -169,31 +169,6 @@ bool compare(Op op, T a, T b) {
     }
 }
 
-uint64_t load_sized(const uint8_t *p, uint32_t size, bool is_signed) {
-    switch (size) {
-    case 1: {
-        uint8_t v;
-        std::memcpy(&v, p, 1);
-        return is_signed ? uint64_t(int64_t(int8_t(v))) : v;
-    }
-    case 2: {
-        uint16_t v;
-        std::memcpy(&v, p, 2);
-        return is_signed ? uint64_t(int64_t(int16_t(v))) : v;
-    }
-    case 4: {
-        uint32_t v;
-        std::memcpy(&v, p, 4);
-        return is_signed ? uint64_t(int64_t(int32_t(v))) : v;
-    }
-    default: {
-        uint64_t v;
-        std::memcpy(&v, p, 8);
-        return v;
-    }
-    }
-}
-
 uint64_t truncate(uint64_t v, uint32_t size, bool is_signed) {
     if (size >= 8) return v;
     const uint64_t mask = (uint64_t(1) << (size * 8)) - 1;
@@ -208,7 +183,7 @@ bool eval(const FilterPred &p, const uint8_t *rec, uint32_t size, const char *co
     switch (p.src) {
     case Src::kInt: {
         if (uint64_t(p.offset) + p.size > size) return false;
-        const uint64_t v = load_sized(rec + p.offset, p.size, p.is_signed);
+        const uint64_t v = load_widened(rec + p.offset, p.size, p.is_signed);
         return p.is_signed ? compare<int64_t>(p.op, int64_t(v), int64_t(p.val)) : compare<uint64_t>(p.op, v, p.val);
     }
     case Src::kNever:

@@ -48,33 +48,6 @@ uint64_t log2_bucket(uint64_t v) {
     return uint64_t(64 - __builtin_clzll(v - 1));
 }
 
-// The field's value widened to 64 bits (sign-extended when signed), as the kernel's
-// hist_field_s32() and friends.
-uint64_t load_int(const uint8_t *p, uint32_t size, bool is_signed) {
-    switch (size) {
-    case 1: {
-        uint8_t v;
-        std::memcpy(&v, p, 1);
-        return is_signed ? uint64_t(int64_t(int8_t(v))) : v;
-    }
-    case 2: {
-        uint16_t v;
-        std::memcpy(&v, p, 2);
-        return is_signed ? uint64_t(int64_t(int16_t(v))) : v;
-    }
-    case 4: {
-        uint32_t v;
-        std::memcpy(&v, p, 4);
-        return is_signed ? uint64_t(int64_t(int32_t(v))) : v;
-    }
-    default: {
-        uint64_t v;
-        std::memcpy(&v, p, 8);
-        return v;
-    }
-    }
-}
-
 std::string column_text(const HistTrigger::Column &c) {
     std::string s = c.name;
     if (!c.modifier.empty()) s += "." + c.modifier;
@@ -362,7 +335,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
         if (c.size == 0) {
             v = uint64_t(int64_t(platform::this_cpu())); // from rseq: no system call
         } else if (uint64_t(c.offset) + c.size <= size) {
-            v = load_int(rec + c.offset, c.size, c.is_signed);
+            v = load_widened(rec + c.offset, c.size, c.is_signed);
         }
         if (c.mod == Column::kLog2)
             v = log2_bucket(v);
@@ -381,7 +354,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm) no
         if (c.size == 0)
             v = uint64_t(int64_t(platform::this_cpu()));
         else if (uint64_t(c.offset) + c.size <= size)
-            v = load_int(rec + c.offset, c.size, c.is_signed);
+            v = load_widened(rec + c.offset, c.size, c.is_signed);
         sums[i].fetch_add(v, std::memory_order_relaxed);
     }
 }
