@@ -1,6 +1,7 @@
 #include "client.hpp"
 
 #include "control/fd_passing.hpp"
+#include "proc.hpp"
 
 #include <fmt/core.h>
 
@@ -84,19 +85,29 @@ void write_all(int fd, const void *buf, size_t n) {
     }
 }
 
-void read_all(int fd, void *buf, size_t n) {
+// Reads n bytes; false when the connection ends first.
+bool read_all(int fd, void *buf, size_t n) {
     auto *p = static_cast<char *>(buf);
     while (n > 0) {
         const ssize_t r = read(fd, p, n);
         if (r < 0 && errno == EINTR) continue;
-        if (r == 0) throw std::runtime_error("the agent closed the connection");
+        if (r == 0) return false;
         if (r < 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
         p += r;
         n -= static_cast<size_t>(r);
     }
+    return true;
 }
 
 } // namespace
+
+std::string lost_agent_message(const AgentGone &e, int pid) {
+    if (pid <= 0) return e.what();
+    // A process on its way out closes its sockets before it is a zombie.
+    for (int i = 0; i < 100 && process_alive(pid); ++i) usleep(10 * 1000);
+    if (!process_alive(pid)) return fmt::format("process {} ended before its agent replied", pid);
+    return e.what();
+}
 
 bool Client::peer_closed() const {
     if (fd_ < 0) return true;
@@ -123,15 +134,16 @@ Reply Client::request(Op op, const std::string &path, const std::string &payload
     Reply reply;
     // The header comes with recvmsg: a descriptor may ride with its bytes.
     const ssize_t n = recv_with_fd(fd_, &rh, sizeof rh, &reply.fd);
-    if (n == 0) throw std::runtime_error("the agent closed the connection");
+    if (n == 0) throw AgentGone();
     if (n < 0) throw std::runtime_error(fmt::format("lost the agent: {}", strerror(errno)));
-    if (static_cast<size_t>(n) < sizeof rh)
-        read_all(fd_, reinterpret_cast<char *>(&rh) + n, sizeof rh - static_cast<size_t>(n));
+    if (static_cast<size_t>(n) < sizeof rh &&
+        !read_all(fd_, reinterpret_cast<char *>(&rh) + n, sizeof rh - static_cast<size_t>(n)))
+        throw AgentGone();
     if (rh.magic != kMagic) throw std::runtime_error("the agent's reply is not of this protocol");
     if (rh.payload_len > kMaxPayload) throw std::runtime_error("the agent's reply is too large");
     reply.status = rh.status;
     reply.payload.resize(rh.payload_len);
-    read_all(fd_, reply.payload.data(), reply.payload.size());
+    if (!read_all(fd_, reply.payload.data(), reply.payload.size())) throw AgentGone();
     return reply;
 }
 

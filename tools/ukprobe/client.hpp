@@ -3,6 +3,7 @@
 
 #include "control/protocol.hpp"
 
+#include <stdexcept>
 #include <string>
 
 namespace ukprobe {
@@ -35,6 +36,17 @@ public:
 private:
     int fd_ = -1;
 };
+
+// What Client::request throws when the agent's end closes before its reply: the process
+// ended or exec'd, or the agent detached.
+class AgentGone : public std::runtime_error {
+public:
+    AgentGone() : std::runtime_error("the agent closed the connection") {}
+};
+
+// What a command that lost the agent of `pid` says: that the process ended, when it did
+// (waiting up to a second for it to get there), or e.what().
+std::string lost_agent_message(const AgentGone &e, int pid);
 
 // What a refused request says: "write events/g/e/filter in process 42: Invalid argument",
 // then the agent's message (its error_log entry) on the next lines.

@@ -4,6 +4,7 @@
 #include "inject.hpp"
 #include "run.hpp"
 #include "mount.hpp"
+#include "proc.hpp"
 #include "reader.hpp"
 #include "report.hpp"
 #include "trace/capture.hpp"
@@ -207,15 +208,6 @@ int cmd_trace(const Options &o, const std::string &file) {
 
 std::atomic<bool> g_interrupted{false};
 
-// Whether `pid` exists and is not a zombie.
-bool process_alive(int pid) {
-    std::ifstream in(fmt::format("/proc/{}/stat", pid));
-    std::string stat;
-    std::getline(in, stat);
-    const size_t paren = stat.rfind(')');
-    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
-}
-
 // trace-pipe: trace_pipe's lines as they come, until SIGINT or SIGTERM (then exit 0).
 // A read waits at most 100 ms for a record, so the end is at most that late and loses
 // nothing.
@@ -235,8 +227,8 @@ int cmd_trace_pipe(const Options &o) {
         } catch (const std::runtime_error &) {
             // A process on its way out closes its sockets before it is a zombie: given a
             // second to get there.
-            for (int i = 0; i < 100 && process_alive(o.pid); ++i) usleep(10 * 1000);
-            if (process_alive(o.pid)) throw;
+            for (int i = 0; i < 100 && ukprobe::process_alive(o.pid); ++i) usleep(10 * 1000);
+            if (ukprobe::process_alive(o.pid)) throw;
             // The process ended: so does its trace, once what its ring held last (the
             // ring mapped here outlives it) is printed.
             for (std::string left; !(left = reader.pipe_left(1 << 20)).empty();) fmt::print("{}", left);
@@ -296,8 +288,8 @@ void record_process(const Options &o, ukprobe::Client &c, bool *exited_out) {
         try {
             write(reader.pipe(kPipeWaitMs, 4 << 20));
         } catch (const std::runtime_error &) {
-            for (int i = 0; i < 100 && process_alive(o.pid); ++i) usleep(10 * 1000);
-            if (process_alive(o.pid)) throw;
+            for (int i = 0; i < 100 && ukprobe::process_alive(o.pid); ++i) usleep(10 * 1000);
+            if (ukprobe::process_alive(o.pid)) throw;
             for (std::string left; !(left = reader.pipe_left(4 << 20)).empty();) write(left);
             exited = true;
             break;
@@ -382,6 +374,9 @@ int cmd_session(const Options &o) {
                 break;
             } else
                 fail(fmt::format("unknown command '{}' (ping, read, write, append, list, verify, detach)", verb));
+        } catch (const ukprobe::AgentGone &e) {
+            fmt::print(stderr, "ukprobe: {}\n", ukprobe::lost_agent_message(e, o.pid));
+            ++failed;
         } catch (const std::runtime_error &e) {
             fmt::print(stderr, "ukprobe: {}\n", e.what());
             ++failed;
@@ -666,6 +661,9 @@ int main(int argc, char **argv) {
     if (cl.o.text == kStandIn) cl.o.text = dashed_text;
     try {
         return run_command(cl, program, parsed < argc);
+    } catch (const ukprobe::AgentGone &e) {
+        fmt::print(stderr, "ukprobe: {}\n", ukprobe::lost_agent_message(e, cl.o.pid));
+        return 1;
     } catch (const std::exception &e) {
         fmt::print(stderr, "ukprobe: {}\n", e.what());
         return 1;

@@ -28,6 +28,14 @@ int parent_of(int pid) {
     return ppid;
 }
 
+bool process_alive(int pid) {
+    std::ifstream in(fmt::format("/proc/{}/stat", pid));
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' && stat[paren + 2] != 'X';
+}
+
 int tgid_of(int tid) {
     std::ifstream in(fmt::format("/proc/{}/status", tid));
     std::string line;

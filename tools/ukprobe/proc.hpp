@@ -14,6 +14,9 @@ int parent_of(int pid);
 // The process thread `tid` belongs to, or -1.
 int tgid_of(int tid);
 
+// Whether `pid` exists and is not a zombie.
+bool process_alive(int pid);
+
 // Whether `pid` descends from this process.
 bool descends_from_us(int pid);
 
