@@ -412,6 +412,10 @@ void forget_tid_after_fork();
 void spares_after_fork_child();
 
 // Registry services for the other probe types (registry.cpp).
+// The agent made ready for a first registration (signal handlers, fork hooks). 0 or -errno.
+int prepare_agent();
+// The address of "sym" or "MOD:sym" (functions and data), or 0.
+uint64_t symbol_address(const char *name);
 bool is_registered(const kprobe *p);
 // Resolves p's address as register_kprobe() would; *entry says whether it is the first
 // instruction of a function.
@@ -422,6 +426,19 @@ bool waits_for_object(const kprobe *p);
 char probe_type(const kprobe *p);
 // p's RetPool if p is a kretprobe without an entry_handler, else null (kretprobe.cpp).
 void *kret_pool_without_entry_handler(const kprobe *p);
+
+// ---- hardware breakpoints (hw_breakpoint.cpp) -----------------------------------------
+// si_code of a perf event's SIGTRAP (TRAP_PERF of asm-generic/siginfo.h; glibc 2.36 has no name for it).
+constexpr int kTrapPerf = 6;
+// A SIGTRAP of a perf event (kTrapPerf): runs the breakpoint's handler; false if it is not
+// one of the agent's breakpoints (the program's own perf event).
+bool on_hw_breakpoint(siginfo_t *info, ucontext_t *uc);
+// Around fork(), from fork.cpp's handlers: the breakpoints' mutex is taken in the prepare
+// handler; in the child, wide breakpoints get events of the child's own (the policy
+// UKP_FORK_KEEP) or go inert (UKP_FORK_REMOVE), those of one thread go inert.
+void hw_breakpoints_before_fork();
+void hw_breakpoints_after_fork_parent();
+void hw_breakpoints_after_fork_child(bool keep);
 
 // The addresses and original bytes of the armed int3s, for ukp_verify (registry.cpp).
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes();

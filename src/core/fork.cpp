@@ -26,9 +26,11 @@ void before_fork() {
     g_control_gate.lock();
     g_optimizer_gate.lock();
     registry_mutex().lock();
+    hw_breakpoints_before_fork();
 }
 void after_fork_parent() {
     const AgentWork quiet;
+    hw_breakpoints_after_fork_parent();
     registry_mutex().unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();
@@ -36,6 +38,7 @@ void after_fork_parent() {
 void after_fork_child() {
     const AgentWork quiet;
     opt_after_fork_child(); // first: the parent's optimizer is not here to wait for
+    hw_breakpoints_after_fork_child(g_fork_policy.load() == UKP_FORK_KEEP);
     if (g_fork_policy.load() == UKP_FORK_REMOVE) {
         g_kprobes_enabled.store(false);
         g_handlers_silenced.store(true);

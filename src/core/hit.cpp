@@ -364,6 +364,7 @@ void resume_hit(Point *pt, ucontext_t *uc, pt_regs &regs, const kprobe *after) {
 }
 
 void on_breakpoint(siginfo_t *info, ucontext_t *uc) {
+    if (info->si_code == kTrapPerf && on_hw_breakpoint(info, uc)) return;
     const uint64_t trap_addr = arch::context_ip(uc) - 1;
     if (info->si_code == SI_KERNEL && on_jprobe_return(trap_addr, uc)) return;
     // Only int3 traps (SI_KERNEL on x86-64) are candidates; single-steps and raise() are not.

@@ -536,6 +536,19 @@ std::vector<uint64_t> functions_named(uint64_t in_object, std::initializer_list<
     return out;
 }
 
+int prepare_agent() {
+    std::lock_guard lock(g_mutex);
+    return ensure_initialized();
+}
+
+uint64_t symbol_address(const char *name) {
+    if (name == nullptr) return 0;
+    std::lock_guard lock(g_mutex);
+    if (ensure_initialized() != 0) return 0;
+    uint64_t addr = 0;
+    return g_symbols->resolve(name, 0, &addr, agent_definition) == 0 ? addr : 0;
+}
+
 void warm_object_refs(const kprobe *p) {
     uint64_t addr = 0;
     {
@@ -621,5 +634,7 @@ int ukp_lean_dispatch(void) {
 }
 
 int ukp_set_kprobes_enabled(int on) { return set_enabled(on != 0); }
+
+unsigned long kallsyms_lookup_name(const char *name) { return symbol_address(name); }
 
 } // extern "C"

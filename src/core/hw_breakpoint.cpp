@@ -1,0 +1,366 @@
+// Hardware breakpoints (<ukprobes/hw_breakpoint.h>): the kernel's hw_breakpoint API over
+// perf events of the process's own threads.
+//
+// Each breakpoint is one perf event per thread it covers (PERF_TYPE_BREAKPOINT, sigtrap,
+// remove_on_exec): a hit makes the kernel send the thread a synchronous SIGTRAP with
+// si_code TRAP_PERF and the event's sig_data, which the agent's SIGTRAP handler brings
+// here. sig_data names a slot of a fixed table and the slot's generation, so a signal of a
+// breakpoint removed meanwhile finds a slot that moved on and is dropped, never delivered
+// to the program, which did not ask for it.
+//
+// A wide breakpoint has an event on every thread there is when it is registered, each
+// with `inherit` and `inherit_thread`: threads started later get a copy from the one that
+// starts them. A thread started while the list of threads is read may get both a copy and
+// an event of its own; each event carries its own instance number in sig_data, and a
+// thread runs the handler for the first instance it sees of a breakpoint only.
+#include "core/core.hpp"
+#include "core/grace.hpp"
+#include "platform/high_fd.hpp"
+#include "platform/raw_syscall.hpp"
+
+#include <ukprobes/hw_breakpoint.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <dirent.h>
+#include <mutex>
+#include <new>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <vector>
+
+namespace ukp::core {
+namespace {
+
+// sig_data: a tag, the slot, the slot's generation, and the event's instance.
+constexpr uint64_t kTag = 0xb7e5;
+constexpr unsigned kSlotBits = 12, kGenerationBits = 16, kInstanceBits = 20;
+constexpr unsigned kSlots = 1u << kSlotBits;
+constexpr uint32_t kInstanceMask = (1u << kInstanceBits) - 1;
+
+uint64_t sig_data(unsigned slot, uint32_t generation, uint32_t instance) {
+    return kTag << 48 | uint64_t{slot} << (kGenerationBits + kInstanceBits) |
+           uint64_t{generation & 0xffff} << kInstanceBits | (instance & kInstanceMask);
+}
+
+// The kernel's siginfo for TRAP_PERF (asm-generic/siginfo.h, _sigfault._perf): glibc's
+// siginfo_t does not name these fields.
+struct PerfSiginfo {
+    int signo, errno_, code, pad;
+    void *addr;
+    unsigned long data;
+    uint32_t type, flags;
+};
+static_assert(offsetof(PerfSiginfo, data) == 24 && offsetof(PerfSiginfo, type) == 32);
+
+struct Instance {
+    int fd;
+    pid_t tid;
+    uint64_t sig_data; // a modification must give it back unchanged
+};
+
+// A breakpoint's part that is the agent's (perf_event::ukp_private).
+struct Breakpoint {
+    unsigned slot = 0;
+    uint32_t generation = 0;
+    bool wide = false;
+    perf_event_attr opened{}; // as given to the kernel: a modification must match it
+    std::vector<Instance> instances;
+    uint32_t next_instance = 1;
+};
+
+struct Slot {
+    std::atomic<perf_event *> event{nullptr};
+    std::atomic<uint32_t> generation{0};
+};
+Slot g_slots[kSlots];
+std::mutex g_mutex; // registration, modification, removal; taken around fork()
+
+// Per thread, the instance of each breakpoint it answers to (the first it saw): as many
+// entries as a thread has debug registers, and some to spare.
+struct Seen {
+    uint32_t key; // slot << 16 | generation, 0: free
+    uint32_t instance;
+};
+constexpr unsigned kSeen = 8;
+thread_local Seen t_seen[kSeen] __attribute__((tls_model("initial-exec")));
+thread_local unsigned t_seen_next __attribute__((tls_model("initial-exec")));
+
+// Whether this thread answers to `instance` of the breakpoint `key`.
+bool answers_to(uint32_t key, uint32_t instance) {
+    for (Seen &s : t_seen)
+        if (s.key == key) return s.instance == instance;
+    t_seen[t_seen_next++ % kSeen] = Seen{key, instance};
+    return true;
+}
+
+int open_event(const perf_event_attr &attr, pid_t tid) {
+    perf_event_attr a = attr;
+    const long fd = syscall(SYS_perf_event_open, &a, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) return errno == E2BIG ? -EOPNOTSUPP : -errno;
+    return platform::move_fd_high(static_cast<int>(fd));
+}
+
+// The attributes the kernel gets for `attr`: a user-space breakpoint that signals the
+// thread that hit it, and is gone at exec.
+int kernel_attr(const perf_event_attr *attr, bool wide, perf_event_attr *out) {
+    if (attr == nullptr || attr->type != PERF_TYPE_BREAKPOINT) return -EINVAL;
+    const uint32_t type = attr->bp_type;
+    if (type != HW_BREAKPOINT_R && type != HW_BREAKPOINT_W && type != HW_BREAKPOINT_RW && type != HW_BREAKPOINT_X)
+        return -EINVAL;
+    *out = perf_event_attr{};
+    out->type = PERF_TYPE_BREAKPOINT;
+    out->size = sizeof *out;
+    out->bp_type = type;
+    out->bp_addr = attr->bp_addr;
+    out->bp_len = attr->bp_len;
+    out->sample_period = 1;
+    out->disabled = attr->disabled;
+    out->pinned = attr->pinned;
+    out->exclude_kernel = 1;
+    out->exclude_hv = 1;
+    out->sigtrap = 1;
+    out->remove_on_exec = 1;
+    out->inherit = wide;
+    out->inherit_thread = wide;
+    return 0;
+}
+
+// Whether `tid` is a thread of this process.
+bool our_thread(pid_t tid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d", static_cast<int>(tid));
+    return access(path, F_OK) == 0;
+}
+
+std::vector<pid_t> our_threads() {
+    std::vector<pid_t> out;
+    DIR *d = opendir("/proc/self/task");
+    if (d == nullptr) return out;
+    while (dirent *e = readdir(d))
+        if (e->d_name[0] != '.') out.push_back(static_cast<pid_t>(atoi(e->d_name)));
+    closedir(d);
+    return out;
+}
+
+void close_instances(Breakpoint &b) {
+    for (const Instance &i : b.instances) close(i.fd);
+    b.instances.clear();
+}
+
+// Opens b's event on `tid`. 0, or -errno (-ESRCH: the thread is gone).
+int add_instance(Breakpoint &b, pid_t tid) {
+    perf_event_attr a = b.opened;
+    const uint32_t instance = b.next_instance++;
+    a.sig_data = sig_data(b.slot, b.generation, instance);
+    const int fd = open_event(a, tid);
+    if (fd < 0) return fd;
+    b.instances.push_back(Instance{fd, tid, a.sig_data});
+    return 0;
+}
+
+// Events on every thread: until a pass over /proc/self/task finds none without one.
+int cover_every_thread(Breakpoint &b) {
+    for (bool added = true; added;) {
+        added = false;
+        for (pid_t tid : our_threads()) {
+            bool covered = false;
+            for (const Instance &i : b.instances) covered |= i.tid == tid;
+            if (covered) continue;
+            const int err = add_instance(b, tid);
+            if (err == -ESRCH) continue; // ended meanwhile
+            if (err != 0) return err;
+            added = true;
+        }
+    }
+    return 0;
+}
+
+int take_slot(Breakpoint &b) {
+    for (unsigned i = 0; i < kSlots; ++i) {
+        if (g_slots[i].event.load(std::memory_order_relaxed) != nullptr) continue;
+        b.slot = i;
+        b.generation = (g_slots[i].generation.load(std::memory_order_relaxed) + 1) & 0xffff;
+        if (b.generation == 0) b.generation = 1;
+        g_slots[i].generation.store(b.generation, std::memory_order_relaxed);
+        return 0;
+    }
+    return -ENOSPC;
+}
+
+perf_event *register_breakpoint(perf_event_attr *attr, perf_overflow_handler_t triggered, void *context, pid_t tid,
+                                bool wide) {
+    if (triggered == nullptr) return static_cast<perf_event *>(ERR_PTR(-EINVAL));
+    if (int err = prepare_agent(); err != 0) return static_cast<perf_event *>(ERR_PTR(err));
+    auto *b = new (std::nothrow) Breakpoint;
+    auto *ev = new (std::nothrow) perf_event{};
+    if (b == nullptr || ev == nullptr) {
+        delete b;
+        delete ev;
+        return static_cast<perf_event *>(ERR_PTR(-ENOMEM));
+    }
+    b->wide = wide;
+    int err = kernel_attr(attr, wide, &b->opened);
+    if (err == 0 && !wide && tid == 0) tid = current_tid();
+    if (err == 0 && !wide && !our_thread(tid)) err = -ESRCH;
+    std::lock_guard lock(g_mutex);
+    if (err == 0) err = take_slot(*b);
+    if (err == 0) err = wide ? cover_every_thread(*b) : add_instance(*b, tid);
+    if (err != 0) {
+        close_instances(*b); // nothing half-applied
+        delete b;
+        delete ev;
+        return static_cast<perf_event *>(ERR_PTR(err));
+    }
+    ev->attr = *attr;
+    ev->overflow_handler = triggered;
+    ev->overflow_handler_context = context;
+    ev->tid = wide ? 0 : tid;
+    ev->self = ev;
+    ev->ukp_private = b;
+    g_slots[b->slot].event.store(ev, std::memory_order_release);
+    return ev;
+}
+
+Breakpoint *breakpoint_of(const perf_event *ev) {
+    return ev == nullptr || IS_ERR(ev) ? nullptr : static_cast<Breakpoint *>(ev->ukp_private);
+}
+
+// The fields a modification may change (the kernel's hw_breakpoint_copy_attr()).
+void copy_modifiable(const perf_event_attr &from, perf_event_attr *to) {
+    to->bp_addr = from.bp_addr;
+    to->bp_type = from.bp_type;
+    to->bp_len = from.bp_len;
+    to->disabled = from.disabled;
+}
+
+int modify_instances(Breakpoint &b, const perf_event_attr &next) {
+    // The kernel compares every other field with the event's own, sig_data included.
+    auto modify = [](const Instance &i, perf_event_attr a) {
+        a.sig_data = i.sig_data;
+        return ioctl(i.fd, PERF_EVENT_IOC_MODIFY_ATTRIBUTES, &a) == 0 ? 0 : -errno;
+    };
+    for (size_t k = 0; k < b.instances.size(); ++k) {
+        const int err = modify(b.instances[k], next);
+        if (err == 0 || err == -ESRCH) continue; // ESRCH: a thread that ended
+        for (size_t j = 0; j < k; ++j) modify(b.instances[j], b.opened); // back as they were
+        return err;
+    }
+    return 0;
+}
+
+void free_breakpoint(perf_event *ev) {
+    Breakpoint *b = breakpoint_of(ev);
+    if (b == nullptr) return;
+    {
+        std::lock_guard lock(g_mutex);
+        close_instances(*b);
+        Slot &s = g_slots[b->slot];
+        s.event.store(nullptr, std::memory_order_release);
+        s.generation.store((b->generation + 1) & 0xffff, std::memory_order_release);
+    }
+    // A thread in the handler now has its read section: once it is over, nothing uses ev.
+    if (synchronize()) {
+        delete b;
+        delete ev;
+    }
+}
+
+} // namespace
+
+bool on_hw_breakpoint(siginfo_t *info, ucontext_t *uc) {
+    const auto *p = reinterpret_cast<const PerfSiginfo *>(info);
+    if (p->type != PERF_TYPE_BREAKPOINT || (p->data >> 48) != kTag) return false;
+    const unsigned slot = (p->data >> (kGenerationBits + kInstanceBits)) & (kSlots - 1);
+    const uint32_t generation = (p->data >> kInstanceBits) & 0xffff;
+    const uint32_t instance = p->data & kInstanceMask;
+    ThreadState &ts = thread_state();
+    const unsigned idx = read_lock();
+    const Slot &s = g_slots[slot];
+    perf_event *ev = s.event.load(std::memory_order_acquire);
+    // A breakpoint removed, or another instance of it on this thread: nothing to run.
+    if (ev != nullptr && s.generation.load(std::memory_order_relaxed) == generation &&
+        answers_to(slot << 16 | generation, instance)) {
+        if (ts.depth > 0 || ts.quiet > 0 || g_handlers_silenced.load(std::memory_order_relaxed)) {
+            __atomic_fetch_add(&ev->nmissed, 1, __ATOMIC_RELAXED);
+        } else {
+            pt_regs regs;
+            arch::regs_from_context(uc, &regs);
+            perf_sample_data data{ev->attr.bp_addr, 1};
+            ++ts.depth;
+            ev->overflow_handler(ev, &data, &regs);
+            --ts.depth;
+            arch::regs_to_context(&regs, uc);
+        }
+    }
+    read_unlock(idx);
+    return true;
+}
+
+void hw_breakpoints_before_fork() { g_mutex.lock(); }
+void hw_breakpoints_after_fork_parent() { g_mutex.unlock(); }
+
+void hw_breakpoints_after_fork_child(bool keep) {
+    const auto tid = static_cast<pid_t>(platform::raw_syscall(SYS_gettid));
+    for (Slot &s : g_slots) {
+        perf_event *ev = s.event.load(std::memory_order_relaxed);
+        Breakpoint *b = breakpoint_of(ev);
+        if (b == nullptr) continue;
+        // The parent's events: the child's copies of their descriptors keep them alive.
+        for (const Instance &i : b->instances) platform::raw_syscall(SYS_close, i.fd);
+        b->instances.clear(); // keeps its storage: no allocation here
+        if (!b->wide || !keep) continue;
+        perf_event_attr a = b->opened;
+        a.sig_data = sig_data(b->slot, b->generation, b->next_instance++);
+        const long fd = platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1,
+                                              PERF_FLAG_FD_CLOEXEC);
+        if (fd >= 0) b->instances.push_back(Instance{static_cast<int>(fd), tid, a.sig_data});
+    }
+    for (Seen &seen : t_seen) seen = Seen{};
+    g_mutex.unlock();
+}
+
+} // namespace ukp::core
+
+// ---- the C API -------------------------------------------------------------------------
+
+using namespace ukp::core;
+
+extern "C" {
+
+struct perf_event *register_user_hw_breakpoint(struct perf_event_attr *attr, perf_overflow_handler_t triggered,
+                                               void *context, pid_t tid) {
+    return register_breakpoint(attr, triggered, context, tid, false);
+}
+
+struct perf_event **register_wide_hw_breakpoint(struct perf_event_attr *attr, perf_overflow_handler_t triggered,
+                                                void *context) {
+    perf_event *ev = register_breakpoint(attr, triggered, context, 0, true);
+    return IS_ERR(ev) ? reinterpret_cast<perf_event **>(ev) : &ev->self;
+}
+
+int modify_user_hw_breakpoint(struct perf_event *bp, struct perf_event_attr *attr) {
+    Breakpoint *b = breakpoint_of(bp);
+    if (b == nullptr || attr == nullptr) return -EINVAL;
+    perf_event_attr wanted;
+    if (int err = kernel_attr(attr, b->wide, &wanted); err != 0) return err;
+    std::lock_guard lock(g_mutex);
+    perf_event_attr next = b->opened;
+    copy_modifiable(wanted, &next);
+    if (int err = modify_instances(*b, next); err != 0) return err;
+    b->opened = next;
+    copy_modifiable(*attr, &bp->attr);
+    return 0;
+}
+
+void unregister_hw_breakpoint(struct perf_event *bp) { free_breakpoint(bp); }
+
+void unregister_wide_hw_breakpoint(struct perf_event **cpu_events) {
+    if (cpu_events != nullptr && !IS_ERR(cpu_events)) free_breakpoint(*cpu_events);
+}
+
+int hw_breakpoint_slots(int type) { return type == TYPE_INST || type == TYPE_DATA ? 4 : 0; }
+
+} // extern "C"
