@@ -1,12 +1,14 @@
 /*
  * sample_target: a small program for the examples to probe. It "serves" a few requests,
  * each through handle_request(), which looks the path up and checksums it; unknown
- * paths fail with -ENOENT.
+ * paths fail with -ENOENT. requests_served counts those served (data_breakpoint.c watches it).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+volatile unsigned long requests_served;
 
 static const char *const known[] = {"/index.html", "/api/users", "/favicon.ico"};
 
@@ -31,9 +33,8 @@ __attribute__((noinline)) int handle_request(int id, const char *path) {
 int main(int argc, char **argv) {
     static const char *const paths[] = {"/index.html", "/missing", "/api/users", "/favicon.ico"};
     int rounds = argc > 1 ? atoi(argv[1]) : 4;
-    int served = 0;
     for (int i = 0; i < rounds; i++)
-        if (handle_request(i, paths[i % 4]) >= 0) served++;
-    printf("sample_target: served %d of %d requests\n", served, rounds);
+        if (handle_request(i, paths[i % 4]) >= 0) requests_served++;
+    printf("sample_target: served %lu of %d requests\n", requests_served, rounds);
     return 0;
 }

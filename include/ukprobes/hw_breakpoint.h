@@ -84,7 +84,7 @@ struct perf_event {
     /* Hits whose handler did not run (inside another handler, or during the agent's own work). */
     unsigned long nmissed;
     struct perf_event *self; /* what a wide breakpoint's handle points to */
-    void *ukp_private;        /* the agent's; do not touch */
+    void *ukp_private;       /* the agent's; do not touch */
 };
 
 /*
@@ -108,8 +108,9 @@ static inline void ptrace_breakpoint_init(struct perf_event_attr *attr) {
 
 /*
  * A breakpoint on one thread (`tid`, 0 for the calling one). attr: PERF_TYPE_BREAKPOINT,
- * bp_type HW_BREAKPOINT_R/W/RW (data: bp_len 1, 2, 4 or 8, bp_addr aligned to it) or
- * HW_BREAKPOINT_X (bp_len sizeof(long)); attr->disabled registers it disarmed.
+ * bp_type HW_BREAKPOINT_W or HW_BREAKPOINT_RW (data: bp_len 1, 2, 4 or 8, bp_addr aligned to
+ * it; x86 has no read-only watch) or HW_BREAKPOINT_X (bp_len sizeof(long));
+ * attr->disabled registers it disarmed.
  */
 struct perf_event *register_user_hw_breakpoint(struct perf_event_attr *attr, perf_overflow_handler_t triggered,
                                                void *context, pid_t tid);

@@ -244,7 +244,7 @@ int modify_instances(Breakpoint &b, const perf_event_attr &next) {
     };
     for (size_t k = 0; k < b.instances.size(); ++k) {
         const int err = modify(b.instances[k], next);
-        if (err == 0 || err == -ESRCH) continue; // ESRCH: a thread that ended
+        if (err == 0 || err == -ESRCH) continue;                         // ESRCH: a thread that ended
         for (size_t j = 0; j < k; ++j) modify(b.instances[j], b.opened); // back as they were
         return err;
     }
@@ -314,8 +314,8 @@ void hw_breakpoints_after_fork_child(bool keep) {
         if (!b->wide || !keep) continue;
         perf_event_attr a = b->opened;
         a.sig_data = sig_data(b->slot, b->generation, b->next_instance++);
-        const long fd = platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1,
-                                              PERF_FLAG_FD_CLOEXEC);
+        const long fd =
+            platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
         if (fd >= 0) b->instances.push_back(Instance{static_cast<int>(fd), tid, a.sig_data});
     }
     for (Seen &seen : t_seen) seen = Seen{};

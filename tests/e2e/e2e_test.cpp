@@ -10,7 +10,8 @@
 //   WILL_FAIL     the script must exit non-zero (otherwise it must exit 0)
 //   TIMEOUT       seconds (default 10); the script's process group is killed after it
 // The script runs after tests/e2e/lib.sh (start, output, finish) with $UKPROBE, $TARGETS,
-// $E2E_TMP and $E2E_DIR (this directory, for the repository's scripts) set. Afterwards
+// $E2E_TMP, $E2E_DIR (this directory, for the repository's scripts), $EXAMPLES (the
+// examples/ modules and sample_target) and $AGENT (libukprobes.so) set. Afterwards
 // every target it started that still runs must pass `ukprobe verify` (code identical to
 // its files), then it is killed.
 #include <gtest/gtest.h>
@@ -121,7 +122,8 @@ public:
         const std::string tmp = tmpl;
         chmod(tmp.c_str(), 0755); // targets may run as another user
         const std::string env = std::string("UKPROBE='") + UKP_UKPROBE + "'; TARGETS='" + UKP_TARGETS + "'; E2E_TMP='" +
-                                tmp + "'; E2E_DIR='" + UKP_E2E_DIR + "'; export UKPROBE TARGETS E2E_TMP E2E_DIR; . '" +
+                                tmp + "'; E2E_DIR='" + UKP_E2E_DIR + "'; EXAMPLES='" + UKP_EXAMPLES + "'; AGENT='" +
+                                UKP_AGENT + "'; export UKPROBE TARGETS E2E_TMP E2E_DIR EXAMPLES AGENT; . '" +
                                 UKP_E2E_DIR + "/lib.sh'\n";
         if (!r_.requires_.empty()) {
             const Result req = run_shell(env + r_.requires_, 10);

@@ -44,7 +44,7 @@ if [ -n "$sanitize" ]; then sanitize_flags=("-fsanitize=$sanitize" -fno-omit-fra
 case $mode in
 files)
 	install_prefix
-	for f in include/ukprobes/kprobes.h include/ukprobes/trace.h include/ukprobes/ukprobes.hpp \
+	for f in include/ukprobes/kprobes.h include/ukprobes/hw_breakpoint.h include/ukprobes/trace.h include/ukprobes/ukprobes.hpp \
 		bin/ukprobe "$libdir/libukprobes.so" "$libdir/libukprobes.so.0" "$libdir/libukprobes.a" \
 		"$libdir/cmake/ukprobes/ukprobesConfig.cmake" "$libdir/cmake/ukprobes/ukprobesConfigVersion.cmake" \
 		"$libdir/cmake/ukprobes/ukprobesTargets.cmake" "$libdir/cmake/ukprobes/ukprobesStaticTargets.cmake" \
@@ -170,7 +170,7 @@ deb)
 	dpkg-deb -c "$deb" | awk '{print $6}' | sed 's,^\./,/,' >"$tmp/contents"
 	p=$(sed -n 's/^set(CPACK_PACKAGING_INSTALL_PREFIX "\(.*\)")$/\1/p' "$build/CPackConfig.cmake")
 	for f in "$p/bin/ukprobe" "$p/$libdir/libukprobes.so" "$p/$libdir/libukprobes.so.0" "$p/$libdir/libukprobes.a" \
-		"$p/include/ukprobes/kprobes.h" "$p/include/ukprobes/trace.h" "$p/include/ukprobes/ukprobes.hpp" \
+		"$p/include/ukprobes/kprobes.h" "$p/include/ukprobes/hw_breakpoint.h" "$p/include/ukprobes/trace.h" "$p/include/ukprobes/ukprobes.hpp" \
 		"$p/$libdir/cmake/ukprobes/ukprobesConfig.cmake" "$p/$libdir/cmake/ukprobes/ukprobesConfigVersion.cmake" \
 		"$p/$libdir/pkgconfig/ukprobes.pc" "$p/share/man/man1/ukprobe.1.gz" "$p/share/doc/ukprobes/cli.md"; do
 		grep -qxF "$f" "$tmp/contents" || { cat "$tmp/contents" >&2; fail "the package lacks $f"; }

@@ -120,11 +120,12 @@ TEST(HwBreakpoint, TheKernelsErrorsForBadAttributes) {
         const volatile void *addr;
         unsigned len, type;
     } cases[] = {
-        {&ukhw_bytes[0], 3, HW_BREAKPOINT_W},                 // no such length
+        {&ukhw_bytes[0], 3, HW_BREAKPOINT_W},                   // no such length
         {&ukhw_bytes[1], HW_BREAKPOINT_LEN_4, HW_BREAKPOINT_W}, // not aligned to its length
         {&ukhw_bytes[2], HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_RW},
-        {&ukhw_bytes[0], HW_BREAKPOINT_LEN_4, 0},                   // nothing to watch
-        {&ukhw_bytes[0], HW_BREAKPOINT_LEN_4, HW_BREAKPOINT_INVALID}, // both kinds
+        {&ukhw_bytes[0], HW_BREAKPOINT_LEN_4, 0},                       // nothing to watch
+        {&ukhw_bytes[0], HW_BREAKPOINT_LEN_4, HW_BREAKPOINT_R},         // x86: no read-only watch
+        {&ukhw_bytes[0], HW_BREAKPOINT_LEN_4, HW_BREAKPOINT_INVALID},   // both kinds
         {reinterpret_cast<void *>(&ukhw_function), 1, HW_BREAKPOINT_X}, // execute: sizeof(long)
     };
     for (const Case &c : cases) {
@@ -317,7 +318,8 @@ TEST(HwBreakpoint, WritesInASignalHandlerAreHits) {
     perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     perf_event *bp = register_user_hw_breakpoint(&attr, count, &seen, 0);
     ASSERT_FALSE(IS_ERR(bp)) << PTR_ERR(bp);
-    struct sigaction sa {}, old{};
+    struct sigaction sa {
+    }, old{};
     sa.sa_handler = [](int) {
         ukhw_bump();
         ++g_handler_writes;
@@ -342,7 +344,7 @@ TEST(HwBreakpoint, AChildOfForkKeepsTheWideBreakpointsAndNotTheThreadsOnes) {
         const int before = wide_seen.hits.load();
         for (int i = 0; i < 10; ++i) ukhw_bump();
         std::thread([] { ukhw_bump(); }).join(); // the child's threads too
-        ukhw_other = 1;                           // the forking thread's own: not in the child
+        ukhw_other = 1;                          // the forking thread's own: not in the child
         if (wide_seen.hits.load() - before != 11) return 1;
         if (own_seen.hits.load() != 0) return 2;
         unregister_wide_hw_breakpoint(wide);
@@ -373,7 +375,8 @@ TEST(HwBreakpoint, AChildOfForkKeepsTheWideBreakpointsAndNotTheThreadsOnes) {
 // The program's own perf events that signal: their SIGTRAPs are the program's.
 std::atomic<int> g_program_traps{0};
 TEST(HwBreakpoint, TheProgramsOwnPerfSignalsReachIt) {
-    struct sigaction sa {}, old{};
+    struct sigaction sa {
+    }, old{};
     sa.sa_flags = SA_SIGINFO;
     sa.sa_sigaction = [](int, siginfo_t *info, void *) {
         if (info->si_code == 6) ++g_program_traps;

@@ -1,8 +1,10 @@
 /*
  * A program built against an installed ukprobes, as a user would build one: it places a
  * kprobe on a function of its own by name, calls the function, and checks that the
- * pre_handler ran once and saw the argument in %rdi. It exits 0 only then.
+ * pre_handler ran once and saw the argument in %rdi, and watches a variable of its own with a
+ * write breakpoint. It exits 0 only then.
  */
+#include <ukprobes/hw_breakpoint.h>
 #include <ukprobes/kprobes.h>
 
 #include <stdio.h>
@@ -29,6 +31,16 @@ static struct kprobe kp = {
     .pre_handler = handler_pre,
 };
 
+static volatile long watched;
+static volatile int writes;
+
+static void on_write(struct perf_event *bp, struct perf_sample_data *data, struct pt_regs *regs) {
+    (void)bp;
+    (void)data;
+    (void)regs;
+    writes++;
+}
+
 int main(void) {
     int ret = register_kprobe(&kp);
     if (ret < 0) {
@@ -45,5 +57,24 @@ int main(void) {
         return 1;
     }
     printf("consumer: the kprobe on consumer_probed ran once, argument 14\n");
+
+    struct perf_event_attr attr;
+    hw_breakpoint_init(&attr);
+    attr.bp_addr = (unsigned long)&watched;
+    attr.bp_len = HW_BREAKPOINT_LEN_8;
+    attr.bp_type = HW_BREAKPOINT_W;
+    struct perf_event *bp = register_user_hw_breakpoint(&attr, on_write, NULL, 0);
+    if (IS_ERR(bp)) {
+        fprintf(stderr, "consumer: register_user_hw_breakpoint: %ld\n", PTR_ERR(bp));
+        return 1;
+    }
+    for (int i = 0; i < 3; i++) watched = i;
+    unregister_hw_breakpoint(bp);
+    watched = 9;
+    if (writes != 3) {
+        fprintf(stderr, "consumer: %d writes seen (expected 3)\n", writes);
+        return 1;
+    }
+    printf("consumer: the write breakpoint saw 3 writes\n");
     return 0;
 }
