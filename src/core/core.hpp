@@ -37,6 +37,10 @@
 // (no PLT) and may be inlined; nothing outside the library calls them.
 #define UKP_HOT __attribute__((visibility("hidden")))
 
+namespace ukp::sym {
+class Registry;
+}
+
 namespace ukp::core {
 
 // The probes registered at one address, in registration order. Immutable once
@@ -436,6 +440,8 @@ bool on_hw_breakpoint(siginfo_t *info, ucontext_t *uc);
 // Around fork(), from fork.cpp's handlers: the breakpoints' mutex is taken in the prepare
 // handler; in the child, wide breakpoints get events of the child's own (the policy
 // UKP_FORK_KEEP) or go inert (UKP_FORK_REMOVE), those of one thread go inert.
+// kprobes/list's rows for the breakpoints: "ADDRESS  w  SYM+0xOFF  OBJECT TYPE:LEN [DISABLED]".
+std::string hw_breakpoints_list_text(const sym::Registry *symbols);
 void hw_breakpoints_before_fork();
 void hw_breakpoints_after_fork_parent();
 void hw_breakpoints_after_fork_child(bool keep);

@@ -15,11 +15,15 @@
 // thread runs the handler for the first instance it sees of a breakpoint only.
 #include "core/core.hpp"
 #include "core/grace.hpp"
+#include "symbols/symbols.hpp"
 #include "platform/high_fd.hpp"
 #include "platform/raw_syscall.hpp"
 
 #include <ukprobes/hw_breakpoint.h>
 
+#include <fmt/core.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -297,6 +301,31 @@ bool on_hw_breakpoint(siginfo_t *info, ucontext_t *uc) {
     }
     read_unlock(idx);
     return true;
+}
+
+std::string hw_breakpoints_list_text(const sym::Registry *symbols) {
+    static constexpr const char *kAccess[] = {"", "r", "w", "rw", "x"};
+    std::string out;
+    std::lock_guard lock(g_mutex);
+    for (const Slot &s : g_slots) {
+        const perf_event *ev = s.event.load(std::memory_order_relaxed);
+        if (ev == nullptr) continue;
+        const uint64_t addr = ev->attr.bp_addr;
+        std::string where = fmt::format("0x{:x}", addr), object;
+        for (size_t i = 0; symbols != nullptr && i < symbols->objects().size() && object.empty(); ++i) {
+            const sym::Object &obj = *symbols->objects()[i];
+            for (const sym::Symbol &sy : obj.symbols())
+                if (sy.value <= addr && addr < sy.value + std::max<uint64_t>(sy.size, 1)) {
+                    where = fmt::format("{}+0x{:x}", sy.name, addr - sy.value);
+                    object = obj.name;
+                    break;
+                }
+        }
+        const uint32_t type = ev->attr.bp_type;
+        out += fmt::format("{:016x}  w  {}  {} {}:{}{}\n", addr, where, object, type <= 4 ? kAccess[type] : "?",
+                           ev->attr.bp_len, ev->attr.disabled ? " [DISABLED]" : "");
+    }
+    return out;
 }
 
 void hw_breakpoints_before_fork() { g_mutex.lock(); }

@@ -504,7 +504,7 @@ std::string list_text() {
         const std::string_view name = module.empty() ? spec : spec.substr(module.size() + 1);
         row(reinterpret_cast<uint64_t>(p->addr), p, fmt::format("{}+0x{:x}", name, p->offset), std::string(module));
     }
-    return out;
+    return out + hw_breakpoints_list_text(g_symbols);
 }
 
 int set_enabled(bool on) {

@@ -72,6 +72,10 @@ namespace ukp::trace {
     C(TOO_MANY_ARGS, "Too many arguments are specified")                                                               \
     C(TOO_MANY_EARGS, "Too many entry arguments specified")                                                            \
     C(EVENT_TOO_BIG, "Event too big (too many fields?)")                                                               \
+    C(BAD_ACCESS_FMT, "Access memory address requires @")                                                              \
+    C(BAD_ACCESS_TYPE, "Bad memory access type")                                                                       \
+    C(BAD_ACCESS_LEN, "This memory access length is not supported")                                                    \
+    C(BAD_ACCESS_ADDR, "Invalid access memory address")                                                                \
     /* ukprobes: VFS types name kernel objects that user space does not have */                                        \
     C(NO_VFS_TYPE, "%pd/%pD (dentry/file names) are not available in user space")
 

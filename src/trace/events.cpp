@@ -1,5 +1,6 @@
 #include "trace/events.hpp"
 
+#include <ukprobes/hw_breakpoint.h>
 #include <ukprobes/kprobes.h>
 
 #include <pthread.h>
@@ -98,6 +99,10 @@ public:
     std::string symbol;          // kept alive for hook->rp.kp.symbol_name
     bool registered = false;     // hook is registered with the core
     bool semaphore_held = false; // this point counts in its SDT semaphore
+    // A w: event's breakpoint, on every thread, registered disarmed (the hook is unused);
+    // null while it watches nothing (kNoWatchAddr).
+    perf_event *watch = nullptr;
+    perf_event_attr watch_attr{};
 };
 
 // kprobe_profile's counts of one event. The hit count is kept per CPU as the kernel keeps
@@ -139,6 +144,7 @@ public:
     bool dynamic = false;                            // has string data (measured at each hit)
     std::unique_ptr<SymbolTable> symbols;            // for symstr arguments
     std::vector<std::unique_ptr<ProbePoint>> points; // one per definition line
+    bool is_watch = false;                           // w: its points are breakpoints
 
     std::atomic<bool> enabled{false};             // the enable file (and enable_event triggers)
     bool trigger_target = false;                  // an enable_event/disable_event trigger names it
@@ -147,7 +153,9 @@ public:
     std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
     TriggerSet triggers;                          // the trigger file's
 
-    void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept;
+    // watch_addr: a watch event's address ($addr).
+    void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr,
+             uint64_t watch_addr = 0) noexcept;
     uint64_t misses() const;
     bool armed_wanted() const { return enabled.load() || trigger_target || !triggers.empty(); }
 };
@@ -157,13 +165,14 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
     __builtin_memcpy(rec, &h, sizeof h);
 }
 
-void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr) noexcept {
+void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr,
+                uint64_t watch_addr) noexcept {
     const int cpu = platform::this_cpu(); // from rseq: no system call; the record's too
     counts->hit();
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
     if (!record && triggers.empty()) return;
     const ThreadInfo &me = this_thread();
-    HitContext ctx{regs, entry, ret_addr, me.comm};
+    HitContext ctx{regs, entry, ret_addr, me.comm, watch_addr};
     // The strings are measured first and the record reserved at its size, as the kernel
     // does; one its ring could not take is dropped, triggers and all, as the kernel drops
     // it (and counted here, as a miss).
@@ -209,6 +218,7 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
 uint64_t Event::misses() const {
     uint64_t n = counts->faults.load(std::memory_order_relaxed) + counts->too_big.load(std::memory_order_relaxed);
     for (const auto &p : points) {
+        if (p->watch != nullptr) n += p->watch->nmissed;
         n += p->hook->rp.kp.nmissed;
         if (is_return) n += static_cast<uint64_t>(p->hook->rp.nmissed);
     }
@@ -246,6 +256,12 @@ int on_return(struct kretprobe_instance *ri, struct pt_regs *regs) {
                          reinterpret_cast<uint64_t>(h->point->hook->rp.kp.addr),
                          reinterpret_cast<uint64_t>(ri->ret_addr));
     return 0;
+}
+
+// A watch event's breakpoint: the access is done, regs->ip is the next instruction.
+void on_watch(struct perf_event *bp, struct perf_sample_data *data, struct pt_regs *regs) {
+    auto *p = static_cast<ProbePoint *>(bp->overflow_handler_context);
+    p->event->hit(regs, nullptr, regs->ip, 0, data->addr);
 }
 
 // The handlers above, as the core sees them.
@@ -403,6 +419,8 @@ public:
     std::unique_ptr<Event> make_event(const ProbeDef &def, int *r);
     // def's probe point registered with the core, disabled: 0, or the core's error (logged).
     int register_point(ProbePoint &point, const ProbeDef &def);
+    // def's breakpoint, on every thread, disarmed: 0, or the error (logged).
+    int register_watch(ProbePoint &point, const ProbeDef &def);
     int remove(Event *e);
     void publish_profile();
     int set_enabled(Event *e, bool on);
@@ -469,7 +487,9 @@ std::string type_key(const ArgType &t) {
            t.name;
 }
 
-bool same_point(const ProbeDef &a, const ProbeDef &b) { return a.addr == b.addr && a.is_return == b.is_return; }
+bool same_point(const ProbeDef &a, const ProbeDef &b) {
+    return a.addr == b.addr && a.is_return == b.is_return && a.is_watch == b.is_watch;
+}
 
 void set_point_armed(ProbePoint &p, bool is_return, bool want);
 
@@ -495,6 +515,12 @@ void Tracer::arm_as(Event *e, bool want) {
 // says. The kernel's trace_kprobe keeps the event's state and sets that flag from it when
 // it registers the probe of a module that comes: the same is done here.
 void set_point_armed(ProbePoint &p, bool is_return, bool want) {
+    if (p.def.is_watch) {
+        if (p.watch == nullptr) return;
+        p.watch_attr.disabled = want ? 0 : 1;
+        modify_user_hw_breakpoint(p.watch, &p.watch_attr);
+        return;
+    }
     kprobe &kp = p.hook->rp.kp;
     const int r = is_return ? (want ? enable_kretprobe(&p.hook->rp) : disable_kretprobe(&p.hook->rp))
                             : (want ? enable_kprobe(&kp) : disable_kprobe(&kp));
@@ -549,6 +575,10 @@ std::unique_ptr<SymbolTable> symbol_table(const sym::Registry &symbols) {
     return t;
 }
 
+// Who reports a definition's error in error_log: the kernel's kprobe tracer, or its wprobe
+// tracer for a w: line.
+const char *log_source(const std::string &command) { return command[0] == 'w' ? "wprobe" : "trace_kprobe"; }
+
 void Tracer::log_error(const std::string &command, Err e, int word, int off) {
     // Position of word `word` in the command.
     int pos = 0, w = 0;
@@ -557,11 +587,11 @@ void Tracer::log_error(const std::string &command, Err e, int word, int off) {
             ++w;
             pos = int(i) + 1;
         }
-    errors.add("trace_kprobe", command, ProbeError{e, pos + off, true});
+    errors.add(log_source(command), command, ProbeError{e, pos + off, true});
 }
 
 int Tracer::check_joins(const Event &e, const ProbeDef &def) {
-    if (e.is_return != def.is_return) {
+    if (e.is_return != def.is_return || e.is_watch != def.is_watch) {
         log_error(def.command, Err::DIFF_PROBE_TYPE, 0, 0);
         return -EEXIST;
     }
@@ -586,6 +616,7 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     e->group = def.group;
     e->name = def.event;
     e->is_return = def.is_return;
+    e->is_watch = def.is_watch;
     e->entry_args = def.entry_args;
     for (auto &a : def.args) {
         e->progs.push_back(a.prog);
@@ -612,7 +643,25 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     return e;
 }
 
+int Tracer::register_watch(ProbePoint &point, const ProbeDef &def) {
+    if (def.addr == kNoWatchAddr) return 0;
+    perf_event_attr &attr = point.watch_attr;
+    hw_breakpoint_init(&attr);
+    attr.bp_addr = def.addr;
+    attr.bp_len = def.watch.len;
+    attr.bp_type = def.watch.type;
+    attr.disabled = 1;
+    perf_event **wide = register_wide_hw_breakpoint(&attr, on_watch, &point);
+    if (IS_ERR(wide)) {
+        log_error(def.command, Err::FAIL_REG_PROBE, 1, 0);
+        return int(PTR_ERR(wide));
+    }
+    point.watch = *wide;
+    return 0;
+}
+
 int Tracer::register_point(ProbePoint &point, const ProbeDef &def) {
+    if (def.is_watch) return register_watch(point, def);
     kprobe &kp = point.hook->rp.kp;
     if (def.where == Where::kSymbol) {
         point.symbol = def.symbol;
@@ -651,7 +700,7 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     ProbeError err;
     int r = parse_definition(line, resolver, def.get(), &err, separator);
     if (r != 0) {
-        if (err.logged) errors.add("trace_kprobe", def->command, err);
+        if (err.logged) errors.add(log_source(def->command), def->command, err);
         return r;
     }
     if (def->remove) {
@@ -701,10 +750,14 @@ int Tracer::remove(Event *e) {
             __atomic_sub_fetch(reinterpret_cast<uint16_t *>(p->def.ref_ctr_addr), 1, __ATOMIC_RELAXED);
             p->semaphore_held = false;
         }
-        if (e->is_return)
+        if (e->is_watch) {
+            if (p->watch != nullptr) unregister_hw_breakpoint(p->watch);
+            p->watch = nullptr;
+        } else if (e->is_return) {
             unregister_kretprobe(&p->hook->rp);
-        else
+        } else {
             unregister_kprobe(&p->hook->rp.kp);
+        }
         p->registered = false;
     }
     auto it = std::find_if(events.begin(), events.end(), [&](auto &x) { return x.get() == e; });

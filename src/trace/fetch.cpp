@@ -99,6 +99,9 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
         case Op::kDeref:
             if (!load64(v + static_cast<uint64_t>(op.imm), &v)) return false;
             break;
+        case Op::kWatchAddr:
+            v = ctx.watch_addr;
+            break;
         }
     }
     *value = v;

@@ -57,6 +57,7 @@ enum class Op : uint8_t {
     kComm,      // value = address of the thread's name
     kData,      // value = address of an immediate string (imm: its index in the program)
     kDeref,     // value = the 8 bytes at value + imm
+    kWatchAddr, // value = the address a watch event watches ($addr)
 };
 
 struct FetchOp {
@@ -137,6 +138,7 @@ struct HitContext {
     const uint64_t *entry_args = nullptr; // return probes: $argN values saved at entry
     uint64_t ret_addr = 0;                // return probes: where the function returns to
     const char *comm = nullptr;           // the thread's name, NUL-terminated
+    uint64_t watch_addr = 0;              // watch events: the address watched
 };
 
 // Symbol lookup for symstr at the hit: an immutable table built when the event is defined.

@@ -1,5 +1,7 @@
 #include "trace/parse.hpp"
 
+#include "symbols/symbols.hpp"
+
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
@@ -177,6 +179,12 @@ int ArgParser::parse_vars(std::string_view arg) {
         return fail(e, offset_);
     }
     if (arg == "comm" || arg == "COMM") return push({Op::kComm}, offset_);
+    if (def_.is_watch && arg == "addr") return push({Op::kWatchAddr}, offset_);
+    if (def_.is_watch && arg == "value") {
+        // +0($addr), as wprobetrace.rst defines it.
+        if (int r = push({Op::kWatchAddr}, offset_)) return r;
+        return push({Op::kDeref, false, 0, 0}, offset_);
+    }
     if (arg.substr(0, 3) == "arg") {
         uint64_t n = 0;
         if (!to_u64(arg.substr(3), &n, 10)) return fail(e, offset_);
@@ -582,8 +590,16 @@ int parse_removal(const std::string &a0, ProbeDef *def, ProbeError *err) {
 // not know.
 int parse_probe_type(const Words &w, ProbeDef *def, size_t *colon, ProbeError *err) {
     const std::string &a0 = w.argv[0];
-    if (a0[0] != 'p' && a0[0] != 'r') return -EINVAL;
+    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w') return -EINVAL;
     if (w.argv.size() < 2) return -EINVAL;
+    if (a0[0] == 'w') {
+        // "w" or "w:...": a watch takes no maxactive (the kernel's wprobe parser).
+        def->is_watch = true;
+        def->group = kDefaultWatchGroup;
+        *colon = a0.size() > 1 ? 1 : std::string::npos;
+        if (a0.size() > 1 && a0[1] != ':') return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
+        return 0;
+    }
     def->is_return = a0[0] == 'r';
     *colon = a0.find(':', 1);
     if (a0.size() > 1 && std::isdigit(static_cast<unsigned char>(a0[1]))) {
@@ -701,10 +717,73 @@ int parse_probe_point(const Words &w, Resolver &resolver, ProbeDef *def, bool *f
     return r;
 }
 
+// The breakpoint of a w: definition, word 1: [r|w|rw]@<ADDR|[MOD:]SYM[+|-OFFS]>[:LENGTH], the
+// kernel's wprobe spec (its length after the last ':', so that MOD:SYM keeps its own).
+int parse_watch_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeError *err) {
+    const std::string &spec = w.argv[1];
+    const size_t at = spec.find('@');
+    if (at == std::string::npos) return fail_at(err, w, Err::BAD_ACCESS_FMT, 1, 0);
+    const std::string_view access = std::string_view(spec).substr(0, at);
+    if (access == "r")
+        def->watch.type = 1; // HW_BREAKPOINT_R
+    else if (access == "w")
+        def->watch.type = 2; // HW_BREAKPOINT_W
+    else if (access == "rw" || access.empty())
+        def->watch.type = 3; // HW_BREAKPOINT_RW
+    else
+        return fail_at(err, w, Err::BAD_ACCESS_TYPE, 1, 0);
+    std::string where = spec.substr(at + 1);
+    const size_t col = where.rfind(':');
+    if (col != std::string::npos && col + 1 < where.size() &&
+        std::isdigit(static_cast<unsigned char>(where[col + 1]))) {
+        uint64_t len = 0;
+        const int len_at = int(at + 1 + col + 1);
+        if (!to_u64(std::string_view(where).substr(col + 1), &len) || (len != 1 && len != 2 && len != 4 && len != 8))
+            return fail_at(err, w, Err::BAD_ACCESS_LEN, 1, len_at);
+        def->watch.len = uint32_t(len);
+        where.resize(col);
+    }
+    const int addr_at = int(at + 1);
+    uint64_t addr = 0;
+    int64_t dummy = 0;
+    if (!where.empty() && std::isdigit(static_cast<unsigned char>(where[0])) && to_u64(where, &addr)) {
+        def->where = Where::kAddress;
+        def->addr = addr;
+    } else if (where == "-1" && to_s64(where, &dummy)) {
+        def->where = Where::kAddress; // nothing watched until a set_wprobe trigger says what
+        def->addr = kNoWatchAddr;
+        return 0;
+    } else {
+        const size_t mcolon = where.find(':');
+        const size_t pm = where.find_first_of("+-", mcolon == std::string::npos ? 0 : mcolon + 1);
+        if (pm != std::string::npos) {
+            if (!to_s64(std::string_view(where).substr(pm), &def->watch.offset))
+                return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, addr_at + int(pm));
+            where.resize(pm);
+        }
+        if (where.empty() || resolver.resolve_data(where, &addr) != 0)
+            return fail_at(err, w, Err::BAD_ACCESS_ADDR, 1, addr_at);
+        def->where = Where::kSymbol;
+        def->symbol = where;
+        def->addr = addr + uint64_t(def->watch.offset);
+    }
+    // A user-space address, aligned to the length (the CPU's rule, which the kernel checks
+    // when the breakpoint is registered).
+    if (def->addr >= (uint64_t{1} << 47) || def->addr % def->watch.len != 0)
+        return fail_at(err, w, Err::BAD_ACCESS_ADDR, 1, addr_at);
+    return 0;
+}
+
 // The name the kernel gives an event defined without one: the probe type, then the symbol
 // and offset, the address, or the file's base name (up to its first . - or _, as the
 // kernel's uprobe tracer) and offset.
 std::string default_event_name(const ProbeDef &def) {
+    if (def.is_watch) {
+        // The symbol (without its MOD), else "wprobe", as the kernel's wprobe parser names it.
+        if (def.where != Where::kSymbol) return "wprobe";
+        const std::string_view m = sym::Registry::module_of(def.symbol);
+        return sanitize(def.symbol.substr(m.empty() ? 0 : m.size() + 1));
+    }
     char buf[kMaxEventNameLen];
     const char t = def.is_return ? 'r' : 'p';
     if (def.where == Where::kSymbol) {
@@ -779,6 +858,23 @@ std::string ProbeDef::location_text() const {
 }
 
 std::string ProbeDef::show() const {
+    if (is_watch) {
+        static constexpr const char *kAccess[] = {"", "r", "w", "rw"};
+        std::string s = "w:" + group + "/" + event + " " + kAccess[watch.type & 3] + "@";
+        if (where == Where::kSymbol) {
+            s += symbol;
+            if (watch.offset != 0) s += (watch.offset > 0 ? "+" : "") + std::to_string(watch.offset);
+        } else if (addr == kNoWatchAddr) {
+            s += "-1";
+        } else {
+            char buf[24];
+            std::snprintf(buf, sizeof buf, "0x%" PRIx64, addr);
+            s += buf;
+        }
+        s += ":" + std::to_string(watch.len);
+        for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
+        return s;
+    }
     std::string s(1, is_return ? 'r' : 'p');
     if (is_return && maxactive > 0) s += std::to_string(maxactive);
     s += ":" + group + "/" + event + " " + location_text();
@@ -796,7 +892,9 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
     size_t colon = std::string::npos;
     if (int r = parse_probe_type(w, def, &colon, err)) return r;
     bool fentry = false;
-    if (int r = parse_probe_point(w, resolver, def, &fentry, err)) return r;
+    if (int r =
+            def->is_watch ? parse_watch_spec(w, resolver, def, err) : parse_probe_point(w, resolver, def, &fentry, err))
+        return r;
     if (int r = name_event(w.argv[0], colon, def, err)) return r;
     return parse_args(w, resolver, fentry, def, err);
 }

@@ -4,8 +4,10 @@
 //   p[:[GRP/][EVENT]] [MOD:]SYM[+offs]|MEMADDR|PATH:OFFSET [FETCHARGS]
 //   r[MAXACTIVE][:[GRP/][EVENT]] [MOD:]SYM[+0]|PATH:OFFSET [FETCHARGS]
 //   p[:[GRP/][EVENT]] [MOD:]SYM[+0]%return [FETCHARGS]
+//   w:[GRP/][EVENT] [r|w|rw]@<ADDR|[MOD:]SYM[+|-OFFS]>[:LENGTH] [FETCHARGS]
 //   -:[GRP/][EVENT]
 //
+// (w: the watch-probe events of the kernel's wprobetrace.rst, on hardware breakpoints.)
 // plus kprobetrace.txt's first syntax for arguments (aN, rv, ra, sN, sa).
 #pragma once
 
@@ -26,6 +28,10 @@ inline constexpr int kMaxActive = 4096;        // KRETPROBE_MAXACTIVE_MAX
 inline constexpr const char *kDefaultGroup = "kprobes";
 // The group of PATH:OFFSET definitions without one, as the kernel's uprobe_events.
 inline constexpr const char *kDefaultUprobeGroup = "uprobes";
+// The group of w: definitions without one (wprobetrace.rst).
+inline constexpr const char *kDefaultWatchGroup = "wprobes";
+// A w: definition's address before a trigger sets one (wprobetrace.rst's dummy -1).
+inline constexpr uint64_t kNoWatchAddr = ~uint64_t{0};
 
 // What the parser asks of the process: symbols and mappings.
 struct Resolver {
@@ -58,10 +64,19 @@ struct ArgDef {
 
 enum class Where : uint8_t { kSymbol, kAddress, kFile };
 
+// What a w: definition watches (the breakpoint's access type and length are the kernel's
+// HW_BREAKPOINT_R/W/RW and 1, 2, 4 or 8).
+struct WatchSpec {
+    uint32_t type = 3; // HW_BREAKPOINT_RW: the kernel's default
+    uint32_t len = 4;
+    int64_t offset = 0; // SYM+|-OFFS
+};
+
 struct ProbeDef {
     bool remove = false; // "-:[GRP/]EVENT"
     bool is_return = false;
-    int maxactive = 0; // r<N>: 0 for the default
+    bool is_watch = false; // w:, with `watch`; `addr` is the watched address
+    int maxactive = 0;     // r<N>: 0 for the default
     std::string group = kDefaultGroup;
     std::string event; // generated when not given
     Where where = Where::kSymbol;
@@ -71,6 +86,7 @@ struct ProbeDef {
     uint64_t ref_ctr_offset = 0; // kFile: PATH:OFFSET(REF), the file offset of an SDT semaphore
     uint64_t ref_ctr_addr = 0;   // its address (0: none)
     uint64_t addr = 0;           // resolved address of the probe point
+    WatchSpec watch;
     std::vector<ArgDef> args;
     std::vector<uint16_t> entry_args; // $argN (0-based) a return probe saves at entry
     std::string command;              // the words joined by single spaces, as error_log shows it
