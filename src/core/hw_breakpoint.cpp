@@ -16,6 +16,7 @@
 #include "core/core.hpp"
 #include "core/grace.hpp"
 #include "symbols/symbols.hpp"
+#include "platform/held_fd.hpp"
 #include "platform/high_fd.hpp"
 #include "platform/raw_syscall.hpp"
 
@@ -63,7 +64,12 @@ struct Instance {
     int fd;
     pid_t tid;
     uint64_t sig_data; // a modification must give it back unchanged
+    pid_t holder;      // the agent thread whose own table holds fd (the control thread), or
+                       // 0: the program's table
 };
+
+// Which table the calling thread's descriptors go to (Instance::holder).
+pid_t table_of_caller() { return platform::has_own_fd_table() ? current_tid() : 0; }
 
 // A breakpoint's part that is the agent's (perf_event::ukp_private).
 struct Breakpoint {
@@ -149,8 +155,41 @@ std::vector<pid_t> our_threads() {
     return out;
 }
 
+// A descriptor of i's event the caller can use, or -errno: i's own when the caller's table
+// holds it; from the control thread's own table, a copy of one in the program's
+// (pidfd_getfd; *copy set: the caller closes it). The reverse cannot be reached: -EXDEV.
+int usable_fd(const Instance &i, bool *copy) {
+    *copy = false;
+    if (i.holder == table_of_caller()) return i.fd;
+    if (i.holder != 0) return -EXDEV;
+    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+    if (pidfd < 0) return -errno;
+    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, i.fd, 0));
+    const int err = errno;
+    close(pidfd);
+    if (fd < 0) return -err;
+    *copy = true;
+    return fd;
+}
+
+// Ends an instance's event: its descriptor closed where the caller's table holds it;
+// else disabled through a copy, its number left to the program's table; else (the control
+// thread's) left until that table closes. Either way the slot moves on, so what it still
+// signals is dropped.
+void close_instance(const Instance &i) {
+    bool copy = false;
+    const int fd = usable_fd(i, &copy);
+    if (fd < 0) return;
+    if (!copy) {
+        close(fd);
+        return;
+    }
+    ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+    close(fd);
+}
+
 void close_instances(Breakpoint &b) {
-    for (const Instance &i : b.instances) close(i.fd);
+    for (const Instance &i : b.instances) close_instance(i);
     b.instances.clear();
 }
 
@@ -161,7 +200,7 @@ int add_instance(Breakpoint &b, pid_t tid) {
     a.sig_data = sig_data(b.slot, b.generation, instance);
     const int fd = open_event(a, tid);
     if (fd < 0) return fd;
-    b.instances.push_back(Instance{fd, tid, a.sig_data});
+    b.instances.push_back(Instance{fd, tid, a.sig_data, table_of_caller()});
     return 0;
 }
 
@@ -244,7 +283,12 @@ int modify_instances(Breakpoint &b, const perf_event_attr &next) {
     // The kernel compares every other field with the event's own, sig_data included.
     auto modify = [](const Instance &i, perf_event_attr a) {
         a.sig_data = i.sig_data;
-        return ioctl(i.fd, PERF_EVENT_IOC_MODIFY_ATTRIBUTES, &a) == 0 ? 0 : -errno;
+        bool copy = false;
+        const int fd = usable_fd(i, &copy);
+        if (fd < 0) return fd;
+        const int r = ioctl(fd, PERF_EVENT_IOC_MODIFY_ATTRIBUTES, &a) == 0 ? 0 : -errno;
+        if (copy) close(fd);
+        return r;
     };
     for (size_t k = 0; k < b.instances.size(); ++k) {
         const int err = modify(b.instances[k], next);
@@ -337,15 +381,17 @@ void hw_breakpoints_after_fork_child(bool keep) {
         perf_event *ev = s.event.load(std::memory_order_relaxed);
         Breakpoint *b = breakpoint_of(ev);
         if (b == nullptr) continue;
-        // The parent's events: the child's copies of their descriptors keep them alive.
-        for (const Instance &i : b->instances) platform::raw_syscall(SYS_close, i.fd);
+        // The parent's events: the child's copies of their descriptors (those of the
+        // program's table, which the child's is a copy of) keep them alive.
+        for (const Instance &i : b->instances)
+            if (i.holder == 0) platform::raw_syscall(SYS_close, i.fd);
         b->instances.clear(); // keeps its storage: no allocation here
         if (!b->wide || !keep) continue;
         perf_event_attr a = b->opened;
         a.sig_data = sig_data(b->slot, b->generation, b->next_instance++);
         const long fd =
             platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
-        if (fd >= 0) b->instances.push_back(Instance{static_cast<int>(fd), tid, a.sig_data});
+        if (fd >= 0) b->instances.push_back(Instance{static_cast<int>(fd), tid, a.sig_data, 0});
     }
     for (Seen &seen : t_seen) seen = Seen{};
     g_mutex.unlock();

@@ -105,7 +105,7 @@ TEST_F(TraceWatch, DefaultNamesAndTheAddressForm) {
                                           "w:wprobes/unset rw@-1:8 a=$addr\n"
                                           "w:wprobes/plus w@ukw_other+16:8\n");
     ASSERT_EQ(file_write("events/enable", "1"), 0);
-    ukw_other[1] = 7; // rw: the write
+    ukw_other[1] = 7;        // rw: the write
     long sum = ukw_other[1]; // and the read
     ukw_other[2] = 3;        // plus: ukw_other+16
     ASSERT_EQ(file_write("events/enable", "0"), 0);
