@@ -3,11 +3,16 @@
 // (default 1.5). Prints "ready PID" once the first threads run, and at the end whether
 // e2e_shared is the sum of every thread's additions. With argv[4] "fork", a child of fork()
 // adds for 0.3 s on a thread of its own meanwhile, and says whether its sum is right too.
+// `e2e_watched probe` only says (by its status) whether this machine gives a thread a
+// hardware breakpoint (a guest may have no debug registers).
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,7 +51,26 @@ static int child(void) {
     return atomic_load(&e2e_shared) - before == (long)mine && (long)mine > 0 ? 0 : 1;
 }
 
+static int probe(void) {
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.type = PERF_TYPE_BREAKPOINT;
+    a.size = sizeof a;
+    a.bp_addr = (unsigned long)&e2e_shared;
+    a.bp_len = HW_BREAKPOINT_LEN_8;
+    a.bp_type = HW_BREAKPOINT_W;
+    a.sample_period = 1;
+    a.exclude_kernel = 1;
+    a.sigtrap = 1;
+    a.remove_on_exec = 1;
+    const long fd = syscall(SYS_perf_event_open, &a, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) return 1;
+    close((int)fd);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "probe") == 0) return probe();
     const double seconds = argc > 1 ? atof(argv[1]) : 3.0;
     const int threads = argc > 2 ? atoi(argv[2]) : 3;
     const double late = argc > 3 ? atof(argv[3]) : 1.5;

@@ -63,7 +63,25 @@ int in_child(Body body) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-TEST(HwBreakpoint, WriteWatchSeesEveryWriteAfterIt) {
+// Whether this machine gives a thread a hardware breakpoint: a guest may have no debug
+// registers (the kernel has no breakpoint PMU then).
+bool have_debug_registers() {
+    perf_event_attr attr = watch(&ukhw_other, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
+    attr.exclude_kernel = 1;
+    const long fd = syscall(SYS_perf_event_open, &attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) return false;
+    close(static_cast<int>(fd));
+    return true;
+}
+
+class HwBreakpoint : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!have_debug_registers()) GTEST_SKIP() << "no hardware breakpoints on this machine: " << strerror(errno);
+    }
+};
+
+TEST_F(HwBreakpoint, WriteWatchSeesEveryWriteAfterIt) {
     Seen seen;
     perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     perf_event *bp = register_user_hw_breakpoint(&attr, count, &seen, 0);
@@ -85,7 +103,7 @@ TEST(HwBreakpoint, WriteWatchSeesEveryWriteAfterIt) {
     EXPECT_EQ(seen.hits.load(), 101);
 }
 
-TEST(HwBreakpoint, ReadWriteWatchSeesReads) {
+TEST_F(HwBreakpoint, ReadWriteWatchSeesReads) {
     Seen seen;
     perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_RW);
     perf_event *bp = register_user_hw_breakpoint(&attr, count, &seen, 0);
@@ -97,7 +115,7 @@ TEST(HwBreakpoint, ReadWriteWatchSeesReads) {
     (void)sum;
 }
 
-TEST(HwBreakpoint, ExecuteBreakpointRunsBeforeTheInstructionAndTheProgramGoesOn) {
+TEST_F(HwBreakpoint, ExecuteBreakpointRunsBeforeTheInstructionAndTheProgramGoesOn) {
     Seen seen;
     perf_event_attr attr;
     hw_breakpoint_init(&attr);
@@ -114,7 +132,7 @@ TEST(HwBreakpoint, ExecuteBreakpointRunsBeforeTheInstructionAndTheProgramGoesOn)
     unregister_hw_breakpoint(bp);
 }
 
-TEST(HwBreakpoint, TheKernelsErrorsForBadAttributes) {
+TEST_F(HwBreakpoint, TheKernelsErrorsForBadAttributes) {
     Seen seen;
     struct Case {
         const volatile void *addr;
@@ -142,7 +160,7 @@ TEST(HwBreakpoint, TheKernelsErrorsForBadAttributes) {
     EXPECT_EQ(seen.hits.load(), 0);
 }
 
-TEST(HwBreakpoint, AFifthBreakpointOnAThreadIsENOSPC) {
+TEST_F(HwBreakpoint, AFifthBreakpointOnAThreadIsENOSPC) {
     Seen seen;
     ASSERT_EQ(hw_breakpoint_slots(TYPE_DATA), 4);
     std::vector<perf_event *> bps;
@@ -168,7 +186,7 @@ TEST(HwBreakpoint, AFifthBreakpointOnAThreadIsENOSPC) {
     for (int i = 1; i < 4; ++i) unregister_hw_breakpoint(bps[i]);
 }
 
-TEST(HwBreakpoint, OneThreadsBreakpointIsThatThreadsOnly) {
+TEST_F(HwBreakpoint, OneThreadsBreakpointIsThatThreadsOnly) {
     Seen seen;
     std::atomic<pid_t> tid{0};
     std::atomic<bool> go{false}, done{false};
@@ -191,7 +209,7 @@ TEST(HwBreakpoint, OneThreadsBreakpointIsThatThreadsOnly) {
     unregister_hw_breakpoint(bp);
 }
 
-TEST(HwBreakpoint, AWideBreakpointCoversThreadsBeforeAndAfter) {
+TEST_F(HwBreakpoint, AWideBreakpointCoversThreadsBeforeAndAfter) {
     Seen seen;
     std::atomic<bool> go{false};
     std::thread before([&] {
@@ -220,7 +238,7 @@ TEST(HwBreakpoint, AWideBreakpointCoversThreadsBeforeAndAfter) {
     EXPECT_EQ(seen.hits.load(), 40);
 }
 
-TEST(HwBreakpoint, ModifyMovesDisarmsAndRearms) {
+TEST_F(HwBreakpoint, ModifyMovesDisarmsAndRearms) {
     Seen seen;
     perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     perf_event **wide = register_wide_hw_breakpoint(&attr, count, &seen);
@@ -268,7 +286,7 @@ int bump_in_kprobe(kprobe *, pt_regs *) {
     return 0;
 }
 
-TEST(HwBreakpoint, AHitInsideAHandlerIsMissedNotNested) {
+TEST_F(HwBreakpoint, AHitInsideAHandlerIsMissedNotNested) {
     Seen seen;
     perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     perf_event *bp = register_user_hw_breakpoint(&attr, write_again, &seen, 0);
@@ -290,7 +308,7 @@ TEST(HwBreakpoint, AHitInsideAHandlerIsMissedNotNested) {
 }
 
 // The probes and a watch on the same code: a kprobe on the function whose store is watched.
-TEST(HwBreakpoint, BesideAKprobeOnTheWritingFunction) {
+TEST_F(HwBreakpoint, BesideAKprobeOnTheWritingFunction) {
     Seen seen;
     static std::atomic<int> probe_hits{0};
     kprobe kp{};
@@ -313,7 +331,7 @@ TEST(HwBreakpoint, BesideAKprobeOnTheWritingFunction) {
 }
 
 std::atomic<int> g_handler_writes{0};
-TEST(HwBreakpoint, WritesInASignalHandlerAreHits) {
+TEST_F(HwBreakpoint, WritesInASignalHandlerAreHits) {
     Seen seen;
     perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     perf_event *bp = register_user_hw_breakpoint(&attr, count, &seen, 0);
@@ -332,7 +350,7 @@ TEST(HwBreakpoint, WritesInASignalHandlerAreHits) {
     unregister_hw_breakpoint(bp);
 }
 
-TEST(HwBreakpoint, AChildOfForkKeepsTheWideBreakpointsAndNotTheThreadsOnes) {
+TEST_F(HwBreakpoint, AChildOfForkKeepsTheWideBreakpointsAndNotTheThreadsOnes) {
     Seen wide_seen, own_seen;
     perf_event_attr wattr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     perf_event **wide = register_wide_hw_breakpoint(&wattr, count, &wide_seen);
@@ -374,7 +392,7 @@ TEST(HwBreakpoint, AChildOfForkKeepsTheWideBreakpointsAndNotTheThreadsOnes) {
 
 // The program's own perf events that signal: their SIGTRAPs are the program's.
 std::atomic<int> g_program_traps{0};
-TEST(HwBreakpoint, TheProgramsOwnPerfSignalsReachIt) {
+TEST_F(HwBreakpoint, TheProgramsOwnPerfSignalsReachIt) {
     struct sigaction sa {
     }, old{};
     sa.sa_flags = SA_SIGINFO;
@@ -395,7 +413,7 @@ TEST(HwBreakpoint, TheProgramsOwnPerfSignalsReachIt) {
     EXPECT_EQ(g_program_traps.load(), 3);
 }
 
-TEST(HwBreakpoint, KallsymsLookupNameFindsDataAndFunctions) {
+TEST_F(HwBreakpoint, KallsymsLookupNameFindsDataAndFunctions) {
     EXPECT_EQ(kallsyms_lookup_name("ukhw_counter"), reinterpret_cast<unsigned long>(&ukhw_counter));
     EXPECT_EQ(kallsyms_lookup_name("ukhw_function"), reinterpret_cast<unsigned long>(&ukhw_function));
     EXPECT_NE(kallsyms_lookup_name("libc.so.6:malloc"), 0u);

@@ -64,6 +64,10 @@ int main(void) {
     attr.bp_len = HW_BREAKPOINT_LEN_8;
     attr.bp_type = HW_BREAKPOINT_W;
     struct perf_event *bp = register_user_hw_breakpoint(&attr, on_write, NULL, 0);
+    if (IS_ERR(bp) && (PTR_ERR(bp) == -ENOENT || PTR_ERR(bp) == -ENODEV || PTR_ERR(bp) == -EOPNOTSUPP)) {
+        printf("consumer: no hardware breakpoints on this machine (%ld)\n", PTR_ERR(bp));
+        return 0;
+    }
     if (IS_ERR(bp)) {
         fprintf(stderr, "consumer: register_user_hw_breakpoint: %ld\n", PTR_ERR(bp));
         return 1;
