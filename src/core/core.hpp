@@ -431,6 +431,9 @@ char probe_type(const kprobe *p);
 // p's RetPool if p is a kretprobe without an entry_handler, else null (kretprobe.cpp).
 void *kret_pool_without_entry_handler(const kprobe *p);
 
+// Whether a tracer (a debugger, strace) is attached to the process (optimizer.cpp).
+bool process_traced();
+
 // ---- hardware breakpoints (hw_breakpoint.cpp) -----------------------------------------
 // si_code of a perf event's SIGTRAP (TRAP_PERF of asm-generic/siginfo.h; glibc 2.36 has no name for it).
 constexpr int kTrapPerf = 6;

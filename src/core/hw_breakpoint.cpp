@@ -236,6 +236,9 @@ int take_slot(Breakpoint &b) {
 perf_event *register_breakpoint(perf_event_attr *attr, perf_overflow_handler_t triggered, void *context, pid_t tid,
                                 bool wide) {
     if (triggered == nullptr) return static_cast<perf_event *>(ERR_PTR(-EINVAL));
+    // A debugger takes every SIGTRAP its tracee gets, the perf signals too (gdb keeps them):
+    // the handler would never run.
+    if (process_traced()) return static_cast<perf_event *>(ERR_PTR(-EBUSY));
     if (int err = prepare_agent(); err != 0) return static_cast<perf_event *>(ERR_PTR(err));
     auto *b = new (std::nothrow) Breakpoint;
     auto *ev = new (std::nothrow) perf_event{};

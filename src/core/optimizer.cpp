@@ -268,10 +268,10 @@ bool blocks_signal(int tid, int sig) {
     return ((strtoull(value, nullptr, 16) >> (sig - 1)) & 1) != 0;
 }
 
-// Whether a tracer (a debugger, strace) is attached to the process. It would see every
-// stop signal (gdb stops the program at each by default) and, holding threads stopped, keep
-// them from answering: the optimizer sends none then (move_threads_out's silent pass).
-bool traced() { return status_number("TracerPid:", 0) != 0; }
+// A tracer (core.hpp's process_traced()) would see every stop signal (gdb stops the program
+// at each by default) and, holding threads stopped, keep them from answering: the optimizer
+// sends none then (move_threads_out's silent pass).
+bool traced() { return process_traced(); }
 
 // Makes sure no thread is inside (past the first byte of) the regions of batch[0..n),
 // nor in the islands of retired[0..m): signals the threads that run, or stand inside one,
@@ -1114,6 +1114,8 @@ bool optimizer_flush_for(std::chrono::milliseconds limit) {
     const uint64_t target = g_requested;
     return done_cv().wait_for(lock, limit, [&] { return g_handled >= target && !g_busy; });
 }
+
+bool process_traced() { return status_number("TracerPid:", 0) != 0; }
 
 } // namespace ukp::core
 

@@ -76,6 +76,10 @@ namespace ukp::trace {
     C(BAD_ACCESS_TYPE, "Bad memory access type")                                                                       \
     C(BAD_ACCESS_LEN, "This memory access length is not supported")                                                    \
     C(BAD_ACCESS_ADDR, "Invalid access memory address")                                                                \
+    /* ukprobes: why a w: event's breakpoint could not be had */                                                       \
+    C(NO_DEBUG_REG, "A thread has no debug register left (four each: the program's or a debugger's hold them)")        \
+    C(WATCH_TRACED, "A debugger is attached: it takes the breakpoints' SIGTRAPs")                                      \
+    C(NO_HW_BREAKPOINT, "This machine gives no hardware breakpoints (no debug registers)")                             \
     /* ukprobes: VFS types name kernel objects that user space does not have */                                        \
     C(NO_VFS_TYPE, "%pd/%pD (dentry/file names) are not available in user space")
 

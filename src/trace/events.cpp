@@ -653,8 +653,14 @@ int Tracer::register_watch(ProbePoint &point, const ProbeDef &def) {
     attr.disabled = 1;
     perf_event **wide = register_wide_hw_breakpoint(&attr, on_watch, &point);
     if (IS_ERR(wide)) {
-        log_error(def.command, Err::FAIL_REG_PROBE, 1, 0);
-        return int(PTR_ERR(wide));
+        const long r = PTR_ERR(wide);
+        log_error(def.command,
+                  r == -ENOSPC                   ? Err::NO_DEBUG_REG
+                  : r == -EBUSY                  ? Err::WATCH_TRACED
+                  : r == -ENOENT || r == -ENODEV ? Err::NO_HW_BREAKPOINT
+                                                 : Err::FAIL_REG_PROBE,
+                  1, 0);
+        return int(r);
     }
     point.watch = *wide;
     return 0;
