@@ -1,5 +1,6 @@
 // Watchpoints (<ukprobes/hw_breakpoint.h>, w: events): what a write costs unwatched, the
-// kernel's part of a hit alone (a perf breakpoint signalling a handler that does nothing), a
+// kernel's part of a hit alone (a perf breakpoint signalling a handler that does nothing),
+// an int3 trap for scale, a
 // watched write (a hit: the CPU's debug trap, the kernel's SIGTRAP, the agent's handler),
 // a write to the word beside a watched one (a miss), a w: event's hit (the hit recorded into
 // the trace ring), and gdb's hardware watchpoint on the same kind of write (a `watch` whose
@@ -71,6 +72,18 @@ void BM_Write_RawPerfTrap(benchmark::State &state) {
         for (auto _ : state) ukb_watched[0] = ++i;
         close(static_cast<int>(fd));
     }
+    sigaction(SIGTRAP, &old, nullptr);
+}
+
+// For scale: an int3 and a SIGTRAP handler that returns (what an unoptimized kprobe costs
+// the kernel). Before any breakpoint too.
+void BM_RawInt3Trap(benchmark::State &state) {
+    struct sigaction act {
+    }, old{};
+    act.sa_sigaction = raw_trap_handler;
+    act.sa_flags = SA_SIGINFO;
+    sigaction(SIGTRAP, &act, &old);
+    for (auto _ : state) asm volatile("int3" ::: "memory");
     sigaction(SIGTRAP, &old, nullptr);
 }
 
@@ -146,6 +159,7 @@ void BM_Write_GdbWatch(benchmark::State &state) {
 
 BENCHMARK(BM_Write_Unwatched);
 BENCHMARK(BM_Write_RawPerfTrap);
+BENCHMARK(BM_RawInt3Trap);
 BENCHMARK(BM_Write_Neighbour);
 BENCHMARK(BM_Write_Watched);
 BENCHMARK(BM_Write_WatchEvent);
@@ -171,6 +185,8 @@ int main(int argc, char **argv) {
     const double hit = g_ns["BM_Write_Watched"], gdb = g_ns["BM_Write_GdbWatch/iterations:3/manual_time"];
     const double raw = g_ns["BM_Write_RawPerfTrap"];
     if (hit > 0 && raw > 0) std::printf("  a ukprobes hit / the kernel's part alone: %.2fx\n", hit / raw);
+    const double int3 = g_ns["BM_RawInt3Trap"];
+    if (hit > 0 && int3 > 0) std::printf("  a ukprobes hit / an int3 trap: %.1fx\n", hit / int3);
     if (hit > 0 && gdb > 0) std::printf("  gdb's watch / a ukprobes hit: %.1fx\n", gdb / hit);
     benchmark::Shutdown();
     return 0;
