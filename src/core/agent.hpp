@@ -5,7 +5,10 @@
 
 #include "core/checked_mutex.hpp"
 
+#include <ukprobes/hw_breakpoint.h>
+
 #include <chrono>
+#include <cstdint>
 
 namespace ukp::core {
 
@@ -47,6 +50,19 @@ public:
 // Waits, at most `limit`, until the optimizer has been through the work queued before the
 // call (ukp_optimizer_flush). False if the time ran out.
 bool optimizer_flush_for(std::chrono::milliseconds limit);
+
+// A wide breakpoint that probe hits place and lift (the set_wprobe and clear_wprobe
+// triggers): prepared here, off the hit path, with attr's type and length, watching
+// nothing; freed with unregister_hw_breakpoint(). ERR_PTR(-errno) on failure.
+perf_event *prepare_placeable_breakpoint(const perf_event_attr &attr, perf_overflow_handler_t triggered, void *context);
+// From a hit: watches addr on every thread (raw system calls, nothing allocated), at most
+// 512 threads. 0; -EBUSY when it is placed (or another hit is placing it); -EINVAL for an
+// address that is not a user-space one aligned to the length; the kernel's errors.
+int place_breakpoint(perf_event *bp, uint64_t addr) noexcept;
+// From a hit: watches nothing again. 0, or -ENOENT when it was not placed.
+int lift_breakpoint(perf_event *bp) noexcept;
+// The address it watches, or 0.
+uint64_t placed_address(const perf_event *bp);
 
 // The registry mutex (registry.cpp): registration, arming, the optimizer's queues.
 CheckedMutex &registry_mutex();

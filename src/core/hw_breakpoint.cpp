@@ -29,6 +29,9 @@
 #include <cerrno>
 #include <cstring>
 #include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <mutex>
 #include <new>
 #include <sys/ioctl.h>
@@ -71,6 +74,13 @@ struct Instance {
 // Which table the calling thread's descriptors go to (Instance::holder).
 pid_t table_of_caller() { return platform::has_own_fd_table() ? current_tid() : 0; }
 
+// A placeable breakpoint's state (place_breakpoint, lift_breakpoint): changed by a CAS, so
+// that of two hits at once one acts and the other finds it busy.
+enum PlaceState : int { kUnplaced, kBusy, kPlaced, kGone };
+// Threads a placeable breakpoint covers at most (its instances are reserved when it is
+// prepared: a hit allocates nothing).
+constexpr size_t kMaxPlacedThreads = 512;
+
 // A breakpoint's part that is the agent's (perf_event::ukp_private).
 struct Breakpoint {
     unsigned slot = 0;
@@ -79,6 +89,9 @@ struct Breakpoint {
     perf_event_attr opened{}; // as given to the kernel: a modification must match it
     std::vector<Instance> instances;
     uint32_t next_instance = 1;
+    bool placeable = false;            // placed and lifted by probe hits
+    std::atomic<int> state{kUnplaced}; // placeable ones
+    int fd_floor = 0;                  // placeable ones: where their descriptors go (move_fd_high's)
 };
 
 struct Slot {
@@ -188,8 +201,57 @@ void close_instance(const Instance &i) {
     close(fd);
 }
 
+// Descriptors of the program's table that a thread with its own table could only
+// disable: closed by the next program thread that registers, places or lifts a
+// breakpoint. Each is checked to be a perf event still (the program may have closed the
+// number and opened something else under it).
+constexpr size_t kMaxDeferred = 1024;
+std::atomic<int> g_deferred[kMaxDeferred];
+std::atomic<size_t> g_deferred_count{0};
+
+void defer_close(int fd) {
+    const size_t n = g_deferred_count.load(std::memory_order_relaxed);
+    if (n >= kMaxDeferred) return;
+    g_deferred[n].store(fd, std::memory_order_relaxed);
+    g_deferred_count.store(n + 1, std::memory_order_release);
+}
+
+// Whether fd of the caller's table is a perf event: /proc/self/fd/N reads
+// "anon_inode:[perf_event]". Raw system calls: called from probe hits.
+bool is_perf_event(int fd) {
+    char path[40] = "/proc/self/fd/", link[32] = {};
+    char *p = path + 14;
+    char digits[12];
+    int n = 0;
+    for (unsigned v = static_cast<unsigned>(fd); n == 0 || v != 0; v /= 10) digits[n++] = char('0' + v % 10);
+    while (n > 0) *p++ = digits[--n];
+    *p = '\0';
+    const long len = platform::raw_syscall(SYS_readlink, reinterpret_cast<long>(path), reinterpret_cast<long>(link),
+                                           sizeof link - 1);
+    static constexpr char kWant[] = "anon_inode:[perf_event]";
+    if (len != long(sizeof kWant - 1)) return false;
+    for (long i = 0; i < len; ++i)
+        if (link[i] != kWant[i]) return false;
+    return true;
+}
+
+// On a thread of the program's table: closes what defer_close() left.
+void close_deferred() {
+    if (platform::has_own_fd_table()) return;
+    size_t n = g_deferred_count.load(std::memory_order_acquire);
+    while (n > 0) {
+        if (!g_deferred_count.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) continue;
+        const int fd = g_deferred[n - 1].load(std::memory_order_relaxed);
+        if (is_perf_event(fd)) platform::raw_syscall(SYS_close, fd);
+        n = g_deferred_count.load(std::memory_order_acquire);
+    }
+}
+
 void close_instances(Breakpoint &b) {
-    for (const Instance &i : b.instances) close_instance(i);
+    for (const Instance &i : b.instances) {
+        close_instance(i);
+        if (i.holder == 0 && table_of_caller() != 0) defer_close(i.fd);
+    }
     b.instances.clear();
 }
 
@@ -252,6 +314,7 @@ perf_event *register_breakpoint(perf_event_attr *attr, perf_overflow_handler_t t
     if (err == 0 && !wide && tid == 0) tid = current_tid();
     if (err == 0 && !wide && !our_thread(tid)) err = -ESRCH;
     std::lock_guard lock(g_mutex);
+    close_deferred();
     if (err == 0) err = take_slot(*b);
     if (err == 0) err = wide ? cover_every_thread(*b) : add_instance(*b, tid);
     if (err != 0) {
@@ -305,6 +368,11 @@ int modify_instances(Breakpoint &b, const perf_event_attr &next) {
 void free_breakpoint(perf_event *ev) {
     Breakpoint *b = breakpoint_of(ev);
     if (b == nullptr) return;
+    if (b->placeable) {
+        // A hit placing or lifting it finishes first; none starts afterwards.
+        for (int st = b->state.load(); st == kBusy || !b->state.compare_exchange_weak(st, kGone); st = b->state.load())
+            if (st == kBusy) sched_yield();
+    }
     {
         std::lock_guard lock(g_mutex);
         close_instances(*b);
@@ -319,7 +387,126 @@ void free_breakpoint(perf_event *ev) {
     }
 }
 
+// Opens b's events, at its address, on every thread, from a probe hit: raw system calls, no
+// allocation (b's instances were reserved), its descriptors moved to b's floor. 0 or -errno.
+int cover_threads_from_hit(Breakpoint &b) {
+    alignas(8) char buf[2048];
+    for (bool added = true; added;) {
+        added = false;
+        const long dir = platform::raw_syscall(SYS_open, reinterpret_cast<long>("/proc/self/task"),
+                                               O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0) return int(dir);
+        for (long n; (n = platform::raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(buf), sizeof buf)) > 0;) {
+            for (long off = 0; off < n;) {
+                const auto *d = reinterpret_cast<const struct dirent64 *>(buf + off);
+                off += d->d_reclen;
+                pid_t tid = 0;
+                for (const char *c = d->d_name; *c >= '0' && *c <= '9'; ++c) tid = tid * 10 + (*c - '0');
+                if (tid == 0) continue;
+                bool covered = false;
+                for (const Instance &i : b.instances) covered |= i.tid == tid;
+                if (covered || b.instances.size() >= b.instances.capacity()) continue;
+                perf_event_attr a = b.opened;
+                a.sig_data = sig_data(b.slot, b.generation, b.next_instance++);
+                long fd = platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1,
+                                                PERF_FLAG_FD_CLOEXEC);
+                if (fd == -ESRCH) continue; // ended meanwhile
+                if (fd < 0) {
+                    platform::raw_syscall(SYS_close, dir);
+                    return int(fd == -E2BIG ? -EOPNOTSUPP : fd);
+                }
+                const long high = platform::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, b.fd_floor);
+                if (high >= 0) {
+                    platform::raw_syscall(SYS_close, fd);
+                    fd = high;
+                }
+                b.instances.push_back(Instance{int(fd), tid, a.sig_data, 0});
+                added = true;
+            }
+        }
+        platform::raw_syscall(SYS_close, dir);
+    }
+    return 0;
+}
+
+// Closes b's events from a hit, its slot's generation moved on first: what they signal
+// meanwhile is dropped.
+void uncover_from_hit(Breakpoint &b) {
+    b.generation = (b.generation + 1) & 0xffff;
+    if (b.generation == 0) b.generation = 1;
+    g_slots[b.slot].generation.store(b.generation, std::memory_order_release);
+    for (const Instance &i : b.instances) platform::raw_syscall(SYS_close, i.fd);
+    b.instances.clear(); // keeps its storage
+}
+
 } // namespace
+
+perf_event *prepare_placeable_breakpoint(const perf_event_attr &attr, perf_overflow_handler_t triggered,
+                                         void *context) {
+    if (triggered == nullptr) return static_cast<perf_event *>(ERR_PTR(-EINVAL));
+    if (process_traced()) return static_cast<perf_event *>(ERR_PTR(-EBUSY));
+    if (int err = prepare_agent(); err != 0) return static_cast<perf_event *>(ERR_PTR(err));
+    auto *b = new (std::nothrow) Breakpoint;
+    auto *ev = new (std::nothrow) perf_event{};
+    int err = b == nullptr || ev == nullptr ? -ENOMEM : kernel_attr(&attr, true, &b->opened);
+    if (err == 0) {
+        b->wide = true;
+        b->placeable = true;
+        b->opened.disabled = 0;
+        b->instances.reserve(kMaxPlacedThreads);
+        rlimit lim{};
+        b->fd_floor = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY
+                          ? int(std::min<rlim_t>(lim.rlim_cur / 2, 512))
+                          : 512;
+        std::lock_guard lock(g_mutex);
+        err = take_slot(*b);
+        if (err == 0) {
+            ev->attr = attr;
+            ev->overflow_handler = triggered;
+            ev->overflow_handler_context = context;
+            ev->self = ev;
+            ev->ukp_private = b;
+            g_slots[b->slot].event.store(ev, std::memory_order_release);
+        }
+    }
+    if (err != 0) {
+        delete b;
+        delete ev;
+        return static_cast<perf_event *>(ERR_PTR(err));
+    }
+    return ev;
+}
+
+int place_breakpoint(perf_event *bp, uint64_t addr) noexcept {
+    Breakpoint *b = breakpoint_of(bp);
+    if (b == nullptr || !b->placeable) return -EINVAL;
+    if (addr == 0 || addr >= (uint64_t{1} << 47) || addr % b->opened.bp_len != 0) return -EINVAL;
+    int st = kUnplaced;
+    if (!b->state.compare_exchange_strong(st, kBusy, std::memory_order_acquire)) return -EBUSY;
+    close_deferred();
+    b->opened.bp_addr = addr;
+    bp->attr.bp_addr = addr; // what the handler reports
+    const int err = cover_threads_from_hit(*b);
+    if (err != 0) uncover_from_hit(*b);
+    b->state.store(err == 0 ? kPlaced : kUnplaced, std::memory_order_release);
+    return err;
+}
+
+int lift_breakpoint(perf_event *bp) noexcept {
+    Breakpoint *b = breakpoint_of(bp);
+    if (b == nullptr || !b->placeable) return -EINVAL;
+    int st = kPlaced;
+    if (!b->state.compare_exchange_strong(st, kBusy, std::memory_order_acquire)) return -ENOENT;
+    uncover_from_hit(*b);
+    close_deferred();
+    b->state.store(kUnplaced, std::memory_order_release);
+    return 0;
+}
+
+uint64_t placed_address(const perf_event *bp) {
+    const Breakpoint *b = breakpoint_of(bp);
+    return b != nullptr && b->placeable && b->state.load(std::memory_order_acquire) == kPlaced ? bp->attr.bp_addr : 0;
+}
 
 bool on_hw_breakpoint(siginfo_t *info, ucontext_t *uc) {
     const auto *p = reinterpret_cast<const PerfSiginfo *>(info);
@@ -390,6 +577,7 @@ void hw_breakpoints_after_fork_child(bool keep) {
             if (i.holder == 0) platform::raw_syscall(SYS_close, i.fd);
         b->instances.clear(); // keeps its storage: no allocation here
         if (!b->wide || !keep) continue;
+        if (b->placeable && b->state.load(std::memory_order_relaxed) != kPlaced) continue;
         perf_event_attr a = b->opened;
         a.sig_data = sig_data(b->slot, b->generation, b->next_instance++);
         const long fd =
@@ -421,7 +609,7 @@ struct perf_event **register_wide_hw_breakpoint(struct perf_event_attr *attr, pe
 
 int modify_user_hw_breakpoint(struct perf_event *bp, struct perf_event_attr *attr) {
     Breakpoint *b = breakpoint_of(bp);
-    if (b == nullptr || attr == nullptr) return -EINVAL;
+    if (b == nullptr || attr == nullptr || b->placeable) return -EINVAL;
     perf_event_attr wanted;
     if (int err = kernel_attr(attr, b->wide, &wanted); err != 0) return err;
     std::lock_guard lock(g_mutex);

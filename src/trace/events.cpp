@@ -103,6 +103,21 @@ public:
     // null while it watches nothing (kNoWatchAddr).
     perf_event *watch = nullptr;
     perf_event_attr watch_attr{};
+    // A w: event at -1 that set_wprobe and clear_wprobe triggers move: `watch` is then a
+    // placeable breakpoint (core/agent.hpp).
+    std::unique_ptr<WatchMover> mover;
+};
+
+// What a hit of a set_wprobe or clear_wprobe trigger does to a point: places or lifts its
+// breakpoint, and soft-enables or soft-disables its event (the kernel's wprobe triggers).
+class PointMover : public WatchMover {
+public:
+    explicit PointMover(ProbePoint &p) : p_(p) {}
+    bool set(uint64_t addr) noexcept override;
+    bool clear(uint64_t addr, bool any) noexcept override;
+
+private:
+    ProbePoint &p_;
 };
 
 // kprobe_profile's counts of one event. The hit count is kept per CPU as the kernel keeps
@@ -256,6 +271,19 @@ int on_return(struct kretprobe_instance *ri, struct pt_regs *regs) {
                          reinterpret_cast<uint64_t>(h->point->hook->rp.kp.addr),
                          reinterpret_cast<uint64_t>(ri->ret_addr));
     return 0;
+}
+
+bool PointMover::set(uint64_t addr) noexcept {
+    if (core::place_breakpoint(p_.watch, addr) != 0) return false;
+    p_.event->enabled.store(true, std::memory_order_release);
+    return true;
+}
+
+bool PointMover::clear(uint64_t addr, bool any) noexcept {
+    const uint64_t now = core::placed_address(p_.watch);
+    if (now == 0 || (!any && now != addr)) return false;
+    p_.event->enabled.store(false, std::memory_order_release);
+    return core::lift_breakpoint(p_.watch) == 0;
 }
 
 // A watch event's breakpoint: the access is done, regs->ip is the next instruction.
@@ -442,6 +470,7 @@ public:
         return &e->enabled;
     }
     void record_stacktrace(const struct pt_regs &regs) override;
+    WatchMover *watch_mover(std::string_view event, bool for_set, int *err) override;
 };
 
 // The child of a fork is a new thread with a new id: forget the parent's.
@@ -456,6 +485,38 @@ Tracer &tracer() {
         return new Tracer; // never destroyed: probes may fire during exit
     }();
     return *t;
+}
+
+WatchMover *Tracer::watch_mover(std::string_view event, bool for_set, int *err) {
+    // Called from a trigger write, with mu held by the file API.
+    Event *e = find(kDefaultWatchGroup, event);
+    if (e == nullptr || !e->is_watch) {
+        *err = -ENOENT;
+        return nullptr;
+    }
+    ProbePoint &p = *e->points.front();
+    if (e->points.size() != 1 || p.def.addr != kNoWatchAddr) {
+        *err = -EINVAL;
+        return nullptr;
+    }
+    if (for_set && e->enabled.load()) {
+        *err = -EBUSY;
+        return nullptr;
+    }
+    if (p.mover == nullptr) {
+        perf_event_attr attr;
+        hw_breakpoint_init(&attr);
+        attr.bp_len = p.def.watch.len;
+        attr.bp_type = p.def.watch.type;
+        perf_event *bp = core::prepare_placeable_breakpoint(attr, on_watch, &p);
+        if (IS_ERR(bp)) {
+            *err = int(PTR_ERR(bp));
+            return nullptr;
+        }
+        p.watch = bp;
+        p.mover = std::make_unique<PointMover>(p);
+    }
+    return p.mover.get();
 }
 
 void Tracer::record_stacktrace(const struct pt_regs &regs) {
@@ -516,7 +577,7 @@ void Tracer::arm_as(Event *e, bool want) {
 // it registers the probe of a module that comes: the same is done here.
 void set_point_armed(ProbePoint &p, bool is_return, bool want) {
     if (p.def.is_watch) {
-        if (p.watch == nullptr) return;
+        if (p.watch == nullptr || p.mover != nullptr) return; // moved by triggers alone
         p.watch_attr.disabled = want ? 0 : 1;
         modify_user_hw_breakpoint(p.watch, &p.watch_attr);
         return;

@@ -13,7 +13,17 @@ namespace {
 
 // What a trigger does on a hit: fire()'s switch, not a call through the command table (an
 // indirect call would end the scan that proves the hit path lean).
-enum class Kind : uint8_t { kTraceOn, kTraceOff, kStacktrace, kSnapshot, kEnableEvent, kDisableEvent, kHist };
+enum class Kind : uint8_t {
+    kTraceOn,
+    kTraceOff,
+    kStacktrace,
+    kSnapshot,
+    kEnableEvent,
+    kDisableEvent,
+    kHist,
+    kSetWatch,
+    kClearWatch
+};
 
 // What a command's reg and unreg did to the list, when not a negative errno.
 constexpr int kUnchanged = 0, kChanged = 1;
@@ -80,6 +90,11 @@ struct Trigger {
     std::atomic<bool> *flag = nullptr; // the target's enable flag
     std::unique_ptr<HistTrigger> hist; // kHist
     TriggerHost *host = nullptr;
+    bool removing = false;       // written as "!COMMAND..."
+    WatchMover *mover = nullptr; // kSetWatch, kClearWatch: the w: event (`event`) they move
+    std::string field;           // the record's field holding the address ("" for a clear of any)
+    uint32_t field_offset = 0;   // where it is in the record (8 bytes)
+    int64_t adjust = 0;          // FIELD+|-ADJUST
 
     // Takes one from the count; false when it is used up.
     bool take() noexcept {
@@ -147,11 +162,65 @@ int parse_hist_param(Trigger &t, std::string_view param, int pos, std::unique_pt
     return 0;
 }
 
+// "EVENT:FIELD[+|-ADJUST][:COUNT]" of set_wprobe, "EVENT[:FIELD[+|-ADJUST][:COUNT]]" of
+// clear_wprobe (wprobetrace.rst): the w: event, and the record's field (an address) that
+// names what to watch.
+int parse_watch_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
+                      const std::vector<Field> &fields, FilterError *err) {
+    const bool set = t.kind == Kind::kSetWatch;
+    const size_t c1 = param.find(':');
+    t.event = std::string(param.substr(0, c1));
+    if (t.event.empty()) return fail(err, -EINVAL, "Expecting EVENT", pos);
+    if (c1 != std::string_view::npos) {
+        std::string_view rest = param.substr(c1 + 1);
+        const size_t c2 = rest.find(':');
+        std::string_view field = rest.substr(0, c2);
+        const int field_pos = pos + int(c1 + 1);
+        const size_t pm = field.find_first_of("+-");
+        if (pm != std::string_view::npos) {
+            const std::string num(field.substr(pm));
+            char *end = nullptr;
+            errno = 0;
+            t.adjust = strtoll(num.c_str(), &end, 0);
+            if (errno || *end || num.size() < 2) return fail(err, -EINVAL, "Invalid adjustment", field_pos + int(pm));
+            field = field.substr(0, pm);
+        }
+        const Field *f = nullptr;
+        for (const Field &x : fields)
+            if (x.name == field) f = &x;
+        if (f == nullptr) return fail(err, -ENOENT, "No such field", field_pos);
+        if (f->size != 8 || f->array_len != 0) return fail(err, -ENOEXEC, "The field is not an address", field_pos);
+        t.field = std::string(field);
+        t.field_offset = f->offset;
+        if (c2 != std::string_view::npos) {
+            long n;
+            if (!parse_count(rest.substr(c2 + 1), &n))
+                return fail(err, -EINVAL, "Invalid count", field_pos + int(c2 + 1));
+            t.count.store(n);
+        }
+    } else if (set) {
+        return fail(err, -EINVAL, "Expecting EVENT:FIELD", pos);
+    }
+    int r = 0;
+    t.mover = t.host->watch_mover(t.event, set && !t.removing, &r);
+    if (t.mover == nullptr)
+        return fail(err, r,
+                    r == -EBUSY    ? "The watch event is enabled"
+                    : r == -ENOENT ? "No such watch event"
+                                   : "The watch event has an address",
+                    pos);
+    t.filter = std::move(filter);
+    return 0;
+}
+
 // Any trigger of the type is the one: traceon and traceoff, stacktrace, snapshot.
 bool same_type(const Trigger &, const Trigger &) { return true; }
 
 // The one with the same target event: enable_event and disable_event.
 bool same_target(const Trigger &o, const Trigger &t) { return o.flag == t.flag; }
+
+// The one moving the same w: event: set_wprobe, clear_wprobe.
+bool same_watch(const Trigger &o, const Trigger &t) { return o.mover == t.mover; }
 
 // The one with the same keys, values, sort and filter: hist.
 bool same_hist(const Trigger &o, const Trigger &t) { return o.hist->same_as(*t.hist); }
@@ -191,6 +260,14 @@ int unregister_trigger(Trigger *same, std::vector<Trigger *> &items) {
     return kChanged;
 }
 
+// As unregister_trigger; the w: event stops watching, as the kernel's trigger takes its
+// wprobe out of soft mode.
+int unregister_watch(Trigger *same, std::vector<Trigger *> &items) {
+    const int r = unregister_trigger(same, items);
+    if (r == kChanged) same->mover->clear(0, true);
+    return r;
+}
+
 // ":count=N" or ":unlimited", then " if FILTER" when it has one.
 std::string count_and_filter(const Trigger &t) {
     const long c = t.count.load(std::memory_order_relaxed);
@@ -206,6 +283,16 @@ std::string print_event_target(const Trigger &t) {
 }
 
 std::string print_hist(const Trigger &t) { return t.hist->spec_text(); }
+
+// The kernel's "set_wprobe:EVENT:FIELD+ADJUST", "clear_wprobe:EVENT[:FIELD+ADJUST]".
+std::string print_watch(const Trigger &t) {
+    std::string s = t.cmd->name + (":" + t.event);
+    if (!t.field.empty()) s += ":" + t.field + (t.adjust < 0 ? "" : "+") + std::to_string(t.adjust);
+    const long c = t.count.load(std::memory_order_relaxed);
+    if (c >= 0) s += ":count=" + std::to_string(c);
+    if (t.filter) s += " if " + t.filter->text();
+    return s;
+}
 
 // In the order the trigger file lists them when there is no trigger.
 constexpr Command kCommands[] = {
@@ -223,6 +310,10 @@ constexpr Command kCommands[] = {
     {"disable_event", Kind::kDisableEvent, 3, true, parse_event_param, same_target, register_trigger,
      unregister_trigger, print_event_target},
     {"hist", Kind::kHist, 4, true, parse_hist_param, same_hist, register_hist, unregister_trigger, print_hist},
+    {"set_wprobe", Kind::kSetWatch, 5, true, parse_watch_param, same_watch, register_trigger, unregister_watch,
+     print_watch},
+    {"clear_wprobe", Kind::kClearWatch, 6, true, parse_watch_param, same_watch, register_trigger, unregister_watch,
+     print_watch},
 };
 
 // ---- A written trigger line ----
@@ -331,6 +422,7 @@ int TriggerSet::write(std::string_view text, const std::vector<Field> &fields, T
     t->cmd = l.cmd;
     t->kind = l.cmd->kind;
     t->host = &host;
+    t->removing = l.remove;
     if (int r = l.cmd->parse(*t, l.param, l.rest_pos, std::move(filter), fields, err)) return r;
     return install(std::move(t), l.remove, l.cmd_pos, err);
 }
@@ -420,6 +512,19 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
             const bool on = t->kind == Kind::kEnableEvent;
             if (t->flag->load(std::memory_order_relaxed) == on) break;
             if (t->take()) t->flag->store(on, std::memory_order_release);
+            break;
+        }
+        case Kind::kSetWatch:
+        case Kind::kClearWatch: {
+            if (t->count.load(std::memory_order_relaxed) == 0) break;
+            uint64_t addr = 0;
+            if (!t->field.empty() && t->field_offset + 8 <= size) __builtin_memcpy(&addr, rec + t->field_offset, 8);
+            addr += static_cast<uint64_t>(t->adjust);
+            bool acted = false;
+            platform::saving_vectors([&] {
+                acted = t->kind == Kind::kSetWatch ? t->mover->set(addr) : t->mover->clear(addr, t->field.empty());
+            });
+            if (acted) t->take();
             break;
         }
         case Kind::kHist:

@@ -1,5 +1,5 @@
 // Event triggers: the `trigger` file of an event (traceon, traceoff, stacktrace, snapshot,
-// enable_event, disable_event, hist), and the `hist` file.
+// enable_event, disable_event, hist, set_wprobe, clear_wprobe), and the `hist` file.
 //
 // Concurrency: writers (write(), off the hit path) serialize on a mutex, build a new
 // immutable list of the active triggers and publish it with one atomic store. fire()
@@ -25,6 +25,16 @@ struct pt_regs; // include/ukprobes/kprobes.h
 
 namespace ukp::trace {
 
+// A w: event that set_wprobe and clear_wprobe triggers move (wprobetrace.rst): from a hit,
+// it starts watching an address a record holds, or stops.
+struct WatchMover {
+    virtual ~WatchMover() = default;
+    // Watches addr, if it watches nothing: true when it does now.
+    virtual bool set(uint64_t addr) noexcept = 0;
+    // Stops watching, if it watches addr (any address with `any`): true when it stopped.
+    virtual bool clear(uint64_t addr, bool any) noexcept = 0;
+};
+
 // What triggers act on, implemented by trace-def's events.
 struct TriggerHost {
     virtual ~TriggerHost() = default;
@@ -38,6 +48,10 @@ struct TriggerHost {
     virtual std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) = 0;
     // stacktrace: records the user stack of the hit.
     virtual void record_stacktrace(const struct pt_regs &regs) = 0;
+    // For set_wprobe/clear_wprobe, when the trigger is written: the w: event EVENT of group
+    // wprobes, made movable; null with *err (-ENOENT: none; -EINVAL: it has an address of its
+    // own; -EBUSY: enabled, for set_wprobe) otherwise.
+    virtual WatchMover *watch_mover(std::string_view event, bool for_set, int *err) = 0;
 };
 
 struct Trigger;     // one installed trigger, defined in trigger.cpp

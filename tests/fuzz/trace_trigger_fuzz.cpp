@@ -41,6 +41,19 @@ struct Host : ukp::trace::TriggerHost {
         return system == "kprobes" && event == "other" ? &other : nullptr;
     }
     void record_stacktrace(const struct pt_regs &) override { ++stacks; }
+    // A w: event named "watch", as a mover that only keeps the address it watches.
+    struct Mover : ukp::trace::WatchMover {
+        uint64_t at = 0;
+        bool set(uint64_t a) noexcept override { return at == 0 ? (at = a, true) : false; }
+        bool clear(uint64_t a, bool any) noexcept override {
+            return at != 0 && (any || a == at) ? (at = 0, true) : false;
+        }
+    } mover;
+    ukp::trace::WatchMover *watch_mover(std::string_view event, bool, int *err) override {
+        if (event == "watch") return &mover;
+        *err = -ENOENT;
+        return nullptr;
+    }
 };
 
 } // namespace

@@ -24,6 +24,10 @@ public:
     void take_snapshot() override {}
     std::atomic<bool> *event_enable_flag(std::string_view, std::string_view) override { return nullptr; }
     void record_stacktrace(const struct pt_regs &) override {}
+    WatchMover *watch_mover(std::string_view, bool, int *err) override {
+        *err = -ENOENT;
+        return nullptr;
+    }
 };
 
 std::vector<Field> test_fields() {

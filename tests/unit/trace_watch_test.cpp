@@ -27,6 +27,13 @@ alignas(8) volatile long ukw_counter;
 alignas(8) volatile long ukw_other[4];
 
 __attribute__((noinline)) void ukw_bump(long by) { ukw_counter = ukw_counter + by; }
+
+struct UkwObject {
+    volatile long state; // every store a store
+    volatile long other;
+};
+__attribute__((noinline)) void ukw_born(UkwObject *o) { asm volatile("" ::"r"(o) : "memory"); }
+__attribute__((noinline)) void ukw_dies(UkwObject *o) { asm volatile("" ::"r"(o) : "memory"); }
 }
 
 namespace {
@@ -73,6 +80,7 @@ protected:
     }
     void TearDown() override {
         file_write("events/enable", "0");
+        for (const char *e : {"born", "dies"}) file_write(std::string("events/kprobes/") + e + "/trigger", "");
         file_write("dynamic_events", "");
     }
 };
@@ -233,6 +241,51 @@ TEST_F(TraceWatch, FiltersAndThreadsStartedLater) {
     ASSERT_EQ(lines.size(), 3u) << read("trace");
     EXPECT_NE(lines[0].find(" value=100"), std::string::npos) << lines[0];
     EXPECT_NE(lines[2].find(" value=200"), std::string::npos) << lines[2];
+}
+
+// wprobetrace.rst's recipe, for a heap object: a watch at -1, set_wprobe on the event of
+// its birth (its field holding the object's address), clear_wprobe on the event of its end.
+// Only the writes of the object watched between the two are recorded, each once.
+TEST_F(TraceWatch, SetWprobeFollowsAHeapObjectUntilItsEnd) {
+    ASSERT_EQ(file_append("dynamic_events", "w:watch w@-1:8 address=$addr value=+0($addr):s64"), 0)
+        << read("error_log");
+    ASSERT_EQ(file_append("dynamic_events", "p:born ukw_born obj=%di:x64"), 0) << read("error_log");
+    ASSERT_EQ(file_append("dynamic_events", "p:dies ukw_dies obj=%di:x64"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/born/trigger", "set_wprobe:watch:obj"), 0);
+    ASSERT_EQ(file_write("events/kprobes/dies/trigger", "clear_wprobe:watch:obj"), 0);
+    EXPECT_EQ(read("events/kprobes/born/trigger"), "set_wprobe:watch:obj+0\n");
+    // Busy while its trigger moves it: not enabled by hand, not removed.
+    ASSERT_EQ(file_write("events/kprobes/born/enable", "1"), 0);
+    ASSERT_EQ(file_write("events/kprobes/dies/enable", "1"), 0);
+    auto *a = new UkwObject{};
+    auto *b = new UkwObject{};
+    ukw_born(a);
+    a->state = 1;
+    b->state = 100; // not watched
+    a->state = 2;
+    a->other = 9; // the next word
+    ukw_dies(b);  // not the watched one
+    a->state = 3;
+    EXPECT_EQ(file_append("dynamic_events", "-:wprobes/watch"), -EBUSY);
+    ukw_dies(a);
+    a->state = 4; // no longer watched
+    ukw_born(b);
+    b->state = 101;
+    ukw_dies(b);
+    b->state = 102;
+    ASSERT_EQ(file_write("events/kprobes/born/enable", "0"), 0);
+    ASSERT_EQ(file_write("events/kprobes/dies/enable", "0"), 0);
+    const auto lines = trace_lines("watch");
+    ASSERT_EQ(lines.size(), 4u) << read("trace");
+    const std::string want[] = {" address=" + hex(&a->state) + " value=1", " address=" + hex(&a->state) + " value=2",
+                                " address=" + hex(&a->state) + " value=3", " address=" + hex(&b->state) + " value=101"};
+    for (size_t i = 0; i < 4; ++i) EXPECT_NE(lines[i].find(want[i]), std::string::npos) << lines[i];
+    // Removing the triggers stops the watch and lets the event go.
+    ASSERT_EQ(file_write("events/kprobes/born/trigger", "!set_wprobe:watch:obj"), 0);
+    ASSERT_EQ(file_write("events/kprobes/dies/trigger", "!clear_wprobe:watch:obj"), 0);
+    EXPECT_EQ(file_append("dynamic_events", "-:wprobes/watch"), 0);
+    delete a;
+    delete b;
 }
 
 } // namespace

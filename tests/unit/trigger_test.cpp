@@ -36,6 +36,28 @@ public:
         return it == flags_.end() ? nullptr : &it->second;
     }
     void record_stacktrace(const struct pt_regs &regs) override { stack_ips.push_back(regs.ip); }
+    // The w: event "watch" (at -1, not enabled) as a mover that keeps what it watches and
+    // logs what the hits asked; "busy" is an enabled one, "fixed" one with an address.
+    struct Mover : WatchMover {
+        uint64_t at = 0;
+        std::vector<std::string> log;
+        bool set(uint64_t a) noexcept override {
+            log.push_back("set " + std::to_string(a));
+            if (at != 0) return false;
+            at = a;
+            return true;
+        }
+        bool clear(uint64_t a, bool any) noexcept override {
+            log.push_back(any ? "clear any" : "clear " + std::to_string(a));
+            if (at == 0 || (!any && a != at)) return false;
+            at = 0;
+            return true;
+        }
+    } mover;
+    WatchMover *watch_mover(std::string_view event, bool for_set, int *err) override {
+        *err = event == "busy" && for_set ? -EBUSY : event == "fixed" ? -EINVAL : -ENOENT;
+        return event == "watch" || (event == "busy" && !for_set) ? &mover : nullptr;
+    }
 
     std::atomic<bool> on_{true};
     std::atomic<int> set_calls{0}, snapshots{0};
@@ -222,4 +244,86 @@ TEST(Trigger, WritesWhileFiring) {
 }
 
 } // namespace
+// set_wprobe and clear_wprobe (wprobetrace.rst): the address is a record's field plus an
+// adjustment; set acts while nothing is watched, clear when the address matches (or any,
+// without a field); a count limits the times they act; the lines read back as the
+// kernel's; removing one stops the watch.
+TEST(Trigger, SetAndClearWprobeMoveTheWatch) {
+    const std::vector<Field> fields = test_fields();
+    RecordingHost host;
+    TriggerSet born, dead;
+    FilterError err;
+    ASSERT_EQ(born.write("set_wprobe:watch:a+8 if b == 1", fields, host, &err), 0) << err.message;
+    ASSERT_EQ(dead.write("clear_wprobe:watch:a", fields, host, &err), 0) << err.message;
+    EXPECT_EQ(born.text(), "set_wprobe:watch:a+8 if b == 1\n");
+    EXPECT_EQ(dead.text(), "clear_wprobe:watch:a+0\n");
+    pt_regs regs{};
+    auto hit = [&](TriggerSet &t, int64_t a, uint32_t b) {
+        const auto r = record(a, b);
+        t.fire(r.data(), uint32_t(r.size()), "comm", regs);
+    };
+    hit(born, 100, 0); // the filter says no
+    EXPECT_EQ(host.mover.at, 0u);
+    hit(born, 100, 1);
+    EXPECT_EQ(host.mover.at, 108u);
+    hit(born, 200, 1); // watching already: nothing moves
+    EXPECT_EQ(host.mover.at, 108u);
+    hit(dead, 200, 0); // another object dies: not the watched one
+    EXPECT_EQ(host.mover.at, 108u);
+    hit(dead, 108, 0);
+    EXPECT_EQ(host.mover.at, 0u);
+    EXPECT_EQ(host.mover.log, (std::vector<std::string>{"set 108", "set 208", "clear 200", "clear 108"}));
+
+    // A count: it acts once, then never.
+    TriggerSet once;
+    ASSERT_EQ(once.write("set_wprobe:watch:a:1", fields, host, &err), 0) << err.message;
+    EXPECT_EQ(once.text(), "set_wprobe:watch:a+0:count=1\n");
+    hit(once, 300, 0);
+    hit(dead, 300, 0);
+    hit(once, 400, 0);
+    EXPECT_EQ(host.mover.at, 0u);
+    EXPECT_EQ(once.text(), "set_wprobe:watch:a+0:count=0\n");
+
+    // Without a field, clear_wprobe stops any watch; removing a set_wprobe stops it too.
+    TriggerSet any;
+    ASSERT_EQ(any.write("clear_wprobe:watch", fields, host, &err), 0) << err.message;
+    EXPECT_EQ(any.text(), "clear_wprobe:watch\n");
+    host.mover.at = 5;
+    hit(any, 0, 0);
+    EXPECT_EQ(host.mover.at, 0u);
+    hit(born, 10, 1);
+    EXPECT_EQ(host.mover.at, 18u);
+    ASSERT_EQ(born.write("!set_wprobe:watch:a+8", fields, host, &err), 0) << err.message;
+    EXPECT_EQ(host.mover.at, 0u);
+    EXPECT_TRUE(born.empty());
+
+    // The kernel's refusals.
+    struct Bad {
+        const char *line;
+        int result;
+        const char *message;
+    } bad[] = {
+        {"set_wprobe:watch", -EINVAL, "Expecting EVENT:FIELD"},
+        {"set_wprobe:nosuch:a", -ENOENT, "No such watch event"},
+        {"set_wprobe:busy:a", -EBUSY, "The watch event is enabled"},
+        {"set_wprobe:fixed:a", -EINVAL, "The watch event has an address"},
+        {"set_wprobe:watch:nofield", -ENOENT, "No such field"},
+        {"set_wprobe:watch:b", -ENOEXEC, "The field is not an address"},
+        {"set_wprobe:watch:a+x", -EINVAL, "Invalid adjustment"},
+        {"set_wprobe:watch:a:x", -EINVAL, "Invalid count"},
+    };
+    for (const Bad &b : bad) {
+        SCOPED_TRACE(b.line);
+        TriggerSet t;
+        FilterError e;
+        EXPECT_EQ(t.write(b.line, fields, host, &e), b.result);
+        EXPECT_EQ(e.message, b.message);
+        EXPECT_TRUE(t.empty());
+    }
+    // A second set_wprobe of one watch on one event is -EEXIST, as any trigger twice.
+    TriggerSet twice;
+    ASSERT_EQ(twice.write("set_wprobe:watch:a", fields, host, &err), 0);
+    EXPECT_EQ(twice.write("set_wprobe:watch:a+8", fields, host, &err), -EEXIST);
+}
+
 } // namespace ukp::trace
