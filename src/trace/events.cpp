@@ -499,10 +499,9 @@ WatchMover *Tracer::watch_mover(std::string_view event, bool for_set, int *err) 
         *err = -EINVAL;
         return nullptr;
     }
-    if (for_set && e->enabled.load()) {
-        *err = -EBUSY;
-        return nullptr;
-    }
+    // Enabled or not (ukprobe run enables every event it is given): a watch at -1 records
+    // only while a trigger has placed it. The kernel wants it disabled (-EBUSY).
+    (void)for_set;
     if (p.mover == nullptr) {
         perf_event_attr attr;
         hw_breakpoint_init(&attr);
