@@ -87,27 +87,20 @@ void BM_RawInt3Trap(benchmark::State &state) {
     sigaction(SIGTRAP, &old, nullptr);
 }
 
-void BM_Write_Watched(benchmark::State &state) {
+// Writes word `index` of ukb_watched while its first word is watched with an empty handler.
+void write_beside_watch(benchmark::State &state, int index) {
     perf_event *bp = watch_first_word();
     if (IS_ERR(bp)) {
         state.SkipWithError(fmt::format("register_user_hw_breakpoint: {}", PTR_ERR(bp)).c_str());
         return;
     }
     long i = 0;
-    for (auto _ : state) ukb_watched[0] = ++i;
+    for (auto _ : state) ukb_watched[index] = ++i;
     unregister_hw_breakpoint(bp);
 }
 
-void BM_Write_Neighbour(benchmark::State &state) {
-    perf_event *bp = watch_first_word();
-    if (IS_ERR(bp)) {
-        state.SkipWithError(fmt::format("register_user_hw_breakpoint: {}", PTR_ERR(bp)).c_str());
-        return;
-    }
-    long i = 0;
-    for (auto _ : state) ukb_watched[1] = ++i;
-    unregister_hw_breakpoint(bp);
-}
+void BM_Write_Watched(benchmark::State &state) { write_beside_watch(state, 0); }
+void BM_Write_Neighbour(benchmark::State &state) { write_beside_watch(state, 1); }
 
 void BM_Write_WatchEvent(benchmark::State &state) {
     ukp_trace_write("buffer_size_kb", "4096");

@@ -102,12 +102,13 @@ Slot g_slots[kSlots];
 std::mutex g_mutex; // registration, modification, removal; taken around fork()
 
 // Per thread, the instance of each breakpoint it answers to (the first it saw): as many
-// entries as a thread has debug registers, and some to spare.
+// entries as a thread has debug registers (the oldest goes first). Initial-exec TLS, which
+// an agent loaded by `ukprobe attach` takes from the C library's small static reserve.
 struct Seen {
     uint32_t key; // slot << 16 | generation, 0: free
     uint32_t instance;
 };
-constexpr unsigned kSeen = 8;
+constexpr unsigned kSeen = 4;
 thread_local Seen t_seen[kSeen] __attribute__((tls_model("initial-exec")));
 thread_local unsigned t_seen_next __attribute__((tls_model("initial-exec")));
 
@@ -206,14 +207,16 @@ void close_instance(const Instance &i) {
 // breakpoint. Each is checked to be a perf event still (the program may have closed the
 // number and opened something else under it).
 constexpr size_t kMaxDeferred = 1024;
-std::atomic<int> g_deferred[kMaxDeferred];
-std::atomic<size_t> g_deferred_count{0};
+int g_deferred[kMaxDeferred];
+size_t g_deferred_count = 0;
+// Taken by a try-lock on the hit side (a hit may interrupt its own thread holding it: it
+// leaves the closing to the next one), with a wait by the control thread, which never hits.
+std::atomic_flag g_deferred_busy = ATOMIC_FLAG_INIT;
 
 void defer_close(int fd) {
-    const size_t n = g_deferred_count.load(std::memory_order_relaxed);
-    if (n >= kMaxDeferred) return;
-    g_deferred[n].store(fd, std::memory_order_relaxed);
-    g_deferred_count.store(n + 1, std::memory_order_release);
+    while (g_deferred_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+    if (g_deferred_count < kMaxDeferred) g_deferred[g_deferred_count++] = fd;
+    g_deferred_busy.clear(std::memory_order_release);
 }
 
 // Whether fd of the caller's table is a perf event: /proc/self/fd/N reads
@@ -237,14 +240,12 @@ bool is_perf_event(int fd) {
 
 // On a thread of the program's table: closes what defer_close() left.
 void close_deferred() {
-    if (platform::has_own_fd_table()) return;
-    size_t n = g_deferred_count.load(std::memory_order_acquire);
-    while (n > 0) {
-        if (!g_deferred_count.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) continue;
-        const int fd = g_deferred[n - 1].load(std::memory_order_relaxed);
+    if (platform::has_own_fd_table() || g_deferred_busy.test_and_set(std::memory_order_acquire)) return;
+    for (; g_deferred_count > 0; --g_deferred_count) {
+        const int fd = g_deferred[g_deferred_count - 1];
         if (is_perf_event(fd)) platform::raw_syscall(SYS_close, fd);
-        n = g_deferred_count.load(std::memory_order_acquire);
     }
+    g_deferred_busy.clear(std::memory_order_release);
 }
 
 void close_instances(Breakpoint &b) {
