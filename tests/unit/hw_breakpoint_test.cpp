@@ -7,9 +7,11 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <string>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -322,12 +324,33 @@ TEST_F(HwBreakpoint, BesideAKprobeOnTheWritingFunction) {
     perf_event *bp = register_user_hw_breakpoint(&attr, count, &seen, 0);
     ASSERT_FALSE(IS_ERR(bp)) << PTR_ERR(bp);
     ukhw_counter = 0;
+    for (int i = 0; i < 50; ++i) ukhw_bump(); // the probe's int3, or its jump already
+    ukp_optimizer_flush();                    // its jump, if the function takes one
     for (int i = 0; i < 50; ++i) ukhw_bump();
-    EXPECT_EQ(ukhw_counter, 50);
-    EXPECT_EQ(probe_hits.load(), 50);
-    EXPECT_EQ(seen.hits.load(), 51);
+    EXPECT_EQ(ukhw_counter, 100);
+    EXPECT_EQ(probe_hits.load(), 100);
+    EXPECT_EQ(seen.hits.load(), 101);
+    char *list = ukp_kprobes_list();
+    EXPECT_NE(std::string(list).find("ukhw_bump+0x0"), std::string::npos);
+    free(list);
     unregister_hw_breakpoint(bp);
     unregister_kprobe(&kp);
+}
+
+// exec removes every breakpoint (remove_on_exec): a program exec'd from a child of a
+// watching process runs as it would anyway, here a shell that exits 7.
+TEST_F(HwBreakpoint, AProgramExecdAfterForkHasNone) {
+    Seen seen;
+    perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
+    perf_event **wide = register_wide_hw_breakpoint(&attr, count, &seen);
+    ASSERT_FALSE(IS_ERR(wide)) << PTR_ERR(wide);
+    EXPECT_EQ(in_child([] {
+                  ukhw_bump(); // the child's own breakpoint, before the exec
+                  execl("/bin/sh", "sh", "-c", "exit 7", static_cast<char *>(nullptr));
+                  return 99;
+              }),
+              7);
+    unregister_wide_hw_breakpoint(wide);
 }
 
 std::atomic<int> g_handler_writes{0};
