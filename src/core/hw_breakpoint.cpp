@@ -545,6 +545,8 @@ std::string hw_breakpoints_list_text(const sym::Registry *symbols) {
     for (const Slot &s : g_slots) {
         const perf_event *ev = s.event.load(std::memory_order_relaxed);
         if (ev == nullptr) continue;
+        const Breakpoint *b = breakpoint_of(ev);
+        if (b->placeable && b->state.load(std::memory_order_acquire) != kPlaced) continue; // watches nothing
         const uint64_t addr = ev->attr.bp_addr;
         std::string where = fmt::format("0x{:x}", addr), object;
         for (size_t i = 0; symbols != nullptr && i < symbols->objects().size() && object.empty(); ++i) {

@@ -495,7 +495,7 @@ WatchMover *Tracer::watch_mover(std::string_view event, bool for_set, int *err) 
         return nullptr;
     }
     ProbePoint &p = *e->points.front();
-    if (e->points.size() != 1 || p.def.addr != kNoWatchAddr) {
+    if (e->points.size() != 1 || p.def.addr != kNoWatchAddr || p.def.where != Where::kAddress) {
         *err = -EINVAL;
         return nullptr;
     }

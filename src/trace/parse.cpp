@@ -761,6 +761,14 @@ int parse_watch_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeErr
                 return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, addr_at + int(pm));
             where.resize(pm);
         }
+        if (!where.empty() && resolver.resolve_data(where, &addr) != 0 && resolver.module_pending(where)) {
+            // MOD:SYM of an object not loaded here (a shell that execs the program that
+            // has it, under ukprobe run): accepted, watching nothing in this process.
+            def->where = Where::kSymbol;
+            def->symbol = where;
+            def->addr = kNoWatchAddr;
+            return 0;
+        }
         if (where.empty() || resolver.resolve_data(where, &addr) != 0)
             return fail_at(err, w, Err::BAD_ACCESS_ADDR, 1, addr_at);
         def->where = Where::kSymbol;

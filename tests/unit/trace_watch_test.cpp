@@ -259,7 +259,17 @@ TEST_F(TraceWatch, SetWprobeFollowsAHeapObjectUntilItsEnd) {
     ASSERT_EQ(file_write("events/kprobes/dies/enable", "1"), 0);
     auto *a = new UkwObject{};
     auto *b = new UkwObject{};
+    auto listed = [](const volatile void *p) {
+        char *text = ukp_kprobes_list();
+        const std::string addr = hex(p).substr(2);
+        const bool found =
+            std::string(text).find(std::string(16 - addr.size(), '0') + addr + "  w  ") != std::string::npos;
+        free(text);
+        return found;
+    };
+    EXPECT_FALSE(listed(&a->state)); // a watch at -1 watches nothing: no row
     ukw_born(a);
+    EXPECT_TRUE(listed(&a->state));
     a->state = 1;
     b->state = 100; // not watched
     a->state = 2;
@@ -268,6 +278,7 @@ TEST_F(TraceWatch, SetWprobeFollowsAHeapObjectUntilItsEnd) {
     a->state = 3;
     EXPECT_EQ(file_append("dynamic_events", "-:wprobes/watch"), -EBUSY);
     ukw_dies(a);
+    EXPECT_FALSE(listed(&a->state));
     a->state = 4; // no longer watched
     ukw_born(b);
     b->state = 101;
