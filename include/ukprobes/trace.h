@@ -4,6 +4,7 @@
  * The tracer's files are those of the kernel's tracefs, addressed by their path relative
  * to its root (a leading "/sys/kernel/tracing/" is accepted too):
  *   kprobe_events, dynamic_events, kprobe_profile, error_log, tracing_on,
+ *   available_events, available_tracepoints,
  *   buffer_size_kb, trace, trace_pipe, snapshot, events/enable,
  *   events/GRP/enable, events/GRP/EVENT/{enable,format,filter,id,trigger,hist}.
  * Reading gives the text `cat FILE` would; ukp_trace_write is `echo TEXT > FILE`,

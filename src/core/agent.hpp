@@ -64,6 +64,11 @@ int lift_breakpoint(perf_event *bp) noexcept;
 // The address it watches, or 0.
 uint64_t placed_address(const perf_event *bp);
 
+// Declares that addr starts an instruction, though no function symbol holds it (an SDT
+// probe's site: <sys/sdt.h> puts a nop there, in a stripped program as anywhere):
+// register_kprobe() takes it then, on the breakpoint path (a jump needs the function).
+void declare_instruction_boundary(uint64_t addr);
+
 // The registry mutex (registry.cpp): registration, arming, the optimizer's queues.
 CheckedMutex &registry_mutex();
 

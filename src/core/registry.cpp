@@ -24,6 +24,7 @@
 #include <cstring>
 #include <dlfcn.h>
 #include <map>
+#include <set>
 #include <mutex>
 #include <new>
 #include <string>
@@ -75,8 +76,16 @@ int read_original(uint64_t addr, uint8_t *buf, size_t n) {
     return 0;
 }
 
+// Addresses known to start an instruction without a function symbol around them: SDT probe
+// sites (declare_instruction_boundary). Under the registry mutex.
+std::set<uint64_t> &known_boundaries() {
+    static auto *value = new std::set<uint64_t>(); // never destroyed, as the points
+    return *value;
+}
+
 // Checks that addr starts an instruction, by decoding from the start of the code that
-// contains it (its function, or its PLT section), and decodes that instruction.
+// contains it (its function, or its PLT section), and decodes that instruction. Outside
+// any, only a declared boundary is one.
 int decode_at_boundary(const sym::Object &obj, const sym::Symbol *fn, uint64_t addr, arch::Insn *out) {
     uint64_t start = 0, end = 0;
     if (fn != nullptr && fn->size > 0) {
@@ -86,6 +95,7 @@ int decode_at_boundary(const sym::Object &obj, const sym::Symbol *fn, uint64_t a
         for (auto [lo, hi] : obj.plt_ranges())
             if (addr >= lo && addr < hi) start = lo, end = hi;
     }
+    if (start == 0 && known_boundaries().count(addr) != 0) start = addr, end = addr + 16;
     if (start == 0) return -EILSEQ; // no known code around it: cannot prove a boundary
     uint64_t pc = start;
     uint8_t buf[16];
@@ -534,6 +544,11 @@ std::vector<uint64_t> functions_named(uint64_t in_object, std::initializer_list<
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
     return out;
+}
+
+void declare_instruction_boundary(uint64_t addr) {
+    std::lock_guard lock(g_mutex);
+    known_boundaries().insert(addr);
 }
 
 int prepare_agent() {

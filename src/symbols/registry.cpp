@@ -466,6 +466,14 @@ bool Registry::has_module(std::string_view module) const {
     return false;
 }
 
+std::vector<const Object *> Registry::objects_named(std::string_view module) const {
+    std::vector<const Object *> out;
+    const std::string real = module.empty() ? std::string() : real_module(module);
+    for (const auto &o : objects_)
+        if (module.empty() || names_object(*o, module, real)) out.push_back(o.get());
+    return out;
+}
+
 int Registry::resolve(std::string_view spec, uint64_t offset, uint64_t *addr, SkipFn skip, bool call_resolvers) const {
     if (!addr) return -EINVAL;
     std::string_view module, name = spec;

@@ -191,6 +191,8 @@ public:
     // or path is loaded.
     static std::string_view module_of(std::string_view spec);
     bool has_module(std::string_view module) const;
+    // The objects MOD names (as resolve() matches it), in load order; every object for "".
+    std::vector<const Object *> objects_named(std::string_view module) const;
 
     // For list output: "sym+0xoff" and the object's name for an address.
     struct Location {
@@ -215,5 +217,16 @@ std::shared_ptr<Object> load_object(const std::string &path, uint64_t bias);
 // "_ZN2ns1fEi" -> "ns::f(int)"; a non-mangled name (one not starting with "_Z") or
 // one the demangler rejects is returned unchanged.
 std::string demangle(std::string_view name);
+
+// One site of an SDT probe (<sys/sdt.h>: the .note.stapsdt notes of an object), at its
+// run-time addresses.
+struct SdtProbe {
+    std::string provider, name;
+    uint64_t pc = 0;        // the site: a nop where the probe goes
+    uint64_t semaphore = 0; // its 16-bit semaphore (0: none), raised while a tracer is attached
+    std::string args;       // the note's argument specs, blank-separated: "8@%rdi -4@-20(%rbp)"
+};
+// The SDT probe sites of `obj`, read from its file (sdt.cpp); empty when it has none.
+std::vector<SdtProbe> sdt_probes(const Object &obj);
 
 } // namespace ukp::sym

@@ -76,10 +76,13 @@ namespace ukp::trace {
     C(BAD_ACCESS_TYPE, "Bad memory access type")                                                                       \
     C(BAD_ACCESS_LEN, "This memory access length is not supported")                                                    \
     C(BAD_ACCESS_ADDR, "Invalid access memory address")                                                                \
+    C(NO_TRACEPOINT, "Tracepoint is not found")                                                                        \
     /* ukprobes: why a w: event's breakpoint could not be had */                                                       \
     C(NO_DEBUG_REG, "A thread has no debug register left (four each: the program's or a debugger's hold them)")        \
     C(WATCH_TRACED, "A debugger is attached: it takes the breakpoints' SIGTRAPs")                                      \
     C(NO_HW_BREAKPOINT, "This machine gives no hardware breakpoints (no debug registers)")                             \
+    /* ukprobes: an SDT probe's argument in a form no fetch program reads (an indexed address) */                      \
+    C(BAD_SDT_ARG, "This SDT probe argument's operand is not supported")                                               \
     /* ukprobes: VFS types name kernel objects that user space does not have */                                        \
     C(NO_VFS_TYPE, "%pd/%pD (dentry/file names) are not available in user space")
 

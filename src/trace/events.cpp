@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 
@@ -66,6 +67,14 @@ const ThreadInfo &this_thread() {
 class ProbePoint;
 class Event;
 
+// A point's own argument programs, where its arguments are not where the event's first
+// point has them (the sites of one SDT probe: a register at one, the stack at another).
+// Laid out as the event's.
+struct PointArgs {
+    std::vector<FetchProgram> progs;
+    std::vector<DirectStore> direct;
+};
+
 // What a kprobe hit leads to: standard layout, the kretprobe (and its kprobe) first.
 struct Hook {
     struct kretprobe rp;
@@ -93,12 +102,13 @@ private:
 
 class ProbePoint {
 public:
-    SharedCounted<Hook> hook;    // what the core calls; hook->point is this (its nmissed counted)
-    Event *event = nullptr;      // the event the hits are recorded for
-    ProbeDef def;                // as defined, for the kprobe_events file
-    std::string symbol;          // kept alive for hook->rp.kp.symbol_name
-    bool registered = false;     // hook is registered with the core
-    bool semaphore_held = false; // this point counts in its SDT semaphore
+    SharedCounted<Hook> hook;            // what the core calls; hook->point is this (its nmissed counted)
+    Event *event = nullptr;              // the event the hits are recorded for
+    ProbeDef def;                        // as defined, for the kprobe_events file
+    std::string symbol;                  // kept alive for hook->rp.kp.symbol_name
+    bool registered = false;             // hook is registered with the core
+    bool semaphore_held = false;         // this point counts in its SDT semaphore
+    std::unique_ptr<PointArgs> own_args; // null: the event's
     // A w: event's breakpoint, on every thread, registered disarmed (the hook is unused);
     // null while it watches nothing (kNoWatchAddr).
     perf_event *watch = nullptr;
@@ -160,6 +170,7 @@ public:
     std::unique_ptr<SymbolTable> symbols;            // for symstr arguments
     std::vector<std::unique_ptr<ProbePoint>> points; // one per definition line
     bool is_watch = false;                           // w: its points are breakpoints
+    bool is_tracepoint = false;                      // t: its points are an SDT probe's sites
 
     std::atomic<bool> enabled{false};             // the enable file (and enable_event triggers)
     bool trigger_target = false;                  // an enable_event/disable_event trigger names it
@@ -168,9 +179,9 @@ public:
     std::vector<std::unique_ptr<Filter>> filters; // current and retired: a hit may still read one
     TriggerSet triggers;                          // the trigger file's
 
-    // watch_addr: a watch event's address ($addr).
-    void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr,
-             uint64_t watch_addr = 0) noexcept;
+    // watch_addr: a watch event's address ($addr); own: the point's programs, if not the event's.
+    void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr, uint64_t watch_addr = 0,
+             const PointArgs *own = nullptr) noexcept;
     uint64_t misses() const;
     bool armed_wanted() const { return enabled.load() || trigger_target || !triggers.empty(); }
 };
@@ -180,8 +191,10 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
     __builtin_memcpy(rec, &h, sizeof h);
 }
 
-void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr,
-                uint64_t watch_addr) noexcept {
+void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr, uint64_t watch_addr,
+                const PointArgs *own) noexcept {
+    const std::vector<FetchProgram> &progs = own != nullptr ? own->progs : this->progs;
+    const std::vector<DirectStore> &direct = own != nullptr ? own->direct : this->direct;
     const int cpu = platform::this_cpu(); // from rseq: no system call; the record's too
     counts->hit();
     const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
@@ -244,7 +257,7 @@ uint64_t Event::misses() const {
 int on_kprobe(struct kprobe *kp, struct pt_regs *regs) {
     Hook *h = reinterpret_cast<Hook *>(kp);
     // The probe's address, as the kernel records it (regs->ip may already be past the int3).
-    h->point->event->hit(regs, nullptr, reinterpret_cast<uint64_t>(kp->addr), 0);
+    h->point->event->hit(regs, nullptr, reinterpret_cast<uint64_t>(kp->addr), 0, 0, h->point->own_args.get());
     return 0;
 }
 
@@ -410,6 +423,13 @@ public:
             return 0;
         }
         return seen ? -ERANGE : -ENOENT;
+    }
+    int resolve_sdt(std::string_view module, std::string_view provider, std::string_view name,
+                    std::vector<SdtSite> *sites) override {
+        for (const sym::Object *obj : symbols.objects_named(module))
+            for (const sym::SdtProbe &p : sym::sdt_probes(*obj))
+                if (p.provider == provider && p.name == name) sites->push_back({p.pc, p.semaphore, p.args});
+        return sites->empty() ? -ENOENT : 0;
     }
     bool module_pending(std::string_view spec) override {
         const std::string_view m = sym::Registry::module_of(spec);
@@ -677,6 +697,7 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     e->name = def.event;
     e->is_return = def.is_return;
     e->is_watch = def.is_watch;
+    e->is_tracepoint = def.is_tracepoint;
     e->entry_args = def.entry_args;
     for (auto &a : def.args) {
         e->progs.push_back(a.prog);
@@ -701,6 +722,15 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     e->print_fmt = print_fmt_of(*e);
     e->triggers.set_symbolizer([](uint64_t a, bool off) { return symbolize(a, off); });
     return e;
+}
+
+// A point's programs for def's arguments, laid out as e's.
+std::unique_ptr<PointArgs> point_args(const Event &e, const ProbeDef &def) {
+    auto own = std::make_unique<PointArgs>();
+    for (const ArgDef &a : def.args) own->progs.push_back(a.prog);
+    layout_fields(own->progs, e.arg_names, kCommonSize + 8u, nullptr);
+    own->direct = direct_stores(own->progs);
+    return own;
 }
 
 int Tracer::register_watch(ProbePoint &point, const ProbeDef &def) {
@@ -776,6 +806,11 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     }
     Event *e = find(def->group, def->event);
     std::unique_ptr<Event> fresh;
+    if (e != nullptr && (def->is_tracepoint || e->is_tracepoint)) {
+        // A tracepoint's event has its sites: nothing joins it, and it joins nothing.
+        log_error(def->command, Err::EVENT_EXIST, 0, 0);
+        return -EEXIST;
+    }
     if (e != nullptr) {
         // Another probe point under an existing event: its arguments must agree.
         if ((r = check_joins(*e, *def)) != 0) return r;
@@ -790,13 +825,33 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         e = fresh.get();
     }
 
-    auto point = std::make_unique<ProbePoint>();
-    point->event = e;
-    point->hook->point = point.get();
-    if ((r = register_point(*point, *def)) != 0) return r;
-    point->registered = true;
-    point->def = std::move(*def);
-    e->points.push_back(std::move(point));
+    // One point, or one per site of a tracepoint (each with its own arguments' programs).
+    std::vector<std::unique_ptr<ProbePoint>> made;
+    const size_t npoints = def->is_tracepoint ? def->sites.size() : 1;
+    for (size_t i = 0; i < npoints; ++i) {
+        auto point = std::make_unique<ProbePoint>();
+        point->event = e;
+        point->hook->point = point.get();
+        if (i > 0) {
+            point->def = *def;
+            point->def.addr = def->sites[i].addr;
+            point->def.ref_ctr_addr = def->sites[i].semaphore;
+            point->def.args = def->site_args[i - 1];
+            point->own_args = point_args(*e, point->def);
+        }
+        // An SDT site is a nop the assembler put there: an instruction's start even where no
+        // symbol tells the function around it (a stripped program).
+        if (def->is_tracepoint) core::declare_instruction_boundary(def->sites[i].addr);
+        r = register_point(*point, i > 0 ? point->def : *def);
+        if (r != 0) {
+            for (auto &m : made) unregister_kprobe(&m->hook->rp.kp); // nothing half-applied
+            return r;
+        }
+        point->registered = true;
+        made.push_back(std::move(point));
+    }
+    made[0]->def = std::move(*def);
+    for (auto &m : made) e->points.push_back(std::move(m));
     if (fresh) {
         fresh->id = next_id++;
         by_id[fresh->id] = fresh.get();
@@ -938,7 +993,10 @@ int write_definitions(Tracer &t, std::string_view text, bool truncate) {
 std::string definitions_text(Tracer &t) {
     std::string s;
     for (auto &e : t.events)
-        for (auto &p : e->points) s += p->def.show() + "\n";
+        for (auto &p : e->points) {
+            s += p->def.show() + "\n";
+            if (e->is_tracepoint) break; // one line for all its sites
+        }
     return s;
 }
 
@@ -1133,6 +1191,19 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
         // "GRP:EVENT" a line, as tracefs lists them: what events/ holds (ukprobe mount's readdir).
         if (write) return -EACCES;
         for (auto &e : t.events) *out += e->group + ":" + e->name + "\n";
+        return 0;
+    }
+    if (path == "available_tracepoints") {
+        // The SDT probes of the loaded objects, as a t: definition names them:
+        // "MOD:PROVIDER:NAME", once however many sites it has.
+        if (write) return -EACCES;
+        t.resolver.symbols.refresh();
+        std::set<std::string> seen;
+        for (const sym::Object *obj : t.resolver.symbols.objects_named(""))
+            for (const sym::SdtProbe &p : sym::sdt_probes(*obj)) {
+                std::string line = obj->name + ":" + p.provider + ":" + p.name + "\n";
+                if (seen.insert(line).second) *out += line;
+            }
         return 0;
     }
     if (path == "error_log") {

@@ -136,6 +136,8 @@ private:
     int parse_deref(std::string_view arg);     // [u]+|-OFFS(FETCHARG)
     int parse_immediate(std::string_view imm); // \IMM or \"STRING": what follows the backslash
     int entry_arg(uint16_t n, int err_off);
+    // $argN of a t: definition: the site's Nth argument spec ("-4@-20(%rbp)") as operations.
+    int sdt_arg(uint64_t n);
     bool find_type(std::string_view t, ArgType *type, bool *vfs);
     // How p stores the value, from the last operation and the type: a final dereference
     // moves into the store. -EINVAL when the type cannot take that value.
@@ -189,11 +191,87 @@ int ArgParser::parse_vars(std::string_view arg) {
         uint64_t n = 0;
         if (!to_u64(arg.substr(3), &n, 10)) return fail(e, offset_);
         if (n == 0 || n > kMaxStackParam) return fail(Err::BAD_ARG_NUM, offset_);
+        if (def_.is_tracepoint) return sdt_arg(n);
         if (fentry_) return push({Op::kArg, false, uint16_t(n - 1), 0}, offset_);
         if (def_.is_return) return entry_arg(uint16_t(n - 1), offset_);
         return fail(Err::NOFENTRY_ARGS, offset_);
     }
     return fail(e, offset_);
+}
+
+// The register of an SDT operand's name: the 64-bit registers ("rax", "r8") and their
+// narrower names ("eax", "ax", "al", "r8d", "r8w", "r8b"), as the low part of the whole.
+int sdt_register(std::string_view r) {
+    static constexpr struct {
+        const char *name, *whole;
+    } kNarrow[] = {{"eax", "ax"}, {"ebx", "bx"}, {"ecx", "cx"}, {"edx", "dx"}, {"esi", "si"}, {"edi", "di"},
+                   {"ebp", "bp"}, {"esp", "sp"}, {"al", "ax"},  {"bl", "bx"},  {"cl", "cx"},  {"dl", "dx"},
+                   {"sil", "si"}, {"dil", "di"}, {"bpl", "bp"}, {"spl", "sp"}, {"rip", "ip"}};
+    if (r.size() == 3 && r[0] == 'r' && std::isalpha(static_cast<unsigned char>(r[1]))) r = r.substr(1); // rax -> ax
+    for (const auto &n : kNarrow)
+        if (r == n.name) r = n.whole;
+    if (r.size() >= 3 && r[0] == 'r' && std::isdigit(static_cast<unsigned char>(r[1])) &&
+        (r.back() == 'd' || r.back() == 'w' || r.back() == 'b'))
+        r = r.substr(0, r.size() - 1); // r8d -> r8
+    return register_index(r.data(), r.size());
+}
+
+int ArgParser::sdt_arg(uint64_t n) {
+    if (n > def_.sdt_args.size()) return fail(Err::BAD_ARG_NUM, offset_);
+    // "[-]SIZE@OPERAND": the operand as GNU as wrote it (AT&T syntax).
+    std::string_view a = def_.sdt_args[n - 1];
+    const size_t at = a.find('@');
+    std::string_view op = at == std::string_view::npos ? a : a.substr(at + 1);
+    if (!op.empty() && op[0] == '%') {
+        const int r = sdt_register(op.substr(1));
+        if (r < 0) return fail(Err::BAD_SDT_ARG, offset_);
+        return push({Op::kReg, false, uint16_t(r), 0}, offset_);
+    }
+    if (!op.empty() && op[0] == '$') {
+        int64_t v = 0;
+        if (!to_s64(op.substr(1), &v)) return fail(Err::BAD_SDT_ARG, offset_);
+        return push({Op::kImm, false, 0, v}, offset_);
+    }
+    // DISP(%REG), or SYM[+OFF](%rip): a memory operand.
+    const size_t open = op.find('('), close = op.rfind(')');
+    if (open == std::string_view::npos || close != op.size() - 1 || op.find(',') != std::string_view::npos)
+        return fail(Err::BAD_SDT_ARG, offset_);
+    const std::string_view disp = op.substr(0, open), base = op.substr(open + 1, close - open - 1);
+    if (base.empty() || base[0] != '%') return fail(Err::BAD_SDT_ARG, offset_);
+    int64_t d = 0;
+    if (base == "%rip") {
+        // The assembler kept the symbol: its address, then the memory there.
+        std::string sym(disp);
+        const size_t plus = sym.find_first_of("+-");
+        int64_t off = 0;
+        if (plus != std::string::npos && !to_s64(std::string_view(sym).substr(plus), &off))
+            return fail(Err::BAD_SDT_ARG, offset_);
+        if (plus != std::string::npos) sym.resize(plus);
+        uint64_t addr = 0;
+        if (res_.resolve_data(sym, &addr) != 0) return fail(Err::BAD_SDT_ARG, offset_);
+        if (int r = push({Op::kImm, false, 0, int64_t(addr) + off}, offset_)) return r;
+        return push({Op::kDeref, false, 0, 0}, offset_);
+    }
+    if (!disp.empty() && !to_s64(disp, &d)) return fail(Err::BAD_SDT_ARG, offset_);
+    const int r = sdt_register(base.substr(1));
+    if (r < 0) return fail(Err::BAD_SDT_ARG, offset_);
+    if (int e = push({Op::kReg, false, uint16_t(r), 0}, offset_)) return e;
+    return push({Op::kDeref, false, 0, d}, offset_);
+}
+
+// The type an SDT argument spec declares ("-4@..." is s32, "8@..." u64).
+ArgType sdt_type(std::string_view spec) {
+    ArgType t;
+    const bool neg = !spec.empty() && spec[0] == '-';
+    uint64_t size = 8;
+    const size_t at = spec.find('@');
+    if (at == std::string_view::npos || !to_u64(spec.substr(neg ? 1 : 0, at - (neg ? 1 : 0)), &size, 10) ||
+        (size != 1 && size != 2 && size != 4 && size != 8))
+        size = 8;
+    t.kind = neg ? Kind::kSigned : Kind::kUnsigned;
+    t.size = uint8_t(size);
+    t.name = (neg ? "s" : "u") + std::to_string(size * 8);
+    return t;
 }
 
 // kprobetrace.txt's first syntax (2.6.33): aN, rv, ra, sN, sa.
@@ -497,6 +575,12 @@ int ArgParser::parse(std::string_view word, int index) {
     ArgType type;
     if (int r = parse_type(arg, &tt, &type)) return r;
     if (int r = parse_arg(arg)) return r;
+    // A t: definition's bare $argN takes the type its note declares (fprobetrace.rst's
+    // tracepoint arguments take theirs from BTF).
+    uint64_t argn = 0;
+    if (def_.is_tracepoint && !tt.given && arg.substr(0, 4) == "$arg" && to_u64(arg.substr(4), &argn, 10) &&
+        argn >= 1 && argn <= def_.sdt_args.size())
+        type = sdt_type(def_.sdt_args[argn - 1]);
     FetchProgram &p = ad.prog;
     if (int r = choose_store(type, tt.pos, &p)) return r;
     if (type.bitfield) {
@@ -590,12 +674,13 @@ int parse_removal(const std::string &a0, ProbeDef *def, ProbeError *err) {
 // not know.
 int parse_probe_type(const Words &w, ProbeDef *def, size_t *colon, ProbeError *err) {
     const std::string &a0 = w.argv[0];
-    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w') return -EINVAL;
+    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w' && a0[0] != 't') return -EINVAL;
     if (w.argv.size() < 2) return -EINVAL;
-    if (a0[0] == 'w') {
-        // "w" or "w:...": a watch takes no maxactive (the kernel's wprobe parser).
-        def->is_watch = true;
-        def->group = kDefaultWatchGroup;
+    if (a0[0] == 'w' || a0[0] == 't') {
+        // "w", "t", "w:...", "t:...": no maxactive (the kernel's wprobe and tprobe parsers).
+        def->is_watch = a0[0] == 'w';
+        def->is_tracepoint = a0[0] == 't';
+        def->group = def->is_watch ? kDefaultWatchGroup : kDefaultTracepointGroup;
         *colon = a0.size() > 1 ? 1 : std::string::npos;
         if (a0.size() > 1 && a0[1] != ':') return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
         return 0;
@@ -782,10 +867,50 @@ int parse_watch_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeErr
     return 0;
 }
 
+// The SDT probe of a t: definition, word 1: [MOD:]PROVIDER:NAME, and its sites.
+int parse_tracepoint_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeError *err) {
+    const std::string &spec = w.argv[1];
+    const size_t last = spec.rfind(':');
+    if (last == std::string::npos || last == 0 || last + 1 == spec.size())
+        return fail_at(err, w, Err::NO_TRACEPOINT, 1, 0);
+    const size_t before = spec.rfind(':', last - 1);
+    const std::string_view all(spec);
+    const std::string_view module = before == std::string::npos ? std::string_view() : all.substr(0, before);
+    const std::string_view provider =
+        before == std::string::npos ? all.substr(0, last) : all.substr(before + 1, last - before - 1);
+    if (provider.empty() || resolver.resolve_sdt(module, provider, all.substr(last + 1), &def->sites) != 0 ||
+        def->sites.empty())
+        return fail_at(err, w, Err::NO_TRACEPOINT, 1, 0);
+    def->where = Where::kAddress;
+    def->symbol = spec;
+    def->addr = def->sites[0].addr;
+    def->ref_ctr_addr = def->sites[0].semaphore;
+    return 0;
+}
+
+// A site's argument specs, split at blanks.
+std::vector<std::string> split_blanks(const std::string &s) {
+    std::vector<std::string> out;
+    size_t i = 0;
+    while (i < s.size()) {
+        while (i < s.size() && s[i] == ' ') ++i;
+        const size_t start = i;
+        while (i < s.size() && s[i] != ' ') ++i;
+        if (i > start) out.push_back(s.substr(start, i - start));
+    }
+    return out;
+}
+
 // The name the kernel gives an event defined without one: the probe type, then the symbol
 // and offset, the address, or the file's base name (up to its first . - or _, as the
 // kernel's uprobe tracer) and offset.
 std::string default_event_name(const ProbeDef &def) {
+    if (def.is_tracepoint) {
+        // The tracepoint's name; "_NAME" when it starts with a digit (fprobetrace.rst).
+        std::string name = def.symbol.substr(def.symbol.rfind(':') + 1);
+        if (std::isdigit(static_cast<unsigned char>(name[0]))) name = "_" + name;
+        return sanitize(name);
+    }
     if (def.is_watch) {
         // The symbol (without its MOD), else "wprobe", as the kernel's wprobe parser names it.
         if (def.where != Where::kSymbol) return "wprobe";
@@ -821,6 +946,41 @@ int name_event(const std::string &a0, size_t colon, ProbeDef *def, ProbeError *e
 }
 
 // The fetch arguments, words 2 on, into def->args; -EINVAL, logged, on a bad one.
+int parse_args(const Words &w, Resolver &resolver, bool fentry, ProbeDef *def, ProbeError *err);
+
+// A t: definition's arguments, once per site: "$arg*" first stands for every argument of the
+// probe (arg1=$arg1 ...). Every site must give each argument the same type.
+int parse_site_args(Words w, Resolver &resolver, ProbeDef *def, ProbeError *err) {
+    def->sdt_args = split_blanks(def->sites[0].args);
+    for (size_t i = 2; i < w.argv.size(); ++i) {
+        if (w.argv[i] != "$arg*") continue;
+        const int at = w.at[i];
+        w.argv.erase(w.argv.begin() + long(i));
+        w.at.erase(w.at.begin() + long(i));
+        for (size_t k = 0; k < def->sdt_args.size(); ++k) {
+            w.argv.insert(w.argv.begin() + long(i + k),
+                          "arg" + std::to_string(k + 1) + "=$arg" + std::to_string(k + 1));
+            w.at.insert(w.at.begin() + long(i + k), at);
+        }
+        break;
+    }
+    if (int r = parse_args(w, resolver, false, def, err)) return r;
+    std::vector<ArgDef> first = std::move(def->args);
+    for (size_t s = 1; s < def->sites.size(); ++s) {
+        def->args.clear();
+        def->sdt_args = split_blanks(def->sites[s].args);
+        if (int r = parse_args(w, resolver, false, def, err)) return r;
+        for (size_t i = 0; i < first.size(); ++i)
+            if (first[i].prog.type.kind != def->args[i].prog.type.kind ||
+                first[i].prog.type.size != def->args[i].prog.type.size)
+                return fail_at(err, w, Err::DIFF_ARG_TYPE, int(i) + 2, 0);
+        def->site_args.push_back(std::move(def->args));
+    }
+    def->args = std::move(first);
+    def->sdt_args.clear();
+    return 0;
+}
+
 int parse_args(const Words &w, Resolver &resolver, bool fentry, ProbeDef *def, ProbeError *err) {
     const size_t nargs = w.argv.size() - 2;
     if (nargs > size_t(kMaxArgs)) return fail_at(err, w, Err::TOO_MANY_ARGS, 2, 0);
@@ -866,6 +1026,11 @@ std::string ProbeDef::location_text() const {
 }
 
 std::string ProbeDef::show() const {
+    if (is_tracepoint) {
+        std::string s = "t:" + group + "/" + event + " " + symbol;
+        for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
+        return s;
+    }
     if (is_watch) {
         static constexpr const char *kAccess[] = {"", "r", "w", "rw"};
         std::string s = "w:" + group + "/" + event + " " + kAccess[watch.type & 3] + "@";
@@ -900,10 +1065,12 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
     size_t colon = std::string::npos;
     if (int r = parse_probe_type(w, def, &colon, err)) return r;
     bool fentry = false;
-    if (int r =
-            def->is_watch ? parse_watch_spec(w, resolver, def, err) : parse_probe_point(w, resolver, def, &fentry, err))
-        return r;
-    if (int r = name_event(w.argv[0], colon, def, err)) return r;
+    int r = def->is_watch        ? parse_watch_spec(w, resolver, def, err)
+            : def->is_tracepoint ? parse_tracepoint_spec(w, resolver, def, err)
+                                 : parse_probe_point(w, resolver, def, &fentry, err);
+    if (r != 0) return r;
+    if ((r = name_event(w.argv[0], colon, def, err)) != 0) return r;
+    if (def->is_tracepoint) return parse_site_args(w, resolver, def, err);
     return parse_args(w, resolver, fentry, def, err);
 }
 

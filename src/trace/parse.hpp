@@ -5,12 +5,15 @@
 //   r[MAXACTIVE][:[GRP/][EVENT]] [MOD:]SYM[+0]|PATH:OFFSET [FETCHARGS]
 //   p[:[GRP/][EVENT]] [MOD:]SYM[+0]%return [FETCHARGS]
 //   w:[GRP/][EVENT] [r|w|rw]@<ADDR|[MOD:]SYM[+|-OFFS]>[:LENGTH] [FETCHARGS]
+//   t[:[GRP/][EVENT]] [MOD:]PROVIDER:NAME [FETCHARGS]
 //   -:[GRP/][EVENT]
 //
-// (w: the watch-probe events of the kernel's wprobetrace.rst, on hardware breakpoints.)
+// (w: the watch-probe events of the kernel's wprobetrace.rst, on hardware breakpoints; t:
+// fprobetrace.rst's tracepoint probes, on the SDT probes <sys/sdt.h> leaves in objects.)
 // plus kprobetrace.txt's first syntax for arguments (aN, rv, ra, sN, sa).
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -30,6 +33,8 @@ inline constexpr const char *kDefaultGroup = "kprobes";
 inline constexpr const char *kDefaultUprobeGroup = "uprobes";
 // The group of w: definitions without one (wprobetrace.rst).
 inline constexpr const char *kDefaultWatchGroup = "wprobes";
+// The group of t: definitions without one (fprobetrace.rst).
+inline constexpr const char *kDefaultTracepointGroup = "tracepoints";
 // A w: definition's address before a trigger sets one (wprobetrace.rst's dummy -1).
 inline constexpr uint64_t kNoWatchAddr = ~uint64_t{0};
 
@@ -47,6 +52,17 @@ struct Resolver {
     virtual int resolve_file_offset(std::string_view path, uint64_t offset, uint64_t *addr, char perm = 0) = 0;
     // Whether addr is the first instruction of a function.
     virtual bool function_entry(uint64_t addr) = 0;
+    // The sites of the SDT probe PROVIDER:NAME in the objects MOD names (every object for
+    // ""): address, semaphore, argument specs. 0 or -ENOENT.
+    struct SdtSite {
+        uint64_t addr = 0, semaphore = 0;
+        std::string args; // "8@%rdi -4@-20(%rbp)"
+    };
+    virtual int resolve_sdt(std::string_view module, std::string_view provider, std::string_view name,
+                            std::vector<SdtSite> *sites) {
+        (void)module, (void)provider, (void)name, (void)sites;
+        return -ENOENT;
+    }
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
     // the kernel's probes on a module that is not loaded).
     virtual bool module_pending(std::string_view spec) {
@@ -76,7 +92,13 @@ struct ProbeDef {
     bool remove = false; // "-:[GRP/]EVENT"
     bool is_return = false;
     bool is_watch = false; // w:, with `watch`; `addr` is the watched address
-    int maxactive = 0;     // r<N>: 0 for the default
+    // t:, on the sites of SDT probe `symbol` ("[MOD:]PROVIDER:NAME"): `addr` and
+    // `ref_ctr_addr` are the first site's, `args` its arguments; the other sites' follow.
+    bool is_tracepoint = false;
+    std::vector<Resolver::SdtSite> sites;
+    std::vector<std::vector<ArgDef>> site_args; // sites[1..]'s arguments, in order
+    std::vector<std::string> sdt_args;          // while parsing: the site's argument specs
+    int maxactive = 0;                          // r<N>: 0 for the default
     std::string group = kDefaultGroup;
     std::string event; // generated when not given
     Where where = Where::kSymbol;
