@@ -17,7 +17,7 @@ using namespace ukp::trace;
 // One SDT site: a nop, and a note with its address, the .stapsdt.base it was computed
 // against, a semaphore (none), provider, name and the arguments' specs. Two arguments: a
 // 64-bit unsigned one and a 32-bit signed one, in whatever operands the compiler picks.
-#define UKT_SDT2(provider, name, a1, a2)                                                                              \
+#define UKT_SDT2(provider, name, a1, a2)                                                                               \
     __asm__ __volatile__("990: nop\n"                                                                                  \
                          ".pushsection .note.stapsdt,\"?\",\"note\"\n"                                                 \
                          ".balign 4\n"                                                                                 \
@@ -33,7 +33,7 @@ using namespace ukp::trace;
                          "994: .balign 4\n"                                                                            \
                          ".popsection\n"                                                                               \
                          ".ifndef _.stapsdt.base\n"                                                                    \
-                         ".pushsection .stapsdt.base,\"aG\",\"progbits\",.stapsdt.base,comdat\n"                      \
+                         ".pushsection .stapsdt.base,\"aG\",\"progbits\",.stapsdt.base,comdat\n"                       \
                          ".weak _.stapsdt.base\n"                                                                      \
                          ".hidden _.stapsdt.base\n"                                                                    \
                          "_.stapsdt.base: .space 1\n"                                                                  \
