@@ -1,7 +1,5 @@
 #include "trace/parse.hpp"
 
-#include "symbols/symbols.hpp"
-
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
@@ -905,17 +903,14 @@ std::vector<std::string> split_blanks(const std::string &s) {
 // and offset, the address, or the file's base name (up to its first . - or _, as the
 // kernel's uprobe tracer) and offset.
 std::string default_event_name(const ProbeDef &def) {
-    if (def.is_tracepoint) {
-        // The tracepoint's name; "_NAME" when it starts with a digit (fprobetrace.rst).
+    if (def.is_tracepoint || def.is_watch) {
+        // t: the tracepoint's name, "_NAME" when it starts with a digit (fprobetrace.rst);
+        // w: the symbol, else "wprobe" (the kernel's wprobe parser). Without MOD or a C++
+        // scope, and cut to an event name's length.
+        if (def.is_watch && def.where != Where::kSymbol) return "wprobe";
         std::string name = def.symbol.substr(def.symbol.rfind(':') + 1);
-        if (std::isdigit(static_cast<unsigned char>(name[0]))) name = "_" + name;
-        return sanitize(name);
-    }
-    if (def.is_watch) {
-        // The symbol (without its MOD), else "wprobe", as the kernel's wprobe parser names it.
-        if (def.where != Where::kSymbol) return "wprobe";
-        const std::string_view m = sym::Registry::module_of(def.symbol);
-        return sanitize(def.symbol.substr(m.empty() ? 0 : m.size() + 1));
+        if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) name = "_" + name;
+        return sanitize(name.substr(0, kMaxEventNameLen - 1));
     }
     char buf[kMaxEventNameLen];
     const char t = def.is_return ? 'r' : 'p';
