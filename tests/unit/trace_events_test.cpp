@@ -1,5 +1,5 @@
 // The event files wired to filters, triggers and the ring: a filter decides what is
-// recorded, a bad filter keeps the old one, triggers act on hits, symstr/seed 003 forms.
+// recorded, a bad filter keeps the old one, triggers act on hits, symstr forms.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
