@@ -1,4 +1,4 @@
-// Jprobes (seed 000, "How Does a Jprobe Work?", register_jprobe, "Features and
+// Jprobes (kprobes.txt, "How Does a Jprobe Work?", register_jprobe, "Features and
 // Limitations"): the handler runs on entry with the probed function's arguments (integer
 // and floating-point registers, and arguments on the stack), ends with jprobe_return(),
 // and the function then runs with its ORIGINAL arguments, even when the handler changed

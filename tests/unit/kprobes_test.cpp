@@ -358,7 +358,7 @@ TEST_F(KprobesTest, PostHandlerChangesAreApplied) {
     EXPECT_EQ(ukpt_twice(4), 8);
 }
 
-// Fault injection as in seed 001, "Changing Execution Path": return 7 from the
+// Fault injection as in kprobes.rst, "Changing Execution Path": return 7 from the
 // function without running it.
 int skip_function(kprobe *, pt_regs *regs) {
     regs->ax = 7;

@@ -1,4 +1,4 @@
-// Return probes (seed 001, "Return Probes", "Kretprobe entry-handler", the kretprobe API,
+// Return probes (kprobes.rst, "Return Probes", "Kretprobe entry-handler", the kretprobe API,
 // "Kprobes Features and Limitations"): registration rules, the instance fields seen by
 // entry and return handlers, maxactive and nmissed, deep recursion, many threads, and a
 // program that leaves probed frames without returning (C++ exceptions, longjmp,

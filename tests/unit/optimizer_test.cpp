@@ -390,7 +390,7 @@ TEST_F(OptimizerTest, APreHandlerSkippingTheProbedInstructionGoesOnInTheCopy) {
     }
 }
 
-// A hit while the thread runs a handler runs no handler and counts a miss (seed 001), and
+// A hit while the thread runs a handler runs no handler and counts a miss (kprobes.rst), and
 // a hit in the agent's own work neither: the trampoline's fast case leaves both to the
 // dispatcher. The handler calls the probed function directly, so it is still proven.
 long g_inner = 0;
