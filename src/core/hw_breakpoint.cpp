@@ -159,14 +159,27 @@ bool our_thread(pid_t tid) {
     return access(path, F_OK) == 0;
 }
 
-std::vector<pid_t> our_threads() {
-    std::vector<pid_t> out;
-    DIR *d = opendir("/proc/self/task");
-    if (d == nullptr) return out;
-    while (dirent *e = readdir(d))
-        if (e->d_name[0] != '.') out.push_back(static_cast<pid_t>(atoi(e->d_name)));
-    closedir(d);
-    return out;
+// Calls f(tid) for each thread of the process, from /proc/self/task by raw system calls
+// with nothing allocated (a probe hit calls it too); a non-zero answer of f stops it. 0,
+// f's answer, or -errno.
+template <typename F>
+int for_each_thread(F &&f) {
+    alignas(8) char buf[2048];
+    const long dir =
+        platform::raw_syscall(SYS_open, reinterpret_cast<long>("/proc/self/task"), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) return int(dir);
+    int r = 0;
+    for (long n;
+         r == 0 && (n = platform::raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(buf), sizeof buf)) > 0;)
+        for (long off = 0; r == 0 && off < n;) {
+            const auto *d = reinterpret_cast<const struct dirent64 *>(buf + off);
+            off += d->d_reclen;
+            pid_t tid = 0;
+            for (const char *c = d->d_name; *c >= '0' && *c <= '9'; ++c) tid = tid * 10 + (*c - '0');
+            if (tid != 0) r = f(tid);
+        }
+    platform::raw_syscall(SYS_close, dir);
+    return r;
 }
 
 // A descriptor of i's event the caller can use, or -errno: i's own when the caller's table
@@ -268,20 +281,26 @@ int add_instance(Breakpoint &b, pid_t tid) {
 }
 
 // Events on every thread: until a pass over /proc/self/task finds none without one.
-int cover_every_thread(Breakpoint &b) {
+// Events of b on every thread, opened by open(tid) (0; -ESRCH: the thread ended meanwhile;
+// -errno): until a pass over the threads finds none without one.
+template <typename Open>
+int cover_threads(Breakpoint &b, Open open) {
     for (bool added = true; added;) {
         added = false;
-        for (pid_t tid : our_threads()) {
-            bool covered = false;
-            for (const Instance &i : b.instances) covered |= i.tid == tid;
-            if (covered) continue;
-            const int err = add_instance(b, tid);
-            if (err == -ESRCH) continue; // ended meanwhile
-            if (err != 0) return err;
-            added = true;
-        }
+        const int err = for_each_thread([&](pid_t tid) {
+            for (const Instance &i : b.instances)
+                if (i.tid == tid) return 0;
+            const int e = open(tid);
+            added |= e == 0;
+            return e == -ESRCH ? 0 : e;
+        });
+        if (err != 0) return err;
     }
     return 0;
+}
+
+int cover_every_thread(Breakpoint &b) {
+    return cover_threads(b, [&](pid_t tid) { return add_instance(b, tid); });
 }
 
 int take_slot(Breakpoint &b) {
@@ -391,43 +410,21 @@ void free_breakpoint(perf_event *ev) {
 // Opens b's events, at its address, on every thread, from a probe hit: raw system calls, no
 // allocation (b's instances were reserved), its descriptors moved to b's floor. 0 or -errno.
 int cover_threads_from_hit(Breakpoint &b) {
-    alignas(8) char buf[2048];
-    for (bool added = true; added;) {
-        added = false;
-        const long dir = platform::raw_syscall(SYS_open, reinterpret_cast<long>("/proc/self/task"),
-                                               O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dir < 0) return int(dir);
-        for (long n; (n = platform::raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(buf), sizeof buf)) > 0;) {
-            for (long off = 0; off < n;) {
-                const auto *d = reinterpret_cast<const struct dirent64 *>(buf + off);
-                off += d->d_reclen;
-                pid_t tid = 0;
-                for (const char *c = d->d_name; *c >= '0' && *c <= '9'; ++c) tid = tid * 10 + (*c - '0');
-                if (tid == 0) continue;
-                bool covered = false;
-                for (const Instance &i : b.instances) covered |= i.tid == tid;
-                if (covered || b.instances.size() >= b.instances.capacity()) continue;
-                perf_event_attr a = b.opened;
-                a.sig_data = sig_data(b.slot, b.generation, b.next_instance++);
-                long fd = platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1,
-                                                PERF_FLAG_FD_CLOEXEC);
-                if (fd == -ESRCH) continue; // ended meanwhile
-                if (fd < 0) {
-                    platform::raw_syscall(SYS_close, dir);
-                    return int(fd == -E2BIG ? -EOPNOTSUPP : fd);
-                }
-                const long high = platform::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, b.fd_floor);
-                if (high >= 0) {
-                    platform::raw_syscall(SYS_close, fd);
-                    fd = high;
-                }
-                b.instances.push_back(Instance{int(fd), tid, a.sig_data, 0});
-                added = true;
-            }
+    return cover_threads(b, [&](pid_t tid) {
+        if (b.instances.size() >= b.instances.capacity()) return 0; // past the reserve: not covered
+        perf_event_attr a = b.opened;
+        a.sig_data = sig_data(b.slot, b.generation, b.next_instance++);
+        long fd =
+            platform::raw_syscall(SYS_perf_event_open, reinterpret_cast<long>(&a), tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+        if (fd < 0) return int(fd == -E2BIG ? -EOPNOTSUPP : fd);
+        const long high = platform::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, b.fd_floor);
+        if (high >= 0) {
+            platform::raw_syscall(SYS_close, fd);
+            fd = high;
         }
-        platform::raw_syscall(SYS_close, dir);
-    }
-    return 0;
+        b.instances.push_back(Instance{int(fd), tid, a.sig_data, 0});
+        return 0;
+    });
 }
 
 // Closes b's events from a hit, its slot's generation moved on first: what they signal
