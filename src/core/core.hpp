@@ -356,6 +356,13 @@ void strip_agent_signals(sigset_t *set);
 // The optimizer's stop signal (a real-time signal the program leaves alone), 0 before
 // the first pass that needs one or when none is left (optimizer.cpp).
 int opt_stop_signal();
+// Has one program thread run hw_breakpoints_close_deferred_in_handler() (sent the stop
+// signal with a value of its own), trying threads one after another until done() holds
+// or `timeout_ms` passes. Only threads the signal cannot change: running, in user space,
+// or blocked in a system call the kernel restarts after a handler (a read, a futex wait
+// without timeout), never one that would return EINTR or a short write. Whether done()
+// held. Not under the registry mutex.
+bool opt_ask_program_thread(bool (*done)(), int timeout_ms);
 
 // Installs the agent's signal handlers, or puts them back if something displaced them
 // (recording what it finds as the program's). 0 or -errno.
@@ -448,6 +455,12 @@ std::string hw_breakpoints_list_text(const sym::Registry *symbols);
 void hw_breakpoints_before_fork();
 void hw_breakpoints_after_fork_parent();
 void hw_breakpoints_after_fork_child(bool keep);
+// In the optimizer's stop signal's handler, on a program thread asked by
+// opt_ask_program_thread(): closes the breakpoint descriptors of the program's table
+// that a thread with a table of its own could only disable.
+void hw_breakpoints_close_deferred_in_handler();
+// Whether no such descriptor waits to be closed.
+bool hw_breakpoints_none_deferred();
 
 // The addresses and original bytes of the armed int3s, for ukp_verify (registry.cpp).
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes();

@@ -216,19 +216,25 @@ void close_instance(const Instance &i) {
 }
 
 // Descriptors of the program's table that a thread with its own table could only
-// disable: closed by the next program thread that registers, places or lifts a
+// disable: closed by a program thread, the one free_breakpoint() asks through the stop
+// signal (opt_ask_program_thread), or else the next that registers, places or lifts a
 // breakpoint. Each is checked to be a perf event still (the program may have closed the
 // number and opened something else under it).
 constexpr size_t kMaxDeferred = 1024;
+// How long a detach waits for a program thread to close them (opt_ask_program_thread).
+constexpr int kAskTimeoutMs = 400;
 int g_deferred[kMaxDeferred];
-size_t g_deferred_count = 0;
+std::atomic<size_t> g_deferred_count{0};
 // Taken by a try-lock on the hit side (a hit may interrupt its own thread holding it: it
 // leaves the closing to the next one), with a wait by the control thread, which never hits.
 std::atomic_flag g_deferred_busy = ATOMIC_FLAG_INIT;
 
 void defer_close(int fd) {
     while (g_deferred_busy.test_and_set(std::memory_order_acquire)) sched_yield();
-    if (g_deferred_count < kMaxDeferred) g_deferred[g_deferred_count++] = fd;
+    if (const size_t n = g_deferred_count.load(std::memory_order_relaxed); n < kMaxDeferred) {
+        g_deferred[n] = fd;
+        g_deferred_count.store(n + 1, std::memory_order_release);
+    }
     g_deferred_busy.clear(std::memory_order_release);
 }
 
@@ -254,9 +260,10 @@ bool is_perf_event(int fd) {
 // On a thread of the program's table: closes what defer_close() left.
 void close_deferred() {
     if (platform::has_own_fd_table() || g_deferred_busy.test_and_set(std::memory_order_acquire)) return;
-    for (; g_deferred_count > 0; --g_deferred_count) {
-        const int fd = g_deferred[g_deferred_count - 1];
+    for (size_t n = g_deferred_count.load(std::memory_order_relaxed); n > 0; --n) {
+        const int fd = g_deferred[n - 1];
         if (is_perf_event(fd)) platform::raw_syscall(SYS_close, fd);
+        g_deferred_count.store(n - 1, std::memory_order_release);
     }
     g_deferred_busy.clear(std::memory_order_release);
 }
@@ -400,6 +407,10 @@ void free_breakpoint(perf_event *ev) {
         s.event.store(nullptr, std::memory_order_release);
         s.generation.store((b->generation + 1) & 0xffff, std::memory_order_release);
     }
+    // Removed from a table of its own (the control thread's detach), events that hits placed
+    // were only disabled: a program thread closes them, so none stays in the program's table.
+    if (table_of_caller() != 0 && !hw_breakpoints_none_deferred())
+        opt_ask_program_thread(hw_breakpoints_none_deferred, kAskTimeoutMs);
     // A thread in the handler now has its read section: once it is over, nothing uses ev.
     if (synchronize()) {
         delete b;
@@ -534,6 +545,10 @@ bool on_hw_breakpoint(siginfo_t *info, ucontext_t *uc) {
     read_unlock(idx);
     return true;
 }
+
+void hw_breakpoints_close_deferred_in_handler() { close_deferred(); }
+
+bool hw_breakpoints_none_deferred() { return g_deferred_count.load(std::memory_order_acquire) == 0; }
 
 std::string hw_breakpoints_list_text(const sym::Registry *symbols) {
     static constexpr const char *kAccess[] = {"", "r", "w", "rw", "x"};

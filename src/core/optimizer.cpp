@@ -157,8 +157,17 @@ bool on_the_way_in(uint64_t ip) {
            (g_restorer != 0 && ip >= g_restorer && ip < g_restorer + 16);
 }
 
+// What a stop signal carries when it asks for a chore (opt_ask_program_thread), not a
+// pass's answer: no generation reaches it.
+constexpr uint64_t kChoreValue = ~uint64_t{0};
+
 void stop_handler(int, siginfo_t *info, void *ctx) {
     const int saved_errno = errno;
+    if (info->si_code == SI_QUEUE && reinterpret_cast<uint64_t>(info->si_value.sival_ptr) == kChoreValue) {
+        hw_breakpoints_close_deferred_in_handler();
+        errno = saved_errno;
+        return;
+    }
     auto *uc = static_cast<ucontext_t *>(ctx);
     const uint64_t ip = arch::context_ip(uc);
     const size_t n = g_stop_count.load(std::memory_order_acquire);
@@ -788,6 +797,104 @@ bool task_syscall(int tid, long *nr, uint64_t *pc) {
     *nr = strtol(text, nullptr, 10);
     *pc = strtoull(last + 1, nullptr, 16);
     return true;
+}
+
+namespace {
+
+// Whether a signal handler run on thread `tid` now leaves what the thread does unchanged:
+// it runs, or is in user space, or (`blocked_too`) waits in a system call the kernel
+// restarts after a SA_RESTART handler with nothing transferred yet: a read of any kind,
+// accept, wait4/waitid, a futex wait without timeout. Not a write (it may return short),
+// nor a sleep, poll or timed wait (EINTR).
+bool untouched_by_signal(int tid, bool blocked_too) {
+    char path[64], text[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0) return false;
+    text[n] = '\0';
+    if (strncmp(text, "running", 7) == 0) return true;
+    char *at = nullptr;
+    const long nr = strtol(text, &at, 10);
+    if (nr == -1) return true;
+    if (!blocked_too) return false;
+    uint64_t args[6] = {};
+    for (uint64_t &a : args) a = strtoull(at, &at, 16);
+    switch (nr) {
+    case SYS_read:
+    case SYS_readv:
+    case SYS_pread64:
+    case SYS_recvfrom:
+    case SYS_recvmsg:
+    case SYS_accept:
+    case SYS_accept4:
+    case SYS_wait4:
+    case SYS_waitid:
+        return true;
+    case SYS_futex: {
+        const uint64_t op = args[1] & 0x7f; // without FUTEX_PRIVATE_FLAG, FUTEX_CLOCK_REALTIME
+        return (op == 0 /* FUTEX_WAIT */ || op == 9 /* FUTEX_WAIT_BITSET */) && args[3] == 0;
+    }
+    default:
+        return false;
+    }
+}
+
+} // namespace
+
+bool opt_ask_program_thread(bool (*done)(), int timeout_ms) {
+    UKP_ASSERT_REGISTRY_NOT_HELD();
+    int sig = 0;
+    {
+        std::lock_guard lock(registry_mutex()); // the stop signal is the optimizer's to choose
+        if (traced() || !ensure_stop_handler()) return done();
+        sig = stop_signal();
+    }
+    const pid_t pid = getpid();
+    const int self = static_cast<int>(syscall(SYS_gettid));
+    const auto now_ms = [] {
+        timespec t{};
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000l + t.tv_nsec / 1000000;
+    };
+    const long start = now_ms();
+    std::vector<int> asked; // each thread once: one that cannot close (a table of its own) stays so
+    // The first half of the time only threads that run or are in user space; then blocked ones too.
+    for (long t = start; !done() && t - start < timeout_ms; t = now_ms()) {
+        const bool blocked_too = t - start >= timeout_ms / 2;
+        int chosen = 0;
+        if (DIR *dir = opendir("/proc/self/task"); dir != nullptr) {
+            while (dirent *e = readdir(dir)) {
+                const int tid = atoi(e->d_name);
+                if (tid <= 0 || tid == self || std::find(asked.begin(), asked.end(), tid) != asked.end()) continue;
+                if (blocks_signal(tid, sig) || !untouched_by_signal(tid, blocked_too)) continue;
+                chosen = tid;
+                break;
+            }
+            closedir(dir);
+        }
+        if (chosen == 0) {
+            const timespec pause{0, 1000 * 1000};
+            nanosleep(&pause, nullptr);
+            continue;
+        }
+        asked.push_back(chosen);
+        siginfo_t info{};
+        info.si_signo = sig;
+        info.si_code = SI_QUEUE;
+        info.si_pid = pid;
+        info.si_uid = getuid();
+        info.si_value.sival_ptr = reinterpret_cast<void *>(kChoreValue);
+        if (syscall(SYS_rt_tgsigqueueinfo, pid, chosen, sig, &info) != 0) continue;
+        // A thread that runs takes it at once; one in a system call when the call restarts.
+        for (int i = 0; i < 20 && !done(); ++i) {
+            const timespec pause{0, 1000 * 1000};
+            nanosleep(&pause, nullptr);
+        }
+    }
+    return done();
 }
 
 std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr) {
