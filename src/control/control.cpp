@@ -334,10 +334,7 @@ int32_t Server::handle_read(const std::string &path, std::string *reply) {
         return 0;
     }
     if (path == "kprobes/list") {
-        char *text = ukp_kprobes_list();
-        if (text == nullptr) return -errno;
-        *reply = text;
-        free(text);
+        *reply = trace::kprobes_list_text();
         return 0;
     }
     if (path == "kprobes/enabled") {

@@ -7,8 +7,12 @@
 
 #include <ukprobes/hw_breakpoint.h>
 
+#include <ukprobes/kprobes.h>
+
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ukp::core {
 
@@ -47,6 +51,21 @@ public:
     OptimizeAtStart(const OptimizeAtStart &) = delete;
     OptimizeAtStart &operator=(const OptimizeAtStart &) = delete;
 };
+// A scope in which the calling thread arms or disarms many probes (an event over many
+// functions): each int3 goes in (or out) at once, and the cores are synchronized once, at
+// the end of the scope, instead of after each (a membarrier interrupts every core that runs
+// the process: 100 us and more in a VM). Meanwhile another core may still run a byte's old
+// value, as it may between any write and its synchronization; at the end every core runs
+// the new ones. Writes that must be seen before the next (a jump taken out) still
+// synchronize each.
+class ArmBatch {
+public:
+    ArmBatch();
+    ~ArmBatch();
+    ArmBatch(const ArmBatch &) = delete;
+    ArmBatch &operator=(const ArmBatch &) = delete;
+};
+
 // Waits, at most `limit`, until the optimizer has been through the work queued before the
 // call (ukp_optimizer_flush). False if the time ran out.
 bool optimizer_flush_for(std::chrono::milliseconds limit);
@@ -68,6 +87,10 @@ uint64_t placed_address(const perf_event *bp);
 // probe's site: <sys/sdt.h> puts a nop there, in a stripped program as anywhere):
 // register_kprobe() takes it then, on the breakpoint path (a jump needs the function).
 void declare_instruction_boundary(uint64_t addr);
+
+// kprobes/list without the probes in `hidden` (sorted): those of an event over many
+// functions, which the tracer sums up in a row of its own.
+std::string kprobes_list_without(const std::vector<const kprobe *> &hidden);
 
 // The registry mutex (registry.cpp): registration, arming, the optimizer's queues.
 CheckedMutex &registry_mutex();

@@ -466,7 +466,7 @@ bool hw_breakpoints_none_deferred();
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes();
 
 // kprobes/list text, and the kprobes/enabled knob (registry.cpp).
-std::string list_text();
+std::string list_text(const std::vector<const kprobe *> &hidden = {});
 int set_enabled(bool on);
 
 inline bool probe_disabled(const kprobe *p) {

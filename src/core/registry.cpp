@@ -208,6 +208,12 @@ bool wants_arming(const Point *pt) {
     return false;
 }
 
+// ArmBatch scopes open on this thread, and whether one of them wrote a byte since the
+// cores were last synchronized.
+thread_local int t_arm_batch = 0;
+thread_local bool t_arm_sync_due = false;
+thread_local uint8_t t_batch_byte = 0; // arming_byte() when the outermost scope began
+
 // Puts the int3 in or takes it out, as the point's probes and the global knob say.
 int update_arming(Point *pt) {
     const bool want = wants_arming(pt);
@@ -221,7 +227,9 @@ int update_arming(Point *pt) {
         if (int err = opt_unoptimize(pt); err != 0) return err;
     }
     if (want) spawn_gate_close(pt);
-    const int err = text::poke_byte(pt->addr, want ? arming_byte() : pt->orig_byte);
+    const uint8_t byte = !want ? pt->orig_byte : t_arm_batch > 0 ? t_batch_byte : arming_byte();
+    const int err = t_arm_batch > 0 ? text::write(pt->addr, &byte, 1) : text::poke_byte(pt->addr, byte);
+    t_arm_sync_due |= t_arm_batch > 0 && err == 0;
     if (err == 0) {
         pt->armed = want;
         pt->disarms += want ? 0 : 1;
@@ -417,6 +425,20 @@ int set_disabled(kprobe *p, bool disabled) {
 
 CheckedMutex &registry_mutex() { return g_mutex; }
 
+ArmBatch::ArmBatch() {
+    // Asked once: whether a tracer is attached is read from /proc, through libc, whose
+    // functions may be the very ones being armed.
+    if (t_arm_batch++ == 0) t_batch_byte = arming_byte();
+}
+
+ArmBatch::~ArmBatch() {
+    if (--t_arm_batch > 0 || !t_arm_sync_due) return;
+    t_arm_sync_due = false;
+    text::sync_cores();
+}
+
+std::string kprobes_list_without(const std::vector<const kprobe *> &hidden) { return list_text(hidden); }
+
 void CheckedMutex::not_held(const char *where) {
     die_naming("ukprobes: a lock rule is broken: the mutex is not held in ", where);
 }
@@ -487,7 +509,7 @@ std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {
     return out;
 }
 
-std::string list_text() {
+std::string list_text(const std::vector<const kprobe *> &hidden) {
     std::lock_guard lock(g_mutex);
     std::string out;
     const auto row = [&](uint64_t addr, const kprobe *p, const std::string &where, const std::string &object) {
@@ -500,6 +522,7 @@ std::string list_text() {
         const ProbeList *list = pt->list.load(std::memory_order_relaxed);
         for (uint32_t i = 0; list != nullptr && i < list->count; ++i) {
             if (list->probes[i] == &g_link_map_probe || is_spawn_gate(list->probes[i])) continue; // the agent's own
+            if (std::binary_search(hidden.begin(), hidden.end(), list->probes[i])) continue;
             row(addr, list->probes[i],
                 pt->symbol.empty() ? fmt::format("0x{:x}", addr)
                                    : fmt::format("{}+0x{:x}", pt->symbol, pt->symbol_offset),
@@ -508,7 +531,7 @@ std::string list_text() {
     }
     // Probes whose object is not loaded: the address they had (0 if never loaded).
     for (const auto &[p, pt] : registered()) {
-        if (pt != nullptr) continue;
+        if (pt != nullptr || std::binary_search(hidden.begin(), hidden.end(), p)) continue;
         const std::string_view spec = p->symbol_name != nullptr ? p->symbol_name : "";
         const std::string_view module = sym::Registry::module_of(spec);
         const std::string_view name = module.empty() ? spec : spec.substr(module.size() + 1);

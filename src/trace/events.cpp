@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cinttypes>
+#include <fnmatch.h>
 #include <fstream>
 #include <map>
 #include <set>
@@ -171,6 +173,8 @@ public:
     std::vector<std::unique_ptr<ProbePoint>> points; // one per definition line
     bool is_watch = false;                           // w: its points are breakpoints
     bool is_tracepoint = false;                      // t: its points are an SDT probe's sites
+    bool is_functions = false;                       // f: on globs or a list: a point per function
+    size_t functions_passed = 0;                     // of those, how many could not be probed
 
     std::atomic<bool> enabled{false};             // the enable file (and enable_event triggers)
     bool trigger_target = false;                  // an enable_event/disable_event trigger names it
@@ -431,6 +435,34 @@ public:
                 if (p.provider == provider && p.name == name) sites->push_back({p.pc, p.semaphore, p.args});
         return sites->empty() ? -ENOENT : 0;
     }
+    int resolve_functions(std::string_view spec, std::vector<Function> *out) override {
+        const std::string_view module = sym::Registry::module_of(spec);
+        const std::string_view list = module.empty() ? spec : spec.substr(module.size() + 1);
+        std::vector<std::string> take, skip;
+        for (size_t start = 0; start <= list.size();) {
+            const size_t comma = std::min(list.find(',', start), list.size());
+            const std::string_view pat = list.substr(start, comma - start);
+            if (!pat.empty()) (pat[0] == '!' ? skip : take).emplace_back(pat.substr(pat[0] == '!' ? 1 : 0));
+            start = comma + 1;
+        }
+        std::vector<const sym::Object *> objs;
+        for (const sym::Object *o : symbols.objects_named(module))
+            if (!module.empty() || o->main_program) objs.push_back(o);
+        if (objs.empty()) return -ENOENT;
+        const auto matches = [](const std::vector<std::string> &pats, const std::string &name) {
+            return std::any_of(pats.begin(), pats.end(),
+                               [&](const std::string &p) { return fnmatch(p.c_str(), name.c_str(), 0) == 0; });
+        };
+        std::set<uint64_t> seen; // aliases of one function: the first name that matches
+        for (const sym::Object *o : objs)
+            for (const sym::Symbol &sy : o->symbols()) {
+                // An ifunc's symbol is its resolver, which runs once: not what a user means.
+                if (!sy.function || sy.ifunc || sy.value == 0 || !matches(take, sy.name) || matches(skip, sy.name))
+                    continue;
+                if (seen.insert(sy.value).second) out->push_back({sy.value, sy.name});
+            }
+        return 0;
+    }
     bool module_pending(std::string_view spec) override {
         const std::string_view m = sym::Registry::module_of(spec);
         return !m.empty() && !symbols.has_module(m);
@@ -466,7 +498,8 @@ public:
     // is too big.
     std::unique_ptr<Event> make_event(const ProbeDef &def, int *r);
     // def's probe point registered with the core, disabled: 0, or the core's error (logged).
-    int register_point(ProbePoint &point, const ProbeDef &def);
+    // `quiet`: a failure leaves no error_log entry (a function of a glob, passed over).
+    int register_point(ProbePoint &point, const ProbeDef &def, bool quiet = false);
     // def's breakpoint, on every thread, disarmed: 0, or the error (logged).
     int register_watch(ProbePoint &point, const ProbeDef &def);
     int remove(Event *e);
@@ -576,6 +609,7 @@ void set_point_armed(ProbePoint &p, bool is_return, bool want);
 void Tracer::arm(Event *e) { arm_as(e, e->armed_wanted()); }
 
 void Tracer::arm_as(Event *e, bool want) {
+    const core::ArmBatch batch; // one synchronization of the cores for all its points
     for (auto &p : e->points) {
         if (!p->registered) continue;
         if (p->def.ref_ctr_addr != 0 && p->semaphore_held != want) {
@@ -655,9 +689,12 @@ std::unique_ptr<SymbolTable> symbol_table(const sym::Registry &symbols) {
     return t;
 }
 
-// Who reports a definition's error in error_log: the kernel's kprobe tracer, or its wprobe
-// tracer for a w: line.
-const char *log_source(const std::string &command) { return command[0] == 'w' ? "wprobe" : "trace_kprobe"; }
+// Who reports a definition's error in error_log: the kernel's kprobe tracer, its wprobe
+// tracer for a w: line, its fprobe tracer for f: and t: lines.
+const char *log_source(const std::string &command) {
+    // fprobetrace's parser takes both f: and t: lines.
+    return command[0] == 'w' ? "wprobe" : command[0] == 'f' || command[0] == 't' ? "trace_fprobe" : "trace_kprobe";
+}
 
 void Tracer::log_error(const std::string &command, Err e, int word, int off) {
     // Position of word `word` in the command.
@@ -698,6 +735,7 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     e->is_return = def.is_return;
     e->is_watch = def.is_watch;
     e->is_tracepoint = def.is_tracepoint;
+    e->is_functions = def.is_function && !def.functions.empty();
     e->entry_args = def.entry_args;
     for (auto &a : def.args) {
         e->progs.push_back(a.prog);
@@ -756,7 +794,7 @@ int Tracer::register_watch(ProbePoint &point, const ProbeDef &def) {
     return 0;
 }
 
-int Tracer::register_point(ProbePoint &point, const ProbeDef &def) {
+int Tracer::register_point(ProbePoint &point, const ProbeDef &def, bool quiet) {
     if (def.is_watch) return register_watch(point, def);
     kprobe &kp = point.hook->rp.kp;
     if (def.where == Where::kSymbol) {
@@ -781,13 +819,32 @@ int Tracer::register_point(ProbePoint &point, const ProbeDef &def) {
         kp.pre_handler = on_kprobe;
         r = register_kprobe(&kp);
     }
-    if (r == -EILSEQ)
+    if (quiet)
+        ;
+    else if (r == -EILSEQ)
         log_error(def.command, Err::BAD_INSN_BNDRY, 1, 0);
     else if (r == -ENOENT)
         log_error(def.command, Err::BAD_PROBE_ADDR, 1, 0);
     else if (r != 0 && r != -ENOMEM && r != -EEXIST)
         log_error(def.command, Err::FAIL_REG_PROBE, 1, 0);
     return r;
+}
+
+// Unregisters the registered probes of `points` (not watches) in one call: one grace
+// period for them all (an event over a library has thousands).
+void unregister_points(const std::vector<std::unique_ptr<ProbePoint>> &points, bool is_return) {
+    std::vector<kprobe *> kps;
+    std::vector<kretprobe *> rps;
+    for (const auto &p : points) {
+        if (!p->registered || p->def.is_watch) continue;
+        if (is_return)
+            rps.push_back(&p->hook->rp);
+        else
+            kps.push_back(&p->hook->rp.kp);
+        p->registered = false;
+    }
+    if (!kps.empty()) unregister_kprobes(kps.data(), static_cast<int>(kps.size()));
+    if (!rps.empty()) unregister_kretprobes(rps.data(), static_cast<int>(rps.size()));
 }
 
 int Tracer::define(std::string_view line, char separator, bool enable) {
@@ -806,8 +863,10 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     }
     Event *e = find(def->group, def->event);
     std::unique_ptr<Event> fresh;
-    if (e != nullptr && (def->is_tracepoint || e->is_tracepoint)) {
-        // A tracepoint's event has its sites: nothing joins it, and it joins nothing.
+    const bool many = def->is_tracepoint || !def->functions.empty();
+    if (e != nullptr && (many || e->is_tracepoint || e->is_functions)) {
+        // A tracepoint's event has its sites, a glob's its functions: nothing joins it, and
+        // it joins nothing.
         log_error(def->command, Err::EVENT_EXIST, 0, 0);
         return -EEXIST;
     }
@@ -825,30 +884,54 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         e = fresh.get();
     }
 
-    // One point, or one per site of a tracepoint (each with its own arguments' programs).
+    // One point; or one per site of a tracepoint (each with its own arguments' programs),
+    // or per function of a glob (a function that cannot be probed is passed over, as the
+    // kernel's fprobe passes over what ftrace cannot hook).
     std::vector<std::unique_ptr<ProbePoint>> made;
-    const size_t npoints = def->is_tracepoint ? def->sites.size() : 1;
+    std::vector<Resolver::Function> functions = std::move(def->functions);
+    const size_t npoints = def->is_tracepoint ? def->sites.size() : std::max<size_t>(1, functions.size());
+    size_t passed = 0;
     for (size_t i = 0; i < npoints; ++i) {
         auto point = std::make_unique<ProbePoint>();
         point->event = e;
         point->hook->point = point.get();
-        if (i > 0) {
+        if (i > 0 || !functions.empty()) {
             point->def = *def;
-            point->def.addr = def->sites[i].addr;
-            point->def.ref_ctr_addr = def->sites[i].semaphore;
-            point->def.args = def->site_args[i - 1];
-            point->own_args = point_args(*e, point->def);
+            if (i > 0 && def->is_tracepoint) {
+                point->def.addr = def->sites[i].addr;
+                point->def.ref_ctr_addr = def->sites[i].semaphore;
+                point->def.args = def->site_args[i - 1];
+                point->own_args = point_args(*e, point->def);
+            }
+        }
+        if (!functions.empty()) {
+            point->def.addr = functions[i].addr;
+            point->def.symbol = std::move(functions[i].name);
         }
         // An SDT site is a nop the assembler put there: an instruction's start even where no
         // symbol tells the function around it (a stripped program).
         if (def->is_tracepoint) core::declare_instruction_boundary(def->sites[i].addr);
-        r = register_point(*point, i > 0 ? point->def : *def);
+        const ProbeDef &pdef = i > 0 || !functions.empty() ? point->def : *def;
+        r = register_point(*point, pdef, !functions.empty());
+        if (r != 0 && !functions.empty() && r != -ENOMEM) {
+            ++passed;
+            continue;
+        }
         if (r != 0) {
-            for (auto &m : made) unregister_kprobe(&m->hook->rp.kp); // nothing half-applied
+            unregister_points(made, e->is_return); // nothing half-applied
             return r;
         }
         point->registered = true;
         made.push_back(std::move(point));
+    }
+    if (made.empty()) { // no function of the glob could be probed
+        log_error(def->command, Err::FAIL_REG_PROBE, 1, 0);
+        return r;
+    }
+    if (!functions.empty()) {
+        // The definition's text stays the event's (the first point's), with the glob.
+        def->addr = made[0]->def.addr;
+        e->functions_passed += passed;
     }
     made[0]->def = std::move(*def);
     for (auto &m : made) e->points.push_back(std::move(m));
@@ -874,13 +957,10 @@ int Tracer::remove(Event *e) {
         if (e->is_watch) {
             if (p->watch != nullptr) unregister_hw_breakpoint(p->watch);
             p->watch = nullptr;
-        } else if (e->is_return) {
-            unregister_kretprobe(&p->hook->rp);
-        } else {
-            unregister_kprobe(&p->hook->rp.kp);
+            p->registered = false;
         }
-        p->registered = false;
     }
+    unregister_points(e->points, e->is_return);
     auto it = std::find_if(events.begin(), events.end(), [&](auto &x) { return x.get() == e; });
     graveyard.push_back(std::move(*it));
     events.erase(it);
@@ -950,6 +1030,35 @@ void print_event(const uint8_t *rec, uint32_t size, std::string &out) {
     print_record(rec, size, find, symbolize, out);
 }
 
+std::string kprobes_list_text() {
+    std::vector<const kprobe *> hidden;
+    std::string rows;
+    {
+        Tracer &t = tracer();
+        std::lock_guard lock(t.mu);
+        for (const auto &e : t.events) {
+            if (!e->is_functions) continue;
+            size_t n = 0, optimized = 0;
+            for (const auto &p : e->points) {
+                if (!p->registered) continue;
+                const kprobe &kp = p->hook->rp.kp;
+                hidden.push_back(&kp);
+                ++n;
+                optimized += (__atomic_load_n(&kp.flags, __ATOMIC_RELAXED) & KPROBE_FLAG_OPTIMIZED) != 0;
+            }
+            const ProbeDef &def = e->points.front()->def;
+            char addr[24];
+            std::snprintf(addr, sizeof addr, "%016" PRIx64, def.addr);
+            rows += std::string(addr) + "  f  " + def.symbol + (e->is_return ? "%return" : "") + "  " + e->group + "/" +
+                    e->name + " " + std::to_string(n) + " functions, " + std::to_string(optimized) + " [OPTIMIZED]";
+            if (e->functions_passed != 0) rows += ", " + std::to_string(e->functions_passed) + " passed over";
+            rows += e->armed_wanted() ? "\n" : " [DISABLED]\n";
+        }
+    }
+    std::sort(hidden.begin(), hidden.end());
+    return core::kprobes_list_without(hidden) + rows;
+}
+
 std::vector<Field> event_fields(std::string_view group, std::string_view event) {
     Tracer &t = tracer();
     std::lock_guard lock(t.mu);
@@ -995,7 +1104,7 @@ std::string definitions_text(Tracer &t) {
     for (auto &e : t.events)
         for (auto &p : e->points) {
             s += p->def.show() + "\n";
-            if (e->is_tracepoint) break; // one line for all its sites
+            if (e->is_tracepoint || e->is_functions) break; // one line for all its sites
         }
     return s;
 }

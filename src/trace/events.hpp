@@ -45,6 +45,11 @@ void apply_environment();
 // trace_pipe.
 void print_event(const uint8_t *rec, uint32_t size, std::string &out);
 
+// kprobes/list: the core's rows, but one row for each event over many functions (an f: on
+// a glob or a list): "ADDRESS  f  FUNCS[%return]  GRP/EVENT N functions, M [OPTIMIZED]
+// [, K passed over][ [DISABLED]]", ADDRESS its first function's.
+std::string kprobes_list_text();
+
 // For tests: the fields of an event (as its format file lists them), or empty.
 std::vector<Field> event_fields(std::string_view group, std::string_view event);
 

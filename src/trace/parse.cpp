@@ -59,12 +59,17 @@ std::vector<std::string> split_words(std::string_view line, char separator) {
     // The kernel reads a C string: a NUL ends the line.
     line = line.substr(0, line.find('\0'));
     // The boot-parameter form turns its commas into blanks, as the kernel does: both separate.
+    // There "\\," is a comma of the word (an f: definition's list of functions).
     auto is_sep = [&](char c) { return c == ' ' || c == '\t' || c == separator; };
+    const bool escapes = separator == ',';
     while (i < line.size()) {
         while (i < line.size() && is_sep(line[i])) ++i;
-        const size_t start = i;
-        while (i < line.size() && !is_sep(line[i])) ++i;
-        if (i > start) words.emplace_back(line.substr(start, i - start));
+        std::string word;
+        for (; i < line.size() && !is_sep(line[i]); ++i) {
+            if (escapes && line[i] == '\\' && i + 1 < line.size() && line[i + 1] == ',') ++i;
+            word += line[i];
+        }
+        if (!word.empty()) words.push_back(std::move(word));
     }
     return words;
 }
@@ -672,7 +677,7 @@ int parse_removal(const std::string &a0, ProbeDef *def, ProbeError *err) {
 // not know.
 int parse_probe_type(const Words &w, ProbeDef *def, size_t *colon, ProbeError *err) {
     const std::string &a0 = w.argv[0];
-    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w' && a0[0] != 't') return -EINVAL;
+    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w' && a0[0] != 't' && a0[0] != 'f') return -EINVAL;
     if (w.argv.size() < 2) return -EINVAL;
     if (a0[0] == 'w' || a0[0] == 't') {
         // "w", "t", "w:...", "t:...": no maxactive (the kernel's wprobe and tprobe parsers).
@@ -684,9 +689,14 @@ int parse_probe_type(const Words &w, ProbeDef *def, size_t *colon, ProbeError *e
         return 0;
     }
     def->is_return = a0[0] == 'r';
+    if (a0[0] == 'f') {
+        // "f[MAXACTIVE]": whether it is an exit only shows in word 1 (parse_function_spec).
+        def->is_function = true;
+        def->group = kDefaultFunctionGroup;
+    }
     *colon = a0.find(':', 1);
     if (a0.size() > 1 && std::isdigit(static_cast<unsigned char>(a0[1]))) {
-        if (!def->is_return) return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
+        if (!def->is_return && !def->is_function) return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
         const std::string_view num =
             std::string_view(a0).substr(1, *colon == std::string::npos ? std::string::npos : *colon - 1);
         if (num.size() > kMaxEventNameLen - 1) return fail_at(err, w, Err::BAD_MAXACT, 0, 1);
@@ -800,6 +810,43 @@ int parse_probe_point(const Words &w, Resolver &resolver, ProbeDef *def, bool *f
     return r;
 }
 
+// Whether FUNCS of an f: definition is globs or a list rather than one name.
+bool names_many(std::string_view funcs) { return funcs.find_first_of("*?,!") != std::string_view::npos; }
+
+// The functions of an f: definition, word 1: [MOD:]FUNCS[%return]. One name is a point as
+// p's (on an object still to load too); globs or a list, the functions they match in one
+// object. A $retval among the arguments makes it an exit event, as fprobetrace's parser
+// does. *fentry: whether $argN reads the arguments' registers there.
+int parse_function_spec(const Words &w, Resolver &resolver, ProbeDef *def, bool *fentry, ProbeError *err) {
+    std::string spec = w.argv[1];
+    const size_t pct = spec.find('%');
+    if (pct != std::string::npos) {
+        if (spec.substr(pct) != "%return") return fail_at(err, w, Err::BAD_ADDR_SUFFIX, 1, int(pct));
+        spec.resize(pct);
+        def->is_return = true;
+    }
+    for (size_t i = 2; i < w.argv.size() && !def->is_return; ++i)
+        for (size_t at = w.argv[i].find("$retval"); at != std::string::npos; at = w.argv[i].find("$retval", at + 1)) {
+            const char next = at + 7 < w.argv[i].size() ? w.argv[i][at + 7] : '\0';
+            if (!std::isalnum(static_cast<unsigned char>(next)) && next != '_') def->is_return = true;
+        }
+    if (def->maxactive > 0 && !def->is_return) return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
+    def->where = Where::kSymbol;
+    def->symbol = spec;
+    *fentry = !def->is_return;
+    if (spec.empty()) return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+    if (!names_many(spec)) {
+        if (resolver.resolve_code(spec, 0, &def->addr) != 0)
+            return resolver.module_pending(spec) ? 0 : fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+        return resolver.function_entry(def->addr) ? 0 : fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+    }
+    if (resolver.resolve_functions(spec, &def->functions) != 0 || def->functions.empty())
+        return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+    def->where = Where::kAddress;
+    def->addr = def->functions[0].addr;
+    return 0;
+}
+
 // The breakpoint of a w: definition, word 1: [r|w|rw]@<ADDR|[MOD:]SYM[+|-OFFS]>[:LENGTH], the
 // kernel's wprobe spec (its length after the last ':', so that MOD:SYM keeps its own).
 int parse_watch_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeError *err) {
@@ -911,6 +958,20 @@ std::string default_event_name(const ProbeDef &def) {
         std::string name = def.symbol.substr(def.symbol.rfind(':') + 1);
         if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) name = "_" + name;
         return sanitize(name.substr(0, kMaxEventNameLen - 1));
+    }
+    if (def.is_function) {
+        // fprobetrace.rst's SYM__entry and SYM__exit; globs and lists: their first pattern
+        // up to its first wildcard ("ssl_*": ssl__entry), "fprobe" if nothing is left.
+        std::string name = def.symbol.substr(def.symbol.rfind(':') + 1);
+        if (names_many(name)) {
+            name = name.substr(name.front() == '!' ? 1 : 0);
+            name = name.substr(0, name.find_first_of("*?[,!"));
+            while (!name.empty() && name.back() == '_') name.pop_back();
+            if (name.empty()) name = "fprobe";
+        }
+        if (std::isdigit(static_cast<unsigned char>(name[0]))) name = "_" + name;
+        const std::string suffix = def.is_return ? "__exit" : "__entry";
+        return sanitize(name.substr(0, kMaxEventNameLen - 1 - suffix.size()) + suffix);
     }
     char buf[kMaxEventNameLen];
     const char t = def.is_return ? 'r' : 'p';
@@ -1026,6 +1087,13 @@ std::string ProbeDef::show() const {
         for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
         return s;
     }
+    if (is_function) {
+        std::string s = "f";
+        if (is_return && maxactive > 0) s += std::to_string(maxactive);
+        s += ":" + group + "/" + event + " " + symbol + (is_return ? "%return" : "");
+        for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
+        return s;
+    }
     if (is_watch) {
         static constexpr const char *kAccess[] = {"", "r", "w", "rw"};
         std::string s = "w:" + group + "/" + event + " " + kAccess[watch.type & 3] + "@";
@@ -1062,6 +1130,7 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
     bool fentry = false;
     int r = def->is_watch        ? parse_watch_spec(w, resolver, def, err)
             : def->is_tracepoint ? parse_tracepoint_spec(w, resolver, def, err)
+            : def->is_function   ? parse_function_spec(w, resolver, def, &fentry, err)
                                  : parse_probe_point(w, resolver, def, &fentry, err);
     if (r != 0) return r;
     if ((r = name_event(w.argv[0], colon, def, err)) != 0) return r;

@@ -6,10 +6,14 @@
 //   p[:[GRP/][EVENT]] [MOD:]SYM[+0]%return [FETCHARGS]
 //   w:[GRP/][EVENT] [r|w|rw]@<ADDR|[MOD:]SYM[+|-OFFS]>[:LENGTH] [FETCHARGS]
 //   t[:[GRP/][EVENT]] [MOD:]PROVIDER:NAME [FETCHARGS]
+//   f[:[GRP/][EVENT]] [MOD:]FUNCS [FETCHARGS]
+//   f[MAXACTIVE][:[GRP/][EVENT]] [MOD:]FUNCS%return [FETCHARGS]
 //   -:[GRP/][EVENT]
 //
 // (w: the watch-probe events of the kernel's wprobetrace.rst, on hardware breakpoints; t:
-// fprobetrace.rst's tracepoint probes, on the SDT probes <sys/sdt.h> leaves in objects.)
+// fprobetrace.rst's tracepoint probes, on the SDT probes <sys/sdt.h> leaves in objects;
+// f: its function events, FUNCS one function or, as ukprobes extends them, globs and
+// exclusions "PAT[,PAT|,!PAT...]" over the functions of one object: one event on them all.)
 // plus kprobetrace.txt's first syntax for arguments (aN, rv, ra, sN, sa).
 #pragma once
 
@@ -35,6 +39,8 @@ inline constexpr const char *kDefaultUprobeGroup = "uprobes";
 inline constexpr const char *kDefaultWatchGroup = "wprobes";
 // The group of t: definitions without one (fprobetrace.rst).
 inline constexpr const char *kDefaultTracepointGroup = "tracepoints";
+// The group of f: definitions without one (fprobetrace.rst).
+inline constexpr const char *kDefaultFunctionGroup = "fprobes";
 // A w: definition's address before a trigger sets one (wprobetrace.rst's dummy -1).
 inline constexpr uint64_t kNoWatchAddr = ~uint64_t{0};
 
@@ -61,6 +67,17 @@ struct Resolver {
     virtual int resolve_sdt(std::string_view module, std::string_view provider, std::string_view name,
                             std::vector<SdtSite> *sites) {
         (void)module, (void)provider, (void)name, (void)sites;
+        return -ENOENT;
+    }
+    // The functions "[MOD:]PAT[,PAT|,!PAT...]" names: each function symbol of MOD (the main
+    // program without one) whose name matches a PAT (fnmatch globs) and no !PAT, once per
+    // address. 0 (with none found too), or -ENOENT when MOD is not loaded.
+    struct Function {
+        uint64_t addr = 0;
+        std::string name;
+    };
+    virtual int resolve_functions(std::string_view spec, std::vector<Function> *out) {
+        (void)spec, (void)out;
         return -ENOENT;
     }
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
@@ -98,7 +115,11 @@ struct ProbeDef {
     std::vector<Resolver::SdtSite> sites;
     std::vector<std::vector<ArgDef>> site_args; // sites[1..]'s arguments, in order
     std::vector<std::string> sdt_args;          // while parsing: the site's argument specs
-    int maxactive = 0;                          // r<N>: 0 for the default
+    // f:, on function entries or returns: `symbol` is FUNCS as written (without %return).
+    // A single name is a point as p/r's; globs or lists have `functions` (what they matched).
+    bool is_function = false;
+    std::vector<Resolver::Function> functions;
+    int maxactive = 0; // r<N>: 0 for the default
     std::string group = kDefaultGroup;
     std::string event; // generated when not given
     Where where = Where::kSymbol;

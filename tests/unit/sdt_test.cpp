@@ -156,7 +156,7 @@ TEST_F(SdtEvents, UnknownTracepointsAndTheListOfProbes) {
         EXPECT_NE(file_append("dynamic_events", c.line), 0);
         EXPECT_EQ(read("dynamic_events"), "");
         const std::string log = read("error_log");
-        const std::string want = "trace_kprobe: error: " + std::string(c.message) + "\n  Command: " + c.line + "\n" +
+        const std::string want = "trace_fprobe: error: " + std::string(c.message) + "\n  Command: " + c.line + "\n" +
                                  std::string(11 + c.caret, ' ') + "^\n";
         const size_t close = log.find("] ");
         ASSERT_NE(close, std::string::npos) << log;

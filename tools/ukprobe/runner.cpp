@@ -87,15 +87,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// UKP_EVENTS: definitions separated by ';', their words by ','.
+// UKP_EVENTS: definitions separated by ';', their words by ','; a comma of a word (an f:
+// definition's list of functions) is written "\,".
 std::string startup_events(const std::vector<std::string> &defs) {
     std::string spec;
     for (const std::string &d : defs) {
-        if (d.find_first_of(";,") != std::string::npos)
-            throw std::runtime_error(fmt::format("definition '{}': ';' and ',' cannot be passed in UKP_EVENTS", d));
+        if (d.find(';') != std::string::npos)
+            throw std::runtime_error(fmt::format("definition '{}': ';' cannot be passed in UKP_EVENTS", d));
         std::istringstream words(d);
         std::string w, def;
-        while (words >> w) def += (def.empty() ? "" : ",") + w;
+        while (words >> w) {
+            std::string escaped;
+            for (char c : w) escaped += c == ',' ? std::string("\\,") : std::string(1, c);
+            def += (def.empty() ? "" : ",") + escaped;
+        }
         if (def.empty()) continue;
         spec += (spec.empty() ? "" : ";") + def;
     }

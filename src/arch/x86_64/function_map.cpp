@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <span>
 
 namespace ukp::arch {
 namespace {
@@ -43,7 +44,7 @@ bool is_reg(const ZydisDecodedOperand &op) { return op.type == ZYDIS_OPERAND_TYP
 
 // The last instruction before index `before` in `w` that writes r, or -1 (also when an
 // instruction in between transfers control, which ends the straight-line window).
-int last_writer(const std::vector<Insn> &w, int before, ZydisRegister r) {
+int last_writer(std::span<const Insn> w, int before, ZydisRegister r) {
     for (int i = before - 1; i >= 0; --i) {
         if (writes(w[i], r)) return i;
         if (w[i].flow != Flow::kSequential && w[i].flow != Flow::kCondJump) return -1;
@@ -59,7 +60,7 @@ bool same_memory(const ZydisDecodedOperand &a, const ZydisDecodedOperand &b) {
 
 // For `cmp $n, x` at w[i]: the entry count the following ja/jae/jbe/jb (after any
 // flag-preserving moves) admits, or 0.
-uint64_t bound_of_cmp(const std::vector<Insn> &w, size_t i) {
+uint64_t bound_of_cmp(std::span<const Insn> w, size_t i) {
     const Insn &cmp = w[i];
     const uint64_t mask = cmp.zi.operand_width >= 64 ? ~0ull : (1ull << cmp.zi.operand_width) - 1;
     const uint64_t n = cmp.ops[1].imm.value.u & mask;
@@ -92,7 +93,7 @@ bool is_cmp_imm(const Insn &in) {
 // before it: `cmp $n, x` then ja/jae/jbe/jb, where x holds the index's value: the index
 // register, a register copied into it, or the memory it was loaded from. A byte
 // zero-extended into the index bounds it to 256 when no cmp is found. 0 if unknown.
-uint64_t table_bound(const std::vector<Insn> &w, int before, ZydisRegister index) {
+uint64_t table_bound(std::span<const Insn> w, int before, ZydisRegister index) {
     ZydisRegister reg = index; // holds the index value here (or NONE: `mem` does)
     const ZydisDecodedOperand *mem = nullptr;
     uint64_t fallback = 0;
@@ -166,7 +167,7 @@ bool read_data(const FunctionMap &f, const ReadFn &read, uint64_t addr, void *ou
 }
 
 // Recognizes the jump table (if any) that the indirect jmp w.back() dispatches through.
-void match_jump_table(const std::vector<Insn> &w, const FunctionMap &f, const ReadFn &read, IndirectJump &ij) {
+void match_jump_table(std::span<const Insn> w, const FunctionMap &f, const ReadFn &read, IndirectJump &ij) {
     const int last = static_cast<int>(w.size()) - 1;
     const Insn &jmp = w[last];
     const ZydisDecodedOperand &target = jmp.ops[0];
@@ -693,8 +694,11 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
     f.start = start;
     f.size = size;
     f.code.assign(code, code + size);
-    std::vector<Insn> window; // the last kPatternWindow instructions, oldest first
-    window.reserve(kPatternWindow + 1);
+    // The last kPatternWindow instructions, oldest first, at the end of `window`: it grows
+    // to twice that and then drops the older half, so that an instruction (a kilobyte with
+    // its operands) is moved once, not once per instruction decoded after it.
+    std::vector<Insn> window;
+    window.reserve(2 * kPatternWindow);
 
     size_t off = 0;
     while (off < size) {
@@ -720,7 +724,8 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
             break;
         }
         f.insns.push_back(in.addr);
-        if (window.size() == kPatternWindow) window.erase(window.begin());
+        if (window.size() == 2 * kPatternWindow)
+            window.erase(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(kPatternWindow));
         window.push_back(in);
 
         switch (in.flow) {
@@ -734,7 +739,8 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
         case Flow::kIndirectJump: {
             IndirectJump ij;
             ij.addr = in.addr;
-            match_jump_table(window, f, read, ij);
+            const size_t n = std::min(window.size(), kPatternWindow);
+            match_jump_table(std::span<const Insn>(window).last(n), f, read, ij);
             for (uint64_t t : ij.targets) {
                 if (f.contains(t)) f.branch_targets.push_back(t);
                 f.start_jumped = f.start_jumped || t == start;
