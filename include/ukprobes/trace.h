@@ -14,7 +14,7 @@
  *
  * At start-up the agent applies the definitions in the environment variable UKP_EVENTS
  * (the kernel's kprobe_event= boot parameter: definitions separated by ';', the words
- * of each by ','), and enables them.
+ * of each by ','; "\," is a comma inside a word), and enables them.
  *
  * This header is C-compatible.
  */

@@ -135,6 +135,20 @@ TEST_F(FunctionEvents, AGlobAndAnExclusionMakeOneEventOverTheirFunctions) {
     EXPECT_EQ(kprobes_list_text().find("ukf_"), std::string::npos) << kprobes_list_text();
 }
 
+// The process-start form (UKP_EVENTS) separates words with commas: a list's are "\\,".
+TEST_F(FunctionEvents, AListInTheProcessStartForm) {
+    ASSERT_EQ(apply_startup_events("f:st,ukf_alpha\\,ukf_gamma,v=$arg1:s64"), 0) << read("error_log");
+    EXPECT_EQ(read("dynamic_events"), "f:fprobes/st ukf_alpha,ukf_gamma v=$arg1:s64\n");
+    g_alpha(3);
+    g_beta(4);
+    g_gamma(5);
+    ASSERT_EQ(file_write("events/fprobes/st/enable", "0"), 0); // applied enabled
+    const auto lines = trace_lines("st");
+    ASSERT_EQ(lines.size(), 2u) << read("trace");
+    EXPECT_NE(lines[0].find(" v=3"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[1].find(" v=5"), std::string::npos) << lines[1];
+}
+
 // A glob over a library: every function of it the agent can probe (some it cannot: its own
 // blacklist), and the program goes on.
 TEST_F(FunctionEvents, AGlobOverALibrary) {
