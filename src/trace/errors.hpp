@@ -77,6 +77,10 @@ namespace ukp::trace {
     C(BAD_ACCESS_LEN, "This memory access length is not supported")                                                    \
     C(BAD_ACCESS_ADDR, "Invalid access memory address")                                                                \
     C(NO_TRACEPOINT, "Tracepoint is not found")                                                                        \
+    C(NO_EVENT_INFO, "This requires both group and event name to attach")                                              \
+    C(BAD_ATTACH_EVENT, "Attached event does not exist")                                                               \
+    C(BAD_ATTACH_ARG, "Attached event does not have this field")                                                       \
+    C(NO_EVENT_FIELD, "This event field is not found.")                                                                \
     /* ukprobes: why a w: event's breakpoint could not be had */                                                       \
     C(NO_DEBUG_REG, "A thread has no debug register left (four each: the program's or a debugger's hold them)")        \
     C(WATCH_TRACED, "A debugger is attached: it takes the breakpoints' SIGTRAPs")                                      \

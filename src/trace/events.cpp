@@ -174,7 +174,12 @@ public:
     bool is_watch = false;                           // w: its points are breakpoints
     bool is_tracepoint = false;                      // t: its points are an SDT probe's sites
     bool is_functions = false;                       // f: on globs or a list: a point per function
-    size_t functions_passed = 0;                     // of those, how many could not be probed
+    Event *source = nullptr;                         // e: the event whose records it takes
+    // e: events on this event's records, fed by its hits (slots published with a store).
+    static constexpr size_t kMaxAttached = 8;
+    std::array<std::atomic<Event *>, kMaxAttached> attached{};
+    std::atomic<uint32_t> nattached{0};
+    size_t functions_passed = 0; // of those, how many could not be probed
 
     std::atomic<bool> enabled{false};             // the enable file (and enable_event triggers)
     bool trigger_target = false;                  // an enable_event/disable_event trigger names it
@@ -186,8 +191,27 @@ public:
     // watch_addr: a watch event's address ($addr); own: the point's programs, if not the event's.
     void hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr, uint64_t watch_addr = 0,
              const PointArgs *own = nullptr) noexcept;
+    // An e: event's hit: the record `src` of its source event, just made.
+    void eprobe_hit(const uint8_t *src, uint32_t src_size, const pt_regs *regs, const ThreadInfo &me, int cpu) noexcept;
     uint64_t misses() const;
-    bool armed_wanted() const { return enabled.load() || trigger_target || !triggers.empty(); }
+    // Whether its probes must be armed: for itself, or for an e: event on it.
+    bool armed_wanted() const {
+        if (enabled.load() || trigger_target || !triggers.empty()) return true;
+        for (const auto &a : attached)
+            if (const Event *e = a.load(std::memory_order_acquire); e != nullptr && e->armed_wanted()) return true;
+        return false;
+    }
+
+private:
+    // Whether a hit has anything to do: a record, triggers, e: events to feed.
+    bool hit_wanted() const noexcept {
+        return (enabled.load(std::memory_order_acquire) && tracing_on()) || !triggers.empty() ||
+               nattached.load(std::memory_order_acquire) != 0;
+    }
+    // The record of a hit (ip and ret_addr go into a probe's own fields; an e: event has
+    // none), into the ring, to the triggers and to the e: events on this one.
+    void emit(const HitContext &ctx, const ThreadInfo &me, const PointArgs *own, int cpu, uint64_t ip,
+              uint64_t ret_addr) noexcept;
 };
 
 void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
@@ -197,14 +221,29 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr, uint64_t watch_addr,
                 const PointArgs *own) noexcept {
-    const std::vector<FetchProgram> &progs = own != nullptr ? own->progs : this->progs;
-    const std::vector<DirectStore> &direct = own != nullptr ? own->direct : this->direct;
     const int cpu = platform::this_cpu(); // from rseq: no system call; the record's too
     counts->hit();
-    const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
-    if (!record && triggers.empty()) return;
+    if (!hit_wanted()) return;
     const ThreadInfo &me = this_thread();
-    HitContext ctx{regs, entry, ret_addr, me.comm, watch_addr};
+    emit(HitContext{regs, entry, ret_addr, me.comm, watch_addr}, me, own, cpu, ip, ret_addr);
+}
+
+void Event::eprobe_hit(const uint8_t *src, uint32_t src_size, const pt_regs *regs, const ThreadInfo &me,
+                       int cpu) noexcept {
+    counts->hit();
+    if (!hit_wanted()) return;
+    HitContext ctx{regs, nullptr, 0, me.comm, 0};
+    ctx.rec = src;
+    ctx.rec_size = src_size;
+    emit(ctx, me, nullptr, cpu, 0, 0);
+}
+
+void Event::emit(const HitContext &ctx, const ThreadInfo &me, const PointArgs *own, int cpu, uint64_t ip,
+                 uint64_t ret_addr) noexcept {
+    const std::vector<FetchProgram> &progs = own != nullptr ? own->progs : this->progs;
+    const std::vector<DirectStore> &direct = own != nullptr ? own->direct : this->direct;
+    const bool record = enabled.load(std::memory_order_acquire) && tracing_on();
+    const bool feeds = nattached.load(std::memory_order_acquire) != 0;
     // The strings are measured first and the record reserved at its size, as the kernel
     // does; one its ring could not take is dropped, triggers and all, as the kernel drops
     // it (and counted here, as a miss).
@@ -221,20 +260,20 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
     uint8_t *buf = rec;
     uint32_t cap = size;
     if (rec == nullptr) {
-        // Without a place in the ring the triggers still see the record (traceon must
-        // work while tracing is off).
-        if (triggers.empty() || fixed_size > kScratchSize) return;
+        // Without a place in the ring the triggers (and e: events) still see the record
+        // (traceon must work while tracing is off).
+        if ((triggers.empty() && !feeds) || fixed_size > kScratchSize) return;
         buf = scratch;
         cap = std::min(size, kScratchSize);
     }
     put_header(buf, id, me.tid);
     // Constant sizes: a call to memcpy here could hit a probe on memcpy.
-    __builtin_memcpy(buf + kCommonSize, &ip, 8);
+    if (source == nullptr) __builtin_memcpy(buf + kCommonSize, &ip, 8);
     if (is_return) __builtin_memcpy(buf + kCommonSize + 8, &ret_addr, 8);
     uint32_t nfault = 0;
     uint32_t used = fixed_size;
     if (!direct.empty())
-        run_direct(direct.data(), static_cast<uint32_t>(direct.size()), regs, buf);
+        run_direct(direct.data(), static_cast<uint32_t>(direct.size()), ctx.regs, buf);
     else
         used = run_fetch(progs.data(), static_cast<uint32_t>(progs.size()), ctx, symbols.get(), buf, fixed_size, cap,
                          &nfault, &stash);
@@ -244,7 +283,10 @@ void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_
         const bool match = f == nullptr || f->match(rec, used, me.comm);
         ring_commit(rec, match ? used : 0);
     }
-    if (!triggers.empty()) triggers.fire(buf, used, me.comm, *regs);
+    if (!triggers.empty()) triggers.fire(buf, used, me.comm, *ctx.regs);
+    if (feeds)
+        for (const auto &a : attached)
+            if (Event *e = a.load(std::memory_order_acquire); e != nullptr) e->eprobe_hit(buf, used, ctx.regs, me, cpu);
 }
 
 uint64_t Event::misses() const {
@@ -318,8 +360,11 @@ std::array<const void *, 3> hit_handlers() {
 // --- printing --------------------------------------------------------------------------
 
 std::string print_fmt_of(const Event &e) {
-    std::string fmt = e.is_return ? "(%lx <- %lx)" : "(%lx)";
-    std::string args = e.is_return ? "REC->__probe_func, REC->__probe_ret_ip" : "REC->__probe_ip";
+    // An e: event names the event it is on where a probe's address goes.
+    std::string fmt = !e.attached_to.empty() ? "(" + e.attached_to + ")" : e.is_return ? "(%lx <- %lx)" : "(%lx)";
+    std::string args = !e.attached_to.empty() ? ""
+                       : e.is_return          ? "REC->__probe_func, REC->__probe_ret_ip"
+                                              : "REC->__probe_ip";
     for (size_t i = 0; i < e.progs.size(); ++i) {
         const ArgType &t = e.progs[i].type;
         const std::string &n = e.arg_names[i];
@@ -360,6 +405,7 @@ std::string print_fmt_of(const Event &e) {
             fmt += "}";
         }
     }
+    if (!e.attached_to.empty()) return "\"" + fmt + "\"" + args; // args: ", REC->..." or none
     return "\"" + fmt + "\", " + args;
 }
 
@@ -463,6 +509,14 @@ public:
             }
         return 0;
     }
+    // An event's fields, for e: definitions (Tracer sets it: the events are its).
+    std::function<const std::vector<Field> *(std::string_view group, std::string_view event)> fields_of;
+    int event_fields(std::string_view group, std::string_view event, std::vector<Field> *out) override {
+        const std::vector<Field> *f = fields_of ? fields_of(group, event) : nullptr;
+        if (f == nullptr) return -ENOENT;
+        *out = *f;
+        return 0;
+    }
     bool module_pending(std::string_view spec) override {
         const std::string_view m = sym::Registry::module_of(spec);
         return !m.empty() && !symbols.has_module(m);
@@ -503,6 +557,8 @@ public:
     // def's breakpoint, on every thread, disarmed: 0, or the error (logged).
     int register_watch(ProbePoint &point, const ProbeDef &def);
     int remove(Event *e);
+    // An e: event on the event its definition names (parsed: it exists).
+    int define_eprobe(std::unique_ptr<ProbeDef> def, bool enable);
     void publish_profile();
     int set_enabled(Event *e, bool on);
     void arm(Event *e);
@@ -535,7 +591,12 @@ Tracer &tracer() {
         // The hit handlers read the program's memory only through ukp_safe_copy and
         // write only the agent's: the core calls them unguarded (core.hpp).
         for (const void *fn : hit_handlers()) core::mark_own_handler(fn);
-        return new Tracer; // never destroyed: probes may fire during exit
+        auto *t = new Tracer; // never destroyed: probes may fire during exit
+        t->resolver.fields_of = [t](std::string_view group, std::string_view event) -> const std::vector<Field> * {
+            const Event *e = t->find(group, event); // under t->mu, as every definition
+            return e != nullptr ? &e->fields : nullptr;
+        };
+        return t;
     }();
     return *t;
 }
@@ -609,6 +670,10 @@ void set_point_armed(ProbePoint &p, bool is_return, bool want);
 void Tracer::arm(Event *e) { arm_as(e, e->armed_wanted()); }
 
 void Tracer::arm_as(Event *e, bool want) {
+    if (e->source != nullptr) { // an e: event has no probes: its source's serve it
+        arm(e->source);
+        return;
+    }
     const core::ArmBatch batch; // one synchronization of the cores for all its points
     for (auto &p : e->points) {
         if (!p->registered) continue;
@@ -690,10 +755,13 @@ std::unique_ptr<SymbolTable> symbol_table(const sym::Registry &symbols) {
 }
 
 // Who reports a definition's error in error_log: the kernel's kprobe tracer, its wprobe
-// tracer for a w: line, its fprobe tracer for f: and t: lines.
+// tracer for a w: line, its fprobe tracer for f: and t: lines, its eprobe one for e:.
 const char *log_source(const std::string &command) {
     // fprobetrace's parser takes both f: and t: lines.
-    return command[0] == 'w' ? "wprobe" : command[0] == 'f' || command[0] == 't' ? "trace_fprobe" : "trace_kprobe";
+    return command[0] == 'w'                        ? "wprobe"
+           : command[0] == 'f' || command[0] == 't' ? "trace_fprobe"
+           : command[0] == 'e'                      ? "event_probe"
+                                                    : "trace_kprobe";
 }
 
 void Tracer::log_error(const std::string &command, Err e, int word, int off) {
@@ -742,8 +810,9 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
         e->arg_names.push_back(a.name);
         e->arg_types.push_back(type_key(a.prog.type));
     }
-    e->fields = probe_fields(e->is_return);
-    const uint32_t base = kCommonSize + (e->is_return ? 16u : 8u);
+    if (def.is_eprobe) e->attached_to = def.symbol;
+    e->fields = def.is_eprobe ? common_fields() : probe_fields(e->is_return);
+    const uint32_t base = def.is_eprobe ? kCommonSize : kCommonSize + (e->is_return ? 16u : 8u);
     e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
     e->direct = direct_stores(e->progs);
     if (e->fixed_size > kMaxEventSize) {
@@ -830,6 +899,43 @@ int Tracer::register_point(ProbePoint &point, const ProbeDef &def, bool quiet) {
     return r;
 }
 
+int Tracer::define_eprobe(std::unique_ptr<ProbeDef> def, bool enable) {
+    if (find(def->group, def->event) != nullptr) {
+        log_error(def->command, Err::EVENT_EXIST, 0, 0);
+        return -EEXIST;
+    }
+    const size_t dot = def->symbol.find('.');
+    Event *src = find(std::string_view(def->symbol).substr(0, dot), std::string_view(def->symbol).substr(dot + 1));
+    size_t slot = Event::kMaxAttached;
+    for (size_t i = 0; src != nullptr && i < Event::kMaxAttached && slot == Event::kMaxAttached; ++i)
+        if (src->attached[i].load() == nullptr) slot = i;
+    if (src == nullptr || slot == Event::kMaxAttached || next_id == UINT16_MAX) {
+        log_error(def->command, src == nullptr ? Err::BAD_ATTACH_EVENT : Err::FAIL_REG_PROBE, 1, 0);
+        return src == nullptr ? -ENOENT : -ENOSPC;
+    }
+    int r = 0;
+    std::unique_ptr<Event> fresh = make_event(*def, &r);
+    if (fresh == nullptr) return r;
+    fresh->source = src;
+    // No probe of its own: a point holds the definition, for dynamic_events.
+    auto point = std::make_unique<ProbePoint>();
+    point->event = fresh.get();
+    point->hook->point = point.get();
+    point->def = std::move(*def);
+    fresh->points.push_back(std::move(point));
+    Event *e = fresh.get();
+    e->id = next_id++;
+    by_id[e->id] = e;
+    events.push_back(std::move(fresh));
+    // Its source's hits feed it from here on: it is whole before it is published.
+    src->attached[slot].store(e, std::memory_order_release);
+    src->nattached.fetch_add(1, std::memory_order_release);
+    publish_profile();
+    if (enable) return set_enabled(e, true);
+    arm(e);
+    return 0;
+}
+
 // Unregisters the registered probes of `points` (not watches) in one call: one grace
 // period for them all (an event over a library has thousands).
 void unregister_points(const std::vector<std::unique_ptr<ProbePoint>> &points, bool is_return) {
@@ -861,6 +967,7 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
         if (e == nullptr) return -ENOENT;
         return remove(e);
     }
+    if (def->is_eprobe) return define_eprobe(std::move(def), enable);
     Event *e = find(def->group, def->event);
     std::unique_ptr<Event> fresh;
     const bool many = def->is_tracepoint || !def->functions.empty();
@@ -947,7 +1054,14 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
 }
 
 int Tracer::remove(Event *e) {
-    if (e->enabled.load() || !e->triggers.empty()) return -EBUSY;
+    // In use: enabled, with triggers, or with e: events on it (the kernel's -EBUSY).
+    if (e->enabled.load() || !e->triggers.empty() || e->nattached.load() != 0) return -EBUSY;
+    if (Event *src = e->source; src != nullptr) {
+        for (auto &a : src->attached)
+            if (a.load() == e) a.store(nullptr, std::memory_order_release);
+        src->nattached.fetch_sub(1, std::memory_order_release);
+        arm(src); // it may not be wanted any more
+    }
     for (auto &p : e->points) {
         if (!p->registered) continue;
         if (p->semaphore_held) {
@@ -991,7 +1105,13 @@ int Tracer::set_enabled(Event *e, bool on) {
         return 0;
     }
     // Off: the points first, then the flag. A hit in between counted in kprobe_profile
-    // and recorded nothing: the profile and the trace must agree.
+    // and recorded nothing: the profile and the trace must agree. (An e: event's source
+    // asks the flag: it goes first.)
+    if (e->source != nullptr) {
+        e->enabled.store(false);
+        arm(e);
+        return 0;
+    }
     arm_as(e, e->trigger_target || !e->triggers.empty());
     e->enabled.store(false);
     return 0;
@@ -1081,7 +1201,8 @@ int write_definitions(Tracer &t, std::string_view text, bool truncate) {
     if (truncate) {
         for (auto &e : t.events)
             if (e->enabled.load() || !e->triggers.empty()) return -EBUSY;
-        while (!t.events.empty()) t.remove(t.events.back().get());
+        while (!t.events.empty())
+            if (t.remove(t.events.back().get()) != 0) return -EBUSY; // e: events go before their sources
     }
     size_t start = 0;
     while (start <= text.size()) {

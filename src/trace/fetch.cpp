@@ -55,6 +55,25 @@ inline uint64_t bitfield(uint64_t v, const ArgType &t) {
     return v >> (64 - t.bf_width);
 }
 
+// An event probe's $FIELD from the record it is attached to (Op::kField); false when the
+// record does not hold it.
+inline bool field_value(const HitContext &ctx, const FetchOp &op, uint64_t *v) {
+    const uint32_t size = op.param & 0xff, at = static_cast<uint32_t>(op.imm);
+    if (ctx.rec == nullptr || uint64_t(at) + (size == 0 ? 4 : size) > ctx.rec_size) return false;
+    if (size == 0) { // __data_loc: length << 16 | offset
+        const uint32_t loc = static_cast<uint32_t>(get(ctx.rec + at, 4));
+        if ((loc >> 16) == 0 || (loc & 0xffff) + (loc >> 16) > ctx.rec_size) return false;
+        *v = reinterpret_cast<uint64_t>(ctx.rec + (loc & 0xffff));
+        return true;
+    }
+    *v = get(ctx.rec + at, size);
+    if ((op.param & kFieldSigned) != 0 && size < 8) {
+        const unsigned shift = 64 - 8 * size;
+        *v = static_cast<uint64_t>(static_cast<int64_t>(*v << shift) >> shift);
+    }
+    return true;
+}
+
 // Runs the operations; false when a memory read faulted.
 inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *value) {
     uint64_t v = 0;
@@ -101,6 +120,9 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
             break;
         case Op::kWatchAddr:
             v = ctx.watch_addr;
+            break;
+        case Op::kField:
+            if (!field_value(ctx, op, &v)) return false;
             break;
         }
     }

@@ -58,7 +58,12 @@ enum class Op : uint8_t {
     kData,      // value = address of an immediate string (imm: its index in the program)
     kDeref,     // value = the 8 bytes at value + imm
     kWatchAddr, // value = the address a watch event watches ($addr)
+    // value = field of the record an event probe is attached to ($FIELD): at offset imm,
+    // param bytes (1, 2, 4, 8; kFieldSigned added for a signed one, sign-extended), or 0 for
+    // a __data_loc string: the address of its bytes in the record.
+    kField,
 };
+inline constexpr uint16_t kFieldSigned = 0x100;
 
 struct FetchOp {
     Op op;
@@ -139,6 +144,8 @@ struct HitContext {
     uint64_t ret_addr = 0;                // return probes: where the function returns to
     const char *comm = nullptr;           // the thread's name, NUL-terminated
     uint64_t watch_addr = 0;              // watch events: the address watched
+    const uint8_t *rec = nullptr;         // event probes: the record of the event they are on
+    uint32_t rec_size = 0;
 };
 
 // Symbol lookup for symstr at the hit: an immutable table built when the event is defined.

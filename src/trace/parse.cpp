@@ -141,6 +141,8 @@ private:
     int entry_arg(uint16_t n, int err_off);
     // $argN of a t: definition: the site's Nth argument spec ("-4@-20(%rbp)") as operations.
     int sdt_arg(uint64_t n);
+    // An e: definition's field of the event it is on (common ones aside); -ENOENT if none.
+    int event_field(std::string_view name);
     bool find_type(std::string_view t, ArgType *type, bool *vfs);
     // How p stores the value, from the last operation and the type: a final dereference
     // moves into the store. -EINVAL when the type cannot take that value.
@@ -151,9 +153,10 @@ private:
     ProbeDef &def_;
     Resolver &res_;
     ProbeError *err_;
-    bool fentry_;    // the probe is at a function's entry
-    int base_;       // position of this word in the command
-    int offset_ = 0; // the kernel's ctx->offset, within the word
+    bool fentry_;                  // the probe is at a function's entry
+    int base_;                     // position of this word in the command
+    int offset_ = 0;               // the kernel's ctx->offset, within the word
+    const Field *field_ = nullptr; // an e: definition's $FIELD, for its default type
     std::vector<FetchOp> ops_;
     std::string data_; // an immediate string
 };
@@ -166,9 +169,26 @@ int ArgParser::entry_arg(uint16_t n, int err_off) {
     return push({Op::kEntryArg, false, uint16_t(def_.entry_args.size() - 1), 0}, err_off);
 }
 
+int ArgParser::event_field(std::string_view name) {
+    for (const Field &f : def_.attach_fields) {
+        if (f.common || f.name != name) continue;
+        field_ = &f;
+        const bool loc = f.print == Print::kString;
+        const uint16_t size = loc ? 0 : uint16_t(f.size | (f.is_signed ? kFieldSigned : 0));
+        return push({Op::kField, false, size, int64_t(f.offset)}, offset_);
+    }
+    return -ENOENT;
+}
+
 int ArgParser::parse_vars(std::string_view arg) {
     constexpr uint64_t kMaxStackParam = 4096 / 8 - 1; // PARAM_MAX_STACK
     Err e = Err::BAD_VAR;
+    if (def_.is_eprobe) {
+        // eprobetrace.rst: $FIELD and $comm; nothing of a probe's (registers, stack, arguments).
+        if (const int r = event_field(arg); r != -ENOENT) return r;
+        if (arg == "comm" || arg == "COMM") return push({Op::kComm}, offset_);
+        return fail(Err::BAD_ATTACH_ARG, offset_);
+    }
     if (arg == "retval") {
         if (def_.is_return) return push({Op::kRetval}, offset_);
         return fail(Err::RETVAL_ON_PROBE, offset_);
@@ -309,6 +329,7 @@ int ArgParser::parse_arg(std::string_view arg) {
     case '$':
         return parse_vars(arg.substr(1));
     case '%': {
+        if (def_.is_eprobe) return fail(Err::BAD_VAR, offset_); // an event has no registers
         const int r = register_index(arg.data() + 1, arg.size() - 1);
         if (r < 0) return fail(Err::BAD_REG_NAME, offset_);
         return push({Op::kReg, false, uint16_t(r), 0}, offset_);
@@ -322,6 +343,10 @@ int ArgParser::parse_arg(std::string_view arg) {
         return parse_immediate(arg.substr(1));
     default:
         if (std::isalpha(static_cast<unsigned char>(arg[0])) || arg[0] == '_') {
+            if (def_.is_eprobe) { // a field without '$', as newer kernels take it
+                const int r = event_field(arg);
+                return r == -ENOENT ? fail(Err::NO_EVENT_FIELD, offset_) : r;
+            }
             bool matched = false;
             if (int r = parse_legacy(arg, &matched)) return r;
             if (matched) return 0;
@@ -528,11 +553,13 @@ int ArgParser::choose_store(const ArgType &type, int t_off, FetchProgram *p) {
     if (str) {
         if (type.kind == Kind::kSymStr) {
             if (last != Op::kReg && last != Op::kStack && last != Op::kRetval && last != Op::kArg &&
-                last != Op::kEntryArg && last != Op::kDeref)
+                last != Op::kEntryArg && last != Op::kDeref && last != Op::kField)
                 return fail(Err::BAD_SYMSTRING, t_off);
             p->store = Store::kSymStr;
         } else {
-            if (last != Op::kDeref && last != Op::kImm && last != Op::kComm && last != Op::kData)
+            // An event probe's string field: the value is where its bytes are in the record.
+            const bool string_field = last == Op::kField && (ops_.back().param & 0xff) == 0;
+            if (last != Op::kDeref && last != Op::kImm && last != Op::kComm && last != Op::kData && !string_field)
                 return fail(Err::BAD_STRING, t_off);
             if (last == Op::kDeref) {
                 p->mem_offset = ops_.back().imm;
@@ -584,6 +611,17 @@ int ArgParser::parse(std::string_view word, int index) {
     if (def_.is_tracepoint && !tt.given && arg.substr(0, 4) == "$arg" && to_u64(arg.substr(4), &argn, 10) &&
         argn >= 1 && argn <= def_.sdt_args.size())
         type = sdt_type(def_.sdt_args[argn - 1]);
+    // An e: definition's bare field: a string stays one, a number is shown in hex of its
+    // size (eprobetrace.rst: "the values would default showing in hexadecimal").
+    if (field_ != nullptr && !tt.given && ops_.size() == 1) {
+        if (field_->print == Print::kString) {
+            bool vfs = false;
+            find_type("string", &type, &vfs);
+        } else if (field_->size == 1 || field_->size == 2 || field_->size == 4 || field_->size == 8) {
+            bool vfs = false;
+            find_type("x" + std::to_string(field_->size * 8), &type, &vfs);
+        }
+    }
     FetchProgram &p = ad.prog;
     if (int r = choose_store(type, tt.pos, &p)) return r;
     if (type.bitfield) {
@@ -677,13 +715,16 @@ int parse_removal(const std::string &a0, ProbeDef *def, ProbeError *err) {
 // not know.
 int parse_probe_type(const Words &w, ProbeDef *def, size_t *colon, ProbeError *err) {
     const std::string &a0 = w.argv[0];
-    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w' && a0[0] != 't' && a0[0] != 'f') return -EINVAL;
+    if (a0[0] != 'p' && a0[0] != 'r' && a0[0] != 'w' && a0[0] != 't' && a0[0] != 'f' && a0[0] != 'e') return -EINVAL;
     if (w.argv.size() < 2) return -EINVAL;
-    if (a0[0] == 'w' || a0[0] == 't') {
-        // "w", "t", "w:...", "t:...": no maxactive (the kernel's wprobe and tprobe parsers).
+    if (a0[0] == 'w' || a0[0] == 't' || a0[0] == 'e') {
+        // "w", "t", "e", "w:...", ...: no maxactive (the kernel's wprobe, tprobe and eprobe parsers).
         def->is_watch = a0[0] == 'w';
         def->is_tracepoint = a0[0] == 't';
-        def->group = def->is_watch ? kDefaultWatchGroup : kDefaultTracepointGroup;
+        def->is_eprobe = a0[0] == 'e';
+        def->group = def->is_watch        ? kDefaultWatchGroup
+                     : def->is_tracepoint ? kDefaultTracepointGroup
+                                          : kDefaultEprobeGroup;
         *colon = a0.size() > 1 ? 1 : std::string::npos;
         if (a0.size() > 1 && a0[1] != ':') return fail_at(err, w, Err::BAD_MAXACT_TYPE, 0, 1);
         return 0;
@@ -933,6 +974,22 @@ int parse_tracepoint_spec(const Words &w, Resolver &resolver, ProbeDef *def, Pro
     return 0;
 }
 
+// The event an e: definition is on, word 1: GRP.EVENT (or GRP/EVENT, as the kernel takes
+// it too), and its fields.
+int parse_eprobe_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeError *err) {
+    std::string spec = w.argv[1];
+    const size_t dot = spec.find_first_of("./");
+    if (dot == std::string::npos || dot == 0 || dot + 1 == spec.size())
+        return fail_at(err, w, Err::NO_EVENT_INFO, 1, 0);
+    const std::string_view s(spec);
+    if (resolver.event_fields(s.substr(0, dot), s.substr(dot + 1), &def->attach_fields) != 0)
+        return fail_at(err, w, Err::BAD_ATTACH_EVENT, 1, 0);
+    def->where = Where::kAddress;
+    spec[dot] = '.';
+    def->symbol = spec;
+    return 0;
+}
+
 // A site's argument specs, split at blanks.
 std::vector<std::string> split_blanks(const std::string &s) {
     std::vector<std::string> out;
@@ -950,6 +1007,7 @@ std::vector<std::string> split_blanks(const std::string &s) {
 // and offset, the address, or the file's base name (up to its first . - or _, as the
 // kernel's uprobe tracer) and offset.
 std::string default_event_name(const ProbeDef &def) {
+    if (def.is_eprobe) return sanitize(def.symbol.substr(def.symbol.find('.') + 1)); // the event's own name
     if (def.is_tracepoint || def.is_watch) {
         // t: the tracepoint's name, "_NAME" when it starts with a digit (fprobetrace.rst);
         // w: the symbol, else "wprobe" (the kernel's wprobe parser). Without MOD or a C++
@@ -1087,6 +1145,11 @@ std::string ProbeDef::show() const {
         for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
         return s;
     }
+    if (is_eprobe) {
+        std::string s = "e:" + group + "/" + event + " " + symbol;
+        for (const ArgDef &a : args) s += " " + a.name + "=" + a.text;
+        return s;
+    }
     if (is_function) {
         std::string s = "f";
         if (is_return && maxactive > 0) s += std::to_string(maxactive);
@@ -1131,6 +1194,7 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
     int r = def->is_watch        ? parse_watch_spec(w, resolver, def, err)
             : def->is_tracepoint ? parse_tracepoint_spec(w, resolver, def, err)
             : def->is_function   ? parse_function_spec(w, resolver, def, &fentry, err)
+            : def->is_eprobe     ? parse_eprobe_spec(w, resolver, def, err)
                                  : parse_probe_point(w, resolver, def, &fentry, err);
     if (r != 0) return r;
     if ((r = name_event(w.argv[0], colon, def, err)) != 0) return r;

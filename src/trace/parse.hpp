@@ -8,12 +8,15 @@
 //   t[:[GRP/][EVENT]] [MOD:]PROVIDER:NAME [FETCHARGS]
 //   f[:[GRP/][EVENT]] [MOD:]FUNCS [FETCHARGS]
 //   f[MAXACTIVE][:[GRP/][EVENT]] [MOD:]FUNCS%return [FETCHARGS]
+//   e[:[GRP/][EVENT]] SRCGRP.SRCEVENT [FETCHARGS]
 //   -:[GRP/][EVENT]
 //
 // (w: the watch-probe events of the kernel's wprobetrace.rst, on hardware breakpoints; t:
 // fprobetrace.rst's tracepoint probes, on the SDT probes <sys/sdt.h> leaves in objects;
 // f: its function events, FUNCS one function or, as ukprobes extends them, globs and
-// exclusions "PAT[,PAT|,!PAT...]" over the functions of one object: one event on them all.)
+// exclusions "PAT[,PAT|,!PAT...]" over the functions of one object: one event on them all;
+// e: eprobetrace.rst's event probes, a second event on another event's records, $FIELD its
+// fields.)
 // plus kprobetrace.txt's first syntax for arguments (aN, rv, ra, sN, sa).
 #pragma once
 
@@ -41,6 +44,8 @@ inline constexpr const char *kDefaultWatchGroup = "wprobes";
 inline constexpr const char *kDefaultTracepointGroup = "tracepoints";
 // The group of f: definitions without one (fprobetrace.rst).
 inline constexpr const char *kDefaultFunctionGroup = "fprobes";
+// The group of e: definitions without one (eprobetrace.rst).
+inline constexpr const char *kDefaultEprobeGroup = "eprobes";
 // A w: definition's address before a trigger sets one (wprobetrace.rst's dummy -1).
 inline constexpr uint64_t kNoWatchAddr = ~uint64_t{0};
 
@@ -78,6 +83,11 @@ struct Resolver {
     };
     virtual int resolve_functions(std::string_view spec, std::vector<Function> *out) {
         (void)spec, (void)out;
+        return -ENOENT;
+    }
+    // The fields of event GRP.EVENT (an e: definition's), common ones first. 0 or -ENOENT.
+    virtual int event_fields(std::string_view group, std::string_view event, std::vector<Field> *out) {
+        (void)group, (void)event, (void)out;
         return -ENOENT;
     }
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
@@ -119,6 +129,9 @@ struct ProbeDef {
     // A single name is a point as p/r's; globs or lists have `functions` (what they matched).
     bool is_function = false;
     std::vector<Resolver::Function> functions;
+    // e:, on the records of the event `symbol` names ("GRP.EVENT"), whose fields these are.
+    bool is_eprobe = false;
+    std::vector<Field> attach_fields;
     int maxactive = 0; // r<N>: 0 for the default
     std::string group = kDefaultGroup;
     std::string event; // generated when not given

@@ -137,12 +137,15 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
     uint64_t a = 0, b = 0;
     if (size >= kCommonSize + 8) std::memcpy(&a, rec + kCommonSize, 8);
     if (e->is_return && size >= kCommonSize + 16) std::memcpy(&b, rec + kCommonSize + 8, 8);
-    if (e->is_return)
+    if (!e->attached_to.empty())
+        out += e->attached_to; // eprobetrace.rst: the event it is on
+    else if (e->is_return)
         out += sym(b, true) + " <- " + sym(a, false);
     else
         out += sym(a, true);
     out += ")";
-    const size_t first = e->is_return ? 6 : 5; // after the common and the probe's own fields
+    // After the common and the probe's own fields.
+    const size_t first = !e->attached_to.empty() ? 4 : e->is_return ? 6 : 5;
     for (size_t i = first; i < e->fields.size(); ++i) {
         const Field &f = e->fields[i];
         const uint32_t n = f.array_len > 0 ? f.array_len : 1;
@@ -160,8 +163,8 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
 std::string event_table_text(const std::vector<const EventInfo *> &events) {
     std::string s = "ukprobes-event-table " + std::to_string(kEventTableVersion) + "\n";
     for (const EventInfo *e : events) {
-        s += "event\t" + std::to_string(e->id) + "\t" + e->group + "\t" + e->name + "\t" + (e->is_return ? "r" : "p") +
-             "\n";
+        const std::string kind = !e->attached_to.empty() ? "e:" + e->attached_to : e->is_return ? "r" : "p";
+        s += "event\t" + std::to_string(e->id) + "\t" + e->group + "\t" + e->name + "\t" + kind + "\n";
         for (const Field &f : e->fields) {
             s += "field\t" + f.name + "\t" + f.c_type + "\t" + std::to_string(f.offset) + "\t" +
                  std::to_string(f.size) + "\t" + (f.is_signed ? "1" : "0") + "\t" +
@@ -176,7 +179,8 @@ std::string event_table_text(const std::vector<const EventInfo *> &events) {
 int parse_event_table(std::string_view text, std::map<uint16_t, EventInfo> *out, std::string *why) {
     const std::vector<std::string_view> lines = split(text, '\n');
     const std::string first = "ukprobes-event-table " + std::to_string(kEventTableVersion);
-    if (lines.empty() || lines[0] != first) {
+    // Version 1 is version 2 without event probes: the captures written before still read.
+    if (lines.empty() || (lines[0] != first && lines[0] != "ukprobes-event-table 1")) {
         *why = "event table: expected '" + first + "', got '" + std::string(lines.empty() ? "" : lines[0]) + "'";
         return -EPROTO;
     }
@@ -185,11 +189,13 @@ int parse_event_table(std::string_view text, std::map<uint16_t, EventInfo> *out,
         if (lines[n].empty()) continue;
         const std::vector<std::string_view> w = split(lines[n], '\t');
         bool ok = false;
-        if (w[0] == "event" && w.size() == 5 && (w[4] == "p" || w[4] == "r")) {
+        if (w[0] == "event" && w.size() == 5 && (w[4] == "p" || w[4] == "r" || w[4].substr(0, 2) == "e:")) {
             uint32_t id = 0;
             if ((ok = to_u32(w[1], &id) && id <= UINT16_MAX)) {
                 cur = &(*out)[static_cast<uint16_t>(id)];
-                *cur = EventInfo{static_cast<uint16_t>(id), std::string(w[2]), std::string(w[3]), w[4] == "r", {}, {}};
+                *cur =
+                    EventInfo{static_cast<uint16_t>(id), std::string(w[2]), std::string(w[3]), w[4] == "r", {}, {}, {}};
+                if (w[4][0] == 'e') cur->attached_to = std::string(w[4].substr(2));
             }
         } else if (w[0] == "field" && w.size() == 9 && cur != nullptr) {
             Field f;

@@ -29,6 +29,7 @@ struct EventInfo {
     bool is_return = false;    // kretprobe: __probe_func, __probe_ret_ip
     std::vector<Field> fields; // common fields first, as the format file
     std::string print_fmt;     // the format file's print fmt line
+    std::string attached_to;   // an event probe's (e:): "GRP.EVENT" it is on; no probe field then
 };
 
 // The event of a record's common_type, or null when there is none (printed "Unknown event N").
@@ -76,7 +77,7 @@ std::string hex_address(uint64_t addr);
 //   fmt <TAB> PRINT_FMT
 // PRINT is unsigned, signed, hex, char, string or symbol. Fields and fmt belong to the
 // event line above them.
-inline constexpr int kEventTableVersion = 1;
+inline constexpr int kEventTableVersion = 2;
 std::string event_table_text(const std::vector<const EventInfo *> &events);
 // 0, or -EPROTO (another version, or a line this version does not know) with *why set.
 int parse_event_table(std::string_view text, std::map<uint16_t, EventInfo> *out, std::string *why);

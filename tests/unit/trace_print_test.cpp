@@ -61,12 +61,28 @@ TEST(EventTable, ItsTextGivesBackTheSameEvents) {
 TEST(EventTable, AnotherVersionOrAnUnknownLineIsRefused) {
     std::map<uint16_t, EventInfo> got;
     std::string why;
-    EXPECT_EQ(parse_event_table("ukprobes-event-table 2\n", &got, &why), -EPROTO);
-    EXPECT_NE(why.find("ukprobes-event-table 1"), std::string::npos) << why;
-    EXPECT_EQ(parse_event_table("ukprobes-event-table 1\nevent\t1\tg\tn\tp\nwhat\t1\n", &got, &why), -EPROTO);
+    EXPECT_EQ(parse_event_table("ukprobes-event-table 3\n", &got, &why), -EPROTO);
+    EXPECT_NE(why.find("ukprobes-event-table 2"), std::string::npos) << why;
+    EXPECT_EQ(parse_event_table("ukprobes-event-table 1\nevent\t1\tg\tn\tp\n", &got, &why), 0)
+        << "a capture written before event probes: " << why;
+    EXPECT_EQ(parse_event_table("ukprobes-event-table 2\nevent\t1\tg\tn\tp\nwhat\t1\n", &got, &why), -EPROTO);
     EXPECT_NE(why.find("line 3"), std::string::npos) << why;
-    EXPECT_EQ(parse_event_table("ukprobes-event-table 1\nfield\tx\tu8\t0\t1\t0\thex\t0\t0\n", &got, &why), -EPROTO)
+    EXPECT_EQ(parse_event_table("ukprobes-event-table 2\nfield\tx\tu8\t0\t1\t0\thex\t0\t0\n", &got, &why), -EPROTO)
         << "a field before any event";
+    EXPECT_EQ(parse_event_table("ukprobes-event-table 2\nevent\t1\tg\tn\tx\n", &got, &why), -EPROTO)
+        << "an event of no known kind";
+}
+
+// An event probe's kind carries the event it is on, which its records print.
+TEST(EventTable, AnEventProbeKeepsTheEventItIsOn) {
+    EventInfo e{2002, "eprobes", "small", false, common_fields(), "\"(kprobes.src)\"", "kprobes.src"};
+    const std::string text = event_table_text({&e});
+    EXPECT_NE(text.find("event\t2002\teprobes\tsmall\te:kprobes.src\n"), std::string::npos) << text;
+    std::map<uint16_t, EventInfo> got;
+    std::string why;
+    ASSERT_EQ(parse_event_table(text, &got, &why), 0) << why;
+    EXPECT_EQ(got[2002].attached_to, "kprobes.src");
+    EXPECT_FALSE(got[2002].is_return);
 }
 
 // Names from the link map (the agent) and from /proc/PID/maps (the CLI), for this process.
