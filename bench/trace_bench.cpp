@@ -77,6 +77,33 @@ void BM_Event4StringDeref(benchmark::State &state) {
 // A return event: the kretprobe's entry and its return through the return trampoline.
 void BM_ReturnEvent(benchmark::State &state) { run_event(state, "rv", "r:rv utb_target ret=$retval"); }
 
+// histogram.rst's latency recipe on the function: its entry keeps the time in a variable,
+// its exit computes the latency and passes it to a synthetic event whose histogram counts
+// it (nothing recorded into the ring: the events are not enabled, their triggers run).
+void BM_LatencyHistogram(benchmark::State &state) {
+    ukp_trace_write("dynamic_events", "");
+    const char *setup[][2] = {
+        {"dynamic_events", "f:lat_in utb_target"},
+        {"dynamic_events", "f:lat_out utb_target%return"},
+        {"synthetic_events", "utb_latency u64 lat"},
+        {"events/fprobes/lat_in/trigger", "hist:keys=common_pid:ts0=common_timestamp"},
+        {"events/fprobes/lat_out/trigger",
+         "hist:keys=common_pid:lat=common_timestamp-$ts0:onmatch(fprobes.lat_in).utb_latency($lat)"},
+        {"events/synthetic/utb_latency/trigger", "hist:keys=lat.log2"},
+    };
+    for (const auto &s : setup)
+        if (ukp_trace_append(s[0], s[1]) != 0) {
+            state.SkipWithError(s[1]);
+            return;
+        }
+    run_calls(state);
+    ukp_trace_write("events/synthetic/utb_latency/trigger", "!hist:keys=lat.log2");
+    ukp_trace_write("events/fprobes/lat_out/trigger",
+                    "!hist:keys=common_pid:lat=common_timestamp-$ts0:onmatch(fprobes.lat_in).utb_latency($lat)");
+    ukp_trace_write("events/fprobes/lat_in/trigger", "!hist:keys=common_pid:ts0=common_timestamp");
+    ukp_trace_write("dynamic_events", "");
+}
+
 // The bare probe and the 4-register event with two threads hitting at once, one per CPU
 // here: what their hits share. The first thread sets up before the timed loop and tears
 // down after it; the benchmark's barriers at the loop's start and end order them.
@@ -126,6 +153,7 @@ BENCHMARK(BM_Event0);
 BENCHMARK(BM_Event4Regs);
 BENCHMARK(BM_Event4StringDeref);
 BENCHMARK(BM_ReturnEvent);
+BENCHMARK(BM_LatencyHistogram);
 BENCHMARK(BM_BareProbe_TwoThreads)->Threads(2);
 BENCHMARK(BM_Event4Regs_TwoThreads)->Threads(2);
 
@@ -173,7 +201,8 @@ int main(int argc, char **argv) {
     const double bare = rep.ns["BM_BareProbe"];
     if (bare > 0) {
         std::printf("\nratio to the bare probe hit, fastest repetitions (direct call subtracted from neither):\n");
-        for (const char *n : {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent"})
+        for (const char *n :
+             {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent", "BM_LatencyHistogram"})
             std::printf("  %-22s %6.2fx\n", n, rep.ns[n] / bare);
     }
     benchmark::Shutdown();

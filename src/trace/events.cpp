@@ -42,6 +42,7 @@ namespace ukp::trace {
 namespace {
 
 constexpr uint16_t kFirstEventId = 2000; // dynamic event ids, after the static ones
+constexpr size_t kMaxActionFields = 16;  // a synthetic event's: what a hist action passes at most (hist.cpp)
 constexpr uint32_t kScratchSize = 1024;  // a record built when the ring takes none
 constexpr int kMaxUserStack = 16;        // frames a stacktrace trigger records
 constexpr int kPipeWaitMs = 1000;        // a trace_pipe read waits this long for a record
@@ -175,6 +176,8 @@ public:
     bool is_tracepoint = false;                      // t: its points are an SDT probe's sites
     bool is_functions = false;                       // f: on globs or a list: a point per function
     Event *source = nullptr;                         // e: the event whose records it takes
+    std::string synth_text;                          // a synthetic event's definition ("u64 lat; pid_t pid")
+    std::unique_ptr<SynthSink> sink;                 // a synthetic event: what hist actions fire
     // e: events on this event's records, fed by its hits (slots published with a store).
     static constexpr size_t kMaxAttached = 8;
     std::array<std::atomic<Event *>, kMaxAttached> attached{};
@@ -193,6 +196,8 @@ public:
              const PointArgs *own = nullptr) noexcept;
     // An e: event's hit: the record `src` of its source event, just made.
     void eprobe_hit(const uint8_t *src, uint32_t src_size, const pt_regs *regs, const ThreadInfo &me, int cpu) noexcept;
+    // A synthetic event's: a hist action's values, one per field.
+    void synth_hit(const uint64_t *values, size_t n, const pt_regs *regs) noexcept;
     uint64_t misses() const;
     // Whether its probes must be armed: for itself, or for an e: event on it.
     bool armed_wanted() const {
@@ -238,6 +243,31 @@ void Event::eprobe_hit(const uint8_t *src, uint32_t src_size, const pt_regs *reg
     emit(ctx, me, nullptr, cpu, 0, 0);
 }
 
+void Event::synth_hit(const uint64_t *values, size_t n, const pt_regs *regs) noexcept {
+    static const pt_regs kNoRegs{};
+    const int cpu = platform::this_cpu();
+    counts->hit();
+    if (!hit_wanted()) return;
+    const ThreadInfo &me = this_thread();
+    HitContext ctx{regs != nullptr ? regs : &kNoRegs, nullptr, 0, me.comm, 0};
+    ctx.rec = reinterpret_cast<const uint8_t *>(values); // each field's program reads its value here
+    ctx.rec_size = static_cast<uint32_t>(n * 8);
+    emit(ctx, me, nullptr, cpu, 0, 0);
+}
+
+// What hist actions fire: a synthetic event.
+class SynthEvent : public SynthSink {
+public:
+    explicit SynthEvent(Event *e) : e_(e) {}
+    size_t field_count() const override { return e_->progs.size(); }
+    void fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept override {
+        e_->synth_hit(values, n, regs);
+    }
+
+private:
+    Event *e_;
+};
+
 void Event::emit(const HitContext &ctx, const ThreadInfo &me, const PointArgs *own, int cpu, uint64_t ip,
                  uint64_t ret_addr) noexcept {
     const std::vector<FetchProgram> &progs = own != nullptr ? own->progs : this->progs;
@@ -268,7 +298,7 @@ void Event::emit(const HitContext &ctx, const ThreadInfo &me, const PointArgs *o
     }
     put_header(buf, id, me.tid);
     // Constant sizes: a call to memcpy here could hit a probe on memcpy.
-    if (source == nullptr) __builtin_memcpy(buf + kCommonSize, &ip, 8);
+    if (source == nullptr && !synthetic) __builtin_memcpy(buf + kCommonSize, &ip, 8);
     if (is_return) __builtin_memcpy(buf + kCommonSize + 8, &ret_addr, 8);
     uint32_t nfault = 0;
     uint32_t used = fixed_size;
@@ -361,10 +391,13 @@ std::array<const void *, 3> hit_handlers() {
 
 std::string print_fmt_of(const Event &e) {
     // An e: event names the event it is on where a probe's address goes.
-    std::string fmt = !e.attached_to.empty() ? "(" + e.attached_to + ")" : e.is_return ? "(%lx <- %lx)" : "(%lx)";
-    std::string args = !e.attached_to.empty() ? ""
-                       : e.is_return          ? "REC->__probe_func, REC->__probe_ret_ip"
-                                              : "REC->__probe_ip";
+    std::string fmt = e.synthetic              ? ""
+                      : !e.attached_to.empty() ? "(" + e.attached_to + ")"
+                      : e.is_return            ? "(%lx <- %lx)"
+                                               : "(%lx)";
+    std::string args = e.synthetic || !e.attached_to.empty() ? ""
+                       : e.is_return                         ? "REC->__probe_func, REC->__probe_ret_ip"
+                                                             : "REC->__probe_ip";
     for (size_t i = 0; i < e.progs.size(); ++i) {
         const ArgType &t = e.progs[i].type;
         const std::string &n = e.arg_names[i];
@@ -405,7 +438,8 @@ std::string print_fmt_of(const Event &e) {
             fmt += "}";
         }
     }
-    if (!e.attached_to.empty()) return "\"" + fmt + "\"" + args; // args: ", REC->..." or none
+    if (e.synthetic) fmt.erase(0, 1); // no "(...)" before the first field's " name="
+    if (e.synthetic || !e.attached_to.empty()) return "\"" + fmt + "\"" + args; // args: ", REC->..." or none
     return "\"" + fmt + "\", " + args;
 }
 
@@ -570,6 +604,14 @@ public:
     // From a probe hit: the swap is lock-free; the spare was allocated when the trigger
     // was written.
     void take_snapshot() override { snapshot_swap(); }
+    SynthSink *synthetic_event(std::string_view name) override {
+        Event *e = find("synthetic", name);
+        return e != nullptr ? e->sink.get() : nullptr;
+    }
+    bool event_exists(std::string_view group, std::string_view event) override { return find(group, event) != nullptr; }
+    // A synthetic_events line, "NAME TYPE FIELD[; TYPE FIELD]..." ("!NAME" removes it), or
+    // dynamic_events' "s:[synthetic/]NAME ..." (`dynamic`). 0 or -errno, logged.
+    int define_synthetic(std::string_view line, bool dynamic);
     std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) override {
         // Called from a trigger write, with mu held by the file API.
         Event *e = find(system, event);
@@ -811,8 +853,10 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
         e->arg_types.push_back(type_key(a.prog.type));
     }
     if (def.is_eprobe) e->attached_to = def.symbol;
-    e->fields = def.is_eprobe ? common_fields() : probe_fields(e->is_return);
-    const uint32_t base = def.is_eprobe ? kCommonSize : kCommonSize + (e->is_return ? 16u : 8u);
+    e->synthetic = def.is_synthetic;
+    const bool bare = def.is_eprobe || def.is_synthetic; // no probe field
+    e->fields = bare ? common_fields() : probe_fields(e->is_return);
+    const uint32_t base = bare ? kCommonSize : kCommonSize + (e->is_return ? 16u : 8u);
     e->fixed_size = layout_fields(e->progs, e->arg_names, base, &e->fields);
     e->direct = direct_stores(e->progs);
     if (e->fixed_size > kMaxEventSize) {
@@ -828,6 +872,7 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     if (symstr) e->symbols = symbol_table(resolver.symbols);
     e->print_fmt = print_fmt_of(*e);
     e->triggers.set_symbolizer([](uint64_t a, bool off) { return symbolize(a, off); });
+    e->triggers.set_owner(e->group + "." + e->name);
     return e;
 }
 
@@ -899,6 +944,105 @@ int Tracer::register_point(ProbePoint &point, const ProbeDef &def, bool quiet) {
     return r;
 }
 
+// A synthetic field's type, as histogram.rst's synthetic events take them.
+bool synth_type(std::string_view name, ArgType *t) {
+    static constexpr struct {
+        const char *name;
+        Kind kind;
+        uint8_t size;
+    } kTypes[] = {{"u8", Kind::kUnsigned, 1},  {"s8", Kind::kSigned, 1},
+                  {"u16", Kind::kUnsigned, 2}, {"s16", Kind::kSigned, 2},
+                  {"u32", Kind::kUnsigned, 4}, {"s32", Kind::kSigned, 4},
+                  {"u64", Kind::kUnsigned, 8}, {"s64", Kind::kSigned, 8},
+                  {"int", Kind::kSigned, 4},   {"unsigned int", Kind::kUnsigned, 4},
+                  {"long", Kind::kSigned, 8},  {"unsigned long", Kind::kUnsigned, 8},
+                  {"pid_t", Kind::kSigned, 4}, {"bool", Kind::kUnsigned, 1}};
+    for (const auto &k : kTypes)
+        if (name == k.name) {
+            t->kind = k.kind;
+            t->size = k.size;
+            t->name = k.name;
+            return true;
+        }
+    return false;
+}
+
+int Tracer::define_synthetic(std::string_view line, bool dynamic) {
+    const std::string command(line);
+    const auto log = [&](const char *msg, size_t pos) {
+        errors.add_text("synthetic_events", command, msg, int(pos));
+        return -EINVAL;
+    };
+    size_t at = 0;
+    if (dynamic) {
+        at = 2;
+        if (line.substr(at, 10) == "synthetic/") at += 10;
+    }
+    const bool remove = !dynamic && line.substr(0, 1) == "!";
+    at += remove ? 1 : 0;
+    const size_t name_end = std::min(line.find(' ', at), line.size());
+    const std::string name(line.substr(at, name_end - at));
+    if (!is_good_name(name)) return log("Illegal name", at);
+    if (remove) {
+        Event *e = find("synthetic", name);
+        if (e == nullptr) return -ENOENT;
+        return this->remove(e);
+    }
+    if (find("synthetic", name) != nullptr) return log("Event already exists", at);
+    ProbeDef def;
+    def.group = "synthetic";
+    def.event = name;
+    def.command = command;
+    std::string text;
+    std::vector<std::string> c_types;
+    for (size_t start = name_end; start < line.size();) {
+        const size_t semi = std::min(line.find(';', start), line.size());
+        std::string_view f = line.substr(start, semi - start);
+        const size_t lead = f.find_first_not_of(' ');
+        if (lead == std::string_view::npos) {
+            start = semi + 1;
+            continue;
+        }
+        const size_t f_at = start + lead;
+        f = f.substr(lead);
+        while (!f.empty() && f.back() == ' ') f.remove_suffix(1);
+        const size_t sp = f.rfind(' ');
+        if (sp == std::string_view::npos) return log("Incomplete type", f_at);
+        std::string type(f.substr(0, sp));
+        while (!type.empty() && type.back() == ' ') type.pop_back();
+        const std::string field(f.substr(sp + 1));
+        ArgDef a;
+        if (!synth_type(type, &a.prog.type)) return log("Invalid type", f_at);
+        if (!is_good_name(field)) return log("Invalid field", f_at + sp + 1);
+        for (const ArgDef &o : def.args)
+            if (o.name == field) return log("Invalid field", f_at + sp + 1);
+        if (def.args.size() == kMaxActionFields) return log("Too many fields", f_at);
+        a.name = field;
+        // The value the hist action passes, 8 bytes each, stored at the field's type.
+        a.prog.ops[0] = FetchOp{Op::kField, false, 8, int64_t(8 * def.args.size())};
+        a.prog.nops = 1;
+        a.prog.store = Store::kRaw;
+        text += (text.empty() ? "" : "; ") + type + " " + field;
+        c_types.push_back(type);
+        def.args.push_back(std::move(a));
+        start = semi + 1;
+    }
+    if (def.args.empty()) return log("Command must be of the form: <name> field[;field] ...", name_end);
+    if (next_id == UINT16_MAX) return -ENOSPC;
+    int r = 0;
+    def.is_synthetic = true;
+    std::unique_ptr<Event> e = make_event(def, &r);
+    if (e == nullptr) return r;
+    for (size_t i = 0; i < c_types.size(); ++i) e->fields[4 + i].c_type = c_types[i];
+    e->synth_text = text;
+    e->sink = std::make_unique<SynthEvent>(e.get());
+    e->id = next_id++;
+    by_id[e->id] = e.get();
+    events.push_back(std::move(e));
+    publish_profile();
+    return 0;
+}
+
 int Tracer::define_eprobe(std::unique_ptr<ProbeDef> def, bool enable) {
     if (find(def->group, def->event) != nullptr) {
         log_error(def->command, Err::EVENT_EXIST, 0, 0);
@@ -954,6 +1098,7 @@ void unregister_points(const std::vector<std::unique_ptr<ProbePoint>> &points, b
 }
 
 int Tracer::define(std::string_view line, char separator, bool enable) {
+    if (line.substr(0, 2) == "s:" && separator == ' ') return define_synthetic(line, true);
     resolver.symbols.refresh();
     auto def = std::make_unique<ProbeDef>();
     ProbeError err;
@@ -1054,8 +1199,11 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
 }
 
 int Tracer::remove(Event *e) {
-    // In use: enabled, with triggers, or with e: events on it (the kernel's -EBUSY).
-    if (e->enabled.load() || !e->triggers.empty() || e->nattached.load() != 0) return -EBUSY;
+    // In use: enabled, with triggers, with e: events on it, fired by a hist action (the
+    // kernel's -EBUSY).
+    if (e->enabled.load() || !e->triggers.empty() || e->nattached.load() != 0 ||
+        (e->sink != nullptr && e->sink->users.load() != 0))
+        return -EBUSY;
     if (Event *src = e->source; src != nullptr) {
         for (auto &a : src->attached)
             if (a.load() == e) a.store(nullptr, std::memory_order_release);
@@ -1222,12 +1370,43 @@ int write_definitions(Tracer &t, std::string_view text, bool truncate) {
 
 std::string definitions_text(Tracer &t) {
     std::string s;
-    for (auto &e : t.events)
+    for (auto &e : t.events) {
+        if (e->synthetic) s += "s:synthetic/" + e->name + " " + e->synth_text + "\n";
         for (auto &p : e->points) {
             s += p->def.show() + "\n";
             if (e->is_tracepoint || e->is_functions) break; // one line for all its sites
         }
+    }
     return s;
+}
+
+// The synthetic_events file: "NAME TYPE FIELD; TYPE FIELD" a line.
+std::string synthetic_text(Tracer &t) {
+    std::string s;
+    for (auto &e : t.events)
+        if (e->synthetic) s += e->name + " " + e->synth_text + "\n";
+    return s;
+}
+
+// Lines written to synthetic_events; a truncating write first removes every synthetic
+// event (-EBUSY, nothing removed, while one is in use).
+int write_synthetic(Tracer &t, std::string_view text, bool truncate) {
+    if (truncate) {
+        for (auto &e : t.events)
+            if (e->synthetic &&
+                (e->enabled.load() || !e->triggers.empty() || e->sink->users.load() != 0 || e->nattached.load() != 0))
+                return -EBUSY;
+        for (size_t i = t.events.size(); i-- > 0;)
+            if (t.events[i]->synthetic) t.remove(t.events[i].get());
+    }
+    for (size_t start = 0; start <= text.size();) {
+        const size_t nl = std::min(text.find('\n', start), text.size());
+        const std::string l = strip(text.substr(start, nl - start));
+        if (!l.empty())
+            if (int r = t.define_synthetic(l, false); r != 0) return r;
+        start = nl + 1;
+    }
+    return 0;
 }
 
 // Every event records may name, removed ones too, in id order.
@@ -1399,6 +1578,13 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
             return 0;
         }
         return write_definitions(t, text, mode == 1);
+    }
+    if (path == "synthetic_events") {
+        if (!write) {
+            *out = synthetic_text(t);
+            return 0;
+        }
+        return write_synthetic(t, text, mode == 1);
     }
     if (path == "kprobe_profile") {
         if (write) return -EACCES;

@@ -1,6 +1,13 @@
-// Hist triggers: `hist:keys=...[:values=...][:sort=...][:size=N][:pause][:cont][:clear]
-// [if FILTER]`, aggregated into a table preallocated when the trigger is written, and
-// printed as the kernel's `hist` file.
+// Hist triggers: `hist:keys=...[:values=...][:VAR=EXPR...][:sort=...][:size=N][:pause]
+// [:cont][:clear][:onmatch(GRP.EVENT).trace(SYNTH,ARGS)] [if FILTER]`, aggregated into a
+// table preallocated when the trigger is written, and printed as the kernel's `hist` file.
+//
+// Variables (histogram.rst): VAR=EXPR keeps, per key, the value of EXPR at the last hit
+// (EXPR: field, common_timestamp[.usecs], $VAR of another trigger, a number, joined by +
+// and -). A $VAR of another trigger is read at the hit for the same key, once (then it is
+// unset); a hit for a key whose referenced variable is unset updates nothing, as the
+// kernel's. onmatch(GRP.EVENT).trace(SYNTH,ARGS) (or .SYNTH(ARGS)) fires synthetic event
+// SYNTH with ARGS (variables, fields) after such an update.
 //
 // The table follows the kernel's tracing_map: size (a power of two, 128..131072, default
 // 2048) elements and twice as many buckets. A hit hashes its key, claims an empty bucket
@@ -24,9 +31,35 @@
 #include "trace/filter.hpp"
 #include "trace/record.hpp"
 
+struct pt_regs; // include/ukprobes/kprobes.h
+
 namespace ukp::trace {
 
 struct HistTable; // one generation of the table; :clear publishes a fresh one
+
+// A synthetic event, as a hist trigger's action fires it.
+struct SynthSink {
+    virtual ~SynthSink() = default;
+    virtual size_t field_count() const = 0;
+    std::atomic<int> users{0}; // installed hist actions that fire it: it cannot be removed
+    // From a hit: one record of the event, its fields these values (a number each).
+    virtual void fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept = 0;
+};
+
+// What a hist trigger asks of the tracer when it is written.
+struct HistHost {
+    virtual ~HistHost() = default;
+    // The synthetic event NAME (group synthetic), or null.
+    virtual SynthSink *synthetic_event(std::string_view name) {
+        (void)name;
+        return nullptr;
+    }
+    // Whether event GRP.EVENT exists (onmatch's).
+    virtual bool event_exists(std::string_view group, std::string_view event) {
+        (void)group, (void)event;
+        return false;
+    }
+};
 
 class HistTrigger {
 public:
@@ -39,10 +72,12 @@ public:
         uint64_t buckets = 0; // for .buckets=N
         bool is_string = false;
         bool is_signed = false;
-        uint32_t offset = 0;  // of the field in the record
-        uint32_t size = 0;    // bytes of the field (4 for a __data_loc word)
-        uint32_t key_off = 0; // keys: offset in the packed key; values: index of the sum
-        uint32_t key_len = 0; // keys: bytes in the packed key (8, or kMaxStringKey)
+        bool timestamp = false; // common_timestamp (size 0 then)
+        bool usecs = false;     // .usecs
+        uint32_t offset = 0;    // of the field in the record
+        uint32_t size = 0;      // bytes of the field (4 for a __data_loc word)
+        uint32_t key_off = 0;   // keys: offset in the packed key; values: index of the sum
+        uint32_t key_len = 0;   // keys: bytes in the packed key (8, or kMaxStringKey)
     };
     struct SortKey {
         int column = -1; // -1: hitcount; else index in keys (is_key) or values
@@ -56,11 +91,21 @@ public:
     // Parses the part after "hist:" (and the filter after " if ", null for none).
     // Returns null and *err on a bad trigger (positions are offsets in `spec`, plus
     // spec_pos, the offset of spec in what the user wrote).
+    // `host` resolves synthetic events (none: no action is taken); `event` is the trigger's
+    // event, "GRP.EVENT", for onmatch.
     static std::unique_ptr<HistTrigger> parse(std::string_view spec, int spec_pos, std::unique_ptr<Filter> filter,
-                                              const std::vector<Field> &fields, FilterError *err);
+                                              const std::vector<Field> &fields, FilterError *err,
+                                              HistHost *host = nullptr, std::string event = {});
 
     // Hit path (the filter already matched).
-    void update(const uint8_t *rec, uint32_t size, const char *comm) noexcept;
+    void update(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs *regs = nullptr) noexcept;
+
+    // Its variables, findable by other triggers once it is installed; taken back when it is
+    // removed: false (and nothing taken back) while another trigger refers to them.
+    void publish_vars();
+    bool retract_vars();
+    // From another trigger's hit: variable `index` for `key`, if set (then unset). No lock.
+    bool take_var(const uint8_t *key, uint32_t index, uint64_t *value) const noexcept;
 
     // "hist:keys=...:vals=...:sort=...:size=N[ if FILTER] [active]" (no newline).
     std::string spec_text() const;
@@ -83,8 +128,34 @@ public:
 
     static constexpr uint32_t kMaxStringKey = 256; // the kernel's MAX_FILTER_STR_VAL
 
+    // One term of a variable's expression or an action's parameter.
+    struct Operand {
+        enum Kind : uint8_t { kField, kTimestamp, kOwnVar, kRef, kConst } kind = kConst;
+        Column field;       // kField
+        bool usecs = false; // kTimestamp
+        uint32_t index = 0; // kOwnVar: in vars_; kRef: in refs_
+        uint64_t value = 0; // kConst
+        bool minus = false; // subtracted
+    };
+    struct Var {
+        std::string name, text;
+        std::vector<Operand> terms;
+    };
+    struct Ref {
+        const HistTrigger *owner;
+        uint32_t index;
+    };
+    struct Action {
+        std::string text; // as written: "onmatch(g.e).trace(s,$a)"
+        SynthSink *synth = nullptr;
+        std::vector<Operand> args;
+    };
+
 private:
+    struct OperandParser;
     HistTrigger() = default;
+    uint64_t operand_value(const Operand &o, const uint8_t *rec, uint32_t size, uint64_t ts, const uint64_t *own,
+                           const uint64_t *refs) const noexcept;
 
     std::vector<Column> keys_;
     std::vector<Column> vals_; // vals_[0] is hitcount
@@ -94,6 +165,13 @@ private:
     bool want_pause_ = false, want_cont_ = false, want_clear_ = false; // as written
     std::atomic<bool> paused_{false};
     std::unique_ptr<Filter> filter_;
+    std::vector<Var> vars_;
+    std::vector<Ref> refs_; // other triggers' variables it reads, each once
+    std::vector<Action> actions_;
+    bool needs_ts_ = false;             // something reads common_timestamp
+    std::string event_;                 // "GRP.EVENT"
+    mutable std::atomic<int> users_{0}; // triggers that read its variables
+    bool published_ = false;
     std::atomic<HistTable *> table_{nullptr};        // what update() uses
     mutable std::mutex mu_;                          // clear() and show()
     std::vector<std::unique_ptr<HistTable>> tables_; // current and retired

@@ -24,15 +24,23 @@ struct HistTable {
     std::unique_ptr<uint8_t[]> keys;                      // n_elts * key_bytes
     std::unique_ptr<std::atomic<uint64_t>[]> sums;        // n_elts * n_vals
     std::unique_ptr<char[]> comms;                        // n_elts * 16: .execname
+    uint32_t n_vars = 0;                                  // variables per element
+    std::unique_ptr<std::atomic<uint64_t>[]> vars;        // n_elts * n_vars
+    std::unique_ptr<std::atomic<uint8_t>[]> var_set;      // n_elts * n_vars: set since last read
     std::atomic<uint32_t> next_elt{0};                    // elements handed out
     std::atomic<uint64_t> hits{0};                        // hits that found or made their element
     std::atomic<uint64_t> drops{0};                       // hits whose new key found the table full
 
-    HistTable(uint32_t elts, uint32_t kbytes, uint32_t vals)
+    HistTable(uint32_t elts, uint32_t kbytes, uint32_t vals, uint32_t nvars = 0)
         : n_elts(elts), n_buckets(elts * 2), key_bytes(kbytes), n_vals(vals),
           bucket_hash(new std::atomic<uint32_t>[elts * 2]), bucket_elt(new std::atomic<uint32_t>[elts * 2]),
           keys(new uint8_t[size_t(elts) * kbytes]()), sums(new std::atomic<uint64_t>[size_t(elts) * vals]),
-          comms(new char[size_t(elts) * 16]()) {
+          comms(new char[size_t(elts) * 16]()), n_vars(nvars), vars(new std::atomic<uint64_t>[size_t(elts) * nvars]),
+          var_set(new std::atomic<uint8_t>[size_t(elts) * nvars]) {
+        for (size_t i = 0; i < size_t(elts) * nvars; i++) {
+            vars[i].store(0, std::memory_order_relaxed);
+            var_set[i].store(0, std::memory_order_relaxed);
+        }
         for (uint32_t i = 0; i < n_buckets; i++) {
             bucket_hash[i].store(0, std::memory_order_relaxed);
             bucket_elt[i].store(0, std::memory_order_relaxed);
@@ -40,12 +48,8 @@ struct HistTable {
         for (size_t i = 0; i < size_t(elts) * vals; i++) sums[i].store(0, std::memory_order_relaxed);
     }
 
-    // How often a hit looks again at a bucket another hit is filling in before passing on.
-    static constexpr uint32_t kPendingWaits = 1024;
-
-    // The element of `key`, created on first sight; -1 when the table is full (dropped).
-    int64_t find_or_insert(const uint8_t *key, const char *comm) noexcept {
-        // Keys are whole 8-byte words (numbers, zero-padded strings): mix a word at a time.
+    // The hash of a key: whole 8-byte words (numbers, zero-padded strings), a word at a time.
+    uint32_t hash_of(const uint8_t *key) const noexcept {
         uint64_t acc = 0x9e3779b97f4a7c15ull;
         for (uint32_t i = 0; i < key_bytes; i += 8) {
             uint64_t w;
@@ -53,8 +57,30 @@ struct HistTable {
             acc = (acc ^ w) * 0xff51afd7ed558ccdull;
             acc ^= acc >> 32;
         }
-        uint32_t h = uint32_t(acc ^ (acc >> 29));
-        if (h == 0) h = 1;
+        const uint32_t h = uint32_t(acc ^ (acc >> 29));
+        return h == 0 ? 1 : h;
+    }
+
+    // The element of `key`, or -1 when it has none (nothing is made).
+    int64_t find(const uint8_t *key) const noexcept {
+        const uint32_t h = hash_of(key);
+        for (uint32_t idx = h, probes = 0; probes <= n_buckets; ++idx, ++probes) {
+            idx &= n_buckets - 1;
+            const uint32_t test = bucket_hash[idx].load(std::memory_order_acquire);
+            if (test == 0) return -1;
+            if (test != h) continue;
+            const uint32_t e = bucket_elt[idx].load(std::memory_order_acquire);
+            if (e && same_bytes(keys.get() + size_t(e - 1) * key_bytes, key, key_bytes)) return e - 1;
+        }
+        return -1;
+    }
+
+    // How often a hit looks again at a bucket another hit is filling in before passing on.
+    static constexpr uint32_t kPendingWaits = 1024;
+
+    // The element of `key`, created on first sight; -1 when the table is full (dropped).
+    int64_t find_or_insert(const uint8_t *key, const char *comm) noexcept {
+        const uint32_t h = hash_of(key);
         uint32_t idx = h, probes = 0, waits = 0;
         for (;;) {
             idx &= n_buckets - 1;

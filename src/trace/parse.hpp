@@ -132,6 +132,9 @@ struct ProbeDef {
     // e:, on the records of the event `symbol` names ("GRP.EVENT"), whose fields these are.
     bool is_eprobe = false;
     std::vector<Field> attach_fields;
+    // A synthetic event (histogram.rst), made by the tracer from a synthetic_events line:
+    // its fields are `args`, their values passed by a hist action.
+    bool is_synthetic = false;
     int maxactive = 0; // r<N>: 0 for the default
     std::string group = kDefaultGroup;
     std::string event; // generated when not given

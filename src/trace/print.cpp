@@ -133,6 +133,16 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
         out += "Unknown event " + std::to_string(h.type);
         return;
     }
+    if (e->synthetic) { // histogram.rst: "wakeup_latency: lat=5 pid=1234"
+        out += e->name + ":";
+        for (size_t i = 4; i < e->fields.size(); ++i) {
+            const Field &f = e->fields[i];
+            if (f.offset + f.size > size) break;
+            out += " " + f.name + "=";
+            print_field_value(rec, size, f, 0, sym, out);
+        }
+        return;
+    }
     out += e->name + ": (";
     uint64_t a = 0, b = 0;
     if (size >= kCommonSize + 8) std::memcpy(&a, rec + kCommonSize, 8);
@@ -163,7 +173,10 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
 std::string event_table_text(const std::vector<const EventInfo *> &events) {
     std::string s = "ukprobes-event-table " + std::to_string(kEventTableVersion) + "\n";
     for (const EventInfo *e : events) {
-        const std::string kind = !e->attached_to.empty() ? "e:" + e->attached_to : e->is_return ? "r" : "p";
+        const std::string kind = e->synthetic              ? "s"
+                                 : !e->attached_to.empty() ? "e:" + e->attached_to
+                                 : e->is_return            ? "r"
+                                                           : "p";
         s += "event\t" + std::to_string(e->id) + "\t" + e->group + "\t" + e->name + "\t" + kind + "\n";
         for (const Field &f : e->fields) {
             s += "field\t" + f.name + "\t" + f.c_type + "\t" + std::to_string(f.offset) + "\t" +
@@ -189,13 +202,15 @@ int parse_event_table(std::string_view text, std::map<uint16_t, EventInfo> *out,
         if (lines[n].empty()) continue;
         const std::vector<std::string_view> w = split(lines[n], '\t');
         bool ok = false;
-        if (w[0] == "event" && w.size() == 5 && (w[4] == "p" || w[4] == "r" || w[4].substr(0, 2) == "e:")) {
+        if (w[0] == "event" && w.size() == 5 &&
+            (w[4] == "p" || w[4] == "r" || w[4] == "s" || w[4].substr(0, 2) == "e:")) {
             uint32_t id = 0;
             if ((ok = to_u32(w[1], &id) && id <= UINT16_MAX)) {
                 cur = &(*out)[static_cast<uint16_t>(id)];
                 *cur =
                     EventInfo{static_cast<uint16_t>(id), std::string(w[2]), std::string(w[3]), w[4] == "r", {}, {}, {}};
                 if (w[4][0] == 'e') cur->attached_to = std::string(w[4].substr(2));
+                cur->synthetic = w[4] == "s";
             }
         } else if (w[0] == "field" && w.size() == 9 && cur != nullptr) {
             Field f;

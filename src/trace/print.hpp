@@ -30,6 +30,7 @@ struct EventInfo {
     std::vector<Field> fields; // common fields first, as the format file
     std::string print_fmt;     // the format file's print fmt line
     std::string attached_to;   // an event probe's (e:): "GRP.EVENT" it is on; no probe field then
+    bool synthetic = false;    // a synthetic event: its fields alone ("lat=5 pid=7")
 };
 
 // The event of a record's common_type, or null when there is none (printed "Unknown event N").

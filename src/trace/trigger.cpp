@@ -90,6 +90,7 @@ struct Trigger {
     std::atomic<bool> *flag = nullptr; // the target's enable flag
     std::unique_ptr<HistTrigger> hist; // kHist
     TriggerHost *host = nullptr;
+    std::string owner;           // the event whose trigger file holds it: "GRP.EVENT"
     bool removing = false;       // written as "!COMMAND..."
     WatchMover *mover = nullptr; // kSetWatch, kClearWatch: the w: event (`event`) they move
     std::string field;           // the record's field holding the address ("" for a clear of any)
@@ -157,7 +158,7 @@ int parse_event_param(Trigger &t, std::string_view param, int pos, std::unique_p
 int parse_hist_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
                      const std::vector<Field> &fields, FilterError *err) {
     FilterError herr;
-    t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr);
+    t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr, t.host, t.owner);
     if (!t.hist) return fail(err, -EINVAL, herr.message.c_str(), herr.pos);
     return 0;
 }
@@ -407,6 +408,11 @@ int compile_trigger_filter(const TriggerLine &l, const std::vector<Field> &field
 TriggerSet::TriggerSet() = default;
 TriggerSet::~TriggerSet() = default;
 
+void TriggerSet::set_owner(std::string event) {
+    std::lock_guard lk(mu_);
+    owner_ = std::move(event);
+}
+
 void TriggerSet::set_symbolizer(Symbolizer sym) {
     std::lock_guard lk(mu_);
     sym_ = std::move(sym);
@@ -422,6 +428,7 @@ int TriggerSet::write(std::string_view text, const std::vector<Field> &fields, T
     t->cmd = l.cmd;
     t->kind = l.cmd->kind;
     t->host = &host;
+    t->owner = owner_;
     t->removing = l.remove;
     if (int r = l.cmd->parse(*t, l.param, l.rest_pos, std::move(filter), fields, err)) return r;
     return install(std::move(t), l.remove, l.cmd_pos, err);
@@ -438,8 +445,12 @@ int TriggerSet::install(std::unique_ptr<Trigger> t, bool remove, int pos, Filter
             same = o;
             break;
         }
+    // A hist trigger whose variables another one reads stays (the kernel's -EBUSY).
+    if (remove && same != nullptr && same->kind == Kind::kHist && !same->hist->retract_vars())
+        return fail(err, -EBUSY, "Variable is still referenced by another hist trigger", pos);
     const int r = remove ? cmd.unreg(same, items) : cmd.reg(t.get(), same, items, pos, err);
     if (r != kChanged) return r;
+    if (!remove && t->kind == Kind::kHist) t->hist->publish_vars();
     if (!remove) triggers_.push_back(std::move(t));
     auto list = std::make_unique<TriggerList>();
     list->items = std::move(items);
@@ -487,7 +498,7 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
         if (t->kind == Kind::kHist) {
             const Filter *f = t->hist->filter();
             if (f && !f->match(rec, size, comm)) continue;
-            t->hist->update(rec, size, comm);
+            t->hist->update(rec, size, comm, &regs);
             continue;
         }
         if (t->filter && !t->filter->match(rec, size, comm)) continue;

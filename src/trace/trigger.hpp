@@ -36,8 +36,7 @@ struct WatchMover {
 };
 
 // What triggers act on, implemented by trace-def's events.
-struct TriggerHost {
-    virtual ~TriggerHost() = default;
+struct TriggerHost : HistHost {
     virtual void set_tracing_on(bool on) = 0;
     // The tracing_on state: traceon/traceoff with a count only count hits that change it,
     // as the kernel's do.
@@ -77,6 +76,8 @@ public:
 
     // For hist keys with .sym/.sym-offset; set by the owner of the events.
     void set_symbolizer(Symbolizer sym);
+    // The event whose triggers these are, "GRP.EVENT": hist variables are known by it.
+    void set_owner(std::string event);
 
 private:
     // Registers t, or with `remove` takes out the installed trigger t names, and publishes
@@ -88,6 +89,7 @@ private:
     std::vector<std::unique_ptr<Trigger>> triggers_;  // installed and retired, never freed early
     std::vector<std::unique_ptr<TriggerList>> lists_; // published and retired lists
     Symbolizer sym_;                                  // for .sym keys; empty prints hex
+    std::string owner_;                               // "GRP.EVENT"
 };
 
 } // namespace ukp::trace

@@ -59,17 +59,12 @@ struct FileSpec {
 
 // The files the agent serves, by directory (src/trace/events.cpp, src/control/control.cpp).
 constexpr FileSpec kRootFiles[] = {
-    {"available_events", false},
-    {"available_tracepoints", false},
-    {"buffer_size_kb", true},
-    {"dynamic_events", true},
-    {"error_log", true},
-    {"kprobe_events", true},
-    {"kprobe_profile", false},
-    {"snapshot", true},
-    {"trace", true},
-    {"trace_pipe", false},
-    {"tracing_on", true},
+    {"available_events", false}, {"available_tracepoints", false},
+    {"buffer_size_kb", true},    {"dynamic_events", true},
+    {"error_log", true},         {"kprobe_events", true},
+    {"kprobe_profile", false},   {"snapshot", true},
+    {"synthetic_events", true},  {"trace", true},
+    {"trace_pipe", false},       {"tracing_on", true},
 };
 constexpr FileSpec kKprobesFiles[] = {{"enabled", true}, {"list", false}, {"optimization", true}};
 constexpr FileSpec kEventFiles[] = {{"enable", true}, {"filter", true}, {"format", false},

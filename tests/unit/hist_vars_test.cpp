@@ -1,0 +1,178 @@
+// Hist variables, actions and synthetic events (histogram.rst): the kernel's
+// wakeup-latency recipe written for a function's entry and exit events gives the latency
+// histogram of that function.
+#include <gtest/gtest.h>
+
+#include <time.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trace/events.hpp"
+
+using namespace ukp::trace;
+
+extern "C" __attribute__((noinline)) int ukh_sleep(long usecs) {
+    struct timespec t = {0, usecs * 1000};
+    return nanosleep(&t, nullptr);
+}
+
+namespace {
+
+int (*volatile g_sleep)(long) = ukh_sleep;
+
+std::string read(const char *path) {
+    std::string s;
+    EXPECT_EQ(file_read(path, &s), 0) << path;
+    return s;
+}
+
+std::vector<std::string> lines_with(const std::string &text, const std::string &what) {
+    std::istringstream in(text);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);)
+        if (line.find(what) != std::string::npos) out.push_back(line);
+    return out;
+}
+
+class HistVars : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(file_write("events/enable", "0"), 0);
+        ASSERT_EQ(file_write("dynamic_events", ""), 0);
+        ASSERT_EQ(file_write("trace", ""), 0);
+        ASSERT_EQ(file_write("error_log", ""), 0);
+        ASSERT_EQ(file_append("dynamic_events", "f ukh_sleep"), 0) << read("error_log");
+        ASSERT_EQ(file_append("dynamic_events", "f ukh_sleep%return"), 0) << read("error_log");
+    }
+    void TearDown() override {
+        file_write("events/enable", "0");
+        file_write("events/synthetic/sleep_latency/trigger", "!hist:keys=lat.buckets=1000000:sort=lat");
+        file_write("events/fprobes/ukh_sleep__exit/trigger",
+                   "!hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                   "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)");
+        file_write("events/fprobes/ukh_sleep__entry/trigger", "!hist:keys=common_pid:ts0=common_timestamp.usecs");
+        file_write("dynamic_events", "");
+    }
+};
+
+// histogram.rst's wakeup_latency recipe with the event names changed: a synthetic event,
+// a variable on the entry, the latency computed on the exit and passed on by onmatch, a
+// histogram of the synthetic event.
+TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
+    ASSERT_EQ(file_append("synthetic_events", "sleep_latency u64 lat; pid_t pid"), 0) << read("error_log");
+    EXPECT_EQ(read("synthetic_events"), "sleep_latency u64 lat; pid_t pid\n");
+    const std::string format = read("events/synthetic/sleep_latency/format");
+    EXPECT_NE(format.find("field:u64 lat;"), std::string::npos) << format;
+    EXPECT_NE(format.find("field:pid_t pid;"), std::string::npos) << format;
+    EXPECT_NE(format.find("print fmt: \"lat=%Lu pid=%d\", REC->lat, REC->pid"), std::string::npos) << format;
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
+                         "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                         "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)"),
+              0)
+        << read("error_log");
+    EXPECT_EQ(read("events/fprobes/ukh_sleep__exit/trigger"),
+              "hist:keys=common_pid:vals=hitcount:lat=common_timestamp.usecs-$ts0:sort=hitcount:size=2048:"
+              "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid) [active]\n");
+    // Buckets of a second: whatever the machine's load, every sleep here is in the first.
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "hist:keys=lat.buckets=1000000:sort=lat"), 0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/enable", "1"), 0);
+    for (int i = 0; i < 3; ++i) g_sleep(2000);
+    g_sleep(20000);
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/enable", "0"), 0);
+    const std::string hist = read("events/synthetic/sleep_latency/hist");
+    EXPECT_EQ(lines_with(hist, "{ lat: ~ 0-999999 } hitcount:          4").size(), 1u) << hist;
+    // The synthetic event's records: the latency (at least the sleep's) and the thread.
+    const auto recs = lines_with(read("trace"), " sleep_latency: lat=");
+    ASSERT_EQ(recs.size(), 4u) << read("trace");
+    const std::string pid = " pid=" + std::to_string(gettid());
+    for (size_t i = 0; i < recs.size(); ++i) {
+        EXPECT_NE(recs[i].find(pid), std::string::npos) << recs[i];
+        const unsigned long lat = std::stoul(recs[i].substr(recs[i].find("lat=") + 4));
+        EXPECT_GE(lat, i < 3 ? 2000u : 20000u) << recs[i];
+        EXPECT_LT(lat, 1000000u) << recs[i];
+    }
+    // The exit's histogram counts the exits whose entry was seen.
+    EXPECT_NE(read("events/fprobes/ukh_sleep__exit/hist").find("hitcount:          4"), std::string::npos);
+}
+
+// An exit without its entry's variable set (its entry was before the trigger) updates
+// nothing; a variable is read once.
+TEST_F(HistVars, AReferenceNeedsTheVariableSetForTheKeyAndReadsItOnce) {
+    ASSERT_EQ(file_append("synthetic_events", "sleep_latency u64 lat; pid_t pid"), 0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
+                         "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                         "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)"),
+              -EINVAL); // ts0 is not defined yet
+    EXPECT_NE(read("error_log").find("Couldn't find variable"), std::string::npos) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
+                         "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                         "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)"),
+              0)
+        << read("error_log");
+    g_sleep(10);
+    g_sleep(10);
+    EXPECT_NE(read("events/fprobes/ukh_sleep__exit/hist").find("Hits: 2\n"), std::string::npos);
+    // The entry's trigger cannot go while the exit's reads its variable.
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "!hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              -EBUSY);
+    EXPECT_EQ(file_append("synthetic_events", "!sleep_latency"), -EBUSY); // an action fires it
+}
+
+TEST_F(HistVars, ErrorsOfVariablesActionsAndSyntheticEvents) {
+    ASSERT_EQ(file_append("synthetic_events", "sleep_latency u64 lat; pid_t pid"), 0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              0);
+    struct Case {
+        const char *trigger, *message;
+    } cases[] = {
+        {"hist:keys=common_pid:lat=common_timestamp.usecs-$nosuch", "Couldn't find variable"},
+        {"hist:keys=common_pid:a=common_pid:a=common_pid", "Variable already defined"},
+        {"hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(fprobes.ukh_sleep__entry).nosuch($lat)",
+         "Couldn't find synthetic event"},
+        {"hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat)",
+         "Param count doesn't match synthetic event field count"},
+        {"hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(fprobes.nosuch).sleep_latency($lat,common_pid)",
+         "Invalid subsystem or event name"},
+        {"hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(fprobes.ukh_sleep__entry",
+         "No closing paren found"},
+        {"hist:keys=common_pid:lat=nosuch_field", "Couldn't find field"},
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.trigger);
+        ASSERT_EQ(file_write("error_log", ""), 0);
+        EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", c.trigger), -EINVAL);
+        EXPECT_NE(read("error_log").find(c.message), std::string::npos) << read("error_log");
+    }
+    struct Synth {
+        const char *line, *message;
+    } synth[] = {
+        {"sleep_latency u64 x", "Event already exists"},
+        {"bad-name u64 x", "Illegal name"},
+        {"other u65 x", "Invalid type"},
+        {"other u64", "Incomplete type"},
+        {"other u64 x; u32 x", "Invalid field"},
+    };
+    for (const Synth &s : synth) {
+        SCOPED_TRACE(s.line);
+        ASSERT_EQ(file_write("error_log", ""), 0);
+        EXPECT_EQ(file_append("synthetic_events", s.line), -EINVAL);
+        EXPECT_NE(read("error_log").find("synthetic_events: error: " + std::string(s.message)), std::string::npos)
+            << read("error_log");
+    }
+    EXPECT_EQ(read("synthetic_events"), "sleep_latency u64 lat; pid_t pid\n");
+    // The dynamic_events form.
+    ASSERT_EQ(file_append("dynamic_events", "s:synthetic/other u32 a; s64 b"), 0) << read("error_log");
+    EXPECT_NE(read("dynamic_events").find("s:synthetic/other u32 a; s64 b\n"), std::string::npos);
+    ASSERT_EQ(file_append("dynamic_events", "-:synthetic/other"), 0);
+    EXPECT_EQ(read("synthetic_events"), "sleep_latency u64 lat; pid_t pid\n");
+}
+
+} // namespace
