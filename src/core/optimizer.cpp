@@ -781,8 +781,12 @@ bool safe_read(uint64_t addr, void *out, size_t n) {
 
 } // namespace
 
-bool task_syscall(int tid, long *nr, uint64_t *pc) {
-    char path[64], text[256];
+namespace {
+
+// /proc/self/task/TID/syscall into text (NUL-terminated): "running", or "nr arg1 .. arg6
+// sp pc" in a system call, "-1 sp pc" otherwise. False when it cannot be read.
+bool read_task_syscall(int tid, char (&text)[256]) {
+    char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -790,6 +794,14 @@ bool task_syscall(int tid, long *nr, uint64_t *pc) {
     close(fd);
     if (n <= 0) return false;
     text[n] = '\0';
+    return true;
+}
+
+} // namespace
+
+bool task_syscall(int tid, long *nr, uint64_t *pc) {
+    char text[256];
+    if (!read_task_syscall(tid, text)) return false;
     if (strncmp(text, "running", 7) == 0) return false;
     // "nr arg1 .. arg6 sp pc" in a system call, "-1 sp pc" otherwise: pc is last.
     const char *last = strrchr(text, ' ');
@@ -807,14 +819,8 @@ namespace {
 // accept, wait4/waitid, a futex wait without timeout. Not a write (it may return short),
 // nor a sleep, poll or timed wait (EINTR).
 bool untouched_by_signal(int tid, bool blocked_too) {
-    char path[64], text[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    const ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0) return false;
-    text[n] = '\0';
+    char text[256];
+    if (!read_task_syscall(tid, text)) return false;
     if (strncmp(text, "running", 7) == 0) return true;
     char *at = nullptr;
     const long nr = strtol(text, &at, 10);

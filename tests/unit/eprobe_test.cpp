@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 extern "C" {
 struct uke_item {
@@ -25,20 +27,6 @@ __attribute__((noinline)) long uke_work(long n, const char *name, const struct u
 namespace {
 
 long (*volatile g_work)(long, const char *, const uke_item *) = uke_work;
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
-
-std::vector<std::string> trace_lines(const std::string &event) {
-    std::istringstream in(read("trace"));
-    std::vector<std::string> out;
-    for (std::string line; std::getline(in, line);)
-        if (line[0] != '#' && line.find(" " + event + ": (") != std::string::npos) out.push_back(line);
-    return out;
-}
 
 class EventProbes : public ::testing::Test {
 protected:
@@ -138,12 +126,7 @@ TEST_F(EventProbes, ErrorsWithTheirCarets) {
         ASSERT_EQ(file_write("error_log", ""), 0);
         EXPECT_NE(file_append("dynamic_events", c.line), 0);
         EXPECT_EQ(read("dynamic_events"), "p:kprobes/src uke_work n=%di:s64 name=+0(%si):string item=%dx:x64\n");
-        const std::string log = read("error_log");
-        const std::string want = "event_probe: error: " + std::string(c.message) + "\n  Command: " + c.line + "\n" +
-                                 std::string(11 + c.caret, ' ') + "^\n";
-        const size_t close = log.find("] ");
-        ASSERT_NE(close, std::string::npos) << log;
-        EXPECT_EQ(log.substr(close + 2), want);
+        expect_logged("event_probe", c.message, c.line, c.caret);
     }
 }
 

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 extern "C" {
 __attribute__((noinline)) long ukf_alpha(long v) {
@@ -36,20 +38,6 @@ long (*volatile g_alpha)(long) = ukf_alpha;
 long (*volatile g_beta)(long) = ukf_beta;
 long (*volatile g_gamma)(long) = ukf_gamma;
 long (*volatile g_other)(long) = ukf_other;
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
-
-std::vector<std::string> trace_lines(const std::string &event) {
-    std::istringstream in(read("trace"));
-    std::vector<std::string> out;
-    for (std::string line; std::getline(in, line);)
-        if (line[0] != '#' && line.find(" " + event + ": (") != std::string::npos) out.push_back(line);
-    return out;
-}
 
 class FunctionEvents : public ::testing::Test {
 protected:
@@ -184,12 +172,7 @@ TEST_F(FunctionEvents, ErrorsWithTheirCarets) {
         ASSERT_EQ(file_write("error_log", ""), 0);
         EXPECT_NE(file_append("dynamic_events", c.line), 0);
         EXPECT_EQ(read("dynamic_events"), "");
-        const std::string log = read("error_log");
-        const std::string want = "trace_fprobe: error: " + std::string(c.message) + "\n  Command: " + c.line + "\n" +
-                                 std::string(11 + c.caret, ' ') + "^\n";
-        const size_t close = log.find("] ");
-        ASSERT_NE(close, std::string::npos) << log;
-        EXPECT_EQ(log.substr(close + 2), want);
+        expect_logged("trace_fprobe", c.message, c.line, c.caret);
     }
     // A maxactive with the exit form is taken.
     ASSERT_EQ(file_append("dynamic_events", "f4:x ukf_alpha%return"), 0) << read("error_log");

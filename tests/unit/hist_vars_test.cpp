@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 extern "C" __attribute__((noinline)) int ukh_sleep(long usecs) {
     struct timespec t = {0, usecs * 1000};
@@ -21,12 +23,6 @@ extern "C" __attribute__((noinline)) int ukh_sleep(long usecs) {
 namespace {
 
 int (*volatile g_sleep)(long) = ukh_sleep;
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
 
 std::vector<std::string> lines_with(const std::string &text, const std::string &what) {
     std::istringstream in(text);

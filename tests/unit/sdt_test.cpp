@@ -11,8 +11,10 @@
 
 #include "symbols/symbols.hpp"
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 // One SDT site: a nop, and a note with its address, the .stapsdt.base it was computed
 // against, a semaphore (none), provider, name and the arguments' specs. Two arguments: a
@@ -72,20 +74,6 @@ TEST(Sdt, TheProgramsOwnProbesAreRead) {
 
 } // namespace
 namespace {
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
-
-std::vector<std::string> trace_lines(const std::string &event) {
-    std::istringstream in(read("trace"));
-    std::vector<std::string> out;
-    for (std::string line; std::getline(in, line);)
-        if (line[0] != '#' && line.find(" " + event + ": (") != std::string::npos) out.push_back(line);
-    return out;
-}
 
 class SdtEvents : public ::testing::Test {
 protected:
@@ -155,12 +143,7 @@ TEST_F(SdtEvents, UnknownTracepointsAndTheListOfProbes) {
         ASSERT_EQ(file_write("error_log", ""), 0);
         EXPECT_NE(file_append("dynamic_events", c.line), 0);
         EXPECT_EQ(read("dynamic_events"), "");
-        const std::string log = read("error_log");
-        const std::string want = "trace_fprobe: error: " + std::string(c.message) + "\n  Command: " + c.line + "\n" +
-                                 std::string(11 + c.caret, ' ') + "^\n";
-        const size_t close = log.find("] ");
-        ASSERT_NE(close, std::string::npos) << log;
-        EXPECT_EQ(log.substr(close + 2), want);
+        expect_logged("trace_fprobe", c.message, c.line, c.caret);
     }
     const std::string list = read("available_tracepoints");
     EXPECT_NE(list.find(":ukt:request\n"), std::string::npos) << list;

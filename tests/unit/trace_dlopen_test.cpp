@@ -14,16 +14,12 @@
 #include <string>
 
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 namespace {
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
 
 // The kprobes/list line of the probe on ukp_dl_fn, or "" when there is none.
 std::string list_line() {

@@ -24,22 +24,18 @@
 #include "jumps.h"
 #include "trace/counters.hpp"
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 #include "trace/profile_table.hpp"
 #include "trace/ring.hpp"
 #include "trace_target.h"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 namespace {
 
 long (*volatile g_triple)(long) = ttarget_triple;
 long (*volatile g_pointer)(const char *) = ttarget_pointer;
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
 
 size_t count_events(const std::string &name) {
     std::istringstream in(read("trace"));

@@ -17,11 +17,13 @@
 #include <ukprobes/trace.h>
 
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 #include "trace_target.h"
 
 extern char **environ;
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 namespace {
 
@@ -30,12 +32,6 @@ long (*volatile g_record)(struct ttarget_rec *, const char *, int, unsigned long
 long (*volatile g_eight)(long, long, long, long, long, long, long, long) = ttarget_eight;
 long (*volatile g_pointer)(const char *) = ttarget_pointer;
 long (*volatile g_triple)(long) = ttarget_triple;
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
 
 std::string data_path(const char *name) {
     std::string here = __FILE__;

@@ -9,9 +9,11 @@
 
 #include "trace/errors.hpp"
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 #include "trace_target.h"
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 namespace {
 
@@ -27,12 +29,6 @@ std::vector<std::string> lines_of(const char *name) {
     while (std::getline(in, line))
         if (!line.empty() && line[0] != '#') out.push_back(line);
     return out;
-}
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
 }
 
 bool error_id_of(std::string_view id, Err *out) {

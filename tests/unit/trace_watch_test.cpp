@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "trace/events.hpp"
+#include "trace_files.hpp"
 
 #include <ukprobes/kprobes.h>
 
 using namespace ukp::trace;
+using namespace ukp::trace::test_files;
 
 extern "C" {
 alignas(8) volatile long ukw_counter;
@@ -37,20 +39,6 @@ __attribute__((noinline)) void ukw_dies(UkwObject *o) { asm volatile("" ::"r"(o)
 }
 
 namespace {
-
-std::string read(const char *path) {
-    std::string s;
-    EXPECT_EQ(file_read(path, &s), 0) << path;
-    return s;
-}
-
-std::vector<std::string> trace_lines(const std::string &event) {
-    std::istringstream in(read("trace"));
-    std::vector<std::string> out;
-    for (std::string line; std::getline(in, line);)
-        if (line[0] != '#' && line.find(" " + event + ": (") != std::string::npos) out.push_back(line);
-    return out;
-}
 
 std::string hex(const volatile void *p) {
     char buf[32];
