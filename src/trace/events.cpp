@@ -1116,9 +1116,9 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     Event *e = find(def->group, def->event);
     std::unique_ptr<Event> fresh;
     const bool many = def->is_tracepoint || !def->functions.empty();
-    if (e != nullptr && (many || e->is_tracepoint || e->is_functions)) {
-        // A tracepoint's event has its sites, a glob's its functions: nothing joins it, and
-        // it joins nothing.
+    if (e != nullptr && (many || e->is_tracepoint || e->is_functions || e->synthetic || e->source != nullptr)) {
+        // A tracepoint's event has its sites, a glob's its functions, an e: or synthetic
+        // event no probe: nothing joins it, and it joins nothing.
         log_error(def->command, Err::EVENT_EXIST, 0, 0);
         return -EEXIST;
     }

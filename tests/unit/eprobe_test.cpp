@@ -121,6 +121,10 @@ TEST_F(EventProbes, ErrorsWithTheirCarets) {
         {"e:foo/bar kprobes.src v=$n:string", 27, "String accepts only memory argument"},
         {"e:/bar kprobes.src", 2, "Group name is not specified"},
     };
+    // A probe does not join an event probe.
+    ASSERT_EQ(file_append("dynamic_events", "e:eprobes/view kprobes.src $n"), 0);
+    EXPECT_NE(file_append("dynamic_events", "p:eprobes/view uke_work"), 0);
+    ASSERT_EQ(file_append("dynamic_events", "-:eprobes/view"), 0);
     for (const Case &c : cases) {
         SCOPED_TRACE(c.line);
         ASSERT_EQ(file_write("error_log", ""), 0);
