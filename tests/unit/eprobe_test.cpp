@@ -28,20 +28,13 @@ namespace {
 
 long (*volatile g_work)(long, const char *, const uke_item *) = uke_work;
 
-class EventProbes : public ::testing::Test {
+class EventProbes : public CleanTracer {
 protected:
     void SetUp() override {
-        ASSERT_EQ(file_write("events/enable", "0"), 0);
-        ASSERT_EQ(file_write("dynamic_events", ""), 0);
-        ASSERT_EQ(file_write("trace", ""), 0);
-        ASSERT_EQ(file_write("error_log", ""), 0);
+        CleanTracer::SetUp();
         // The event the e: events go on, itself never enabled.
         ASSERT_EQ(file_append("dynamic_events", "p:kprobes/src uke_work n=%di:s64 name=+0(%si):string item=%dx:x64"), 0)
             << read("error_log");
-    }
-    void TearDown() override {
-        file_write("events/enable", "0");
-        file_write("dynamic_events", "");
     }
 };
 

@@ -39,19 +39,7 @@ long (*volatile g_beta)(long) = ukf_beta;
 long (*volatile g_gamma)(long) = ukf_gamma;
 long (*volatile g_other)(long) = ukf_other;
 
-class FunctionEvents : public ::testing::Test {
-protected:
-    void SetUp() override {
-        ASSERT_EQ(file_write("events/enable", "0"), 0);
-        ASSERT_EQ(file_write("dynamic_events", ""), 0);
-        ASSERT_EQ(file_write("trace", ""), 0);
-        ASSERT_EQ(file_write("error_log", ""), 0);
-    }
-    void TearDown() override {
-        file_write("events/enable", "0");
-        file_write("dynamic_events", "");
-    }
-};
+class FunctionEvents : public CleanTracer {};
 
 // fprobetrace.rst's usage example, on a function of this program: the entry with its
 // argument, the exit with its return value (unnamed: arg1), default names SYM__entry and

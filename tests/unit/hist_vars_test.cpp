@@ -32,13 +32,10 @@ std::vector<std::string> lines_with(const std::string &text, const std::string &
     return out;
 }
 
-class HistVars : public ::testing::Test {
+class HistVars : public CleanTracer {
 protected:
     void SetUp() override {
-        ASSERT_EQ(file_write("events/enable", "0"), 0);
-        ASSERT_EQ(file_write("dynamic_events", ""), 0);
-        ASSERT_EQ(file_write("trace", ""), 0);
-        ASSERT_EQ(file_write("error_log", ""), 0);
+        CleanTracer::SetUp();
         ASSERT_EQ(file_append("dynamic_events", "f ukh_sleep"), 0) << read("error_log");
         ASSERT_EQ(file_append("dynamic_events", "f ukh_sleep%return"), 0) << read("error_log");
     }
@@ -49,7 +46,7 @@ protected:
                    "!hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
                    "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)");
         file_write("events/fprobes/ukh_sleep__entry/trigger", "!hist:keys=common_pid:ts0=common_timestamp.usecs");
-        file_write("dynamic_events", "");
+        CleanTracer::TearDown();
     }
 };
 

@@ -75,19 +75,7 @@ TEST(Sdt, TheProgramsOwnProbesAreRead) {
 } // namespace
 namespace {
 
-class SdtEvents : public ::testing::Test {
-protected:
-    void SetUp() override {
-        ASSERT_EQ(file_write("events/enable", "0"), 0);
-        ASSERT_EQ(file_write("dynamic_events", ""), 0);
-        ASSERT_EQ(file_write("trace", ""), 0);
-        ASSERT_EQ(file_write("error_log", ""), 0);
-    }
-    void TearDown() override {
-        file_write("events/enable", "0");
-        file_write("dynamic_events", "");
-    }
-};
+class SdtEvents : public CleanTracer {};
 
 // fprobetrace.rst's t: on an SDT probe: group tracepoints, the probe's name, $argN with the
 // note's types (a 64-bit unsigned, a 32-bit signed one).

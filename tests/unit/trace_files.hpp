@@ -40,4 +40,19 @@ inline void expect_logged(const std::string &source, const std::string &message,
     EXPECT_EQ(log.substr(close + 2), want);
 }
 
+// A test that starts with no event, no record, nothing logged, and leaves no event.
+class CleanTracer : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(file_write("events/enable", "0"), 0);
+        ASSERT_EQ(file_write("dynamic_events", ""), 0);
+        ASSERT_EQ(file_write("trace", ""), 0);
+        ASSERT_EQ(file_write("error_log", ""), 0);
+    }
+    void TearDown() override {
+        file_write("events/enable", "0");
+        file_write("dynamic_events", "");
+    }
+};
+
 } // namespace ukp::trace::test_files
