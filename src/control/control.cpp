@@ -52,9 +52,14 @@ constexpr int kPipeWaitMs = 100; // a trace_pipe request waits this long for a r
 struct Connection {
     int fd = -1;
     std::vector<std::string> events; // "GRP/EVENT" defined through this connection
-    int saved_enabled = -1;          // kprobes/enabled before its first write here, or -1
-    int saved_optimization = -1;     // kprobes/optimization likewise
-    bool session = false;            // Op::kSession: its additions go when it closes
+    // Triggers added through it: (path, command), removed ("!command") before the events,
+    // last first (a hist trigger whose variable another one reads goes after the reader).
+    std::vector<std::pair<std::string, std::string>> triggers;
+    // The filters it wrote: each file's text before the first write here (0: none).
+    std::vector<std::pair<std::string, std::string>> saved_filters;
+    int saved_enabled = -1;      // kprobes/enabled before its first write here, or -1
+    int saved_optimization = -1; // kprobes/optimization likewise
+    bool session = false;        // Op::kSession: its additions go when it closes
 };
 
 std::mutex g_start_mu;               // serializes start and stop requests from the program
@@ -107,8 +112,13 @@ bool send_reply(int fd, int32_t status, const std::string &payload, int pass_fd 
 }
 
 // Trace paths: a definition file whose additions are tracked per connection.
+// The files a write to which defines or removes events (dynamic_events lists them all).
 bool is_definitions_file(const std::string &path) {
-    return path == "kprobe_events" || path == "dynamic_events" || path == "uprobe_events";
+    return path == "kprobe_events" || path == "dynamic_events" || path == "uprobe_events" || path == "synthetic_events";
+}
+
+bool ends_with(const std::string &s, std::string_view tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // "p:GRP/EVENT ..." -> "GRP/EVENT" for every probe line of a definitions file's text.
@@ -213,7 +223,9 @@ void Server::run() {
         const timeval tv{kIoTimeoutSeconds, 0};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        conns_.push_back({fd, {}, -1, -1, false});
+        Connection c;
+        c.fd = fd;
+        conns_.push_back(std::move(c));
     }
     // Stopping: every controller loses what it added.
     const core::ForkQuiet busy(core::ForkGate::kControl);
@@ -395,15 +407,24 @@ int32_t Server::handle_write(Connection &c, const std::string &path, const std::
         return 0;
     }
     const bool defs = is_definitions_file(path);
-    std::string before_text, after_text;
-    if (defs) trace_read(path, &before_text);
+    std::string before_text, after_text, old_filter;
+    if (defs) trace_read("dynamic_events", &before_text);
+    const bool filter = ends_with(path, "/filter");
+    if (filter && trace_read(path, &old_filter) != 0) old_filter.clear();
     const int rc =
         append ? ukp_trace_append(path.c_str(), payload.c_str()) : ukp_trace_write(path.c_str(), payload.c_str());
     if (rc < 0) {
         *reply = last_error();
         return rc;
     }
-    if (defs && trace_read(path, &after_text) == 0) {
+    if (ends_with(path, "/trigger")) {
+        const size_t a = payload.find_first_not_of(" \t\n"), b = payload.find_last_not_of(" \t\n");
+        if (a != std::string::npos && payload[a] != '!') c.triggers.emplace_back(path, payload.substr(a, b - a + 1));
+    }
+    if (filter &&
+        std::none_of(c.saved_filters.begin(), c.saved_filters.end(), [&](const auto &f) { return f.first == path; }))
+        c.saved_filters.emplace_back(path, old_filter == "none\n" || old_filter.empty() ? "0" : old_filter);
+    if (defs && trace_read("dynamic_events", &after_text) == 0) {
         // Which events this write created or removed: a definition without a name gets
         // one from the tracer, so compare the file before and after.
         const std::vector<std::string> before = event_names(before_text), after = event_names(after_text);
@@ -423,10 +444,17 @@ void Server::forget_events(const std::vector<std::string> &removed) {
 }
 
 void Server::undo(Connection &c) {
+    // Its triggers first: the tracer refuses to remove an event that has some (-EBUSY,
+    // as the kernel), or a synthetic event a hist action fires.
+    for (auto it = c.triggers.rbegin(); it != c.triggers.rend(); ++it)
+        ukp_trace_append(it->first.c_str(), ("!" + it->second).c_str());
+    c.triggers.clear();
+    for (const auto &[path, text] : c.saved_filters) ukp_trace_write(path.c_str(), text.c_str());
+    c.saved_filters.clear();
     for (auto it = c.events.rbegin(); it != c.events.rend(); ++it) {
         // The tracer refuses to remove an enabled event, as the kernel does.
         ukp_trace_write(("events/" + *it + "/enable").c_str(), "0");
-        ukp_trace_append("kprobe_events", ("-:" + *it).c_str());
+        ukp_trace_append("dynamic_events", ("-:" + *it).c_str());
     }
     std::vector<std::string> gone = c.events;
     std::sort(gone.begin(), gone.end());
