@@ -76,7 +76,7 @@ void AgentStream::join() {
 
 ProfileBlock AgentStream::profile() {
     std::lock_guard lock(mu_);
-    return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0 || final_, false};
+    return ProfileBlock{seq_, pid_, comm_, profile_, drain_done_ > 0 || final_, false, answers_};
 }
 
 void AgentStream::loop() {
@@ -92,8 +92,14 @@ void AgentStream::loop() {
             if (asked > drain_done_) {
                 while_reading([&] { drain_ring(reader_, out_, kPipeWaitMs); }); // the process is held
                 const Reply p = client_.request(Op::kRead, "kprobe_profile");
+                std::vector<std::string> answers;
+                for (const std::string &path : answer_paths_) {
+                    const Reply a = client_.request(Op::kRead, path);
+                    answers.push_back(a.status >= 0 ? a.payload : "");
+                }
                 std::lock_guard lock(mu_);
                 if (p.status >= 0) profile_ = p.payload;
+                answers_ = std::move(answers);
                 drain_done_ = asked;
                 continue;
             }

@@ -61,6 +61,10 @@ public:
 
     void start();
 
+    // Files read with kprobe_profile when the process waits in exit_group or execve (a
+    // question's hist: RunOptions::answers). Before start().
+    void read_at_end(std::vector<std::string> paths) { answer_paths_ = std::move(paths); }
+
     // Empties the ring while the process waits in exit_group or execve (`hold`, dropped
     // once done); kprobe_profile is read afterwards. Returns at once.
     void drain(HoldPtr hold);
@@ -84,12 +88,14 @@ private:
     TraceReader reader_{client_, pid_, true}; // trace_pipe, read and printed here
     SharedCounts counts_;                     // its kprobe_profile counters, mapped (share_counts)
     std::thread thread_;
-    uint64_t drain_asked_ = 0;   // under mu_
-    uint64_t drain_done_ = 0;    // under mu_
-    std::vector<HoldPtr> holds_; // under mu_: calls waiting for the next drain
-    bool ended_ = false;         // under mu_: the connection is gone
-    std::string profile_;        // under mu_: kprobe_profile at the last drain, or as last read
-    bool final_ = false;         // under mu_: profile_ read from counts_ once the process was gone
+    uint64_t drain_asked_ = 0;              // under mu_
+    uint64_t drain_done_ = 0;               // under mu_
+    std::vector<HoldPtr> holds_;            // under mu_: calls waiting for the next drain
+    bool ended_ = false;                    // under mu_: the connection is gone
+    std::string profile_;                   // under mu_: kprobe_profile at the last drain, or as last read
+    std::vector<std::string> answer_paths_; // read_at_end's
+    std::vector<std::string> answers_;      // under mu_: their texts at the last drain
+    bool final_ = false;                    // under mu_: profile_ read from counts_ once the process was gone
     std::chrono::steady_clock::time_point profile_read_{}; // the streaming thread's last read of it
 };
 

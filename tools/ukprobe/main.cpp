@@ -4,6 +4,7 @@
 #include "inject.hpp"
 #include "run.hpp"
 #include "mount.hpp"
+#include "short_forms.hpp"
 #include "proc.hpp"
 #include "reader.hpp"
 #include "report.hpp"
@@ -14,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
+#include <chrono>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -43,6 +45,11 @@ struct Options {
     std::string path, text;
     std::string event;       // enable, disable: GRP/EVENT or EVENT
     ukprobe::RunOptions run; // run
+    // The one-line questions (calls, latency, sdt).
+    std::string spec;               // calls' [MOD:]FUNCS, latency's [MOD:]FUNC
+    double seconds = 0;             // -d: how long to count in a running process (0: until SIGINT)
+    unsigned buckets = 0;           // latency --buckets: microseconds a bucket (0: powers of two)
+    std::vector<std::string> files; // sdt's
 };
 
 // The agent to load: --agent PATH alone when given. Otherwise $UKP_AGENT, then, for the
@@ -108,21 +115,23 @@ void name_refs_cache(ukprobe::Client &c) {
 
 // The agent's signals out of the masks of the threads that block them (inject.hpp), and
 // a line for each such thread.
-void unblock_agent_signals(int pid) {
+void unblock_agent_signals(int pid, FILE *say) {
     for (const ukprobe::UnblockedThread &t : ukprobe::unblock_agent_signals(pid)) {
         std::string names;
         for (int sig : {SIGTRAP, SIGSEGV, SIGBUS, SIGFPE, SIGILL})
             if ((t.signals & (1ull << (sig - 1))) != 0)
                 names += fmt::format("{}SIG{}", names.empty() ? "" : ",", sigabbrev_np(sig));
         if (t.error.empty())
-            fmt::print("thread {}: {} unblocked (on a thread that blocks them a probe hit is fatal)\n", t.tid, names);
+            fmt::print(say, "thread {}: {} unblocked (on a thread that blocks them a probe hit is fatal)\n", t.tid,
+                       names);
         else
             fmt::print(stderr, "ukprobe: thread {} blocks {} and keeps them ({}): a probe hit on it would be fatal\n",
                        t.tid, names.empty() ? "the agent's signals" : names, t.error);
     }
 }
 
-int cmd_attach(const Options &o) {
+// `say`: where its lines go (stdout; stderr when it serves a command that answers on stdout).
+int cmd_attach(const Options &o, FILE *say = stdout) {
     require_pid(o);
     {
         ukprobe::Client c;
@@ -131,8 +140,8 @@ int cmd_attach(const Options &o) {
             const ukprobe::Reply r = c.request(Op::kPing);
             if (r.status >= 0) {
                 name_refs_cache(c);
-                fmt::print("process {}: agent already attached, reused\n", o.pid);
-                unblock_agent_signals(o.pid);
+                fmt::print(say, "process {}: agent already attached, reused\n", o.pid);
+                unblock_agent_signals(o.pid, say);
                 if (o.verbose) fmt::print("{}\n", r.payload);
                 return 0;
             }
@@ -144,8 +153,8 @@ int cmd_attach(const Options &o) {
     connect_or_fail(o, c);
     const ukprobe::Reply r = ask(o, c, Op::kPing);
     name_refs_cache(c);
-    fmt::print("process {}: agent attached\n", o.pid);
-    unblock_agent_signals(o.pid);
+    fmt::print(say, "process {}: agent attached\n", o.pid);
+    unblock_agent_signals(o.pid, say);
     if (o.verbose) {
         fmt::print("agent: {}\n", agent);
         fmt::print("thread {} paused {:.3f} ms from interrupt to detach (stopped {:.3f} ms, calls {:.3f} ms){}\n",
@@ -310,30 +319,99 @@ void record_process(const Options &o, ukprobe::Client &c, bool *exited_out) {
     *exited_out = exited;
 }
 
-int cmd_record_attached(const Options &o) {
+// `work` on a connection to the agent of o.pid, attached for it if it does not listen
+// (as perf record -p: the agent is loaded, and detached after; it stays loaded, idle).
+// `work` sets its bool when the process ended meanwhile. `say`: as cmd_attach's.
+template <typename F>
+int with_agent(const Options &o, F &&work, FILE *say = stdout) {
     require_pid(o);
-    // As perf record -p: a process whose agent does not listen gets it for the recording
-    // (attach), and loses it after (detach; the agent stays loaded, idle).
     bool attached_here = false;
     std::string why;
     if (ukprobe::Client probe; probe.connect(o.pid, &why) != 0) {
         Options quiet = o;
         quiet.verbose = false;
-        if (const int err = cmd_attach(quiet); err != 0) return err;
+        if (const int err = cmd_attach(quiet, say); err != 0) return err;
         attached_here = true;
     }
     bool exited = false;
     {
         ukprobe::Client c;
         connect_or_fail(o, c);
-        record_process(o, c, &exited);
+        work(c, &exited);
     } // the session, and with it the definitions it added, ends with its connection
     if (attached_here && !exited) {
         ukprobe::Client c;
         if (c.connect(o.pid, &why) == 0 && c.request(Op::kDetach).status >= 0)
-            fmt::print("process {}: detached\n", o.pid);
+            fmt::print(say, "process {}: detached\n", o.pid);
     }
     return 0;
+}
+
+int cmd_record_attached(const Options &o) {
+    return with_agent(o, [&](ukprobe::Client &c, bool *exited) { record_process(o, c, exited); });
+}
+
+// A question asked of a running process (calls, latency with -p PID): its expansion
+// applied for the question's time (a session: removed when it ends), until SIGINT or
+// SIGTERM, -d SECS, or the process's end; then its answers, on stdout. The answers are read
+// every second meanwhile: a process that ends leaves its last ones.
+void ask_question(const Options &o, ukprobe::Client &c, const ukprobe::Expansion &x, bool *exited) {
+    ask(o, c, Op::kSession);
+    const auto apply = [&](const ukprobe::FileWrite &w) {
+        ask(o, c, w.append ? Op::kAppend : Op::kWrite, w.path, w.text);
+    };
+    for (const ukprobe::FileWrite &w : x.before) apply(w);
+    for (const std::string &d : x.definitions) apply({true, "dynamic_events", d});
+    for (const ukprobe::FileWrite &w : x.after) apply(w);
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_interrupted.store(true); };
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    fmt::print(stderr, "ukprobe: process {}: counting {}\n", o.pid,
+               o.seconds > 0 ? fmt::format("for {} s", o.seconds) : std::string("until Ctrl-C"));
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point start = Clock::now();
+    Clock::time_point read_at = start;
+    std::vector<std::string> last(x.answers.size());
+    const auto read_answers = [&] {
+        try {
+            for (size_t i = 0; i < x.answers.size(); ++i) last[i] = ask(o, c, Op::kRead, x.answers[i]).payload;
+        } catch (const ukprobe::AgentGone &) {
+            *exited = true;
+        }
+        read_at = Clock::now();
+    };
+    while (!g_interrupted.load() && !*exited) {
+        usleep(50 * 1000);
+        const Clock::time_point now = Clock::now();
+        if (o.seconds > 0 && now - start >= std::chrono::duration<double>(o.seconds)) break;
+        if (c.peer_closed())
+            *exited = true;
+        else if (now - read_at >= std::chrono::seconds(1))
+            read_answers();
+    }
+    if (!*exited) read_answers();
+    if (*exited)
+        fmt::print(stderr, "ukprobe: process {} exited; its counts as last read, {:.1f} s before\n", o.pid,
+                   std::chrono::duration<double>(Clock::now() - read_at).count());
+    ukprobe::print_to(o.run.answer_output, [&](FILE *out) {
+        for (const std::string &a : last) fmt::print(out, "{}", a);
+    });
+}
+
+// calls, latency: with -p PID asked of the running process; with PROG ARGS, of a program
+// run for it (`run`, its trace left out, each process's answer read at its end).
+// `verb`: the question's command (calls, latency).
+int cmd_question(Options &o, const std::string &verb, const ukprobe::Expansion &x, bool has_program) {
+    if (has_program == (o.pid > 0)) fail(fmt::format("{}: give -p PID or -- PROG ARGS (one of them)", verb));
+    if (o.pid <= 0 && o.seconds > 0)
+        fail(fmt::format("{}: -d is for a running process (-p PID); PROG ARGS run to their end", verb));
+    fmt::print(stderr, "{}", ukprobe::expansion_text(fmt::format("ukprobe {} {}", verb, o.spec), x));
+    if (o.pid > 0)
+        return with_agent(
+            o, [&](ukprobe::Client &c, bool *exited) { ask_question(o, c, x, exited); }, stderr);
+    ukprobe::add_to_run(x, &o.run);
+    return ukprobe::run_program(o.run);
 }
 
 // One connection for many commands, read from stdin one per line ("read PATH",
@@ -426,7 +504,8 @@ struct CommandLine {
     CLI::App *attach = nullptr, *ping = nullptr, *read = nullptr, *write = nullptr, *append = nullptr, *list = nullptr,
              *verify = nullptr, *detach = nullptr, *session = nullptr, *add = nullptr, *enable = nullptr,
              *disable = nullptr, *trace = nullptr, *trace_pipe = nullptr, *profile = nullptr, *clear = nullptr,
-             *run = nullptr, *record = nullptr, *report = nullptr, *mount = nullptr;
+             *run = nullptr, *record = nullptr, *report = nullptr, *mount = nullptr, *calls = nullptr,
+             *latency = nullptr, *sdt = nullptr;
 };
 
 // The options every command takes, and the commands on the agent of a running process.
@@ -520,6 +599,33 @@ void add_program_commands(CommandLine &cl) {
     cl.report->add_option("-o,--output", r.output, "write to FILE instead of stdout");
 }
 
+// The one-line questions: calls and latency (of -p PID, or of PROG ARGS run for them), sdt.
+void add_questions(CommandLine &cl) {
+    Options &o = cl.o;
+    cl.calls = cl.app.add_subcommand("calls", "count the calls of each function of a library (an f: event and a hist "
+                                              "keyed by the function)");
+    cl.calls->add_option("FUNCS", o.spec, "MOD (all its functions), or [MOD:]FUNCS as an f: event takes them")
+        ->required();
+    cl.latency = cl.app.add_subcommand("latency", "a histogram of one function's latency, in microseconds (its "
+                                                  "entry and exit events, a synthetic event)");
+    cl.latency->add_option("FUNC", o.spec, "[MOD:]FUNC")->required();
+    cl.latency->add_option("--buckets", o.buckets, "microseconds a bucket (default: powers of two)")
+        ->check(CLI::PositiveNumber);
+    for (CLI::App *sub : {cl.calls, cl.latency}) {
+        sub->add_option("-d,--duration", o.seconds, "with -p PID: count for SECS, not until Ctrl-C")
+            ->check(CLI::PositiveNumber);
+        sub->add_option("-p,--pid", o.pid, "the running process to ask, instead of PROG");
+        sub->add_option("-o,--output", o.run.answer_output, "write the answer (the hist) to FILE instead of stdout");
+        sub->add_flag("--no-follow", cl.no_follow, "with PROG: only the program itself, not the processes it starts");
+        // PROG ARGS...: after "--", or from the first word it does not know.
+        sub->prefix_command();
+        sub->allow_extras();
+    }
+    cl.sdt = cl.app.add_subcommand("sdt", "the SDT probes of programs and libraries (t: events' PROVIDER:NAME), "
+                                          "or of every object process -p PID maps");
+    cl.sdt->add_option("FILE", o.files, "an ELF file; repeatable");
+}
+
 // Each help ends with one example (tests/e2e/help.txt checks that every command has one).
 void add_examples(CommandLine &cl) {
     cl.app.footer("Example:\n  ukprobe run -e 'p:open libc.so.6:open path=+0(%di):string' -- cat /etc/hostname\n\n"
@@ -554,6 +660,11 @@ void add_examples(CommandLine &cl) {
          "PROG ARGS...: the program to run and its arguments (after --); or -p PID"},
         {cl.report, "ukprobe report --event m --format chrome -o cap.json cap.dat"},
         {cl.mount, "ukprobe -p 4242 mount /tmp/tracing"},
+        {cl.calls, "ukprobe -p 4242 calls -d 5 libc.so.6",
+         "PROG ARGS...: a program to run for it (after --); or -p PID"},
+        {cl.latency, "ukprobe latency libc.so.6:fsync -- sync",
+         "PROG ARGS...: a program to run for it (after --); or -p PID"},
+        {cl.sdt, "ukprobe sdt /usr/bin/python3.11"},
     };
     for (const Example &e : examples)
         e.sub->footer(fmt::format("{}{}Example:\n  {}", e.note, *e.note != 0 ? "\n\n" : "", e.command));
@@ -565,7 +676,9 @@ std::vector<std::string> program_after_dashes(int argc, char **argv, int *parsed
     std::vector<std::string> program;
     *parsed = argc;
     for (int i = 1; i < argc; ++i) {
-        if (strcmp(argv[i], "run") != 0 && strcmp(argv[i], "record") != 0) continue;
+        if (strcmp(argv[i], "run") != 0 && strcmp(argv[i], "record") != 0 && strcmp(argv[i], "calls") != 0 &&
+            strcmp(argv[i], "latency") != 0)
+            continue;
         for (int j = i + 1; j < argc; ++j)
             if (strcmp(argv[j], "--") == 0) {
                 program.assign(argv + j + 1, argv + argc);
@@ -627,6 +740,19 @@ int run_command(CommandLine &cl, const std::vector<std::string> &program, bool a
         return ukprobe::report(cl.report_options);
     }
     if (*cl.mount) return ukprobe::cmd_mount(o.pid, cl.mount_options);
+    for (CLI::App *question : {cl.calls, cl.latency}) {
+        if (!*question) continue;
+        o.run.argv = after_dashes ? program : question->remaining();
+        set_run_options(cl);
+        const ukprobe::Expansion x =
+            question == cl.calls ? ukprobe::expand_calls(o.spec) : ukprobe::expand_latency(o.spec, o.buckets);
+        return cmd_question(o, question->get_name(), x, !o.run.argv.empty());
+    }
+    if (*cl.sdt) {
+        if (o.files.empty() && o.pid <= 0) fail("sdt: give FILE... or -p PID");
+        fmt::print("{}", ukprobe::sdt_list(o.files, o.pid));
+        return 0;
+    }
     return 1;
 }
 
@@ -643,6 +769,7 @@ int main(int argc, char **argv) {
     cl.app.require_subcommand(1);
     add_agent_commands(cl);
     add_program_commands(cl);
+    add_questions(cl);
     cl.mount = ukprobe::add_mount_command(cl.app, cl.mount_options);
     add_examples(cl);
 

@@ -48,4 +48,51 @@ void print_profiles(std::vector<ProfileBlock> blocks, uint64_t lost) {
     if (lost != 0) fmt::print(stderr, "# lost: {} events (the trace's LOST lines)\n", lost);
 }
 
+void print_answers(std::vector<ProfileBlock> blocks, const std::vector<std::string> &paths, FILE *out) {
+    std::stable_sort(blocks.begin(), blocks.end(), [](const auto &a, const auto &b) { return a.seq < b.seq; });
+    std::vector<const ProfileBlock *> shown;
+    const ProfileBlock *first = nullptr; // the first image that answered: shown if none counted
+    size_t silent = 0, unasked = 0;
+    uint64_t unasked_hits = 0;
+    for (const ProfileBlock &b : blocks) {
+        if (b.answers.size() != paths.size()) {
+            // Its kprobe_profile (counted in shared memory) says whether it hit anything.
+            std::istringstream in(b.text);
+            uint64_t hits = 0;
+            std::string name;
+            for (uint64_t h = 0, m = 0; in >> name >> h >> m;) hits += h;
+            unasked += hits != 0;
+            unasked_hits += hits;
+            continue;
+        }
+        if (first == nullptr) first = &b;
+        // A hist's text ends with its totals: an image that hit nothing says "Hits: 0".
+        const bool counted = std::any_of(b.answers.begin(), b.answers.end(), [](const std::string &a) {
+            return a.find("\n    Hits: 0\n") == std::string::npos;
+        });
+        if (counted)
+            shown.push_back(&b);
+        else
+            ++silent;
+    }
+    if (shown.empty() && first != nullptr) {
+        shown.push_back(first);
+        --silent;
+    }
+    const bool headers = shown.size() > 1 || paths.size() > 1;
+    for (const ProfileBlock *b : shown)
+        for (size_t i = 0; i < paths.size(); ++i) {
+            if (headers) fmt::print(out, "# process {} ({}): {}\n", b->pid, b->comm, paths[i]);
+            fmt::print(out, "{}", b->answers[i]);
+        }
+    if (shown.size() > 1 || silent != 0)
+        fmt::print(stderr, "ukprobe: {} process images answered{}\n", shown.size(),
+                   silent != 0 ? fmt::format(" ({} more counted nothing)", silent) : "");
+    if (unasked != 0)
+        fmt::print(stderr,
+                   "ukprobe: {} processes that ended unasked (killed, or forked without an exec) hit the events {} "
+                   "times: not counted above\n",
+                   unasked, unasked_hits);
+}
+
 } // namespace ukprobe

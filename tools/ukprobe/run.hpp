@@ -3,10 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace ukprobe {
+
+// A write of one of the tracer's files: `echo TEXT >> PATH` (append) or `echo TEXT > PATH`.
+struct FileWrite {
+    bool append = true;
+    std::string path, text;
+};
 
 struct RunOptions {
     std::vector<std::string> definitions; // -e DEF: kprobe_events lines (words split by blanks)
@@ -19,6 +27,10 @@ struct RunOptions {
     std::string agent;                    // the libukprobes.so to preload (absolute)
     std::vector<std::string> argv;        // PROG ARGS...
     bool capture = false;                 // ukprobe record: capture blocks (trace/capture.hpp), not text
+    std::vector<FileWrite> setup;         // written at each process's start, after filters and triggers
+    std::vector<std::string> answers;     // files read at each process's end and printed on stdout,
+                                          // instead of the kprobe_profile of each (calls, latency)
+    std::string answer_output;            // where the answers go; empty: stdout
 };
 
 // Runs the program to its end; returns its exit status (128 + the signal that killed it).
@@ -28,5 +40,9 @@ int run_program(const RunOptions &o);
 // "GRP/EVENT" for EVENT given as GRP/EVENT (or GRP.EVENT) or as a bare name: the group of
 // the event of that name in `definitions` (kprobe_events' text), else "kprobes".
 std::string event_path(const std::string &event, const std::string &definitions);
+
+// Calls `print` with FILE open for writing ("": stdout), and closes it. Throws
+// std::runtime_error when it cannot be opened or written.
+void print_to(const std::string &file, const std::function<void(FILE *)> &print);
 
 } // namespace ukprobe

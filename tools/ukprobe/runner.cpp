@@ -83,6 +83,15 @@ std::string event_path(const std::string &event, const std::string &definitions)
     return "kprobes/" + e;
 }
 
+void print_to(const std::string &file, const std::function<void(FILE *)> &print) {
+    FILE *out = file.empty() ? stdout : fopen(file.c_str(), "we");
+    if (out == nullptr) throw std::runtime_error(fmt::format("cannot write {}: {}", file, strerror(errno)));
+    print(out);
+    const bool ok = fflush(out) == 0 && ferror(out) == 0;
+    if (out != stdout) fclose(out);
+    if (!ok) throw std::runtime_error(fmt::format("cannot write {}", file.empty() ? "stdout" : file));
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -210,6 +219,7 @@ void Runner::check_options() {
     startup_events(o_.definitions); // refuses what UKP_EVENTS cannot carry
     for (const std::string &f : o_.filters) split_assignment(f, "filter");
     for (const std::string &t : o_.triggers) split_assignment(t, "trigger");
+    if (!o_.answer_output.empty()) print_to(o_.answer_output, [](FILE *) {}); // writable, before it runs
     if (const std::string why = untraceable(o_.argv[0]); !why.empty())
         fmt::print(stderr, "ukprobe: {} is {}; it runs untraced (the programs it starts are traced)\n", o_.argv[0],
                    why);
@@ -357,7 +367,10 @@ void Runner::end_streams() {
     if (file_ != nullptr) fclose(file_);
     std::vector<ProfileBlock> blocks = std::move(forked_profiles_);
     for (auto &a : agents_) blocks.push_back(a->profile());
-    print_profiles(std::move(blocks), out_->lost());
+    if (!o_.answers.empty())
+        print_to(o_.answer_output, [&](FILE *out) { print_answers(std::move(blocks), o_.answers, out); });
+    else
+        print_profiles(std::move(blocks), out_->lost());
 }
 
 // A new socket: connect if it is the program's or a descendant's (when followed), set
@@ -413,6 +426,18 @@ void Runner::on_socket(int pid) {
         };
         if (!apply(o_.filters, "filter", "filter", Op::kWrite)) return;
         if (!apply(o_.triggers, "trigger", "trigger", Op::kAppend)) return;
+        for (const FileWrite &w : o_.setup) {
+            const Op op = w.append ? Op::kAppend : Op::kWrite;
+            if (const Reply r = agent->ask(op, w.path, w.text); r.status < 0) {
+                fmt::print(stderr, "ukprobe: {}\n", refusal(r, op, w.path, pid));
+                if (pid == child_) {
+                    failed_ = true;
+                    kill_program(SIGKILL);
+                    return;
+                }
+            }
+        }
+        agent->read_at_end(o_.answers);
         agent->prepare();
     } catch (const std::runtime_error &) {
         return; // gone meanwhile

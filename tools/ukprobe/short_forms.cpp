@@ -1,0 +1,170 @@
+#include "short_forms.hpp"
+
+#include "platform/maps.hpp"
+#include "symbols/symbols.hpp"
+
+#include <fmt/core.h>
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace ukprobe {
+namespace {
+
+constexpr char kGroup[] = "ukprobe"; // the questions' events: apart from the program's own
+
+// `spec` as an f: event's [MOD:]FUNCS: a bare MOD (a path, or a name with ".so") stands
+// for all of its functions.
+std::string functions_of(const std::string &spec) {
+    if (spec.empty()) throw std::runtime_error("which functions? give [MOD:]FUNCS or MOD");
+    if (spec.find(':') == std::string::npos &&
+        (spec.find('/') != std::string::npos || spec.find(".so") != std::string::npos))
+        return spec + ":*";
+    return spec;
+}
+
+// A function's name as an event's (the kernel's names are C identifiers): anything else
+// becomes '_' ("memcpy@@GLIBC_2.14" -> "memcpy__GLIBC_2_14").
+std::string event_name(std::string_view func) {
+    std::string s;
+    for (char c : func) s += std::isalnum(static_cast<unsigned char>(c)) != 0 ? c : '_';
+    if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0])) != 0) s.insert(0, "_");
+    return s;
+}
+
+std::string hist_path(const std::string &group, const std::string &event) {
+    return "events/" + group + "/" + event + "/hist";
+}
+
+std::string trigger_path(const std::string &group, const std::string &event) {
+    return "events/" + group + "/" + event + "/trigger";
+}
+
+// A shell word in single quotes.
+std::string quoted(const std::string &s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// The note's argument size ("-4@%eax": -4) as the type a t: event gives $argN.
+std::string sdt_type(std::string_view arg) {
+    const size_t at = arg.find('@');
+    if (at == std::string_view::npos) return "u64"; // no size: the kernel's default
+    const std::string_view size = arg.substr(0, at);
+    const bool sign = size.starts_with('-');
+    const std::string_view bytes = size.substr(sign ? 1 : 0);
+    for (std::string_view n : {"1", "2", "4", "8"})
+        if (bytes == n) return fmt::format("{}{}", sign ? 's' : 'u', std::stoi(std::string(n)) * 8);
+    return "u64";
+}
+
+} // namespace
+
+Expansion expand_calls(const std::string &spec) {
+    const std::string funcs = functions_of(spec);
+    Expansion x;
+    x.definitions.push_back(fmt::format("f:{}/calls {}", kGroup, funcs));
+    // A library has thousands of functions: the kernel's 2048 entries would drop some.
+    x.after.push_back(
+        {true, trigger_path(kGroup, "calls"), "hist:keys=__probe_ip.sym:sort=hitcount.descending:size=8192"});
+    x.answers.push_back(hist_path(kGroup, "calls"));
+    return x;
+}
+
+Expansion expand_latency(const std::string &spec, unsigned buckets) {
+    const std::string target = functions_of(spec);
+    const size_t colon = target.rfind(':');
+    const std::string func = colon == std::string::npos ? target : target.substr(colon + 1);
+    if (func.empty() || func.find_first_of("*?[],!") != std::string::npos)
+        throw std::runtime_error(
+            fmt::format("latency: '{}' is not one function (a latency is of one function; `calls` takes globs)", spec));
+    const std::string name = event_name(func), entry = name + "__entry", exit = name + "__exit",
+                      synth = name + "_latency";
+    Expansion x;
+    x.before.push_back({true, "synthetic_events", synth + " u64 lat; pid_t pid"});
+    x.definitions.push_back(fmt::format("f:{}/{} {}", kGroup, entry, target));
+    x.definitions.push_back(fmt::format("f:{}/{} {}%return", kGroup, exit, target));
+    // histogram.rst's wakeup latency: the entry's time kept per thread, the exit's minus it.
+    x.after.push_back({true, trigger_path(kGroup, entry), "hist:keys=common_pid:ts0=common_timestamp.usecs"});
+    x.after.push_back({true, trigger_path(kGroup, exit),
+                       fmt::format("hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch({}.{}).{}($lat,"
+                                   "common_pid)",
+                                   kGroup, entry, synth)});
+    x.after.push_back({true, trigger_path("synthetic", synth),
+                       buckets != 0 ? fmt::format("hist:keys=lat.buckets={}:sort=lat", buckets)
+                                    : std::string("hist:keys=lat.log2:sort=lat")});
+    x.answers.push_back(hist_path("synthetic", synth));
+    return x;
+}
+
+std::string expansion_text(const std::string &question, const Expansion &x) {
+    std::string s = fmt::format("# {} is, in /sys/kernel/tracing:\n", question);
+    const auto write = [&](const FileWrite &w) {
+        s += fmt::format("echo {} {} {}\n", quoted(w.text), w.append ? ">>" : ">", w.path);
+    };
+    for (const FileWrite &w : x.before) write(w);
+    for (const std::string &d : x.definitions) write({true, "dynamic_events", d});
+    for (const FileWrite &w : x.after) write(w);
+    for (const std::string &a : x.answers) s += "cat " + a + "\n";
+    return s;
+}
+
+void add_to_run(const Expansion &x, RunOptions *o) {
+    o->definitions.insert(o->definitions.end(), x.definitions.begin(), x.definitions.end());
+    o->setup.insert(o->setup.end(), x.before.begin(), x.before.end());
+    o->setup.insert(o->setup.end(), x.after.begin(), x.after.end());
+    // `run` enables what it defines; these events only feed their triggers.
+    o->setup.push_back({false, fmt::format("events/{}/enable", kGroup), "0"});
+    o->answers.insert(o->answers.end(), x.answers.begin(), x.answers.end());
+    if (o->output.empty()) o->output = "/dev/null"; // nothing is recorded but what ran before
+}
+
+std::string sdt_list(const std::vector<std::string> &paths, int pid) {
+    std::vector<std::string> files = paths;
+    if (pid > 0) {
+        std::set<std::string> seen;
+        const bool ok = ukp::platform::for_each_mapping(pid, [&](const ukp::platform::Mapping &m) {
+            if (m.inode != 0 && m.path.starts_with('/') && seen.insert(std::string(m.path)).second)
+                files.emplace_back(m.path);
+            return true;
+        });
+        if (!ok) throw std::runtime_error(fmt::format("cannot read the mappings of process {}", pid));
+    }
+    std::string out;
+    for (const std::string &path : files) {
+        ukp::sym::Object obj;
+        obj.path = path;
+        obj.name = path.substr(path.rfind('/') + 1);
+        if (pid <= 0 && access(path.c_str(), R_OK) != 0)
+            throw std::runtime_error(fmt::format("cannot read {}: {}", path, strerror(errno)));
+        struct Probe {
+            size_t sites = 0;
+            std::string args;
+        };
+        std::map<std::pair<std::string, std::string>, Probe> probes; // by provider and name
+        for (const ukp::sym::SdtProbe &p : ukp::sym::sdt_probes(obj)) {
+            Probe &q = probes[{p.provider, p.name}];
+            if (q.sites++ != 0) continue;
+            size_t n = 0;
+            for (size_t at = 0; at < p.args.size();) {
+                const size_t end = std::min(p.args.find(' ', at), p.args.size());
+                if (end > at)
+                    q.args += fmt::format(" $arg{}:{}", ++n, sdt_type(std::string_view(p.args).substr(at, end - at)));
+                at = end + 1;
+            }
+        }
+        for (const auto &[key, q] : probes)
+            out += fmt::format("{}:{}:{}  {} site{}{}\n", obj.name, key.first, key.second, q.sites,
+                               q.sites == 1 ? "" : "s", q.args);
+    }
+    return out;
+}
+
+} // namespace ukprobe
