@@ -517,16 +517,26 @@ void check_target(int pid, const std::string &agent) {
         fail(fmt::format("no process {}", pid));
 }
 
-// The target's libc: its mapping of file offset 0. Fails when it has none.
+// The target's libc: the mapping of file offset 0 of the copy the dynamic loader loaded.
+// Fails when it has none. A program may map the file itself too (a debugger's or a
+// profiler's reading of it: another mapping of offset 0, perhaps first in the list): the
+// loaded copy is the one an executable mapping of the same file continues, its start less
+// its offset being the same load address.
 OwnedMapping find_libc(int pid) {
     // dlopen and its friends in the target's libc (glibc >= 2.34 has them there).
     const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
-    for (const OwnedMapping &m : maps) {
+    const auto is_libc = [](const OwnedMapping &m) {
         const std::string name = base_name(m.path);
-        if (m.offset == 0 &&
-            (name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos)))
-            return m;
+        return name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos);
+    };
+    const OwnedMapping *first = nullptr;
+    for (const OwnedMapping &m : maps) {
+        if (m.offset != 0 || !is_libc(m)) continue;
+        if (first == nullptr) first = &m;
+        for (const OwnedMapping &x : maps)
+            if (x.inode == m.inode && x.perms[2] == 'x' && x.start - x.offset == m.start && x.start >= m.end) return m;
     }
+    if (first != nullptr) return *first;
     if (maps.empty()) fail(refusal(pid, EPERM));
     fail(fmt::format("process {} has no libc.so.6 mapped (a static or non-C program): it cannot load the "
                      "agent; start it with `ukprobe run` or link libukprobes",
