@@ -8,7 +8,7 @@ set(UKP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ukprobes)
 
 # ukprobes::ukprobes, the shared library, needs nothing of its users but the headers.
 # ukprobes::ukprobes_static, the static library, needs the libraries its objects call
-# (Zydis, libelf, fmt, threads, libdl): ukprobesConfig.cmake defines it only when those
+# (Zydis, libelf, libdw, fmt, threads, libdl): ukprobesConfig.cmake defines it only when those
 # are found.
 install(EXPORT ukprobesTargets NAMESPACE ukprobes:: DESTINATION ${UKP_CMAKE_DIR})
 install(EXPORT ukprobesStaticTargets NAMESPACE ukprobes:: DESTINATION ${UKP_CMAKE_DIR})

@@ -8,6 +8,8 @@ packages=(
   groff-base             # tests/install: the manual page ukprobe(1) is rendered and checked
   libzydis-dev           # x86-64 decoder and encoder (relocator)
   libelf-dev             # ELF symbol tables
+  libdw-dev              # DWARF: the types of f: arguments given by name
+  libc6-dbg              # tests: glibc's separate debug information (f: arguments by name on libc)
   libfmt-dev             # formatting (GCC 12 has no <format>)
   libcli11-dev           # command line of the ukprobe tool
   libfuse3-dev fuse3     # ukprobe mount: libfuse3, and fusermount3 for mounts by non-root users

@@ -66,6 +66,16 @@ namespace ukp::trace {
     C(DIFF_ARG_TYPE, "Argument type or name is different from existing probe")                                         \
     C(SAME_PROBE, "There is already the exact same probe event")                                                       \
     C(NOSUP_BTFARG, "BTF is not available or not supported")                                                           \
+    C(NO_BTFARG, "This variable is not found at this probe point")                                                     \
+    C(NO_PTR_STRCT, "This is not a pointer to union/structure.")                                                       \
+    C(NOSUP_DAT_ARG, "Non pointer structure/union argument is not supported.")                                         \
+    C(BAD_HYPHEN, "Failed to parse single hyphen. Forgot '>'?")                                                        \
+    C(NO_BTF_FIELD, "This field is not found.")                                                                        \
+    C(BAD_BTF_TID, "Failed to get BTF type info.")                                                                     \
+    C(NO_RETVAL, "This function returns 'void' type")                                                                  \
+    C(BAD_VAR_ARGS, "$arg* must be an independent parameter without name etc.")                                        \
+    C(DOUBLE_ARGS, "$arg* can be used only once in the parameters")                                                    \
+    C(ARG_NOT_IN_REG, "This argument is not passed where $argN reads it")                                              \
     C(NOFENTRY_ARGS, "$arg* can be used only on function entry or exit")                                               \
     C(BAD_TYPE4STR, "This type does not fit for string.")                                                              \
     C(NEED_STRING_TYPE, "$comm and immediate-string only accepts string type")                                         \

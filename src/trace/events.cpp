@@ -555,6 +555,11 @@ public:
         const std::string_view m = sym::Registry::module_of(spec);
         return !m.empty() && !symbols.has_module(m);
     }
+    std::shared_ptr<const sym::FunctionTypes> function_types(uint64_t addr) override {
+        const sym::Registry::Location loc = symbols.locate(addr);
+        if (loc.object == nullptr || loc.object->path.empty()) return nullptr;
+        return sym::function_types(loc.object->path, addr - loc.object->bias);
+    }
     bool function_entry(uint64_t addr) override {
         const sym::Registry::Location loc = symbols.locate(addr);
         return loc.symbol != nullptr && loc.symbol->function && loc.symbol->value == addr;

@@ -135,6 +135,10 @@ private:
     int parse_arg(std::string_view arg);
     int parse_vars(std::string_view arg);
     int parse_legacy(std::string_view arg, bool *matched);
+    // An f: definition's argument by name (fprobetrace.rst's BTF arguments), from the
+    // function's debug information: *fetch and tt->text become what the kprobe language
+    // would say ("+8($arg1)", "u64"); *name the expression's last name unless `named`.
+    int parse_by_name(std::string_view arg, TypeText *tt, std::string *fetch, std::string *name, bool named);
     int parse_memory(std::string_view at);     // @ADDR, @+FOFFS, @SYM[+|-offs]: what follows the '@'
     int parse_deref(std::string_view arg);     // [u]+|-OFFS(FETCHARG)
     int parse_immediate(std::string_view imm); // \IMM or \"STRING": what follows the backslash
@@ -158,7 +162,8 @@ private:
     int offset_ = 0;               // the kernel's ctx->offset, within the word
     const Field *field_ = nullptr; // an e: definition's $FIELD, for its default type
     std::vector<FetchOp> ops_;
-    std::string data_; // an immediate string
+    std::string data_;      // an immediate string
+    std::string type_text_; // the type an argument by name takes from the debug information
 };
 
 int ArgParser::entry_arg(uint16_t n, int err_off) {
@@ -354,6 +359,70 @@ int ArgParser::parse_arg(std::string_view arg) {
         }
         return fail(Err::BAD_FETCH_ARG, offset_);
     }
+}
+
+// Whether an argument is read through the function's debug information: a parameter's
+// name (one the function has: else the kprobe language's old names, "rv", "sa"...), a
+// member of what $retval points to, or $retval without a type (its type is the function's).
+bool names_debug_info(std::string_view arg, bool typed) {
+    if (arg == "$retval") return !typed;
+    if (arg.starts_with("$retval")) return arg.substr(7, 2) == "->" || arg.substr(7, 1) == ".";
+    return !arg.empty() && (std::isalpha(static_cast<unsigned char>(arg[0])) || arg[0] == '_');
+}
+
+int ArgParser::parse_by_name(std::string_view arg, TypeText *tt, std::string *fetch, std::string *name, bool named) {
+    sym::TypedAccess a;
+    size_t pos = 0;
+    const sym::AccessFail f = def_.types->access(arg, &a, &pos);
+    if (f == sym::AccessFail::kNoVariable && arg.find_first_of("-.") == std::string_view::npos) {
+        bool matched = false; // not a parameter: one of the old names, or nothing
+        const std::string old(arg);
+        if (int r = parse_legacy(old, &matched); r != 0 || matched) {
+            ops_.clear();
+            if (r != 0) return r;
+            *fetch = old;
+            return 0;
+        }
+    }
+    switch (f) {
+    case sym::AccessFail::kNone:
+        break;
+    case sym::AccessFail::kNoVariable:
+        return fail(Err::NO_BTFARG, offset_ + int(pos));
+    case sym::AccessFail::kNotPointerToStruct:
+        return fail(Err::NO_PTR_STRCT, offset_ + int(pos));
+    case sym::AccessFail::kNoField:
+        return fail(Err::NO_BTF_FIELD, offset_ + int(pos));
+    case sym::AccessFail::kStructByValue:
+        return fail(Err::NOSUP_DAT_ARG, offset_ + int(pos));
+    case sym::AccessFail::kVoid:
+        return fail(Err::NO_RETVAL, offset_ + int(pos));
+    case sym::AccessFail::kBadHyphen:
+        return fail(Err::BAD_HYPHEN, offset_ + int(pos));
+    case sym::AccessFail::kNotInRegister:
+        return fail(Err::ARG_NOT_IN_REG, offset_ + int(pos));
+    case sym::AccessFail::kUnsupportedType:
+        return fail(Err::BAD_BTF_TID, offset_ + int(pos));
+    }
+    // :string and :ustring read the characters of a char * or a char [], the dereference
+    // implied; other types read the value.
+    const bool str = tt->given && (tt->text == "string" || tt->text == "ustring");
+    if (str && !a.stringable) return fail(Err::BAD_TYPE4STR, tt->pos);
+    const bool as_string = str || (!tt->given && a.stringable);
+    *fetch = as_string ? a.string_fetch : a.fetch;
+    if (!tt->given) {
+        type_text_ = as_string ? "string" : a.type;
+        tt->text = type_text_;
+        tt->given = true;
+        tt->pos = offset_;
+    }
+    if (named || a.name == "arg") return 0; // $retval keeps the caller's argN
+    for (std::string_view r : kReservedFields)
+        if (a.name == r) return fail(Err::USED_ARG_NAME, offset_);
+    for (const ArgDef &o : def_.args)
+        if (o.name == a.name) return fail(Err::USED_ARG_NAME, offset_);
+    *name = a.name;
+    return 0;
 }
 
 int ArgParser::parse_memory(std::string_view at) {
@@ -602,6 +671,11 @@ int ArgParser::parse(std::string_view word, int index) {
 
     std::string_view arg;
     TypeText tt = split_type(body, offset_, &arg);
+    std::string by_name; // what an argument by name reads, in the kprobe language
+    if (def_.types != nullptr && names_debug_info(arg, tt.given)) {
+        if (int r = parse_by_name(arg, &tt, &by_name, &ad.name, body.data() != word.data())) return r;
+        arg = by_name;
+    }
     ArgType type;
     if (int r = parse_type(arg, &tt, &type)) return r;
     if (int r = parse_arg(arg)) return r;
@@ -879,7 +953,9 @@ int parse_function_spec(const Words &w, Resolver &resolver, ProbeDef *def, bool 
     if (!names_many(spec)) {
         if (resolver.resolve_code(spec, 0, &def->addr) != 0)
             return resolver.module_pending(spec) ? 0 : fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
-        return resolver.function_entry(def->addr) ? 0 : fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+        if (!resolver.function_entry(def->addr)) return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
+        def->types = resolver.function_types(def->addr);
+        return 0;
     }
     if (resolver.resolve_functions(spec, &def->functions) != 0 || def->functions.empty())
         return fail_at(err, w, Err::BAD_PROBE_ADDR, 1, 0);
@@ -1095,6 +1171,36 @@ int parse_site_args(Words w, Resolver &resolver, ProbeDef *def, ProbeError *err)
     return 0;
 }
 
+// An f: definition's "$arg*": every parameter of the function by name (NAME=NAME), as
+// fprobetrace.rst expands it; those $argN cannot read (a struct passed by value, a float)
+// are left out. Once, alone, and only with the function's debug information.
+int expand_function_args(Words *w, const ProbeDef &def, ProbeError *err) {
+    size_t star = 0;
+    for (size_t i = 2; i < w->argv.size(); ++i) {
+        const std::string &a = w->argv[i];
+        const size_t at = a.find("$arg*");
+        if (at == std::string::npos) continue;
+        if (at != 0 || a.size() != 5) return fail_at(err, *w, Err::BAD_VAR_ARGS, i, int(at));
+        if (star != 0) return fail_at(err, *w, Err::DOUBLE_ARGS, i, 0);
+        if (def.types == nullptr) return fail_at(err, *w, Err::NOSUP_BTFARG, i, 0);
+        star = i;
+    }
+    if (star == 0) return 0;
+    const int at = w->at[star];
+    w->argv.erase(w->argv.begin() + long(star));
+    w->at.erase(w->at.begin() + long(star));
+    size_t k = star;
+    for (const std::string &p : def.types->parameters()) {
+        sym::TypedAccess a;
+        size_t pos = 0;
+        if (p.empty() || def.types->access(p, &a, &pos) != sym::AccessFail::kNone) continue;
+        w->argv.insert(w->argv.begin() + long(k), p + "=" + p);
+        w->at.insert(w->at.begin() + long(k), at);
+        ++k;
+    }
+    return 0;
+}
+
 int parse_args(const Words &w, Resolver &resolver, bool fentry, ProbeDef *def, ProbeError *err) {
     const size_t nargs = w.argv.size() - 2;
     if (nargs > size_t(kMaxArgs)) return fail_at(err, w, Err::TOO_MANY_ARGS, 2, 0);
@@ -1199,6 +1305,8 @@ int parse_definition(std::string_view line, Resolver &resolver, ProbeDef *def, P
     if (r != 0) return r;
     if ((r = name_event(w.argv[0], colon, def, err)) != 0) return r;
     if (def->is_tracepoint) return parse_site_args(w, resolver, def, err);
+    if (def->is_function)
+        if ((r = expand_function_args(&w, *def, err)) != 0) return r;
     return parse_args(w, resolver, fentry, def, err);
 }
 

@@ -26,8 +26,11 @@
 #include <string_view>
 #include <vector>
 
+#include "symbols/dwarf.hpp"
 #include "trace/errors.hpp"
 #include "trace/fetch.hpp"
+
+#include <memory>
 
 namespace ukp::trace {
 
@@ -90,6 +93,12 @@ struct Resolver {
         (void)group, (void)event, (void)out;
         return -ENOENT;
     }
+    // The parameters and types of the function at addr, from its object's debug
+    // information; null when there is none (f: arguments by name).
+    virtual std::shared_ptr<const sym::FunctionTypes> function_types(uint64_t addr) {
+        (void)addr;
+        return nullptr;
+    }
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
     // the kernel's probes on a module that is not loaded).
     virtual bool module_pending(std::string_view spec) {
@@ -129,6 +138,9 @@ struct ProbeDef {
     // A single name is a point as p/r's; globs or lists have `functions` (what they matched).
     bool is_function = false;
     std::vector<Resolver::Function> functions;
+    // A single function's types (its debug information): arguments by name, $arg*, the
+    // type of $retval. Null for a glob, or without debug information.
+    std::shared_ptr<const sym::FunctionTypes> types;
     // e:, on the records of the event `symbol` names ("GRP.EVENT"), whose fields these are.
     bool is_eprobe = false;
     std::vector<Field> attach_fields;

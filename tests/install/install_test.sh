@@ -180,7 +180,7 @@ deb)
 	[ "$soname" = libukprobes.so.0 ] || fail "the packaged library's SONAME is '$soname'"
 	depends=$(dpkg-deb -f "$deb" Depends)
 	echo "Depends: $depends"
-	for lib in libc6 libelf1 libfmt libzydis libfuse3; do
+	for lib in libc6 libelf1 libdw1 libfmt libzydis libfuse3; do
 		grep -q "$lib" <<<"$depends" || fail "Depends lacks $lib"
 	done
 	[ -n "$(dpkg-deb -f "$deb" Maintainer)" ] || fail "no Maintainer"
