@@ -48,7 +48,8 @@ void print_profiles(std::vector<ProfileBlock> blocks, uint64_t lost) {
     if (lost != 0) fmt::print(stderr, "# lost: {} events (the trace's LOST lines)\n", lost);
 }
 
-void print_answers(std::vector<ProfileBlock> blocks, const std::vector<std::string> &paths, FILE *out) {
+void print_answers(std::vector<ProfileBlock> blocks, const std::vector<std::string> &paths, FILE *out,
+                   const std::function<std::string(const std::vector<std::string> &)> &sum) {
     std::stable_sort(blocks.begin(), blocks.end(), [](const auto &a, const auto &b) { return a.seq < b.seq; });
     std::vector<const ProfileBlock *> shown;
     const ProfileBlock *first = nullptr; // the first image that answered: shown if none counted
@@ -85,6 +86,12 @@ void print_answers(std::vector<ProfileBlock> blocks, const std::vector<std::stri
             if (headers) fmt::print(out, "# process {} ({}): {}\n", b->pid, b->comm, paths[i]);
             fmt::print(out, "{}", b->answers[i]);
         }
+    for (size_t i = 0; i < paths.size() && shown.size() > 1 && sum; ++i) {
+        std::vector<std::string> texts;
+        for (const ProfileBlock *b : shown) texts.push_back(b->answers[i]);
+        if (const std::string total = sum(texts); !total.empty())
+            fmt::print(out, "# all {} processes: {}\n{}", shown.size(), paths[i], total);
+    }
     if (shown.size() > 1 || silent != 0)
         fmt::print(stderr, "ukprobe: {} process images answered{}\n", shown.size(),
                    silent != 0 ? fmt::format(" ({} more counted nothing)", silent) : "");

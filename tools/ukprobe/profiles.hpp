@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ void print_profiles(std::vector<ProfileBlock> blocks, uint64_t lost);
 // read them at its end, in the order the processes were met, the program's first; then a
 // line on stderr for the processes that ended without (killed, or forked without exec:
 // their agent was never asked).
-void print_answers(std::vector<ProfileBlock> blocks, const std::vector<std::string> &paths, FILE *out);
+// When more than one answered and `sum` gives a text for a file's answers, that text
+// follows, after "# all N processes: FILE".
+void print_answers(std::vector<ProfileBlock> blocks, const std::vector<std::string> &paths, FILE *out,
+                   const std::function<std::string(const std::vector<std::string> &)> &sum = {});
 
 } // namespace ukprobe

@@ -32,6 +32,7 @@
 #include "output.hpp"
 #include "proc.hpp"
 #include "profiles.hpp"
+#include "short_forms.hpp"
 #include "ring_watch.hpp"
 #include "supervisor.hpp"
 #include "control/fd_passing.hpp"
@@ -368,7 +369,7 @@ void Runner::end_streams() {
     std::vector<ProfileBlock> blocks = std::move(forked_profiles_);
     for (auto &a : agents_) blocks.push_back(a->profile());
     if (!o_.answers.empty())
-        print_to(o_.answer_output, [&](FILE *out) { print_answers(std::move(blocks), o_.answers, out); });
+        print_to(o_.answer_output, [&](FILE *out) { print_answers(std::move(blocks), o_.answers, out, sum_hists); });
     else
         print_profiles(std::move(blocks), out_->lost());
 }

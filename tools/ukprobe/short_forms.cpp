@@ -9,9 +9,11 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 namespace ukprobe {
@@ -65,7 +67,77 @@ std::string sdt_type(std::string_view arg) {
     return "u64";
 }
 
+// "[7f0a...] " in a key: an address, each process's own.
+size_t address_in(std::string_view key, size_t *len) {
+    for (size_t at = key.find('['); at != std::string_view::npos; at = key.find('[', at + 1)) {
+        const size_t close = key.find("] ", at);
+        if (close == std::string_view::npos) return std::string_view::npos;
+        const std::string_view inside = key.substr(at + 1, close - at - 1);
+        if (!inside.empty() && inside.find_first_not_of("0123456789abcdef") == std::string_view::npos) {
+            *len = close + 2 - at;
+            return at;
+        }
+    }
+    return std::string_view::npos;
+}
+
 } // namespace
+
+std::string sum_hists(const std::vector<std::string> &texts) {
+    if (texts.empty()) return "";
+    struct Entry {
+        std::string key; // "{ __probe_ip: malloc      }": the line up to "hitcount:"
+        uint64_t hits = 0;
+    };
+    std::vector<Entry> entries;
+    std::map<std::string, size_t> by_key;
+    uint64_t dropped = 0;
+    std::string header;
+    bool by_hits = false;
+    for (const std::string &text : texts) {
+        std::istringstream in(text);
+        bool first = &text == &texts.front();
+        for (std::string line; std::getline(in, line);) {
+            if (line.starts_with("#") && first) {
+                header += line + "\n";
+                by_hits = by_hits || line.find("sort=hitcount.descending") != std::string::npos;
+                continue;
+            }
+            if (line.starts_with("    Dropped: ")) dropped += std::stoull(line.substr(13));
+            if (!line.starts_with("{ ")) continue;
+            const size_t h = line.find("} hitcount:");
+            if (h == std::string::npos) return "";
+            size_t end = 0;
+            const uint64_t hits = std::stoull(line.substr(h + 11), &end);
+            if (line.find_first_not_of(' ', h + 11 + end) != std::string::npos) return ""; // other values
+            std::string key = line.substr(0, h + 1);
+            size_t len = 0;
+            if (const size_t at = address_in(key, &len); at != std::string::npos) {
+                key.erase(at, len);
+                key.insert(key.size() - 1, len, ' '); // the closing brace where it was
+            }
+            const auto [it, fresh] = by_key.try_emplace(key, entries.size());
+            if (fresh) entries.push_back({key, 0});
+            entries[it->second].hits += hits;
+        }
+    }
+    // The key's first number: a bucket's start ("~ 1000-1249", "~ 2^11").
+    const auto number = [](const std::string &key) {
+        const size_t d = key.find_first_of("0123456789", key.find(':'));
+        return d == std::string::npos ? 0ull : std::strtoull(key.c_str() + d, nullptr, 10);
+    };
+    std::stable_sort(entries.begin(), entries.end(), [&](const Entry &a, const Entry &b) {
+        return by_hits ? a.hits > b.hits : number(a.key) < number(b.key);
+    });
+    std::string out = header + "\n";
+    uint64_t hits = 0;
+    for (const Entry &e : entries) {
+        out += fmt::format("{} hitcount: {:>10}\n", e.key, e.hits);
+        hits += e.hits;
+    }
+    return out +
+           fmt::format("\nTotals:\n    Hits: {}\n    Entries: {}\n    Dropped: {}\n", hits, entries.size(), dropped);
+}
 
 Expansion expand_calls(const std::string &spec) {
     const std::string funcs = functions_of(spec);

@@ -35,6 +35,12 @@ Expansion expand_latency(const std::string &spec, unsigned buckets);
 // "cat FILE"), one command a line, after a comment naming `question`.
 std::string expansion_text(const std::string &question, const Expansion &x);
 
+// The hists of several processes (texts of one question's hist file) summed: entries of
+// the same key (its addresses left out: each process has its own) added up, sorted as
+// the trigger sorts (by hits, or by the key's first number: a latency's bucket), the
+// kernel's totals. Empty when a hist has other values than hitcount (not summed).
+std::string sum_hists(const std::vector<std::string> &texts);
+
 // RunOptions for `ukprobe run` that answer the question for PROG ARGS: the events
 // defined at its start and disabled again once their triggers are in (they only count),
 // no trace, each process's answer read at its end.
