@@ -506,9 +506,27 @@ int lift_breakpoint(perf_event *bp) noexcept {
     if (b == nullptr || !b->placeable) return -EINVAL;
     int st = kPlaced;
     if (!b->state.compare_exchange_strong(st, kBusy, std::memory_order_acquire)) return -ENOENT;
-    uncover_from_hit(*b);
-    close_deferred();
+    const bool own_table = table_of_caller() != 0;
+    if (!own_table) {
+        uncover_from_hit(*b); // a hit's (clear_wprobe), on a program thread: its table
+        close_deferred();
+    } else {
+        // The control thread's (a set_wprobe or clear_wprobe trigger removed, a detach): the
+        // events a hit placed are in the program's table, where the numbers mean nothing
+        // here (closing them would close the control thread's own descriptors). Disabled
+        // through a copy, then closed by a program thread.
+        b->generation = (b->generation + 1) & 0xffff;
+        if (b->generation == 0) b->generation = 1;
+        g_slots[b->slot].generation.store(b->generation, std::memory_order_release);
+        for (const Instance &i : b->instances) {
+            close_instance(i);
+            if (i.holder == 0) defer_close(i.fd);
+        }
+        b->instances.clear(); // keeps its storage
+    }
     b->state.store(kUnplaced, std::memory_order_release);
+    if (own_table && !hw_breakpoints_none_deferred())
+        opt_ask_program_thread(hw_breakpoints_none_deferred, kAskTimeoutMs);
     return 0;
 }
 
