@@ -1,6 +1,7 @@
 #include "trace/hist.hpp"
 #include "trace/hist_table.hpp"
 #include "trace/bytes.hpp"
+#include "trace/ring.hpp"
 #include "platform/this_cpu.hpp"
 
 #include "platform/vector_state.hpp"
@@ -11,10 +12,12 @@
 #include <x86intrin.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <unordered_map>
 #include <mutex>
 
 namespace ukp::trace {
@@ -75,7 +78,7 @@ struct HistSpec {
     bool have_keys = false, have_sort = false;
     int bits = kMapBitsDefault; // log2 of the table's elements
     bool pause = false, cont = false, clear = false;
-    std::vector<std::pair<std::string_view, int>> vars, actions; // "NAME=EXPR", "onmatch(...)...", where each starts
+    std::vector<std::pair<std::string_view, int>> vars, actions; // "NAME=EXPR", "onmax(...)...", where each starts
 };
 
 // The table's bits for size=N (N rounded up to a power of two); false and *err when N is
@@ -119,7 +122,7 @@ bool parse_attributes(std::string_view spec, int spec_pos, HistSpec *s, FilterEr
             s->cont = true;
         } else if (part == "clear") {
             s->clear = true;
-        } else if (part.starts_with("onmatch(")) {
+        } else if (part.starts_with("onmatch(") || part.starts_with("onmax(") || part.starts_with("onchange(")) {
             s->actions.push_back({part, pos});
         } else if (const size_t eq = part.find('='); eq != std::string_view::npos && eq > 0) {
             s->vars.push_back({part, pos});
@@ -397,6 +400,20 @@ bool is_identifier(std::string_view s) {
 
 } // namespace
 
+// The kernel keeps one per trace instance (tr->cond_snapshot): one trigger here has it.
+struct HistTrigger::SnapshotState {
+    std::atomic<uint64_t> value{0}; // the largest (last) value over every key
+    std::atomic<uint64_t> seq{0};   // over words
+    uint32_t key_words;
+    // The triggering key's words, then its comm's two (.execname); words[...] = 1 once
+    // a snapshot was taken.
+    std::unique_ptr<std::atomic<uint64_t>[]> words;
+    explicit SnapshotState(uint32_t key_bytes)
+        : key_words(key_bytes / 8), words(new std::atomic<uint64_t>[key_bytes / 8 + 3]) {
+        for (uint32_t i = 0; i < key_words + 3; ++i) words[i].store(0, std::memory_order_relaxed);
+    }
+};
+
 // Parses one operand of an expression or an action's parameter list.
 struct HistTrigger::OperandParser {
     HistTrigger &h;
@@ -494,32 +511,59 @@ struct HistTrigger::OperandParser {
         return true;
     }
 
-    // onmatch(GRP.EVENT).trace(SYNTH,ARGS) or onmatch(GRP.EVENT).SYNTH(ARGS)
+    // onmatch(GRP.EVENT), onmax($VAR) or onchange($VAR), then .trace(SYNTH,ARGS),
+    // .SYNTH(ARGS), and for onmax and onchange .save(FIELD,...) or .snapshot().
     bool action(std::string_view part, int pos, HistHost *host) {
+        Action a;
+        a.text = std::string(part);
+        const size_t open = part.find('(');
+        const std::string_view handler = part.substr(0, open);
+        a.handler = handler == "onmax" ? Action::kOnMax : handler == "onchange" ? Action::kOnChange : Action::kOnMatch;
         const size_t close = part.find(')');
         if (close == std::string_view::npos) return fail(err, "No closing paren found", pos);
-        const std::string_view match = part.substr(8, close - 8);
-        const size_t dot = match.find('.');
-        if (dot == std::string_view::npos || dot == 0 || dot + 1 == match.size())
-            return fail(err, "Invalid subsystem or event name", pos + 8);
-        if (host == nullptr || !host->event_exists(match.substr(0, dot), match.substr(dot + 1)))
-            return fail(err, "Invalid subsystem or event name", pos + 8);
+        const std::string_view inner = part.substr(open + 1, close - open - 1);
+        const int inner_pos = pos + int(open) + 1;
+        if (a.handler == Action::kOnMatch) {
+            const size_t dot = inner.find('.');
+            if (dot == std::string_view::npos || dot == 0 || dot + 1 == inner.size())
+                return fail(err, "Invalid subsystem or event name", inner_pos);
+            if (host == nullptr || !host->event_exists(inner.substr(0, dot), inner.substr(dot + 1)))
+                return fail(err, "Invalid subsystem or event name", inner_pos);
+        } else if (!track_var(inner, inner_pos, &a)) {
+            return false;
+        }
         std::string_view rest = part.substr(close + 1);
         const int rest_pos = pos + int(close) + 1;
-        if (rest.size() < 2 || rest[0] != '.' || rest.back() != ')') return fail(err, "No action found", rest_pos);
-        const size_t open = rest.find('(');
-        if (open == std::string_view::npos) return fail(err, "No action found", rest_pos);
-        std::string_view fn = rest.substr(1, open - 1), params = rest.substr(open + 1, rest.size() - open - 2);
-        int params_pos = rest_pos + int(open) + 1;
+        if (rest.size() < 2 || rest[0] != '.') return fail(err, "No action found", rest_pos);
+        const size_t fn_open = rest.find('(');
+        if (fn_open == std::string_view::npos) return fail(err, "No action found", rest_pos);
+        std::string_view fn = rest.substr(1, fn_open - 1);
+        if (fn == "save" || fn == "snapshot") {
+            if (a.handler == Action::kOnMatch) return fail(err, "Handler doesn't support action", rest_pos + 1);
+            if (rest.back() != ')') return fail(err, "No closing paren found", rest_pos + int(fn_open) + 1);
+            if (fn == "snapshot") {
+                a.kind = Action::kSnapshot; // what it is given is ignored, as by the kernel
+            } else {
+                a.kind = Action::kSave;
+                for (const Action &o : h.actions_)
+                    if (o.kind == Action::kSave)
+                        return fail(err, "Can't have more than one save() action per hist", pos);
+                if (!save_params(rest.substr(fn_open + 1, rest.size() - fn_open - 2), rest_pos + int(fn_open) + 1, &a))
+                    return false;
+            }
+            h.actions_.push_back(std::move(a));
+            return true;
+        }
+        if (rest.back() != ')') return fail(err, "No action found", rest_pos);
+        std::string_view params = rest.substr(fn_open + 1, rest.size() - fn_open - 2);
+        int params_pos = rest_pos + int(fn_open) + 1;
         if (fn == "trace") { // trace(SYNTH,ARGS)
             const size_t comma = params.find(',');
             fn = params.substr(0, comma);
             params = comma == std::string_view::npos ? std::string_view() : params.substr(comma + 1);
             params_pos += comma == std::string_view::npos ? 0 : int(comma) + 1;
         }
-        Action a;
-        a.text = std::string(part);
-        a.synth = host->synthetic_event(fn);
+        a.synth = host != nullptr ? host->synthetic_event(fn) : nullptr;
         if (a.synth == nullptr) return fail(err, "Couldn't find synthetic event", rest_pos + 1);
         for (size_t start = 0; !params.empty() && start <= params.size();) {
             const size_t comma = std::min(params.find(',', start), params.size());
@@ -532,6 +576,70 @@ struct HistTrigger::OperandParser {
         if (a.args.size() != a.synth->field_count())
             return fail(err, "Param count doesn't match synthetic event field count", params_pos);
         h.actions_.push_back(std::move(a));
+        return true;
+    }
+
+    // onmax(X), onchange(X): X must be one of this trigger's variables, as the kernel's
+    // track_data_create() finds it (not another trigger's).
+    bool track_var(std::string_view text, int pos, Action *a) {
+        if (text.empty() || text[0] != '$') return fail(err, "For onmax(x) or onchange(x), x must be a variable", pos);
+        for (uint32_t i = 0; i < h.vars_.size(); ++i)
+            if (h.vars_[i].name == text.substr(1)) {
+                a->var = i;
+                a->var_text = std::string(text);
+                return true;
+            }
+        return fail(err, "Couldn't find onmax or onchange variable", pos + 1);
+    }
+
+    // save()'s FIELD,...: each a field of the event (a string too), common_pid and the
+    // other common fields, common_timestamp[.usecs], common_comm, or $VAR of this trigger.
+    bool save_params(std::string_view params, int pos, Action *a) {
+        uint32_t words = 0;
+        for (auto [text, at] : split(params, ',', pos)) {
+            // The kernel's parse_action_params() refuses a name under two characters.
+            if (text.size() < 2) return fail(err, "Invalid action param", at);
+            if (a->saved.size() == kMaxActionParams) return fail(err, "Too many action params", at);
+            Saved sv;
+            sv.name = std::string(text);
+            if (!saved_value(text, &sv)) return fail(err, "Couldn't create field variable", at);
+            sv.word = words;
+            sv.words = sv.kind == Saved::kString ? kMaxStringKey / 8 : sv.kind == Saved::kComm ? 2 : 1;
+            words += sv.words;
+            a->saved.push_back(std::move(sv));
+        }
+        return true;
+    }
+
+    bool saved_value(std::string_view text, Saved *sv) {
+        if (text[0] == '$') {
+            for (uint32_t i = 0; i < h.vars_.size(); ++i)
+                if (h.vars_[i].name == text.substr(1)) {
+                    sv->value.kind = Operand::kOwnVar;
+                    sv->value.index = i;
+                    return true;
+                }
+            return false;
+        }
+        if (text == "common_comm" || text == "comm") {
+            sv->kind = Saved::kComm;
+            return true;
+        }
+        const size_t dot = text.find('.');
+        const std::string_view mod = dot == std::string_view::npos ? std::string_view() : text.substr(dot + 1);
+        Column c;
+        if (!bind_field(text.substr(0, dot), 0, fields, &c, nullptr)) return false;
+        if (c.timestamp) {
+            if (!mod.empty() && mod != "usecs") return false;
+            sv->value.kind = Operand::kTimestamp;
+            sv->value.usecs = !mod.empty();
+            h.needs_ts_ = true;
+            return true;
+        }
+        if (!mod.empty()) return false;
+        sv->kind = c.is_string ? Saved::kString : Saved::kNumber;
+        sv->value.kind = Operand::kField;
+        sv->value.field = std::move(c);
         return true;
     }
 };
@@ -572,12 +680,25 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         if (!p.var(part, pos)) return nullptr;
     for (auto [part, pos] : s.actions)
         if (!p.action(part, pos, host)) return nullptr;
+    // The words of onmax and onchange in an element, past the variables: the tracked value,
+    // then for save() a sequence word and the saved words.
+    for (Action &a : h->actions_) {
+        if (a.handler == Action::kOnMatch) continue;
+        a.slot = uint32_t(h->vars_.size()) + h->action_words_;
+        h->action_words_ += 1;
+        if (a.kind == Action::kSave) h->action_words_ += 1 + a.saved.back().word + a.saved.back().words;
+        if (a.kind == Action::kSnapshot && !h->snap_) h->snap_ = std::make_unique<SnapshotState>(h->key_bytes_);
+    }
     if (h->needs_ts_) measure_tsc_scale();
     h->paused_.store(h->want_pause_, std::memory_order_relaxed);
-    h->tables_.push_back(
-        std::make_unique<HistTable>(h->size_, h->key_bytes_, uint32_t(h->vals_.size()), uint32_t(h->vars_.size())));
+    h->tables_.push_back(h->new_table());
     h->table_.store(h->tables_.back().get(), std::memory_order_release);
     return h;
+}
+
+std::unique_ptr<HistTable> HistTrigger::new_table() const {
+    return std::make_unique<HistTable>(size_, key_bytes_, uint32_t(vals_.size()),
+                                       uint32_t(vars_.size()) + action_words_);
 }
 
 uint64_t HistTrigger::operand_value(const Operand &o, const uint8_t *rec, uint32_t size, uint64_t ts,
@@ -666,6 +787,18 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
         t->var_set[slot].store(1, std::memory_order_release);
     }
     for (const Action &a : actions_) {
+        if (a.handler != Action::kOnMatch) {
+            const uint64_t v = own[a.var];
+            if (!track(a, t, el, v)) continue;
+            if (a.kind == Action::kSave) {
+                save(a, t, el, v, rec, size, comm, ts, own, refs);
+                continue;
+            }
+            if (a.kind == Action::kSnapshot) {
+                snapshot(a, key, comm, v);
+                continue;
+            }
+        }
         uint64_t values[kMaxActionParams];
         for (size_t i = 0; i < a.args.size(); ++i) values[i] = operand_value(a.args[i], rec, size, ts, own, refs);
         SynthSink *synth = a.synth;
@@ -675,8 +808,143 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     }
 }
 
+namespace {
+
+// Whether v raises (onmax) or changes (onchange) the tracked value cur: the kernel's
+// check_track_val_max() and check_track_val_changed(), unsigned as there.
+bool tracks(HistTrigger::Action::Handler handler, uint64_t cur, uint64_t v) noexcept {
+    return handler == HistTrigger::Action::kOnMax ? v > cur : v != cur;
+}
+
+// A seqlock's write side without a lock: the sequence word goes odd while one writer
+// writes. A writer that finds another one writing waits a little, as find_or_insert()
+// does for a bucket being filled in, then gives up (that one may have been preempted).
+bool begin_write(std::atomic<uint64_t> &seq, uint64_t *s) noexcept {
+    uint64_t cur = seq.load(std::memory_order_relaxed);
+    for (uint32_t waits = 0;;) {
+        if ((cur & 1) == 0 && seq.compare_exchange_weak(cur, cur + 1, std::memory_order_acquire))
+            break; // acquire: the words written next stay after the odd word
+        if (++waits > HistTable::kPendingWaits) return false;
+        __builtin_ia32_pause();
+        cur = seq.load(std::memory_order_relaxed);
+    }
+    *s = cur + 1;
+    return true;
+}
+
+void end_write(std::atomic<uint64_t> &seq, uint64_t s) noexcept { seq.store(s + 1, std::memory_order_release); }
+
+// Reads words [0, n) written under seq into out, whole (no writer in between); after many
+// tries (a writer preempted for long) as they are.
+void read_words(const std::atomic<uint64_t> &seq, const std::atomic<uint64_t> *words, size_t n, uint64_t *out) {
+    for (int tries = 0;; ++tries) {
+        const uint64_t s1 = seq.load(std::memory_order_acquire);
+        for (size_t i = 0; i < n; ++i) out[i] = words[i].load(std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (((s1 & 1) == 0 && seq.load(std::memory_order_relaxed) == s1) || tries == 10000) return;
+        sched_yield();
+    }
+}
+
+// A string's bytes into words (the last one zero-padded; what follows it is not read).
+void store_string(std::atomic<uint64_t> *words, const char *str, size_t n) noexcept {
+    for (size_t i = 0; i <= n; i += 8) {
+        uint64_t w = 0;
+        copy_bytes(&w, str + i, std::min<size_t>(8, n - i));
+        words[i / 8].store(w, std::memory_order_relaxed);
+    }
+}
+
+} // namespace
+
+bool HistTrigger::track(const Action &a, HistTable *t, int64_t el, uint64_t v) const noexcept {
+    std::atomic<uint64_t> &tracked = t->vars[size_t(el) * t->n_vars + a.slot];
+    uint64_t cur = tracked.load(std::memory_order_relaxed);
+    do {
+        if (!tracks(a.handler, cur, v)) return false;
+    } while (!tracked.compare_exchange_weak(cur, v, std::memory_order_acq_rel));
+    return true;
+}
+
+void HistTrigger::save(const Action &a, HistTable *t, int64_t el, uint64_t v, const uint8_t *rec, uint32_t size,
+                       const char *comm, uint64_t ts, const uint64_t *own, const uint64_t *refs) const noexcept {
+    std::atomic<uint64_t> *w = &t->vars[size_t(el) * t->n_vars + a.slot];
+    uint64_t s;
+    if (!begin_write(w[1], &s)) return;
+    // A hit that raised the value further (changed it again) since: its fields are the
+    // ones to keep, whether it saved them already or is about to.
+    if (w[0].load(std::memory_order_relaxed) == v) {
+        std::atomic<uint64_t> *saved = w + 2;
+        for (const Saved &sv : a.saved) {
+            std::atomic<uint64_t> *dst = saved + sv.word;
+            if (sv.kind == Saved::kComm) {
+                store_string(dst, comm ? comm : "", comm ? bounded_strlen(comm, 15) : 0);
+            } else if (sv.kind == Saved::kString) {
+                const Column &c = sv.value.field;
+                size_t n = 0;
+                const char *str = "";
+                uint32_t loc = 0;
+                if (uint64_t(c.offset) + 4 <= size) copy_bytes(&loc, rec + c.offset, 4);
+                const uint32_t off = loc & 0xffff, len = loc >> 16;
+                if (len != 0 && off + len <= size) {
+                    str = reinterpret_cast<const char *>(rec + off);
+                    n = bounded_strlen(str, std::min<uint32_t>(len - 1, kMaxStringKey - 1));
+                }
+                store_string(dst, str, n);
+            } else {
+                dst->store(operand_value(sv.value, rec, size, ts, own, refs), std::memory_order_relaxed);
+            }
+        }
+    }
+    end_write(w[1], s);
+}
+
+namespace {
+std::atomic<const HistTrigger *> g_snapshot_owner{nullptr}; // the trigger with a snapshot() action
+} // namespace
+
+void HistTrigger::snapshot(const Action &a, const uint8_t *key, const char *comm, uint64_t v) const noexcept {
+    SnapshotState &st = *snap_;
+    uint64_t cur = st.value.load(std::memory_order_relaxed);
+    do {
+        if (!tracks(a.handler, cur, v)) return;
+    } while (!st.value.compare_exchange_weak(cur, v, std::memory_order_acq_rel));
+    uint64_t s;
+    if (begin_write(st.seq, &s)) {
+        if (st.value.load(std::memory_order_relaxed) == v) {
+            for (uint32_t i = 0; i < st.key_words; ++i) {
+                uint64_t w;
+                copy_bytes(&w, key + size_t(i) * 8, 8);
+                st.words[i].store(w, std::memory_order_relaxed);
+            }
+            store_string(&st.words[st.key_words], comm ? comm : "", comm ? bounded_strlen(comm, 15) : 0);
+            st.words[st.key_words + 2].store(1, std::memory_order_relaxed);
+        }
+        end_write(st.seq, s);
+    }
+    // Lock-free; the spare buffers were allocated when the trigger was installed. A swap
+    // already under way (another hit's) stands for this one.
+    snapshot_swap();
+}
+
+int HistTrigger::claim_snapshot() {
+    if (!snap_) return 0;
+    int n = 0;
+    for (const Action &a : actions_) n += a.kind == Action::kSnapshot;
+    if (n > 1) return -EBUSY; // the second one finds the first one's, as in the kernel
+    const HistTrigger *none = nullptr;
+    if (!g_snapshot_owner.compare_exchange_strong(none, this) && none != this) return -EBUSY;
+    if (const int r = snapshot_alloc(); r != 0) {
+        g_snapshot_owner.store(nullptr);
+        return r;
+    }
+    return 0;
+}
+
 HistTrigger::~HistTrigger() {
     // The agent keeps every trigger for good; a test's or a fuzzer's goes: not findable then.
+    const HistTrigger *self = this;
+    g_snapshot_owner.compare_exchange_strong(self, nullptr);
     std::lock_guard lock(vars_mu());
     for (auto it = var_table().begin(); it != var_table().end();)
         it = it->second.owner == this ? var_table().erase(it) : std::next(it);
@@ -698,7 +966,8 @@ void HistTrigger::publish_vars() {
     published_ = true;
     for (uint32_t i = 0; i < vars_.size(); ++i) var_table().insert({vars_[i].name, VarEntry{this, i, event_}});
     for (const Ref &r : refs_) r.owner->users_.fetch_add(1, std::memory_order_relaxed);
-    for (const Action &a : actions_) a.synth->users.fetch_add(1, std::memory_order_relaxed);
+    for (const Action &a : actions_)
+        if (a.synth) a.synth->users.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool HistTrigger::retract_vars() {
@@ -708,7 +977,10 @@ bool HistTrigger::retract_vars() {
     for (auto it = var_table().begin(); it != var_table().end();)
         it = it->second.owner == this ? var_table().erase(it) : std::next(it);
     for (const Ref &r : refs_) r.owner->users_.fetch_sub(1, std::memory_order_relaxed);
-    for (const Action &a : actions_) a.synth->users.fetch_sub(1, std::memory_order_relaxed);
+    for (const Action &a : actions_)
+        if (a.synth) a.synth->users.fetch_sub(1, std::memory_order_relaxed);
+    const HistTrigger *self = this;
+    g_snapshot_owner.compare_exchange_strong(self, nullptr); // the kernel's tracing_snapshot_cond_disable()
     published_ = false;
     return true;
 }
@@ -754,7 +1026,7 @@ bool HistTrigger::same_as(const HistTrigger &o) const {
 
 void HistTrigger::clear() {
     std::lock_guard lk(mu_);
-    tables_.push_back(std::make_unique<HistTable>(size_, key_bytes_, uint32_t(vals_.size()), uint32_t(vars_.size())));
+    tables_.push_back(new_table());
     // A hit still inside the old table finishes there; the old table is kept, not freed.
     table_.store(tables_.back().get(), std::memory_order_release);
 }
@@ -841,16 +1113,21 @@ void append_key(const Entry &e, const Column &c, const Symbolizer &sym, std::str
     out += buf;
 }
 
-// Appends entry e's line: "{ keys } hitcount: N  value: N...".
-void append_entry(const Entry &e, const std::vector<Column> &keys, const std::vector<Column> &vals,
-                  const Symbolizer &sym, std::string &out) {
-    char buf[512];
+// Appends "{ keys }" of entry e.
+void append_keys(const Entry &e, const std::vector<Column> &keys, const Symbolizer &sym, std::string &out) {
     out += "{ ";
     for (size_t i = 0; i < keys.size(); i++) {
         if (i) out += ", ";
         append_key(e, keys[i], sym, out);
     }
     out += " }";
+}
+
+// Appends entry e's line, without its newline: "{ keys } hitcount: N  value: N...".
+void append_entry(const Entry &e, const std::vector<Column> &keys, const std::vector<Column> &vals,
+                  const Symbolizer &sym, std::string &out) {
+    char buf[512];
+    append_keys(e, keys, sym, out);
     std::snprintf(buf, sizeof buf, " hitcount: %10" PRIu64, e.sums[0]);
     out += buf;
     for (size_t i = 1; i < vals.size(); i++) {
@@ -858,10 +1135,76 @@ void append_entry(const Entry &e, const std::vector<Column> &keys, const std::ve
                       vals[i].name.c_str(), e.sums[i]);
         out += buf;
     }
-    out += "\n";
+}
+
+// The string in words (at most n of them), NUL-terminated.
+std::string words_string(const uint64_t *words, size_t n) {
+    std::string s(reinterpret_cast<const char *>(words), n * 8);
+    return s.substr(0, s.find('\0'));
 }
 
 } // namespace
+
+// The lines the kernel's print_actions() appends to an entry: per onmax/onchange action
+// but snapshot(), "\n\tmax: N" ("changed: N"), then save()'s "  NAME: N" of each field.
+// elts: the entry's elements (more than one when a passed-over bucket made its key twice:
+// the one with the largest value, for onmax, is shown).
+std::string HistTrigger::action_lines(const HistTable &t, const std::vector<uint32_t> &elts) const {
+    std::string out;
+    char buf[512];
+    for (const Action &a : actions_) {
+        if (a.handler == Action::kOnMatch || a.kind == Action::kSnapshot) continue;
+        uint32_t el = elts[0];
+        for (uint32_t e : elts)
+            if (a.handler == Action::kOnMax &&
+                t.vars[size_t(e) * t.n_vars + a.slot].load() > t.vars[size_t(el) * t.n_vars + a.slot].load())
+                el = e;
+        const std::atomic<uint64_t> *w = &t.vars[size_t(el) * t.n_vars + a.slot];
+        std::snprintf(buf, sizeof buf, "\n\t%s: %10" PRIu64, a.handler == Action::kOnMax ? "max" : "changed",
+                      w[0].load(std::memory_order_relaxed));
+        out += buf;
+        if (a.kind != Action::kSave) continue;
+        const uint32_t n = a.saved.back().word + a.saved.back().words;
+        std::vector<uint64_t> saved(n);
+        const uint64_t seq = w[1].load(std::memory_order_acquire);
+        read_words(w[1], w + 2, n, saved.data());
+        for (const Saved &sv : a.saved) {
+            if (sv.kind == Saved::kNumber) {
+                std::snprintf(buf, sizeof buf, "  %s: %10" PRIu64, sv.name.c_str(), saved[sv.word]);
+            } else {
+                // Never saved: the kernel prints its null string pointer so.
+                const std::string str = seq == 0 ? "(null)" : words_string(&saved[sv.word], sv.words);
+                std::snprintf(buf, sizeof buf, "  %s: %-32s", sv.name.c_str(), str.c_str());
+            }
+            out += buf;
+        }
+    }
+    return out;
+}
+
+// The kernel's track_data_snapshot_print(): what the last snapshot() was taken for.
+std::string HistTrigger::snapshot_lines(const Symbolizer &sym) const {
+    if (!snap_) return {};
+    const SnapshotState &st = *snap_;
+    std::vector<uint64_t> words(st.key_words + 3);
+    read_words(st.seq, st.words.get(), words.size(), words.data());
+    if (words[st.key_words + 2] == 0) return {};
+    const Action *a = nullptr;
+    for (const Action &x : actions_)
+        if (x.kind == Action::kSnapshot) a = &x;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "\nSnapshot taken (see tracing/snapshot).  Details:\n\ttriggering value { %s(%s) }: %10" PRIu64
+                  "\ttriggered by event with key: ",
+                  a->handler == Action::kOnMax ? "onmax" : "onchange", a->var_text.c_str(),
+                  st.value.load(std::memory_order_relaxed));
+    std::string out = buf;
+    char comm[17] = {};
+    std::memcpy(comm, &words[st.key_words], 16);
+    const Entry e{reinterpret_cast<const uint8_t *>(words.data()), comm, {}};
+    append_keys(e, keys_, sym, out);
+    return out + "\n";
+}
 
 std::string HistTrigger::show(const Symbolizer &sym) const {
     std::lock_guard lk(mu_);
@@ -869,7 +1212,21 @@ std::string HistTrigger::show(const Symbolizer &sym) const {
     std::string out = "# event histogram\n#\n# trigger info: " + spec_text() + "\n#\n\n";
     std::vector<Entry> entries = t->published();
     sort_entries(entries, keys_, sort_);
-    for (const Entry &e : entries) append_entry(e, keys_, vals_, sym, out);
+    // The elements of each key, for the actions' words: a key may have two (published()).
+    std::unordered_map<std::string, std::vector<uint32_t>> elts;
+    if (action_words_ > 0)
+        for (uint32_t b = 0; b < t->n_buckets; b++)
+            if (const uint32_t e = t->bucket_elt[b].load(std::memory_order_acquire))
+                elts[std::string(reinterpret_cast<const char *>(t->keys.get()) + size_t(e - 1) * key_bytes_,
+                                 key_bytes_)]
+                    .push_back(e - 1);
+    for (const Entry &e : entries) {
+        append_entry(e, keys_, vals_, sym, out);
+        if (action_words_ > 0)
+            out += action_lines(*t, elts[std::string(reinterpret_cast<const char *>(e.key), key_bytes_)]);
+        out += "\n";
+    }
+    out += snapshot_lines(sym);
     char buf[512];
     std::snprintf(buf, sizeof buf, "\nTotals:\n    Hits: %" PRIu64 "\n    Entries: %zu\n    Dropped: %" PRIu64 "\n",
                   t->hits.load(), entries.size(), t->drops.load());

@@ -1,5 +1,5 @@
 // Hist triggers: `hist:keys=...[:values=...][:VAR=EXPR...][:sort=...][:size=N][:pause]
-// [:cont][:clear][:onmatch(GRP.EVENT).trace(SYNTH,ARGS)] [if FILTER]`, aggregated into a
+// [:cont][:clear][:HANDLER.ACTION...] [if FILTER]`, aggregated into a
 // table preallocated when the trigger is written, and printed as the kernel's `hist` file.
 //
 // Variables (histogram.rst): VAR=EXPR keeps, per key, the value of EXPR at the last hit
@@ -8,6 +8,13 @@
 // unset); a hit for a key whose referenced variable is unset updates nothing, as the
 // kernel's. onmatch(GRP.EVENT).trace(SYNTH,ARGS) (or .SYNTH(ARGS)) fires synthetic event
 // SYNTH with ARGS (variables, fields) after such an update.
+//
+// onmax($VAR) and onchange($VAR) (histogram.rst 2.2.3) track, per key, the largest (the
+// last different) value of one of the trigger's own variables; when a hit raises (changes)
+// it, .save(FIELD,...) keeps that hit's fields for the key, .snapshot() swaps the trace
+// buffer with the snapshot when the value is also the largest (a change) over every key,
+// and .trace(SYNTH,ARGS) fires SYNTH. Their per-key words are more of the table's variable
+// words, past the trigger's variables: a hit allocates nothing for them.
 //
 // The table follows the kernel's tracing_map: size (a power of two, 128..131072, default
 // 2048) elements and twice as many buckets. A hit hashes its key, claims an empty bucket
@@ -100,8 +107,9 @@ public:
     // Hit path (the filter already matched).
     void update(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs *regs = nullptr) noexcept;
 
-    // Its variables, findable by other triggers once it is installed; taken back when it is
-    // removed: false (and nothing taken back) while another trigger refers to them.
+    // Its variables, findable by other triggers once it is installed; taken back (and its
+    // snapshot given up) when it is removed: false (and nothing taken back) while another
+    // trigger refers to them.
     void publish_vars();
     bool retract_vars();
     // From another trigger's hit: variable `index` for `key`, if set (then unset). No lock.
@@ -122,6 +130,11 @@ public:
     // Publishes an empty table; the old one is retired (a hit may still be inside it).
     void clear();
     const Filter *filter() const { return filter_.get(); }
+    // The trace's one conditional snapshot, for a .snapshot() action, taken as the trigger
+    // is installed (the spare buffer allocated then, not on a hit): 0 (also when it has no
+    // such action), -EBUSY when another installed trigger has it, as the kernel's
+    // tracing_snapshot_cond_enable(), or the allocation's error. retract_vars() gives it up.
+    int claim_snapshot();
 
     uint64_t hits() const;
     uint64_t drops() const;
@@ -145,17 +158,47 @@ public:
         const HistTrigger *owner;
         uint32_t index;
     };
+    // One field a save() action keeps: a number (a field, common_timestamp, a variable),
+    // a string field, or the hit's comm.
+    struct Saved {
+        std::string name; // as written, as the hist file prints it
+        enum Kind : uint8_t { kNumber, kString, kComm } kind = kNumber;
+        Operand value;     // kNumber; kString: value.field is the string's __data_loc
+        uint32_t word = 0; // its first word among the action's saved words
+        uint32_t words = 1;
+    };
     struct Action {
-        std::string text; // as written: "onmatch(g.e).trace(s,$a)"
+        enum Handler : uint8_t { kOnMatch, kOnMax, kOnChange } handler = kOnMatch;
+        enum Kind : uint8_t { kTrace, kSave, kSnapshot } kind = kTrace;
+        std::string text; // as written: "onmatch(g.e).trace(s,$a)", "onmax($lat).save(a,b)"
         SynthSink *synth = nullptr;
         std::vector<Operand> args;
+        // onmax/onchange: the variable tracked (index in vars_, text "$lat"), and the first of
+        // the action's words past the variables in an element: the tracked value, then for
+        // save() a sequence word and the saved words.
+        uint32_t var = 0;
+        std::string var_text;
+        uint32_t slot = 0;
+        std::vector<Saved> saved;
     };
 
 private:
+    struct SnapshotState; // the triggering value and key of the last snapshot() taken
     struct OperandParser;
     HistTrigger() = default;
     uint64_t operand_value(const Operand &o, const uint8_t *rec, uint32_t size, uint64_t ts, const uint64_t *own,
                            const uint64_t *refs) const noexcept;
+    // An onmax/onchange action's value v for element el: true when it raised (changed) the
+    // element's tracked value, which is v then.
+    bool track(const Action &a, HistTable *t, int64_t el, uint64_t v) const noexcept;
+    // save(): the hit's fields into el's saved words, unless a later value came first.
+    void save(const Action &a, HistTable *t, int64_t el, uint64_t v, const uint8_t *rec, uint32_t size,
+              const char *comm, uint64_t ts, const uint64_t *own, const uint64_t *refs) const noexcept;
+    // snapshot(): the swap, when v is also the largest (a change) over every key.
+    void snapshot(const Action &a, const uint8_t *key, const char *comm, uint64_t v) const noexcept;
+    std::unique_ptr<HistTable> new_table() const;
+    std::string action_lines(const HistTable &t, const std::vector<uint32_t> &elts) const;
+    std::string snapshot_lines(const Symbolizer &sym) const;
 
     std::vector<Column> keys_;
     std::vector<Column> vals_; // vals_[0] is hitcount
@@ -168,9 +211,11 @@ private:
     std::vector<Var> vars_;
     std::vector<Ref> refs_; // other triggers' variables it reads, each once
     std::vector<Action> actions_;
-    bool needs_ts_ = false;             // something reads common_timestamp
-    std::string event_;                 // "GRP.EVENT"
-    mutable std::atomic<int> users_{0}; // triggers that read its variables
+    uint32_t action_words_ = 0;           // per element, past the variables' words
+    std::unique_ptr<SnapshotState> snap_; // with a snapshot() action
+    bool needs_ts_ = false;               // something reads common_timestamp
+    std::string event_;                   // "GRP.EVENT"
+    mutable std::atomic<int> users_{0};   // triggers that read its variables
     bool published_ = false;
     std::atomic<HistTable *> table_{nullptr};        // what update() uses
     mutable std::mutex mu_;                          // clear() and show()

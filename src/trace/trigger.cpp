@@ -250,6 +250,9 @@ int register_hist(Trigger *t, Trigger *same, std::vector<Trigger *> &items, int 
     }
     if (h.cont_flag() || h.clear_flag())
         return fail(err, -ENOENT, "Can't clear or continue a nonexistent hist trigger", pos);
+    // A snapshot() action's conditional snapshot: -EBUSY (nothing logged, as by the kernel)
+    // while another trigger has it.
+    if (const int r = h.claim_snapshot(); r != 0) return fail(err, r, "", pos);
     items.push_back(t); // the kernel appends hist triggers, prepends the others
     return kChanged;
 }
