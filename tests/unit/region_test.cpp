@@ -735,7 +735,8 @@ TEST(region, CoverageOfLibcAndLibstdcxxAboveFloors) {
 
 // The object-wide sweep's light decode gives, for every instruction of libc.so.6 and
 // libstdc++.so.6 (linear sweeps of their executable segments), the length, branch target
-// and lea [rip + disp] address that the full decode gives, and fails where it fails.
+// and lea [rip + disp] address that the full decode gives, a direct branch's flow and the
+// mnemonic, and fails where it fails.
 static int check_sweep_decoder(dl_phdr_info *info, size_t, void *data) {
     const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
     if (name.find("libc.so.6") == std::string::npos && name.find("libstdc++.so.6") == std::string::npos) return 0;
@@ -757,6 +758,15 @@ static int check_sweep_decoder(dl_phdr_info *info, size_t, void *data) {
                 continue;
             }
             const uint64_t lea = full.zi.mnemonic == ZYDIS_MNEMONIC_LEA && full.rip_relative ? full.rip_target : 0;
+            // A direct branch is a relative one, with decode()'s flow (what analyze_function
+            // takes from the sweep).
+            const bool direct = full.flow == ukp::arch::Flow::kJump || full.flow == ukp::arch::Flow::kCondJump ||
+                                full.flow == ukp::arch::Flow::kCall;
+            if (fast.mnemonic != full.zi.mnemonic || (direct && !fast.relative) ||
+                (fast.relative && fast.flow != full.flow)) {
+                ADD_FAILURE() << name << " +" << std::hex << (a - info->dlpi_addr) << ": mnemonic or flow differs";
+                return 1;
+            }
             if (fast.len != full.len || fast.target != full.target || fast.lea_target != lea) {
                 ADD_FAILURE() << name << " +" << std::hex << (a - info->dlpi_addr) << ": len " << int(fast.len) << "/"
                               << int(full.len) << " target " << fast.target << "/" << full.target << " lea "

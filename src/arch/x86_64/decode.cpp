@@ -112,6 +112,16 @@ Flow classify(const Insn &in, int rel) {
     return Flow::kSequential;
 }
 
+// classify()'s answer for an instruction with a relative immediate, from what a minimal
+// decode gives (no operands): such a branch is never a far one.
+Flow relative_flow(const ZydisDecodedInstruction &zi) {
+    if (has_prefix(zi, 0x66)) return Flow::kUnsupported;
+    if (zi.mnemonic == ZYDIS_MNEMONIC_JMP) return Flow::kJump;
+    if (zi.mnemonic == ZYDIS_MNEMONIC_CALL) return Flow::kCall;
+    if (is_jcc(zi.mnemonic) || is_loop_or_jrcxz(zi.mnemonic)) return Flow::kCondJump;
+    return Flow::kUnsupported; // xbegin
+}
+
 } // namespace
 
 int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out) {
@@ -162,9 +172,14 @@ int SweepDecoder::decode(uint64_t addr, const uint8_t *code, size_t avail, Sweep
     if (!ZYAN_SUCCESS(ZydisDecoderDecodeInstruction(&decoder_, nullptr, code, n, &zi))) return -EILSEQ;
     SweepInsn in;
     in.len = zi.length;
+    in.mnemonic = zi.mnemonic;
     const uint64_t end = addr + zi.length;
-    for (const auto &imm : zi.raw.imm)
-        if (imm.size != 0 && imm.is_relative) in.target = end + static_cast<uint64_t>(imm.value.s);
+    for (const auto &imm : zi.raw.imm) {
+        if (imm.size == 0 || !imm.is_relative) continue;
+        in.relative = true;
+        in.target = end + static_cast<uint64_t>(imm.value.s);
+        in.flow = relative_flow(zi);
+    }
     // [rip + disp32]: ModRM mod 00, r/m 101, with 64-bit addressing (a 0x67 prefix makes it
     // eip-relative, which decode() does not count as rip_relative).
     if (zi.mnemonic == ZYDIS_MNEMONIC_LEA && (zi.attributes & ZYDIS_ATTRIB_HAS_MODRM) && zi.raw.modrm.mod == 0 &&

@@ -689,58 +689,78 @@ void classify_pointers(FunctionMap &f, const ReadFn &read) {
     }
 }
 
+// Decodes the instruction at code + off of [code, code + size), zero-padded at the end so
+// that an instruction cut by the end decodes and shows its length (*len > size - off).
+template <class Out, class DecodeFn>
+int decode_padded(const uint8_t *code, size_t size, size_t off, DecodeFn decode_fn, Out *out) {
+    const size_t left = size - off;
+    if (left >= ZYDIS_MAX_INSTRUCTION_LENGTH) return decode_fn(code + off, left, out);
+    uint8_t tmp[ZYDIS_MAX_INSTRUCTION_LENGTH] = {};
+    std::memcpy(tmp, code + off, left);
+    return decode_fn(tmp, sizeof tmp, out);
+}
+
 FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const ReadFn &read) {
     FunctionMap f;
     f.start = start;
     f.size = size;
     f.code.assign(code, code + size);
-    // The last kPatternWindow instructions, oldest first, at the end of `window`: it grows
-    // to twice that and then drops the older half, so that an instruction (a kilobyte with
-    // its operands) is moved once, not once per instruction decoded after it.
-    std::vector<Insn> window;
-    window.reserve(2 * kPatternWindow);
-
+    // Every instruction is swept in Zydis's minimal mode (no operands: a fraction of a full
+    // decode, which was most of the time of a probe over a whole library). A minimal decode
+    // accepts the same bytes with the same length and mnemonic as a full one, and tells a
+    // relative branch's flow and target; only an indirect jmp is decoded whole, with the
+    // window of instructions before it that the jump table matcher looks at.
+    const SweepDecoder sweep;
+    const auto sweep_at = [&](size_t at, SweepInsn *out) {
+        const auto one = [&](const uint8_t *p, size_t n, SweepInsn *o) { return sweep.decode(start + at, p, n, o); };
+        return decode_padded(code, size, at, one, out);
+    };
+    const auto full_at = [&](size_t at, Insn *out) {
+        const auto one = [&](const uint8_t *p, size_t n, Insn *o) { return decode(start + at, p, n, o); };
+        return decode_padded(code, size, at, one, out);
+    };
+    Insn in; // a jmp's, whole (a kilobyte with its operands: not made anew per instruction)
     size_t off = 0;
-    while (off < size) {
-        Insn in;
-        const size_t left = size - off;
-        int rc;
-        if (left >= sizeof(in.bytes)) {
-            rc = decode(start + off, code + off, left, &in);
-        } else {
-            // Zero-padded, so that an instruction cut by the end decodes and shows its length.
-            uint8_t tmp[sizeof(in.bytes)] = {};
-            std::memcpy(tmp, code + off, left);
-            rc = decode(start + off, tmp, sizeof(tmp), &in);
-            if (rc == 0 && in.len > left) {
-                f.ran_past_end = true;
-                f.decode_fail_addr = start + off;
-                break;
-            }
+    while (off < size && !f.decode_failed) {
+        SweepInsn s;
+        const int rc = sweep_at(off, &s);
+        if (rc == 0 && s.len > size - off) {
+            f.ran_past_end = true;
+            f.decode_fail_addr = start + off;
+            break;
         }
-        if (rc != 0) {
+        const bool jmp = rc == 0 && !s.relative && s.mnemonic == ZYDIS_MNEMONIC_JMP;
+        if (rc != 0 || (jmp && full_at(off, &in) != 0)) {
             f.decode_failed = true;
             f.decode_fail_addr = start + off;
             break;
         }
-        f.insns.push_back(in.addr);
-        if (window.size() == 2 * kPatternWindow)
-            window.erase(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(kPatternWindow));
-        window.push_back(in);
-
-        switch (in.flow) {
+        f.insns.push_back(start + off);
+        off += s.len;
+        const Flow flow = jmp ? in.flow : s.relative ? s.flow : Flow::kSequential;
+        switch (flow) {
         case Flow::kJump:
         case Flow::kCondJump:
-            f.start_jumped = f.start_jumped || in.target == start;
+            f.start_jumped = f.start_jumped || s.target == start;
             [[fallthrough]];
         case Flow::kCall:
-            if (f.contains(in.target)) f.branch_targets.push_back(in.target);
+            if (f.contains(s.target)) f.branch_targets.push_back(s.target);
             break;
         case Flow::kIndirectJump: {
+            // The last kPatternWindow instructions, the jmp included, oldest first.
+            const size_t n = std::min(f.insns.size(), kPatternWindow);
+            std::vector<Insn> window(n);
+            for (size_t i = 0; i < n; ++i) {
+                // Decoded (minimally) before: the same bytes decode whole as well.
+                if (full_at(f.insns[f.insns.size() - n + i] - start, &window[i]) != 0) f.decode_failed = true;
+            }
+            if (f.decode_failed) {
+                f.decode_fail_addr = in.addr; // ends the sweep
+                break;
+            }
             IndirectJump ij;
             ij.addr = in.addr;
-            const size_t n = std::min(window.size(), kPatternWindow);
-            match_jump_table(std::span<const Insn>(window).last(n), f, read, ij);
+            match_jump_table(window, f, read, ij);
             for (uint64_t t : ij.targets) {
                 if (f.contains(t)) f.branch_targets.push_back(t);
                 f.start_jumped = f.start_jumped || t == start;
@@ -751,7 +771,6 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
         default:
             break;
         }
-        off += in.len;
     }
     std::sort(f.branch_targets.begin(), f.branch_targets.end());
     f.branch_targets.erase(std::unique(f.branch_targets.begin(), f.branch_targets.end()), f.branch_targets.end());

@@ -46,8 +46,13 @@ int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out);
 // sweep (ObjectRefs, every instruction of libc at a first probe) spent its time in.
 // For every instruction, len and target equal decode()'s, and lea_target is decode()'s
 // rip_target when it is a lea with rip_relative (else 0) (decode_test checks libc's).
+// relative and flow tell a relative branch as decode() does, and mnemonic an indirect jmp,
+// which only decode() tells from a far one.
 struct SweepInsn {
     uint8_t len = 0;
+    bool relative = false;         // has a relative immediate: target and flow are set
+    Flow flow = Flow::kSequential; // a relative one's: decode()'s (jmp, jcc, call, loop; xbegin unsupported)
+    ZydisMnemonic mnemonic = ZYDIS_MNEMONIC_INVALID;
     uint64_t target = 0;     // a relative branch's target (jmp, jcc, call, loop, xbegin), else 0
     uint64_t lea_target = 0; // lea reg, [rip + disp]: rip + disp, else 0
 };
