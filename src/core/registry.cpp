@@ -299,7 +299,14 @@ int ensure_initialized() {
     grace_init(); // before the first probe: its hits may take reader cells
     lean_dispatch_init();
     if (int err = install_signal_handlers(); err != 0) return err;
-    if (int err = text::init(); err != 0) return err;
+    // Whether this thread can write code, told once: text::init() opens /proc/self/mem to
+    // see (a registration per function of a library would open it once per function), and
+    // every write registers again what a child of fork() needs.
+    static thread_local bool t_text_ready = false;
+    if (!t_text_ready) {
+        if (int err = text::init(); err != 0) return err;
+        t_text_ready = true;
+    }
     if (g_symbols == nullptr) g_symbols = new (std::nothrow) sym::Registry();
     if (g_symbols == nullptr) return -ENOMEM;
     g_symbols->refresh();

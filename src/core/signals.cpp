@@ -5,6 +5,7 @@
 // one difference is the agent's signals left out of the sa_mask given to the kernel.
 #include "core/core.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -153,6 +154,15 @@ int install_signal_handlers() {
     std::lock_guard lock(g_install_mutex);
     resolve_real_sigaction();
     if (g_real_sigaction == nullptr) return -ENOSYS;
+    // Every handler still the agent's (each registration asks): nothing to write, so no
+    // signal needs blocking meanwhile.
+    const auto ours = [](int sig) {
+        struct sigaction current {};
+        g_real_sigaction(sig, nullptr, &current);
+        return (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == agent_handler;
+    };
+    if (g_installed.load(std::memory_order_acquire) && std::all_of(std::begin(kManaged), std::end(kManaged), ours))
+        return 0;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);

@@ -63,6 +63,13 @@ std::atomic<int64_t> g_deadline{0}; // a spawn waits for a closed gate until the
 std::atomic<int> g_state{0};        // 0: not installed, 1: installing, 2: installed
 int64_t g_installed_at = 0;
 int g_window = 0; // points with an int3 in libc on their way to a jmp (registry mutex)
+// When the drain last found no thread in clone, with the gate closed since (registry
+// mutex; 0: not in this window). Within kCloneLookFresh of that, the next point's drain
+// does not look again: an event over every function of libc armed its points in a
+// tenth of a second, most of it this look (a directory and a file per thread, each libc
+// call of it trapping on the int3s already in), once per point.
+int64_t g_no_clone_at = 0;
+constexpr int64_t kCloneLookFresh = 1000 * 1000; // ns
 kretprobe g_gates[kGates];
 arch::Reach g_path; // the spawn path, written once before g_path_ready
 std::atomic<bool> g_path_ready{false};
@@ -193,10 +200,22 @@ void spawn_gate_close(Point *pt) {
     if (g_window++ == 0) {
         g_deadline.store(now_ns() + kMaxWait, std::memory_order_relaxed);
         g_closed.store(true, std::memory_order_seq_cst);
+        g_no_clone_at = 0; // the first point of a window always looks
     }
     // The spawns in flight end (their children exec'd or exited) before the int3 goes in.
+    // Those in flight when the gate was installed are not counted: for kMaxWait after it,
+    // a thread in clone is one.
     const int64_t start = now_ns();
-    while (g_spawning.load(std::memory_order_seq_cst) > 0 || (start - g_installed_at < kMaxWait && thread_in_clone())) {
+    for (;;) {
+        if (g_spawning.load(std::memory_order_seq_cst) == 0) {
+            if (start - g_installed_at >= kMaxWait) break;
+            const int64_t now = now_ns();
+            if (g_no_clone_at != 0 && now - g_no_clone_at < kCloneLookFresh) break;
+            if (!thread_in_clone()) {
+                g_no_clone_at = now;
+                break;
+            }
+        }
         if (now_ns() - start > kMaxWait) break;
         pause_ms();
     }

@@ -174,13 +174,25 @@ struct LinkEntry {
     std::vector<std::pair<uint64_t, uint64_t>> exec_ranges;
 };
 
+// The link map's counts of objects loaded and unloaded so far (dlpi_adds, dlpi_subs), as
+// one object's entry tells them; false when the C library gives none.
+bool link_map_counts(const dl_phdr_info *info, size_t size, unsigned long long *adds, unsigned long long *subs) {
+    if (size < offsetof(dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) return false;
+    *adds = info->dlpi_adds;
+    *subs = info->dlpi_subs;
+    return true;
+}
+
 struct IterateContext {
     std::pair<uint64_t, uint64_t> vdso;
     std::vector<LinkEntry> *entries;
+    bool counted = false; // the link map's counts are known, as the entries were read
+    unsigned long long adds = 0, subs = 0;
 };
 
-int collect_entry(struct dl_phdr_info *info, size_t, void *arg) noexcept {
+int collect_entry(struct dl_phdr_info *info, size_t size, void *arg) noexcept {
     auto *ctx = static_cast<IterateContext *>(arg);
+    ctx->counted = link_map_counts(info, size, &ctx->adds, &ctx->subs);
     try {
         LinkEntry e;
         e.name = info->dlpi_name ? info->dlpi_name : "";
@@ -248,6 +260,20 @@ Registry::Registry() = default;
 Registry::~Registry() = default;
 
 void Registry::refresh() {
+    if (from_link_map_) {
+        // Nothing loaded or unloaded since: the same objects. (The registration of a probe
+        // on every function of a library refreshes once per function; a whole refresh
+        // resolves the main program's path again, a dozen system calls.)
+        IterateContext counts{};
+        dl_iterate_phdr(
+            [](dl_phdr_info *info, size_t size, void *arg) {
+                auto *c = static_cast<IterateContext *>(arg);
+                c->counted = link_map_counts(info, size, &c->adds, &c->subs);
+                return 1; // one entry tells
+            },
+            &counts);
+        if (counts.counted && counts.adds == link_adds_ && counts.subs == link_subs_) return;
+    }
     try {
         std::vector<LinkEntry> entries;
         IterateContext ctx{vdso_image(), &entries};
@@ -308,6 +334,9 @@ void Registry::refresh() {
             fresh.push_back(std::move(obj));
         }
         objects_ = std::move(fresh);
+        from_link_map_ = ctx.counted;
+        link_adds_ = ctx.adds;
+        link_subs_ = ctx.subs;
     } catch (...) {
         // Out of memory: the previous snapshot stays.
     }
@@ -383,6 +412,7 @@ void Registry::load_maps(const ProcessMaps &use) {
 }
 
 void Registry::load_maps(const ProcessMaps &use, int alive_pid, int pid) {
+    from_link_map_ = false; // another process's objects, or recorded ones: refresh() reads the link map again
     {
         const std::string proc = "/proc/" + std::to_string(alive_pid);
         const bool alive = alive_pid != 0;

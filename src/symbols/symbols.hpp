@@ -207,6 +207,10 @@ private:
     // `pid`: whose aliases the objects get (0: none).
     void load_maps(const ProcessMaps &maps, int alive_pid, int pid);
     std::vector<std::shared_ptr<const Object>> objects_;
+    // The link map's counts of objects loaded and unloaded (dlpi_adds, dlpi_subs) when
+    // refresh() last read objects_ from it; false when objects_ came from elsewhere.
+    bool from_link_map_ = false;
+    unsigned long long link_adds_ = 0, link_subs_ = 0;
 };
 
 // Parses one ELF file's symbols (for tests and for Registry). `bias` is added to values.
