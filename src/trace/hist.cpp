@@ -31,9 +31,10 @@ constexpr const char *kEmptySortField = "Empty sort field";
 constexpr const char *kTooManySort = "Too many sort fields (Max = 2)";
 constexpr const char *kInvalidSortField = "Sort field must be a key or a val";
 constexpr const char *kStringOperand = "String type can not be an operand in expression";
-constexpr uint32_t kMaxKeys = 3, kMaxVals = 3;                        // TRACING_MAP_KEYS_MAX, TRACING_MAP_VALS_MAX
-constexpr uint32_t kMaxVars = 16;                                     // TRACING_MAP_VARS_MAX
-constexpr size_t kMaxRefs = 16, kMaxActionParams = 16, kMaxTerms = 3; // refs, params, subexpressions
+constexpr uint32_t kMaxKeys = 3, kMaxVals = 3; // TRACING_MAP_KEYS_MAX, TRACING_MAP_VALS_MAX
+constexpr uint32_t kMaxVars = 16;              // TRACING_MAP_VARS_MAX
+constexpr size_t kMaxRefs = 16, kMaxActionParams = 16;
+constexpr size_t kMaxOperands = 16; // of an expression (its depth is what the kernel limits)
 constexpr int kMapBitsMin = 7, kMapBitsMax = 17, kMapBitsDefault = 11;
 
 std::vector<std::pair<std::string_view, int>> split(std::string_view s, char sep, int base) {
@@ -415,6 +416,28 @@ struct HistTrigger::SnapshotState {
 };
 
 // Parses one operand of an expression or an action's parameter list.
+// The first operand of an expression deeper than the kernel's three levels of
+// subexpressions, or -1. The kernel's tree: the rightmost + or - at the root, its left
+// side the rest, * and / likewise within each product; an operand's level is its depth.
+int too_deep(const std::vector<HistTrigger::Operand> &terms) {
+    constexpr int kMaxLevel = 3;
+    std::vector<std::pair<size_t, size_t>> products; // [first, end) of each
+    for (size_t i = 0; i < terms.size(); ++i)
+        if (i == 0 || terms[i].op == '+' || terms[i].op == '-')
+            products.push_back({i, i + 1});
+        else
+            products.back().second = i + 1;
+    // In a left-leaning chain of n, the first is n - 1 deep, the j-th (j >= 2) n - j + 1.
+    const auto depth = [](size_t j, size_t n) { return int(n == 1 ? 0 : j == 0 ? n - 1 : n - j); };
+    for (size_t p = 0; p < products.size(); ++p) {
+        const int base = depth(p, products.size());
+        const size_t m = products[p].second - products[p].first;
+        for (size_t f = 0; f < m; ++f)
+            if (base + depth(f, m) > kMaxLevel) return int(products[p].first + f);
+    }
+    return -1;
+}
+
 struct HistTrigger::OperandParser {
     HistTrigger &h;
     const std::vector<Field> &fields;
@@ -483,7 +506,8 @@ struct HistTrigger::OperandParser {
         return true;
     }
 
-    // NAME=TERM[(+|-)TERM...]
+    // NAME=OPERAND[(+|-|*|/)OPERAND...]: * and / before + and -, each left to right, as the
+    // kernel's expressions.
     bool var(std::string_view part, int pos) {
         const size_t eq = part.find('=');
         const std::string_view name = part.substr(0, eq), expr = part.substr(eq + 1);
@@ -496,17 +520,21 @@ struct HistTrigger::OperandParser {
         v.text = std::string(expr);
         const int at = pos + int(eq) + 1;
         size_t start = 0;
-        bool minus = false;
+        char op = '+';
+        std::vector<int> starts; // each operand's, for the depth's error
         for (size_t i = 0; i <= expr.size(); ++i) {
-            if (i < expr.size() && expr[i] != '+' && expr[i] != '-') continue;
-            if (v.terms.size() == kMaxTerms) return fail(err, "Too many subexpressions (3 max)", at + int(start));
+            if (i < expr.size() && std::string_view("+-*/").find(expr[i]) == std::string_view::npos) continue;
+            if (v.terms.size() == kMaxOperands) return fail(err, "Too many subexpressions (3 max)", at + int(start));
             Operand o;
             if (!operand(expr.substr(start, i - start), at + int(start), &o)) return false;
-            o.minus = minus;
+            o.op = op;
             v.terms.push_back(std::move(o));
-            if (i < expr.size()) minus = expr[i] == '-';
+            starts.push_back(at + int(start));
+            if (i < expr.size()) op = expr[i];
             start = i + 1;
         }
+        if (const int deep = too_deep(v.terms); deep >= 0)
+            return fail(err, "Too many subexpressions (3 max)", starts[size_t(deep)]);
         h.vars_.push_back(std::move(v));
         return true;
     }
@@ -776,11 +804,24 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     if (vars_.empty() && actions_.empty()) return;
     uint64_t own[kMaxVars];
     for (size_t i = 0; i < vars_.size(); ++i) {
-        uint64_t v = 0;
+        // A sum of products, left to right; a division by zero gives -1, as the kernel's.
+        uint64_t sum = 0, product = 0;
+        char sign = '+';
         for (const Operand &o : vars_[i].terms) {
             const uint64_t x = operand_value(o, rec, size, ts, own, refs);
-            v = o.minus ? v - x : v + x;
+            if (&o == &vars_[i].terms.front()) {
+                product = x;
+            } else if (o.op == '*') {
+                product *= x;
+            } else if (o.op == '/') {
+                product = x == 0 ? ~uint64_t{0} : product / x;
+            } else {
+                sum = sign == '-' ? sum - product : sum + product;
+                sign = o.op;
+                product = x;
+            }
         }
+        const uint64_t v = sign == '-' ? sum - product : sum + product;
         own[i] = v;
         const size_t slot = size_t(el) * t->n_vars + i;
         t->vars[slot].store(v, std::memory_order_relaxed);

@@ -148,7 +148,7 @@ public:
         bool usecs = false; // kTimestamp
         uint32_t index = 0; // kOwnVar: in vars_; kRef: in refs_
         uint64_t value = 0; // kConst
-        bool minus = false; // subtracted
+        char op = '+';      // how it joins the operands before it: + - * / (* and / first)
     };
     struct Var {
         std::string name, text;

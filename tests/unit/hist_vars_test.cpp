@@ -20,9 +20,15 @@ extern "C" __attribute__((noinline)) int ukh_sleep(long usecs) {
     return nanosleep(&t, nullptr);
 }
 
+extern "C" __attribute__((noinline)) long ukh_values(long a, long b) {
+    asm volatile("" ::: "memory");
+    return a + b;
+}
+
 namespace {
 
 int (*volatile g_sleep)(long) = ukh_sleep;
+long (*volatile g_values)(long, long) = ukh_values;
 
 std::vector<std::string> lines_with(const std::string &text, const std::string &what) {
     std::istringstream in(text);
@@ -166,6 +172,45 @@ TEST_F(HistVars, ErrorsOfVariablesActionsAndSyntheticEvents) {
     EXPECT_NE(read("dynamic_events").find("s:synthetic/other u32 a; s64 b\n"), std::string::npos);
     ASSERT_EQ(file_append("dynamic_events", "-:synthetic/other"), 0);
     EXPECT_EQ(read("synthetic_events"), "sleep_latency u64 lat; pid_t pid\n");
+}
+
+} // namespace
+
+namespace {
+
+// Expressions with * and / (histogram.rst: "+-*/"): * and / before + and -, each left to
+// right, a division by zero -1. The variables' values are shown by onmax().save().
+TEST_F(HistVars, ExpressionsMultiplyAndDivide) {
+    ASSERT_EQ(file_append("kprobe_events", "p:ex ukh_values aa=%di:u64 bb=%si:u64"), 0) << read("error_log");
+    const std::string sum = "hist:keys=aa,bb:r=aa*bb+aa/bb-2:onmax($r).save(aa,bb)";
+    const std::string ltr = "hist:keys=aa:q=aa/bb*bb:onmax($q).save(bb)";
+    ASSERT_EQ(file_write("events/kprobes/ex/trigger", sum), 0) << read("error_log");
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", ltr), 0) << read("error_log");
+    EXPECT_EQ(g_values(7, 2), 9);
+    EXPECT_EQ(g_values(10, 0), 10);
+    EXPECT_EQ(g_values(20, 4), 24);
+    const std::string hist = read("events/kprobes/ex/hist");
+    // 7*2 + 7/2 - 2 = 15; 10*0 + (10/0 = -1) - 2 = 2^64 - 3; 20*4 + 20/4 - 2 = 83.
+    EXPECT_NE(hist.find("\tmax:         15  aa:          7  bb:          2"), std::string::npos) << hist;
+    EXPECT_NE(hist.find("\tmax: 18446744073709551613  aa:         10  bb:          0"), std::string::npos) << hist;
+    EXPECT_NE(hist.find("\tmax:         83  aa:         20  bb:          4"), std::string::npos) << hist;
+    // (7/2)*2 = 6, not 7/(2*2) = 1; (20/4)*4 = 20.
+    EXPECT_NE(hist.find("\tmax:          6  bb:          2"), std::string::npos) << hist;
+    EXPECT_NE(hist.find("\tmax:         20  bb:          4"), std::string::npos) << hist;
+    // The kernel limits the depth of the expression's tree to three levels below its root:
+    // a chain of four operands reaches it, one of five passes it (its first operand, where
+    // the caret goes).
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", "hist:keys=aa:t=aa*bb*aa*bb"), 0) << read("error_log");
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!hist:keys=aa:t=aa*bb*aa*bb"), 0);
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_append("events/kprobes/ex/trigger", "hist:keys=aa:t=aa+bb-aa+bb-aa"), -EINVAL);
+    EXPECT_NE(read("error_log")
+                  .find("Too many subexpressions (3 max)\n  Command: hist:keys=aa:t=aa+bb-aa+bb-aa\n" +
+                        std::string(11 + 15, ' ') + "^"),
+              std::string::npos)
+        << read("error_log");
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + sum), 0);
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + ltr), 0);
 }
 
 } // namespace
