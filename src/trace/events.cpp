@@ -686,19 +686,7 @@ void Tracer::record_stacktrace(const struct pt_regs &regs) {
     if (rec == nullptr) return;
     put_header(rec, kStackEventId, this_thread().tid);
     uint64_t frames[kMaxUserStack] = {};
-    frames[0] = regs.ip;
-    uint64_t fp = regs.bp;
-    int n = 1;
-    uint64_t ret = 0;
-    // At a function's first instruction the caller's return address is at (%sp).
-    if (ukp_safe_copy(&ret, reinterpret_cast<const void *>(regs.sp), 8) == 0) frames[n++] = ret;
-    while (n < kMaxUserStack && fp != 0) {
-        uint64_t pair[2];
-        if (ukp_safe_copy(pair, reinterpret_cast<const void *>(fp), 16) != 0 || pair[1] == 0) break;
-        if (pair[1] != frames[n - 1]) frames[n++] = pair[1];
-        if (pair[0] <= fp) break;
-        fp = pair[0];
-    }
+    const int n = user_stack(regs, frames, kMaxUserStack);
     __builtin_memcpy(rec + kCommonSize, frames, sizeof frames);
     ring_commit(rec, kCommonSize + 8u * static_cast<uint32_t>(n));
 }

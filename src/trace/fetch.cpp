@@ -194,6 +194,23 @@ inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t ca
 
 } // namespace
 
+int user_stack(const pt_regs &regs, uint64_t *frames, int max) noexcept {
+    if (max <= 0) return 0;
+    frames[0] = regs.ip;
+    int n = 1;
+    uint64_t ret = 0;
+    // At a function's first instruction the caller's return address is at (%sp).
+    if (n < max && load64(regs.sp, &ret)) frames[n++] = ret;
+    for (uint64_t fp = regs.bp; n < max && fp != 0;) {
+        uint64_t pair[2];
+        if (ukp_safe_copy(pair, reinterpret_cast<const void *>(fp), 16) != 0 || pair[1] == 0) break;
+        if (pair[1] != frames[n - 1]) frames[n++] = pair[1];
+        if (pair[0] <= fp) break;
+        fp = pair[0];
+    }
+    return n;
+}
+
 int register_index(const char *name, size_t len) {
     for (int i = 0; i < kRegCount; ++i) {
         if (std::strlen(kRegNames[i]) == len && std::memcmp(kRegNames[i], name, len) == 0) return i;

@@ -196,6 +196,11 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
                    uint8_t *rec, uint32_t fixed_size, uint32_t cap, uint32_t *faults,
                    const StringStash *stash = nullptr) noexcept;
 
+// The user stack at a hit, up to `max` addresses: the probed instruction, the return
+// address at (%sp) (a function's entry), then the frame-pointer chain, every read
+// fault-safe (code without frame pointers ends it early). Returns how many.
+int user_stack(const pt_regs &regs, uint64_t *frames, int max) noexcept;
+
 // The index in struct pt_regs of a register named as the kernel's x86-64 regs_query_
 // register_offset accepts it ("ax", "r8", "flags", ...), or -1.
 int register_index(const char *name, size_t len);

@@ -1,6 +1,7 @@
 #include "trace/hist.hpp"
 #include "trace/hist_table.hpp"
 #include "trace/bytes.hpp"
+#include "trace/fetch.hpp"
 #include "trace/ring.hpp"
 #include "platform/this_cpu.hpp"
 
@@ -154,6 +155,11 @@ bool bind_field(std::string_view name, int pos, const std::vector<Field> &fields
         c->size = 0; // marks the CPU pseudo-field
         return true;
     }
+    if (name == "common_stacktrace" || name == "stacktrace") {
+        c->name = "common_stacktrace"; // the kernel's name since 6.5 ("stacktrace" before)
+        c->stack = true;
+        return true;
+    }
     const Field *f = find_field(fields, name);
     if (!f) return fail(err, kFieldNotFound, pos);
     c->is_string = f->print == Print::kString;
@@ -196,8 +202,10 @@ bool make_column(std::string_view text, int pos, bool key, const std::vector<Fie
     const size_t dot = text.find('.');
     if (!bind_field(text.substr(0, dot), pos, fields, c, err)) return false;
     if (!key && c->is_string) return fail(err, kStringOperand, pos);
+    if (c->stack && !key) return fail(err, kFieldNotFound, pos); // a key only
     const std::string_view mod = dot == std::string_view::npos ? std::string_view() : text.substr(dot + 1);
     if (mod.empty()) return true;
+    if (c->stack) return fail(err, kBadModifier, pos + int(dot) + 1);
     if (c->timestamp && mod == "usecs") {
         c->usecs = true;
         c->modifier = "usecs";
@@ -228,7 +236,7 @@ bool parse_keys(std::string_view text, int pos, const std::vector<Field> &fields
         if (!make_column(part, at, true, fields, &c, err)) return false;
         c.mod = modifier_code(c.modifier);
         c.key_off = *key_bytes;
-        c.key_len = c.is_string ? HistTrigger::kMaxStringKey : 8;
+        c.key_len = c.is_string ? HistTrigger::kMaxStringKey : c.stack ? 8 * HistTrigger::kStackDepth : 8;
         *key_bytes += c.key_len;
         keys->push_back(std::move(c));
     }
@@ -756,6 +764,12 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     zero_bytes(key, key_bytes_);
     for (const Column &c : keys_) {
         uint8_t *slot = key + c.key_off;
+        if (c.stack) { // the addresses, the rest of the slot zero (key zeroed above)
+            uint64_t frames[kStackDepth];
+            const int n = regs != nullptr ? user_stack(*regs, frames, int(kStackDepth)) : 0;
+            copy_bytes(slot, reinterpret_cast<const char *>(frames), 8 * size_t(n));
+            continue;
+        }
         if (c.is_string) {
             if (uint64_t(c.offset) + 4 > size) continue;
             uint32_t loc;
@@ -1088,6 +1102,7 @@ uint64_t key_u64(const Entry &e, const Column &c) {
 // <0, 0 or >0 as a's key c is below, equal to or above b's: as the kernel's
 // tracing_map_cmp_*, strings, or numbers by the field's signedness.
 int compare_key(const Entry &a, const Entry &b, const Column &c) {
+    if (c.stack) return std::memcmp(a.key + c.key_off, b.key + c.key_off, c.key_len);
     if (c.is_string)
         return strncmp(reinterpret_cast<const char *>(a.key + c.key_off),
                        reinterpret_cast<const char *>(b.key + c.key_off), HistTrigger::kMaxStringKey);
@@ -1154,14 +1169,26 @@ void append_key(const Entry &e, const Column &c, const Symbolizer &sym, std::str
     out += buf;
 }
 
-// Appends "{ keys }" of entry e.
+// Appends "{ keys }" of entry e. A stack is a line per address, as the kernel prints one.
 void append_keys(const Entry &e, const std::vector<Column> &keys, const Symbolizer &sym, std::string &out) {
     out += "{ ";
+    bool multiline = false;
     for (size_t i = 0; i < keys.size(); i++) {
         if (i) out += ", ";
-        append_key(e, keys[i], sym, out);
+        if (!keys[i].stack) {
+            append_key(e, keys[i], sym, out);
+            continue;
+        }
+        out += keys[i].name + ":\n";
+        for (uint32_t f = 0; f < HistTrigger::kStackDepth; ++f) {
+            uint64_t a;
+            std::memcpy(&a, e.key + keys[i].key_off + 8 * f, 8);
+            if (a == 0) break;
+            out += std::string(9, ' ') + sym(a, true) + "\n";
+        }
+        multiline = true;
     }
-    out += " }";
+    out += multiline ? "}" : " }";
 }
 
 // Appends entry e's line, without its newline: "{ keys } hitcount: N  value: N...".

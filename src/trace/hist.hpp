@@ -80,6 +80,7 @@ public:
         bool is_string = false;
         bool is_signed = false;
         bool timestamp = false; // common_timestamp (size 0 then)
+        bool stack = false;     // common_stacktrace: a key of kStackDepth addresses
         bool usecs = false;     // .usecs
         uint32_t offset = 0;    // of the field in the record
         uint32_t size = 0;      // bytes of the field (4 for a __data_loc word)
@@ -140,6 +141,7 @@ public:
     uint64_t drops() const;
 
     static constexpr uint32_t kMaxStringKey = 256; // the kernel's MAX_FILTER_STR_VAL
+    static constexpr uint32_t kStackDepth = 16;    // the kernel's HIST_STACKTRACE_DEPTH
 
     // One term of a variable's expression or an action's parameter.
     struct Operand {

@@ -25,6 +25,17 @@ extern "C" __attribute__((noinline)) long ukh_values(long a, long b) {
     return a + b;
 }
 
+extern "C" __attribute__((noinline)) long ukh_caller_a(long v) {
+    long r = ukh_values(v, 1);
+    asm volatile("" : "+r"(r)::"memory");
+    return r;
+}
+extern "C" __attribute__((noinline)) long ukh_caller_b(long v) {
+    long r = ukh_values(v, 2);
+    asm volatile("" : "+r"(r)::"memory");
+    return r;
+}
+
 namespace {
 
 int (*volatile g_sleep)(long) = ukh_sleep;
@@ -211,6 +222,40 @@ TEST_F(HistVars, ExpressionsMultiplyAndDivide) {
         << read("error_log");
     ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + sum), 0);
     ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + ltr), 0);
+}
+
+} // namespace
+
+namespace {
+
+// keys=common_stacktrace (histogram.rst; "stacktrace" before 6.5): an entry per stack,
+// printed a line per address as the kernel prints one: here the probed function (+0x1, the
+// address after the int3, as the kernel's regs->ip at a kprobe), then the caller (the
+// return address at the entry), as far as frame pointers lead.
+TEST_F(HistVars, KeysByTheStack) {
+    ASSERT_EQ(file_append("kprobe_events", "p:st ukh_values"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/kprobes/st/trigger", "hist:keys=stacktrace"), 0) << read("error_log");
+    long (*volatile a)(long) = ukh_caller_a, (*volatile b)(long) = ukh_caller_b;
+    for (int i = 0; i < 3; ++i) a(i);
+    b(7);
+    const std::string hist = read("events/kprobes/st/hist");
+    EXPECT_NE(hist.find("# trigger info: hist:keys=common_stacktrace:vals=hitcount:sort=hitcount:size=2048 [active]"),
+              std::string::npos)
+        << hist;
+    const auto entry = [&](const char *caller) {
+        const size_t at = hist.find(std::string("         ") + caller + "+0x");
+        const size_t open = hist.rfind("{ common_stacktrace:\n         ukh_values+0x1/0x", at);
+        const size_t close = hist.find("} hitcount: ", at);
+        if (at == std::string::npos || open == std::string::npos || close == std::string::npos) return std::string();
+        return hist.substr(close, hist.find('\n', close) - close);
+    };
+    EXPECT_EQ(entry("ukh_caller_a"), "} hitcount:          3") << hist;
+    EXPECT_EQ(entry("ukh_caller_b"), "} hitcount:          1") << hist;
+    EXPECT_NE(hist.find("Entries: 2\n"), std::string::npos) << hist;
+    // A key only, without modifiers.
+    EXPECT_EQ(file_append("events/kprobes/st/trigger", "hist:keys=common_pid:vals=common_stacktrace"), -EINVAL);
+    EXPECT_EQ(file_append("events/kprobes/st/trigger", "hist:keys=common_stacktrace.hex"), -EINVAL);
+    ASSERT_EQ(file_append("events/kprobes/st/trigger", "!hist:keys=common_stacktrace"), 0);
 }
 
 } // namespace
