@@ -36,17 +36,30 @@ struct DebugFile {
     Dwarf *dwarf = nullptr;
 };
 
-// The ELF file at `path`, read into memory, its descriptor closed: nothing of it stays
-// mapped in the program (its /proc/PID/maps shows the objects it loaded, not the agent's
-// reading of them), and a program that closes every descriptor cannot take it away.
+// The ELF file at `path`, its section headers and the sections read here (the debug
+// information's, the notes, .gnu_debuglink) in memory, its descriptor closed: nothing of
+// it stays mapped in the program (its /proc/PID/maps shows the objects it loaded, not the
+// agent's reading of them), no descriptor of it stays for the program to close or reuse,
+// and the code and data of a program with its own debug information are not read.
 Elf *read_elf(const std::string &path) {
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return nullptr;
     Elf *elf = elf_begin(fd, ELF_C_READ, nullptr);
-    if (elf != nullptr && (elf_kind(elf) != ELF_K_ELF || elf_cntl(elf, ELF_C_FDREAD) != 0)) {
+    size_t shstrndx = 0;
+    if (elf != nullptr && (elf_kind(elf) != ELF_K_ELF || elf_getshdrstrndx(elf, &shstrndx) != 0)) {
         elf_end(elf);
         elf = nullptr;
     }
+    for (Elf_Scn *scn = nullptr; elf != nullptr && (scn = elf_nextscn(elf, scn)) != nullptr;) {
+        GElf_Shdr sh;
+        const char *n = gelf_getshdr(scn, &sh) != nullptr ? elf_strptr(elf, shstrndx, sh.sh_name) : nullptr;
+        if (n == nullptr || sh.sh_type == SHT_NOBITS) continue;
+        const std::string_view name(n);
+        if (sh.sh_type == SHT_NOTE || name.starts_with(".debug_") || name.starts_with(".zdebug_") ||
+            name == ".gnu_debuglink")
+            elf_rawdata(scn, nullptr);
+    }
+    if (elf != nullptr) elf_cntl(elf, ELF_C_FDDONE); // what was not read now never will be
     close(fd);
     return elf;
 }
@@ -102,7 +115,7 @@ std::vector<std::string> debug_file_candidates(Elf *elf, const std::string &path
 // again at every definition.
 DebugFile *debug_file(const std::string &path) {
     static std::mutex mu;
-    static std::map<std::string, DebugFile> files;
+    static auto &files = *new std::map<std::string, DebugFile>; // kept for the process's life
     std::lock_guard lock(mu);
     auto [it, fresh] = files.try_emplace(path);
     DebugFile &f = it->second;
