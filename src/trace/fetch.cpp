@@ -199,9 +199,12 @@ int user_stack(const pt_regs &regs, uint64_t *frames, int max) noexcept {
     frames[0] = regs.ip;
     int n = 1;
     uint64_t ret = 0;
-    // At a function's first instruction the caller's return address is at (%sp).
-    if (n < max && load64(regs.sp, &ret)) frames[n++] = ret;
-    for (uint64_t fp = regs.bp; n < max && fp != 0;) {
+    // At a function's first instruction the caller's return address is at (%sp). The zero
+    // page is no stack: registers that point there (a hit's registers not filled in) are
+    // not followed.
+    constexpr uint64_t kLowest = 4096;
+    if (n < max && regs.sp >= kLowest && load64(regs.sp, &ret)) frames[n++] = ret;
+    for (uint64_t fp = regs.bp; n < max && fp >= kLowest;) {
         uint64_t pair[2];
         if (ukp_safe_copy(pair, reinterpret_cast<const void *>(fp), 16) != 0 || pair[1] == 0) break;
         if (pair[1] != frames[n - 1]) frames[n++] = pair[1];

@@ -1,0 +1,14 @@
+// The trigger fuzzer builds the hist and trigger code without the trace ring (ring.cpp and
+// the agent under it). A hist trigger's snapshot() action asks the ring for its spare
+// buffer when it is written: here there is none, and the trigger is refused as it would be
+// when the spare cannot be allocated.
+#include "trace/ring.hpp"
+
+#include <cerrno>
+
+namespace ukp::trace {
+
+int snapshot_alloc() { return -ENOMEM; }
+bool snapshot_swap() { return false; }
+
+} // namespace ukp::trace
