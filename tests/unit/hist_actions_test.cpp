@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "null_trigger_host.hpp"
 #include "trace/events.hpp"
 #include "trace/hist_table.hpp"
 #include "trace/trigger.hpp"
@@ -224,17 +225,7 @@ TEST_F(HistActions, ErrorsAreTheKernels) {
 // never a mix. They are the largest one's but when its hit found another hit of the key
 // still writing, preempted, and gave up (docs/tracer.md): not checked, a thread here may be.
 TEST(HistActionsThreads, TheSavedFieldsAreThoseOfTheLargestValue) {
-    struct NullHost : TriggerHost {
-        void set_tracing_on(bool) override {}
-        bool tracing_is_on() const override { return true; }
-        void take_snapshot() override {}
-        std::atomic<bool> *event_enable_flag(std::string_view, std::string_view) override { return nullptr; }
-        void record_stacktrace(const struct pt_regs &) override {}
-        WatchMover *watch_mover(std::string_view, bool, int *err) override {
-            *err = -ENOENT;
-            return nullptr;
-        }
-    } host;
+    test_hosts::NullHost host;
     std::vector<Field> fields = common_fields();
     fields.push_back({"k", "u64", 8, 8, false, Print::kUnsigned});
     fields.push_back({"aa", "u64", 16, 8, false, Print::kUnsigned});

@@ -3,6 +3,7 @@
 // table with exact totals.
 #include "trace/hist_table.hpp"
 #include "trace/trigger.hpp"
+#include "null_trigger_host.hpp"
 
 #include <ukprobes/kprobes.h>
 
@@ -17,18 +18,7 @@
 namespace ukp::trace {
 namespace {
 
-class NullHost : public TriggerHost {
-public:
-    void set_tracing_on(bool) override {}
-    bool tracing_is_on() const override { return true; }
-    void take_snapshot() override {}
-    std::atomic<bool> *event_enable_flag(std::string_view, std::string_view) override { return nullptr; }
-    void record_stacktrace(const struct pt_regs &) override {}
-    WatchMover *watch_mover(std::string_view, bool, int *err) override {
-        *err = -ENOENT;
-        return nullptr;
-    }
-};
+using test_hosts::NullHost;
 
 std::vector<Field> test_fields() {
     std::vector<Field> f = common_fields();
