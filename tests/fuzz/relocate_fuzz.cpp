@@ -5,6 +5,9 @@
 // seccomp-confined children (sandbox.hpp) from the same registers and the same memory.
 // Every byte around the original that is not the instruction is an int3, and so is every
 // page a branch may go to: wherever control goes, it stops at once, with rip telling where.
+// These code pages are read-only, as a program's code is: an instruction that stores into
+// its own bytes (rep movsb with rdi walking down over it) would otherwise re-decode what it
+// wrote, which no copy elsewhere can follow (stores there fault in both runs alike).
 // The copy must end the same way: same signal, same place (a fault at the instruction may
 // be anywhere inside the copy), same registers, flags, xmm and memory. A difference aborts.
 //
@@ -156,7 +159,7 @@ RipAccess rip_access(const Insn &in) {
 
 struct Page {
     uint64_t addr;
-    bool code; // int3-filled and executable; else pattern-filled data
+    bool code; // int3-filled, executable and read-only; else pattern-filled data
     std::unique_ptr<uint8_t[]> bytes;
 };
 

@@ -78,10 +78,13 @@ void no_return() { raw_exit(4); }
     for (int i = 0; i < spec.npages; ++i) {
         const PageSpec &p = spec.pages[i];
         void *want = reinterpret_cast<void *>(p.addr);
-        void *got = mmap(want, kPageSize, PROT_READ | PROT_WRITE | (p.exec ? PROT_EXEC : 0),
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        void *got =
+            mmap(want, kPageSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
         if (got != want) _exit(3);
         copy_bytes(got, p.content, kPageSize);
+        // Code is read-only, as a program's is: an instruction that could rewrite its own
+        // bytes would run differently from any copy of it elsewhere.
+        if (p.exec && mprotect(got, kPageSize, PROT_READ | PROT_EXEC) != 0) _exit(3);
     }
     stack_t ss{};
     ss.ss_sp = g_altstack;

@@ -25,7 +25,7 @@ static_assert(offsetof(CpuState, rflags) == 256 && offsetof(CpuState, gpr) == 26
 struct PageSpec {
     uint64_t addr;
     const uint8_t *content; // kPageSize bytes
-    bool exec;              // PROT_EXEC too
+    bool exec;              // code: PROT_READ | PROT_EXEC (not writable); else PROT_READ | PROT_WRITE
     bool snapshot;          // reported back in RunResult::mem
 };
 
