@@ -1,5 +1,6 @@
 // Cost of a trace event hit against the bare probe hit, in one run: a direct call of the
-// probed function, a kprobe with an empty pre_handler (`bare`), and kprobe events on the
+// probed function, a kprobe with an empty pre_handler (`bare`), a kretprobe with an empty
+// handler (the baseline of a latency histogram), and kprobe events on the
 // same function recording 0 arguments, 4 register arguments, and 4 arguments of which
 // one is a string and one a dereference; and a return event (`r:`) with the return value.
 // Every event hit writes its record into the ring buffer (tracing on, no filter). Ratios
@@ -51,6 +52,20 @@ void BM_BareProbe(benchmark::State &state) {
     }
     run_calls(state);
     unregister_kprobe(&kp);
+}
+
+// A kretprobe with an empty handler: the entry and the return through the return
+// trampoline, what any measure of a function's latency needs before it does anything.
+void BM_BareReturnProbe(benchmark::State &state) {
+    kretprobe rp{};
+    rp.kp.symbol_name = "utb_target";
+    rp.handler = [](kretprobe_instance *, pt_regs *) { return 0; };
+    if (register_kretprobe(&rp) != 0) {
+        state.SkipWithError("register_kretprobe failed");
+        return;
+    }
+    run_calls(state);
+    unregister_kretprobe(&rp);
 }
 
 // One event on utb_target, defined by `line`, enabled for the run.
@@ -149,6 +164,7 @@ void BM_Event4Regs_TwoThreads(benchmark::State &state) {
 
 BENCHMARK(BM_DirectCall);
 BENCHMARK(BM_BareProbe);
+BENCHMARK(BM_BareReturnProbe);
 BENCHMARK(BM_Event0);
 BENCHMARK(BM_Event4Regs);
 BENCHMARK(BM_Event4StringDeref);
@@ -204,6 +220,10 @@ int main(int argc, char **argv) {
         for (const char *n :
              {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent", "BM_LatencyHistogram"})
             std::printf("  %-22s %6.2fx\n", n, rep.ns[n] / bare);
+        if (const double ret = rep.ns["BM_BareReturnProbe"]; ret > 0)
+            std::printf("ratio to the bare return probe (entry and return, empty handler):\n  %-22s %6.2fx\n"
+                        "  %-22s %6.2fx\n",
+                        "BM_BareReturnProbe", ret / bare, "BM_LatencyHistogram", rep.ns["BM_LatencyHistogram"] / ret);
     }
     benchmark::Shutdown();
     return 0;

@@ -260,9 +260,7 @@ class SynthEvent : public SynthSink {
 public:
     explicit SynthEvent(Event *e) : e_(e) {}
     size_t field_count() const override { return e_->progs.size(); }
-    void fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept override {
-        e_->synth_hit(values, n, regs);
-    }
+    Event *event() const { return e_; }
 
 private:
     Event *e_;
@@ -1261,6 +1259,10 @@ int Tracer::set_enabled(Event *e, bool on) {
 // --- values ----------------------------------------------------------------------------
 
 } // namespace
+
+void SynthSink::fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept {
+    static_cast<SynthEvent *>(this)->event()->synth_hit(values, n, regs);
+}
 
 std::string symbolize(uint64_t addr, bool with_size) {
     static std::mutex mu;

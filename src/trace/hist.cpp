@@ -801,7 +801,6 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
         if (!refs_[i].owner->take_var(key, refs_[i].index, &refs[i])) return;
     const int64_t el = t->find_or_insert(key, comm);
     if (el < 0) return;
-    t->hits.fetch_add(1, std::memory_order_relaxed); // the kernel's map->hits leaves drops out
     std::atomic<uint64_t> *sums = &t->sums[size_t(el) * t->n_vals];
     sums[0].fetch_add(1, std::memory_order_relaxed);
     for (size_t i = 1; i < vals_.size(); i++) {
@@ -856,10 +855,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
         }
         uint64_t values[kMaxActionParams];
         for (size_t i = 0; i < a.args.size(); ++i) values[i] = operand_value(a.args[i], rec, size, ts, own, refs);
-        SynthSink *synth = a.synth;
-        const size_t n = a.args.size();
-        // A call through a virtual table: run with the vector state saved (trigger.hpp).
-        platform::saving_vectors([&] { synth->fire(values, n, regs); });
+        a.synth->fire(values, a.args.size(), regs);
     }
 }
 
@@ -1086,7 +1082,7 @@ void HistTrigger::clear() {
     table_.store(tables_.back().get(), std::memory_order_release);
 }
 
-uint64_t HistTrigger::hits() const { return table_.load(std::memory_order_acquire)->hits.load(); }
+uint64_t HistTrigger::hits() const { return table_.load(std::memory_order_acquire)->hits(); }
 uint64_t HistTrigger::drops() const { return table_.load(std::memory_order_acquire)->drops.load(); }
 
 namespace {
@@ -1297,7 +1293,7 @@ std::string HistTrigger::show(const Symbolizer &sym) const {
     out += snapshot_lines(sym);
     char buf[512];
     std::snprintf(buf, sizeof buf, "\nTotals:\n    Hits: %" PRIu64 "\n    Entries: %zu\n    Dropped: %" PRIu64 "\n",
-                  t->hits.load(), entries.size(), t->drops.load());
+                  t->hits(), entries.size(), t->drops.load());
     out += buf;
     return out;
 }

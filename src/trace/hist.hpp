@@ -44,13 +44,16 @@ namespace ukp::trace {
 
 struct HistTable; // one generation of the table; :clear publishes a fresh one
 
-// A synthetic event, as a hist trigger's action fires it.
+// A synthetic event, as a hist trigger's action fires it. The tracer's is the one kind.
 struct SynthSink {
     virtual ~SynthSink() = default;
     virtual size_t field_count() const = 0;
     std::atomic<int> users{0}; // installed hist actions that fire it: it cannot be removed
-    // From a hit: one record of the event, its fields these values (a number each).
-    virtual void fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept = 0;
+    // From a hit: one record of the event, its fields these values (a number each). Not
+    // virtual: the tracer defines it (events.cpp), and a direct call is one the scan that
+    // proves the hit's path lean can follow (core's lean.cpp), so that a hit firing a
+    // synthetic event need not save the vector state around it.
+    void fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept;
 };
 
 // What a hist trigger asks of the tracer when it is written.

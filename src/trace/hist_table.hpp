@@ -28,7 +28,6 @@ struct HistTable {
     std::unique_ptr<std::atomic<uint64_t>[]> vars;        // n_elts * n_vars
     std::unique_ptr<std::atomic<uint8_t>[]> var_set;      // n_elts * n_vars: set since last read
     std::atomic<uint32_t> next_elt{0};                    // elements handed out
-    std::atomic<uint64_t> hits{0};                        // hits that found or made their element
     std::atomic<uint64_t> drops{0};                       // hits whose new key found the table full
 
     HistTable(uint32_t elts, uint32_t kbytes, uint32_t vals, uint32_t nvars = 0)
@@ -46,6 +45,16 @@ struct HistTable {
             bucket_elt[i].store(0, std::memory_order_relaxed);
         }
         for (size_t i = 0; i < size_t(elts) * vals; i++) sums[i].store(0, std::memory_order_relaxed);
+    }
+
+    // The hits that found or made their element (the kernel's map->hits, which leaves the
+    // drops out): the sum of the elements' hitcounts, added up when asked rather than
+    // counted by every hit in one word all threads would share.
+    uint64_t hits() const noexcept {
+        const uint32_t n = std::min(next_elt.load(std::memory_order_acquire), n_elts);
+        uint64_t total = 0;
+        for (size_t el = 0; el < n; el++) total += sums[el * n_vals].load(std::memory_order_relaxed);
+        return total;
     }
 
     // The hash of a key: whole 8-byte words (numbers, zero-padded strings), a word at a time.
