@@ -41,11 +41,12 @@ namespace ukp::trace {
 
 namespace {
 
-constexpr uint16_t kFirstEventId = 2000; // dynamic event ids, after the static ones
-constexpr size_t kMaxActionFields = 16;  // a synthetic event's: what a hist action passes at most (hist.cpp)
-constexpr uint32_t kScratchSize = 1024;  // a record built when the ring takes none
-constexpr int kMaxUserStack = 16;        // frames a stacktrace trigger records
-constexpr int kPipeWaitMs = 1000;        // a trace_pipe read waits this long for a record
+constexpr uint16_t kFirstEventId = 2000;  // dynamic event ids, after the static ones
+constexpr uint16_t kMaxSynthString = 256; // a synthetic string's bytes, NUL in: the kernel's STR_VAR_LEN_MAX
+constexpr size_t kMaxActionFields = 16;   // a synthetic event's: what a hist action passes at most (hist.cpp)
+constexpr uint32_t kScratchSize = 1024;   // a record built when the ring takes none
+constexpr int kMaxUserStack = 16;         // frames a stacktrace trigger records
+constexpr int kPipeWaitMs = 1000;         // a trace_pipe read waits this long for a record
 
 // The thread's id and name, read once per thread (the name as it was at the first hit).
 struct ThreadInfo {
@@ -260,6 +261,7 @@ class SynthEvent : public SynthSink {
 public:
     explicit SynthEvent(Event *e) : e_(e) {}
     size_t field_count() const override { return e_->progs.size(); }
+    bool field_is_string(size_t i) const override { return e_->progs[i].store == Store::kString; }
     Event *event() const { return e_; }
 
 private:
@@ -418,7 +420,7 @@ std::string print_fmt_of(const Event &e) {
             break;
         case Kind::kString:
         case Kind::kSymStr:
-            one = "\\\"%s\\\"";
+            one = e.synthetic ? "%s" : "\\\"%s\\\""; // a synthetic string is printed bare, as the kernel's
             break;
         }
         const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
@@ -1001,20 +1003,40 @@ int Tracer::define_synthetic(std::string_view line, bool dynamic) {
         if (sp == std::string_view::npos) return log("Incomplete type", f_at);
         std::string type(f.substr(0, sp));
         while (!type.empty() && type.back() == ' ') type.pop_back();
-        const std::string field(f.substr(sp + 1));
+        std::string field(f.substr(sp + 1));
         ArgDef a;
-        if (!synth_type(type, &a.prog.type)) return log("Invalid type", f_at);
+        // A string: `char NAME[N]` or `char NAME[]`, as histogram.rst's `char comm[16]`.
+        // Either is kept as the kernel keeps a synthetic string, up to STR_VAR_LEN_MAX
+        // bytes (N does not cut it there either), in the record a __data_loc string.
+        const std::string declared = type + " " + field;
+        if (const size_t bracket = field.find('['); bracket != std::string::npos) {
+            const std::string_view len = std::string_view(field).substr(bracket + 1);
+            const std::string_view size = len.substr(0, len.empty() ? 0 : len.size() - 1); // "16" of "16]", "" of "]"
+            const bool digits = !len.empty() && len.back() == ']' && size.size() <= 3 &&
+                                size.find_first_not_of("0123456789") == std::string_view::npos;
+            const unsigned long n = digits && !size.empty() ? std::stoul(std::string(size)) : 0;
+            if (type != "char" || !digits || n > kMaxSynthString || (!size.empty() && n == 0))
+                return log("Invalid type", f_at);
+            field.resize(bracket);
+            a.prog.type.kind = Kind::kString;
+            a.prog.type.size = 4;
+            a.prog.type.name = "string";
+            a.prog.max_string = kMaxSynthString;
+        } else if (!synth_type(type, &a.prog.type)) {
+            return log("Invalid type", f_at);
+        }
         if (!is_good_name(field)) return log("Invalid field", f_at + sp + 1);
         for (const ArgDef &o : def.args)
             if (o.name == field) return log("Invalid field", f_at + sp + 1);
         if (def.args.size() == kMaxActionFields) return log("Too many fields", f_at);
         a.name = field;
-        // The value the hist action passes, 8 bytes each, stored at the field's type.
+        // The value the hist action passes, 8 bytes each, stored at the field's type (a
+        // string's: its address, the string copied from there).
         a.prog.ops[0] = FetchOp{Op::kField, false, 8, int64_t(8 * def.args.size())};
         a.prog.nops = 1;
-        a.prog.store = Store::kRaw;
-        text += (text.empty() ? "" : "; ") + type + " " + field;
-        c_types.push_back(type);
+        a.prog.store = a.prog.type.kind == Kind::kString ? Store::kString : Store::kRaw;
+        text += (text.empty() ? "" : "; ") + declared;
+        c_types.push_back(a.prog.type.kind == Kind::kString ? std::string() : type);
         def.args.push_back(std::move(a));
         start = semi + 1;
     }
@@ -1024,7 +1046,8 @@ int Tracer::define_synthetic(std::string_view line, bool dynamic) {
     def.is_synthetic = true;
     std::unique_ptr<Event> e = make_event(def, &r);
     if (e == nullptr) return r;
-    for (size_t i = 0; i < c_types.size(); ++i) e->fields[4 + i].c_type = c_types[i];
+    for (size_t i = 0; i < c_types.size(); ++i)
+        if (!c_types[i].empty()) e->fields[4 + i].c_type = c_types[i]; // a string's stays __data_loc char[]
     e->synth_text = text;
     e->sink = std::make_unique<SynthEvent>(e.get());
     e->id = next_id++;

@@ -136,17 +136,18 @@ constexpr uint64_t kPage = 4096;
 // (fetch_store_strlen: strnlen_user up to MAX_STRING_SIZE): 0 when it is unreadable
 // before its end or has no NUL in its first kMaxStringLen bytes. Reads at most to the end
 // of a page the string reaches, as safe_strncpy does: no fault the string would not raise.
-uint32_t measure_string(uint64_t addr, StringStash *stash) {
+// With a `cut` below kMaxStringLen, a longer string measures `cut` (put_string cuts it).
+uint32_t measure_string(uint64_t addr, StringStash *stash, uint32_t cut = kMaxStringLen) {
     constexpr uint64_t kChunk = 256; // stack a hit can spare; the first read is shorter
     if (addr == 0) return 0;
     char buf[kChunk];
     uint32_t done = 0;
     uint64_t want = 64;
-    while (done < kMaxStringLen) {
+    while (done < cut) {
         const uint64_t at = addr + done;
         uint64_t chunk = kPage - (at & (kPage - 1));
         if (chunk > want) chunk = want;
-        if (chunk > kMaxStringLen - done) chunk = kMaxStringLen - done;
+        if (chunk > cut - done) chunk = cut - done;
         if (ukp_safe_copy(buf, reinterpret_cast<const void *>(at), chunk) != 0) return 0;
         const uint64_t nul = platform::find_nul(buf, chunk);
         if (nul < chunk) {
@@ -161,7 +162,7 @@ uint32_t measure_string(uint64_t addr, StringStash *stash) {
         done += static_cast<uint32_t>(chunk);
         want = kChunk;
     }
-    return 0;
+    return cut < kMaxStringLen ? cut : 0;
 }
 
 // Copies a string into the dynamic area and writes its __data_loc word at `loc`: at most
@@ -169,9 +170,9 @@ uint32_t measure_string(uint64_t addr, StringStash *stash) {
 // as the kernel's fetch_store_string cuts it. Returns the bytes used in the dynamic area;
 // a fault, or no room left, stores an empty location (printed (fault)).
 inline uint32_t put_string(uint8_t *rec, uint8_t *loc, uint32_t dyn, uint32_t cap, uint64_t addr, bool *fault,
-                           const StringStash *stash) {
+                           const StringStash *stash, uint32_t cut = kMaxStringLen) {
     uint32_t room = cap > dyn ? cap - dyn : 0;
-    if (room > kMaxStringLen) room = kMaxStringLen;
+    if (room > cut) room = cut;
     int n = -EFAULT;
     if (room > 0 && addr != 0) {
         for (uint32_t i = 0; stash != nullptr && i < stash->count; ++i) {
@@ -355,7 +356,8 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
         if (!run_ops(p, ctx, &v)) continue;
         switch (p.store) {
         case Store::kString:
-            total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v, stash);
+            total += measure_string(p.deref_string ? v + static_cast<uint64_t>(p.mem_offset) : v, stash,
+                                    p.max_string != 0 ? p.max_string : kMaxStringLen);
             break;
         case Store::kStringArray:
             for (uint32_t i = 0; i < p.type.array_len; ++i) {
@@ -414,7 +416,8 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
             if (fault)
                 put_value(dst, dyn & 0xffff, 4);
             else
-                dyn += put_string(rec, dst, dyn, cap, at, &fault, stash);
+                dyn +=
+                    put_string(rec, dst, dyn, cap, at, &fault, stash, p.max_string != 0 ? p.max_string : kMaxStringLen);
             break;
         }
         case Store::kStringArray:

@@ -87,6 +87,7 @@ struct FetchProgram {
     uint8_t nops = 0;
     Store store = Store::kRaw;
     bool deref_string = false; // kString: the address is value + mem_offset
+    uint16_t max_string = 0;   // kString: longest string kept, its NUL in (a longer one is cut); 0: kMaxStringLen
     int64_t mem_offset = 0;    // offset of the final load (kMem, kString, kStringArray)
     ArgType type;
     uint32_t offset = 0;    // of the field in the record

@@ -451,9 +451,13 @@ struct HistTrigger::OperandParser {
     const std::vector<Field> &fields;
     FilterError *err;
 
-    bool operand(std::string_view text, int pos, Operand *o) {
+    // One operand; a string (a string field, a string variable) only where `strings`.
+    bool operand(std::string_view text, int pos, Operand *o, bool strings = false) {
         if (text.empty()) return fail(err, "Malformed assignment", pos);
-        if (text[0] == '$') return var_ref(text.substr(1), pos, o);
+        if (text[0] == '$') {
+            if (!var_ref(text.substr(1), pos, o)) return false;
+            return strings || !o->string || fail(err, kStringOperand, pos);
+        }
         if (std::isdigit(static_cast<unsigned char>(text[0]))) {
             const std::string n(text);
             char *end = nullptr;
@@ -462,6 +466,13 @@ struct HistTrigger::OperandParser {
             return *end == '\0' || fail(err, "Malformed assignment", pos);
         }
         Column c;
+        if (strings && text.find('.') == std::string_view::npos && bind_field(text, pos, fields, &c, nullptr) &&
+            c.is_string) {
+            o->kind = Operand::kString;
+            o->string = true;
+            o->field = std::move(c);
+            return true;
+        }
         if (!make_column(text, pos, false, fields, &c, err)) return false;
         if (c.timestamp) {
             o->kind = Operand::kTimestamp;
@@ -481,6 +492,7 @@ struct HistTrigger::OperandParser {
             if (h.vars_[i].name == name) {
                 o->kind = Operand::kOwnVar;
                 o->index = i;
+                o->string = h.vars_[i].is_string;
                 return true;
             }
         std::string_view event;
@@ -501,15 +513,15 @@ struct HistTrigger::OperandParser {
         if (matches > 1)
             return fail(
                 err, "Variable name not unique, need to use fully qualified name (subsys.event.var) for variable", pos);
+        o->kind = Operand::kRef;
+        o->string = found->owner->vars_[found->index].is_string;
         for (uint32_t i = 0; i < h.refs_.size(); ++i)
             if (h.refs_[i].owner == found->owner && h.refs_[i].index == found->index) {
-                o->kind = Operand::kRef;
                 o->index = i;
                 return true;
             }
         if (h.refs_.size() >= kMaxRefs) return fail(err, "Too many variables defined", pos);
         h.refs_.push_back({found->owner, found->index});
-        o->kind = Operand::kRef;
         o->index = uint32_t(h.refs_.size() - 1);
         return true;
     }
@@ -527,6 +539,14 @@ struct HistTrigger::OperandParser {
         v.name = std::string(name);
         v.text = std::string(expr);
         const int at = pos + int(eq) + 1;
+        // NAME=STRING_FIELD: a string variable (a string is no operand of an expression).
+        if (Operand o; expr.find_first_of("+-*/") == std::string_view::npos && operand(expr, at, &o, true) &&
+                       o.kind == Operand::kString) {
+            v.is_string = true;
+            v.terms.push_back(std::move(o));
+            h.vars_.push_back(std::move(v));
+            return true;
+        }
         size_t start = 0;
         char op = '+';
         std::vector<int> starts; // each operand's, for the depth's error
@@ -605,7 +625,11 @@ struct HistTrigger::OperandParser {
             const size_t comma = std::min(params.find(',', start), params.size());
             if (a.args.size() == kMaxActionParams) return fail(err, "Too many action params", params_pos + int(start));
             Operand o;
-            if (!operand(params.substr(start, comma - start), params_pos + int(start), &o)) return false;
+            if (!operand(params.substr(start, comma - start), params_pos + int(start), &o, true)) return false;
+            // A string to a string field, a number to a number field, as the kernel's
+            // check_synth_field() wants them.
+            if (a.args.size() < a.synth->field_count() && o.string != a.synth->field_is_string(a.args.size()))
+                return fail(err, "Param type doesn't match synthetic event field type", params_pos + int(start));
             a.args.push_back(std::move(o));
             start = comma + 1;
         }
@@ -621,6 +645,7 @@ struct HistTrigger::OperandParser {
         if (text.empty() || text[0] != '$') return fail(err, "For onmax(x) or onchange(x), x must be a variable", pos);
         for (uint32_t i = 0; i < h.vars_.size(); ++i)
             if (h.vars_[i].name == text.substr(1)) {
+                if (h.vars_[i].is_string) return fail(err, kStringOperand, pos + 1);
                 a->var = i;
                 a->var_text = std::string(text);
                 return true;
@@ -651,6 +676,7 @@ struct HistTrigger::OperandParser {
         if (text[0] == '$') {
             for (uint32_t i = 0; i < h.vars_.size(); ++i)
                 if (h.vars_[i].name == text.substr(1)) {
+                    if (h.vars_[i].is_string) return false; // the string field itself is saved instead
                     sv->value.kind = Operand::kOwnVar;
                     sv->value.index = i;
                     return true;
@@ -725,6 +751,11 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         if (a.kind == Action::kSave) h->action_words_ += 1 + a.saved.back().word + a.saved.back().words;
         if (a.kind == Action::kSnapshot && !h->snap_) h->snap_ = std::make_unique<SnapshotState>(h->key_bytes_);
     }
+    for (Var &v : h->vars_)
+        if (v.is_string) {
+            v.str_word = uint32_t(h->vars_.size()) + h->action_words_ + h->string_words_;
+            h->string_words_ += kMaxStringKey / 8;
+        }
     if (h->needs_ts_) measure_tsc_scale();
     h->paused_.store(h->want_pause_, std::memory_order_relaxed);
     h->tables_.push_back(h->new_table());
@@ -732,9 +763,36 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
     return h;
 }
 
+namespace {
+
+// A string's bytes into words (the last one zero-padded; what follows it is not read).
+void store_string(std::atomic<uint64_t> *words, const char *str, size_t n) noexcept {
+    for (size_t i = 0; i <= n; i += 8) {
+        uint64_t w = 0;
+        copy_bytes(&w, str + i, std::min<size_t>(8, n - i));
+        words[i / 8].store(w, std::memory_order_relaxed);
+    }
+}
+
+// The string field c of a record (its __data_loc word at c.offset): the string, "" when
+// the record has none, and its length *n, at most kMaxStringKey - 1 (what a string
+// variable, a saved field and a synthetic event's string keep: STR_VAR_LEN_MAX).
+const char *record_string(const HistTrigger::Column &c, const uint8_t *rec, uint32_t size, size_t *n) noexcept {
+    uint32_t loc = 0;
+    if (uint64_t(c.offset) + 4 <= size) copy_bytes(&loc, rec + c.offset, 4);
+    const uint32_t off = loc & 0xffff, len = loc >> 16;
+    *n = 0;
+    if (len == 0 || off + len > size) return "";
+    const char *str = reinterpret_cast<const char *>(rec + off);
+    *n = bounded_strlen(str, std::min<uint32_t>(len - 1, HistTrigger::kMaxStringKey - 1));
+    return str;
+}
+
+} // namespace
+
 std::unique_ptr<HistTable> HistTrigger::new_table() const {
     return std::make_unique<HistTable>(size_, key_bytes_, uint32_t(vals_.size()),
-                                       uint32_t(vars_.size()) + action_words_);
+                                       uint32_t(vars_.size()) + action_words_ + string_words_);
 }
 
 uint64_t HistTrigger::operand_value(const Operand &o, const uint8_t *rec, uint32_t size, uint64_t ts,
@@ -752,6 +810,10 @@ uint64_t HistTrigger::operand_value(const Operand &o, const uint8_t *rec, uint32
         return refs[o.index];
     case Operand::kConst:
         return o.value;
+    case Operand::kString: {
+        size_t n = 0;
+        return reinterpret_cast<uint64_t>(record_string(o.field, rec, size, &n));
+    }
     }
     return 0;
 }
@@ -817,6 +879,17 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     if (vars_.empty() && actions_.empty()) return;
     uint64_t own[kMaxVars];
     for (size_t i = 0; i < vars_.size(); ++i) {
+        const size_t slot = size_t(el) * t->n_vars + i;
+        if (vars_[i].is_string) { // the string into the element's words, their address the value
+            size_t n = 0;
+            const char *str = record_string(vars_[i].terms[0].field, rec, size, &n);
+            std::atomic<uint64_t> *words = &t->vars[size_t(el) * t->n_vars + vars_[i].str_word];
+            store_string(words, str, n);
+            own[i] = reinterpret_cast<uint64_t>(words);
+            t->vars[slot].store(own[i], std::memory_order_relaxed);
+            t->var_set[slot].store(1, std::memory_order_release);
+            continue;
+        }
         // A sum of products, left to right; a division by zero gives -1, as the kernel's.
         uint64_t sum = 0, product = 0;
         char sign = '+';
@@ -836,7 +909,6 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
         }
         const uint64_t v = sign == '-' ? sum - product : sum + product;
         own[i] = v;
-        const size_t slot = size_t(el) * t->n_vars + i;
         t->vars[slot].store(v, std::memory_order_relaxed);
         t->var_set[slot].store(1, std::memory_order_release);
     }
@@ -897,15 +969,6 @@ void read_words(const std::atomic<uint64_t> &seq, const std::atomic<uint64_t> *w
     }
 }
 
-// A string's bytes into words (the last one zero-padded; what follows it is not read).
-void store_string(std::atomic<uint64_t> *words, const char *str, size_t n) noexcept {
-    for (size_t i = 0; i <= n; i += 8) {
-        uint64_t w = 0;
-        copy_bytes(&w, str + i, std::min<size_t>(8, n - i));
-        words[i / 8].store(w, std::memory_order_relaxed);
-    }
-}
-
 } // namespace
 
 bool HistTrigger::track(const Action &a, HistTable *t, int64_t el, uint64_t v) const noexcept {
@@ -931,16 +994,8 @@ void HistTrigger::save(const Action &a, HistTable *t, int64_t el, uint64_t v, co
             if (sv.kind == Saved::kComm) {
                 store_string(dst, comm ? comm : "", comm ? bounded_strlen(comm, 15) : 0);
             } else if (sv.kind == Saved::kString) {
-                const Column &c = sv.value.field;
                 size_t n = 0;
-                const char *str = "";
-                uint32_t loc = 0;
-                if (uint64_t(c.offset) + 4 <= size) copy_bytes(&loc, rec + c.offset, 4);
-                const uint32_t off = loc & 0xffff, len = loc >> 16;
-                if (len != 0 && off + len <= size) {
-                    str = reinterpret_cast<const char *>(rec + off);
-                    n = bounded_strlen(str, std::min<uint32_t>(len - 1, kMaxStringKey - 1));
-                }
+                const char *str = record_string(sv.value.field, rec, size, &n);
                 store_string(dst, str, n);
             } else {
                 dst->store(operand_value(sv.value, rec, size, ts, own, refs), std::memory_order_relaxed);

@@ -48,6 +48,8 @@ struct HistTable; // one generation of the table; :clear publishes a fresh one
 struct SynthSink {
     virtual ~SynthSink() = default;
     virtual size_t field_count() const = 0;
+    // Whether field i is a string (then an action passes it a string's address).
+    virtual bool field_is_string(size_t i) const = 0;
     std::atomic<int> users{0}; // installed hist actions that fire it: it cannot be removed
     // From a hit: one record of the event, its fields these values (a number each). Not
     // virtual: the tracer defines it (events.cpp), and a direct call is one the scan that
@@ -148,16 +150,22 @@ public:
 
     // One term of a variable's expression or an action's parameter.
     struct Operand {
-        enum Kind : uint8_t { kField, kTimestamp, kOwnVar, kRef, kConst } kind = kConst;
-        Column field;       // kField
-        bool usecs = false; // kTimestamp
-        uint32_t index = 0; // kOwnVar: in vars_; kRef: in refs_
-        uint64_t value = 0; // kConst
-        char op = '+';      // how it joins the operands before it: + - * / (* and / first)
+        // kString: a string field of the event, its value the string's address in the record.
+        enum Kind : uint8_t { kField, kTimestamp, kOwnVar, kRef, kConst, kString } kind = kConst;
+        Column field;        // kField, kString
+        bool usecs = false;  // kTimestamp
+        bool string = false; // kString, or a variable that holds a string (its value the address)
+        uint32_t index = 0;  // kOwnVar: in vars_; kRef: in refs_
+        uint64_t value = 0;  // kConst
+        char op = '+';       // how it joins the operands before it: + - * / (* and / first)
     };
     struct Var {
         std::string name, text;
         std::vector<Operand> terms;
+        // A string variable (NAME=STRING_FIELD): the string is copied into the element's
+        // words from str_word on, and the variable's value is their address.
+        bool is_string = false;
+        uint32_t str_word = 0;
     };
     struct Ref {
         const HistTrigger *owner;
@@ -217,6 +225,7 @@ private:
     std::vector<Ref> refs_; // other triggers' variables it reads, each once
     std::vector<Action> actions_;
     uint32_t action_words_ = 0;           // per element, past the variables' words
+    uint32_t string_words_ = 0;           // per element, past those: the string variables' bytes
     std::unique_ptr<SnapshotState> snap_; // with a snapshot() action
     bool needs_ts_ = false;               // something reads common_timestamp
     std::string event_;                   // "GRP.EVENT"

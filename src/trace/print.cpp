@@ -139,7 +139,12 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
             const Field &f = e->fields[i];
             if (f.offset + f.size > size) break;
             out += " " + f.name + "=";
-            print_field_value(rec, size, f, 0, sym, out);
+            uint32_t len = 0;
+            const char *str = f.print == Print::kString ? load_string(rec, size, f, &len, 0) : nullptr;
+            if (str != nullptr) // a string bare, as the kernel's print_synth_event() prints it
+                out.append(str, strnlen(str, len));
+            else
+                print_field_value(rec, size, f, 0, sym, out);
         }
         return;
     }
