@@ -256,10 +256,17 @@ int cmd_trace_pipe(const Options &o) {
 // their filters and triggers, for the recording only (a session: removed when it ends).
 // The recording itself, over the connection c; *exited: the process ended meanwhile.
 void record_process(const Options &o, ukprobe::Client &c, bool *exited_out) {
-    if (!o.run.definitions.empty() || !o.run.filters.empty() || !o.run.triggers.empty()) ask(o, c, Op::kSession);
+    if (!o.run.definitions.empty() || !o.run.synthetic.empty() || !o.run.filters.empty() || !o.run.triggers.empty())
+        ask(o, c, Op::kSession);
     const std::string before = ask(o, c, Op::kRead, "kprobe_events").payload;
     for (const std::string &def : o.run.definitions) ask(o, c, Op::kAppend, "kprobe_events", def);
+    for (const std::string &def : o.run.synthetic) ask(o, c, Op::kAppend, "synthetic_events", def);
     const std::string defs = ask(o, c, Op::kRead, "kprobe_events").payload;
+    const std::string synthetic = ukprobe::synthetic_names(o.run.synthetic);
+    std::istringstream synth(synthetic);
+    for (std::string line; std::getline(synth, line);)
+        ask(o, c, Op::kWrite, "events/" + line.substr(2) + "/enable", "1");
+    const std::string named = defs + synthetic; // where a bare name is looked for
     // The events the definitions made: the lines kprobe_events did not have before.
     std::istringstream lines(defs);
     for (std::string line; std::getline(lines, line);) {
@@ -273,7 +280,7 @@ void record_process(const Options &o, ukprobe::Client &c, bool *exited_out) {
             const size_t eq = a.find('=');
             if (eq == std::string::npos || eq == 0) fail(fmt::format("--{} wants EVENT=TEXT, not '{}'", file, a));
             ask(o, c, file == std::string("filter") ? Op::kWrite : Op::kAppend,
-                "events/" + ukprobe::event_path(a.substr(0, eq), defs) + "/" + file, a.substr(eq + 1));
+                "events/" + ukprobe::event_path(a.substr(0, eq), named) + "/" + file, a.substr(eq + 1));
         }
     const std::string path = o.run.output.empty() ? "ukprobe.dat" : o.run.output;
     FILE *out = fopen(path.c_str(), "we");
@@ -553,6 +560,10 @@ void add_agent_commands(CommandLine &cl) {
 void add_program_options(CommandLine &cl, CLI::App *sub, const char *output, const char *follow) {
     Options &o = cl.o;
     sub->add_option("-e,--event", o.run.definitions, "a definition (kprobe_events language); repeatable")
+        ->allow_extra_args(false);
+    sub->add_option("--synthetic", o.run.synthetic,
+                    "a synthetic event (synthetic_events language: NAME TYPE FIELD[; TYPE FIELD]...), for the "
+                    "triggers' actions; repeatable")
         ->allow_extra_args(false);
     sub->add_option("--filter", o.run.filters, "EVENT=EXPR: the event's filter; repeatable")->allow_extra_args(false);
     sub->add_option("--trigger", o.run.triggers, "EVENT=TRIGGER: a trigger of the event; repeatable")

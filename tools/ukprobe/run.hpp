@@ -18,6 +18,7 @@ struct FileWrite {
 
 struct RunOptions {
     std::vector<std::string> definitions; // -e DEF: kprobe_events lines (words split by blanks)
+    std::vector<std::string> synthetic;   // --synthetic DEF: synthetic_events lines, before the triggers
     std::vector<std::string> filters;     // --filter EVENT=EXPR
     std::vector<std::string> triggers;    // --trigger EVENT=TRIG
     std::string output;                   // -o FILE; empty: stdout
@@ -40,6 +41,9 @@ int run_program(const RunOptions &o);
 // "GRP/EVENT" for EVENT given as GRP/EVENT (or GRP.EVENT) or as a bare name: the group of
 // the event of that name in `definitions` (kprobe_events' text), else "kprobes".
 std::string event_path(const std::string &event, const std::string &definitions);
+// The synthetic events of --synthetic definitions as event_path() finds them: a line
+// "s:synthetic/NAME" each.
+std::string synthetic_names(const std::vector<std::string> &synthetic);
 
 // Calls `print` with FILE open for writing ("": stdout), and closes it. Throws
 // std::runtime_error when it cannot be opened or written.

@@ -84,6 +84,16 @@ std::string event_path(const std::string &event, const std::string &definitions)
     return "kprobes/" + e;
 }
 
+std::string synthetic_names(const std::vector<std::string> &synthetic) {
+    std::string out;
+    for (const std::string &d : synthetic) {
+        const size_t start = d.find_first_not_of(" \t");
+        if (start == std::string::npos || d[start] == '!') continue;
+        out += "s:synthetic/" + d.substr(start, d.find_first_of(" \t", start) - start) + "\n";
+    }
+    return out;
+}
+
 void print_to(const std::string &file, const std::function<void(FILE *)> &print) {
     FILE *out = file.empty() ? stdout : fopen(file.c_str(), "we");
     if (out == nullptr) throw std::runtime_error(fmt::format("cannot write {}: {}", file, strerror(errno)));
@@ -410,34 +420,33 @@ void Runner::on_socket(int pid) {
                 return;
             }
         }
+        // One write; false when the program was stopped for its refusal.
+        auto put = [&](Op op, const std::string &path, const std::string &text) {
+            const Reply r = agent->ask(op, path, text);
+            if (r.status >= 0) return true;
+            fmt::print(stderr, "ukprobe: {}\n", refusal(r, op, path, pid));
+            if (pid != child_) return true;
+            failed_ = true;
+            kill_program(SIGKILL);
+            return false;
+        };
+        const std::string named = defs.payload + synthetic_names(o_.synthetic); // where a bare name is looked for
         auto apply = [&](const std::vector<std::string> &list, const char *what, const char *file, Op op) {
             for (const std::string &s : list) {
                 const auto [event, text] = split_assignment(s, what);
-                const std::string path = "events/" + event_path(event, defs.payload) + "/" + file;
-                const Reply r = agent->ask(op, path, text);
-                if (r.status >= 0) continue;
-                fmt::print(stderr, "ukprobe: {}\n", refusal(r, op, path, pid));
-                if (pid == child_) {
-                    failed_ = true;
-                    kill_program(SIGKILL);
-                    return false;
-                }
+                if (!put(op, "events/" + event_path(event, named) + "/" + file, text)) return false;
             }
             return true;
         };
+        for (const std::string &d : o_.synthetic) // defined and enabled, as the -e events
+            if (!put(Op::kAppend, "synthetic_events", d)) return;
+        std::istringstream synth(synthetic_names(o_.synthetic));
+        for (std::string line; std::getline(synth, line);)
+            if (!put(Op::kWrite, "events/" + line.substr(2) + "/enable", "1")) return;
         if (!apply(o_.filters, "filter", "filter", Op::kWrite)) return;
         if (!apply(o_.triggers, "trigger", "trigger", Op::kAppend)) return;
-        for (const FileWrite &w : o_.setup) {
-            const Op op = w.append ? Op::kAppend : Op::kWrite;
-            if (const Reply r = agent->ask(op, w.path, w.text); r.status < 0) {
-                fmt::print(stderr, "ukprobe: {}\n", refusal(r, op, w.path, pid));
-                if (pid == child_) {
-                    failed_ = true;
-                    kill_program(SIGKILL);
-                    return;
-                }
-            }
-        }
+        for (const FileWrite &w : o_.setup)
+            if (!put(w.append ? Op::kAppend : Op::kWrite, w.path, w.text)) return;
         agent->read_at_end(o_.answers);
         agent->prepare();
     } catch (const std::runtime_error &) {
