@@ -5,7 +5,6 @@
 
 #include <time.h>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,14 +39,6 @@ namespace {
 
 int (*volatile g_sleep)(long) = ukh_sleep;
 long (*volatile g_values)(long, long) = ukh_values;
-
-std::vector<std::string> lines_with(const std::string &text, const std::string &what) {
-    std::istringstream in(text);
-    std::vector<std::string> out;
-    for (std::string line; std::getline(in, line);)
-        if (line.find(what) != std::string::npos) out.push_back(line);
-    return out;
-}
 
 class HistVars : public CleanTracer {
 protected:

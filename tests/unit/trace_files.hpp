@@ -28,6 +28,15 @@ inline std::vector<std::string> trace_lines(const std::string &event) {
     return out;
 }
 
+// The lines of `text` that contain `what`.
+inline std::vector<std::string> lines_with(const std::string &text, const std::string &what) {
+    std::istringstream in(text);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);)
+        if (line.find(what) != std::string::npos) out.push_back(line);
+    return out;
+}
+
 // That error_log's entry is `SOURCE: error: MESSAGE` for `command`, the caret under its
 // column `caret`, after the timestamp "[ seconds.micros] ".
 inline void expect_logged(const std::string &source, const std::string &message, const std::string &command,
