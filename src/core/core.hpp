@@ -387,6 +387,9 @@ bool on_fault(int sig, siginfo_t *info, ucontext_t *uc); // true if it was ours
 // drops leaves the thread past the int3, inside the instruction.
 inline constexpr uint8_t kTracedTrap = 0x06;
 uint8_t arming_byte();
+// arming_byte(), or within an ArmBatch scope of this thread the one it took at its start
+// (each asking reads /proc/self/status).
+uint8_t batch_arming_byte();
 
 // Gives a signal to the program as if ukprobes were not there: its own handler, or the
 // default action. `uc` is the context the program should see; `replayable` says that

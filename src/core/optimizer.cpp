@@ -1045,7 +1045,7 @@ int opt_unoptimize(Point *pt) {
     if (!pt->optimized) return 0;
     spawn_gate_close(pt);
     // The int3 first: from then on no thread takes the jmp, and none is inside its bytes.
-    if (int err = text::poke_byte(pt->addr, arming_byte()); err != 0) return err;
+    if (int err = text::poke_byte(pt->addr, batch_arming_byte()); err != 0) return err;
     if (int err = text::write(pt->addr + 1, pt->dcr_orig + 1, 4); err != 0) return err;
     text::sync_cores();
     pt->optimized = false;

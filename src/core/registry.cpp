@@ -212,7 +212,8 @@ bool wants_arming(const Point *pt) {
 // cores were last synchronized.
 thread_local int t_arm_batch = 0;
 thread_local bool t_arm_sync_due = false;
-thread_local uint8_t t_batch_byte = 0; // arming_byte() when the outermost scope began
+thread_local uint8_t t_batch_byte = 0;              // arming_byte() when the outermost scope began
+thread_local bool t_batch_handlers_checked = false; // ensure_initialized()'s, in the outermost scope
 
 // Puts the int3 in or takes it out, as the point's probes and the global knob say.
 int update_arming(Point *pt) {
@@ -227,7 +228,7 @@ int update_arming(Point *pt) {
         if (int err = opt_unoptimize(pt); err != 0) return err;
     }
     if (want) spawn_gate_close(pt);
-    const uint8_t byte = !want ? pt->orig_byte : t_arm_batch > 0 ? t_batch_byte : arming_byte();
+    const uint8_t byte = !want ? pt->orig_byte : batch_arming_byte();
     const int err = t_arm_batch > 0 ? text::write(pt->addr, &byte, 1) : text::poke_byte(pt->addr, byte);
     t_arm_sync_due |= t_arm_batch > 0 && err == 0;
     if (err == 0) {
@@ -298,7 +299,12 @@ __attribute__((constructor(101))) void prepare_while_single_threaded() {
 int ensure_initialized() {
     grace_init(); // before the first probe: its hits may take reader cells
     lean_dispatch_init();
-    if (int err = install_signal_handlers(); err != 0) return err;
+    // The handlers are checked at each registration (the program may have put its own
+    // back), once in an ArmBatch scope (an event over a library: thousands).
+    if (t_arm_batch == 0 || !t_batch_handlers_checked) {
+        if (int err = install_signal_handlers(); err != 0) return err;
+        t_batch_handlers_checked = t_arm_batch > 0;
+    }
     // Whether this thread can write code, told once: text::init() opens /proc/self/mem to
     // see (a registration per function of a library would open it once per function), and
     // every write registers again what a child of fork() needs.
@@ -432,14 +438,19 @@ int set_disabled(kprobe *p, bool disabled) {
 
 CheckedMutex &registry_mutex() { return g_mutex; }
 
+uint8_t batch_arming_byte() { return t_arm_batch > 0 ? t_batch_byte : arming_byte(); }
+
 ArmBatch::ArmBatch() {
     // Asked once: whether a tracer is attached is read from /proc, through libc, whose
     // functions may be the very ones being armed.
     if (t_arm_batch++ == 0) t_batch_byte = arming_byte();
+    text::begin_write_batch();
 }
 
 ArmBatch::~ArmBatch() {
-    if (--t_arm_batch > 0 || !t_arm_sync_due) return;
+    text::end_write_batch();
+    if (--t_arm_batch == 0) t_batch_handlers_checked = false;
+    if (t_arm_batch > 0 || !t_arm_sync_due) return;
     t_arm_sync_due = false;
     text::sync_cores();
 }

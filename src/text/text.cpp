@@ -1,6 +1,7 @@
 #include "text/text.hpp"
 
 #include "platform/held_fd.hpp"
+#include "platform/high_fd.hpp"
 #include "platform/maps.hpp"
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <vector>
@@ -41,6 +43,16 @@ pid_t g_sync_pid = 0;     // the process g_sync_core was decided for
 // there; the program's threads open one for each write.
 thread_local int t_own_mem_fd __attribute__((tls_model("initial-exec"))) = -1;
 
+// A batch of writes on one of the program's threads (begin_write_batch; batch_mem below).
+struct BatchMem {
+    int depth = 0; // begin_write_batch() scopes open
+    int fd = -1;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    bool registered = false; // register_sync_core_locked() asked in this batch
+};
+thread_local BatchMem t_batch;
+
 // Published chunk starts, read by signal handlers without a lock: entries are written
 // before g_chunk_count is raised and never change afterwards.
 uint64_t g_chunk_start[kMaxChunks];
@@ -61,7 +73,11 @@ void register_sync_core_locked() {
 // the caller can write code: a thread with its own table has its own /proc/self/mem,
 // one of the program's opens it for each write (open_program_mem).
 int open_mem_locked() {
-    register_sync_core_locked();
+    // Once in a batch: this thread cannot fork while it writes (getpid() at each write).
+    if (t_batch.depth == 0 || !t_batch.registered) {
+        register_sync_core_locked();
+        t_batch.registered = t_batch.depth > 0;
+    }
     return platform::has_own_fd_table() && t_own_mem_fd < 0 ? -EBADF : 0;
 }
 
@@ -72,6 +88,36 @@ int open_mem_locked() {
 int open_program_mem() {
     const int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     return fd < 0 ? -errno : fd;
+}
+
+// A batch of writes on one of the program's threads (begin_write_batch): one
+// /proc/self/mem for all of them instead of one each, moved high (platform/high_fd.hpp)
+// where the program does not expect its own numbers, and its identity checked before each
+// write, as an opening for one write would be good for only that write: the program may
+// have closed the number and opened a file of its own under it meanwhile.
+bool batch_fd_is_ours() {
+    struct stat st {};
+    return t_batch.fd >= 0 && fstat(t_batch.fd, &st) == 0 && st.st_dev == t_batch.dev && st.st_ino == t_batch.ino;
+}
+
+// The batch's /proc/self/mem, opened at its first write (or again when the number no
+// longer names it: not ours to close then). An fd or -errno.
+int batch_mem() {
+    if (batch_fd_is_ours()) return t_batch.fd;
+    t_batch.fd = -1;
+    int fd = open_program_mem();
+    if (fd < 0) return fd;
+    fd = platform::move_fd_high(fd);
+    struct stat st {};
+    if (fstat(fd, &st) != 0) {
+        const int err = -errno;
+        close(fd);
+        return err;
+    }
+    t_batch.fd = fd;
+    t_batch.dev = st.st_dev;
+    t_batch.ino = st.st_ino;
+    return fd;
 }
 
 // Free gaps of the address space, from /proc/self/maps.
@@ -152,7 +198,8 @@ int init() {
 int write(uint64_t addr, const void *data, size_t n) {
     std::lock_guard lock(g_mutex);
     if (int err = open_mem_locked(); err != 0) return err;
-    const int fd = platform::has_own_fd_table() ? t_own_mem_fd : open_program_mem();
+    const bool own = platform::has_own_fd_table(), batch = !own && t_batch.depth > 0;
+    const int fd = own ? t_own_mem_fd : batch ? batch_mem() : open_program_mem();
     if (fd < 0) return fd;
     int rc = 0;
     const char *src = static_cast<const char *>(data);
@@ -171,8 +218,17 @@ int write(uint64_t addr, const void *data, size_t n) {
         addr += static_cast<uint64_t>(w);
         n -= static_cast<size_t>(w);
     }
-    if (!platform::has_own_fd_table()) close(fd);
+    if (!own && !batch) close(fd);
     return rc;
+}
+
+void begin_write_batch() { ++t_batch.depth; }
+
+void end_write_batch() {
+    if (--t_batch.depth > 0) return;
+    if (batch_fd_is_ours()) close(t_batch.fd);
+    t_batch.fd = -1;
+    t_batch.registered = false;
 }
 
 void sync_cores() {

@@ -1,8 +1,9 @@
 // Code memory near a point, and writing into live code.
 //
-// Writes go through /proc/self/mem (opened for each write on the program's threads,
-// held by the agent's threads that have a table of their own): no page of code is ever writable and executable,
-// and no mprotect() touches pages other threads run in. After each step of a patch
+// Writes go through /proc/self/mem (opened for each write, or each batch of writes, on
+// the program's threads; held by the agent's threads that have a table of their own): no
+// page of code is ever writable and executable, and no mprotect() touches pages other
+// threads run in. After each step of a patch
 // every core is serialized with membarrier(PRIVATE_EXPEDITED_SYNC_CORE), as the
 // kernel's text_poke_bp() does with its IPIs.
 #pragma once
@@ -22,6 +23,14 @@ void register_membarrier();
 
 // Writes n bytes at addr in this process, whatever the page protection. 0 or -errno.
 int write(uint64_t addr, const void *data, size_t n);
+
+// A scope of many writes by the calling thread (an event over many functions): on one of
+// the program's threads, the writes share one /proc/self/mem, kept at a high number and
+// checked to be still that file before each write, and closed at the scope's end,
+// instead of opening one per write (thousands of openings in an event over a library).
+// Nested scopes end with the outermost. Nothing changes on a thread with a table of its own.
+void begin_write_batch();
+void end_write_batch();
 
 // Gives the calling thread a descriptor table of its own, empty but for 0-2 (which lead
 // nowhere) and a /proc/self/mem that write() uses on this thread from then on. For the agent's

@@ -22,6 +22,7 @@
 #include <map>
 #include <set>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "platform/safe_access.hpp"
@@ -1156,6 +1157,8 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     std::vector<std::unique_ptr<ProbePoint>> made;
     std::vector<Resolver::Function> functions = std::move(def->functions);
     const size_t npoints = def->is_tracepoint ? def->sites.size() : std::max<size_t>(1, functions.size());
+    std::optional<core::ArmBatch> batch; // many points: their code written as one batch
+    if (npoints > 1) batch.emplace();
     size_t passed = 0;
     for (size_t i = 0; i < npoints; ++i) {
         auto point = std::make_unique<ProbePoint>();
