@@ -92,6 +92,23 @@ TEST_F(HistStrings, AStringVariableAndAStringFieldReachTheSyntheticEvent) {
     EXPECT_NE(hist.find("Hits: 4\n"), std::string::npos) << hist;
 }
 
+// A filter on the synthetic event's string field, as on any string field: only the
+// records that match go to the ring (and to its triggers).
+TEST_F(HistStrings, AFilterOnTheStringField) {
+    ASSERT_EQ(file_append("synthetic_events", "named_latency u64 lat; char name[16]; char who[]"), 0);
+    ASSERT_EQ(file_write("events/fprobes/named_in/trigger", kEntryTrigger), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/named_out/trigger", kExitTrigger), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/named_latency/filter", "name ~ \"al*\" && lat < 1000000"), 0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/named_latency/enable", "1"), 0);
+    for (const char *n : {"alpha", "beta", "almond", "gamma"}) g_named(n, 10);
+    ASSERT_EQ(file_write("events/synthetic/named_latency/enable", "0"), 0);
+    const auto recs = lines_with(read("trace"), " named_latency: lat=");
+    ASSERT_EQ(recs.size(), 2u) << read("trace");
+    EXPECT_NE(recs[0].find(" name=alpha who=alpha"), std::string::npos) << recs[0];
+    EXPECT_NE(recs[1].find(" name=almond who=almond"), std::string::npos) << recs[1];
+}
+
 TEST_F(HistStrings, TypesMustMatchAsTheKernelWantsThem) {
     ASSERT_EQ(file_append("synthetic_events", "named_latency u64 lat; char name[16]; char who[]"), 0);
     ASSERT_EQ(file_write("events/fprobes/named_in/trigger", kEntryTrigger), 0) << read("error_log");
