@@ -41,6 +41,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -205,6 +206,7 @@ private:
     ukp::sym::Registry forked_symbols_;                // the objects of the last forked child taken: its
                                                        // siblings have the same ones at the same addresses
     std::vector<ProfileBlock> forked_profiles_;        // of forked children whose stream ended
+    std::vector<std::string> hist_paths_;              // the hist files of the --trigger hist triggers
     uint64_t next_seq_ = 0;
     bool failed_ = false; // the program's definitions were refused
 };
@@ -378,10 +380,12 @@ void Runner::end_streams() {
     if (file_ != nullptr) fclose(file_);
     std::vector<ProfileBlock> blocks = std::move(forked_profiles_);
     for (auto &a : agents_) blocks.push_back(a->profile());
-    if (!o_.answers.empty())
+    if (!o_.answers.empty()) {
         print_to(o_.answer_output, [&](FILE *out) { print_answers(std::move(blocks), o_.answers, out, sum_hists); });
-    else
-        print_profiles(std::move(blocks), out_->lost());
+        return;
+    }
+    print_profiles(blocks, out_->lost());
+    if (!hist_paths_.empty()) print_answers(std::move(blocks), hist_paths_, stderr, sum_hists);
 }
 
 // A new socket: connect if it is the program's or a descendant's (when followed), set
@@ -447,7 +451,24 @@ void Runner::on_socket(int pid) {
         if (!apply(o_.triggers, "trigger", "trigger", Op::kAppend)) return;
         for (const FileWrite &w : o_.setup)
             if (!put(w.append ? Op::kAppend : Op::kWrite, w.path, w.text)) return;
-        agent->read_at_end(o_.answers);
+        if (o_.answers.empty()) {
+            // The histograms of --trigger's hist triggers, read as each image ends (after
+            // it, nothing could read them) and printed after kprobe_profile.
+            hist_paths_.clear();
+            for (const std::string &t : o_.triggers) {
+                const auto [event, text] = split_assignment(t, "trigger");
+                const size_t start = text.find_first_not_of(' ');
+                if (start == std::string::npos || text.compare(start, 4, "hist") != 0 ||
+                    (text.size() > start + 4 && text[start + 4] != ':' && text[start + 4] != ' '))
+                    continue;
+                const std::string path = "events/" + event_path(event, named) + "/hist";
+                if (std::find(hist_paths_.begin(), hist_paths_.end(), path) == hist_paths_.end())
+                    hist_paths_.push_back(path);
+            }
+            agent->read_at_end(hist_paths_);
+        } else {
+            agent->read_at_end(o_.answers);
+        }
         agent->prepare();
     } catch (const std::runtime_error &) {
         return; // gone meanwhile
