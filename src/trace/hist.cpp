@@ -540,8 +540,10 @@ struct HistTrigger::OperandParser {
         v.text = std::string(expr);
         const int at = pos + int(eq) + 1;
         // NAME=STRING_FIELD: a string variable (a string is no operand of an expression).
-        if (Operand o; expr.find_first_of("+-*/") == std::string_view::npos && operand(expr, at, &o, true) &&
-                       o.kind == Operand::kString) {
+        if (Operand o; expr.find_first_of(".$+-*/") == std::string_view::npos &&
+                       bind_field(expr, at, fields, &o.field, nullptr) && o.field.is_string) {
+            o.kind = Operand::kString;
+            o.string = true;
             v.is_string = true;
             v.terms.push_back(std::move(o));
             h.vars_.push_back(std::move(v));
