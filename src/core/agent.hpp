@@ -66,6 +66,13 @@ public:
     ArmBatch &operator=(const ArmBatch &) = delete;
 };
 
+// Before probes go on many addresses (an event over a library): the jump optimizer's
+// verdict for each decided ahead, the object's references built on one core while the
+// functions are decoded on the others, and kept with the object's other tables on disk
+// (the next process reads them); registering the probes then only builds their detours.
+// Without the registry mutex. Nothing is registered or armed.
+void plan_jumps(const std::vector<uint64_t> &addrs);
+
 // Waits, at most `limit`, until the optimizer has been through the work queued before the
 // call (ukp_optimizer_flush). False if the time ran out.
 bool optimizer_flush_for(std::chrono::milliseconds limit);

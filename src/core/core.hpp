@@ -254,6 +254,61 @@ void opt_restore_islands_alone();
 void opt_warm(uint64_t addr);
 // The references of the object that holds addr (built once per object), or null.
 std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr);
+
+// ---- the optimizer's verdicts, decided ahead and kept (plans.cpp) ----------------------
+// Whether a jmp may replace the region at a point, as opt_prepare decides it from the
+// decode of the point's function and its object's references; kept by object, in memory
+// and on disk, for the bytes it was decided from. Offsets are from the object's load bias.
+struct RegionPlan {
+    uint64_t fn_offset = 0, fn_size = 0, offset = 0; // the function, the point
+    uint64_t code_sum = 0;                           // platform::cache_checksum of what read_function_code read
+    uint8_t jump = 0;                                // kNoJump, kJump, or kAtRegistration
+    uint8_t start_jumped = 0;                        // arch::FunctionMap::start_jumped
+    uint8_t n_insns = 0;                             // the region's instructions, by their offsets from the point
+    uint8_t insn_offset[arch::kMaxDcrInsns] = {};
+
+    static constexpr uint8_t kNoJump = 0; // the point stays on its int3
+    static constexpr uint8_t kJump = 1;   // a jmp may replace the region
+    // Only with an island, if one can be planned: that is decided at the registration
+    // (arch::plan_island reads code under the registry mutex).
+    static constexpr uint8_t kAtRegistration = 2;
+};
+// Functions above this size are not decoded for a jump.
+inline constexpr uint64_t kMaxPlannedFunction = 64u << 20;
+// The function's original bytes, and the padding after it (up to arch::kMaxTail, fewer
+// where unreadable): what a verdict is decided from. Under the registry mutex.
+bool read_function_code(uint64_t fn_start, uint64_t fn_size, std::vector<uint8_t> *code);
+// What the check of a region needs besides the object's references: the function decoded
+// whole, and the further addresses execution may enter it at (the other symbols inside it,
+// its landing pads). pads_known false: its landing pads could not be read (no jump then).
+struct JumpFacts {
+    arch::FunctionMap f;
+    std::vector<uint64_t> entries;
+    bool pads_known = false;
+};
+JumpFacts jump_facts(uint64_t fn_start, uint64_t fn_size, const std::vector<uint8_t> &code, uint64_t eh_frame_hdr,
+                     const std::vector<uint64_t> &other_symbols);
+// The PT_GNU_EH_FRAME of the object loaded at bias (0 if none), and its file's name in
+// *path ("" for the main program; null if no object is loaded there).
+uint64_t eh_frame_hdr_of(uint64_t bias, const char **path);
+// The verdict of check c for a point at addr in fn_start.. (not one that needs an island).
+RegionPlan plan_of(const arch::OptimizeCheck &c, bool start_jumped, uint64_t bias, uint64_t fn_start, uint64_t fn_size,
+                   uint64_t addr, uint64_t code_sum);
+// The kept verdict for a point at addr in fn_start.. of the object at bias, decided from
+// code whose checksum is code_sum. Takes plans_mutex().
+bool find_plan(uint64_t bias, uint64_t addr, uint64_t fn_start, uint64_t fn_size, uint64_t code_sum, RegionPlan *out);
+void keep_plan(uint64_t bias, const RegionPlan &plan);
+// The verdicts of the object that was loaded at bias go (it was unloaded).
+void forget_plans(uint64_t bias);
+// How many objects' verdicts this process read from the disk, and how many verdicts
+// plan_jumps() decided (for tests and benchmarks).
+struct PlanStats {
+    uint64_t objects_loaded = 0;
+    uint64_t decided = 0;
+};
+PlanStats plan_stats();
+// The verdicts' lock: never held while the registry mutex is taken; held around fork().
+std::mutex &plans_mutex();
 // Whether pt, with p put on it, would leave a spawn-path point on its int3 for good: pt's
 // own (p has a post_handler or is a jprobe, pt has no detour, another point lies in its
 // region or island), or another's whose region or island pt's bytes meet. Under the

@@ -26,11 +26,13 @@ void before_fork() {
     g_control_gate.lock();
     g_optimizer_gate.lock();
     registry_mutex().lock();
+    plans_mutex().lock();
     hw_breakpoints_before_fork();
 }
 void after_fork_parent() {
     const AgentWork quiet;
     hw_breakpoints_after_fork_parent();
+    plans_mutex().unlock();
     registry_mutex().unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();
@@ -59,6 +61,7 @@ void after_fork_child() {
     grace_after_fork_child();
     spares_after_fork_child();
     g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
+    plans_mutex().unlock();
     registry_mutex().unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();

@@ -155,6 +155,7 @@ void sync_objects_locked() {
         if (!still) {
             retire_points_of(*old);
             arch::forget_object_refs(old->bias);
+            forget_plans(old->bias);
         }
     }
     std::vector<kprobe *> waiting;

@@ -28,6 +28,7 @@
 #include "arch/x86_64/region.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "core/kretprobe.hpp"
+#include "platform/disk_cache.hpp"
 #include "text/text.hpp"
 
 #include <algorithm>
@@ -738,21 +739,6 @@ void enqueue(Point *pt) {
     work_cv().notify_one();
 }
 
-struct EhLookup {
-    uint64_t bias;
-    uint64_t hdr;
-    const char *path; // the object's file ("" for the main program)
-};
-
-int find_eh_frame_hdr(dl_phdr_info *info, size_t, void *data) {
-    auto *l = static_cast<EhLookup *>(data);
-    if (info->dlpi_addr != l->bias) return 0;
-    l->path = info->dlpi_name;
-    for (int i = 0; i < info->dlpi_phnum; ++i)
-        if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) l->hdr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
-    return l->hdr != 0;
-}
-
 struct ObjectLookup {
     uint64_t addr;
     uint64_t bias = 0;
@@ -917,31 +903,40 @@ void opt_warm(uint64_t addr) {
 
 void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
                  const std::vector<uint64_t> &other_symbols) {
-    if (fn_size > (64u << 20)) return;
-    // With the padding after the function: a region may run into it (check_region).
-    std::vector<uint8_t> code(fn_size + arch::kMaxTail);
-    if (read_original_code(fn_start, code.data(), code.size()) != 0) {
-        code.resize(fn_size);
-        if (read_original_code(fn_start, code.data(), code.size()) != 0) return;
-    }
-    const arch::ReadFn read = safe_read;
-    const arch::FunctionMap f = arch::analyze_function(fn_start, code.data(), fn_size, read);
-    EhLookup eh{bias, 0, nullptr};
-    dl_iterate_phdr(find_eh_frame_hdr, &eh);
-    // What the whole object references (built once per object): without it, only the
-    // per-function checks apply.
-    const auto refs =
-        eh.path != nullptr ? arch::object_refs(*eh.path ? eh.path : "/proc/self/exe", bias, read) : nullptr;
-    std::vector<uint64_t> extra = other_symbols;
-    // Landing pads unknown: a jump into the region cannot be ruled out.
-    if (arch::landing_pads(eh.hdr, fn_start, fn_start + fn_size, read, &extra) != 0) return;
-    const arch::OptimizeCheck c = arch::check_region(f, pt->addr, extra, 5, refs.get());
-    // A region one short branch enters may still have a jmp, with an island.
-    const arch::ReadFn original = [](uint64_t addr, void *out, size_t n) {
-        return read_original_code(addr, static_cast<uint8_t *>(out), n) == 0;
-    };
+    std::vector<uint8_t> code; // with the padding after the function: a region may run into it
+    if (!read_function_code(fn_start, fn_size, &code)) return;
+    const uint64_t code_sum = platform::cache_checksum(code.data(), code.size());
+    RegionPlan plan;
+    arch::OptimizeCheck c;
     arch::Island island;
-    const bool by_island = !c.ok && refs != nullptr && arch::plan_island(c, pt->addr, *refs, original, &island);
+    bool by_island = false;
+    if (find_plan(bias, pt->addr, fn_start, fn_size, code_sum, &plan) &&
+        plan.jump != RegionPlan::kAtRegistration) { // decided ahead (plan_jumps)
+        if (plan.jump == RegionPlan::kNoJump) return;
+        c.ok = true;
+        for (uint8_t i = 0; i < plan.n_insns; ++i) c.insns.push_back(pt->addr + plan.insn_offset[i]);
+    } else {
+        const char *path = nullptr;
+        const uint64_t eh_hdr = eh_frame_hdr_of(bias, &path);
+        const JumpFacts facts = jump_facts(fn_start, fn_size, code, eh_hdr, other_symbols);
+        if (!facts.pads_known) {
+            keep_plan(bias, plan_of(c, false, bias, fn_start, fn_size, pt->addr, code_sum));
+            return;
+        }
+        // What the whole object references (built once per object): without it, only the
+        // per-function checks apply.
+        const auto refs =
+            path != nullptr ? arch::object_refs(*path ? path : "/proc/self/exe", bias, safe_read) : nullptr;
+        c = arch::check_region(facts.f, pt->addr, facts.entries, 5, refs.get());
+        // A region one short branch enters may still have a jmp, with an island.
+        const arch::ReadFn original = [](uint64_t addr, void *out, size_t n) {
+            return read_original_code(addr, static_cast<uint8_t *>(out), n) == 0;
+        };
+        by_island = !c.ok && refs != nullptr && arch::plan_island(c, pt->addr, *refs, original, &island);
+        plan = plan_of(c, facts.f.start_jumped, bias, fn_start, fn_size, pt->addr, code_sum);
+        if (!c.ok && refs != nullptr && !c.entered_by.empty()) plan.jump = RegionPlan::kAtRegistration;
+        keep_plan(bias, plan);
+    }
     if ((!c.ok && !by_island) || c.insns.size() > arch::kMaxDcrInsns || c.dcr_len > sizeof pt->dcr_orig) return;
     arch::Insn dcr[arch::kMaxDcrInsns];
     for (size_t i = 0; i < c.insns.size(); ++i) {
@@ -971,7 +966,7 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     // entry's stack pointer, dead only when the entry is reached by a call.
     const size_t kret_at = (kDetourOffset + layout.size + 15) & ~size_t{15};
     int kret_size = -ENOSPC;
-    if (kret_at < sizeof buf && pt->addr == fn_start && !f.start_jumped)
+    if (kret_at < sizeof buf && pt->addr == fn_start && plan.start_jumped == 0)
         kret_size =
             arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at, sizeof buf - kret_at);
     const size_t used = kret_size > 0 ? kret_at + static_cast<size_t>(kret_size) : kDetourOffset + layout.size;

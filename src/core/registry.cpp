@@ -168,15 +168,7 @@ int prepare_point(uint64_t addr, Point **out) {
     if (read_original(addr, &pt->orig_byte, 1) != 0) return -EILSEQ;
     if (int err = build_slot(pt.get(), insn); err != 0) return err;
     pt->insn = arch::summarize(insn);
-    if (fn != nullptr && fn->size > 0) {
-        // Other symbols inside the function are entries too (asm labels, aliases).
-        std::vector<uint64_t> inner;
-        const auto &syms = obj->symbols();
-        auto it = std::upper_bound(syms.begin(), syms.end(), fn->value,
-                                   [](uint64_t v, const sym::Symbol &s) { return v < s.value; });
-        for (; it != syms.end() && it->value < fn->value + fn->size; ++it) inner.push_back(it->value);
-        opt_prepare(pt.get(), fn->value, fn->size, obj->bias, inner);
-    }
+    if (fn != nullptr && fn->size > 0) opt_prepare(pt.get(), fn->value, fn->size, obj->bias, symbols_inside(*obj, *fn));
     const sym::Registry::Location loc = g_symbols->locate(addr);
     pt->object_name = obj->name;
     pt->spawn_path = on_spawn_path(addr);
@@ -603,6 +595,15 @@ uint64_t symbol_address(const char *name) {
     if (ensure_initialized() != 0) return 0;
     uint64_t addr = 0;
     return g_symbols->resolve(name, 0, &addr, agent_definition) == 0 ? addr : 0;
+}
+
+std::vector<uint64_t> symbols_inside(const sym::Object &obj, const sym::Symbol &fn) {
+    std::vector<uint64_t> inner;
+    const auto &syms = obj.symbols();
+    auto it = std::upper_bound(syms.begin(), syms.end(), fn.value,
+                               [](uint64_t v, const sym::Symbol &s) { return v < s.value; });
+    for (; it != syms.end() && it->value < fn.value + fn.size; ++it) inner.push_back(it->value);
+    return inner;
 }
 
 void warm_object_refs(const kprobe *p) {

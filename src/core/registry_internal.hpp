@@ -27,6 +27,8 @@ std::vector<ProbeList *> &deferred_lists();
 extern sym::Registry *g_symbols;
 // Puts p on the point at addr (prepared if new) and arms it. 0 or -errno.
 int attach_to_point(kprobe *p, uint64_t addr);
+// The other symbols inside fn (asm labels, aliases): entries of it too.
+std::vector<uint64_t> symbols_inside(const sym::Object &obj, const sym::Symbol &fn);
 // Whether addr is a function's entry.
 bool function_entry_locked(uint64_t addr);
 // Whether symbol is one of the agent's own definitions (not a probe target by name).

@@ -1157,6 +1157,13 @@ int Tracer::define(std::string_view line, char separator, bool enable) {
     std::vector<std::unique_ptr<ProbePoint>> made;
     std::vector<Resolver::Function> functions = std::move(def->functions);
     const size_t npoints = def->is_tracepoint ? def->sites.size() : std::max<size_t>(1, functions.size());
+    if (npoints > 1) {
+        // Their jump verdicts decided ahead, on two cores (the registrations then find them).
+        std::vector<uint64_t> addrs;
+        for (size_t i = 0; i < npoints; ++i)
+            addrs.push_back(def->is_tracepoint ? def->sites[i].addr : functions[i].addr);
+        core::plan_jumps(addrs);
+    }
     std::optional<core::ArmBatch> batch; // many points: their code written as one batch
     if (npoints > 1) batch.emplace();
     size_t passed = 0;
