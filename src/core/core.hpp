@@ -384,6 +384,10 @@ arch::Reach reachable_in(uint64_t in_object, const std::vector<uint64_t> &entrie
 void island_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out);
 
 extern std::atomic<bool> g_opt_enabled; // debug.kprobes_optimization
+// ArmBatch scopes open, on all threads: while one is, points come in quick succession.
+extern std::atomic<int> g_arm_batches;
+// In the child of fork(): only the forking thread's scopes came along.
+void arm_batches_after_fork_child();
 
 // > 0 while this thread runs the agent's signal handler (signals.cpp), whose code lies
 // between __start_ukp_trap_text and __stop_ukp_trap_text.

@@ -40,6 +40,7 @@ void after_fork_parent() {
 void after_fork_child() {
     const AgentWork quiet;
     opt_after_fork_child(); // first: the parent's optimizer is not here to wait for
+    arm_batches_after_fork_child();
     hw_breakpoints_after_fork_child(g_fork_policy.load() == UKP_FORK_KEEP);
     if (g_fork_policy.load() == UKP_FORK_REMOVE) {
         g_kprobes_enabled.store(false);

@@ -29,6 +29,7 @@
 #include "arch/x86_64/trampoline.hpp"
 #include "core/kretprobe.hpp"
 #include "platform/disk_cache.hpp"
+#include "platform/proc_tasks.hpp"
 #include "text/text.hpp"
 
 #include <algorithm>
@@ -272,10 +273,13 @@ long status_number(const char *field, long otherwise) {
 // Whether thread `tid` blocks signal `sig` (its SigBlk in /proc/self/task/TID/status).
 // Unknown: no.
 bool blocks_signal(int tid, int sig) {
-    char path[64], value[32];
-    snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
-    if (sig < 1 || sig > 64 || !status_field(path, "SigBlk:", value, sizeof value)) return false;
-    return ((strtoull(value, nullptr, 16) >> (sig - 1)) & 1) != 0;
+    char text[4096];
+    if (sig < 1 || sig > 64 || platform::read_task_file(tid, "status", text, sizeof text) <= 0) return false;
+    const char *at = platform::find_text(text, "\nSigBlk:");
+    if (at == nullptr) return false;
+    at += 8;
+    while (*at == ' ' || *at == '\t') ++at;
+    return ((platform::parse_hex(&at) >> (sig - 1)) & 1) != 0;
 }
 
 // A tracer (core.hpp's process_traced()) would see every stop signal (gdb stops the program
@@ -300,9 +304,7 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
     g_stop_island_count.store(m, std::memory_order_release);
     const int gen = g_stop_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
     g_acks.store(0, std::memory_order_release);
-    DIR *dir = opendir("/proc/self/task");
-    if (dir == nullptr) return -errno;
-    const int self = static_cast<int>(syscall(SYS_gettid));
+    const int self = static_cast<int>(platform::raw_syscall(SYS_gettid));
     const pid_t pid = getpid();
     // Blocked or preempted outside every region: such a thread cannot get into one any more
     // (the int3s are in place), unless a strict pass looks for threads on their way in.
@@ -318,19 +320,19 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
     };
     std::vector<int> signalled; // and, after them, those that block the signal
     std::vector<int> blocking;
-    while (dirent *e = readdir(dir)) {
-        const int tid = atoi(e->d_name);
-        if (tid <= 0 || tid == self || outside(tid)) continue;
+    bool seen_inside = false; // by a silent pass
+    const bool listed = platform::for_each_thread([&](int tid) {
+        if (tid == self || outside(tid)) return true;
         if (silent) {
-            closedir(dir);
-            return -EAGAIN;
+            seen_inside = true;
+            return false;
         }
         // A thread that blocks the signal (it had it blocked before the agent chose it, or
         // glibc's raw masks) is not sent one: it would stay pending, and the program's
         // signalfd or sigwaitinfo would take it. It is done once seen outside, below.
         if (blocks_signal(tid, stop_signal())) {
             blocking.push_back(tid);
-            continue;
+            return true;
         }
         siginfo_t info{};
         info.si_signo = stop_signal();
@@ -339,8 +341,10 @@ int move_threads_out(Point *const *batch, size_t n, bool strict, const RetiredIs
         info.si_uid = getuid();
         info.si_value.sival_ptr = reinterpret_cast<void *>(stop_value(gen, signalled.size()));
         if (syscall(SYS_rt_tgsigqueueinfo, pid, tid, stop_signal(), &info) == 0) signalled.push_back(tid);
-    }
-    closedir(dir);
+        return true;
+    });
+    if (!listed) return -ENOENT;
+    if (seen_inside) return -EAGAIN;
     const int sent = static_cast<int>(signalled.size());
     if (strict && !blocking.empty()) return -EAGAIN; // a strict pass needs every answer
     signalled.insert(signalled.end(), blocking.begin(), blocking.end());
@@ -690,6 +694,15 @@ void worker() {
     std::unique_lock lock(registry_mutex());
     for (;;) {
         work_cv().wait(lock, [] { return !pending().empty() || !retiring().empty(); });
+        if (g_arm_batches.load(std::memory_order_relaxed) > 0) {
+            // Points come one after another (an event armed over a library): each pass
+            // stops every thread, the arming one too, so a pass gathers what a millisecond
+            // brings, as the kernel's optimizer waits a few jiffies.
+            lock.unlock();
+            const timespec gather{0, 1000 * 1000};
+            nanosleep(&gather, nullptr);
+            lock.lock();
+        }
         const uint64_t target = g_requested;
         Pass pass = take_work();
         bool retry = false;
@@ -708,7 +721,7 @@ void worker() {
             if (strict) synchronize();
             int err;
             {
-                const ForkQuiet busy(ForkGate::kOptimizer); // it allocates (opendir): fork.hpp
+                const ForkQuiet busy(ForkGate::kOptimizer); // it allocates: fork.hpp
                 err = move_threads_out(pass.batch.data(), pass.batch.size(), strict, pass.islands.data(),
                                        pass.islands.size(), silent);
             }
@@ -772,15 +785,7 @@ namespace {
 // /proc/self/task/TID/syscall into text (NUL-terminated): "running", or "nr arg1 .. arg6
 // sp pc" in a system call, "-1 sp pc" otherwise. False when it cannot be read.
 bool read_task_syscall(int tid, char (&text)[256]) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    const ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0) return false;
-    text[n] = '\0';
-    return true;
+    return platform::read_task_file(tid, "syscall", text, sizeof text) > 0;
 }
 
 } // namespace
@@ -788,12 +793,16 @@ bool read_task_syscall(int tid, char (&text)[256]) {
 bool task_syscall(int tid, long *nr, uint64_t *pc) {
     char text[256];
     if (!read_task_syscall(tid, text)) return false;
-    if (strncmp(text, "running", 7) == 0) return false;
+    if (platform::starts_with(text, "running")) return false;
     // "nr arg1 .. arg6 sp pc" in a system call, "-1 sp pc" otherwise: pc is last.
-    const char *last = strrchr(text, ' ');
+    const char *last = nullptr;
+    for (const char *c = text; *c != '\0'; ++c)
+        if (*c == ' ') last = c;
     if (last == nullptr) return false;
-    *nr = strtol(text, nullptr, 10);
-    *pc = strtoull(last + 1, nullptr, 16);
+    const char *at = text;
+    *nr = platform::parse_decimal(&at);
+    at = last + 1;
+    *pc = platform::parse_hex(&at);
     return true;
 }
 
@@ -807,13 +816,16 @@ namespace {
 bool untouched_by_signal(int tid, bool blocked_too) {
     char text[256];
     if (!read_task_syscall(tid, text)) return false;
-    if (strncmp(text, "running", 7) == 0) return true;
-    char *at = nullptr;
-    const long nr = strtol(text, &at, 10);
+    if (platform::starts_with(text, "running")) return true;
+    const char *at = text;
+    const long nr = platform::parse_decimal(&at);
     if (nr == -1) return true;
     if (!blocked_too) return false;
     uint64_t args[6] = {};
-    for (uint64_t &a : args) a = strtoull(at, &at, 16);
+    for (uint64_t &a : args) {
+        while (*at == ' ') ++at;
+        a = platform::parse_hex(&at);
+    }
     switch (nr) {
     case SYS_read:
     case SYS_readv:
@@ -857,16 +869,12 @@ bool opt_ask_program_thread(bool (*done)(), int timeout_ms) {
     for (long t = start; !done() && t - start < timeout_ms; t = now_ms()) {
         const bool blocked_too = t - start >= timeout_ms / 2;
         int chosen = 0;
-        if (DIR *dir = opendir("/proc/self/task"); dir != nullptr) {
-            while (dirent *e = readdir(dir)) {
-                const int tid = atoi(e->d_name);
-                if (tid <= 0 || tid == self || std::find(asked.begin(), asked.end(), tid) != asked.end()) continue;
-                if (blocks_signal(tid, sig) || !untouched_by_signal(tid, blocked_too)) continue;
-                chosen = tid;
-                break;
-            }
-            closedir(dir);
-        }
+        platform::for_each_thread([&](int tid) {
+            if (tid == self || std::find(asked.begin(), asked.end(), tid) != asked.end()) return true;
+            if (blocks_signal(tid, sig) || !untouched_by_signal(tid, blocked_too)) return true;
+            chosen = tid;
+            return false;
+        });
         if (chosen == 0) {
             const timespec pause{0, 1000 * 1000};
             nanosleep(&pause, nullptr);

@@ -430,18 +430,28 @@ int set_disabled(kprobe *p, bool disabled) {
 
 CheckedMutex &registry_mutex() { return g_mutex; }
 
+std::atomic<int> g_arm_batches{0};
+
+void arm_batches_after_fork_child() { g_arm_batches.store(t_arm_batch > 0 ? 1 : 0); }
+
 uint8_t batch_arming_byte() { return t_arm_batch > 0 ? t_batch_byte : arming_byte(); }
 
 ArmBatch::ArmBatch() {
     // Asked once: whether a tracer is attached is read from /proc, through libc, whose
     // functions may be the very ones being armed.
-    if (t_arm_batch++ == 0) t_batch_byte = arming_byte();
+    if (t_arm_batch++ == 0) {
+        t_batch_byte = arming_byte();
+        g_arm_batches.fetch_add(1, std::memory_order_relaxed);
+    }
     text::begin_write_batch();
 }
 
 ArmBatch::~ArmBatch() {
     text::end_write_batch();
-    if (--t_arm_batch == 0) t_batch_handlers_checked = false;
+    if (--t_arm_batch == 0) {
+        t_batch_handlers_checked = false;
+        g_arm_batches.fetch_sub(1, std::memory_order_relaxed);
+    }
     if (t_arm_batch > 0 || !t_arm_sync_due) return;
     t_arm_sync_due = false;
     text::sync_cores();

@@ -37,6 +37,7 @@
 #include "core/core.hpp"
 
 #include "arch/x86_64/reach.hpp"
+#include "platform/proc_tasks.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -82,6 +83,14 @@ int64_t now_ns() {
     return t.tv_sec * 1000000000l + t.tv_nsec;
 }
 
+// The same by a straight system call, for the drain: libc's clock_gettime may be one of
+// the functions being armed.
+int64_t now_ns_raw() {
+    timespec t{};
+    platform::raw_syscall(SYS_clock_gettime, CLOCK_MONOTONIC, reinterpret_cast<long>(&t));
+    return t.tv_sec * 1000000000l + t.tv_nsec;
+}
+
 void pause_ms() {
     const timespec ms{0, 1000 * 1000};
     nanosleep(&ms, nullptr);
@@ -105,20 +114,16 @@ int gate_leave(kretprobe_instance *, pt_regs *) {
 }
 
 // Some thread of the process (not the caller) stands in clone, clone3 or vfork.
+// Straight system calls (platform/proc_tasks.hpp): it looks while libc is being armed.
 bool thread_in_clone() {
-    DIR *dir = opendir("/proc/self/task");
-    if (dir == nullptr) return false;
-    const long self = syscall(SYS_gettid);
+    const long self = platform::raw_syscall(SYS_gettid);
     bool found = false;
-    while (dirent *e = readdir(dir)) {
-        const long tid = atol(e->d_name);
-        if (tid <= 0 || tid == self) continue;
+    platform::for_each_thread([&](int tid) {
         long nr = -1;
         uint64_t pc = 0;
-        if (task_syscall(static_cast<int>(tid), &nr, &pc))
-            found = found || nr == SYS_clone || nr == SYS_clone3 || nr == SYS_vfork;
-    }
-    closedir(dir);
+        if (tid != self && task_syscall(tid, &nr, &pc)) found = nr == SYS_clone || nr == SYS_clone3 || nr == SYS_vfork;
+        return !found;
+    });
     return found;
 }
 
@@ -198,25 +203,25 @@ void spawn_gate_close(Point *pt) {
     if (pt->in_window || !in_libc(pt) || g_state.load(std::memory_order_acquire) != 2) return;
     pt->in_window = true;
     if (g_window++ == 0) {
-        g_deadline.store(now_ns() + kMaxWait, std::memory_order_relaxed);
+        g_deadline.store(now_ns_raw() + kMaxWait, std::memory_order_relaxed);
         g_closed.store(true, std::memory_order_seq_cst);
         g_no_clone_at = 0; // the first point of a window always looks
     }
     // The spawns in flight end (their children exec'd or exited) before the int3 goes in.
     // Those in flight when the gate was installed are not counted: for kMaxWait after it,
     // a thread in clone is one.
-    const int64_t start = now_ns();
+    const int64_t start = now_ns_raw();
     for (;;) {
         if (g_spawning.load(std::memory_order_seq_cst) == 0) {
             if (start - g_installed_at >= kMaxWait) break;
-            const int64_t now = now_ns();
+            const int64_t now = now_ns_raw();
             if (g_no_clone_at != 0 && now - g_no_clone_at < kCloneLookFresh) break;
             if (!thread_in_clone()) {
                 g_no_clone_at = now;
                 break;
             }
         }
-        if (now_ns() - start > kMaxWait) break;
+        if (now_ns_raw() - start > kMaxWait) break;
         pause_ms();
     }
 }

@@ -2,6 +2,6 @@
 # counters per CPU, the vector state saved around calls, fault-safe memory access, where
 # the agent's descriptors go, /proc/PID/maps, ELF files, the on-disk cache.
 ukp_layer(platform
-  SOURCES disk_cache.cpp elf_file.cpp held_fd.cpp maps.cpp safe_access.S safe_access.cpp vector_state.S
+  SOURCES disk_cache.cpp elf_file.cpp held_fd.cpp maps.cpp proc_tasks.cpp safe_access.S safe_access.cpp vector_state.S
           vector_state.cpp
   LIBS PkgConfig::LIBELF ${CMAKE_DL_LIBS})

@@ -3,6 +3,7 @@
 #include "platform/held_fd.hpp"
 #include "platform/high_fd.hpp"
 #include "platform/maps.hpp"
+#include "platform/raw_syscall.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -95,9 +96,13 @@ int open_program_mem() {
 // where the program does not expect its own numbers, and its identity checked before each
 // write, as an opening for one write would be good for only that write: the program may
 // have closed the number and opened a file of its own under it meanwhile.
+// Straight system calls, here and for the writes: the C library's fstat and pwrite may be
+// among the functions the batch arms (an event over all of libc), and each call of theirs
+// would be a hit.
 bool batch_fd_is_ours() {
     struct stat st {};
-    return t_batch.fd >= 0 && fstat(t_batch.fd, &st) == 0 && st.st_dev == t_batch.dev && st.st_ino == t_batch.ino;
+    return t_batch.fd >= 0 && platform::raw_syscall(SYS_fstat, t_batch.fd, reinterpret_cast<long>(&st)) == 0 &&
+           st.st_dev == t_batch.dev && st.st_ino == t_batch.ino;
 }
 
 // The batch's /proc/self/mem, opened at its first write (or again when the number no
@@ -204,10 +209,11 @@ int write(uint64_t addr, const void *data, size_t n) {
     int rc = 0;
     const char *src = static_cast<const char *>(data);
     while (n > 0) {
-        ssize_t w = pwrite(fd, src, n, static_cast<off_t>(addr));
+        const long w = platform::raw_syscall(SYS_pwrite64, fd, reinterpret_cast<long>(src), static_cast<long>(n),
+                                             static_cast<long>(addr));
         if (w < 0) {
-            if (errno == EINTR) continue;
-            rc = -errno;
+            if (w == -EINTR) continue;
+            rc = static_cast<int>(w);
             break;
         }
         if (w == 0) {

@@ -1,10 +1,17 @@
-// The platform layer's readers: /proc/PID/maps and ELF files.
+// The platform layer's readers: /proc/PID/maps, ELF files, the threads' /proc files.
 #include "platform/elf_file.hpp"
 #include "platform/maps.hpp"
+#include "platform/proc_tasks.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstring>
+#include <sys/syscall.h>
+#include <thread>
+#include <vector>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -106,6 +113,52 @@ TEST(ElfFile, OpensThisProgramAndSaysWhyOthersFail) {
     EXPECT_FALSE(not_elf.open(text, &why));
     EXPECT_EQ(why, "not an ELF file");
     unlink(text.c_str());
+}
+
+TEST(ProcTasks, ListsEveryThreadAndStopsWhenAsked) {
+    std::atomic<long> other{0};
+    std::atomic<bool> done{false};
+    std::thread t([&] {
+        other = syscall(SYS_gettid);
+        while (!done) std::this_thread::yield();
+    });
+    while (other == 0) std::this_thread::yield();
+    std::vector<int> tids;
+    ASSERT_TRUE(ukp::platform::for_each_thread([&](int tid) {
+        tids.push_back(tid);
+        return true;
+    }));
+    EXPECT_NE(std::find(tids.begin(), tids.end(), static_cast<int>(syscall(SYS_gettid))), tids.end());
+    EXPECT_NE(std::find(tids.begin(), tids.end(), static_cast<int>(other)), tids.end());
+    int seen = 0;
+    ukp::platform::for_each_thread([&](int) { return ++seen < 1; });
+    EXPECT_EQ(seen, 1);
+    done = true;
+    t.join();
+}
+
+TEST(ProcTasks, ReadsAThreadsFilesAndParsesThem) {
+    char text[4096];
+    const int self = static_cast<int>(syscall(SYS_gettid));
+    ASSERT_GT(ukp::platform::read_task_file(self, "status", text, sizeof text), 0);
+    const char *pid = ukp::platform::find_text(text, "\nPid:\t");
+    ASSERT_NE(pid, nullptr);
+    pid += 6;
+    EXPECT_EQ(ukp::platform::parse_decimal(&pid), self);
+    // A short buffer: cut, NUL-terminated.
+    char small[8];
+    EXPECT_EQ(ukp::platform::read_task_file(self, "status", small, sizeof small), 7);
+    EXPECT_EQ(std::strlen(small), 7u);
+    EXPECT_LT(ukp::platform::read_task_file(self, "no-such-file", text, sizeof text), 0);
+    EXPECT_LT(ukp::platform::read_task_file(999999999, "status", text, sizeof text), 0);
+    const char *p = "-42 0x7fFf12 x";
+    EXPECT_EQ(ukp::platform::parse_decimal(&p), -42);
+    ++p;
+    EXPECT_EQ(ukp::platform::parse_hex(&p), 0x7fff12u);
+    EXPECT_STREQ(p, " x");
+    EXPECT_TRUE(ukp::platform::starts_with("running", "run"));
+    EXPECT_FALSE(ukp::platform::starts_with("ru", "run"));
+    EXPECT_EQ(ukp::platform::find_text("abc", "d"), nullptr);
 }
 
 } // namespace
