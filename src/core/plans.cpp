@@ -142,7 +142,8 @@ int usable_cores() {
 }
 
 // Runs other() on a thread of the agent's beside mine() on this one, and waits for both;
-// one after the other on this thread when there is one core, or no thread to be had. The
+// other() then mine() on this thread when there is one core, or no thread to be had (mine
+// may wait for what other does first). The
 // thread starts with the program's asynchronous signals blocked (it never takes one meant
 // for the program), the synchronous faults open (its fault-safe reads need them).
 template <class Other, class Mine>
@@ -164,12 +165,9 @@ void run_beside(Other &&other, Mine &&mine) {
         }
         pthread_sigmask(SIG_SETMASK, &old, nullptr);
     }
+    if (!t.joinable()) other();
     mine();
-    if (t.joinable()) {
-        t.join();
-    } else {
-        other();
-    }
+    if (t.joinable()) t.join();
 }
 
 // Decoded functions kept while the references are built, at most (their bytes): past it,

@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <link.h>
 #include <mutex>
+#include <sched.h>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,37 @@ TEST_F(Plans, ComeBackFromTheDiskDecidedOnce) {
     // Other bytes than those it was decided from: no verdict.
     EXPECT_FALSE(core::find_plan(libc_.bias, fn.value, fn.value, fn.size, sum + 1, &p));
     EXPECT_FALSE(core::find_plan(libc_.bias, fn.value, fn.value, fn.size + 1, sum, &p));
+}
+
+TEST_F(Plans, OnOneCoreTheSameVerdicts) {
+    core::plan_jumps(addrs_);
+    std::vector<core::RegionPlan> two;
+    std::vector<uint64_t> sums;
+    for (const ukp::sym::Symbol *fn : functions_) {
+        std::vector<uint8_t> code;
+        sums.push_back(code_of(*fn, &code));
+        core::RegionPlan p;
+        core::find_plan(libc_.bias, fn->value, fn->value, fn->size, sums.back(), &p);
+        two.push_back(p);
+    }
+    // Decided again on this thread alone: no second thread where there is one core.
+    cpu_set_t all, one;
+    ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    unsetenv("UKP_CACHE_DIR"); // nothing read from the disk
+    core::forget_plans(libc_.bias);
+    const uint64_t decided = core::plan_stats().decided;
+    core::plan_jumps(addrs_);
+    sched_setaffinity(0, sizeof all, &all);
+    EXPECT_GE(core::plan_stats().decided - decided, functions_.size() * 9 / 10);
+    for (size_t i = 0; i < functions_.size(); ++i) {
+        const ukp::sym::Symbol &fn = *functions_[i];
+        core::RegionPlan p;
+        core::find_plan(libc_.bias, fn.value, fn.value, fn.size, sums[i], &p);
+        EXPECT_EQ(0, std::memcmp(&p, &two[i], sizeof p)) << fn.name;
+    }
 }
 
 TEST_F(Plans, ADamagedEntryIsNotUsed) {
