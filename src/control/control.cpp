@@ -5,6 +5,7 @@
 // prints the trace itself (Op::kOpenFd). Off the hit path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
+#include "platform/async_blocked.hpp"
 #include "platform/held_fd.hpp"
 #include "platform/high_fd.hpp"
 #include "text/text.hpp"
@@ -705,16 +706,12 @@ int start_locked() {
     startup.caller = static_cast<pid_t>(platform::has_own_fd_table() ? getpid() : gettid());
     sem_init(&startup.done, 0, 0);
     // The thread starts with every asynchronous signal blocked, so it never takes one
-    // meant for the program. Synchronous faults stay open: the fault-safe reads of
-    // ukp_verify and a probe hit on this thread need SIGSEGV/SIGBUS/SIGTRAP handled.
-    sigset_t all, sync, old;
-    sigfillset(&all);
-    sigemptyset(&sync);
-    for (int sig : {SIGSEGV, SIGBUS, SIGTRAP, SIGILL, SIGFPE}) sigaddset(&sync, sig);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    pthread_sigmask(SIG_UNBLOCK, &sync, nullptr);
-    const int rc = pthread_create(&g_thread, nullptr, thread_main, &startup);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    // meant for the program (the fault-safe reads of ukp_verify need the faults).
+    int rc = 0;
+    {
+        const platform::AsyncSignalsBlocked blocked;
+        rc = pthread_create(&g_thread, nullptr, thread_main, &startup);
+    }
     if (rc != 0) {
         sem_destroy(&startup.done);
         return -rc;

@@ -14,6 +14,7 @@
 #include "core/core.hpp"
 #include "core/registry_internal.hpp"
 
+#include "platform/async_blocked.hpp"
 #include "platform/disk_cache.hpp"
 
 #include <algorithm>
@@ -36,9 +37,7 @@ namespace {
 constexpr char kMagic[8] = {'U', 'K', 'P', 'P', 'L', 'A', 'N', '1'};
 
 struct Header {
-    char magic[8];
-    uint64_t agent; // hash of the agent's FileKey
-    platform::FileKey file;
+    platform::CacheStamp stamp;
     uint64_t n_path, n_plans;
     uint64_t checksum; // of everything after the header
 };
@@ -89,7 +88,7 @@ void load_plans(const std::string &path, std::vector<RegionPlan> *into) {
     if (bytes.size() < sizeof(Header)) return;
     Header h;
     memcpy(&h, bytes.data(), sizeof h);
-    if (memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.agent != platform::agent_id() || !(h.file == file) ||
+    if (!(h.stamp == platform::CacheStamp::of(kMagic, file)) ||
         h.checksum != platform::cache_checksum(bytes.data() + sizeof h, bytes.size() - sizeof h))
         return;
     size_t at = sizeof h;
@@ -112,9 +111,7 @@ void store_plans(const std::string &path, const std::vector<RegionPlan> &plans) 
         return; // out of memory: no entry
     }
     Header h{};
-    memcpy(h.magic, kMagic, sizeof kMagic);
-    h.agent = platform::agent_id();
-    h.file = file;
+    h.stamp = platform::CacheStamp::of(kMagic, file);
     h.n_path = path.size();
     h.n_plans = plans.size();
     h.checksum = platform::cache_checksum(body.data(), body.size());
@@ -143,19 +140,13 @@ int usable_cores() {
 
 // Runs other() on a thread of the agent's beside mine() on this one, and waits for both;
 // other() then mine() on this thread when there is one core, or no thread to be had (mine
-// may wait for what other does first). The
-// thread starts with the program's asynchronous signals blocked (it never takes one meant
-// for the program), the synchronous faults open (its fault-safe reads need them).
+// may wait for what other does first). The thread starts with the program's asynchronous
+// signals blocked (platform/async_blocked.hpp).
 template <class Other, class Mine>
 void run_beside(Other &&other, Mine &&mine) {
     std::thread t;
     if (usable_cores() > 1) {
-        sigset_t all, sync, old;
-        sigfillset(&all);
-        sigemptyset(&sync);
-        for (int sig : {SIGSEGV, SIGBUS, SIGTRAP, SIGILL, SIGFPE}) sigaddset(&sync, sig);
-        pthread_sigmask(SIG_BLOCK, &all, &old);
-        pthread_sigmask(SIG_UNBLOCK, &sync, nullptr);
+        const platform::AsyncSignalsBlocked blocked;
         try {
             t = std::thread([&] {
                 const AgentWork quiet; // its calls are not the program's
@@ -163,7 +154,6 @@ void run_beside(Other &&other, Mine &&mine) {
             });
         } catch (...) {
         }
-        pthread_sigmask(SIG_SETMASK, &old, nullptr);
     }
     if (!t.joinable()) other();
     mine();

@@ -99,6 +99,14 @@ std::string cache_dir() {
 // Four lanes over 8-byte words, each multiplied and rotated, then folded with the last
 // bytes: byte-wise FNV over libc's reference table (~900 KB) took a millisecond of every
 // process's start.
+CacheStamp CacheStamp::of(const char (&magic)[8], const FileKey &file) {
+    CacheStamp s{};
+    memcpy(s.magic, magic, sizeof s.magic);
+    s.agent = agent_id();
+    s.file = file;
+    return s;
+}
+
 uint64_t cache_checksum(const void *data, size_t n) {
     const auto *p = static_cast<const uint8_t *>(data);
     uint64_t lane[4] = {0xcbf29ce484222325ull, 0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull};

@@ -28,6 +28,18 @@ struct FileKey {
     bool operator==(const FileKey &) const = default;
 };
 
+// What starts every entry's header: its kind, the agent that wrote it and the file it was
+// built from.
+struct CacheStamp {
+    char magic[8];
+    uint64_t agent;
+    FileKey file;
+
+    // This agent's stamp for an entry of kind `magic` built from `file`.
+    static CacheStamp of(const char (&magic)[8], const FileKey &file);
+    bool operator==(const CacheStamp &) const = default;
+};
+
 // False when `path` is not a regular file that can be stat'ed.
 bool file_key(const std::string &path, FileKey *key);
 

@@ -20,9 +20,8 @@ namespace {
 constexpr char kSymMagic[8] = {'U', 'K', 'P', 'S', 'Y', 'M', 'S', '1'};
 
 struct SymHeader {
-    char magic[8];
-    uint64_t agent;
-    FileKey file, debug; // debug: zero when the table came from the file alone
+    platform::CacheStamp stamp;
+    FileKey debug; // zero when the table came from the file alone
     uint64_t n_path, n_symbols, n_plt, n_names;
     uint64_t checksum; // of everything after the header
 };
@@ -52,8 +51,8 @@ bool load_cached_symbols(const std::string &path, const std::string &debug_path,
     if (bytes.size() < sizeof(SymHeader)) return false;
     SymHeader h;
     memcpy(&h, bytes.data(), sizeof h);
-    if (memcmp(h.magic, kSymMagic, sizeof kSymMagic) != 0 || h.agent != platform::agent_id() || !(h.file == file) ||
-        !(h.debug == debug) || h.checksum != platform::cache_checksum(bytes.data() + sizeof h, bytes.size() - sizeof h))
+    if (!(h.stamp == platform::CacheStamp::of(kSymMagic, file)) || !(h.debug == debug) ||
+        h.checksum != platform::cache_checksum(bytes.data() + sizeof h, bytes.size() - sizeof h))
         return false;
     size_t at = sizeof h;
     std::vector<char> stored_path, names;
@@ -103,9 +102,7 @@ void store_cached_symbols(const std::string &path, const std::string &debug_path
         return; // out of memory: no entry
     }
     SymHeader h{};
-    memcpy(h.magic, kSymMagic, sizeof kSymMagic);
-    h.agent = platform::agent_id();
-    h.file = file;
+    h.stamp = platform::CacheStamp::of(kSymMagic, file);
     h.debug = debug;
     h.n_path = path.size();
     h.n_symbols = in.symbols.size();

@@ -8,6 +8,8 @@
 #include "platform/disk_cache.hpp"
 #include "symbols/symbols.hpp"
 
+#include "loaded_object.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -24,26 +26,7 @@ namespace {
 
 namespace core = ukp::core;
 
-struct Libc {
-    std::string path;
-    uint64_t bias = 0;
-};
-
-Libc find_libc() {
-    Libc l;
-    dl_iterate_phdr(
-        [](dl_phdr_info *info, size_t, void *data) {
-            auto *out = static_cast<Libc *>(data);
-            if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "/libc.so.6") != nullptr) {
-                out->path = info->dlpi_name;
-                out->bias = info->dlpi_addr;
-                return 1;
-            }
-            return 0;
-        },
-        &l);
-    return l;
-}
+using Loaded = ukp::testing::LoadedObject;
 
 std::vector<std::string> plan_entries(const std::string &dir) {
     std::vector<std::string> names;
@@ -62,7 +45,7 @@ protected:
         ASSERT_NE(mkdtemp(tmpl), nullptr);
         dir_ = tmpl;
         setenv("UKP_CACHE_DIR", dir_.c_str(), 1);
-        libc_ = find_libc();
+        libc_ = ukp::testing::find_loaded("/libc.so.6");
         ASSERT_FALSE(libc_.path.empty());
         obj_ = ukp::sym::load_object(libc_.path, libc_.bias);
         ASSERT_NE(obj_, nullptr);
@@ -88,7 +71,7 @@ protected:
     }
 
     std::string dir_;
-    Libc libc_;
+    Loaded libc_;
     std::shared_ptr<ukp::sym::Object> obj_;
     std::vector<const ukp::sym::Symbol *> functions_;
     std::vector<uint64_t> addrs_;

@@ -5,6 +5,8 @@
 #include "platform/disk_cache.hpp"
 #include "symbols/symbols.hpp"
 
+#include "loaded_object.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,26 +25,7 @@ namespace {
 
 using ukp::arch::ObjectRefs;
 
-struct Loaded {
-    std::string path;
-    uint64_t bias = 0;
-};
-
-Loaded find_libc() {
-    Loaded l;
-    dl_iterate_phdr(
-        [](dl_phdr_info *info, size_t, void *data) {
-            auto *out = static_cast<Loaded *>(data);
-            if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "/libc.so.6") != nullptr) {
-                out->path = info->dlpi_name;
-                out->bias = info->dlpi_addr;
-                return 1;
-            }
-            return 0;
-        },
-        &l);
-    return l;
-}
+using Loaded = ukp::testing::LoadedObject;
 
 std::vector<std::string> entries(const std::string &dir, const char *prefix = "refs-") {
     std::vector<std::string> names;
@@ -70,7 +53,7 @@ protected:
         ASSERT_NE(mkdtemp(tmpl), nullptr);
         dir_ = tmpl;
         setenv("UKP_CACHE_DIR", dir_.c_str(), 1);
-        libc_ = find_libc();
+        libc_ = ukp::testing::find_loaded("/libc.so.6");
         ASSERT_FALSE(libc_.path.empty());
     }
     void TearDown() override {

@@ -20,9 +20,7 @@ using platform::FileKey;
 constexpr char kMagic[8] = {'U', 'K', 'P', 'R', 'E', 'F', 'S', '2'};
 
 struct Header {
-    char magic[8];
-    uint64_t agent; // hash of the agent's FileKey
-    FileKey file;
+    platform::CacheStamp stamp;
     uint64_t resynced_bytes;
     uint64_t identity_offset; // identity_addr - bias
     uint64_t n_path, n_identity, n_values, n_branches, n_starts;
@@ -42,7 +40,7 @@ std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint
     if (bytes.size() < sizeof(Header)) return nullptr;
     Header h;
     memcpy(&h, bytes.data(), sizeof h);
-    if (memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.agent != platform::agent_id() || !(h.file == file) ||
+    if (!(h.stamp == platform::CacheStamp::of(kMagic, file)) ||
         h.checksum != platform::cache_checksum(bytes.data() + sizeof h, bytes.size() - sizeof h))
         return nullptr;
     size_t at = sizeof h;
@@ -95,9 +93,7 @@ void store_cached_refs(const std::string &path, uint64_t bias, const ObjectRefs 
         return; // out of memory: no entry
     }
     Header h{};
-    memcpy(h.magic, kMagic, sizeof kMagic);
-    h.agent = platform::agent_id();
-    h.file = file;
+    h.stamp = platform::CacheStamp::of(kMagic, file);
     h.resynced_bytes = refs.resynced_bytes;
     h.identity_offset = refs.identity_addr - bias;
     h.n_path = path.size();
