@@ -150,13 +150,22 @@ void run_beside(Other &&other, Mine &&mine) {
         try {
             t = std::thread([&] {
                 const AgentWork quiet; // its calls are not the program's
-                other();
+                try {
+                    other();
+                } catch (...) {
+                    // Out of memory: what it did not decide is decided at the registration.
+                }
             });
         } catch (...) {
         }
     }
     if (!t.joinable()) other();
-    mine();
+    try {
+        mine();
+    } catch (...) {
+        if (t.joinable()) t.join(); // never a joinable thread left to a destructor
+        throw;
+    }
     if (t.joinable()) t.join();
 }
 
@@ -208,14 +217,18 @@ void decide(std::vector<Item> &items) {
     size_t kept_there = 0, kept_here = 0;
     run_beside(
         [&] {
-            for (auto &[bias, r] : refs) {
-                for (const Item &it : items) {
-                    if (it.bias != bias) continue;
-                    r = opt_object_refs(it.addr);
-                    break;
+            try {
+                for (auto &[bias, r] : refs) {
+                    for (const Item &it : items) {
+                        if (it.bias != bias) continue;
+                        r = opt_object_refs(it.addr);
+                        break;
+                    }
                 }
+            } catch (...) {
+                // Out of memory: the checks go without the references they lack.
             }
-            refs_ready.store(true, std::memory_order_release);
+            refs_ready.store(true, std::memory_order_release); // in any case: the caller may wait for it
             refs_ready.notify_all();
             decode(&kept_there);
         },
