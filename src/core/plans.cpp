@@ -44,7 +44,6 @@ struct Header {
 
 // The verdicts of one object, by the point's offset from the object's bias.
 struct ObjectPlans {
-    std::string path;    // its file, once plan_jumps has looked at the disk for it
     bool looked = false; // the disk's entry read (or found missing)
     std::unordered_map<uint64_t, RegionPlan> by_offset;
 };
