@@ -18,8 +18,10 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <linux/kcmp.h>
+#include <map>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/ptrace.h>
@@ -120,6 +122,18 @@ using platform::OwnedMapping;
 
 std::string base_name(const std::string &path) { return path.substr(path.rfind('/') + 1); }
 
+// Whether `name` (a file's base name) is the C library's.
+bool is_libc_name(const std::string &name) {
+    return name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos);
+}
+
+// Whether `name` is the C library's, its dynamic loader's or one of the libraries glibc
+// before 2.34 kept apart: the code that takes the locks the injected calls take too.
+bool is_c_runtime_name(const std::string &name) {
+    return is_libc_name(name) || name.rfind("ld-linux", 0) == 0 || name.rfind("ld-2.", 0) == 0 ||
+           name.rfind("libpthread", 0) == 0 || name.rfind("libdl", 0) == 0;
+}
+
 // The run-time addresses of `names` in the loaded object mapped from `path` at `base`
 // (the start of its mapping of file offset 0), from its .dynsym.
 std::vector<uint64_t> dynamic_symbols(const std::string &path, uint64_t base, const std::vector<std::string> &names) {
@@ -134,7 +148,10 @@ std::vector<uint64_t> dynamic_symbols(const std::string &path, uint64_t base, co
         const size_t count = sh.sh_entsize ? sh.sh_size / sh.sh_entsize : 0;
         for (size_t i = 0; data != nullptr && i < count; ++i) {
             GElf_Sym sym;
-            if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr || sym.st_value == 0) continue;
+            // Not an undefined one: an executable's can have a value, its PLT entry.
+            if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr || sym.st_value == 0 ||
+                sym.st_shndx == SHN_UNDEF)
+                continue;
             // Plain functions only: an IFUNC's symbol is its resolver, not the function.
             if (GELF_ST_TYPE(sym.st_info) != STT_FUNC) continue;
             const char *name = elf_strptr(elf.elf(), sh.sh_link, sym.st_name);
@@ -177,6 +194,7 @@ bool waits_outside(long nr) {
     case SYS_epoll_pwait2:
     case SYS_nanosleep:
     case SYS_clock_nanosleep:
+    case SYS_restart_syscall: // the rest of a sleep, poll or futex wait a stop interrupted
     case SYS_pause:
     case SYS_rt_sigsuspend:
     case SYS_rt_sigtimedwait:
@@ -525,10 +543,7 @@ void check_target(int pid, const std::string &agent) {
 OwnedMapping find_libc(int pid) {
     // dlopen and its friends in the target's libc (glibc >= 2.34 has them there).
     const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
-    const auto is_libc = [](const OwnedMapping &m) {
-        const std::string name = base_name(m.path);
-        return name == "libc.so.6" || (name.rfind("libc-", 0) == 0 && name.find(".so") != std::string::npos);
-    };
+    const auto is_libc = [](const OwnedMapping &m) { return is_libc_name(base_name(m.path)); };
     const OwnedMapping *first = nullptr;
     for (const OwnedMapping &m : maps) {
         if (m.offset != 0 || !is_libc(m)) continue;
@@ -556,19 +571,55 @@ std::vector<uint64_t> libc_functions(int pid, const OwnedMapping &libc) {
     return fns;
 }
 
-// Whether a thread stopped at `rip` may run the calls. Stopped where the agent's own code
-// or an out-of-line copy of probed code runs, or with a signal pending, the thread is let
-// go again at once and taken later: the agent knows which threads are inside its copies
-// by asking them with a signal, and an injected call would answer for the thread from
-// elsewhere while it still has to return there.
-bool safe_point(int pid, uint64_t rip) {
-    bool safe = false;
+// Where a thread stopped at `rip` runs, for the calls.
+enum class StopPlace {
+    // The agent's own code or an out-of-line copy of probed code (anonymous memory): the
+    // thread is let go again at once and taken later. The agent knows which threads are
+    // inside its copies by asking them with a signal, and an injected call would answer
+    // for the thread from elsewhere while it still has to return there.
+    kUnsafe,
+    // The C library or its loader: a thread stopped there outside a system call may be
+    // inside malloc, holding an arena's lock (or, single-threaded, halfway through
+    // changing the arena unlocked), and pthread_create's calloc would then hang on that
+    // lock or corrupt the heap.
+    kCRuntime,
+    // Any other code of a file, or the vDSO: no lock of the C library is held there.
+    kProgram,
+};
+
+// Whether the object at `path` is an allocator of its own (it defines malloc, as jemalloc,
+// tcmalloc and the sanitizers' runtimes do): the C library's malloc and calloc are then
+// its, and its code takes its locks. One that cannot be read counts as one. Kept in *seen.
+bool is_allocator(const std::string &path, std::map<std::string, bool> *seen) {
+    const auto known = seen->find(path);
+    if (known != seen->end()) return known->second;
+    bool allocator = true;
+    try {
+        allocator = dynamic_symbols(path, 0, {"malloc"})[0] != 0;
+    } catch (const std::exception &) {
+    }
+    return (*seen)[path] = allocator;
+}
+
+// Where the thread of `pid` stopped at `rip` is (the objects that define malloc kept in
+// *allocators).
+StopPlace stop_place(int pid, uint64_t rip, std::map<std::string, bool> *allocators) {
+    StopPlace place = StopPlace::kUnsafe;
+    std::string path;
     platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
         if (rip < m.start || rip >= m.end) return true;
-        safe = m.path == "[vdso]" || (m.in_file() && base_name(std::string(m.path)).rfind("libukprobes", 0) != 0);
+        if (m.path == "[vdso]") {
+            place = StopPlace::kProgram;
+        } else if (m.in_file()) {
+            path = m.path;
+            const std::string name = base_name(path);
+            if (name.rfind("libukprobes", 0) != 0)
+                place = is_c_runtime_name(name) ? StopPlace::kCRuntime : StopPlace::kProgram;
+        }
         return false;
     });
-    return safe;
+    if (place == StopPlace::kProgram && !path.empty() && is_allocator(path, allocators)) place = StopPlace::kCRuntime;
+    return place;
 }
 
 // Waits for the stop of the PTRACE_INTERRUPT sent to `tid`; fails if the process exits.
@@ -599,13 +650,19 @@ struct StoppedThread {
     user_regs_struct regs{};       // its registers at the stop, put back after the calls
     Clock::time_point interrupted; // when PTRACE_INTERRUPT was sent
     Clock::time_point stopped;     // when it stopped
+    int interrupts = 0;            // threads interrupted to find it, it included
 };
 
-// A thread of `pid` (pick_thread) seized and stopped at a safe point; fails when none is
-// found in 200 tries.
+// A thread of `pid` (pick_thread) seized and stopped at a safe point: waiting in a system
+// call, or after kWaitingTries, running the program's own code; fails after kMaxWait.
 StoppedThread stop_at_safe_point(int pid) {
+    constexpr int kWaitingTries = 100;
+    constexpr std::chrono::seconds kMaxWait{5};
+    const Clock::time_point started = Clock::now();
+    std::map<std::string, bool> allocators;
     StoppedThread s;
     for (int attempt = 0;; ++attempt) {
+        s.interrupts = attempt + 1;
         bool in_syscall = false;
         s.tid = pick_thread(pid, &in_syscall);
         if (ptrace(PTRACE_SEIZE, s.tid, nullptr, reinterpret_cast<void *>(PTRACE_O_TRACESYSGOOD)) != 0)
@@ -624,13 +681,18 @@ StoppedThread stop_at_safe_point(int pid) {
         // before the stop) must be delivered with the registers it was raised with.
         const bool pending = signal_pending(pid, s.tid);
         // Stopped anywhere else (running, or in a call malloc makes), it may hold a lock
-        // the calls take: taken only when no thread was found waiting in 100 tries.
+        // the calls take: see StopPlace.
         const bool waiting =
             static_cast<long long>(s.regs.orig_rax) >= 0 && waits_outside(static_cast<long>(s.regs.orig_rax));
-        if (!pending && safe_point(pid, s.regs.rip) && (waiting || attempt >= 100)) return s;
+        const StopPlace place = stop_place(pid, s.regs.rip, &allocators);
+        if (!pending && place != StopPlace::kUnsafe && waiting) return s;
+        // No thread waits: one stopped in the program's own code, outside the C library.
+        if (!pending && place == StopPlace::kProgram && attempt >= kWaitingTries) return s;
         ptrace(PTRACE_DETACH, s.tid, nullptr, nullptr);
-        if (attempt == 200)
-            fail(fmt::format("process {}: no thread stopped outside the agent's code in 200 tries", pid));
+        if (attempt >= kWaitingTries && Clock::now() - started > kMaxWait)
+            fail(fmt::format("process {}: in {} tries, no thread stopped waiting in a system call or running outside "
+                             "the C library, its allocator and the agent; nothing was changed, try again",
+                             pid, attempt + 1));
         usleep(1000);
     }
 }
@@ -829,6 +891,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     const StoppedThread stopped = stop_at_safe_point(pid);
     result.tid = stopped.tid;
     result.was_in_syscall = static_cast<long long>(stopped.regs.orig_rax) >= 0;
+    result.interrupts = stopped.interrupts;
     ThreadState state = prepare_for_calls(stopped.tid);
     std::string error;
     const Clock::time_point c0 = Clock::now();

@@ -13,6 +13,7 @@ struct InjectResult {
     double calls_ms = 0;         // of which running mmap, mprotect and pthread_create in it
     double ready_ms = 0;         // from PTRACE_INTERRUPT until the loader thread was done
     bool was_in_syscall = false; // it was blocked in a system call (restarted after)
+    int interrupts = 0;          // threads interrupted to find it, it included
 };
 
 // Loads `agent` (an absolute path) into process `pid` with dlopen(RTLD_NOW) and calls its

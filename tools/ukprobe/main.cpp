@@ -157,6 +157,8 @@ int cmd_attach(const Options &o, FILE *say = stdout) {
     unblock_agent_signals(o.pid, say);
     if (o.verbose) {
         fmt::print("agent: {}\n", agent);
+        fmt::print("thread {} taken at interrupt {}, {}\n", res.tid, res.interrupts,
+                   res.was_in_syscall ? "in a system call" : "running the program's own code");
         fmt::print("thread {} paused {:.3f} ms from interrupt to detach (stopped {:.3f} ms, calls {:.3f} ms){}\n",
                    res.tid, res.pause_ms, res.stopped_ms, res.calls_ms,
                    res.was_in_syscall ? ", its system call restarted" : "");
