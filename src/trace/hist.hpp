@@ -119,7 +119,10 @@ public:
     void publish_vars();
     bool retract_vars();
     // From another trigger's hit: variable `index` for `key`, if set (then unset). No lock.
-    bool take_var(const uint8_t *key, uint32_t index, uint64_t *value) const noexcept;
+    // hash: the key's hash_of() in a table of key_bytes; pid_key_off: where the caller's key
+    // holds common_pid (the calling thread's id), or -1.
+    bool take_var(const uint8_t *key, uint32_t hash, uint32_t key_bytes, uint32_t index, int32_t pid_key_off,
+                  uint64_t *value) const noexcept;
 
     // "hist:keys=...:vals=...:sort=...:size=N[ if FILTER] [active]" (no newline).
     std::string spec_text() const;
@@ -228,8 +231,11 @@ private:
     uint32_t string_words_ = 0;           // per element, past those: the string variables' bytes
     std::unique_ptr<SnapshotState> snap_; // with a snapshot() action
     bool needs_ts_ = false;               // something reads common_timestamp
-    std::string event_;                   // "GRP.EVENT"
-    mutable std::atomic<int> users_{0};   // triggers that read its variables
+    // Where the key holds common_pid as it is, or -1. A hit's common_pid is its thread's id:
+    // such a key's element is only ever written by that thread.
+    int32_t pid_key_off_ = -1;
+    std::string event_;                 // "GRP.EVENT"
+    mutable std::atomic<int> users_{0}; // triggers that read its variables
     bool published_ = false;
     std::atomic<HistTable *> table_{nullptr};        // what update() uses
     mutable std::mutex mu_;                          // clear() and show()

@@ -71,8 +71,9 @@ struct HistTable {
     }
 
     // The element of `key`, or -1 when it has none (nothing is made).
-    int64_t find(const uint8_t *key) const noexcept {
-        const uint32_t h = hash_of(key);
+    int64_t find(const uint8_t *key) const noexcept { return find(key, hash_of(key)); }
+    // The same, its hash h (hash_of) known.
+    int64_t find(const uint8_t *key, uint32_t h) const noexcept {
         for (uint32_t idx = h, probes = 0; probes <= n_buckets; ++idx, ++probes) {
             idx &= n_buckets - 1;
             const uint32_t test = bucket_hash[idx].load(std::memory_order_acquire);
@@ -89,7 +90,10 @@ struct HistTable {
 
     // The element of `key`, created on first sight; -1 when the table is full (dropped).
     int64_t find_or_insert(const uint8_t *key, const char *comm) noexcept {
-        const uint32_t h = hash_of(key);
+        return find_or_insert(key, comm, hash_of(key));
+    }
+    // The same, its hash h (hash_of) known.
+    int64_t find_or_insert(const uint8_t *key, const char *comm, uint32_t h) noexcept {
         uint32_t idx = h, probes = 0, waits = 0;
         for (;;) {
             idx &= n_buckets - 1;

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trace/events.hpp"
@@ -100,6 +101,40 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
     }
     // The exit's histogram counts the exits whose entry was seen.
     EXPECT_NE(read("events/fprobes/ukh_sleep__exit/hist").find("hitcount:          4"), std::string::npos);
+}
+
+// The recipe with four threads at once: each thread's calls meet only its own elements of
+// the tables keyed by common_pid (written without locked adds, hist_table.hpp), and every
+// call is counted, once, in each table.
+TEST_F(HistVars, EveryCallOfManyThreadsIsCountedOnceInEachTable) {
+    ASSERT_EQ(file_append("synthetic_events", "sleep_latency u64 lat; pid_t pid"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
+                         "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                         "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)"),
+              0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "hist:keys=lat.buckets=1000000:sort=lat"), 0)
+        << read("error_log");
+    constexpr int kThreads = 4, kCalls = 20000;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+        threads.emplace_back([] {
+            for (int i = 0; i < kCalls; ++i) g_sleep(0);
+        });
+    for (auto &t : threads) t.join();
+    const std::string calls = "hitcount:      " + std::to_string(kCalls);
+    for (const char *ev : {"ukh_sleep__entry", "ukh_sleep__exit"}) {
+        const std::string hist = read((std::string("events/fprobes/") + ev + "/hist").c_str());
+        const auto lines = lines_with(hist, "{ common_pid: ");
+        EXPECT_EQ(lines.size(), size_t(kThreads)) << hist;
+        for (const std::string &l : lines) EXPECT_TRUE(l.ends_with(calls)) << l;
+        EXPECT_NE(hist.find("Hits: " + std::to_string(kThreads * kCalls) + "\n"), std::string::npos) << hist;
+    }
+    const std::string lat = read("events/synthetic/sleep_latency/hist");
+    EXPECT_NE(lat.find("hitcount:      " + std::to_string(kThreads * kCalls) + "\n"), std::string::npos) << lat;
 }
 
 // An exit without its entry's variable set (its entry was before the trigger) updates
