@@ -626,6 +626,12 @@ public:
         arm(e);
         return &e->enabled;
     }
+    TriggerSet *event_triggers(std::string_view system, std::string_view event) override {
+        // Called from a trigger write, with mu held by the file API. A removed event's
+        // triggers stay (graveyard): a hit may still reach them.
+        Event *e = find(system, event);
+        return e != nullptr ? &e->triggers : nullptr;
+    }
     void record_stacktrace(const struct pt_regs &regs) override;
     WatchMover *watch_mover(std::string_view event, bool for_set, int *err) override;
 };

@@ -80,6 +80,7 @@ struct HistSpec {
     bool have_keys = false, have_sort = false;
     int bits = kMapBitsDefault; // log2 of the table's elements
     bool pause = false, cont = false, clear = false;
+    bool no_hitcount = false; // :nohitcount (:NOHC): the hist file leaves the hitcount out
     std::vector<std::pair<std::string_view, int>> vars, actions; // "NAME=EXPR", "onmax(...)...", where each starts
 };
 
@@ -124,6 +125,8 @@ bool parse_attributes(std::string_view spec, int spec_pos, HistSpec *s, FilterEr
             s->cont = true;
         } else if (part == "clear") {
             s->clear = true;
+        } else if (part == "nohitcount" || part == "NOHC") {
+            s->no_hitcount = true;
         } else if (part.starts_with("onmatch(") || part.starts_with("onmax(") || part.starts_with("onchange(")) {
             s->actions.push_back({part, pos});
         } else if (const size_t eq = part.find('='); eq != std::string_view::npos && eq > 0) {
@@ -178,6 +181,12 @@ bool apply_modifier(std::string_view mod, int mpos, bool key, Column *c, FilterE
         if (c->is_string) return fail(err, kBadModifier, mpos);
         if (!key && mod != "hex") return fail(err, kBadModifier, mpos);
         c->modifier = std::string(mod);
+    } else if (mod == "percent" || mod == "graph") { // of a value: its share of the column's total, a bar
+        if (key || c->is_string) return fail(err, kBadModifier, mpos);
+        c->modifier = std::string(mod);
+    } else if (mod == "syscall") { // a key holding a system call's number: its name
+        if (!key || c->is_string) return fail(err, kBadModifier, mpos);
+        c->modifier = "syscall";
     } else if (mod == "execname") {
         if (!key || c->name != "common_pid") return fail(err, kBadModifier, mpos);
         c->modifier = "execname";
@@ -217,8 +226,9 @@ bool make_column(std::string_view text, int pos, bool key, const std::vector<Fie
 // `modifier` decoded for the hit path.
 Column::Mod modifier_code(const std::string &modifier) {
     static constexpr std::pair<const char *, Column::Mod> kMods[] = {
-        {"hex", Column::kHex},           {"sym", Column::kSym},   {"sym-offset", Column::kSymOffset},
-        {"execname", Column::kExecname}, {"log2", Column::kLog2}, {"buckets", Column::kBuckets}};
+        {"hex", Column::kHex},           {"sym", Column::kSym},    {"sym-offset", Column::kSymOffset},
+        {"execname", Column::kExecname}, {"log2", Column::kLog2},  {"buckets", Column::kBuckets},
+        {"percent", Column::kPercent},   {"graph", Column::kGraph}};
     for (auto [n, m] : kMods)
         if (modifier == n) return m;
     return Column::kNone;
@@ -259,8 +269,16 @@ bool parse_vals(std::string_view text, int pos, const std::vector<Field> &fields
         }
         Column c;
         if (part.empty()) return fail(err, kFieldNotFound, at);
-        if (!make_column(part, at, false, fields, &c, err)) return false;
+        if (part.starts_with("hitcount.")) { // hitcount.percent, hitcount.graph: a column of its own
+            c.name = "hitcount";
+            c.hits = true;
+            if (!apply_modifier(part.substr(9), at + 9, false, &c, err)) return false;
+            if (c.modifier != "percent" && c.modifier != "graph") return fail(err, kBadModifier, at + 9);
+        } else if (!make_column(part, at, false, fields, &c, err)) {
+            return false;
+        }
         if (vals->size() > kMaxVals) return fail(err, "Too many values (max 3)", at);
+        c.mod = modifier_code(c.modifier);
         c.key_off = uint32_t(vals->size());
         vals->push_back(std::move(c));
     }
@@ -736,6 +754,12 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
     h->size_ = 1u << s.bits;
     if (!parse_keys(s.keys, s.keys_pos, fields, &h->keys_, &h->key_bytes_, err)) return nullptr;
     if (!parse_vals(s.vals, s.vals_pos, fields, &h->vals_, err)) return nullptr;
+    // The kernel's HIST_ERR_NEED_NOHC_VAL, its caret at the command's start.
+    if (s.no_hitcount && h->vals_.size() == 1) {
+        fail(err, "Non-hitcount value is required for 'nohitcount'", 0);
+        return nullptr;
+    }
+    h->no_hitcount_ = s.no_hitcount;
     if (!parse_sort(s, h->keys_, h->vals_, &h->sort_, err)) return nullptr;
     for (const Column &c : h->vals_) h->needs_ts_ |= c.timestamp;
     for (const Column &c : h->keys_) {
@@ -890,7 +914,9 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     for (size_t i = 1; i < vals_.size(); i++) {
         const Column &c = vals_[i];
         uint64_t v = 0;
-        if (c.timestamp)
+        if (c.hits)
+            v = 1;
+        else if (c.timestamp)
             v = c.usecs ? ts / 1000 : ts;
         else if (c.size == 0)
             v = uint64_t(int64_t(platform::this_cpu()));
@@ -1127,15 +1153,17 @@ std::string HistTrigger::spec_text() const {
         if (i) s += ',';
         s += column_text(keys_[i]);
     }
-    s += ":vals=hitcount";
+    s += ":vals=";
+    if (!no_hitcount_) s += "hitcount";
     for (size_t i = 1; i < vals_.size(); i++) {
-        s += ',';
+        if (i > 1 || !no_hitcount_) s += ',';
         s += column_text(vals_[i]);
     }
     s += join_tail(vars_, actions_, false);
     s += ":sort=";
     for (size_t i = 0; i < sort_.size(); i++) s += (i ? "," : "") + sort_[i].text;
     s += ":size=" + std::to_string(size_);
+    if (no_hitcount_) s += ":nohitcount";
     s += join_tail(vars_, actions_, true);
     if (filter_) s += " if " + filter_->text();
     s += paused() ? " [paused]" : " [active]";
@@ -1215,6 +1243,16 @@ void sort_entries(std::vector<Entry> &entries, const std::vector<Column> &keys, 
 }
 
 // Appends "name: value" of key c of entry e, the value as its modifier prints it.
+// The name of system call nr on this architecture, as the kernel's .syscall prints it.
+const char *syscall_name(uint64_t nr) {
+    static constexpr std::pair<uint64_t, const char *> kNames[] = {
+#include "trace/syscall_names.inc"
+    };
+    for (const auto &[n, name] : kNames)
+        if (n == nr) return name;
+    return "unknown_syscall";
+}
+
 void append_key(const Entry &e, const Column &c, const Symbolizer &sym, std::string &out) {
     char buf[512];
     if (c.is_string) {
@@ -1239,6 +1277,8 @@ void append_key(const Entry &e, const Column &c, const Symbolizer &sym, std::str
                       s.c_str());
     } else if (c.modifier == "execname") {
         std::snprintf(buf, sizeof buf, "%s: %-16s[%10" PRIu64 "]", c.name.c_str(), e.comm, v);
+    } else if (c.modifier == "syscall") {
+        std::snprintf(buf, sizeof buf, "%s: %-30s[%3" PRIu64 "]", c.name.c_str(), syscall_name(v), v);
     } else if (c.modifier == "log2") {
         std::snprintf(buf, sizeof buf, "%s: ~ 2^%-2" PRIu64, c.name.c_str(), v);
     } else if (c.modifier == "buckets") {
@@ -1271,18 +1311,65 @@ void append_keys(const Entry &e, const std::vector<Column> &keys, const Symboliz
     out += multiline ? "}" : " }";
 }
 
-// Appends entry e's line, without its newline: "{ keys } hitcount: N  value: N...".
-void append_entry(const Entry &e, const std::vector<Column> &keys, const std::vector<Column> &vals,
-                  const Symbolizer &sym, std::string &out) {
+// val's share of total in hundredths of a percent, as the kernel's __get_percentage(); -1
+// when it cannot say (a value with no total).
+int64_t hundredths_of_percent(uint64_t val, uint64_t total) {
+    if (total == 0) return val != 0 ? -1 : 0;
+    if (val < UINT64_MAX / 10000) return int64_t(val * 10000 / total);
+    total /= 10000;
+    return total == 0 ? -1 : int64_t(val / total);
+}
+
+// The per-column total and largest value over the entries, for .percent and .graph.
+struct ColumnStats {
+    std::vector<uint64_t> total, max;
+};
+
+ColumnStats column_stats(const std::vector<Entry> &entries, size_t n_vals) {
+    ColumnStats st{std::vector<uint64_t>(n_vals), std::vector<uint64_t>(n_vals)};
+    for (const Entry &e : entries)
+        for (size_t i = 0; i < n_vals; i++) {
+            st.total[i] += e.sums[i];
+            st.max[i] = std::max(st.max[i], e.sums[i]);
+        }
+    return st;
+}
+
+// One value of an entry's line: "  NAME: N" (hex with .hex), "  NAME (%):  PP.PP" of the
+// column's total, or "  NAME: ####" a bar of 20 characters against the largest.
+void append_value(const Column &c, uint64_t v, uint64_t total, uint64_t max, std::string &out) {
+    char buf[512];
+    if (c.mod == Column::kPercent) {
+        const int64_t pc = hundredths_of_percent(v, total);
+        if (pc < 0)
+            std::snprintf(buf, sizeof buf, "  %s (%%):[ERROR]", c.name.c_str());
+        else
+            std::snprintf(buf, sizeof buf, "  %s (%%): %3u.%02u", c.name.c_str(), unsigned(pc / 100),
+                          unsigned(pc % 100));
+    } else if (c.mod == Column::kGraph) {
+        constexpr int kBar = 20;
+        const int64_t pc = hundredths_of_percent(v, max);
+        std::string bar = pc < 0 ? "[ERROR]" : std::string(size_t(pc * kBar / 10000), '#');
+        if (pc >= 0) bar.resize(kBar, ' ');
+        std::snprintf(buf, sizeof buf, "  %s: %20s", c.name.c_str(), bar.c_str());
+    } else {
+        std::snprintf(buf, sizeof buf, c.mod == Column::kHex ? "  %s: %10" PRIx64 : "  %s: %10" PRIu64, c.name.c_str(),
+                      v);
+    }
+    out += buf;
+}
+
+// Appends entry e's line, without its newline: "{ keys } hitcount: N  value: N..." (no
+// hitcount with `no_hitcount`).
+void append_entry(const Entry &e, const std::vector<Column> &keys, const std::vector<Column> &vals, bool no_hitcount,
+                  const ColumnStats &st, const Symbolizer &sym, std::string &out) {
     char buf[512];
     append_keys(e, keys, sym, out);
-    std::snprintf(buf, sizeof buf, " hitcount: %10" PRIu64, e.sums[0]);
-    out += buf;
-    for (size_t i = 1; i < vals.size(); i++) {
-        std::snprintf(buf, sizeof buf, vals[i].modifier == "hex" ? "  %s: %10" PRIx64 : "  %s: %10" PRIu64,
-                      vals[i].name.c_str(), e.sums[i]);
+    if (!no_hitcount) {
+        std::snprintf(buf, sizeof buf, " hitcount: %10" PRIu64, e.sums[0]);
         out += buf;
     }
+    for (size_t i = 1; i < vals.size(); i++) append_value(vals[i], e.sums[i], st.total[i], st.max[i], out);
 }
 
 // The string in words (at most n of them), NUL-terminated.
@@ -1368,8 +1455,9 @@ std::string HistTrigger::show(const Symbolizer &sym) const {
                 elts[std::string(reinterpret_cast<const char *>(t->keys.get()) + size_t(e - 1) * key_bytes_,
                                  key_bytes_)]
                     .push_back(e - 1);
+    const ColumnStats st = column_stats(entries, vals_.size());
     for (const Entry &e : entries) {
-        append_entry(e, keys_, vals_, sym, out);
+        append_entry(e, keys_, vals_, no_hitcount_, st, sym, out);
         if (action_words_ > 0)
             out += action_lines(*t, elts[std::string(reinterpret_cast<const char *>(e.key), key_bytes_)]);
         out += "\n";

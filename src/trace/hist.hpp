@@ -1,5 +1,5 @@
 // Hist triggers: `hist:keys=...[:values=...][:VAR=EXPR...][:sort=...][:size=N][:pause]
-// [:cont][:clear][:HANDLER.ACTION...] [if FILTER]`, aggregated into a
+// [:cont][:clear][:nohitcount][:HANDLER.ACTION...] [if FILTER]`, aggregated into a
 // table preallocated when the trigger is written, and printed as the kernel's `hist` file.
 //
 // Variables (histogram.rst): VAR=EXPR keeps, per key, the value of EXPR at the last hit
@@ -77,9 +77,10 @@ class HistTrigger {
 public:
     // One key or value of the trigger.
     struct Column {
-        std::string name;     // the event field, "common_pid", or "hitcount"
-        std::string modifier; // "", "hex", "sym", "sym-offset", "execname", "log2", "buckets"
-        enum Mod : uint8_t { kNone, kHex, kSym, kSymOffset, kExecname, kLog2, kBuckets };
+        std::string name; // the event field, "common_pid", or "hitcount"
+        // "", "hex", "sym", "sym-offset", "execname", "log2", "buckets"; values: "percent", "graph"
+        std::string modifier;
+        enum Mod : uint8_t { kNone, kHex, kSym, kSymOffset, kExecname, kLog2, kBuckets, kPercent, kGraph };
         Mod mod = kNone;      // `modifier` decoded, for the hit path
         uint64_t buckets = 0; // for .buckets=N
         bool is_string = false;
@@ -87,6 +88,7 @@ public:
         bool timestamp = false; // common_timestamp (size 0 then)
         bool stack = false;     // common_stacktrace: a key of kStackDepth addresses
         bool usecs = false;     // .usecs
+        bool hits = false;      // a value that counts the hits: hitcount.percent, hitcount.graph
         uint32_t offset = 0;    // of the field in the record
         uint32_t size = 0;      // bytes of the field (4 for a __data_loc word)
         uint32_t key_off = 0;   // keys: offset in the packed key; values: index of the sum
@@ -222,6 +224,7 @@ private:
     uint32_t size_ = 2048;                                             // elements; buckets are twice as many
     uint32_t key_bytes_ = 0;                                           // packed key size
     bool want_pause_ = false, want_cont_ = false, want_clear_ = false; // as written
+    bool no_hitcount_ = false;                                         // :nohitcount
     std::atomic<bool> paused_{false};
     std::unique_ptr<Filter> filter_;
     std::vector<Var> vars_;

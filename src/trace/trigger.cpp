@@ -20,6 +20,8 @@ enum class Kind : uint8_t {
     kSnapshot,
     kEnableEvent,
     kDisableEvent,
+    kEnableHist,
+    kDisableHist,
     kHist,
     kSetWatch,
     kClearWatch
@@ -88,6 +90,7 @@ struct Trigger {
     std::unique_ptr<Filter> filter;    // null: every hit (hist keeps its own)
     std::string system, event;         // enable_event/disable_event target
     std::atomic<bool> *flag = nullptr; // the target's enable flag
+    TriggerSet *hist_target = nullptr; // enable_hist/disable_hist: the target's triggers
     std::unique_ptr<HistTrigger> hist; // kHist
     TriggerHost *host = nullptr;
     std::string owner;           // the event whose trigger file holds it: "GRP.EVENT"
@@ -131,7 +134,8 @@ int parse_count_param(Trigger &t, std::string_view param, int pos, std::unique_p
 }
 
 // "SYSTEM:EVENT[:N]" of enable_event and disable_event: the target's enable flag, looked up
-// now (the host arms the target), and the count.
+// now (the host arms the target), and the count; of enable_hist and disable_hist: the
+// target's triggers, and the count.
 int parse_event_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
                       const std::vector<Field> &, FilterError *err) {
     const size_t c1 = param.find(':');
@@ -148,8 +152,13 @@ int parse_event_param(Trigger &t, std::string_view param, int pos, std::unique_p
         if (!parse_count(num, &n)) return fail(err, -EINVAL, "Invalid count", pos + int(c1 + 1 + c2 + 1));
         t.count.store(n);
     }
-    t.flag = t.host->event_enable_flag(t.system, t.event);
-    if (!t.flag) return fail(err, -EINVAL, "No such event", pos);
+    if (t.kind == Kind::kEnableHist || t.kind == Kind::kDisableHist) {
+        t.hist_target = t.host->event_triggers(t.system, t.event);
+        if (!t.hist_target) return fail(err, -EINVAL, "No such event", pos);
+    } else {
+        t.flag = t.host->event_enable_flag(t.system, t.event);
+        if (!t.flag) return fail(err, -EINVAL, "No such event", pos);
+    }
     t.filter = std::move(filter);
     return 0;
 }
@@ -217,8 +226,9 @@ int parse_watch_param(Trigger &t, std::string_view param, int pos, std::unique_p
 // Any trigger of the type is the one: traceon and traceoff, stacktrace, snapshot.
 bool same_type(const Trigger &, const Trigger &) { return true; }
 
-// The one with the same target event: enable_event and disable_event.
-bool same_target(const Trigger &o, const Trigger &t) { return o.flag == t.flag; }
+// The one with the same target event: enable_event and disable_event, enable_hist and
+// disable_hist.
+bool same_target(const Trigger &o, const Trigger &t) { return o.flag == t.flag && o.hist_target == t.hist_target; }
 
 // The one moving the same w: event: set_wprobe, clear_wprobe.
 bool same_watch(const Trigger &o, const Trigger &t) { return o.mover == t.mover; }
@@ -313,6 +323,10 @@ constexpr Command kCommands[] = {
      print_event_target},
     {"disable_event", Kind::kDisableEvent, 3, true, parse_event_param, same_target, register_trigger,
      unregister_trigger, print_event_target},
+    {"enable_hist", Kind::kEnableHist, 7, true, parse_event_param, same_target, register_trigger, unregister_trigger,
+     print_event_target},
+    {"disable_hist", Kind::kDisableHist, 7, true, parse_event_param, same_target, register_trigger, unregister_trigger,
+     print_event_target},
     {"hist", Kind::kHist, 4, true, parse_hist_param, same_hist, register_hist, unregister_trigger, print_hist},
     {"set_wprobe", Kind::kSetWatch, 5, true, parse_watch_param, same_watch, register_trigger, unregister_watch,
      print_watch},
@@ -528,6 +542,11 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
             if (t->take()) t->flag->store(on, std::memory_order_release);
             break;
         }
+        case Kind::kEnableHist:
+        case Kind::kDisableHist:
+            // Every hit acts, whatever the target's state (the kernel's hist_enable_trigger()).
+            if (t->take()) t->hist_target->pause_hists(t->kind == Kind::kDisableHist);
+            break;
         case Kind::kSetWatch:
         case Kind::kClearWatch: {
             if (t->count.load(std::memory_order_relaxed) == 0) break;
@@ -545,6 +564,13 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
             break;
         }
     }
+}
+
+void TriggerSet::pause_hists(bool paused) noexcept {
+    const TriggerList *cur = cur_.load(std::memory_order_acquire);
+    if (!cur) return;
+    for (Trigger *t : cur->items)
+        if (t->kind == Kind::kHist) t->hist->set_paused(paused);
 }
 
 } // namespace ukp::trace

@@ -1,5 +1,6 @@
 // Event triggers: the `trigger` file of an event (traceon, traceoff, stacktrace, snapshot,
-// enable_event, disable_event, hist, set_wprobe, clear_wprobe), and the `hist` file.
+// enable_event, disable_event, enable_hist, disable_hist, hist, set_wprobe, clear_wprobe),
+// and the `hist` file.
 //
 // Concurrency: writers (write(), off the hit path) serialize on a mutex, build a new
 // immutable list of the active triggers and publish it with one atomic store. fire()
@@ -45,6 +46,10 @@ struct TriggerHost : HistHost {
     // For enable_event/disable_event: the target event's enable flag, looked up when the
     // trigger is written (null if there is no such event); flipped on the hit path.
     virtual std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) = 0;
+    // For enable_hist/disable_hist: the target event's triggers, looked up when the trigger
+    // is written (null if there is no such event); its hist triggers paused and continued
+    // on the hit path.
+    virtual class TriggerSet *event_triggers(std::string_view system, std::string_view event) = 0;
     // stacktrace: records the user stack of the hit.
     virtual void record_stacktrace(const struct pt_regs &regs) = 0;
     // For set_wprobe/clear_wprobe, when the trigger is written: the w: event EVENT of group
@@ -73,6 +78,8 @@ public:
     // Hit path, after the record is written: runs every trigger whose filter matches.
     void fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept;
     bool empty() const noexcept { return cur_.load(std::memory_order_acquire) == nullptr; }
+    // Hit path (enable_hist, disable_hist): pauses or continues every hist trigger it has.
+    void pause_hists(bool paused) noexcept;
 
     // For hist keys with .sym/.sym-offset; set by the owner of the events.
     void set_symbolizer(Symbolizer sym);

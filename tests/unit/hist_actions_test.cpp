@@ -182,7 +182,7 @@ TEST_F(HistActions, RemovingTheTriggerGivesUpTheSnapshot) {
     ASSERT_EQ(file_append("events/acts/work/trigger", "!" + t), 0) << read("error_log");
     EXPECT_EQ(read("events/acts/work/trigger"), "# Available triggers:\n"
                                                 "# traceon traceoff snapshot stacktrace enable_event disable_event "
-                                                "hist set_wprobe clear_wprobe\n");
+                                                "enable_hist disable_hist hist set_wprobe clear_wprobe\n");
     // Another trigger may have the snapshot now.
     ASSERT_EQ(add_trigger("hist:keys=value:w=key:onchange($w).snapshot()"), 0) << read("error_log");
     // pause and cont of the installed one are not a second snapshot().

@@ -162,6 +162,11 @@ TEST(Hist, BadSpecsAreRejectedWithTheKernelsMessages) {
         {"hist:keys=a:vals=s", "String type can not be an operand in expression", 17},
         {"hist:keys=a:size=64", "Invalid size (128..131072 entries)", 17},
         {"hist:keys=a if nosuch == 1", "Field not found", 15 + 7},
+        {"hist:keys=a:nohitcount", "Non-hitcount value is required for 'nohitcount'", 0},
+        {"hist:keys=a:vals=hitcount:NOHC", "Non-hitcount value is required for 'nohitcount'", 0},
+        {"hist:keys=a.percent", "Invalid field modifier", 12},
+        {"hist:keys=a:vals=hitcount.hex", "Invalid field modifier", 26},
+        {"hist:keys=a:vals=b.syscall", "Invalid field modifier", 19},
     };
     for (const Case &c : cases) {
         FilterError err{"", -1};
@@ -170,6 +175,56 @@ TEST(Hist, BadSpecsAreRejectedWithTheKernelsMessages) {
         EXPECT_EQ(err.pos, c.pos) << c.text;
     }
     EXPECT_TRUE(f.set.empty());
+}
+
+// histogram.rst's value modifiers .percent (a share of the column's total over every
+// entry, truncated to hundredths) and .graph (a bar of 20 characters against the largest),
+// hitcount's as columns of their own, and :nohitcount leaving the hitcount out.
+TEST(Hist, PercentGraphAndNohitcount) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=common_pid:vals=hitcount.percent,hitcount.graph:sort=common_pid:NOHC", f.fields,
+                          f.host, nullptr),
+              0);
+    ASSERT_EQ(f.set.write("hist:keys=common_pid:vals=b.percent,b:sort=common_pid", f.fields, f.host, nullptr), 0);
+    feed(f); // pid 10: three hits, b 175; 11: one, b 7; 12: one, b 1
+    EXPECT_EQ(f.set.text(), "hist:keys=common_pid:vals=hitcount.percent,hitcount.graph:sort=common_pid:size=2048:"
+                            "nohitcount [active]\n"
+                            "hist:keys=common_pid:vals=hitcount,b.percent,b:sort=common_pid:size=2048 [active]\n");
+    const std::string h = f.set.hist_text();
+    EXPECT_NE(h.find("{ common_pid:         10 }  hitcount (%):  60.00  hitcount: ####################\n"
+                     "{ common_pid:         11 }  hitcount (%):  20.00  hitcount: ######              \n"
+                     "{ common_pid:         12 }  hitcount (%):  20.00  hitcount: ######              \n"),
+              std::string::npos)
+        << h;
+    // 175/183, 7/183, 1/183 of b's total, truncated as the kernel's __get_percentage().
+    EXPECT_NE(h.find("{ common_pid:         10 } hitcount:          3  b (%):  95.62  b:        175\n"
+                     "{ common_pid:         11 } hitcount:          1  b (%):   3.82  b:          7\n"
+                     "{ common_pid:         12 } hitcount:          1  b (%):   0.54  b:          1\n"),
+              std::string::npos)
+        << h;
+    // "!hist" names the trigger without :nohitcount, as the kernel compares them.
+    ASSERT_EQ(f.set.write("!hist:keys=common_pid:vals=hitcount.percent,hitcount.graph:sort=common_pid", f.fields,
+                          f.host, nullptr),
+              0);
+    EXPECT_EQ(f.set.text(), "hist:keys=common_pid:vals=hitcount,b.percent,b:sort=common_pid:size=2048 [active]\n");
+}
+
+// .syscall: a key holding a system call's number prints its name (x86-64's numbers, from
+// the kernel headers), "unknown_syscall" for a number that names none.
+TEST(Hist, SyscallKeysPrintTheCallsName) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=b.syscall:sort=b", f.fields, f.host, nullptr), 0);
+    EXPECT_EQ(f.set.text(), "hist:keys=b.syscall:vals=hitcount:sort=b.syscall:size=2048 [active]\n");
+    f.fire(1, 0, 0, 0, "");
+    f.fire(1, 0, 0, 1, "");
+    f.fire(1, 0, 0, 1, "");
+    f.fire(1, 0, 0, 999, "");
+    const std::string h = f.set.hist_text();
+    EXPECT_NE(h.find("{ b: sys_read                      [  0] } hitcount:          1\n"
+                     "{ b: sys_write                     [  1] } hitcount:          2\n"
+                     "{ b: unknown_syscall               [999] } hitcount:          1\n"),
+              std::string::npos)
+        << h;
 }
 
 // A hit whose key's bucket is claimed by a hit that has not published it yet (a thread

@@ -14,6 +14,7 @@ public:
     bool tracing_is_on() const override { return true; }
     void take_snapshot() override {}
     std::atomic<bool> *event_enable_flag(std::string_view, std::string_view) override { return nullptr; }
+    TriggerSet *event_triggers(std::string_view, std::string_view) override { return nullptr; }
     void record_stacktrace(const struct pt_regs &) override {}
     WatchMover *watch_mover(std::string_view, bool, int *err) override {
         *err = -ENOENT;

@@ -35,6 +35,9 @@ public:
         auto it = flags_.find(std::string(system) + "/" + std::string(event));
         return it == flags_.end() ? nullptr : &it->second;
     }
+    TriggerSet *event_triggers(std::string_view system, std::string_view event) override {
+        return system == "tfilt" && event == "other" ? &other_triggers : nullptr;
+    }
     void record_stacktrace(const struct pt_regs &regs) override { stack_ips.push_back(regs.ip); }
     // The w: event "watch" (at -1, not enabled) as a mover that keeps what it watches and
     // logs what the hits asked; "busy" is an enabled one, "fixed" one with an address.
@@ -63,6 +66,7 @@ public:
     std::atomic<int> set_calls{0}, snapshots{0};
     std::vector<unsigned long> stack_ips;
     std::map<std::string, std::atomic<bool>> flags_;
+    TriggerSet other_triggers; // tfilt/other's, for enable_hist and disable_hist
 };
 
 std::vector<Field> test_fields() {
@@ -194,6 +198,46 @@ TEST(Trigger, EnableAndDisableEventFlipTheTargetFlag) {
     set.fire(two.data(), uint32_t(two.size()), "t", regs);
     EXPECT_FALSE(host.flags_["tfilt/other"].load());
     EXPECT_EQ(set.text(), "disable_event:tfilt:other:unlimited if a == 2\nenable_event:tfilt:work:count=0\n");
+}
+
+// histogram.rst's enable_hist/disable_hist: a paused hist trigger of another event starts
+// aggregating when one hit says so and stops at another's; each hit with a count takes
+// one, whatever the target's state.
+TEST(Trigger, EnableAndDisableHistPauseAndContinueTheTargetsHistograms) {
+    RecordingHost host;
+    const auto fields = test_fields();
+    ASSERT_EQ(host.other_triggers.write("hist:keys=b:pause", fields, host, nullptr), 0);
+    TriggerSet on, off;
+    ASSERT_EQ(on.write("enable_hist:tfilt:other if a == 1", fields, host, nullptr), 0);
+    ASSERT_EQ(off.write("disable_hist:tfilt:other:2", fields, host, nullptr), 0);
+    pt_regs regs{};
+    const auto counted = record(0, 7);
+    auto hits_of_7 = [&] {
+        const std::string h = host.other_triggers.hist_text();
+        const size_t at = h.find("{ b:          7 } hitcount: ");
+        return at == std::string::npos ? 0ul : std::stoul(h.substr(at + 28));
+    };
+    host.other_triggers.fire(counted.data(), uint32_t(counted.size()), "t", regs);
+    EXPECT_EQ(hits_of_7(), 0ul); // paused
+    const auto one = record(1, 1), two = record(2, 1);
+    on.fire(two.data(), uint32_t(two.size()), "t", regs); // its filter says no
+    host.other_triggers.fire(counted.data(), uint32_t(counted.size()), "t", regs);
+    EXPECT_EQ(hits_of_7(), 0ul);
+    EXPECT_NE(host.other_triggers.text().find("[paused]"), std::string::npos);
+    on.fire(one.data(), uint32_t(one.size()), "t", regs);
+    EXPECT_NE(host.other_triggers.text().find("[active]"), std::string::npos);
+    host.other_triggers.fire(counted.data(), uint32_t(counted.size()), "t", regs);
+    host.other_triggers.fire(counted.data(), uint32_t(counted.size()), "t", regs);
+    EXPECT_EQ(hits_of_7(), 2ul);
+    off.fire(one.data(), uint32_t(one.size()), "t", regs);
+    host.other_triggers.fire(counted.data(), uint32_t(counted.size()), "t", regs);
+    EXPECT_EQ(hits_of_7(), 2ul);
+    off.fire(one.data(), uint32_t(one.size()), "t", regs); // already paused: counted all the same
+    EXPECT_EQ(off.text(), "disable_hist:tfilt:other:count=0\n");
+    on.fire(one.data(), uint32_t(one.size()), "t", regs);
+    off.fire(one.data(), uint32_t(one.size()), "t", regs); // count used up
+    host.other_triggers.fire(counted.data(), uint32_t(counted.size()), "t", regs);
+    EXPECT_EQ(hits_of_7(), 3ul);
 }
 
 TEST(Trigger, BadFilterKeepsTheOldTriggersAndPointsAtTheError) {
