@@ -77,6 +77,8 @@ using SortKey = HistTrigger::SortKey;
 struct HistSpec {
     std::string_view keys, vals, sort;
     int keys_pos = 0, vals_pos = 0, sort_pos = 0;
+    std::string_view name; // :name=NAME: a table shared by the triggers of that name
+    int name_pos = 0;
     bool have_keys = false, have_sort = false;
     int bits = kMapBitsDefault; // log2 of the table's elements
     bool pause = false, cont = false, clear = false;
@@ -113,6 +115,9 @@ bool parse_attributes(std::string_view spec, int spec_pos, HistSpec *s, FilterEr
             const size_t eq = part.find('=') + 1;
             s->vals = part.substr(eq);
             s->vals_pos = pos + int(eq);
+        } else if (part.starts_with("name=") && part.size() > 5) {
+            s->name = part.substr(5);
+            s->name_pos = pos + 5;
         } else if (part.starts_with("sort=")) {
             s->sort = part.substr(5);
             s->sort_pos = pos + 5;
@@ -363,6 +368,18 @@ std::mutex &vars_mu() {
 }
 std::multimap<std::string, VarEntry, std::less<>> &var_table() {
     static auto *t = new std::multimap<std::string, VarEntry, std::less<>>;
+    return *t;
+}
+
+// The installed triggers of each :name=NAME, under vars_mu(): their shared tables, what they
+// must have alike, and how many are installed (at none the name is free again).
+struct NamedHist {
+    std::shared_ptr<HistTables> tables;
+    std::string signature;
+    int installed = 0;
+};
+std::map<std::string, NamedHist, std::less<>> &named_hists() {
+    static auto *t = new std::map<std::string, NamedHist, std::less<>>;
     return *t;
 }
 
@@ -788,8 +805,23 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         }
     if (h->needs_ts_) measure_tsc_scale();
     h->paused_.store(h->want_pause_, std::memory_order_relaxed);
-    h->tables_.push_back(h->new_table());
-    h->table_.store(h->tables_.back().get(), std::memory_order_release);
+    h->name_ = std::string(s.name);
+    if (!h->name_.empty()) {
+        std::lock_guard lock(vars_mu());
+        if (auto it = named_hists().find(h->name_); it != named_hists().end()) {
+            if (it->second.signature != h->signature()) {
+                fail(err, "Named hist trigger doesn't match existing named trigger (includes variables)", s.name_pos);
+                return nullptr;
+            }
+            h->tables_ = it->second.tables; // the first one's, its size too
+            h->size_ = h->tables_->cur.load(std::memory_order_acquire)->n_elts;
+        }
+    }
+    if (!h->tables_) {
+        h->tables_ = std::make_shared<HistTables>();
+        h->tables_->all.push_back(h->new_table());
+        h->tables_->cur.store(h->tables_->all.back().get(), std::memory_order_release);
+    }
     return h;
 }
 
@@ -864,7 +896,7 @@ inline void add_to(std::atomic<uint64_t> &sum, uint64_t v, bool owned) noexcept 
 
 void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs *regs) noexcept {
     if (paused_.load(std::memory_order_acquire)) return;
-    HistTable *t = table_.load(std::memory_order_acquire);
+    HistTable *t = tables_->cur.load(std::memory_order_acquire);
     const uint64_t ts = needs_ts_ ? clock_now_ns() : 0;
     uint8_t key[kMaxKeys * kMaxStringKey];
     zero_bytes(key, key_bytes_);
@@ -1100,13 +1132,32 @@ HistTrigger::~HistTrigger() {
     const HistTrigger *self = this;
     g_snapshot_owner.compare_exchange_strong(self, nullptr);
     std::lock_guard lock(vars_mu());
+    if (published_) leave_name();
     for (auto it = var_table().begin(); it != var_table().end();)
         it = it->second.owner == this ? var_table().erase(it) : std::next(it);
 }
 
+void HistTrigger::leave_name() {
+    if (name_.empty()) return;
+    if (auto it = named_hists().find(name_); it != named_hists().end() && --it->second.installed == 0)
+        named_hists().erase(it); // the tables stay with the triggers that had them
+}
+
+std::string HistTrigger::signature() const {
+    std::string s;
+    for (const auto *cols : {&keys_, &vals_}) {
+        for (const Column &c : *cols)
+            s += column_text(c) + "@" + std::to_string(c.offset) + "/" + std::to_string(c.size) +
+                 (c.is_signed ? "s" : "u") + (c.is_string ? "S," : ",");
+        s += ";";
+    }
+    for (const SortKey &k : sort_) s += k.text + ",";
+    return s + join_tail(vars_, actions_, false) + join_tail(vars_, actions_, true);
+}
+
 bool HistTrigger::take_var(const uint8_t *key, uint32_t hash, uint32_t key_bytes, uint32_t index, int32_t pid_key_off,
                            uint64_t *value) const noexcept {
-    const HistTable *t = table_.load(std::memory_order_acquire);
+    const HistTable *t = tables_->cur.load(std::memory_order_acquire);
     const int64_t el = t->find(key, t->key_bytes == key_bytes ? hash : t->hash_of(key));
     if (el < 0) return false;
     const size_t slot = size_t(el) * t->n_vars + index;
@@ -1125,6 +1176,10 @@ void HistTrigger::publish_vars() {
     std::lock_guard lock(vars_mu());
     if (published_) return;
     published_ = true;
+    if (!name_.empty()) {
+        NamedHist &n = named_hists()[name_];
+        if (n.installed++ == 0) n = NamedHist{tables_, signature(), 1};
+    }
     for (uint32_t i = 0; i < vars_.size(); ++i) var_table().insert({vars_[i].name, VarEntry{this, i, event_}});
     for (const Ref &r : refs_) r.owner->users_.fetch_add(1, std::memory_order_relaxed);
     for (const Action &a : actions_)
@@ -1135,6 +1190,7 @@ bool HistTrigger::retract_vars() {
     std::lock_guard lock(vars_mu());
     if (!published_) return true;
     if (users_.load(std::memory_order_relaxed) > 0) return false;
+    leave_name();
     for (auto it = var_table().begin(); it != var_table().end();)
         it = it->second.owner == this ? var_table().erase(it) : std::next(it);
     for (const Ref &r : refs_) r.owner->users_.fetch_sub(1, std::memory_order_relaxed);
@@ -1147,7 +1203,9 @@ bool HistTrigger::retract_vars() {
 }
 
 std::string HistTrigger::spec_text() const {
-    std::string s = "hist:keys=";
+    std::string s = "hist:";
+    if (!name_.empty()) s += "name=" + name_ + ":";
+    s += "keys=";
     // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) about `"," + string` at -O3.
     for (size_t i = 0; i < keys_.size(); i++) {
         if (i) s += ',';
@@ -1182,20 +1240,21 @@ bool HistTrigger::same_as(const HistTrigger &o) const {
         return s;
     };
     const std::string f1 = filter_ ? filter_->text() : "", f2 = o.filter_ ? o.filter_->text() : "";
-    return cols(keys_) == cols(o.keys_) && cols(vals_) == cols(o.vals_) && sorts(sort_) == sorts(o.sort_) &&
-           size_ == o.size_ && f1 == f2 && join_tail(vars_, actions_, false) == join_tail(o.vars_, o.actions_, false) &&
+    return name_ == o.name_ && cols(keys_) == cols(o.keys_) && cols(vals_) == cols(o.vals_) &&
+           sorts(sort_) == sorts(o.sort_) && size_ == o.size_ && f1 == f2 &&
+           join_tail(vars_, actions_, false) == join_tail(o.vars_, o.actions_, false) &&
            join_tail(vars_, actions_, true) == join_tail(o.vars_, o.actions_, true);
 }
 
 void HistTrigger::clear() {
-    std::lock_guard lk(mu_);
-    tables_.push_back(new_table());
+    std::lock_guard lk(tables_->mu);
+    tables_->all.push_back(new_table());
     // A hit still inside the old table finishes there; the old table is kept, not freed.
-    table_.store(tables_.back().get(), std::memory_order_release);
+    tables_->cur.store(tables_->all.back().get(), std::memory_order_release);
 }
 
-uint64_t HistTrigger::hits() const { return table_.load(std::memory_order_acquire)->hits(); }
-uint64_t HistTrigger::drops() const { return table_.load(std::memory_order_acquire)->drops.load(); }
+uint64_t HistTrigger::hits() const { return tables_->cur.load(std::memory_order_acquire)->hits(); }
+uint64_t HistTrigger::drops() const { return tables_->cur.load(std::memory_order_acquire)->drops.load(); }
 
 namespace {
 
@@ -1442,8 +1501,8 @@ std::string HistTrigger::snapshot_lines(const Symbolizer &sym) const {
 }
 
 std::string HistTrigger::show(const Symbolizer &sym) const {
-    std::lock_guard lk(mu_);
-    const HistTable *t = table_.load(std::memory_order_acquire);
+    std::lock_guard lk(tables_->mu);
+    const HistTable *t = tables_->cur.load(std::memory_order_acquire);
     std::string out = "# event histogram\n#\n# trigger info: " + spec_text() + "\n#\n\n";
     std::vector<Entry> entries = t->published();
     sort_entries(entries, keys_, sort_);

@@ -44,6 +44,14 @@ namespace ukp::trace {
 
 struct HistTable; // one generation of the table; :clear publishes a fresh one
 
+// The tables of a trigger, or of every trigger that names them (:name=NAME): the current
+// one, what hits update, and those :clear retired (a hit may still be inside one).
+struct HistTables {
+    std::atomic<HistTable *> cur{nullptr};
+    std::mutex mu; // clear() and show()
+    std::vector<std::unique_ptr<HistTable>> all;
+};
+
 // A synthetic event, as a hist trigger's action fires it. The tracer's is the one kind.
 struct SynthSink {
     virtual ~SynthSink() = default;
@@ -215,6 +223,11 @@ private:
     // snapshot(): the swap, when v is also the largest (a change) over every key.
     void snapshot(const Action &a, const uint8_t *key, const char *comm, uint64_t v) const noexcept;
     std::unique_ptr<HistTable> new_table() const;
+    // What triggers sharing a name must have alike (histogram.rst's "compatible" fields): the
+    // keys, values, sort, variables and actions, and where each field is in the record.
+    std::string signature() const;
+    // Gives up its place among the installed triggers of its name (under vars_mu()).
+    void leave_name();
     std::string action_lines(const HistTable &t, const std::vector<uint32_t> &elts) const;
     std::string snapshot_lines(const Symbolizer &sym) const;
 
@@ -240,9 +253,9 @@ private:
     std::string event_;                 // "GRP.EVENT"
     mutable std::atomic<int> users_{0}; // triggers that read its variables
     bool published_ = false;
-    std::atomic<HistTable *> table_{nullptr};        // what update() uses
-    mutable std::mutex mu_;                          // clear() and show()
-    std::vector<std::unique_ptr<HistTable>> tables_; // current and retired
+    // Its tables, shared by every trigger of its name (:name=NAME).
+    std::shared_ptr<HistTables> tables_;
+    std::string name_; // :name=NAME, "" for none
 };
 
 } // namespace ukp::trace

@@ -227,6 +227,42 @@ TEST(Hist, SyscallKeysPrintTheCallsName) {
         << h;
 }
 
+// histogram.rst's named triggers: hist:name=NAME on two events shares one table (each
+// hist file shows it whole); each trigger keeps its own filter and pause; a trigger whose
+// keys or values differ is refused while the name is installed, and taken once none is.
+TEST(Hist, TriggersOfOneNameShareTheirTable) {
+    Fixture rx, tx; // two events with the same fields
+    ASSERT_EQ(rx.set.write("hist:name=foo:keys=b:vals=a", rx.fields, rx.host, nullptr), 0);
+    ASSERT_EQ(tx.set.write("hist:name=foo:keys=b:vals=a if a > 0", tx.fields, tx.host, nullptr), 0);
+    EXPECT_EQ(tx.set.text(), "hist:name=foo:keys=b:vals=hitcount,a:sort=hitcount:size=2048 if a > 0 [active]\n");
+    rx.fire(1, 0, 1, 5, "");
+    tx.fire(1, 0, 2, 5, "");
+    tx.fire(1, 0, 3, 6, "");
+    tx.fire(1, 0, -1, 6, ""); // tx's filter: not counted
+    const std::string both = "{ b:          6 } hitcount:          1  a:          3\n"
+                             "{ b:          5 } hitcount:          2  a:          3\n";
+    EXPECT_NE(rx.set.hist_text().find(both), std::string::npos) << rx.set.hist_text();
+    EXPECT_NE(tx.set.hist_text().find(both), std::string::npos) << tx.set.hist_text();
+    EXPECT_NE(rx.set.hist_text().find("Hits: 3\n"), std::string::npos);
+    // Paused on one event: the other still counts into the table.
+    ASSERT_EQ(tx.set.write("hist:name=foo:keys=b:vals=a:pause if a > 0", tx.fields, tx.host, nullptr), 0);
+    tx.fire(1, 0, 4, 6, "");
+    rx.fire(1, 0, 4, 6, "");
+    EXPECT_NE(tx.set.hist_text().find("{ b:          6 } hitcount:          2  a:          7\n"), std::string::npos)
+        << tx.set.hist_text();
+    FilterError err{"", -1};
+    EXPECT_EQ(tx.set.write("hist:name=foo:keys=a", tx.fields, tx.host, &err), -EINVAL);
+    EXPECT_EQ(err.message, "Named hist trigger doesn't match existing named trigger (includes variables)");
+    EXPECT_EQ(err.pos, 10);
+    ASSERT_EQ(rx.set.write("!hist:name=foo:keys=b:vals=a", rx.fields, rx.host, nullptr), 0);
+    EXPECT_EQ(tx.set.write("hist:name=foo:keys=a", tx.fields, tx.host, nullptr), -EINVAL); // tx still has it
+    ASSERT_EQ(tx.set.write("!hist:name=foo:keys=b:vals=a if a > 0", tx.fields, tx.host, nullptr), 0);
+    ASSERT_EQ(tx.set.write("hist:name=foo:keys=a", tx.fields, tx.host, nullptr), 0);
+    tx.fire(1, 0, 9, 6, "");
+    EXPECT_NE(tx.set.hist_text().find("{ a:          9 } hitcount:          1\n"), std::string::npos)
+        << tx.set.hist_text();
+}
+
 // A hit whose key's bucket is claimed by a hit that has not published it yet (a thread
 // preempted between the two stores) is not dropped: it passes the bucket over, and the
 // reader adds up the key once the other hit publishes it too.
