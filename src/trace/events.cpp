@@ -1495,7 +1495,9 @@ std::string normalize(std::string_view path) {
     return std::string(path);
 }
 
-int event_file(Tracer &t, const EventPath &p, std::string_view text, bool write, std::string *out) {
+// mode: 0 read, 1 truncating write, 2 append (file_op's).
+int event_file(Tracer &t, const EventPath &p, std::string_view text, int mode, std::string *out) {
+    const bool write = mode != 0;
     std::vector<Event *> targets;
     for (auto &e : t.events)
         if ((p.group.empty() || e->group == p.group) && (p.event.empty() || e->name == p.event))
@@ -1552,6 +1554,10 @@ int event_file(Tracer &t, const EventPath &p, std::string_view text, bool write,
             *out = e->triggers.text();
             return 0;
         }
+        // Opened to truncate, the file drops the event's hist, enable_hist and disable_hist
+        // triggers first, as the kernel's hist_unreg_all() and hist_enable_unreg_all() (not
+        // while another trigger reads a variable of one of them).
+        if (mode == 1) e->triggers.remove_hists();
         FilterError err;
         const std::string cmd = strip(text);
         if (cmd.rfind("snapshot", 0) == 0) {
@@ -1559,7 +1565,14 @@ int event_file(Tracer &t, const EventPath &p, std::string_view text, bool write,
             if (int r = snapshot_alloc(); r != 0) return r;
         }
         const int r = e->triggers.write(cmd, e->fields, t, &err);
-        if (r != 0 && !err.message.empty()) t.errors.add_text("event trigger parse error", cmd, err.message, err.pos);
+        // A hist trigger's error is logged at "hist:GRP:EVENT", as the kernel's hist_err().
+        std::string_view command = cmd;
+        while (!command.empty() && (command[0] == '!' || command[0] == ' ' || command[0] == '\t'))
+            command.remove_prefix(1);
+        const std::string where = command.starts_with("hist:") || command.starts_with("hist ") || command == "hist"
+                                      ? "hist:" + e->group + ":" + e->name
+                                      : "event trigger parse error";
+        if (r != 0 && !err.message.empty()) t.errors.add_text(where, cmd, err.message, err.pos);
         t.arm(e);
         return r;
     }
@@ -1688,7 +1701,7 @@ int file_op(std::string_view raw_path, std::string_view text, int mode, std::str
         return set_buffer_size_kb(n);
     }
     EventPath ep;
-    if (split_event_path(path, &ep)) return event_file(t, ep, text, write, out);
+    if (split_event_path(path, &ep)) return event_file(t, ep, text, mode, out);
     return -ENOENT;
 }
 

@@ -128,6 +128,8 @@ public:
     // trigger refers to them.
     void publish_vars();
     bool retract_vars();
+    // Whether another installed trigger reads one of its variables.
+    bool referenced() const { return users_.load(std::memory_order_relaxed) > 0; }
     // From another trigger's hit: variable `index` for `key`, if set (then unset). No lock.
     // hash: the key's hash_of() in a table of key_bytes; pid_key_off: where the caller's key
     // holds common_pid (the calling thread's id), or -1.

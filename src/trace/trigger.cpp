@@ -477,6 +477,30 @@ int TriggerSet::install(std::unique_ptr<Trigger> t, bool remove, int pos, Filter
     return 0;
 }
 
+void TriggerSet::remove_hists() {
+    std::lock_guard lk(mu_);
+    const TriggerList *cur = cur_.load(std::memory_order_relaxed);
+    if (!cur) return;
+    auto dropped = [](const Trigger *t) {
+        return t->kind == Kind::kHist || t->kind == Kind::kEnableHist || t->kind == Kind::kDisableHist;
+    };
+    for (Trigger *t : cur->items)
+        if (t->kind == Kind::kHist && t->hist->referenced()) return; // the kernel's hist_file_check_refs()
+    std::vector<Trigger *> items;
+    for (Trigger *t : cur->items) {
+        if (!dropped(t)) {
+            items.push_back(t);
+            continue;
+        }
+        if (t->kind == Kind::kHist) t->hist->retract_vars(); // it stays in triggers_: a hit may still run it
+    }
+    if (items.size() == cur->items.size()) return;
+    auto list = std::make_unique<TriggerList>();
+    list->items = std::move(items);
+    cur_.store(list->items.empty() ? nullptr : list.get(), std::memory_order_release);
+    lists_.push_back(std::move(list));
+}
+
 std::string TriggerSet::text() const {
     std::lock_guard lk(mu_);
     const TriggerList *cur = cur_.load(std::memory_order_relaxed);

@@ -73,6 +73,9 @@ public:
     // file takes them; 0, or -EINVAL (-ENOENT, -EEXIST as the kernel) with *err (message
     // and position) on a bad one.
     int write(std::string_view text, const std::vector<Field> &fields, TriggerHost &host, FilterError *err);
+    // Takes out every hist, enable_hist and disable_hist trigger (a truncating open of the
+    // trigger file), unless another trigger reads a variable of one of them: then none.
+    void remove_hists();
     std::string text() const;      // the trigger file's content
     std::string hist_text() const; // the hist file's content (the kernel's format)
     // Hit path, after the record is written: runs every trigger whose filter matches.

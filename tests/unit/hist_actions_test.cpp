@@ -213,7 +213,7 @@ TEST_F(HistActions, ErrorsAreTheKernels) {
         SCOPED_TRACE(c.trigger);
         ASSERT_EQ(file_write("error_log", ""), 0);
         EXPECT_EQ(file_append("events/acts/work/trigger", c.trigger), -EINVAL);
-        expect_logged("event trigger parse error", c.message, c.trigger, size_t(c.caret));
+        expect_logged("hist:acts:work", c.message, c.trigger, size_t(c.caret));
     }
     // Nothing was installed, no snapshot claimed.
     EXPECT_EQ(read("events/acts/work/trigger").rfind("# Available triggers:", 0), 0u);

@@ -130,7 +130,7 @@ TEST_F(HistStrings, TypesMustMatchAsTheKernelWantsThem) {
         SCOPED_TRACE(c.trigger);
         ASSERT_EQ(file_write("error_log", ""), 0);
         EXPECT_EQ(file_write("events/fprobes/named_out/trigger", c.trigger), -EINVAL);
-        expect_logged("event trigger parse error", c.message, c.trigger, std::string(c.trigger).find(c.at));
+        expect_logged("hist:fprobes:named_out", c.message, c.trigger, std::string(c.trigger).find(c.at));
     }
     struct Synth {
         const char *line;

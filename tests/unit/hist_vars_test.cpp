@@ -101,6 +101,12 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
     }
     // The exit's histogram counts the exits whose entry was seen.
     EXPECT_NE(read("events/fprobes/ukh_sleep__exit/hist").find("hitcount:          4"), std::string::npos);
+    // The entry's trigger file opened to truncate takes nothing out while the exit's
+    // trigger reads its variable (the kernel's hist_file_check_refs()): the write that
+    // follows names the trigger that is still there.
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              -EEXIST);
+    EXPECT_NE(read("events/fprobes/ukh_sleep__entry/trigger").find(":ts0=common_timestamp.usecs:"), std::string::npos);
 }
 
 // The recipe with four threads at once: each thread's calls meet only its own elements of

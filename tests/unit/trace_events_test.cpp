@@ -123,6 +123,35 @@ TEST_F(TraceEvents, HistogramFileShowsKeys) {
     ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!hist:keys=x"), 0);
 }
 
+// The trigger file opened to truncate (`echo ... >`) drops the event's hist, enable_hist
+// and disable_hist triggers first, as the kernel's; the others stay, and appending
+// (`>>`) drops nothing. A hist error is logged at "hist:GRP:EVENT".
+TEST_F(TraceEvents, TruncatingTheTriggerFileRemovesItsHistTriggers) {
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_append("kprobe_events", "p:other ttarget_triple y=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "hist:keys=x"), 0);
+    ASSERT_EQ(file_append("events/kprobes/flt/trigger", "hist:keys=common_pid"), 0);
+    ASSERT_EQ(file_append("events/kprobes/flt/trigger", "traceoff if x == 1000"), 0);
+    ASSERT_EQ(file_append("events/kprobes/flt/trigger", "enable_hist:kprobes:other"), 0);
+    EXPECT_EQ(read("events/kprobes/flt/trigger"),
+              "enable_hist:kprobes:other:unlimited\n"
+              "traceoff:unlimited if x == 1000\n"
+              "hist:keys=x:vals=hitcount:sort=hitcount:size=2048 [active]\n"
+              "hist:keys=common_pid:vals=hitcount:sort=hitcount:size=2048 [active]\n");
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "hist:keys=x:vals=x"), 0);
+    EXPECT_EQ(read("events/kprobes/flt/trigger"), "traceoff:unlimited if x == 1000\n"
+                                                  "hist:keys=x:vals=hitcount,x:sort=hitcount:size=2048 [active]\n");
+    g_triple(5);
+    EXPECT_NE(read("events/kprobes/flt/hist").find("{ x:          5 } hitcount:          1  x:          5\n"),
+              std::string::npos)
+        << read("events/kprobes/flt/hist");
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/kprobes/flt/trigger", "hist:keys=nosuch"), -EINVAL);
+    expect_logged("hist:kprobes:flt", "Couldn't find field", "hist:keys=nosuch", 10);
+    EXPECT_EQ(read("events/kprobes/flt/trigger"), "traceoff:unlimited if x == 1000\n");
+    ASSERT_EQ(file_write("events/kprobes/flt/trigger", "!traceoff if x == 1000"), 0);
+}
+
 TEST_F(TraceEvents, TracePipeConsumes) {
     ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
     ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
