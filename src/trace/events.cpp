@@ -956,7 +956,9 @@ bool synth_type(std::string_view name, ArgType *t) {
                   {"u64", Kind::kUnsigned, 8}, {"s64", Kind::kSigned, 8},
                   {"int", Kind::kSigned, 4},   {"unsigned int", Kind::kUnsigned, 4},
                   {"long", Kind::kSigned, 8},  {"unsigned long", Kind::kUnsigned, 8},
-                  {"pid_t", Kind::kSigned, 4}, {"bool", Kind::kUnsigned, 1}};
+                  {"pid_t", Kind::kSigned, 4}, {"bool", Kind::kUnsigned, 1},
+                  {"char", Kind::kSigned, 1},  {"unsigned char", Kind::kUnsigned, 1},
+                  {"gfp_t", Kind::kHex, 4}};
     for (const auto &k : kTypes)
         if (name == k.name) {
             t->kind = k.kind;

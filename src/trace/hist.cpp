@@ -27,6 +27,7 @@ namespace {
 
 constexpr const char *kFieldNotFound = "Couldn't find field";
 constexpr const char *kBadModifier = "Invalid field modifier";
+constexpr const char *kDivisionByZero = "Division by zero"; // -EDOM, as the kernel's
 constexpr const char *kInvalidSortModifier = "Invalid sort modifier";
 constexpr const char *kEmptySortField = "Empty sort field";
 constexpr const char *kTooManySort = "Too many sort fields (Max = 2)";
@@ -600,8 +601,35 @@ struct HistTrigger::OperandParser {
         }
         if (const int deep = too_deep(v.terms); deep >= 0)
             return fail(err, "Too many subexpressions (3 max)", starts[size_t(deep)]);
+        // A constant divisor of 0 is refused where the product it divides starts, and the
+        // operands must agree on common_timestamp's unit, each (a variable: its first
+        // operand's) in microseconds or not: the kernel's parse_expr() and
+        // check_expr_operands() (which compare every pair an operator joins, so every one).
+        for (size_t i = 0, product = 0; i < v.terms.size(); ++i) {
+            const Operand &o = v.terms[i];
+            if (o.op == '+' || o.op == '-') product = i;
+            if (o.op == '/' && o.kind == Operand::kConst && o.value == 0)
+                return fail(err, kDivisionByZero, starts[product]);
+            if (in_usecs(o) != in_usecs(v.terms.front()))
+                return fail(err, "Timestamp units in expression don't match", 0);
+        }
         h.vars_.push_back(std::move(v));
         return true;
+    }
+
+    // Whether operand o counts common_timestamp in microseconds: .usecs, or a variable whose
+    // first operand does.
+    bool in_usecs(const Operand &o) const {
+        switch (o.kind) {
+        case Operand::kTimestamp:
+            return o.usecs;
+        case Operand::kOwnVar:
+            return h.var_in_usecs(o.index);
+        case Operand::kRef:
+            return h.refs_[o.index].owner->var_in_usecs(h.refs_[o.index].index);
+        default:
+            return false;
+        }
     }
 
     // onmatch(GRP.EVENT), onmax($VAR) or onchange($VAR), then .trace(SYNTH,ARGS),
@@ -1142,6 +1170,16 @@ void HistTrigger::leave_name() {
     if (auto it = named_hists().find(name_); it != named_hists().end() && --it->second.installed == 0)
         named_hists().erase(it); // the tables stay with the triggers that had them
 }
+
+bool HistTrigger::var_in_usecs(uint32_t index) const {
+    const Operand &o = vars_[index].terms.front();
+    if (o.kind == Operand::kTimestamp) return o.usecs;
+    if (o.kind == Operand::kOwnVar && o.index != index) return var_in_usecs(o.index);
+    if (o.kind == Operand::kRef) return refs_[o.index].owner->var_in_usecs(refs_[o.index].index);
+    return false;
+}
+
+bool HistTrigger::is_division_by_zero(const FilterError &e) { return e.message == kDivisionByZero; }
 
 std::string HistTrigger::signature() const {
     std::string s;

@@ -128,6 +128,8 @@ public:
     // trigger refers to them.
     void publish_vars();
     bool retract_vars();
+    // Whether a parse error is the kernel's division by a constant zero (-EDOM, not -EINVAL).
+    static bool is_division_by_zero(const FilterError &e);
     // Whether another installed trigger reads one of its variables.
     bool referenced() const { return users_.load(std::memory_order_relaxed) > 0; }
     // From another trigger's hit: variable `index` for `key`, if set (then unset). No lock.
@@ -228,6 +230,8 @@ private:
     // What triggers sharing a name must have alike (histogram.rst's "compatible" fields): the
     // keys, values, sort, variables and actions, and where each field is in the record.
     std::string signature() const;
+    // Whether variable `index` counts common_timestamp in microseconds (its first operand).
+    bool var_in_usecs(uint32_t index) const;
     // Gives up its place among the installed triggers of its name (under vars_mu()).
     void leave_name();
     std::string action_lines(const HistTable &t, const std::vector<uint32_t> &elts) const;

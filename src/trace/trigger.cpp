@@ -168,7 +168,8 @@ int parse_hist_param(Trigger &t, std::string_view param, int pos, std::unique_pt
                      const std::vector<Field> &fields, FilterError *err) {
     FilterError herr;
     t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr, t.host, t.owner);
-    if (!t.hist) return fail(err, -EINVAL, herr.message.c_str(), herr.pos);
+    if (!t.hist)
+        return fail(err, HistTrigger::is_division_by_zero(herr) ? -EDOM : -EINVAL, herr.message.c_str(), herr.pos);
     return 0;
 }
 

@@ -193,6 +193,20 @@ TEST_F(HistVars, ErrorsOfVariablesActionsAndSyntheticEvents) {
         EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", c.trigger), -EINVAL);
         EXPECT_NE(read("error_log").find(c.message), std::string::npos) << read("error_log");
     }
+    // Units of common_timestamp that differ (ts0 is in microseconds), the caret at the
+    // command's start; a constant divisor of 0, the caret where its product starts, -EDOM:
+    // the kernel's check_expr_operands() and parse_expr().
+    const std::string mixed = "hist:keys=common_pid:lat=common_timestamp-$ts0";
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", mixed), -EINVAL);
+    expect_logged("hist:fprobes:ukh_sleep__exit", "Timestamp units in expression don't match", mixed, 0);
+    const std::string by_zero = "hist:keys=common_pid:x=common_pid+common_pid*2/0";
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", by_zero), -EDOM);
+    expect_logged("hist:fprobes:ukh_sleep__exit", "Division by zero", by_zero, by_zero.find("common_pid*"));
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", "hist:keys=common_pid:x=common_pid/2"), 0)
+        << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", "!hist:keys=common_pid:x=common_pid/2"), 0);
     struct Synth {
         const char *line, *message;
     } synth[] = {
@@ -215,6 +229,14 @@ TEST_F(HistVars, ErrorsOfVariablesActionsAndSyntheticEvents) {
     EXPECT_NE(read("dynamic_events").find("s:synthetic/other u32 a; s64 b\n"), std::string::npos);
     ASSERT_EQ(file_append("dynamic_events", "-:synthetic/other"), 0);
     EXPECT_EQ(read("synthetic_events"), "sleep_latency u64 lat; pid_t pid\n");
+    // The kernel's other field types: char and unsigned char (a byte each), gfp_t.
+    ASSERT_EQ(file_append("synthetic_events", "kinds char c; unsigned char uc; gfp_t g"), 0) << read("error_log");
+    const std::string format = read("events/synthetic/kinds/format");
+    for (const char *f : {"field:char c;", "field:unsigned char uc;", "field:gfp_t g;"})
+        EXPECT_NE(format.find(f), std::string::npos) << format;
+    EXPECT_NE(format.find("size:1;\tsigned:1;"), std::string::npos) << format;
+    EXPECT_NE(format.find("size:1;\tsigned:0;"), std::string::npos) << format;
+    ASSERT_EQ(file_append("synthetic_events", "!kinds"), 0);
 }
 
 } // namespace
