@@ -80,6 +80,8 @@ struct HistSpec {
     int keys_pos = 0, vals_pos = 0, sort_pos = 0;
     std::string_view name; // :name=NAME: a table shared by the triggers of that name
     int name_pos = 0;
+    std::string_view clock = "global"; // :clock=CLOCK, of common_timestamp
+    int clock_pos = 0;
     bool have_keys = false, have_sort = false;
     int bits = kMapBitsDefault; // log2 of the table's elements
     bool pause = false, cont = false, clear = false;
@@ -119,6 +121,9 @@ bool parse_attributes(std::string_view spec, int spec_pos, HistSpec *s, FilterEr
         } else if (part.starts_with("name=") && part.size() > 5) {
             s->name = part.substr(5);
             s->name_pos = pos + 5;
+        } else if (part.starts_with("clock=")) {
+            s->clock = part.substr(6);
+            s->clock_pos = pos + 6;
         } else if (part.starts_with("sort=")) {
             s->sort = part.substr(5);
             s->sort_pos = pos + 5;
@@ -833,6 +838,14 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         }
     if (h->needs_ts_) measure_tsc_scale();
     h->paused_.store(h->want_pause_, std::memory_order_relaxed);
+    // The trace clocks whose common_timestamp is this tracer's, CLOCK_MONOTONIC in ns (the
+    // kernel's global, local, mono and perf are all nanosecond clocks that only go up);
+    // another would change the clock of every event's records, as tracing_set_clock() does.
+    if (s.clock != "global" && s.clock != "local" && s.clock != "mono" && s.clock != "perf") {
+        fail(err, "Couldn't set trace_clock", s.clock_pos);
+        return nullptr;
+    }
+    h->clock_ = std::string(s.clock);
     h->name_ = std::string(s.name);
     if (!h->name_.empty()) {
         std::lock_guard lock(vars_mu());
@@ -1259,6 +1272,7 @@ std::string HistTrigger::spec_text() const {
     s += ":sort=";
     for (size_t i = 0; i < sort_.size(); i++) s += (i ? "," : "") + sort_[i].text;
     s += ":size=" + std::to_string(size_);
+    if (needs_ts_) s += ":clock=" + clock_; // the kernel's, for a trigger that reads the time
     if (no_hitcount_) s += ":nohitcount";
     s += join_tail(vars_, actions_, true);
     if (filter_) s += " if " + filter_->text();

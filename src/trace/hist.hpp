@@ -261,7 +261,8 @@ private:
     bool published_ = false;
     // Its tables, shared by every trigger of its name (:name=NAME).
     std::shared_ptr<HistTables> tables_;
-    std::string name_; // :name=NAME, "" for none
+    std::string name_;  // :name=NAME, "" for none
+    std::string clock_; // :clock=CLOCK (global unless told)
 };
 
 } // namespace ukp::trace

@@ -167,6 +167,7 @@ TEST(Hist, BadSpecsAreRejectedWithTheKernelsMessages) {
         {"hist:keys=a.percent", "Invalid field modifier", 12},
         {"hist:keys=a:vals=hitcount.hex", "Invalid field modifier", 26},
         {"hist:keys=a:vals=b.syscall", "Invalid field modifier", 19},
+        {"hist:keys=a:clock=x86-tsc", "Couldn't set trace_clock", 18},
     };
     for (const Case &c : cases) {
         FilterError err{"", -1};
@@ -207,6 +208,19 @@ TEST(Hist, PercentGraphAndNohitcount) {
                           f.host, nullptr),
               0);
     EXPECT_EQ(f.set.text(), "hist:keys=common_pid:vals=hitcount,b.percent,b:sort=common_pid:size=2048 [active]\n");
+}
+
+// :clock=CLOCK, printed (global unless told) by a trigger that reads common_timestamp, as
+// the kernel's; a clock other than the nanosecond ones is refused (BadSpecs... above).
+TEST(Hist, TheClockIsPrintedWhenTheTimeIsRead) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=a:t=common_timestamp:clock=mono", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=b:vals=common_timestamp.usecs", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=s:clock=local", f.fields, f.host, nullptr), 0);
+    EXPECT_EQ(f.set.text(), "hist:keys=a:vals=hitcount:t=common_timestamp:sort=hitcount:size=2048:clock=mono [active]\n"
+                            "hist:keys=b:vals=hitcount,common_timestamp.usecs:sort=hitcount:size=2048:clock=global "
+                            "[active]\n"
+                            "hist:keys=s:vals=hitcount:sort=hitcount:size=2048 [active]\n");
 }
 
 // .syscall: a key holding a system call's number prints its name (x86-64's numbers, from

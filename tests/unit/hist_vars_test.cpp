@@ -78,7 +78,7 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
               0)
         << read("error_log");
     EXPECT_EQ(read("events/fprobes/ukh_sleep__exit/trigger"),
-              "hist:keys=common_pid:vals=hitcount:lat=common_timestamp.usecs-$ts0:sort=hitcount:size=2048:"
+              "hist:keys=common_pid:vals=hitcount:lat=common_timestamp.usecs-$ts0:sort=hitcount:size=2048:clock=global:"
               "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid) [active]\n");
     // Buckets of a second: whatever the machine's load, every sleep here is in the first.
     ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "hist:keys=lat.buckets=1000000:sort=lat"), 0)
