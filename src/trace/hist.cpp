@@ -495,6 +495,18 @@ struct HistTrigger::OperandParser {
     // One operand; a string (a string field, a string variable) only where `strings`.
     bool operand(std::string_view text, int pos, Operand *o, bool strings = false) {
         if (text.empty()) return fail(err, "Malformed assignment", pos);
+        // histogram.rst's fully-qualified names: GRP.EVENT.$VAR, a variable of that event's
+        // trigger ($GRP.EVENT.VAR here too), and GRP.EVENT.FIELD of this event.
+        if (const size_t q = text.find(".$"); q != std::string_view::npos && q > 0 && text[0] != '$') {
+            const std::string ref = std::string(text.substr(0, q)) + "." + std::string(text.substr(q + 2));
+            if (!var_ref(ref, pos, o)) return false;
+            return strings || !o->string || fail(err, kStringOperand, pos);
+        }
+        if (!h.event_.empty() && text.size() > h.event_.size() + 1 && text.starts_with(h.event_) &&
+            text[h.event_.size()] == '.') {
+            const size_t skip = h.event_.size() + 1;
+            return operand(text.substr(skip), pos + int(skip), o, strings);
+        }
         if (text[0] == '$') {
             if (!var_ref(text.substr(1), pos, o)) return false;
             return strings || !o->string || fail(err, kStringOperand, pos);

@@ -143,6 +143,35 @@ TEST_F(HistVars, EveryCallOfManyThreadsIsCountedOnceInEachTable) {
     EXPECT_NE(lat.find("hitcount:      " + std::to_string(kThreads * kCalls) + "\n"), std::string::npos) << lat;
 }
 
+// histogram.rst's fully-qualified names: 'system.event_name.$var_name' for a variable of
+// another event's trigger, 'system.event_name.field' for a field of this event.
+TEST_F(HistVars, FullyQualifiedNamesOfVariablesAndFields) {
+    ASSERT_EQ(file_append("synthetic_events", "sleep_latency u64 lat; pid_t pid"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
+              0)
+        << read("error_log");
+    const std::string exit = "hist:keys=common_pid:lat=common_timestamp.usecs-fprobes.ukh_sleep__entry.$ts0:"
+                             "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,fprobes.ukh_sleep__exit.common_pid)";
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", exit), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "hist:keys=pid,lat.buckets=1000000:sort=lat"), 0)
+        << read("error_log");
+    g_sleep(100);
+    g_sleep(100);
+    const std::string hist = read("events/synthetic/sleep_latency/hist");
+    EXPECT_EQ(lines_with(hist, "{ pid: " + std::string(10 - std::to_string(gettid()).size(), ' ') +
+                                   std::to_string(gettid()) + ", lat: ~ 0-999999 } hitcount:          2")
+                  .size(),
+              1u)
+        << hist;
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", "!" + exit), 0);
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "!hist:keys=pid,lat.buckets=1000000:sort=lat"), 0);
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
+                         "hist:keys=common_pid:lat=common_timestamp.usecs-fprobes.nosuch.$ts0"),
+              -EINVAL);
+    EXPECT_NE(read("error_log").find("Couldn't find variable"), std::string::npos) << read("error_log");
+}
+
 // An exit without its entry's variable set (its entry was before the trigger) updates
 // nothing; a variable is read once.
 TEST_F(HistVars, AReferenceNeedsTheVariableSetForTheKeyAndReadsItOnce) {
