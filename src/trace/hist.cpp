@@ -247,13 +247,39 @@ Column::Mod modifier_code(const std::string &modifier) {
 
 // The keys of "keys=" at pos, packed one after another into *key_bytes of key; false and
 // *err on a bad one or too many.
-bool parse_keys(std::string_view text, int pos, const std::vector<Field> &fields, std::vector<Column> *keys,
+// A key $VAR[.modifier] names a variable of the same trigger that is a field as it is
+// (histogram.rst's `keys=$saved_pid:saved_pid=pid`): the key is that field, as the kernel's
+// local_field_var_ref() makes it. Any other variable: the kernel's INVALID_REF_KEY.
+bool key_of_variable(std::string_view part, int at, const std::vector<std::pair<std::string_view, int>> &vars,
+                     std::string *field, FilterError *err) {
+    const size_t dot = part.find('.');
+    const std::string_view name = part.substr(1, dot == std::string_view::npos ? std::string_view::npos : dot - 1);
+    for (auto [v, vpos] : vars) {
+        const size_t eq = v.find('=');
+        if (v.substr(0, eq) != name) continue;
+        const std::string_view expr = v.substr(eq + 1);
+        if (expr.empty() || expr.find_first_of("$.+-*/") != std::string_view::npos || expr == "common_timestamp" ||
+            expr == "common_stacktrace" || expr == "stacktrace")
+            break;
+        *field = std::string(expr) + std::string(dot == std::string_view::npos ? "" : part.substr(dot));
+        return true;
+    }
+    return fail(err, "Using variable references in keys not supported", at);
+}
+
+bool parse_keys(std::string_view text, int pos, const std::vector<Field> &fields,
+                const std::vector<std::pair<std::string_view, int>> &vars, std::vector<Column> *keys,
                 uint32_t *key_bytes, FilterError *err) {
     const auto parts = split(text, ',', pos);
     if (parts.size() > kMaxKeys) return fail(err, "Too many keys (max 3)", pos);
     for (auto [part, at] : parts) {
         Column c;
         if (part.empty()) return fail(err, kFieldNotFound, at);
+        std::string aliased;
+        if (part[0] == '$') {
+            if (!key_of_variable(part, at, vars, &aliased, err)) return false;
+            part = aliased;
+        }
         if (!make_column(part, at, true, fields, &c, err)) return false;
         c.mod = modifier_code(c.modifier);
         c.key_off = *key_bytes;
@@ -793,8 +819,8 @@ namespace {
 std::string join_tail(const std::vector<HistTrigger::Var> &vars, const std::vector<HistTrigger::Action> &actions,
                       bool actions_part) {
     std::string s;
-    if (!actions_part)
-        for (const auto &v : vars) s += ":" + v.name + "=" + v.text;
+    if (!actions_part) // one attribute, the variables joined by commas, as the kernel prints them
+        for (const auto &v : vars) s += (s.empty() ? ":" : ",") + v.name + "=" + v.text;
     else
         for (const auto &a : actions) s += ":" + a.text;
     return s;
@@ -814,7 +840,7 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
     h->want_cont_ = s.cont;
     h->want_clear_ = s.clear;
     h->size_ = 1u << s.bits;
-    if (!parse_keys(s.keys, s.keys_pos, fields, &h->keys_, &h->key_bytes_, err)) return nullptr;
+    if (!parse_keys(s.keys, s.keys_pos, fields, s.vars, &h->keys_, &h->key_bytes_, err)) return nullptr;
     if (!parse_vals(s.vals, s.vals_pos, fields, &h->vals_, err)) return nullptr;
     // The kernel's HIST_ERR_NEED_NOHC_VAL, its caret at the command's start.
     if (s.no_hitcount && h->vals_.size() == 1) {

@@ -143,6 +143,42 @@ TEST_F(HistVars, EveryCallOfManyThreadsIsCountedOnceInEachTable) {
     EXPECT_NE(lat.find("hitcount:      " + std::to_string(kThreads * kCalls) + "\n"), std::string::npos) << lat;
 }
 
+// histogram.rst's wakeup_latency example as it is written there, event and field names
+// changed: the entry keyed by $saved_pid (a variable that is a field: the key is the
+// field), the exit passing the entry's $saved_pid on with its own field.
+TEST_F(HistVars, TheWakeupLatencyExampleWithAKeyNamedByAVariable) {
+    ASSERT_EQ(file_append("synthetic_events", "wakeup_latency u64 lat; pid_t pid; int prio"), 0) << read("error_log");
+    const std::string entry = "hist:keys=$saved_pid:saved_pid=common_pid:ts0=common_timestamp.usecs";
+    const std::string exit = "hist:keys=common_pid:wakeup_lat=common_timestamp.usecs-$ts0:"
+                             "onmatch(fprobes.ukh_sleep__entry).wakeup_latency($wakeup_lat,$saved_pid,common_pid)";
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", entry), 0) << read("error_log");
+    EXPECT_EQ(read("events/fprobes/ukh_sleep__entry/trigger"),
+              "hist:keys=common_pid:vals=hitcount:saved_pid=common_pid,ts0=common_timestamp.usecs:sort=hitcount:"
+              "size=2048:clock=global [active]\n");
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", exit), 0) << read("error_log");
+    ASSERT_EQ(
+        file_write("events/synthetic/wakeup_latency/trigger", "hist:keys=pid,prio,lat.buckets=1000000:sort=pid,lat"), 0)
+        << read("error_log");
+    for (int i = 0; i < 3; ++i) g_sleep(100);
+    const std::string tid = std::to_string(gettid()), pad(10 - tid.size(), ' ');
+    const std::string hist = read("events/synthetic/wakeup_latency/hist");
+    EXPECT_EQ(
+        lines_with(hist, "{ pid: " + pad + tid + ", prio: " + pad + tid + ", lat: ~ 0-999999 } hitcount:          3")
+            .size(),
+        1u)
+        << hist;
+    ASSERT_EQ(
+        file_write("events/synthetic/wakeup_latency/trigger", "!hist:keys=pid,prio,lat.buckets=1000000:sort=pid,lat"),
+        0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", "!" + exit), 0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "!" + entry), 0);
+    // A key may not name a variable that is more than a field, as the kernel's.
+    const std::string expr_key = "hist:keys=$t:t=common_timestamp.usecs";
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", expr_key), -EINVAL);
+    expect_logged("hist:fprobes:ukh_sleep__entry", "Using variable references in keys not supported", expr_key, 10);
+}
+
 // histogram.rst's fully-qualified names: 'system.event_name.$var_name' for a variable of
 // another event's trigger, 'system.event_name.field' for a field of this event.
 TEST_F(HistVars, FullyQualifiedNamesOfVariablesAndFields) {
