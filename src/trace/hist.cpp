@@ -64,7 +64,7 @@ uint64_t log2_bucket(uint64_t v) {
 }
 
 std::string column_text(const HistTrigger::Column &c) {
-    std::string s = c.name;
+    std::string s = (c.var_pos >= 0 ? "$" : "") + c.name;
     if (!c.modifier.empty()) s += "." + c.modifier;
     if (c.modifier == "buckets") s += "=" + std::to_string(c.buckets);
     return s;
@@ -141,7 +141,7 @@ bool parse_attributes(std::string_view spec, int spec_pos, HistSpec *s, FilterEr
         } else if (part.starts_with("onmatch(") || part.starts_with("onmax(") || part.starts_with("onchange(")) {
             s->actions.push_back({part, pos});
         } else if (const size_t eq = part.find('='); eq != std::string_view::npos && eq > 0) {
-            s->vars.push_back({part, pos});
+            for (auto [one, at] : split(part, ',', pos)) s->vars.push_back({one, at}); // a=x,b=y: two
         } else {
             return fail(err, "Unknown hist attribute", pos);
         }
@@ -306,7 +306,10 @@ bool parse_vals(std::string_view text, int pos, const std::vector<Field> &fields
         }
         Column c;
         if (part.empty()) return fail(err, kFieldNotFound, at);
-        if (part.starts_with("hitcount.")) { // hitcount.percent, hitcount.graph: a column of its own
+        if (part[0] == '$') { // a variable of the trigger, summed too: bound once the variables are parsed
+            c.name = std::string(part.substr(1));
+            c.var_pos = at;
+        } else if (part.starts_with("hitcount.")) { // hitcount.percent, hitcount.graph: a column of its own
             c.name = "hitcount";
             c.hits = true;
             if (!apply_modifier(part.substr(9), at + 9, false, &c, err)) return false;
@@ -858,6 +861,17 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
     OperandParser p{*h, fields, err};
     for (auto [part, pos] : s.vars)
         if (!p.var(part, pos)) return nullptr;
+    // vals=$VAR (histogram.rst's `vals=$ts0,$b:ts0=common_timestamp,b=field1`): the
+    // variable's value at each hit is summed as well; it may be assigned after its use.
+    for (Column &c : h->vals_) {
+        if (c.var_pos < 0) continue;
+        for (uint32_t i = 0; i < h->vars_.size(); ++i)
+            if (h->vars_[i].name == c.name && !h->vars_[i].is_string) c.var = int32_t(i);
+        if (c.var < 0) {
+            fail(err, "Couldn't find variable", c.var_pos);
+            return nullptr;
+        }
+    }
     for (auto [part, pos] : s.actions)
         if (!p.action(part, pos, host)) return nullptr;
     // The words of onmax and onchange in an element, past the variables: the tracked value,
@@ -1019,23 +1033,7 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
         if (!refs_[i].owner->take_var(key, hash, key_bytes_, refs_[i].index, pid_key_off_, &refs[i])) return;
     const int64_t el = t->find_or_insert(key, comm, hash);
     if (el < 0) return;
-    std::atomic<uint64_t> *sums = &t->sums[size_t(el) * t->n_vals];
-    const bool owned = pid_key_off_ >= 0;
-    add_to(sums[0], 1, owned);
-    for (size_t i = 1; i < vals_.size(); i++) {
-        const Column &c = vals_[i];
-        uint64_t v = 0;
-        if (c.hits)
-            v = 1;
-        else if (c.timestamp)
-            v = c.usecs ? ts / 1000 : ts;
-        else if (c.size == 0)
-            v = uint64_t(int64_t(platform::this_cpu()));
-        else if (uint64_t(c.offset) + c.size <= size)
-            v = load_widened(rec + c.offset, c.size, c.is_signed);
-        add_to(sums[i], v, owned);
-    }
-    if (vars_.empty() && actions_.empty()) return;
+    // The variables first: a value may sum one (vals=$VAR).
     uint64_t own[kMaxVars];
     for (size_t i = 0; i < vars_.size(); ++i) {
         const size_t slot = size_t(el) * t->n_vars + i;
@@ -1070,6 +1068,24 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
         own[i] = v;
         t->vars[slot].store(v, std::memory_order_relaxed);
         t->var_set[slot].store(1, std::memory_order_release);
+    }
+    std::atomic<uint64_t> *sums = &t->sums[size_t(el) * t->n_vals];
+    const bool owned = pid_key_off_ >= 0;
+    add_to(sums[0], 1, owned);
+    for (size_t i = 1; i < vals_.size(); i++) {
+        const Column &c = vals_[i];
+        uint64_t v = 0;
+        if (c.hits)
+            v = 1;
+        else if (c.var >= 0)
+            v = own[c.var];
+        else if (c.timestamp)
+            v = c.usecs ? ts / 1000 : ts;
+        else if (c.size == 0)
+            v = uint64_t(int64_t(platform::this_cpu()));
+        else if (uint64_t(c.offset) + c.size <= size)
+            v = load_widened(rec + c.offset, c.size, c.is_signed);
+        add_to(sums[i], v, owned);
     }
     for (const Action &a : actions_) {
         if (a.handler != Action::kOnMatch) {

@@ -97,6 +97,8 @@ public:
         bool stack = false;     // common_stacktrace: a key of kStackDepth addresses
         bool usecs = false;     // .usecs
         bool hits = false;      // a value that counts the hits: hitcount.percent, hitcount.graph
+        int32_t var = -1;       // a value that sums variable `var` of the trigger (vals=$VAR)
+        int var_pos = -1;       // where vals=$VAR names it, for its error
         uint32_t offset = 0;    // of the field in the record
         uint32_t size = 0;      // bytes of the field (4 for a __data_loc word)
         uint32_t key_off = 0;   // keys: offset in the packed key; values: index of the sum

@@ -223,6 +223,37 @@ TEST(Hist, TheClockIsPrintedWhenTheTimeIsRead) {
                             "hist:keys=s:vals=hitcount:sort=hitcount:size=2048 [active]\n");
 }
 
+// histogram.rst's variables as values: vals=$VAR sums the variable's value at each hit,
+// and the variable may be assigned before or after its use.
+TEST(Hist, VariablesSummedAsValues) {
+    Fixture f;
+    ASSERT_EQ(f.set.write("hist:keys=common_pid:vals=$twice:twice=b*2:sort=common_pid", f.fields, f.host, nullptr), 0);
+    ASSERT_EQ(f.set.write("hist:keys=common_pid:ts0=common_timestamp,b2=b:vals=$ts0,$b2", f.fields, f.host, nullptr),
+              0);
+    feed(f); // pid 10: b 100, 50, 25; 11: 7; 12: 1
+    EXPECT_EQ(f.set.text(),
+              "hist:keys=common_pid:vals=hitcount,$twice:twice=b*2:sort=common_pid:size=2048 [active]\n"
+              "hist:keys=common_pid:vals=hitcount,$ts0,$b2:ts0=common_timestamp,b2=b:sort=hitcount:size=2048:"
+              "clock=global [active]\n");
+    const std::string h = f.set.hist_text();
+    EXPECT_NE(h.find("{ common_pid:         10 } hitcount:          3  twice:        350\n"
+                     "{ common_pid:         11 } hitcount:          1  twice:         14\n"
+                     "{ common_pid:         12 } hitcount:          1  twice:          2\n"),
+              std::string::npos)
+        << h;
+    EXPECT_NE(h.find("  b2:        175\n"), std::string::npos) << h;
+    // The trigger file's line names the trigger again, for "!" (variables joined by commas).
+    ASSERT_EQ(f.set.write("!hist:keys=common_pid:vals=hitcount,$ts0,$b2:ts0=common_timestamp,b2=b:sort=hitcount:"
+                          "size=2048:clock=global",
+                          f.fields, f.host, nullptr),
+              0);
+    EXPECT_EQ(f.set.text(), "hist:keys=common_pid:vals=hitcount,$twice:twice=b*2:sort=common_pid:size=2048 [active]\n");
+    FilterError err{"", -1};
+    EXPECT_EQ(f.set.write("hist:keys=common_pid:vals=b,$nosuch:x=b", f.fields, f.host, &err), -EINVAL);
+    EXPECT_EQ(err.message, "Couldn't find variable");
+    EXPECT_EQ(err.pos, 28);
+}
+
 // .syscall: a key holding a system call's number prints its name (x86-64's numbers, from
 // the kernel headers), "unknown_syscall" for a number that names none.
 TEST(Hist, SyscallKeysPrintTheCallsName) {
