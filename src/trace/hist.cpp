@@ -691,11 +691,13 @@ struct HistTrigger::OperandParser {
         const std::string_view inner = part.substr(open + 1, close - open - 1);
         const int inner_pos = pos + int(open) + 1;
         if (a.handler == Action::kOnMatch) {
+            // The kernel's onmatch_parse(): no '.', a missing subsystem; no such event, the
+            // caret under the event's name.
             const size_t dot = inner.find('.');
-            if (dot == std::string_view::npos || dot == 0 || dot + 1 == inner.size())
-                return fail(err, "Invalid subsystem or event name", inner_pos);
-            if (host == nullptr || !host->event_exists(inner.substr(0, dot), inner.substr(dot + 1)))
-                return fail(err, "Invalid subsystem or event name", inner_pos);
+            if (dot == std::string_view::npos) return fail(err, "Missing subsystem", inner_pos);
+            if (dot == 0 || dot + 1 == inner.size() || host == nullptr ||
+                !host->event_exists(inner.substr(0, dot), inner.substr(dot + 1)))
+                return fail(err, "Invalid subsystem or event name", inner_pos + int(dot) + 1);
         } else if (!track_var(inner, inner_pos, &a)) {
             return false;
         }

@@ -269,6 +269,18 @@ TEST_F(HistVars, ErrorsOfVariablesActionsAndSyntheticEvents) {
     ASSERT_EQ(file_write("error_log", ""), 0);
     EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", by_zero), -EDOM);
     expect_logged("hist:fprobes:ukh_sleep__exit", "Division by zero", by_zero, by_zero.find("common_pid*"));
+    // onmatch() without a subsystem, or naming no event: the caret where the kernel puts it.
+    const std::string no_subsystem = "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                                     "onmatch(ukh_sleep__entry).sleep_latency($lat,common_pid)";
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", no_subsystem), -EINVAL);
+    expect_logged("hist:fprobes:ukh_sleep__exit", "Missing subsystem", no_subsystem,
+                  no_subsystem.find("ukh_sleep__entry"));
+    const std::string no_event = "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                                 "onmatch(fprobes.nosuch).sleep_latency($lat,common_pid)";
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", no_event), -EINVAL);
+    expect_logged("hist:fprobes:ukh_sleep__exit", "Invalid subsystem or event name", no_event, no_event.find("nosuch"));
     ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", "hist:keys=common_pid:x=common_pid/2"), 0)
         << read("error_log");
     ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", "!hist:keys=common_pid:x=common_pid/2"), 0);
