@@ -631,18 +631,30 @@ struct HistTrigger::OperandParser {
             h.vars_.push_back(std::move(v));
             return true;
         }
+        // -(EXPR), the whole expression negated: the kernel's unary minus, which takes its
+        // parentheses and goes nowhere but first.
+        std::string_view body = expr;
+        int body_at = at;
+        if (expr.starts_with("-(") && expr.ends_with(")") && expr.find('(', 2) == std::string_view::npos) {
+            body = expr.substr(2, expr.size() - 3);
+            body_at = at + 2;
+            v.negate = true;
+        } else if (const size_t u = expr.find("-("); u != std::string_view::npos) {
+            return fail(err, "Unary minus not supported in sub-expressions", at + int(u));
+        }
         size_t start = 0;
         char op = '+';
         std::vector<int> starts; // each operand's, for the depth's error
-        for (size_t i = 0; i <= expr.size(); ++i) {
-            if (i < expr.size() && std::string_view("+-*/").find(expr[i]) == std::string_view::npos) continue;
-            if (v.terms.size() == kMaxOperands) return fail(err, "Too many subexpressions (3 max)", at + int(start));
+        for (size_t i = 0; i <= body.size(); ++i) {
+            if (i < body.size() && std::string_view("+-*/").find(body[i]) == std::string_view::npos) continue;
+            if (v.terms.size() == kMaxOperands)
+                return fail(err, "Too many subexpressions (3 max)", body_at + int(start));
             Operand o;
-            if (!operand(expr.substr(start, i - start), at + int(start), &o)) return false;
+            if (!operand(body.substr(start, i - start), body_at + int(start), &o)) return false;
             o.op = op;
             v.terms.push_back(std::move(o));
-            starts.push_back(at + int(start));
-            if (i < expr.size()) op = expr[i];
+            starts.push_back(body_at + int(start));
+            if (i < body.size()) op = body[i];
             start = i + 1;
         }
         if (const int deep = too_deep(v.terms); deep >= 0)
@@ -1066,7 +1078,8 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
                 product = x;
             }
         }
-        const uint64_t v = sign == '-' ? sum - product : sum + product;
+        const uint64_t total = sign == '-' ? sum - product : sum + product;
+        const uint64_t v = vars_[i].negate ? 0 - total : total;
         own[i] = v;
         t->vars[slot].store(v, std::memory_order_relaxed);
         t->var_set[slot].store(1, std::memory_order_release);

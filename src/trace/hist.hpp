@@ -185,6 +185,7 @@ public:
         // words from str_word on, and the variable's value is their address.
         bool is_string = false;
         uint32_t str_word = 0;
+        bool negate = false; // -(EXPR)
     };
     struct Ref {
         const HistTrigger *owner;

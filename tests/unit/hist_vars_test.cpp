@@ -41,6 +41,13 @@ namespace {
 int (*volatile g_sleep)(long) = ukh_sleep;
 long (*volatile g_values)(long, long) = ukh_values;
 
+// The recipe's triggers: the time kept at the entry, the latency computed at the exit and
+// passed to the synthetic event sleep_latency, and the synthetic event's histogram.
+const std::string kEntryTrigger = "hist:keys=common_pid:ts0=common_timestamp.usecs";
+const std::string kExitTrigger = "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                                 "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)";
+const std::string kLatencyTrigger = "hist:keys=lat.buckets=1000000:sort=lat";
+
 class HistVars : public CleanTracer {
 protected:
     void SetUp() override {
@@ -50,12 +57,15 @@ protected:
     }
     void TearDown() override {
         file_write("events/enable", "0");
-        file_write("events/synthetic/sleep_latency/trigger", "!hist:keys=lat.buckets=1000000:sort=lat");
-        file_write("events/fprobes/ukh_sleep__exit/trigger",
-                   "!hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
-                   "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)");
-        file_write("events/fprobes/ukh_sleep__entry/trigger", "!hist:keys=common_pid:ts0=common_timestamp.usecs");
+        file_write("events/synthetic/sleep_latency/trigger", "!" + kLatencyTrigger);
+        file_write("events/fprobes/ukh_sleep__exit/trigger", "!" + kExitTrigger);
+        file_write("events/fprobes/ukh_sleep__entry/trigger", "!" + kEntryTrigger);
         CleanTracer::TearDown();
+    }
+    // The entry's and the exit's triggers (the synthetic event defined first).
+    static void install_entry_and_exit() {
+        ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", kEntryTrigger), 0) << read("error_log");
+        ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger", kExitTrigger), 0) << read("error_log");
     }
 };
 
@@ -69,20 +79,12 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
     EXPECT_NE(format.find("field:u64 lat;"), std::string::npos) << format;
     EXPECT_NE(format.find("field:pid_t pid;"), std::string::npos) << format;
     EXPECT_NE(format.find("print fmt: \"lat=%Lu pid=%d\", REC->lat, REC->pid"), std::string::npos) << format;
-    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
-              0)
-        << read("error_log");
-    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
-                         "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
-                         "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)"),
-              0)
-        << read("error_log");
+    ASSERT_NO_FATAL_FAILURE(install_entry_and_exit());
     EXPECT_EQ(read("events/fprobes/ukh_sleep__exit/trigger"),
               "hist:keys=common_pid:vals=hitcount:lat=common_timestamp.usecs-$ts0:sort=hitcount:size=2048:clock=global:"
               "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid) [active]\n");
     // Buckets of a second: whatever the machine's load, every sleep here is in the first.
-    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "hist:keys=lat.buckets=1000000:sort=lat"), 0)
-        << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", kLatencyTrigger), 0) << read("error_log");
     ASSERT_EQ(file_write("events/synthetic/sleep_latency/enable", "1"), 0);
     for (int i = 0; i < 3; ++i) g_sleep(2000);
     g_sleep(20000);
@@ -114,16 +116,8 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
 // call is counted, once, in each table.
 TEST_F(HistVars, EveryCallOfManyThreadsIsCountedOnceInEachTable) {
     ASSERT_EQ(file_append("synthetic_events", "sleep_latency u64 lat; pid_t pid"), 0) << read("error_log");
-    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__entry/trigger", "hist:keys=common_pid:ts0=common_timestamp.usecs"),
-              0)
-        << read("error_log");
-    ASSERT_EQ(file_write("events/fprobes/ukh_sleep__exit/trigger",
-                         "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
-                         "onmatch(fprobes.ukh_sleep__entry).sleep_latency($lat,common_pid)"),
-              0)
-        << read("error_log");
-    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", "hist:keys=lat.buckets=1000000:sort=lat"), 0)
-        << read("error_log");
+    ASSERT_NO_FATAL_FAILURE(install_entry_and_exit());
+    ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", kLatencyTrigger), 0) << read("error_log");
     constexpr int kThreads = 4, kCalls = 20000;
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t)
@@ -353,6 +347,19 @@ TEST_F(HistVars, ExpressionsMultiplyAndDivide) {
         << read("error_log");
     ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + sum), 0);
     ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + ltr), 0);
+    // Unary minus, histogram.rst's -(EXPR): the whole expression negated (unsigned, as the
+    // kernel's), and nowhere inside one.
+    const std::string neg = "hist:keys=aa:vals=$n:n=-(aa*bb)";
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", neg), 0) << read("error_log");
+    EXPECT_EQ(g_values(7, 2), 9);
+    EXPECT_NE(read("events/kprobes/ex/hist").find("{ aa:          7 } hitcount:          1  n: 18446744073709551602\n"),
+              std::string::npos)
+        << read("events/kprobes/ex/hist");
+    ASSERT_EQ(file_append("events/kprobes/ex/trigger", "!" + neg), 0);
+    const std::string nested = "hist:keys=aa:n=aa-(-(bb))";
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_append("events/kprobes/ex/trigger", nested), -EINVAL);
+    expect_logged("hist:kprobes:ex", "Unary minus not supported in sub-expressions", nested, nested.find("-("));
 }
 
 } // namespace
