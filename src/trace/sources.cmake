@@ -18,3 +18,5 @@ endforeach()
 file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/generated/trace/syscall_names.inc CONTENT "${UKP_SYSCALL_NAMES}")
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${UKP_UNISTD_H})
 target_include_directories(ukp_trace PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/generated)
+# For the fuzzers, which build hist.cpp on their own (tests/fuzz/CMakeLists.txt).
+set(UKP_GENERATED_DIR ${CMAKE_CURRENT_BINARY_DIR}/generated CACHE INTERNAL "files made when the build is configured")

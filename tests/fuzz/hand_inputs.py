@@ -205,6 +205,14 @@ TRIGGERS = [
     "hist:keys=name,arg2.hex:values=arg1:sort=arg1.descending:size=256 if arg1 != 0\n@" + "v" * 60,
     "hist:keys=__probe_ip.sym-offset\n@" + "u" * 48,
     "traceon\ntraceon",
+    # histogram.rst's attributes and modifiers: names, percent and graph, nohitcount, the
+    # clock, syscall keys, enable_hist, variables as values and keys, unary minus; ">": a
+    # truncating write.
+    "hist:name=n1:keys=arg1:vals=hitcount.percent,arg1.graph:nohitcount\nhist:name=n1:keys=arg2\n@" + "t" * 48
+    + "\n>hist:keys=arg1.syscall:clock=mono:t=common_timestamp\n@" + "s" * 48,
+    "hist:keys=arg1:pause\nenable_hist:kprobes:other:2 if arg2 > 0\ndisable_hist:kprobes:other\n@" + "r" * 48
+    + "\n!enable_hist:kprobes:other",
+    "hist:keys=$k:k=arg1,v=arg2*2:vals=$v\nhist:keys=arg2:n=-(arg1-arg2):x=arg1/0\n@" + "q" * 48,
 ]
 for i, t in enumerate(TRIGGERS):
     out("trace_trigger_fuzz", "trig%d" % i, t.encode())

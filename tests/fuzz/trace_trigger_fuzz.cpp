@@ -2,7 +2,9 @@
 // lines, fire() on arbitrary records.
 //
 // Input: trigger lines separated by '\n'; a line starting with '@' is not written but
-// fires the triggers on a record made of its bytes (trace_fields.hpp).
+// fires the triggers on a record made of its bytes (trace_fields.hpp); one starting with
+// '>' is written as a truncating write of the trigger file writes it (the hist triggers
+// taken out first).
 // Checks: no crash or out-of-bounds access (ASan), only the documented return codes, a
 // rejected line leaves the trigger and hist files as they were and says why.
 #include "trace/trigger.hpp"
@@ -39,6 +41,11 @@ struct Host : ukp::trace::TriggerHost {
     void take_snapshot() override { ++snapshots; }
     std::atomic<bool> *event_enable_flag(std::string_view system, std::string_view event) override {
         return system == "kprobes" && event == "other" ? &other : nullptr;
+    }
+    // kprobes/other's triggers, for enable_hist and disable_hist.
+    ukp::trace::TriggerSet other_triggers;
+    ukp::trace::TriggerSet *event_triggers(std::string_view system, std::string_view event) override {
+        return system == "kprobes" && event == "other" ? &other_triggers : nullptr;
     }
     void record_stacktrace(const struct pt_regs &) override { ++stacks; }
     // A w: event named "watch", as a mover that only keeps the address it watches.
@@ -79,12 +86,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             set.fire(rec.data(), static_cast<uint32_t>(rec.size()), "fuzz", regs);
             continue;
         }
+        std::string_view text = line;
+        const bool truncate = !text.empty() && text[0] == '>';
+        if (truncate) {
+            text.remove_prefix(1);
+            set.remove_hists();
+        }
         const std::string before = set.text();
         const std::string hist_before = set.hist_text();
         const bool was_empty = set.empty();
         FilterError err;
-        const int rc = set.write(line, fields, host, &err);
-        CHECK(rc == 0 || rc == -EINVAL || rc == -ENOENT || rc == -EEXIST);
+        const int rc = set.write(text, fields, host, &err);
+        CHECK(rc == 0 || rc == -EINVAL || rc == -ENOENT || rc == -EEXIST || rc == -EDOM);
         if (rc != 0) {
             CHECK(set.text() == before);
             CHECK(set.hist_text() == hist_before);
