@@ -516,6 +516,32 @@ int too_deep(const std::vector<HistTrigger::Operand> &terms) {
     return -1;
 }
 
+namespace {
+
+// The value of operands joined by their operators, given each operand's value x[i]: a sum
+// of products, * and / first, each left to right, unsigned; a division by zero gives -1,
+// as the kernel's.
+uint64_t sum_of_products(const HistTrigger::Operand *terms, size_t n, const uint64_t *x) noexcept {
+    uint64_t sum = 0, product = 0;
+    char sign = '+';
+    for (size_t i = 0; i < n; ++i) {
+        if (i == 0) {
+            product = x[i];
+        } else if (terms[i].op == '*') {
+            product *= x[i];
+        } else if (terms[i].op == '/') {
+            product = x[i] == 0 ? ~uint64_t{0} : product / x[i];
+        } else {
+            sum = sign == '-' ? sum - product : sum + product;
+            sign = terms[i].op;
+            product = x[i];
+        }
+    }
+    return sign == '-' ? sum - product : sum + product;
+}
+
+} // namespace
+
 struct HistTrigger::OperandParser {
     HistTrigger &h;
     const std::vector<Field> &fields;
@@ -670,6 +696,19 @@ struct HistTrigger::OperandParser {
                 return fail(err, kDivisionByZero, starts[product]);
             if (in_usecs(o) != in_usecs(v.terms.front()))
                 return fail(err, "Timestamp units in expression don't match", 0);
+        }
+        // Numbers alone are worked out now, and the trigger file shows the result
+        // (`x=1+2` as `x=3`), as the kernel folds its constants.
+        const bool numbers =
+            std::all_of(v.terms.begin(), v.terms.end(), [](const Operand &o) { return o.kind == Operand::kConst; });
+        if (numbers && v.terms.size() > 1 && !v.negate) {
+            uint64_t x[kMaxOperands];
+            for (size_t i = 0; i < v.terms.size(); ++i) x[i] = v.terms[i].value;
+            Operand folded;
+            folded.kind = Operand::kConst;
+            folded.value = sum_of_products(v.terms.data(), v.terms.size(), x);
+            v.terms.assign(1, folded);
+            v.text = std::to_string(folded.value);
         }
         h.vars_.push_back(std::move(v));
         return true;
@@ -1061,24 +1100,10 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
             t->var_set[slot].store(1, std::memory_order_release);
             continue;
         }
-        // A sum of products, left to right; a division by zero gives -1, as the kernel's.
-        uint64_t sum = 0, product = 0;
-        char sign = '+';
-        for (const Operand &o : vars_[i].terms) {
-            const uint64_t x = operand_value(o, rec, size, ts, own, refs);
-            if (&o == &vars_[i].terms.front()) {
-                product = x;
-            } else if (o.op == '*') {
-                product *= x;
-            } else if (o.op == '/') {
-                product = x == 0 ? ~uint64_t{0} : product / x;
-            } else {
-                sum = sign == '-' ? sum - product : sum + product;
-                sign = o.op;
-                product = x;
-            }
-        }
-        const uint64_t total = sign == '-' ? sum - product : sum + product;
+        const std::vector<Operand> &terms = vars_[i].terms;
+        uint64_t x[kMaxOperands];
+        for (size_t k = 0; k < terms.size(); ++k) x[k] = operand_value(terms[k], rec, size, ts, own, refs);
+        const uint64_t total = sum_of_products(terms.data(), terms.size(), x);
         const uint64_t v = vars_[i].negate ? 0 - total : total;
         own[i] = v;
         t->vars[slot].store(v, std::memory_order_relaxed);

@@ -248,6 +248,15 @@ TEST(Hist, VariablesSummedAsValues) {
                           f.fields, f.host, nullptr),
               0);
     EXPECT_EQ(f.set.text(), "hist:keys=common_pid:vals=hitcount,$twice:twice=b*2:sort=common_pid:size=2048 [active]\n");
+    // Numbers alone are worked out, and shown so, as the kernel folds its constants.
+    ASSERT_EQ(f.set.write("hist:keys=a:x=1+2*3,y=a+1:vals=$x", f.fields, f.host, nullptr), 0);
+    EXPECT_NE(f.set.text().find("hist:keys=a:vals=hitcount,$x:x=7,y=a+1:sort=hitcount:size=2048 [active]\n"),
+              std::string::npos)
+        << f.set.text();
+    f.fire(10, 0, 5, 0, "");
+    EXPECT_NE(f.set.hist_text().find("{ a:          5 } hitcount:          1  x:          7\n"), std::string::npos)
+        << f.set.hist_text();
+    ASSERT_EQ(f.set.write("!hist:keys=a:x=1+2*3,y=a+1:vals=$x", f.fields, f.host, nullptr), 0);
     FilterError err{"", -1};
     EXPECT_EQ(f.set.write("hist:keys=common_pid:vals=b,$nosuch:x=b", f.fields, f.host, &err), -EINVAL);
     EXPECT_EQ(err.message, "Couldn't find variable");
