@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <cerrno>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,7 @@ namespace ukp::trace {
 struct FilterError {
     std::string message; // the kernel's parse_error text ("Field not found")
     int pos = 0;         // offset in the filter text the caret points at
+    int rc = -EINVAL;    // what the write returns: a hist trigger's division by zero is -EDOM
 };
 
 class Filter {

@@ -27,7 +27,6 @@ namespace {
 
 constexpr const char *kFieldNotFound = "Couldn't find field";
 constexpr const char *kBadModifier = "Invalid field modifier";
-constexpr const char *kDivisionByZero = "Division by zero"; // -EDOM, as the kernel's
 constexpr const char *kInvalidSortModifier = "Invalid sort modifier";
 constexpr const char *kEmptySortField = "Empty sort field";
 constexpr const char *kTooManySort = "Too many sort fields (Max = 2)";
@@ -692,8 +691,11 @@ struct HistTrigger::OperandParser {
         for (size_t i = 0, product = 0; i < v.terms.size(); ++i) {
             const Operand &o = v.terms[i];
             if (o.op == '+' || o.op == '-') product = i;
-            if (o.op == '/' && o.kind == Operand::kConst && o.value == 0)
-                return fail(err, kDivisionByZero, starts[product]);
+            if (o.op == '/' && o.kind == Operand::kConst && o.value == 0) {
+                fail(err, "Division by zero", starts[product]);
+                if (err) err->rc = -EDOM; // as the kernel's parse_expr()
+                return false;
+            }
             if (in_usecs(o) != in_usecs(v.terms.front()))
                 return fail(err, "Timestamp units in expression don't match", 0);
         }
@@ -1285,8 +1287,6 @@ bool HistTrigger::var_in_usecs(uint32_t index) const {
     if (o.kind == Operand::kRef) return refs_[o.index].owner->var_in_usecs(refs_[o.index].index);
     return false;
 }
-
-bool HistTrigger::is_division_by_zero(const FilterError &e) { return e.message == kDivisionByZero; }
 
 std::string HistTrigger::signature() const {
     std::string s;

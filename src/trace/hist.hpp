@@ -130,8 +130,6 @@ public:
     // trigger refers to them.
     void publish_vars();
     bool retract_vars();
-    // Whether a parse error is the kernel's division by a constant zero (-EDOM, not -EINVAL).
-    static bool is_division_by_zero(const FilterError &e);
     // Whether another installed trigger reads one of its variables.
     bool referenced() const { return users_.load(std::memory_order_relaxed) > 0; }
     // From another trigger's hit: variable `index` for `key`, if set (then unset). No lock.

@@ -77,7 +77,7 @@ bool parse_count(std::string_view s, long *out) {
 }
 
 int fail(FilterError *err, int rc, const char *msg, int pos) {
-    if (err) *err = {msg, pos};
+    if (err) *err = {msg, pos, rc};
     return rc;
 }
 
@@ -168,8 +168,7 @@ int parse_hist_param(Trigger &t, std::string_view param, int pos, std::unique_pt
                      const std::vector<Field> &fields, FilterError *err) {
     FilterError herr;
     t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr, t.host, t.owner);
-    if (!t.hist)
-        return fail(err, HistTrigger::is_division_by_zero(herr) ? -EDOM : -EINVAL, herr.message.c_str(), herr.pos);
+    if (!t.hist) return fail(err, herr.rc, herr.message.c_str(), herr.pos);
     return 0;
 }
 
@@ -470,12 +469,16 @@ int TriggerSet::install(std::unique_ptr<Trigger> t, bool remove, int pos, Filter
     if (r != kChanged) return r;
     if (!remove && t->kind == Kind::kHist) t->hist->publish_vars();
     if (!remove) triggers_.push_back(std::move(t));
+    publish(std::move(items));
+    return 0;
+}
+
+void TriggerSet::publish(std::vector<Trigger *> items) {
     auto list = std::make_unique<TriggerList>();
     list->items = std::move(items);
     // Readers may still walk the old list: it is kept in lists_, never freed before *this.
     cur_.store(list->items.empty() ? nullptr : list.get(), std::memory_order_release);
     lists_.push_back(std::move(list));
-    return 0;
 }
 
 void TriggerSet::remove_hists() {
@@ -495,11 +498,7 @@ void TriggerSet::remove_hists() {
         }
         if (t->kind == Kind::kHist) t->hist->retract_vars(); // it stays in triggers_: a hit may still run it
     }
-    if (items.size() == cur->items.size()) return;
-    auto list = std::make_unique<TriggerList>();
-    list->items = std::move(items);
-    cur_.store(list->items.empty() ? nullptr : list.get(), std::memory_order_release);
-    lists_.push_back(std::move(list));
+    if (items.size() != cur->items.size()) publish(std::move(items));
 }
 
 std::string TriggerSet::text() const {

@@ -93,6 +93,8 @@ private:
     // Registers t, or with `remove` takes out the installed trigger t names, and publishes
     // the new list: 0, or a negative errno with *err (pos: where the command starts).
     int install(std::unique_ptr<Trigger> t, bool remove, int pos, FilterError *err);
+    // Makes `items` the list fire() runs (under mu_); the old list is kept.
+    void publish(std::vector<Trigger *> items);
 
     mutable std::mutex mu_;                           // serializes writers and readers of text
     std::atomic<const TriggerList *> cur_{nullptr};   // what fire() runs; null when empty
