@@ -5,6 +5,7 @@
 
 #include <time.h>
 
+#include <cerrno>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,9 +16,14 @@
 using namespace ukp::trace;
 using namespace ukp::trace::test_files;
 
+// Sleeps usecs, all of them: a sleep the agent's optimizer interrupts (EINTR, reference.md,
+// "Jump optimization", Limits) goes on for the rest, as careful programs do.
 extern "C" __attribute__((noinline)) int ukh_sleep(long usecs) {
     struct timespec t = {0, usecs * 1000};
-    return nanosleep(&t, nullptr);
+    int r;
+    while ((r = nanosleep(&t, &t)) == -1 && errno == EINTR) {
+    }
+    return r;
 }
 
 extern "C" __attribute__((noinline)) long ukh_values(long a, long b) {
