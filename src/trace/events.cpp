@@ -263,6 +263,7 @@ public:
     explicit SynthEvent(Event *e) : e_(e) {}
     size_t field_count() const override { return e_->progs.size(); }
     bool field_is_string(size_t i) const override { return e_->progs[i].store == Store::kString; }
+    bool field_is_stack(size_t i) const override { return e_->progs[i].store == Store::kStack; }
     Event *event() const { return e_; }
 
 private:
@@ -421,12 +422,16 @@ std::string print_fmt_of(const Event &e) {
             break;
         case Kind::kString:
         case Kind::kSymStr:
+        case Kind::kStack:
             one = e.synthetic ? "%s" : "\\\"%s\\\""; // a synthetic string is printed bare, as the kernel's
             break;
         }
         const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
         fmt += " " + n + "=";
-        if (t.array_len == 0) {
+        if (t.kind == Kind::kStack) {
+            fmt += one;
+            args += ", __get_stacktrace(" + n + ")";
+        } else if (t.array_len == 0) {
             fmt += one;
             args += str ? ", __get_str(" + n + ")" : ", REC->" + n;
         } else {
@@ -866,7 +871,7 @@ std::unique_ptr<Event> Tracer::make_event(const ProbeDef &def, int *r) {
     }
     bool symstr = false;
     for (auto &p : e->progs) {
-        e->dynamic |= p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr;
+        e->dynamic |= p.type.kind == Kind::kString || p.type.kind == Kind::kSymStr || p.type.kind == Kind::kStack;
         symstr |= p.type.kind == Kind::kSymStr;
     }
     if (symstr) e->symbols = symbol_table(resolver.symbols);
@@ -1018,7 +1023,19 @@ int Tracer::define_synthetic(std::string_view line, bool dynamic) {
         // Either is kept as the kernel keeps a synthetic string, up to STR_VAR_LEN_MAX
         // bytes (N does not cut it there either), in the record a __data_loc string.
         const std::string declared = type + " " + field;
-        if (const size_t bracket = field.find('['); bracket != std::string::npos) {
+        // A stack: a type with "long[" (`unsigned long[] stack`, `long stack[]`), as the
+        // kernel's synth_field_is_stack(); in the record a __data_loc array of addresses.
+        const size_t field_bracket = field.find('[');
+        const std::string full_type = field_bracket == std::string::npos ? type : type + field.substr(field_bracket);
+        if (const size_t lb = full_type.find("long["); lb != std::string::npos) {
+            const std::string_view n = std::string_view(full_type).substr(lb + 5);
+            if (n.empty() || n.back() != ']' || n.find_first_not_of("0123456789") != n.size() - 1)
+                return log("Invalid type", f_at);
+            if (field_bracket != std::string::npos) field.resize(field_bracket);
+            a.prog.type.kind = Kind::kStack;
+            a.prog.type.size = 4;
+            a.prog.type.name = full_type;
+        } else if (const size_t bracket = field.find('['); bracket != std::string::npos) {
             const std::string_view len = std::string_view(field).substr(bracket + 1);
             const std::string_view size = len.substr(0, len.empty() ? 0 : len.size() - 1); // "16" of "16]", "" of "]"
             const bool digits = !len.empty() && len.back() == ']' && size.size() <= 3 &&
@@ -1043,9 +1060,12 @@ int Tracer::define_synthetic(std::string_view line, bool dynamic) {
         // string's: its address, the string copied from there).
         a.prog.ops[0] = FetchOp{Op::kField, false, 8, int64_t(8 * def.args.size())};
         a.prog.nops = 1;
-        a.prog.store = a.prog.type.kind == Kind::kString ? Store::kString : Store::kRaw;
+        a.prog.store = a.prog.type.kind == Kind::kString  ? Store::kString
+                       : a.prog.type.kind == Kind::kStack ? Store::kStack
+                                                          : Store::kRaw;
         text += (text.empty() ? "" : "; ") + declared;
-        c_types.push_back(a.prog.type.kind == Kind::kString ? std::string() : type);
+        // A string's and a stack's stay as the layout makes them: __data_loc TYPE.
+        c_types.push_back(a.prog.type.kind == Kind::kString || a.prog.type.kind == Kind::kStack ? std::string() : type);
         def.args.push_back(std::move(a));
         start = semi + 1;
     }
@@ -1056,7 +1076,7 @@ int Tracer::define_synthetic(std::string_view line, bool dynamic) {
     std::unique_ptr<Event> e = make_event(def, &r);
     if (e == nullptr) return r;
     for (size_t i = 0; i < c_types.size(); ++i)
-        if (!c_types[i].empty()) e->fields[4 + i].c_type = c_types[i]; // a string's stays __data_loc char[]
+        if (!c_types[i].empty()) e->fields[4 + i].c_type = c_types[i];
     e->synth_text = text;
     e->sink = std::make_unique<SynthEvent>(e.get());
     e->id = next_id++;

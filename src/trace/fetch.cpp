@@ -132,6 +132,19 @@ inline bool run_ops(const FetchProgram &p, const HitContext &ctx, uint64_t *valu
 
 constexpr uint64_t kPage = 4096;
 
+// The bytes a stack field keeps of the addresses at addr: those up to the first zero, and
+// that zero while there is room, as the kernel's trace_stack() keeps a synthetic event's
+// stack; 0 when they cannot be read.
+uint32_t stack_bytes(uint64_t addr) {
+    uint32_t n = 0;
+    for (uint64_t a = 0; n < kStackWords; ++n)
+        if (!load64(addr + 8ull * n, &a))
+            return 0;
+        else if (a == 0)
+            break;
+    return 8 * (n < kStackWords ? n + 1 : n);
+}
+
 // The length of the string at addr with its NUL, as the kernel's uprobe tracer measures it
 // (fetch_store_strlen: strnlen_user up to MAX_STRING_SIZE): 0 when it is unreadable
 // before its end or has no NUL in its first kMaxStringLen bytes. Reads at most to the end
@@ -331,6 +344,10 @@ uint32_t layout_fields(std::vector<FetchProgram> &progs, const std::vector<std::
             f.is_signed = true;
             f.print = Print::kString;
             break;
+        case Kind::kStack:
+            f.c_type = "__data_loc " + (t.name.empty() ? std::string("unsigned long[]") : t.name);
+            f.print = Print::kStack;
+            break;
         }
         if (t.array_len > 0) {
             f.array_len = t.array_len;
@@ -351,7 +368,9 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
     uint32_t total = 0;
     for (uint32_t a = 0; a < nprogs; ++a) {
         const FetchProgram &p = progs[a];
-        if (p.store != Store::kString && p.store != Store::kStringArray && p.store != Store::kSymStr) continue;
+        if (p.store != Store::kString && p.store != Store::kStringArray && p.store != Store::kSymStr &&
+            p.store != Store::kStack)
+            continue;
         uint64_t v = 0;
         if (!run_ops(p, ctx, &v)) continue;
         switch (p.store) {
@@ -368,6 +387,9 @@ uint32_t measure_fetch(const FetchProgram *progs, uint32_t nprogs, const HitCont
             break;
         case Store::kSymStr:
             if (symbols != nullptr) total += symbols->format(v, nullptr, kMaxStringLen);
+            break;
+        case Store::kStack:
+            total += stack_bytes(v);
             break;
         default:
             break;
@@ -440,6 +462,18 @@ uint32_t run_fetch(const FetchProgram *progs, uint32_t nprogs, const HitContext 
             uint32_t room = cap - dyn;
             if (room > kMaxStringLen) room = kMaxStringLen;
             const uint32_t n = symbols->format(v, reinterpret_cast<char *>(rec + dyn), room);
+            put_value(dst, (uint64_t(n) << 16) | dyn, 4);
+            dyn += n;
+            break;
+        }
+        case Store::kStack: { // measured by measure_fetch: the words fit
+            const uint32_t n = fault ? 0 : stack_bytes(v);
+            if (n == 0 || n > cap - std::min(cap, dyn) ||
+                ukp_safe_copy(rec + dyn, reinterpret_cast<const void *>(v), n) != 0) {
+                put_value(dst, dyn & 0xffff, 4);
+                fault = true;
+                break;
+            }
             put_value(dst, (uint64_t(n) << 16) | dyn, 4);
             dyn += n;
             break;

@@ -31,7 +31,13 @@ enum class Kind : uint8_t {
     kString,   // string, ustring (a __data_loc word and the bytes in the dynamic area)
     kSymbol,   // symbol: an address printed sym+off
     kSymStr,   // symstr: the address turned into "sym+off/size" at the hit
+    // A synthetic event's `unsigned long[]` (histogram.rst's stack field): the value is the
+    // address of kStackWords addresses, zero after the last; a __data_loc array of them.
+    kStack,
 };
+
+// Addresses a stack field holds at most: the kernel's HIST_STACKTRACE_DEPTH.
+inline constexpr uint32_t kStackWords = 16;
 
 // A fetch argument's type.
 struct ArgType {
@@ -79,6 +85,7 @@ enum class Store : uint8_t {
     kString,      // copy the string at value (+ mem_offset when `deref_string`)
     kStringArray, // array_len pointers at value + mem_offset, each a string
     kSymStr,      // value is an address; stored as "sym+0xoff/0xsize"
+    kStack,       // value is the address of a stack's words (Kind::kStack)
 };
 
 // One compiled argument.

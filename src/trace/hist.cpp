@@ -32,6 +32,9 @@ constexpr const char *kEmptySortField = "Empty sort field";
 constexpr const char *kTooManySort = "Too many sort fields (Max = 2)";
 constexpr const char *kInvalidSortField = "Sort field must be a key or a val";
 constexpr const char *kStringOperand = "String type can not be an operand in expression";
+// A stack variable in an expression or as onmax()'s value (the kernel would take its
+// address for a number): ukprobes' message.
+constexpr const char *kStackOperand = "Stacktrace can not be an operand in expression";
 constexpr uint32_t kMaxKeys = 3, kMaxVals = 3; // TRACING_MAP_KEYS_MAX, TRACING_MAP_VALS_MAX
 constexpr uint32_t kMaxVars = 16;              // TRACING_MAP_VARS_MAX
 constexpr size_t kMaxRefs = 16, kMaxActionParams = 16;
@@ -175,6 +178,12 @@ bool bind_field(std::string_view name, int pos, const std::vector<Field> &fields
     }
     const Field *f = find_field(fields, name);
     if (!f) return fail(err, kFieldNotFound, pos);
+    if (f->print == Print::kStack) { // a synthetic event's stack: its __data_loc word
+        c->stack = true;
+        c->offset = f->offset;
+        c->size = 4;
+        return true;
+    }
     c->is_string = f->print == Print::kString;
     c->is_signed = f->is_signed;
     c->offset = f->offset;
@@ -224,6 +233,12 @@ bool make_column(std::string_view text, int pos, bool key, const std::vector<Fie
     if (c->stack && !key) return fail(err, kFieldNotFound, pos); // a key only
     const std::string_view mod = dot == std::string_view::npos ? std::string_view() : text.substr(dot + 1);
     if (mod.empty()) return true;
+    // histogram.rst's `stack.stacktrace`: a stack field shown as a stack (common_stacktrace
+    // is one already and takes no modifier).
+    if (c->stack && c->size != 0 && mod == "stacktrace") {
+        c->modifier = "stacktrace";
+        return true;
+    }
     if (c->stack) return fail(err, kBadModifier, pos + int(dot) + 1);
     if (c->timestamp && mod == "usecs") {
         c->usecs = true;
@@ -563,7 +578,8 @@ struct HistTrigger::OperandParser {
         }
         if (text[0] == '$') {
             if (!var_ref(text.substr(1), pos, o)) return false;
-            return strings || !o->string || fail(err, kStringOperand, pos);
+            if (strings) return true;
+            return o->stack ? fail(err, kStackOperand, pos) : !o->string || fail(err, kStringOperand, pos);
         }
         if (std::isdigit(static_cast<unsigned char>(text[0]))) {
             const std::string n(text);
@@ -600,6 +616,7 @@ struct HistTrigger::OperandParser {
                 o->kind = Operand::kOwnVar;
                 o->index = i;
                 o->string = h.vars_[i].is_string;
+                o->stack = h.vars_[i].is_stack;
                 return true;
             }
         std::string_view event;
@@ -622,6 +639,7 @@ struct HistTrigger::OperandParser {
                 err, "Variable name not unique, need to use fully qualified name (subsys.event.var) for variable", pos);
         o->kind = Operand::kRef;
         o->string = found->owner->vars_[found->index].is_string;
+        o->stack = found->owner->vars_[found->index].is_stack;
         for (uint32_t i = 0; i < h.refs_.size(); ++i)
             if (h.refs_[i].owner == found->owner && h.refs_[i].index == found->index) {
                 o->index = i;
@@ -655,6 +673,31 @@ struct HistTrigger::OperandParser {
             v.terms.push_back(std::move(o));
             h.vars_.push_back(std::move(v));
             return true;
+        }
+        // NAME=common_stacktrace: the hit's user stack (histogram.rst: "Variables can even
+        // hold stacktraces").
+        if (expr == "common_stacktrace" || expr == "stacktrace") {
+            Operand o;
+            o.kind = Operand::kStack;
+            o.stack = true;
+            v.is_stack = true;
+            v.terms.push_back(std::move(o));
+            h.vars_.push_back(std::move(v));
+            return true;
+        }
+        // NAME=$VAR of a string or stack variable (block_lat's `s=$st`): the same address.
+        if (Operand o; expr[0] == '$' && expr.find_first_of("+-*/") == std::string_view::npos) {
+            FilterError *const saved = err;
+            err = nullptr; // a variable that is neither is parsed again below, with its errors
+            const bool found = operand(expr, at, &o, true);
+            err = saved;
+            if (found && (o.string || o.stack)) {
+                v.is_string = o.string;
+                v.is_stack = o.stack;
+                v.terms.push_back(std::move(o));
+                h.vars_.push_back(std::move(v));
+                return true;
+            }
         }
         // -(EXPR), the whole expression negated: the kernel's unary minus, which takes its
         // parentheses and goes nowhere but first.
@@ -794,7 +837,8 @@ struct HistTrigger::OperandParser {
             if (!operand(params.substr(start, comma - start), params_pos + int(start), &o, true)) return false;
             // A string to a string field, a number to a number field, as the kernel's
             // check_synth_field() wants them.
-            if (a.args.size() < a.synth->field_count() && o.string != a.synth->field_is_string(a.args.size()))
+            if (a.args.size() < a.synth->field_count() && (o.string != a.synth->field_is_string(a.args.size()) ||
+                                                           o.stack != a.synth->field_is_stack(a.args.size())))
                 return fail(err, "Param type doesn't match synthetic event field type", params_pos + int(start));
             a.args.push_back(std::move(o));
             start = comma + 1;
@@ -812,6 +856,7 @@ struct HistTrigger::OperandParser {
         for (uint32_t i = 0; i < h.vars_.size(); ++i)
             if (h.vars_[i].name == text.substr(1)) {
                 if (h.vars_[i].is_string) return fail(err, kStringOperand, pos + 1);
+                if (h.vars_[i].is_stack) return fail(err, kStackOperand, pos + 1);
                 a->var = i;
                 a->var_text = std::string(text);
                 return true;
@@ -842,7 +887,8 @@ struct HistTrigger::OperandParser {
         if (text[0] == '$') {
             for (uint32_t i = 0; i < h.vars_.size(); ++i)
                 if (h.vars_[i].name == text.substr(1)) {
-                    if (h.vars_[i].is_string) return false; // the string field itself is saved instead
+                    // the string field itself is saved instead; a stack is not kept
+                    if (h.vars_[i].is_string || h.vars_[i].is_stack) return false;
                     sv->value.kind = Operand::kOwnVar;
                     sv->value.index = i;
                     return true;
@@ -921,7 +967,7 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
     for (Column &c : h->vals_) {
         if (c.var_pos < 0) continue;
         for (uint32_t i = 0; i < h->vars_.size(); ++i)
-            if (h->vars_[i].name == c.name && !h->vars_[i].is_string) c.var = int32_t(i);
+            if (h->vars_[i].name == c.name && !h->vars_[i].is_string && !h->vars_[i].is_stack) c.var = int32_t(i);
         if (c.var < 0) {
             fail(err, "Couldn't find variable", c.var_pos);
             return nullptr;
@@ -938,10 +984,10 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         if (a.kind == Action::kSave) h->action_words_ += 1 + a.saved.back().word + a.saved.back().words;
         if (a.kind == Action::kSnapshot && !h->snap_) h->snap_ = std::make_unique<SnapshotState>(h->key_bytes_);
     }
-    for (Var &v : h->vars_)
-        if (v.is_string) {
+    for (Var &v : h->vars_) // the words of those that copy a string or a stack at the hit
+        if (v.terms[0].kind == Operand::kString || v.terms[0].kind == Operand::kStack) {
             v.str_word = uint32_t(h->vars_.size()) + h->action_words_ + h->string_words_;
-            h->string_words_ += kMaxStringKey / 8;
+            h->string_words_ += v.is_stack ? kStackDepth : kMaxStringKey / 8;
         }
     if (h->needs_ts_) measure_tsc_scale();
     h->paused_.store(h->want_pause_, std::memory_order_relaxed);
@@ -1024,6 +1070,8 @@ uint64_t HistTrigger::operand_value(const Operand &o, const uint8_t *rec, uint32
         size_t n = 0;
         return reinterpret_cast<uint64_t>(record_string(o.field, rec, size, &n));
     }
+    case Operand::kStack: // only a variable's one operand, taken at the hit (update)
+        return 0;
     }
     return 0;
 }
@@ -1050,6 +1098,13 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     zero_bytes(key, key_bytes_);
     for (const Column &c : keys_) {
         uint8_t *slot = key + c.key_off;
+        if (c.stack && c.size != 0) { // a stack field: its addresses, to the first zero
+            uint32_t loc = 0;
+            if (uint64_t(c.offset) + 4 <= size) std::memcpy(&loc, rec + c.offset, 4);
+            const uint32_t off = loc & 0xffff, n = std::min<uint32_t>(loc >> 16, 8 * kStackDepth) & ~7u;
+            if (off + n <= size) copy_bytes(slot, reinterpret_cast<const char *>(rec + off), n);
+            continue;
+        }
         if (c.stack) { // the addresses, the rest of the slot zero (key zeroed above)
             uint64_t frames[kStackDepth];
             const int n = regs != nullptr ? user_stack(*regs, frames, int(kStackDepth)) : 0;
@@ -1092,7 +1147,18 @@ void HistTrigger::update(const uint8_t *rec, uint32_t size, const char *comm, co
     uint64_t own[kMaxVars];
     for (size_t i = 0; i < vars_.size(); ++i) {
         const size_t slot = size_t(el) * t->n_vars + i;
-        if (vars_[i].is_string) { // the string into the element's words, their address the value
+        if (vars_[i].terms[0].kind == Operand::kStack) { // the stack into the element's words, zero after
+            uint64_t frames[kStackDepth] = {};
+            if (regs != nullptr) user_stack(*regs, frames, int(kStackDepth));
+            std::atomic<uint64_t> *words = &t->vars[size_t(el) * t->n_vars + vars_[i].str_word];
+            for (uint32_t k = 0; k < kStackDepth; ++k) words[k].store(frames[k], std::memory_order_relaxed);
+            own[i] = reinterpret_cast<uint64_t>(words);
+            t->vars[slot].store(own[i], std::memory_order_relaxed);
+            t->var_set[slot].store(1, std::memory_order_release);
+            continue;
+        }
+        if (vars_[i].terms[0].kind ==
+            Operand::kString) { // the string into the element's words, their address the value
             size_t n = 0;
             const char *str = record_string(vars_[i].terms[0].field, rec, size, &n);
             std::atomic<uint64_t> *words = &t->vars[size_t(el) * t->n_vars + vars_[i].str_word];
@@ -1504,7 +1570,9 @@ void append_keys(const Entry &e, const std::vector<Column> &keys, const Symboliz
             append_key(e, keys[i], sym, out);
             continue;
         }
-        out += keys[i].name + ":\n";
+        // A stack field shown with .stacktrace: its first address on the line of its name, as
+        // the kernel's hist_trigger_print_key() prints one.
+        out += keys[i].name + (keys[i].modifier == "stacktrace" ? ".stacktrace" : ":\n");
         for (uint32_t f = 0; f < HistTrigger::kStackDepth; ++f) {
             uint64_t a;
             std::memcpy(&a, e.key + keys[i].key_off + 8 * f, 8);

@@ -58,6 +58,9 @@ struct SynthSink {
     virtual size_t field_count() const = 0;
     // Whether field i is a string (then an action passes it a string's address).
     virtual bool field_is_string(size_t i) const = 0;
+    // Whether field i is a stack (`unsigned long[]`: then an action passes the address of
+    // kStackDepth addresses, zero after the last).
+    virtual bool field_is_stack(size_t i) const = 0;
     std::atomic<int> users{0}; // installed hist actions that fire it: it cannot be removed
     // From a hit: one record of the event, its fields these values (a number each). Not
     // virtual: the tracer defines it (events.cpp), and a direct call is one the scan that
@@ -86,7 +89,8 @@ public:
     // One key or value of the trigger.
     struct Column {
         std::string name; // the event field, "common_pid", or "hitcount"
-        // "", "hex", "sym", "sym-offset", "execname", "log2", "buckets"; values: "percent", "graph"
+        // "", "hex", "sym", "sym-offset", "execname", "log2", "buckets", "stacktrace"; values:
+        // "percent", "graph"
         std::string modifier;
         enum Mod : uint8_t { kNone, kHex, kSym, kSymOffset, kExecname, kLog2, kBuckets, kPercent, kGraph };
         Mod mod = kNone;      // `modifier` decoded, for the hit path
@@ -94,15 +98,17 @@ public:
         bool is_string = false;
         bool is_signed = false;
         bool timestamp = false; // common_timestamp (size 0 then)
-        bool stack = false;     // common_stacktrace: a key of kStackDepth addresses
-        bool usecs = false;     // .usecs
-        bool hits = false;      // a value that counts the hits: hitcount.percent, hitcount.graph
-        int32_t var = -1;       // a value that sums variable `var` of the trigger (vals=$VAR)
-        int var_pos = -1;       // where vals=$VAR names it, for its error
-        uint32_t offset = 0;    // of the field in the record
-        uint32_t size = 0;      // bytes of the field (4 for a __data_loc word)
-        uint32_t key_off = 0;   // keys: offset in the packed key; values: index of the sum
-        uint32_t key_len = 0;   // keys: bytes in the packed key (8, or kMaxStringKey)
+        // A key of kStackDepth addresses: common_stacktrace (size 0), or a stack field of the
+        // record (a synthetic event's `unsigned long[]`, size 4: its __data_loc word).
+        bool stack = false;
+        bool usecs = false;   // .usecs
+        bool hits = false;    // a value that counts the hits: hitcount.percent, hitcount.graph
+        int32_t var = -1;     // a value that sums variable `var` of the trigger (vals=$VAR)
+        int var_pos = -1;     // where vals=$VAR names it, for its error
+        uint32_t offset = 0;  // of the field in the record
+        uint32_t size = 0;    // bytes of the field (4 for a __data_loc word)
+        uint32_t key_off = 0; // keys: offset in the packed key; values: index of the sum
+        uint32_t key_len = 0; // keys: bytes in the packed key (8, or kMaxStringKey)
     };
     struct SortKey {
         int column = -1; // -1: hitcount; else index in keys (is_key) or values
@@ -168,10 +174,12 @@ public:
     // One term of a variable's expression or an action's parameter.
     struct Operand {
         // kString: a string field of the event, its value the string's address in the record.
-        enum Kind : uint8_t { kField, kTimestamp, kOwnVar, kRef, kConst, kString } kind = kConst;
+        // kStack: the hit's user stack (common_stacktrace), a variable's only operand.
+        enum Kind : uint8_t { kField, kTimestamp, kOwnVar, kRef, kConst, kString, kStack } kind = kConst;
         Column field;        // kField, kString
         bool usecs = false;  // kTimestamp
         bool string = false; // kString, or a variable that holds a string (its value the address)
+        bool stack = false;  // kStack, or a variable that holds a stack (its value the address)
         uint32_t index = 0;  // kOwnVar: in vars_; kRef: in refs_
         uint64_t value = 0;  // kConst
         char op = '+';       // how it joins the operands before it: + - * / (* and / first)
@@ -179,9 +187,12 @@ public:
     struct Var {
         std::string name, text;
         std::vector<Operand> terms;
-        // A string variable (NAME=STRING_FIELD): the string is copied into the element's
-        // words from str_word on, and the variable's value is their address.
+        // A string variable (NAME=STRING_FIELD) or a stack variable (NAME=common_stacktrace):
+        // the string (kStackDepth addresses, zero after the last) is copied into the
+        // element's words from str_word on, and the variable's value is their address.
+        // NAME=$VAR of such a variable holds that address (its words are VAR's).
         bool is_string = false;
+        bool is_stack = false;
         uint32_t str_word = 0;
         bool negate = false; // -(EXPR)
     };

@@ -32,7 +32,7 @@ const sym::Symbol *symbol_holding(const std::vector<std::shared_ptr<const sym::O
     return nullptr;
 }
 
-constexpr const char *kPrintNames[] = {"unsigned", "signed", "hex", "char", "string", "symbol"};
+constexpr const char *kPrintNames[] = {"unsigned", "signed", "hex", "char", "string", "symbol", "stack"};
 
 std::vector<std::string_view> split(std::string_view line, char sep) {
     std::vector<std::string_view> parts;
@@ -111,6 +111,21 @@ void print_field_value(const uint8_t *rec, uint32_t size, const Field &f, uint32
     case Print::kSymbol:
         out += sym(load_integer(rec, f, index), true);
         return;
+    case Print::kStack: // the kernel's print_synth_event(): a line an address, to the first zero
+        out += "STACK:";
+        if (uint64_t(f.offset) + 4 <= size) {
+            uint32_t loc = 0;
+            std::memcpy(&loc, rec + f.offset, 4);
+            const uint32_t off = loc & 0xffff, len = loc >> 16;
+            for (uint32_t at = off; at + 8 <= off + len && at + 8 <= size; at += 8) {
+                uint64_t a;
+                std::memcpy(&a, rec + at, 8);
+                if (a == 0) break;
+                out += "\n=> " + sym(a, true);
+            }
+        }
+        out += '\n';
+        return;
     }
     out += buf;
 }
@@ -138,7 +153,9 @@ void print_record(const uint8_t *rec, uint32_t size, const EventLookup &find, co
         for (size_t i = 4; i < e->fields.size(); ++i) {
             const Field &f = e->fields[i];
             if (f.offset + f.size > size) break;
-            out += " " + f.name + "=";
+            // After a stack's last line the next field starts the line, as the kernel's.
+            if (out.empty() || out.back() != '\n') out += ' ';
+            out += f.name + "=";
             uint32_t len = 0;
             const char *str = f.print == Print::kString ? load_string(rec, size, f, &len, 0) : nullptr;
             if (str != nullptr) // a string bare, as the kernel's print_synth_event() prints it

@@ -46,6 +46,7 @@ enum class Print : uint8_t {
     kChar,     // char: the character
     kString,   // string, ustring, symstr, $comm, "immediate": a __data_loc word, printed "..."
     kSymbol,   // symbol: an address, printed sym+0xoff by the reader
+    kStack,    // a __data_loc array of addresses (a synthetic stack): "STACK:", then "=> sym" a line
 };
 
 // One field of a record, as the `format` file describes it.

@@ -402,4 +402,80 @@ TEST_F(HistVars, KeysByTheStack) {
     ASSERT_EQ(file_append("events/kprobes/st/trigger", "!hist:keys=common_stacktrace"), 0);
 }
 
+// histogram.rst's block_lat example on a function's entry and exit: the stack kept in a
+// variable at the entry (st=common_stacktrace), passed through another variable (s=$st)
+// to a synthetic event's `unsigned long[]` field, printed STACK: and a line an address, and
+// a key of that event's histogram (stack.stacktrace).
+TEST_F(HistVars, StacksInVariablesAndSyntheticEvents) {
+    ASSERT_EQ(file_append("dynamic_events", "f ukh_values"), 0) << read("error_log");
+    ASSERT_EQ(file_append("dynamic_events", "f ukh_values%return"), 0) << read("error_log");
+    ASSERT_EQ(file_append("dynamic_events", "s:block_lat pid_t pid; u64 delta; unsigned long[] stack;"), 0)
+        << read("error_log");
+    const std::string format = read("events/synthetic/block_lat/format");
+    EXPECT_NE(format.find("field:__data_loc unsigned long[] stack;"), std::string::npos) << format;
+    EXPECT_NE(format.find("\tsize:4;\tsigned:0;"), std::string::npos) << format;
+    EXPECT_NE(format.find("print fmt: \"pid=%d delta=%Lu stack=%s\", REC->pid, REC->delta, __get_stacktrace(stack)"),
+              std::string::npos)
+        << format;
+    const std::string entry = "hist:keys=common_pid:ts=common_timestamp.usecs,st=common_stacktrace";
+    const std::string exit = "hist:keys=common_pid:delta=common_timestamp.usecs-$ts,s=$st:"
+                             "onmatch(fprobes.ukh_values__entry).trace(block_lat,common_pid,$delta,$s)";
+    const std::string by_stack = "hist:keys=delta.buckets=1000000,stack.stacktrace:sort=delta";
+    ASSERT_EQ(file_write("events/fprobes/ukh_values__entry/trigger", entry), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/ukh_values__exit/trigger", exit), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/synthetic/block_lat/trigger", by_stack), 0) << read("error_log");
+    EXPECT_EQ(read("events/synthetic/block_lat/trigger"),
+              "hist:keys=delta.buckets=1000000,stack.stacktrace:vals=hitcount:sort=delta.buckets=1000000:size=2048 "
+              "[active]\n");
+    ASSERT_EQ(file_write("events/synthetic/block_lat/enable", "1"), 0);
+    long (*volatile a)(long) = ukh_caller_a, (*volatile b)(long) = ukh_caller_b;
+    for (int i = 0; i < 3; ++i) a(i);
+    b(7);
+    ASSERT_EQ(file_write("events/synthetic/block_lat/enable", "0"), 0);
+
+    // The records: "stack=STACK:", the probed function, its caller, a line each, then a
+    // blank line, as the kernel's print_synth_event().
+    const std::string trace = read("trace");
+    const std::string head = " block_lat: pid=" + std::to_string(gettid()) + " delta=";
+    size_t from_a = 0, from_b = 0;
+    for (size_t at = trace.find(head); at != std::string::npos; at = trace.find(head, at + 1)) {
+        const size_t stack = trace.find(" stack=STACK:\n=> ukh_values+0x", at);
+        ASSERT_EQ(stack, trace.find('\n', at) - 13) << trace;
+        const size_t caller = trace.find('\n', stack + 14) + 1;
+        from_a += trace.compare(caller, 15, "=> ukh_caller_a") == 0;
+        from_b += trace.compare(caller, 15, "=> ukh_caller_b") == 0;
+        EXPECT_NE(trace.find("\n\n", caller), std::string::npos);
+    }
+    EXPECT_EQ(from_a, 3u) << trace;
+    EXPECT_EQ(from_b, 1u) << trace;
+
+    // The synthetic event's histogram keyed by the stack it was given: one entry a caller.
+    const std::string hist = read("events/synthetic/block_lat/hist");
+    const auto count = [&](const char *caller) {
+        const size_t at = hist.find(std::string("         ") + caller + "+0x");
+        const size_t open = hist.rfind("{ delta: ~ 0-999999, stack.stacktrace         ukh_values+0x", at);
+        const size_t close = hist.find("} hitcount: ", at);
+        if (at == std::string::npos || open == std::string::npos || close == std::string::npos) return std::string();
+        return hist.substr(close, hist.find('\n', close) - close);
+    };
+    EXPECT_EQ(count("ukh_caller_a"), "} hitcount:          3") << hist;
+    EXPECT_EQ(count("ukh_caller_b"), "} hitcount:          1") << hist;
+
+    // A stack is passed only to a stack field, and is no number.
+    EXPECT_EQ(file_append("events/fprobes/ukh_values__exit/trigger",
+                          "hist:keys=common_pid:d=common_timestamp.usecs-$ts:"
+                          "onmatch(fprobes.ukh_values__entry).trace(block_lat,common_pid,$st,$d)"),
+              -EINVAL);
+    EXPECT_NE(read("error_log").find("Param type doesn't match synthetic event field type"), std::string::npos);
+    EXPECT_EQ(
+        file_append("events/fprobes/ukh_values__entry/trigger", "hist:keys=common_pid:s2=common_stacktrace,x=$s2+1"),
+        -EINVAL);
+    EXPECT_NE(read("error_log").find("Stacktrace can not be an operand in expression"), std::string::npos);
+    EXPECT_EQ(file_append("events/synthetic/block_lat/trigger", "hist:keys=pid.stacktrace"), -EINVAL);
+
+    ASSERT_EQ(file_write("events/synthetic/block_lat/trigger", "!" + by_stack), 0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_values__exit/trigger", "!" + exit), 0);
+    ASSERT_EQ(file_write("events/fprobes/ukh_values__entry/trigger", "!" + entry), 0);
+}
+
 } // namespace
