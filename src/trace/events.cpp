@@ -620,6 +620,33 @@ public:
         return e != nullptr ? e->sink.get() : nullptr;
     }
     bool event_exists(std::string_view group, std::string_view event) override { return find(group, event) != nullptr; }
+    int field_var_hist(std::string_view group, std::string_view event, std::string_view field,
+                       const HistTrigger &target, bool find_only, std::string *cmd, std::string *message) override {
+        // Called from a trigger write, with mu held by the file API.
+        Event *e = find(group, event);
+        const HistTrigger *like = e != nullptr ? e->triggers.hist_like(target) : nullptr;
+        if (like == nullptr) {
+            *message = e == nullptr ? "Event file not found" : "Matching event histogram not found";
+            return -EINVAL;
+        }
+        const std::string var = "synthetic_" + std::string(field);
+        *cmd = "keys=" + like->key_fields() + ":" + var + "=" + std::string(field);
+        if (like->filter() != nullptr) *cmd += " if " + like->filter()->text();
+        if (find_only || HistTrigger::has_var(e->group + "." + e->name, var)) return 0;
+        FilterError err;
+        if (e->triggers.write("hist:" + *cmd, e->fields, *this, &err) != 0) {
+            *message = "Couldn't create histogram for field";
+            return -EINVAL;
+        }
+        arm(e);
+        return 0;
+    }
+    void drop_field_var_hist(std::string_view group, std::string_view event, const std::string &cmd) override {
+        Event *e = find(group, event);
+        if (e == nullptr) return;
+        FilterError err;
+        if (e->triggers.write("!hist:" + cmd, e->fields, *this, &err) == 0) arm(e);
+    }
     // A synthetic_events line, "NAME TYPE FIELD[; TYPE FIELD]..." ("!NAME" removes it), or
     // dynamic_events' "s:[synthetic/]NAME ..." (`dynamic`). 0 or -errno, logged.
     int define_synthetic(std::string_view line, bool dynamic);

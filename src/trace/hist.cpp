@@ -560,6 +560,13 @@ struct HistTrigger::OperandParser {
     HistTrigger &h;
     const std::vector<Field> &fields;
     FilterError *err;
+    bool removing = false; // parse()'s
+
+    // A variable holding a string or a stack is an operand only where `strings`.
+    bool address_ok(const Operand &o, bool strings, int pos) {
+        if (strings || (!o.string && !o.stack)) return true;
+        return fail(err, o.stack ? kStackOperand : kStringOperand, pos);
+    }
 
     // One operand; a string (a string field, a string variable) only where `strings`.
     bool operand(std::string_view text, int pos, Operand *o, bool strings = false) {
@@ -569,7 +576,7 @@ struct HistTrigger::OperandParser {
         if (const size_t q = text.find(".$"); q != std::string_view::npos && q > 0 && text[0] != '$') {
             const std::string ref = std::string(text.substr(0, q)) + "." + std::string(text.substr(q + 2));
             if (!var_ref(ref, pos, o)) return false;
-            return strings || !o->string || fail(err, kStringOperand, pos);
+            return address_ok(*o, strings, pos);
         }
         if (!h.event_.empty() && text.size() > h.event_.size() + 1 && text.starts_with(h.event_) &&
             text[h.event_.size()] == '.') {
@@ -578,8 +585,7 @@ struct HistTrigger::OperandParser {
         }
         if (text[0] == '$') {
             if (!var_ref(text.substr(1), pos, o)) return false;
-            if (strings) return true;
-            return o->stack ? fail(err, kStackOperand, pos) : !o->string || fail(err, kStringOperand, pos);
+            return address_ok(*o, strings, pos);
         }
         if (std::isdigit(static_cast<unsigned char>(text[0]))) {
             const std::string n(text);
@@ -794,6 +800,8 @@ struct HistTrigger::OperandParser {
             if (dot == 0 || dot + 1 == inner.size() || host == nullptr ||
                 !host->event_exists(inner.substr(0, dot), inner.substr(dot + 1)))
                 return fail(err, "Invalid subsystem or event name", inner_pos + int(dot) + 1);
+            a.match_group = std::string(inner.substr(0, dot));
+            a.match_event = std::string(inner.substr(dot + 1));
         } else if (!track_var(inner, inner_pos, &a)) {
             return false;
         }
@@ -834,7 +842,10 @@ struct HistTrigger::OperandParser {
             const size_t comma = std::min(params.find(',', start), params.size());
             if (a.args.size() == kMaxActionParams) return fail(err, "Too many action params", params_pos + int(start));
             Operand o;
-            if (!operand(params.substr(start, comma - start), params_pos + int(start), &o, true)) return false;
+            const std::string_view param = params.substr(start, comma - start);
+            bool matched = false;
+            if (!matching_field(param, params_pos + int(start), a, host, &o, &matched)) return false;
+            if (!matched && !operand(param, params_pos + int(start), &o, true)) return false;
             // A string to a string field, a number to a number field, as the kernel's
             // check_synth_field() wants them.
             if (a.args.size() < a.synth->field_count() && (o.string != a.synth->field_is_string(a.args.size()) ||
@@ -847,6 +858,50 @@ struct HistTrigger::OperandParser {
             return fail(err, "Param count doesn't match synthetic event field count", params_pos);
         h.actions_.push_back(std::move(a));
         return true;
+    }
+
+    // An onmatch() parameter that is a field of the matching event: GRP.EVENT.FIELD, or FIELD
+    // alone where this trigger's event has no field of that name, as the kernel's
+    // trace_action_create_field_var() takes one. Made the kernel's way: variable
+    // synthetic_FIELD of a trigger written on that event (HistHost::field_var_hist), read
+    // as any other trigger's variable. *matched false: text is no such field.
+    bool matching_field(std::string_view text, int pos, const Action &a, HistHost *host, Operand *o, bool *matched) {
+        *matched = false;
+        if (a.handler != Action::kOnMatch || text.empty() || text[0] == '$' ||
+            std::isdigit(static_cast<unsigned char>(text[0])))
+            return true;
+        const std::string event = a.match_group + "." + a.match_event;
+        if (event == h.event_) return true; // its own event: a field as any other
+        std::string_view field;
+        Column c;
+        if (text.size() > event.size() + 1 && text.starts_with(event) && text[event.size()] == '.')
+            field = text.substr(event.size() + 1);
+        else if (text.find('.') == std::string_view::npos && !bind_field(text, pos, fields, &c, nullptr))
+            field = text;
+        if (field.empty() || field[0] == '$' || field.find('.') != std::string_view::npos) return true;
+        *matched = true;
+        std::string cmd, message;
+        const std::string var = event + ".synthetic_" + std::string(field);
+        if (removing) { // "!hist:...": its text names the trigger; the variable may be gone with it
+            FilterError *const saved = err;
+            err = nullptr;
+            if (!var_ref(var, pos, o)) { // of the type the field wants: only the text counts here
+                const size_t i = a.args.size();
+                o->kind = Operand::kConst;
+                o->string = a.synth != nullptr && i < a.synth->field_count() && a.synth->field_is_string(i);
+                o->stack = a.synth != nullptr && i < a.synth->field_count() && a.synth->field_is_stack(i);
+            }
+            err = saved;
+            return true;
+        }
+        if (host == nullptr || host->field_var_hist(a.match_group, a.match_event, field, h, false, &cmd, &message) != 0)
+            return fail(err, message.empty() ? "Matching event histogram not found" : message.c_str(), pos);
+        const auto same = [&](const FieldHist &f) {
+            return f.group == a.match_group && f.event == a.match_event && f.cmd == cmd;
+        };
+        if (std::none_of(h.field_hists_.begin(), h.field_hists_.end(), same))
+            h.field_hists_.push_back({a.match_group, a.match_event, cmd});
+        return var_ref(var, pos, o);
     }
 
     // onmax(X), onchange(X): X must be one of this trigger's variables, as the kernel's
@@ -934,11 +989,20 @@ std::string join_tail(const std::vector<HistTrigger::Var> &vars, const std::vect
 
 std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_pos, std::unique_ptr<Filter> filter,
                                                 const std::vector<Field> &fields, FilterError *err, HistHost *host,
-                                                std::string event) {
+                                                std::string event, bool removing) {
     HistSpec s;
     if (!parse_attributes(spec, spec_pos, &s, err)) return nullptr;
     std::unique_ptr<HistTrigger> h(new HistTrigger());
     h->event_ = std::move(event);
+    h->host_ = host;
+    // A trigger refused after its field variables were written takes them out: nothing is
+    // half-applied.
+    struct DropOnRefusal {
+        HistTrigger *h;
+        ~DropOnRefusal() {
+            if (h != nullptr) h->drop_field_hists();
+        }
+    } refusal{h.get()};
     h->filter_ = std::move(filter);
     h->want_pause_ = s.pause;
     h->want_cont_ = s.cont;
@@ -959,7 +1023,7 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         if (c.name == "common_pid" && c.mod != Column::kBuckets && c.mod != Column::kLog2)
             h->pid_key_off_ = int32_t(c.key_off);
     }
-    OperandParser p{*h, fields, err};
+    OperandParser p{*h, fields, err, removing};
     for (auto [part, pos] : s.vars)
         if (!p.var(part, pos)) return nullptr;
     // vals=$VAR (histogram.rst's `vals=$ts0,$b:ts0=common_timestamp,b=field1`): the
@@ -1016,6 +1080,7 @@ std::unique_ptr<HistTrigger> HistTrigger::parse(std::string_view spec, int spec_
         h->tables_->all.push_back(h->new_table());
         h->tables_->cur.store(h->tables_->all.back().get(), std::memory_order_release);
     }
+    refusal.h = nullptr;
     return h;
 }
 
@@ -1438,6 +1503,39 @@ std::string HistTrigger::spec_text() const {
     if (filter_) s += " if " + filter_->text();
     s += paused() ? " [paused]" : " [active]";
     return s;
+}
+
+bool HistTrigger::keys_like(const HistTrigger &target) const {
+    if (keys_.size() != target.keys_.size()) return false;
+    for (size_t i = 0; i < keys_.size(); ++i) {
+        const Column &a = keys_[i], &b = target.keys_[i];
+        if (a.key_len != b.key_len || a.is_signed != b.is_signed || a.is_string != b.is_string || a.stack != b.stack)
+            return false;
+    }
+    return true;
+}
+
+std::string HistTrigger::key_fields() const {
+    std::string s;
+    for (const Column &c : keys_) {
+        if (!s.empty()) s += ',';
+        s += c.name;
+    }
+    return s;
+}
+
+bool HistTrigger::has_var(std::string_view event, std::string_view name) {
+    std::lock_guard lock(vars_mu());
+    auto [lo, hi] = var_table().equal_range(name);
+    for (auto it = lo; it != hi; ++it)
+        if (it->second.event == event) return true;
+    return false;
+}
+
+void HistTrigger::drop_field_hists() {
+    if (host_ == nullptr) return;
+    for (const FieldHist &f : field_hists_) host_->drop_field_var_hist(f.group, f.event, f.cmd);
+    field_hists_.clear();
 }
 
 bool HistTrigger::same_as(const HistTrigger &o) const {

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,6 +70,8 @@ struct SynthSink {
     void fire(const uint64_t *values, size_t n, const struct pt_regs *regs) noexcept;
 };
 
+class HistTrigger;
+
 // What a hist trigger asks of the tracer when it is written.
 struct HistHost {
     virtual ~HistHost() = default;
@@ -81,6 +84,21 @@ struct HistHost {
     virtual bool event_exists(std::string_view group, std::string_view event) {
         (void)group, (void)event;
         return false;
+    }
+    // For an onmatch() parameter that is a field of the matching event GRP.EVENT: the
+    // kernel's field variable, a hist trigger `hist:keys=KEYS:synthetic_FIELD=FIELD[ if
+    // FILTER]` on that event, with the keys and filter of the first hist trigger there whose
+    // keys are like target's (create_field_var_hist()); written there unless it is there
+    // already or `find_only`. 0 and its text after "hist:" in *cmd, or -EINVAL and *message.
+    virtual int field_var_hist(std::string_view group, std::string_view event, std::string_view field,
+                               const HistTrigger &target, bool find_only, std::string *cmd, std::string *message) {
+        (void)group, (void)event, (void)field, (void)target, (void)find_only, (void)cmd;
+        *message = "Matching event histogram not found";
+        return -EINVAL;
+    }
+    // Takes such a trigger out, unless another trigger reads its variable.
+    virtual void drop_field_var_hist(std::string_view group, std::string_view event, const std::string &cmd) {
+        (void)group, (void)event, (void)cmd;
     }
 };
 
@@ -124,9 +142,11 @@ public:
     // spec_pos, the offset of spec in what the user wrote).
     // `host` resolves synthetic events (none: no action is taken); `event` is the trigger's
     // event, "GRP.EVENT", for onmatch.
+    // `removing`: parsed to name an installed trigger ("!hist:..."): nothing is made on
+    // other events for it.
     static std::unique_ptr<HistTrigger> parse(std::string_view spec, int spec_pos, std::unique_ptr<Filter> filter,
                                               const std::vector<Field> &fields, FilterError *err,
-                                              HistHost *host = nullptr, std::string event = {});
+                                              HistHost *host = nullptr, std::string event = {}, bool removing = false);
 
     // Hit path (the filter already matched).
     void update(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs *regs = nullptr) noexcept;
@@ -151,6 +171,15 @@ public:
 
     // Same keys, values, sort and filter: the kernel's notion of "the same" hist trigger.
     bool same_as(const HistTrigger &o) const;
+    // Whether its keys are like target's, one for one (size, sign, string or stack), as the
+    // kernel's compatible_keys(); and their fields' names, joined by commas.
+    bool keys_like(const HistTrigger &target) const;
+    std::string key_fields() const;
+    // Whether the installed trigger of event ("GRP.EVENT") has variable `name`.
+    static bool has_var(std::string_view event, std::string_view name);
+    // The triggers written on other events for its onmatch() parameters (field_var_hist),
+    // taken out, each unless another trigger reads it: when it is removed, or not installed.
+    void drop_field_hists();
     bool pause_flag() const { return want_pause_; }
     bool cont_flag() const { return want_cont_; }
     bool clear_flag() const { return want_clear_; }
@@ -211,6 +240,7 @@ public:
     };
     struct Action {
         enum Handler : uint8_t { kOnMatch, kOnMax, kOnChange } handler = kOnMatch;
+        std::string match_group, match_event; // onmatch(GRP.EVENT)'s
         enum Kind : uint8_t { kTrace, kSave, kSnapshot } kind = kTrace;
         std::string text; // as written: "onmatch(g.e).trace(s,$a)", "onmax($lat).save(a,b)"
         SynthSink *synth = nullptr;
@@ -275,6 +305,12 @@ private:
     std::shared_ptr<HistTables> tables_;
     std::string name_;  // :name=NAME, "" for none
     std::string clock_; // :clock=CLOCK (global unless told)
+    // The field variables' triggers it had written on other events (HistHost::field_var_hist).
+    struct FieldHist {
+        std::string group, event, cmd;
+    };
+    std::vector<FieldHist> field_hists_;
+    HistHost *host_ = nullptr;
 };
 
 } // namespace ukp::trace

@@ -167,7 +167,7 @@ int parse_event_param(Trigger &t, std::string_view param, int pos, std::unique_p
 int parse_hist_param(Trigger &t, std::string_view param, int pos, std::unique_ptr<Filter> filter,
                      const std::vector<Field> &fields, FilterError *err) {
     FilterError herr;
-    t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr, t.host, t.owner);
+    t.hist = HistTrigger::parse(param, pos, std::move(filter), fields, &herr, t.host, t.owner, t.removing);
     if (!t.hist) return fail(err, herr.rc, herr.message.c_str(), herr.pos);
     return 0;
 }
@@ -466,10 +466,17 @@ int TriggerSet::install(std::unique_ptr<Trigger> t, bool remove, int pos, Filter
     if (remove && same != nullptr && same->kind == Kind::kHist && !same->hist->retract_vars())
         return fail(err, -EBUSY, "Variable is still referenced by another hist trigger", pos);
     const int r = remove ? cmd.unreg(same, items) : cmd.reg(t.get(), same, items, pos, err);
-    if (r != kChanged) return r;
+    if (r != kChanged) {
+        // A hist trigger refused here (-EEXIST) takes out what it wrote on other events.
+        if (!remove && t->kind == Kind::kHist) t->hist->drop_field_hists();
+        return r;
+    }
     if (!remove && t->kind == Kind::kHist) t->hist->publish_vars();
     if (!remove) triggers_.push_back(std::move(t));
     publish(std::move(items));
+    // The field variables' triggers it wrote on other events go with it (other triggers
+    // are written one at a time: the tracer's mutex is held).
+    if (remove && same->kind == Kind::kHist) same->hist->drop_field_hists();
     return 0;
 }
 
@@ -498,7 +505,20 @@ void TriggerSet::remove_hists() {
         }
         if (t->kind == Kind::kHist) t->hist->retract_vars(); // it stays in triggers_: a hit may still run it
     }
-    if (items.size() != cur->items.size()) publish(std::move(items));
+    if (items.size() == cur->items.size()) return;
+    std::vector<Trigger *> gone;
+    for (Trigger *t : cur->items)
+        if (t->kind == Kind::kHist) gone.push_back(t);
+    publish(std::move(items));
+    for (Trigger *t : gone) t->hist->drop_field_hists();
+}
+
+const HistTrigger *TriggerSet::hist_like(const HistTrigger &target) const {
+    std::lock_guard lk(mu_);
+    if (const TriggerList *cur = cur_.load(std::memory_order_relaxed))
+        for (const Trigger *t : cur->items)
+            if (t->kind == Kind::kHist && t->hist->keys_like(target)) return t->hist.get();
+    return nullptr;
 }
 
 std::string TriggerSet::text() const {

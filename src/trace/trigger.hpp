@@ -81,6 +81,9 @@ public:
     // Hit path, after the record is written: runs every trigger whose filter matches.
     void fire(const uint8_t *rec, uint32_t size, const char *comm, const struct pt_regs &regs) noexcept;
     bool empty() const noexcept { return cur_.load(std::memory_order_acquire) == nullptr; }
+    // The first installed hist trigger whose keys are like target's (HistTrigger::keys_like),
+    // or null: where an onmatch() parameter's field variable takes its keys and filter.
+    const HistTrigger *hist_like(const HistTrigger &target) const;
     // Hit path (enable_hist, disable_hist): pauses or continues every hist trigger it has.
     void pause_hists(bool paused) noexcept;
 

@@ -192,7 +192,8 @@ FILTERS = [
     "nosuchfield == 1",
 ]
 rec = struct.pack("<HBBi", 7, 0, 0, 1234) + struct.pack("<QQi", 0x401000, 5, -4)
-rec += struct.pack("<I", (8 << 16) | 41) + b"a" + struct.pack("<4H", 1, 4, 9, 16) + b"foobar!\0"
+rec += struct.pack("<I", (8 << 16) | 45) + b"a" + struct.pack("<4H", 1, 4, 9, 16) + struct.pack("<I", (8 << 16) | 45)
+rec += b"foobar!\0"
 for i, f in enumerate(FILTERS):
     out("trace_filter_fuzz", "filter%d" % i, f.encode() + b"\0" + rec)
 
@@ -213,6 +214,15 @@ TRIGGERS = [
     "hist:keys=arg1:pause\nenable_hist:kprobes:other:2 if arg2 > 0\ndisable_hist:kprobes:other\n@" + "r" * 48
     + "\n!enable_hist:kprobes:other",
     "hist:keys=$k:k=arg1,v=arg2*2:vals=$v\nhist:keys=arg2:n=-(arg1-arg2):x=arg1/0\n@" + "q" * 48,
+    # histogram.rst's block_lat: a stack in a variable, passed on as another variable to a
+    # synthetic event's stack field; a stack field as a key.
+    "hist:keys=common_pid:st=common_stacktrace,s=$st:onmatch(kprobes.probe).syn(arg1,name,$s)\n"
+    "hist:keys=arg1.buckets=10,stk.stacktrace\n@" + "p" * 64 + "\nhist:keys=arg2:x=$st+1",
+    # Fields of the matching event as onmatch() parameters: field variables written on
+    # kprobes.other (one refused for want of a histogram there first).
+    "hist:keys=arg2:onmatch(kprobes.other).syn(arg1,kprobes.other.name,stk)\n%hist:keys=arg2:t=arg1\n"
+    "hist:keys=arg2:onmatch(kprobes.other).syn(arg1,kprobes.other.name,stk)\n@" + "o" * 48 + "\n"
+    "!hist:keys=arg2:onmatch(kprobes.other).syn(arg1,kprobes.other.name,stk)\n%!hist:keys=arg2:t=arg1",
 ]
 for i, t in enumerate(TRIGGERS):
     out("trace_trigger_fuzz", "trig%d" % i, t.encode())

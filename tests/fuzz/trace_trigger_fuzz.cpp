@@ -4,9 +4,10 @@
 // Input: trigger lines separated by '\n'; a line starting with '@' is not written but
 // fires the triggers on a record made of its bytes (trace_fields.hpp); one starting with
 // '>' is written as a truncating write of the trigger file writes it (the hist triggers
-// taken out first).
+// taken out first); one starting with '%' is written to kprobes.other's trigger file.
 // Checks: no crash or out-of-bounds access (ASan), only the documented return codes, a
-// rejected line leaves the trigger and hist files as they were and says why.
+// rejected line leaves the trigger and hist files as they were (the matching event's too:
+// onmatch(kprobes.other)'s field variables) and says why.
 #include "trace/trigger.hpp"
 #include "trace_fields.hpp"
 
@@ -61,6 +62,35 @@ struct Host : ukp::trace::TriggerHost {
         *err = -ENOENT;
         return nullptr;
     }
+    // A synthetic event "syn" (u64, string, stack) for actions, and kprobes.other, on the
+    // probe's fields, as onmatch()'s matching event: its field variables are written there.
+    struct Synth : ukp::trace::SynthSink {
+        size_t field_count() const override { return 3; }
+        bool field_is_string(size_t i) const override { return i == 1; }
+        bool field_is_stack(size_t i) const override { return i == 2; }
+    } syn;
+    ukp::trace::SynthSink *synthetic_event(std::string_view name) override { return name == "syn" ? &syn : nullptr; }
+    bool event_exists(std::string_view group, std::string_view event) override {
+        return group == "kprobes" && (event == "other" || event == "probe");
+    }
+    int field_var_hist(std::string_view group, std::string_view event, std::string_view field,
+                       const ukp::trace::HistTrigger &target, bool find_only, std::string *cmd,
+                       std::string *message) override {
+        const ukp::trace::HistTrigger *like =
+            group == "kprobes" && event == "other" ? other_triggers.hist_like(target) : nullptr;
+        *message = "Matching event histogram not found";
+        if (like == nullptr) return -EINVAL;
+        const std::string var = "synthetic_" + std::string(field);
+        *cmd = "keys=" + like->key_fields() + ":" + var + "=" + std::string(field);
+        if (find_only || ukp::trace::HistTrigger::has_var("kprobes.other", var)) return 0;
+        ukp::trace::FilterError err;
+        *message = "Couldn't create histogram for field";
+        return other_triggers.write("hist:" + *cmd, ukp::fuzz::probe_fields(), *this, &err) == 0 ? 0 : -EINVAL;
+    }
+    void drop_field_var_hist(std::string_view, std::string_view, const std::string &cmd) override {
+        ukp::trace::FilterError err;
+        other_triggers.write("!hist:" + cmd, ukp::fuzz::probe_fields(), *this, &err);
+    }
 };
 
 } // namespace
@@ -70,6 +100,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const std::vector<Field> fields = ukp::fuzz::probe_fields();
     Host host;
     TriggerSet set;
+    set.set_owner("kprobes.probe");
+    host.other_triggers.set_owner("kprobes.other");
     set.set_symbolizer([](uint64_t addr, bool with_offset) {
         return with_offset ? "sym+0x" + std::to_string(addr & 0xff) : std::string("sym");
     });
@@ -87,6 +119,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             continue;
         }
         std::string_view text = line;
+        if (!text.empty() && text[0] == '%') { // kprobes.other's trigger file
+            FilterError err;
+            const int rc = host.other_triggers.write(text.substr(1), fields, host, &err);
+            CHECK(rc == 0 || rc == -EINVAL || rc == -ENOENT || rc == -EEXIST || rc == -EDOM || rc == -EBUSY);
+            continue;
+        }
         const bool truncate = !text.empty() && text[0] == '>';
         if (truncate) {
             text.remove_prefix(1);
@@ -94,6 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         const std::string before = set.text();
         const std::string hist_before = set.hist_text();
+        const std::string other_before = host.other_triggers.text();
         const bool was_empty = set.empty();
         FilterError err;
         const int rc = set.write(text, fields, host, &err);
@@ -101,6 +140,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rc != 0) {
             CHECK(set.text() == before);
             CHECK(set.hist_text() == hist_before);
+            CHECK(host.other_triggers.text() == other_before); // no field variable left behind
             CHECK(set.empty() == was_empty);
             CHECK(rc != -EINVAL || !err.message.empty());
         }

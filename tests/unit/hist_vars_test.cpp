@@ -478,4 +478,63 @@ TEST_F(HistVars, StacksInVariablesAndSyntheticEvents) {
     ASSERT_EQ(file_write("events/fprobes/ukh_values__entry/trigger", "!" + entry), 0);
 }
 
+// histogram.rst: an onmatch() parameter may be a field of the matching event, fully
+// qualified (GRP.EVENT.FIELD) or, where the trigger's own event has no such field, alone.
+// The kernel's way: a trigger `hist:keys=KEYS:synthetic_FIELD=FIELD` written on the
+// matching event (its keys those of the hist trigger there), taken out with the trigger.
+TEST_F(HistVars, FieldsOfTheMatchingEventAsParameters) {
+    ASSERT_EQ(file_append("dynamic_events", "f:vin ukh_values bval=$arg2:s64"), 0) << read("error_log");
+    ASSERT_EQ(file_append("dynamic_events", "f:vout ukh_values%return"), 0) << read("error_log");
+    ASSERT_EQ(file_append("synthetic_events", "val_lat u64 lat; s64 b"), 0) << read("error_log");
+    const std::string entry = "hist:keys=common_pid:ts0=common_timestamp.usecs";
+    const std::string exit = "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                             "onmatch(fprobes.vin).val_lat($lat,fprobes.vin.bval)";
+    // No hist trigger on the matching event yet: none to take the keys of.
+    EXPECT_EQ(file_write("events/fprobes/vout/trigger",
+                         "hist:keys=common_pid:onmatch(fprobes.vin).val_lat(common_pid,fprobes.vin.bval)"),
+              -EINVAL);
+    EXPECT_NE(read("error_log").find("Matching event histogram not found"), std::string::npos) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/vin/trigger", entry), 0) << read("error_log");
+    // A field the matching event does not have: refused, nothing left on that event.
+    EXPECT_EQ(file_write("events/fprobes/vout/trigger", "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                                                        "onmatch(fprobes.vin).val_lat($lat,fprobes.vin.nosuch)"),
+              -EINVAL);
+    EXPECT_NE(read("error_log").find("Couldn't create histogram for field"), std::string::npos) << read("error_log");
+    // A later error of the trigger (the count) takes out the field variable it made.
+    EXPECT_EQ(file_write("events/fprobes/vout/trigger", "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:"
+                                                        "onmatch(fprobes.vin).val_lat($lat,bval,$lat)"),
+              -EINVAL);
+    const std::string entry_text = "hist:keys=common_pid:vals=hitcount:ts0=common_timestamp.usecs:sort=hitcount:"
+                                   "size=2048:clock=global [active]\n";
+    EXPECT_EQ(read("events/fprobes/vin/trigger"), entry_text);
+
+    ASSERT_EQ(file_write("events/fprobes/vout/trigger", exit), 0) << read("error_log");
+    EXPECT_EQ(read("events/fprobes/vin/trigger"),
+              entry_text + "hist:keys=common_pid:vals=hitcount:synthetic_bval=bval:sort=hitcount:size=2048 [active]\n");
+    // The unqualified form finds the same variable; the exit's own fields stay its own.
+    const std::string exit2 = "hist:keys=common_pid:vals=hitcount,$lat:lat=common_timestamp.usecs-$ts0:"
+                              "onmatch(fprobes.vin).val_lat($lat,bval)";
+    ASSERT_EQ(file_append("synthetic_events", "val_lat2 u64 lat; s64 b"), 0);
+    ASSERT_EQ(file_write("events/synthetic/val_lat/enable", "1"), 0);
+    long (*volatile a)(long) = ukh_caller_a, (*volatile b)(long) = ukh_caller_b;
+    for (int i = 0; i < 3; ++i) a(i);
+    b(7);
+    ASSERT_EQ(file_write("events/synthetic/val_lat/enable", "0"), 0);
+    const std::string trace = read("trace");
+    EXPECT_EQ(lines_with(trace, " b=1").size(), 3u) << trace;
+    EXPECT_EQ(lines_with(trace, " b=2").size(), 1u) << trace;
+    EXPECT_EQ(lines_with(trace, " val_lat: lat=").size(), 4u) << trace;
+
+    // The exit's trigger removed, the field variable's goes with it.
+    ASSERT_EQ(file_append("events/fprobes/vout/trigger", "!" + exit), 0) << read("error_log");
+    EXPECT_EQ(read("events/fprobes/vin/trigger"), entry_text);
+    ASSERT_EQ(file_append("events/fprobes/vout/trigger", exit2), 0) << read("error_log");
+    EXPECT_NE(read("events/fprobes/vin/trigger").find("synthetic_bval=bval"), std::string::npos);
+    // A truncating write takes out the event's hist triggers, and so their field variables.
+    ASSERT_EQ(file_write("events/fprobes/vout/trigger", "hist:keys=common_pid"), 0) << read("error_log");
+    EXPECT_EQ(read("events/fprobes/vin/trigger"), entry_text);
+    ASSERT_EQ(file_append("events/fprobes/vout/trigger", "!hist:keys=common_pid"), 0);
+    ASSERT_EQ(file_append("events/fprobes/vin/trigger", "!" + entry), 0);
+}
+
 } // namespace
