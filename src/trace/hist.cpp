@@ -657,6 +657,31 @@ struct HistTrigger::OperandParser {
         return true;
     }
 
+    // What a variable holding an address is assigned: a string field (a string variable; a
+    // string is no operand of an expression), common_stacktrace (the hit's user stack:
+    // histogram.rst's "Variables can even hold stacktraces"), or $VAR of either (block_lat's
+    // `s=$st`: the same address). False for anything else, with nothing logged.
+    bool address_operand(std::string_view expr, int at, Operand *o) {
+        if (expr.find_first_of(".$+-*/") == std::string_view::npos &&
+            bind_field(expr, at, fields, &o->field, nullptr) && o->field.is_string) {
+            o->kind = Operand::kString;
+            o->string = true;
+            return true;
+        }
+        *o = Operand{};
+        if (expr == "common_stacktrace" || expr == "stacktrace") {
+            o->kind = Operand::kStack;
+            o->stack = true;
+            return true;
+        }
+        if (expr[0] != '$' || expr.find_first_of("+-*/") != std::string_view::npos) return false;
+        FilterError *const saved = err;
+        err = nullptr; // a variable that is neither is parsed again as an expression, with its errors
+        const bool found = operand(expr, at, o, true);
+        err = saved;
+        return found && (o->string || o->stack);
+    }
+
     // NAME=OPERAND[(+|-|*|/)OPERAND...]: * and / before + and -, each left to right, as the
     // kernel's expressions.
     bool var(std::string_view part, int pos) {
@@ -670,40 +695,12 @@ struct HistTrigger::OperandParser {
         v.name = std::string(name);
         v.text = std::string(expr);
         const int at = pos + int(eq) + 1;
-        // NAME=STRING_FIELD: a string variable (a string is no operand of an expression).
-        if (Operand o; expr.find_first_of(".$+-*/") == std::string_view::npos &&
-                       bind_field(expr, at, fields, &o.field, nullptr) && o.field.is_string) {
-            o.kind = Operand::kString;
-            o.string = true;
-            v.is_string = true;
+        if (Operand o; address_operand(expr, at, &o)) {
+            v.is_string = o.string;
+            v.is_stack = o.stack;
             v.terms.push_back(std::move(o));
             h.vars_.push_back(std::move(v));
             return true;
-        }
-        // NAME=common_stacktrace: the hit's user stack (histogram.rst: "Variables can even
-        // hold stacktraces").
-        if (expr == "common_stacktrace" || expr == "stacktrace") {
-            Operand o;
-            o.kind = Operand::kStack;
-            o.stack = true;
-            v.is_stack = true;
-            v.terms.push_back(std::move(o));
-            h.vars_.push_back(std::move(v));
-            return true;
-        }
-        // NAME=$VAR of a string or stack variable (block_lat's `s=$st`): the same address.
-        if (Operand o; expr[0] == '$' && expr.find_first_of("+-*/") == std::string_view::npos) {
-            FilterError *const saved = err;
-            err = nullptr; // a variable that is neither is parsed again below, with its errors
-            const bool found = operand(expr, at, &o, true);
-            err = saved;
-            if (found && (o.string || o.stack)) {
-                v.is_string = o.string;
-                v.is_stack = o.stack;
-                v.terms.push_back(std::move(o));
-                h.vars_.push_back(std::move(v));
-                return true;
-            }
         }
         // -(EXPR), the whole expression negated: the kernel's unary minus, which takes its
         // parentheses and goes nowhere but first.
