@@ -391,15 +391,40 @@ std::array<const void *, 3> hit_handlers() {
 
 // --- printing --------------------------------------------------------------------------
 
+// A synthetic event's print fmt, as the kernel's __set_synth_event_print_fmt() writes it:
+// each field with synth_field_fmt()'s conversion for its declared type, ", " between them.
+std::string synth_print_fmt(const Event &e) {
+    static constexpr std::pair<const char *, const char *> kFmts[] = {{"s64", "%lld"}, {"u64", "%llu"},
+                                                                      {"s32", "%d"},   {"u32", "%u"},
+                                                                      {"s16", "%d"},   {"u16", "%u"},
+                                                                      {"s8", "%d"},    {"u8", "%u"},
+                                                                      {"char", "%d"},  {"unsigned char", "%u"},
+                                                                      {"int", "%d"},   {"unsigned int", "%u"},
+                                                                      {"long", "%ld"}, {"unsigned long", "%lu"},
+                                                                      {"bool", "%d"},  {"pid_t", "%d"},
+                                                                      {"gfp_t", "%x"}};
+    std::string fmt, args;
+    for (size_t i = 4; i < e.fields.size(); ++i) {
+        const Field &f = e.fields[i];
+        const char *one = "%llu";
+        for (auto [type, conv] : kFmts)
+            if (f.c_type == type) one = conv;
+        if (f.print == Print::kString || f.print == Print::kStack) one = "%s";
+        fmt += (i > 4 ? ", " : "") + f.name + "=" + one;
+        args += f.print == Print::kString  ? ", __get_str(" + f.name + ")"
+                : f.print == Print::kStack ? ", __get_stacktrace(" + f.name + ")"
+                                           : ", REC->" + f.name;
+    }
+    return "\"" + fmt + "\"" + args;
+}
+
 std::string print_fmt_of(const Event &e) {
+    if (e.synthetic) return synth_print_fmt(e);
     // An e: event names the event it is on where a probe's address goes.
-    std::string fmt = e.synthetic              ? ""
-                      : !e.attached_to.empty() ? "(" + e.attached_to + ")"
-                      : e.is_return            ? "(%lx <- %lx)"
-                                               : "(%lx)";
-    std::string args = e.synthetic || !e.attached_to.empty() ? ""
-                       : e.is_return                         ? "REC->__probe_func, REC->__probe_ret_ip"
-                                                             : "REC->__probe_ip";
+    std::string fmt = !e.attached_to.empty() ? "(" + e.attached_to + ")" : e.is_return ? "(%lx <- %lx)" : "(%lx)";
+    std::string args = !e.attached_to.empty() ? ""
+                       : e.is_return          ? "REC->__probe_func, REC->__probe_ret_ip"
+                                              : "REC->__probe_ip";
     for (size_t i = 0; i < e.progs.size(); ++i) {
         const ArgType &t = e.progs[i].type;
         const std::string &n = e.arg_names[i];
@@ -422,16 +447,13 @@ std::string print_fmt_of(const Event &e) {
             break;
         case Kind::kString:
         case Kind::kSymStr:
-        case Kind::kStack:
-            one = e.synthetic ? "%s" : "\\\"%s\\\""; // a synthetic string is printed bare, as the kernel's
+        case Kind::kStack: // a synthetic event's only (synth_print_fmt)
+            one = "\\\"%s\\\"";
             break;
         }
         const bool str = t.kind == Kind::kString || t.kind == Kind::kSymStr;
         fmt += " " + n + "=";
-        if (t.kind == Kind::kStack) {
-            fmt += one;
-            args += ", __get_stacktrace(" + n + ")";
-        } else if (t.array_len == 0) {
+        if (t.array_len == 0) {
             fmt += one;
             args += str ? ", __get_str(" + n + ")" : ", REC->" + n;
         } else {
@@ -444,8 +466,7 @@ std::string print_fmt_of(const Event &e) {
             fmt += "}";
         }
     }
-    if (e.synthetic) fmt.erase(0, 1); // no "(...)" before the first field's " name="
-    if (e.synthetic || !e.attached_to.empty()) return "\"" + fmt + "\"" + args; // args: ", REC->..." or none
+    if (!e.attached_to.empty()) return "\"" + fmt + "\"" + args; // args: ", REC->..." or none
     return "\"" + fmt + "\", " + args;
 }
 
@@ -1104,6 +1125,12 @@ int Tracer::define_synthetic(std::string_view line, bool dynamic) {
     if (e == nullptr) return r;
     for (size_t i = 0; i < c_types.size(); ++i)
         if (!c_types[i].empty()) e->fields[4 + i].c_type = c_types[i];
+    // Each field in a u64 slot of its own, as the kernel's synth_event_define_fields() lays
+    // them out (a string's and a stack's slot holds their __data_loc word).
+    uint32_t slot = kCommonSize;
+    for (size_t i = 0; i < e->progs.size(); ++i, slot += 8) e->progs[i].offset = e->fields[4 + i].offset = slot;
+    e->fixed_size = slot;
+    e->print_fmt = print_fmt_of(*e);
     e->synth_text = text;
     e->sink = std::make_unique<SynthEvent>(e.get());
     e->id = next_id++;

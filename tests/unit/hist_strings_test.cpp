@@ -53,7 +53,7 @@ TEST_F(HistStrings, AStringVariableAndAStringFieldReachTheSyntheticEvent) {
     const std::string format = read("events/synthetic/named_latency/format");
     EXPECT_NE(format.find("field:__data_loc char[] name;"), std::string::npos) << format;
     EXPECT_NE(format.find("field:__data_loc char[] who;"), std::string::npos) << format;
-    EXPECT_NE(format.find("print fmt: \"lat=%Lu name=%s who=%s\", REC->lat, __get_str(name), __get_str(who)"),
+    EXPECT_NE(format.find("print fmt: \"lat=%llu, name=%s, who=%s\", REC->lat, __get_str(name), __get_str(who)"),
               std::string::npos)
         << format;
     ASSERT_EQ(file_write("events/fprobes/named_in/trigger", kEntryTrigger), 0) << read("error_log");

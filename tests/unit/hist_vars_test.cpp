@@ -84,7 +84,10 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
     const std::string format = read("events/synthetic/sleep_latency/format");
     EXPECT_NE(format.find("field:u64 lat;"), std::string::npos) << format;
     EXPECT_NE(format.find("field:pid_t pid;"), std::string::npos) << format;
-    EXPECT_NE(format.find("print fmt: \"lat=%Lu pid=%d\", REC->lat, REC->pid"), std::string::npos) << format;
+    // The kernel's layout: each field in a u64 slot; its print fmt, synth_field_fmt()'s.
+    EXPECT_NE(format.find("field:u64 lat;\toffset:8;\tsize:8;\tsigned:0;"), std::string::npos) << format;
+    EXPECT_NE(format.find("field:pid_t pid;\toffset:16;\tsize:4;\tsigned:1;"), std::string::npos) << format;
+    EXPECT_NE(format.find("print fmt: \"lat=%llu, pid=%d\", REC->lat, REC->pid"), std::string::npos) << format;
     ASSERT_NO_FATAL_FAILURE(install_entry_and_exit());
     EXPECT_EQ(read("events/fprobes/ukh_sleep__exit/trigger"),
               "hist:keys=common_pid:vals=hitcount:lat=common_timestamp.usecs-$ts0:sort=hitcount:size=2048:clock=global:"
@@ -412,9 +415,9 @@ TEST_F(HistVars, StacksInVariablesAndSyntheticEvents) {
     ASSERT_EQ(file_append("dynamic_events", "s:block_lat pid_t pid; u64 delta; unsigned long[] stack;"), 0)
         << read("error_log");
     const std::string format = read("events/synthetic/block_lat/format");
-    EXPECT_NE(format.find("field:__data_loc unsigned long[] stack;"), std::string::npos) << format;
-    EXPECT_NE(format.find("\tsize:4;\tsigned:0;"), std::string::npos) << format;
-    EXPECT_NE(format.find("print fmt: \"pid=%d delta=%Lu stack=%s\", REC->pid, REC->delta, __get_stacktrace(stack)"),
+    EXPECT_NE(format.find("field:__data_loc unsigned long[] stack;\toffset:24;\tsize:4;\tsigned:0;"), std::string::npos)
+        << format;
+    EXPECT_NE(format.find("print fmt: \"pid=%d, delta=%llu, stack=%s\", REC->pid, REC->delta, __get_stacktrace(stack)"),
               std::string::npos)
         << format;
     const std::string entry = "hist:keys=common_pid:ts=common_timestamp.usecs,st=common_stacktrace";
