@@ -650,10 +650,8 @@ public:
             *message = e == nullptr ? "Event file not found" : "Matching event histogram not found";
             return -EINVAL;
         }
-        const std::string var = "synthetic_" + std::string(field);
-        *cmd = "keys=" + like->key_fields() + ":" + var + "=" + std::string(field);
-        if (like->filter() != nullptr) *cmd += " if " + like->filter()->text();
-        if (find_only || HistTrigger::has_var(e->group + "." + e->name, var)) return 0;
+        *cmd = like->field_var_spec(field);
+        if (find_only || HistTrigger::has_var(e->group + "." + e->name, HistTrigger::field_var_name(field))) return 0;
         FilterError err;
         if (e->triggers.write("hist:" + *cmd, e->fields, *this, &err) != 0) {
             *message = "Couldn't create histogram for field";

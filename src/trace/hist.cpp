@@ -878,7 +878,7 @@ struct HistTrigger::OperandParser {
         if (field.empty() || field[0] == '$' || field.find('.') != std::string_view::npos) return true;
         *matched = true;
         std::string cmd, message;
-        const std::string var = event + ".synthetic_" + std::string(field);
+        const std::string var = event + "." + field_var_name(field);
         if (removing) { // "!hist:...": its text names the trigger; the variable may be gone with it
             FilterError *const saved = err;
             err = nullptr;
@@ -1512,12 +1512,16 @@ bool HistTrigger::keys_like(const HistTrigger &target) const {
     return true;
 }
 
-std::string HistTrigger::key_fields() const {
-    std::string s;
-    for (const Column &c : keys_) {
-        if (!s.empty()) s += ',';
-        s += c.name;
+std::string HistTrigger::field_var_name(std::string_view field) { return "synthetic_" + std::string(field); }
+
+std::string HistTrigger::field_var_spec(std::string_view field) const {
+    std::string s = "keys=";
+    for (size_t i = 0; i < keys_.size(); ++i) {
+        if (i) s += ',';
+        s += keys_[i].name;
     }
+    s += ":" + field_var_name(field) + "=" + std::string(field);
+    if (filter_) s += " if " + filter_->text();
     return s;
 }
 

@@ -172,9 +172,13 @@ public:
     // Same keys, values, sort and filter: the kernel's notion of "the same" hist trigger.
     bool same_as(const HistTrigger &o) const;
     // Whether its keys are like target's, one for one (size, sign, string or stack), as the
-    // kernel's compatible_keys(); and their fields' names, joined by commas.
+    // kernel's compatible_keys().
     bool keys_like(const HistTrigger &target) const;
-    std::string key_fields() const;
+    // The field variable of `field` (HistHost::field_var_hist), "synthetic_FIELD", and the
+    // trigger that makes it on this trigger's event: `keys=ITS KEYS:synthetic_FIELD=FIELD[
+    // if ITS FILTER]`, as the kernel's create_field_var_hist() writes it.
+    static std::string field_var_name(std::string_view field);
+    std::string field_var_spec(std::string_view field) const;
     // Whether the installed trigger of event ("GRP.EVENT") has variable `name`.
     static bool has_var(std::string_view event, std::string_view name);
     // The triggers written on other events for its onmatch() parameters (field_var_hist),

@@ -80,9 +80,8 @@ struct Host : ukp::trace::TriggerHost {
             group == "kprobes" && event == "other" ? other_triggers.hist_like(target) : nullptr;
         *message = "Matching event histogram not found";
         if (like == nullptr) return -EINVAL;
-        const std::string var = "synthetic_" + std::string(field);
-        *cmd = "keys=" + like->key_fields() + ":" + var + "=" + std::string(field);
-        if (find_only || ukp::trace::HistTrigger::has_var("kprobes.other", var)) return 0;
+        *cmd = like->field_var_spec(field);
+        if (find_only || ukp::trace::HistTrigger::has_var("kprobes.other", like->field_var_name(field))) return 0;
         ukp::trace::FilterError err;
         *message = "Couldn't create histogram for field";
         return other_triggers.write("hist:" + *cmd, ukp::fuzz::probe_fields(), *this, &err) == 0 ? 0 : -EINVAL;
