@@ -16,11 +16,13 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 namespace ukp::sym {
 namespace {
@@ -34,6 +36,8 @@ constexpr int kMaxFloatRegs = 8;
 struct DebugFile {
     Elf *elf = nullptr;
     Dwarf *dwarf = nullptr;
+    // Structs by name (typecasts), found or not: each name is looked for once.
+    std::map<std::string, std::optional<Dwarf_Die>, std::less<>> structs;
 };
 
 // The ELF file at `path`, its section headers and the sections read here (the debug
@@ -321,43 +325,20 @@ size_t name_length(std::string_view s) {
     return n;
 }
 
-AccessFail DwarfFunction::access(std::string_view expr, TypedAccess *out, size_t *pos) const {
-    // The value so far: `fetch` reads it (in_memory false), or it lies at `offset` from the
-    // address `fetch` reads (in_memory: a member reached through "->" and ".").
-    std::string fetch;
-    bool in_memory = false;
-    uint64_t offset = 0;
-    Dwarf_Die type;
-    size_t at = 0;
+// What EXPR reads from `at` on ("->FIELD", ".FIELD"...): the value so far is what `fetch`
+// reads (in_memory false), or lies at `offset` from the address `fetch` reads (in_memory:
+// a member reached through "->" and "."), of type `type`; or, with `cast`, a pointer to
+// that struct or union whatever its own type (a typecast), which EXPR must follow by "->".
+AccessFail walk(std::string fetch, bool in_memory, uint64_t offset, Dwarf_Die type, const Dwarf_Die *cast,
+                std::string_view expr, size_t at, TypedAccess *out, size_t *pos) {
     const auto fail = [&](AccessFail f, size_t where) {
         *pos = where;
         return f;
     };
     const auto loaded = [&] { return in_memory ? fmt::format("+{}({})", offset, fetch) : fetch; };
-    if (expr.starts_with("$retval")) {
-        if (!has_return_) return fail(AccessFail::kVoid, 0);
-        fetch = "$retval";
-        type = return_type_;
-        at = 7;
-        out->name = "arg"; // the kernel's default name for $retval: argN (the caller's)
-    } else {
-        const size_t n = name_length(expr);
-        const std::string_view name = expr.substr(0, n);
-        const Param *p = nullptr;
-        for (const Param &q : params_)
-            if (q.name == name) p = &q;
-        if (n == 0 || p == nullptr || !p->has_type) return fail(AccessFail::kNoVariable, 0);
-        if (p->by_value_aggregate) return fail(AccessFail::kStructByValue, 0);
-        if (p->unsupported) return fail(AccessFail::kUnsupportedType, 0);
-        if (p->slot < 0) return fail(AccessFail::kNotInRegister, 0);
-        fetch = fmt::format("$arg{}", p->slot + 1);
-        type = p->type;
-        at = n;
-        out->name = std::string(name);
-    }
     while (at < expr.size()) {
         Dwarf_Die t;
-        if (!peeled(&type, &t)) return fail(AccessFail::kUnsupportedType, at);
+        if (cast == nullptr && !peeled(&type, &t)) return fail(AccessFail::kUnsupportedType, at);
         const bool arrow = expr.substr(at, 2) == "->";
         if (!arrow && expr[at] == '-') return fail(AccessFail::kBadHyphen, at);
         if (!arrow && expr[at] != '.') return fail(AccessFail::kNoField, at);
@@ -365,7 +346,14 @@ AccessFail DwarfFunction::access(std::string_view expr, TypedAccess *out, size_t
         const size_t n = name_length(expr.substr(field_at));
         const std::string_view field = expr.substr(field_at, n);
         Dwarf_Die agg;
-        if (arrow) {
+        if (cast != nullptr) {
+            if (!arrow) return fail(AccessFail::kNotPointerToStruct, at);
+            agg = *cast;
+            cast = nullptr;
+            fetch = loaded();
+            in_memory = true;
+            offset = 0;
+        } else if (arrow) {
             Dwarf_Die pointee;
             if (!is_pointer(dwarf_tag(&t)) || !ref_attr(&t, DW_AT_type, &pointee) || !peeled(&pointee, &agg) ||
                 !is_aggregate(dwarf_tag(&agg)))
@@ -386,6 +374,7 @@ AccessFail DwarfFunction::access(std::string_view expr, TypedAccess *out, size_t
         out->name = std::string(field);
         at = field_at + n;
     }
+    if (cast != nullptr) return fail(AccessFail::kNoField, expr.size()); // a typecast reads a member
     Dwarf_Die t;
     if (!peeled(&type, &t)) return fail(AccessFail::kUnsupportedType, 0);
     const int tag = dwarf_tag(&t);
@@ -412,7 +401,117 @@ AccessFail DwarfFunction::access(std::string_view expr, TypedAccess *out, size_t
     return AccessFail::kNone;
 }
 
+AccessFail DwarfFunction::access(std::string_view expr, TypedAccess *out, size_t *pos) const {
+    const auto fail = [&](AccessFail f, size_t where) {
+        *pos = where;
+        return f;
+    };
+    if (expr.starts_with("$retval")) {
+        if (!has_return_) return fail(AccessFail::kVoid, 0);
+        out->name = "arg"; // the kernel's default name for $retval: argN (the caller's)
+        return walk("$retval", false, 0, return_type_, nullptr, expr, 7, out, pos);
+    }
+    const size_t n = name_length(expr);
+    const std::string_view name = expr.substr(0, n);
+    const Param *p = nullptr;
+    for (const Param &q : params_)
+        if (q.name == name) p = &q;
+    if (n == 0 || p == nullptr || !p->has_type) return fail(AccessFail::kNoVariable, 0);
+    if (p->by_value_aggregate) return fail(AccessFail::kStructByValue, 0);
+    if (p->unsupported) return fail(AccessFail::kUnsupportedType, 0);
+    if (p->slot < 0) return fail(AccessFail::kNotInRegister, 0);
+    out->name = std::string(name);
+    return walk(fmt::format("$arg{}", p->slot + 1), false, 0, p->type, nullptr, expr, n, out, pos);
+}
+
+bool is_declaration(Dwarf_Die *die) {
+    bool flag = false;
+    Dwarf_Attribute attr;
+    return dwarf_attr_integrate(die, DW_AT_declaration, &attr) != nullptr && dwarf_formflag(&attr, &flag) == 0 && flag;
+}
+
+// The struct, union or class `name` defined (not only declared) at the top of a unit of
+// `dwarf`; else a typedef `name` of one (of its definition, found by its own name, where
+// the typedef's unit only declares it).
+bool find_struct(Dwarf *dwarf, std::string_view name, Dwarf_Die *out) {
+    std::optional<Dwarf_Die> by_typedef;
+    Dwarf_Off off = 0, next = 0;
+    size_t header = 0;
+    while (dwarf_nextcu(dwarf, off, &next, &header, nullptr, nullptr, nullptr) == 0) {
+        Dwarf_Die cu, child;
+        if (dwarf_offdie(dwarf, off + header, &cu) != nullptr && dwarf_child(&cu, &child) == 0) {
+            do {
+                const int tag = dwarf_tag(&child);
+                if ((!is_aggregate(tag) && tag != DW_TAG_typedef) || die_name(&child) != name) continue;
+                if (is_aggregate(tag)) {
+                    if (is_declaration(&child)) continue;
+                    *out = child;
+                    return true;
+                }
+                Dwarf_Die t, agg;
+                if (!by_typedef && ref_attr(&child, DW_AT_type, &t) && peeled(&t, &agg) &&
+                    is_aggregate(dwarf_tag(&agg)))
+                    by_typedef = agg;
+            } while (dwarf_siblingof(&child, &child) == 0);
+        }
+        off = next;
+    }
+    if (!by_typedef) return false;
+    if (!is_declaration(&*by_typedef)) {
+        *out = *by_typedef;
+        return true;
+    }
+    const std::string tag_name = die_name(&*by_typedef);
+    return !tag_name.empty() && tag_name != name && find_struct(dwarf, tag_name, out);
+}
+
+class DwarfStructs final : public StructTypes {
+public:
+    explicit DwarfStructs(std::vector<DebugFile *> files) : files_(std::move(files)) {}
+
+    AccessFail access(std::string_view type_name, std::string_view base, std::string_view expr, TypedAccess *out,
+                      size_t *pos) const override {
+        Dwarf_Die agg;
+        if (!lookup(type_name, &agg)) {
+            *pos = 0;
+            return AccessFail::kNoType;
+        }
+        return walk(std::string(base), false, 0, agg, &agg, expr, 0, out, pos);
+    }
+
+private:
+    bool lookup(std::string_view name, Dwarf_Die *out) const {
+        static std::mutex mu; // the files' struct caches
+        std::lock_guard lock(mu);
+        for (DebugFile *f : files_) {
+            auto it = f->structs.find(name);
+            if (it == f->structs.end()) {
+                Dwarf_Die die;
+                std::optional<Dwarf_Die> found;
+                if (find_struct(f->dwarf, name, &die)) found = die;
+                it = f->structs.emplace(std::string(name), found).first;
+            }
+            if (it->second) {
+                *out = *it->second;
+                return true;
+            }
+        }
+        return false;
+    }
+
+    std::vector<DebugFile *> files_;
+};
+
 } // namespace
+
+std::shared_ptr<const StructTypes> struct_types(const std::vector<std::string> &paths) {
+    std::vector<DebugFile *> files;
+    for (const std::string &p : paths)
+        if (DebugFile *f = debug_file(p); f != nullptr && std::find(files.begin(), files.end(), f) == files.end())
+            files.push_back(f);
+    if (files.empty()) return nullptr;
+    return std::make_shared<DwarfStructs>(std::move(files));
+}
 
 std::shared_ptr<const FunctionTypes> function_types(const std::string &path, uint64_t file_addr) {
     DebugFile *f = debug_file(path);

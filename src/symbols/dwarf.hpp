@@ -1,7 +1,8 @@
 // A function's parameters and types from its object's debug information (DWARF, in the
 // object or in a separate file found by build-id or .gnu_debuglink under /usr/lib/debug):
 // what an f: event's arguments by name read, as fprobetrace.rst's BTF arguments in the
-// kernel. docs/tracer.md, "Arguments by name".
+// kernel; and structs by name, for an e: event's typecast (eprobetrace.rst's
+// (STRUCT)FIELD->MEMBER). docs/tracer.md, "Arguments by name" and "Event probes".
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@ enum class AccessFail {
     kVoid,               // $retval of a function that returns void
     kBadHyphen,          // "-" not followed by ">"
     kNotInRegister,      // a parameter the calling convention does not put where $argN reads
+    kNoType,             // no struct or union of that name (a typecast's)
 };
 
 // How an expression is read, in the kprobe language.
@@ -44,6 +46,22 @@ public:
     // The parameters' names in order ($arg*).
     virtual std::vector<std::string> parameters() const = 0;
 };
+
+// Structs and unions by name, in the debug information of some objects.
+class StructTypes {
+public:
+    virtual ~StructTypes() = default;
+    // The value BASE reads (a fetch in the kprobe language: "$ptr") taken as a pointer to
+    // the struct or union TYPE_NAME (or a typedef of one), then EXPR from it: "->FIELD",
+    // then "->FIELD" and ".FIELD" as FunctionTypes::access reads them. kNone and *out, or
+    // the failure and *pos, where in EXPR it is (kNoType: TYPE_NAME is not found).
+    virtual AccessFail access(std::string_view type_name, std::string_view base, std::string_view expr,
+                              TypedAccess *out, size_t *pos) const = 0;
+};
+
+// The structs of the objects at `paths`, looked for in that order; null when none of them
+// has debug information.
+std::shared_ptr<const StructTypes> struct_types(const std::vector<std::string> &paths);
 
 // The types of the function at file address `file_addr` (its symbol's value, the load
 // bias subtracted) of the object at `path`; null when no debug information covers it.

@@ -578,6 +578,20 @@ public:
         *out = *f;
         return 0;
     }
+    // The addresses an event's probes are at, for e: typecasts (Tracer sets it).
+    std::function<std::vector<uint64_t>(std::string_view group, std::string_view event)> addrs_of;
+    std::shared_ptr<const sym::StructTypes> struct_types(std::string_view group, std::string_view event) override {
+        std::vector<std::string> paths;
+        const auto add = [&](const sym::Object *o) {
+            const std::string path = o->path.empty() ? "/proc/self/exe" : o->path;
+            if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
+        };
+        for (uint64_t addr : addrs_of ? addrs_of(group, event) : std::vector<uint64_t>{})
+            if (const sym::Registry::Location loc = symbols.locate(addr); loc.object != nullptr) add(loc.object);
+        for (const sym::Object *o : symbols.objects_named(""))
+            if (o->main_program) add(o);
+        return sym::struct_types(paths);
+    }
     bool module_pending(std::string_view spec) override {
         const std::string_view m = sym::Registry::module_of(spec);
         return !m.empty() && !symbols.has_module(m);
@@ -700,6 +714,14 @@ Tracer &tracer() {
         t->resolver.fields_of = [t](std::string_view group, std::string_view event) -> const std::vector<Field> * {
             const Event *e = t->find(group, event); // under t->mu, as every definition
             return e != nullptr ? &e->fields : nullptr;
+        };
+        t->resolver.addrs_of = [t](std::string_view group, std::string_view event) {
+            std::vector<uint64_t> addrs;
+            for (const Event *e = t->find(group, event); e != nullptr; e = e->source) // an e: event's: its source's
+                for (const auto &p : e->points)
+                    if (p->registered && p->hook->rp.kp.addr != nullptr)
+                        addrs.push_back(reinterpret_cast<uint64_t>(p->hook->rp.kp.addr));
+            return addrs;
         };
         return t;
     }();

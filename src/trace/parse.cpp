@@ -139,6 +139,8 @@ private:
     // function's debug information: *fetch and tt->text become what the kprobe language
     // would say ("+8($arg1)", "u64"); *name the expression's last name unless `named`.
     int parse_by_name(std::string_view arg, TypeText *tt, std::string *fetch, std::string *name, bool named);
+    int parse_typecast(std::string_view arg, TypeText *tt, std::string *fetch, std::string *name, bool named);
+    int take_access(const sym::TypedAccess &a, TypeText *tt, std::string *fetch, std::string *name, bool named);
     int parse_memory(std::string_view at);     // @ADDR, @+FOFFS, @SYM[+|-offs]: what follows the '@'
     int parse_deref(std::string_view arg);     // [u]+|-OFFS(FETCHARG)
     int parse_immediate(std::string_view imm); // \IMM or \"STRING": what follows the backslash
@@ -370,6 +372,31 @@ bool names_debug_info(std::string_view arg, bool typed) {
     return !arg.empty() && (std::isalpha(static_cast<unsigned char>(arg[0])) || arg[0] == '_');
 }
 
+// The kernel's error for an access that cannot be read.
+Err access_error(sym::AccessFail f) {
+    switch (f) {
+    case sym::AccessFail::kNone:
+    case sym::AccessFail::kNoVariable:
+        return Err::NO_BTFARG;
+    case sym::AccessFail::kNotPointerToStruct:
+        return Err::NO_PTR_STRCT;
+    case sym::AccessFail::kNoField:
+        return Err::NO_BTF_FIELD;
+    case sym::AccessFail::kStructByValue:
+        return Err::NOSUP_DAT_ARG;
+    case sym::AccessFail::kVoid:
+        return Err::NO_RETVAL;
+    case sym::AccessFail::kBadHyphen:
+        return Err::BAD_HYPHEN;
+    case sym::AccessFail::kNotInRegister:
+        return Err::ARG_NOT_IN_REG;
+    case sym::AccessFail::kUnsupportedType:
+    case sym::AccessFail::kNoType:
+        return Err::BAD_BTF_TID;
+    }
+    return Err::BAD_BTF_TID;
+}
+
 int ArgParser::parse_by_name(std::string_view arg, TypeText *tt, std::string *fetch, std::string *name, bool named) {
     sym::TypedAccess a;
     size_t pos = 0;
@@ -384,28 +411,47 @@ int ArgParser::parse_by_name(std::string_view arg, TypeText *tt, std::string *fe
             return 0;
         }
     }
-    switch (f) {
-    case sym::AccessFail::kNone:
-        break;
-    case sym::AccessFail::kNoVariable:
-        return fail(Err::NO_BTFARG, offset_ + int(pos));
-    case sym::AccessFail::kNotPointerToStruct:
-        return fail(Err::NO_PTR_STRCT, offset_ + int(pos));
-    case sym::AccessFail::kNoField:
-        return fail(Err::NO_BTF_FIELD, offset_ + int(pos));
-    case sym::AccessFail::kStructByValue:
-        return fail(Err::NOSUP_DAT_ARG, offset_ + int(pos));
-    case sym::AccessFail::kVoid:
-        return fail(Err::NO_RETVAL, offset_ + int(pos));
-    case sym::AccessFail::kBadHyphen:
-        return fail(Err::BAD_HYPHEN, offset_ + int(pos));
-    case sym::AccessFail::kNotInRegister:
-        return fail(Err::ARG_NOT_IN_REG, offset_ + int(pos));
-    case sym::AccessFail::kUnsupportedType:
-        return fail(Err::BAD_BTF_TID, offset_ + int(pos));
-    }
-    // :string and :ustring read the characters of a char * or a char [], the dereference
-    // implied; other types read the value.
+    if (f != sym::AccessFail::kNone) return fail(access_error(f), offset_ + int(pos));
+    return take_access(a, tt, fetch, name, named);
+}
+
+// eprobetrace.rst's (STRUCT)FIELD->MEMBER[->MEMBER]: the source's field FIELD (its '$'
+// optional) taken as a pointer to STRUCT, found in the debug information of the objects
+// the source event probes, then of the main program.
+int ArgParser::parse_typecast(std::string_view arg, TypeText *tt, std::string *fetch, std::string *name, bool named) {
+    const size_t close = arg.find(')');
+    if (close == std::string_view::npos) return fail(Err::BAD_FETCH_ARG, offset_);
+    const std::string_view type_name = arg.substr(1, close - 1);
+    if (!is_good_name(type_name)) return fail(Err::BAD_BTF_TID, offset_ + 1);
+    const size_t field_at = close + 1 + (arg.substr(close + 1, 1) == "$" ? 1 : 0);
+    size_t n = 0;
+    while (field_at + n < arg.size() &&
+           (std::isalnum(static_cast<unsigned char>(arg[field_at + n])) != 0 || arg[field_at + n] == '_'))
+        ++n;
+    const std::string_view field = arg.substr(field_at, n);
+    const Field *source = nullptr;
+    for (const Field &f : def_.attach_fields)
+        if (f.name == field) source = &f;
+    if (source == nullptr) return fail(Err::BAD_ATTACH_ARG, offset_ + int(close + 1));
+    if (source->print == Print::kString || source->size != 8)
+        return fail(Err::NO_PTR_STRCT, offset_ + int(close + 1)); // no address
+    if (def_.struct_types == nullptr) return fail(Err::NOSUP_BTFARG, offset_ + 1);
+    sym::TypedAccess a;
+    size_t pos = 0;
+    const std::string_view expr = arg.substr(field_at + n);
+    const sym::AccessFail f = def_.struct_types->access(type_name, "$" + std::string(field), expr, &a, &pos);
+    if (f == sym::AccessFail::kNoType) return fail(Err::BAD_BTF_TID, offset_ + 1);
+    // What the whole access reads (a struct, a float) is refused under its start.
+    const bool whole = f == sym::AccessFail::kStructByValue || f == sym::AccessFail::kUnsupportedType;
+    if (f != sym::AccessFail::kNone) return fail(access_error(f), offset_ + (whole ? 0 : int(field_at + n + pos)));
+    return take_access(a, tt, fetch, name, named);
+}
+
+// What an access reads and its type: :string and :ustring read the characters of a char *
+// or a char [], the dereference implied; other types read the value. Unless named, the
+// argument takes the access's last name, if the kprobe_events line that shows it would
+// parse again (a C name up to MAX_ARG_NAME_LEN); else it keeps argN.
+int ArgParser::take_access(const sym::TypedAccess &a, TypeText *tt, std::string *fetch, std::string *name, bool named) {
     const bool str = tt->given && (tt->text == "string" || tt->text == "ustring");
     if (str && !a.stringable) return fail(Err::BAD_TYPE4STR, tt->pos);
     const bool as_string = str || (!tt->given && a.stringable);
@@ -416,7 +462,8 @@ int ArgParser::parse_by_name(std::string_view arg, TypeText *tt, std::string *fe
         tt->given = true;
         tt->pos = offset_;
     }
-    if (named || a.name == "arg") return 0; // $retval keeps the caller's argN
+    // $retval keeps the caller's argN, as does a name that would not parse again.
+    if (named || a.name == "arg" || a.name.size() > kMaxArgNameLen || !is_good_name(a.name)) return 0;
     for (std::string_view r : kReservedFields)
         if (a.name == r) return fail(Err::USED_ARG_NAME, offset_);
     for (const ArgDef &o : def_.args)
@@ -674,6 +721,9 @@ int ArgParser::parse(std::string_view word, int index) {
     std::string by_name; // what an argument by name reads, in the kprobe language
     if (def_.types != nullptr && names_debug_info(arg, tt.given)) {
         if (int r = parse_by_name(arg, &tt, &by_name, &ad.name, body.data() != word.data())) return r;
+        arg = by_name;
+    } else if (def_.is_eprobe && !arg.empty() && arg[0] == '(') {
+        if (int r = parse_typecast(arg, &tt, &by_name, &ad.name, body.data() != word.data())) return r;
         arg = by_name;
     }
     ArgType type;
@@ -1060,6 +1110,7 @@ int parse_eprobe_spec(const Words &w, Resolver &resolver, ProbeDef *def, ProbeEr
     const std::string_view s(spec);
     if (resolver.event_fields(s.substr(0, dot), s.substr(dot + 1), &def->attach_fields) != 0)
         return fail_at(err, w, Err::BAD_ATTACH_EVENT, 1, 0);
+    def->struct_types = resolver.struct_types(s.substr(0, dot), s.substr(dot + 1));
     def->where = Where::kAddress;
     spec[dot] = '.';
     def->symbol = spec;

@@ -99,6 +99,12 @@ struct Resolver {
         (void)addr;
         return nullptr;
     }
+    // The structs of the objects event GRP.EVENT probes, then of the main program, from
+    // their debug information (an e: definition's typecasts); null when none has any.
+    virtual std::shared_ptr<const sym::StructTypes> struct_types(std::string_view group, std::string_view event) {
+        (void)group, (void)event;
+        return nullptr;
+    }
     // Whether "MOD:sym" names an object not loaded yet: the probe then waits for it (as
     // the kernel's probes on a module that is not loaded).
     virtual bool module_pending(std::string_view spec) {
@@ -144,6 +150,7 @@ struct ProbeDef {
     // e:, on the records of the event `symbol` names ("GRP.EVENT"), whose fields these are.
     bool is_eprobe = false;
     std::vector<Field> attach_fields;
+    std::shared_ptr<const sym::StructTypes> struct_types; // for (STRUCT)FIELD->MEMBER; null: none
     // A synthetic event (histogram.rst), made by the tracer from a synthetic_events line:
     // its fields are `args`, their values passed by a hist action.
     bool is_synthetic = false;

@@ -176,6 +176,8 @@ DEFS = [
     "p:bad/ do_work",
     "p:ev later:func a=%di",
     "p /usr/lib/x.so:0x10 w=@/usr/lib/x.so:0x2000",
+    "e:ev kprobes.src $n v=+0($p):u64 (req)p->size (req)$p->in.depth:x32 x=(req)p->next->str",
+    "e:ev kprobes.src (nosuch)p->size (req)s->a (req)p",
 ]
 for i, d in enumerate(DEFS):
     out("trace_parse_fuzz", "def%d" % i, b"\0" + d.encode())

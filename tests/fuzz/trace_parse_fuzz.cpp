@@ -6,13 +6,16 @@
 // Checks: no crash or out-of-bounds access (ASan), only the documented return codes, a
 // rejected line says where (inside the command), an accepted one parses again from the
 // line the kprobe_events file shows for it, to the same line.
+#include "symbols/dwarf.hpp"
 #include "trace/parse.hpp"
+#include "trace/record.hpp"
 
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -70,6 +73,61 @@ struct AnyResolver : ukp::trace::Resolver {
     }
     bool function_entry(uint64_t addr) override { return (addr & 0xf) == 0; }
     bool module_pending(std::string_view spec) override { return spec.starts_with("later:"); }
+    // One event for e: definitions, kprobes.src: an address p, a number n, a string s.
+    int event_fields(std::string_view group, std::string_view event, std::vector<ukp::trace::Field> *out) override {
+        using ukp::trace::Print;
+        if (group != "kprobes" || event != "src") return -ENOENT;
+        *out = ukp::trace::common_fields();
+        const uint32_t at = ukp::trace::kCommonSize + 8;
+        out->push_back({"p", "u64", at, 8, false, Print::kHex, 0, false});
+        out->push_back({"n", "u32", at + 8, 4, false, Print::kUnsigned, 0, false});
+        out->push_back({"s", "__data_loc char[]", at + 12, 4, false, Print::kString, 0, false});
+        return 0;
+    }
+    // Every struct but those named "nosuch...": each member ("nosuch..." aside) 8 bytes
+    // further, a u32, or a char * when named "str..."; "->" after one is taken as a pointer.
+    struct AnyStructs : ukp::sym::StructTypes {
+        ukp::sym::AccessFail access(std::string_view type_name, std::string_view base, std::string_view expr,
+                                    ukp::sym::TypedAccess *out, size_t *pos) const override {
+            using ukp::sym::AccessFail;
+            if (type_name.starts_with("nosuch")) return AccessFail::kNoType;
+            std::string fetch(base);
+            size_t at = 0, members = 0;
+            while (at < expr.size()) {
+                const bool arrow = expr.substr(at, 2) == "->";
+                if (!arrow && expr[at] != '.') {
+                    *pos = at;
+                    return expr[at] == '-' ? AccessFail::kBadHyphen : AccessFail::kNoField;
+                }
+                const size_t from = at + (arrow ? 2 : 1);
+                size_t n = 0;
+                while (from + n < expr.size() &&
+                       (std::isalnum(static_cast<unsigned char>(expr[from + n])) != 0 || expr[from + n] == '_'))
+                    ++n;
+                const std::string_view name = expr.substr(from, n);
+                if (n == 0 || name.starts_with("nosuch")) {
+                    *pos = from;
+                    return AccessFail::kNoField;
+                }
+                fetch = "+8(" + fetch + ")";
+                out->name = std::string(name);
+                at = from + n;
+                ++members;
+            }
+            if (members == 0) {
+                *pos = expr.size();
+                return AccessFail::kNoField;
+            }
+            out->fetch = fetch;
+            out->stringable = out->name.starts_with("str");
+            out->type = out->stringable ? "x64" : "u32";
+            out->string_fetch = "+0(" + fetch + ")";
+            return AccessFail::kNone;
+        }
+    };
+    std::shared_ptr<const ukp::sym::StructTypes> struct_types(std::string_view, std::string_view) override {
+        return std::make_shared<AnyStructs>();
+    }
 };
 
 } // namespace

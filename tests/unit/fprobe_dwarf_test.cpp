@@ -155,6 +155,60 @@ TEST_F(ArgumentsByName, TheKernelsErrors) {
     }
 }
 
+// eprobetrace.rst's typecast: an e: event reads through an address its source records,
+// (STRUCT)FIELD->MEMBER, the struct found in the debug information of the object the
+// source probes; the members' types and names as an f: event's by name.
+TEST_F(ArgumentsByName, EventProbeTypecasts) {
+    ASSERT_EQ(file_append("dynamic_events", "f:src ukd_handle p=$arg1 f=$arg3:u16"), 0) << read("error_log");
+    ASSERT_EQ(file_append("dynamic_events", "e:cast fprobes.src (ukd_request)p->size (ukd_request)p->name "
+                                            "(ukd_request)$p->in.label n=(ukd_request)p->next->size "
+                                            "(ukd_request)p->signed_view:x32"),
+              0)
+        << read("error_log");
+    EXPECT_NE(read("dynamic_events")
+                  .find("e:eprobes/cast fprobes.src size=(ukd_request)p->size "
+                        "name=(ukd_request)p->name label=(ukd_request)$p->in.label "
+                        "n=(ukd_request)p->next->size signed_view=(ukd_request)p->signed_view:x32\n"),
+              std::string::npos)
+        << read("dynamic_events");
+    const std::string format = read("events/eprobes/cast/format");
+    EXPECT_NE(format.find("field:s64 size;"), std::string::npos) << format;
+    EXPECT_NE(format.find("field:__data_loc char[] name;"), std::string::npos) << format;
+    EXPECT_NE(format.find("field:u32 signed_view;"), std::string::npos) << format;
+    ASSERT_EQ(file_write("events/eprobes/cast/enable", "1"), 0);
+    g_handle(&first_, "x", 1, 0.0, 2, kUkdRead, false);
+    ASSERT_EQ(file_write("events/eprobes/cast/enable", "0"), 0);
+    const auto lines = trace_lines("cast");
+    ASSERT_EQ(lines.size(), 1u) << read("trace");
+    EXPECT_NE(lines[0].find(" size=42 name=\"first\" label=\"shallow\" n=7 signed_view=0x5"), std::string::npos)
+        << lines[0];
+
+    const Refusal refusals[] = {
+        {"e:e fprobes.src (nosuch)p->size", "Failed to get BTF type info.", "nosuch"},
+        {"e:e fprobes.src (ukd_request)p->nosuch", "This field is not found.", "nosuch"},
+        {"e:e fprobes.src (ukd_request)p->size->x", "This is not a pointer to union/structure.", "->x"},
+        {"e:e fprobes.src (ukd_request)p->in", "Non pointer structure/union argument is not supported.",
+         "(ukd_request)p->in"},
+        {"e:e fprobes.src (ukd_request)p", "This field is not found.", " "},
+        {"e:e fprobes.src (ukd_request)q->size", "Attached event does not have this field", "q->size"},
+        {"e:e fprobes.src (ukd_request)f->size", "This is not a pointer to union/structure.", "f->size"},
+        {"e:e fprobes.src (ukd_request)p->size:string", "This type does not fit for string.", "string"},
+        {"e:e fprobes.src (ukd_request p->size", "Invalid fetch argument", "(ukd_request"},
+    };
+    for (const Refusal &r : refusals) {
+        SCOPED_TRACE(r.definition);
+        ASSERT_EQ(file_write("error_log", ""), 0);
+        EXPECT_EQ(file_append("dynamic_events", r.definition), -EINVAL);
+        const std::string log = read("error_log");
+        EXPECT_NE(log.find(std::string("event_probe: error: ") + r.message), std::string::npos) << log;
+        const std::string command = r.definition;
+        const size_t at = std::string(r.at) == " " ? command.size() : command.rfind(r.at);
+        const size_t col = at + std::string("  Command: ").size();
+        EXPECT_NE(log.find("\n" + std::string(col, ' ') + "^"), std::string::npos) << log;
+    }
+    EXPECT_EQ(read("dynamic_events").find("e:eprobes/e "), std::string::npos) << read("dynamic_events");
+}
+
 // Without debug information $argN still works, and the old names of the kprobe language
 // ("rv" and the rest) keep their meaning where no parameter has that name.
 TEST_F(ArgumentsByName, WithoutDebugInformation) {
