@@ -3,6 +3,8 @@
 // to, :string on char * and char [], $arg*, the type of $retval; the kernel's errors.
 #include <gtest/gtest.h>
 
+#include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -119,8 +121,25 @@ TEST_F(ArgumentsByName, AllArgumentsAndTheReturnValue) {
 struct Refusal {
     const char *definition;
     const char *message; // the kernel's
-    const char *at;      // where the caret points: the last place the command has this
+    const char *at;      // where the caret points: the last place the command has this; " ": its end
 };
+
+// Each definition refused with its message, logged by `tracer`, the caret under its part;
+// the definitions already there (`before`) unchanged.
+void expect_refusals(const Refusal *refusals, size_t n, const std::string &tracer, const std::string &before) {
+    for (const Refusal &r : std::span(refusals, n)) {
+        SCOPED_TRACE(r.definition);
+        ASSERT_EQ(file_write("error_log", ""), 0);
+        EXPECT_EQ(file_append("dynamic_events", r.definition), -EINVAL);
+        const std::string log = read("error_log");
+        EXPECT_NE(log.find(tracer + ": error: " + r.message), std::string::npos) << log;
+        const std::string command = r.definition;
+        const size_t at = std::string(r.at) == " " ? command.size() : command.rfind(r.at);
+        const size_t col = at + std::string("  Command: ").size();
+        EXPECT_NE(log.find("\n" + std::string(col, ' ') + "^"), std::string::npos) << log;
+        EXPECT_EQ(read("dynamic_events"), before);
+    }
+}
 
 TEST_F(ArgumentsByName, TheKernelsErrors) {
     const Refusal refusals[] = {
@@ -141,18 +160,7 @@ TEST_F(ArgumentsByName, TheKernelsErrors) {
         {"f:e ukd_nodebug $arg*", "BTF is not available or not supported", "$arg*"},
         {"f:e ukd_handl* req", "BTF is not available or not supported", "req"},
     };
-    for (const Refusal &r : refusals) {
-        SCOPED_TRACE(r.definition);
-        ASSERT_EQ(file_write("error_log", ""), 0);
-        EXPECT_EQ(file_append("dynamic_events", r.definition), -EINVAL);
-        const std::string log = read("error_log");
-        EXPECT_NE(log.find(std::string("trace_fprobe: error: ") + r.message), std::string::npos) << log;
-        // The caret under the part named.
-        const std::string command = r.definition;
-        const size_t col = command.rfind(r.at) + std::string("  Command: ").size();
-        EXPECT_NE(log.find("\n" + std::string(col, ' ') + "^"), std::string::npos) << log;
-        EXPECT_EQ(read("dynamic_events"), "");
-    }
+    expect_refusals(refusals, std::size(refusals), "trace_fprobe", "");
 }
 
 // eprobetrace.rst's typecast: an e: event reads through an address its source records,
@@ -195,18 +203,7 @@ TEST_F(ArgumentsByName, EventProbeTypecasts) {
         {"e:e fprobes.src (ukd_request)p->size:string", "This type does not fit for string.", "string"},
         {"e:e fprobes.src (ukd_request p->size", "Invalid fetch argument", "(ukd_request"},
     };
-    for (const Refusal &r : refusals) {
-        SCOPED_TRACE(r.definition);
-        ASSERT_EQ(file_write("error_log", ""), 0);
-        EXPECT_EQ(file_append("dynamic_events", r.definition), -EINVAL);
-        const std::string log = read("error_log");
-        EXPECT_NE(log.find(std::string("event_probe: error: ") + r.message), std::string::npos) << log;
-        const std::string command = r.definition;
-        const size_t at = std::string(r.at) == " " ? command.size() : command.rfind(r.at);
-        const size_t col = at + std::string("  Command: ").size();
-        EXPECT_NE(log.find("\n" + std::string(col, ' ') + "^"), std::string::npos) << log;
-    }
-    EXPECT_EQ(read("dynamic_events").find("e:eprobes/e "), std::string::npos) << read("dynamic_events");
+    expect_refusals(refusals, std::size(refusals), "event_probe", read("dynamic_events"));
 }
 
 // Without debug information $argN still works, and the old names of the kprobe language
