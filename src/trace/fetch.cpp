@@ -66,6 +66,10 @@ inline bool field_value(const HitContext &ctx, const FetchOp &op, uint64_t *v) {
         *v = reinterpret_cast<uint64_t>(ctx.rec + (loc & 0xffff));
         return true;
     }
+    if ((op.param & kFieldAddress) != 0) {
+        *v = reinterpret_cast<uint64_t>(ctx.rec + at);
+        return true;
+    }
     *v = get(ctx.rec + at, size);
     if ((op.param & kFieldSigned) != 0 && size < 8) {
         const unsigned shift = 64 - 8 * size;

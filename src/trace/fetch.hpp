@@ -66,10 +66,13 @@ enum class Op : uint8_t {
     kWatchAddr, // value = the address a watch event watches ($addr)
     // value = field of the record an event probe is attached to ($FIELD): at offset imm,
     // param bytes (1, 2, 4, 8; kFieldSigned added for a signed one, sign-extended), or 0 for
-    // a __data_loc string: the address of its bytes in the record.
+    // a __data_loc string: the address of its bytes in the record; with kFieldAddress (an
+    // array), the address of the field in the record, as the kernel's get_event_field()
+    // gives for a field of another size.
     kField,
 };
 inline constexpr uint16_t kFieldSigned = 0x100;
+inline constexpr uint16_t kFieldAddress = 0x200;
 
 struct FetchOp {
     Op op;

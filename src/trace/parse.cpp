@@ -181,7 +181,9 @@ int ArgParser::event_field(std::string_view name) {
         if (f.common || f.name != name) continue;
         field_ = &f;
         const bool loc = f.print == Print::kString;
-        const uint16_t size = loc ? 0 : uint16_t(f.size | (f.is_signed ? kFieldSigned : 0));
+        // An array: where it lies in the record (eprobetrace.rst's +8($args) reads args[1]).
+        const uint16_t how = f.array_len > 0 ? kFieldAddress : f.is_signed ? kFieldSigned : 0;
+        const uint16_t size = loc ? 0 : uint16_t(f.size | how);
         return push({Op::kField, false, size, int64_t(f.offset)}, offset_);
     }
     return -ENOENT;
@@ -433,7 +435,7 @@ int ArgParser::parse_typecast(std::string_view arg, TypeText *tt, std::string *f
     for (const Field &f : def_.attach_fields)
         if (f.name == field) source = &f;
     if (source == nullptr) return fail(Err::BAD_ATTACH_ARG, offset_ + int(close + 1));
-    if (source->print == Print::kString || source->size != 8)
+    if (source->print == Print::kString || source->size != 8 || source->array_len > 0)
         return fail(Err::NO_PTR_STRCT, offset_ + int(close + 1)); // no address
     if (def_.struct_types == nullptr) return fail(Err::NOSUP_BTFARG, offset_ + 1);
     sym::TypedAccess a;
@@ -738,7 +740,10 @@ int ArgParser::parse(std::string_view word, int index) {
     // An e: definition's bare field: a string stays one, a number is shown in hex of its
     // size (eprobetrace.rst: "the values would default showing in hexadecimal").
     if (field_ != nullptr && !tt.given && ops_.size() == 1) {
-        if (field_->print == Print::kString) {
+        if (field_->array_len > 0) { // its address
+            bool vfs = false;
+            find_type("x64", &type, &vfs);
+        } else if (field_->print == Print::kString) {
             bool vfs = false;
             find_type("string", &type, &vfs);
         } else if (field_->size == 1 || field_->size == 2 || field_->size == 4 || field_->size == 8) {

@@ -178,6 +178,7 @@ DEFS = [
     "p /usr/lib/x.so:0x10 w=@/usr/lib/x.so:0x2000",
     "e:ev kprobes.src $n v=+0($p):u64 (req)p->size (req)$p->in.depth:x32 x=(req)p->next->str",
     "e:ev kprobes.src (nosuch)p->size (req)s->a (req)p",
+    "e:ev kprobes.src $a x=+8($a):u64 y=+0(+16($a)):string (req)a->b",
 ]
 for i, d in enumerate(DEFS):
     out("trace_parse_fuzz", "def%d" % i, b"\0" + d.encode())

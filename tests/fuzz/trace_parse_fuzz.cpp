@@ -73,7 +73,8 @@ struct AnyResolver : ukp::trace::Resolver {
     }
     bool function_entry(uint64_t addr) override { return (addr & 0xf) == 0; }
     bool module_pending(std::string_view spec) override { return spec.starts_with("later:"); }
-    // One event for e: definitions, kprobes.src: an address p, a number n, a string s.
+    // One event for e: definitions, kprobes.src: an address p, a number n, a string s, an
+    // array a of three.
     int event_fields(std::string_view group, std::string_view event, std::vector<ukp::trace::Field> *out) override {
         using ukp::trace::Print;
         if (group != "kprobes" || event != "src") return -ENOENT;
@@ -82,6 +83,7 @@ struct AnyResolver : ukp::trace::Resolver {
         out->push_back({"p", "u64", at, 8, false, Print::kHex, 0, false});
         out->push_back({"n", "u32", at + 8, 4, false, Print::kUnsigned, 0, false});
         out->push_back({"s", "__data_loc char[]", at + 12, 4, false, Print::kString, 0, false});
+        out->push_back({"a", "u64", at + 16, 8, false, Print::kHex, 3, false});
         return 0;
     }
     // Every struct but those named "nosuch...": each member ("nosuch..." aside) 8 bytes

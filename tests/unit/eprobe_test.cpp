@@ -97,6 +97,30 @@ TEST_F(EventProbes, DefaultsDereferencesFiltersAndHist) {
     EXPECT_EQ(file_append("dynamic_events", "-:kprobes/src"), 0);
 }
 
+// eprobetrace.rst's example 2 (+8($args) on raw_syscalls' `unsigned long args[6]`): an array
+// field stands for where it lies in the record, so +OFFS reads its elements and a
+// dereference goes through one; bare, it shows that address.
+TEST_F(EventProbes, AnArrayFieldIsWhereItLiesInTheRecord) {
+    ASSERT_EQ(file_append("dynamic_events", "p:kprobes/arr uke_work v=+0(%dx):u64[3]"), 0) << read("error_log");
+    ASSERT_EQ(
+        file_append("dynamic_events", "e:el kprobes.arr id=+0($v):s64 w=+8($v):s32 label=+0(+16($v)):string at=$v"), 0)
+        << read("error_log");
+    EXPECT_NE(read("events/eprobes/el/format").find("field:u64 at;"), std::string::npos)
+        << read("events/eprobes/el/format");
+    ASSERT_EQ(file_write("events/eprobes/el/enable", "1"), 0);
+    const uke_item item{-9, 77, "inside"};
+    g_work(1, "x", &item);
+    ASSERT_EQ(file_write("events/eprobes/el/enable", "0"), 0);
+    const auto lines = trace_lines("el");
+    ASSERT_EQ(lines.size(), 1u) << read("trace");
+    EXPECT_NE(lines[0].find("el: (kprobes.arr) id=-9 w=77 label=\"inside\" at=0x"), std::string::npos) << lines[0];
+    // A typecast needs an address the program has, not one in the record.
+    ASSERT_EQ(file_write("error_log", ""), 0);
+    EXPECT_EQ(file_append("dynamic_events", "e:c kprobes.arr (uke_item)v->id"), -EINVAL);
+    EXPECT_NE(read("error_log").find("This is not a pointer to union/structure."), std::string::npos)
+        << read("error_log");
+}
+
 // The eprobe tracer's errors, with the kernel's carets (its selftest eprobes_syntax_errors).
 TEST_F(EventProbes, ErrorsWithTheirCarets) {
     struct Case {
