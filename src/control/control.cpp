@@ -5,6 +5,7 @@
 // prints the trace itself (Op::kOpenFd). Off the hit path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
+#include "platform/agent_threads.hpp"
 #include "platform/async_blocked.hpp"
 #include "platform/held_fd.hpp"
 #include "platform/high_fd.hpp"
@@ -680,6 +681,7 @@ int start_locked() {
         if (!g_stopping.load()) return 0;
         if (const int rc = restart_locked(); rc != -ECHILD) return rc;
         pthread_join(g_thread, nullptr);
+        platform::release_agent_thread(g_thread);
         g_thread_valid = false;
     }
     g_exited.store(false);
@@ -710,17 +712,18 @@ int start_locked() {
     int rc = 0;
     {
         const platform::AsyncSignalsBlocked blocked;
-        rc = pthread_create(&g_thread, nullptr, thread_main, &startup);
+        rc = platform::start_agent_thread(&g_thread, thread_main, &startup);
     }
     if (rc != 0) {
         sem_destroy(&startup.done);
-        return -rc;
+        return rc;
     }
     while (sem_wait(&startup.done) != 0 && errno == EINTR) {
     }
     sem_destroy(&startup.done);
     if (startup.result != 0) {
         pthread_join(g_thread, nullptr);
+        platform::release_agent_thread(g_thread);
         return startup.result;
     }
     // The thread holds the memfds in its own table now: the program's copies go.
@@ -748,6 +751,7 @@ int stop() {
     if (!g_exited.load())
         if (const int err = wake('s'); err != 0 && !g_exited.load()) return err;
     pthread_join(g_thread, nullptr);
+    platform::release_agent_thread(g_thread);
     g_thread_valid = false;
     return 0;
 }

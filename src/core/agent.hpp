@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/checked_mutex.hpp"
+#include "platform/vector_state.hpp"
 
 #include <ukprobes/hw_breakpoint.h>
 
@@ -27,6 +28,18 @@ public:
     AgentWork(const AgentWork &) = delete;
     AgentWork &operator=(const AgentWork &) = delete;
 };
+
+// Runs f() from inside a probe hit as the agent's own work, with the vector state saved:
+// the calls into the C library the tracer's hit path makes for itself (a thread's name and
+// id, once; the clock's next segments; a trigger's action) are not the program's, and a
+// probe they meet counts no miss in kprobe_profile (kprobes.rst counts the program's).
+template <class F>
+void agent_call(F &&f) {
+    platform::saving_vectors([&] {
+        const AgentWork quiet;
+        f();
+    });
+}
 
 // The agent's own handlers (kretprobe's entry handler, the tracer's): every access they
 // make to the program's memory goes through the fixup table (ukp_safe_copy), and the

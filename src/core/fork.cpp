@@ -5,6 +5,7 @@
 #include "core/fork.hpp"
 #include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
+#include "platform/agent_threads.hpp"
 #include "text/text.hpp"
 
 #include <atomic>
@@ -40,6 +41,7 @@ void after_fork_parent() {
 void after_fork_child() {
     const AgentWork quiet;
     opt_after_fork_child(); // first: the parent's optimizer is not here to wait for
+    platform::agent_threads_after_fork_child();
     arm_batches_after_fork_child();
     hw_breakpoints_after_fork_child(g_fork_policy.load() == UKP_FORK_KEEP);
     if (g_fork_policy.load() == UKP_FORK_REMOVE) {

@@ -18,6 +18,7 @@
 #include "core/core.hpp"
 #include "core/grace.hpp"
 
+#include "platform/agent_threads.hpp"
 #include "platform/safe_access.hpp"
 
 #include <linux/membarrier.h>
@@ -114,6 +115,9 @@ void wait_for_section(const ReaderCell &cell, uint64_t word, uint64_t claim) {
 // shared counters.
 ReaderCell *claim_cell(ThreadState &ts) {
     if (ts.claiming != nullptr) return &g_no_cell;
+    // A thread of the agent's, still in libc's code before its function (or after it):
+    // its hits are the agent's work for the rest of its life, as AgentWork makes them.
+    if (platform::in_agent_thread(reinterpret_cast<uint64_t>(&ts))) ++ts.quiet;
     if (!g_membarrier.load(std::memory_order_acquire)) {
         // Decided before the first probe (grace_init): shared counters for good.
         ts.reader = &g_no_cell;

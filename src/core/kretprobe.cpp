@@ -276,7 +276,10 @@ void exit_hook(void *) {
 void ensure_exit_hook() {
     if (t_ret.exit_hooked) return;
     t_ret.exit_hooked = true;
-    outside_gpr(false, [] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
+    outside_gpr(false, [] {
+        const AgentWork quiet; // the agent's call, not the program's
+        pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1));
+    });
 }
 
 } // namespace
@@ -418,7 +421,10 @@ void report_bug(const RetInstance *ri, uint64_t sp) {
     put(": the instance was not in flight; resuming at its last return address ");
     hex(reinterpret_cast<uint64_t>(ri->pub.ret_addr));
     put("\n");
-    outside_gpr(false, [&] { (void)!write(STDERR_FILENO, buf, n); });
+    outside_gpr(false, [&] {
+        const AgentWork quiet;
+        (void)!write(STDERR_FILENO, buf, n);
+    });
 }
 
 // libunwind's dynamic unwind-information registry (libunwind-dynamic.h of libunwind 1.6,
@@ -652,7 +658,10 @@ void reap_dead_pools() {
 
 int current_tid() {
     if (t_ret.tid == 0)
-        outside_gpr(false, [] { t_ret.tid = static_cast<int>(syscall(SYS_gettid)); }); // once per thread
+        outside_gpr(false, [] { // once per thread; the agent's call, not the program's
+            const AgentWork quiet;
+            t_ret.tid = static_cast<int>(syscall(SYS_gettid));
+        });
     return t_ret.tid;
 }
 

@@ -14,6 +14,7 @@
 #include "core/core.hpp"
 #include "core/registry_internal.hpp"
 
+#include "platform/agent_threads.hpp"
 #include "platform/async_blocked.hpp"
 #include "platform/disk_cache.hpp"
 
@@ -27,7 +28,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -143,29 +143,40 @@ int usable_cores() {
 // signals blocked (platform/async_blocked.hpp).
 template <class Other, class Mine>
 void run_beside(Other &&other, Mine &&mine) {
-    std::thread t;
+    const auto body = [&] {
+        const AgentWork quiet; // its calls are not the program's
+        try {
+            other();
+        } catch (...) {
+            // Out of memory: what it did not decide is decided at the registration.
+        }
+    };
+    using Body = decltype(body);
+    pthread_t thread;
+    bool started = false;
     if (usable_cores() > 1) {
         const platform::AsyncSignalsBlocked blocked;
-        try {
-            t = std::thread([&] {
-                const AgentWork quiet; // its calls are not the program's
-                try {
-                    other();
-                } catch (...) {
-                    // Out of memory: what it did not decide is decided at the registration.
-                }
-            });
-        } catch (...) {
-        }
+        started = platform::start_agent_thread(
+                      &thread,
+                      [](void *b) -> void * {
+                          (*static_cast<const Body *>(b))();
+                          return nullptr;
+                      },
+                      const_cast<void *>(static_cast<const void *>(&body))) == 0;
     }
-    if (!t.joinable()) other();
+    if (!started) body();
+    const auto join = [&] {
+        if (!started) return;
+        pthread_join(thread, nullptr);
+        platform::release_agent_thread(thread);
+    };
     try {
         mine();
     } catch (...) {
-        if (t.joinable()) t.join(); // never a joinable thread left to a destructor
+        join(); // the thread uses this frame
         throw;
     }
-    if (t.joinable()) t.join();
+    join();
 }
 
 // Decoded functions kept while the references are built, at most (their bytes): past it,

@@ -60,7 +60,7 @@ const ThreadInfo &this_thread() {
     if (t_info.tid == 0) {
         // Once per thread, into the C library: with the vector state saved (a lean hit
         // path calls no C library code directly).
-        platform::saving_vectors([] {
+        core::agent_call([] {
             prctl(PR_GET_NAME, t_info.comm, 0, 0, 0);
             t_info.comm[15] = '\0';
             t_info.tid = static_cast<int32_t>(syscall(SYS_gettid));

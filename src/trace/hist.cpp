@@ -5,6 +5,7 @@
 #include "trace/ring.hpp"
 #include "platform/this_cpu.hpp"
 
+#include "core/agent.hpp"
 #include "platform/vector_state.hpp"
 
 #include <cpuid.h>
@@ -481,7 +482,7 @@ uint64_t clock_now_ns() noexcept {
         return s->ns0 + static_cast<uint64_t>((static_cast<unsigned __int128>(d) * s->mult) >> 32);
     }
     uint64_t ns = 0;
-    platform::saving_vectors([&ns] { ns = monotonic_ns(); });
+    core::agent_call([&ns] { ns = monotonic_ns(); });
     return ns;
 }
 

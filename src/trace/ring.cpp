@@ -524,8 +524,8 @@ __attribute__((noinline, cold)) bool take_buffer(Writer &w, MappedRing *r, const
         w.hooked = true;
         // Below PTHREAD_KEY_2NDLEVEL_SIZE keys glibc stores the value in the thread
         // descriptor: no allocation. (Calls into the C library from here go through
-        // saving_vectors: this path is lean.)
-        platform::saving_vectors([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
+        // agent_call: this path is lean.)
+        core::agent_call([] { pthread_setspecific(g_exit_key, reinterpret_cast<void *>(1)); });
     }
     // The caller's name for the thread (read once per thread, where the events layer
     // makes its own system calls); whose it is, the first commit says (common_pid).
@@ -586,7 +586,7 @@ __attribute__((noinline, cold)) bool evict(Writer &w, BufferHeader *s, uint64_t 
 // thread (platform::single_stepped).
 __attribute__((noinline, cold)) void extend_clock(RingHeader *hdr) {
     if (platform::single_stepped()) return;
-    platform::saving_vectors([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
+    core::agent_call([hdr] { clock_extend(hdr); }); // the vDSO, libgcc's 128-bit division
 }
 
 } // namespace
@@ -641,7 +641,7 @@ uint8_t *ring_reserve(uint32_t size, const char *comm, int cpu) {
             extend_clock(w.hdr);
     } else {
         uint64_t ns = 0;
-        platform::saving_vectors([&ns] { ns = now_ns(); }); // no invariant TSC: the vDSO's clock
+        core::agent_call([&ns] { ns = now_ns(); }); // no invariant TSC: the vDSO's clock
         rh->ts = ns;
     }
     w.pend = rh;

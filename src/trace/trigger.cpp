@@ -1,4 +1,5 @@
 #include "trace/trigger.hpp"
+#include "core/agent.hpp"
 #include "platform/vector_state.hpp"
 
 #include <algorithm>
@@ -568,16 +569,16 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
         case Kind::kTraceOff: {
             const bool on = t->kind == Kind::kTraceOn;
             bool is_on = false;
-            platform::saving_vectors([&] { is_on = t->host->tracing_is_on(); });
+            core::agent_call([&] { is_on = t->host->tracing_is_on(); });
             if (is_on == on) break; // the kernel counts only effective hits
-            if (t->take()) platform::saving_vectors([&] { t->host->set_tracing_on(on); });
+            if (t->take()) core::agent_call([&] { t->host->set_tracing_on(on); });
             break;
         }
         case Kind::kStacktrace:
-            if (t->take()) platform::saving_vectors([&] { t->host->record_stacktrace(regs); });
+            if (t->take()) core::agent_call([&] { t->host->record_stacktrace(regs); });
             break;
         case Kind::kSnapshot:
-            if (t->take()) platform::saving_vectors([&] { t->host->take_snapshot(); });
+            if (t->take()) core::agent_call([&] { t->host->take_snapshot(); });
             break;
         case Kind::kEnableEvent:
         case Kind::kDisableEvent: {
@@ -598,7 +599,7 @@ void TriggerSet::fire(const uint8_t *rec, uint32_t size, const char *comm, const
             if (!t->field.empty() && t->field_offset + 8 <= size) __builtin_memcpy(&addr, rec + t->field_offset, 8);
             addr += static_cast<uint64_t>(t->adjust);
             bool acted = false;
-            platform::saving_vectors([&] {
+            core::agent_call([&] {
                 acted = t->kind == Kind::kSetWatch ? t->mover->set(addr) : t->mover->clear(addr, t->field.empty());
             });
             if (acted) t->take();

@@ -356,8 +356,8 @@ TEST_F(VectorPath, TheSharedLibrarysDispatchersAreProvenClean) {
 }
 
 // The tracer's hit handlers (fetch, ring buffer, filter, histogram, triggers) are proven
-// too: they call into the C library only through saving_vectors (a thread's first hit,
-// a clock segment, a trigger's action), and read the CPU from rseq.
+// too: they call into the C library only through saving_vectors (core::agent_call: a
+// thread's first hit, a clock segment, a trigger's action), and read the CPU from rseq.
 TEST_F(VectorPath, TheTracersHitHandlersAreProvenClean) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     GTEST_SKIP() << "the sanitizers' checks call out through the PLT";
