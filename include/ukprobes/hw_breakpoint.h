@@ -13,7 +13,9 @@
  * Registration functions return an event pointer, or an error encoded as the kernel does
  * (IS_ERR(), PTR_ERR(): -EINVAL for a bad address, length, alignment or type; -ENOSPC when
  * a thread has no free debug register left, the program's own breakpoints or a debugger's
- * watchpoints holding them; -EOPNOTSUPP on a kernel without synchronous perf signals; -ENOMEM).
+ * watchpoints holding them; -EOPNOTSUPP on a kernel without synchronous perf signals;
+ * -ENODEV on a machine whose breakpoints are never hit, a guest without debug registers
+ * behind its breakpoint PMU; -ENOMEM).
  *
  * Each breakpoint is a perf event of the thread (PERF_TYPE_BREAKPOINT, with synchronous
  * SIGTRAP delivery, Linux 5.13 or later; no privilege needed): the handler runs in the

@@ -65,15 +65,20 @@ int in_child(Body body) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// Whether this machine gives a thread a hardware breakpoint: a guest may have no debug
-// registers (the kernel has no breakpoint PMU then).
+// Whether this machine gives a thread a hardware breakpoint that is hit: a guest may have
+// no debug registers (the kernel has no breakpoint PMU then), or a PMU with none behind it
+// (a write is never counted; errno is ENODEV then).
 bool have_debug_registers() {
     perf_event_attr attr = watch(&ukhw_other, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
     attr.exclude_kernel = 1;
     const long fd = syscall(SYS_perf_event_open, &attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
     if (fd < 0) return false;
+    ukhw_other = ukhw_other + 1;
+    uint64_t writes = 0;
+    const bool counted = read(static_cast<int>(fd), &writes, sizeof writes) == sizeof writes;
     close(static_cast<int>(fd));
-    return true;
+    if (counted && writes == 0) errno = ENODEV;
+    return !counted || writes > 0;
 }
 
 class HwBreakpoint : public ::testing::Test {
@@ -82,6 +87,21 @@ protected:
         if (!have_debug_registers()) GTEST_SKIP() << "no hardware breakpoints on this machine: " << strerror(errno);
     }
 };
+
+// Where the kernel gives breakpoints that are never hit, a registration says so rather
+// than watch in silence.
+TEST(HwBreakpointMachine, BreakpointsThatNeverFireAreENODEV) {
+    if (have_debug_registers() || errno != ENODEV)
+        GTEST_SKIP() << "this machine's breakpoints are hit, or there are none";
+    perf_event_attr attr = watch(&ukhw_counter, HW_BREAKPOINT_LEN_8, HW_BREAKPOINT_W);
+    Seen seen;
+    perf_event *bp = register_user_hw_breakpoint(&attr, count, &seen, 0);
+    ASSERT_TRUE(IS_ERR(bp));
+    EXPECT_EQ(PTR_ERR(bp), -ENODEV);
+    perf_event **wide = register_wide_hw_breakpoint(&attr, count, &seen);
+    ASSERT_TRUE(IS_ERR(wide));
+    EXPECT_EQ(PTR_ERR(wide), -ENODEV);
+}
 
 TEST_F(HwBreakpoint, WriteWatchSeesEveryWriteAfterIt) {
     Seen seen;
