@@ -15,6 +15,7 @@ packages=(
   libfuse3-dev fuse3     # ukprobe mount: libfuse3, and fusermount3 for mounts by non-root users
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
+  libpython3.11          # bench/fprobe_bench: a large library loaded while the program runs
   libunwind8             # tests: another unwinder through kretprobed frames
   gdb                    # tests: gdb walks through kretprobed frames (JIT interface)
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer and its sanitizer runtimes

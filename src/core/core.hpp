@@ -101,7 +101,9 @@ struct Point {
     // of these looks again (optimizer.cpp).
     uint64_t disarms = 0;
     // Jump optimization (optimizer.cpp). The detour is built when the point is prepared,
-    // if the region check passes, and kept for the life of the process.
+    // if the region check passes, and kept for the life of the process; or, where the
+    // object's reference table is not built yet, by the optimizer thread once it is
+    // (verdict_due meanwhile, under the registry mutex).
     uint64_t detour = 0;       // its slot (text::kSlotSize bytes, the Point * first), or 0
     uint64_t detour_code = 0;  // the detour's entry (detour + 16)
     arch::DetourLayout layout; // where the region copy is in it
@@ -116,9 +118,10 @@ struct Point {
     // 0 while another probe is inside the region; the optimizer gives it back (its strict
     // pass) when that probe is gone.
     std::atomic<uint64_t> breakpoint_region_copy{0};
-    bool optimized = false;  // the jmp is in place; changed under the registry mutex
-    bool queued = false;     // waiting for the optimizer; under the registry mutex
-    bool copy_fresh = false; // breakpoint_region_copy came back: threads may still be on the old path in
+    bool optimized = false;   // the jmp is in place; changed under the registry mutex
+    bool queued = false;      // waiting for the optimizer; under the registry mutex
+    bool verdict_due = false; // its jump verdict waits for its object's reference table (optimizer.cpp)
+    bool copy_fresh = false;  // breakpoint_region_copy came back: threads may still be on the old path in
     // An island (arch/x86_64/island.hpp): the region is entered by one short branch
     // elsewhere, which is led to a jmp in dead padding before the region gets its jmp.
     // Under the registry mutex.
@@ -223,9 +226,18 @@ UKP_HOT ThreadState &thread_state();
 // All but the last three are called with the registry mutex held.
 
 // Builds pt's detour if a jump may replace the region at pt->addr in fn
-// [fn_start, fn_start + fn_size) of the object loaded at `bias`; no error if not.
+// [fn_start, fn_start + fn_size) of the object loaded at `bias`; no error if not. Where
+// the verdict needs the object's reference table and it is not built yet (a second for a
+// large program), the point waits for it on its int3 and the optimizer thread builds the
+// table and decides, as the kernel's optimizer comes after a probe's registration:
+// except at a process's start (OptimizeAtStart), under a tracer (an int3 would stop the
+// program in its debugger), and in libc (the spawn path needs its jumps at once).
 void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
                  const std::vector<uint64_t> &other_symbols);
+// opt_prepare for the point pt, its function looked up (registry.cpp).
+void prepare_jump(Point *pt);
+// Whether an object is loaded at bias, as the symbol tables know (registry.cpp).
+bool object_loaded_at(uint64_t bias);
 // pt's probes, arming or the knobs changed: unoptimizes it if it no longer qualifies,
 // queues it for the optimizer if it does. With `disarming`, it is about to lose its int3.
 void opt_update(Point *pt, bool disarming = false);
@@ -250,7 +262,8 @@ void opt_after_fork_child();
 // process's only thread (a child after fork()), at none of them.
 void opt_restore_islands_alone();
 // Builds, if not yet done, the reference table of the object whose code holds addr (what
-// opt_prepare checks regions against; a second or so for libc). Without the registry mutex.
+// opt_prepare checks regions against; a second or so for libc), where opt_prepare would
+// not leave it to the optimizer thread. Without the registry mutex.
 void opt_warm(uint64_t addr);
 // The references of the object that holds addr (built once per object), or null.
 std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr);
@@ -524,7 +537,8 @@ void hw_breakpoints_close_deferred_in_handler();
 // Whether no such descriptor waits to be closed.
 bool hw_breakpoints_none_deferred();
 
-// The addresses and original bytes of the armed int3s, for ukp_verify (registry.cpp).
+// The addresses and original bytes of the armed int3s, the jmps and the islands, for
+// ukp_verify (registry.cpp). Under the registry mutex.
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes();
 
 // kprobes/list text, and the kprobes/enabled knob (registry.cpp).

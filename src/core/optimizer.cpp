@@ -28,6 +28,7 @@
 #include "arch/x86_64/region.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "core/kretprobe.hpp"
+#include "platform/agent_threads.hpp"
 #include "platform/disk_cache.hpp"
 #include "platform/proc_tasks.hpp"
 #include "text/text.hpp"
@@ -50,7 +51,6 @@
 #include <string>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -90,6 +90,12 @@ std::vector<Point *> &retiring() {
     static auto *value = new std::vector<Point *>();
     return *value;
 }
+// Points whose jump verdict waits for their object's reference table (opt_prepare).
+std::vector<Point *> &awaiting() {
+    UKP_ASSERT_REGISTRY_HELD();
+    static auto *value = new std::vector<Point *>();
+    return *value;
+}
 // Every point that has an island (a few: glibc's memmove variants).
 std::vector<Point *> &island_points() {
     UKP_ASSERT_REGISTRY_HELD();
@@ -111,6 +117,10 @@ bool g_alone = false;                       // inside the outermost of them, the
 uint64_t g_requested = 0;                   // work items queued so far
 uint64_t g_handled = 0;                     // work items the optimizer has been through
 bool g_busy = false;                        // a pass is running (the mutex is dropped while threads answer)
+bool g_building = false;                    // the tables thread builds what awaiting() waits for
+bool g_built = false;                       // it ended: the optimizer thread joins it, looks at its queues again
+bool g_exiting = false;                     // the program exits: no more tables (exit_handler_for_tables)
+pthread_t g_tables;                         // the tables thread, while g_building or g_built
 uint64_t g_stop_taken = 0;                  // bit N: the program took signal N over from the optimizer
 
 // ---- what the stop signal's handler reads (lock-free) ----
@@ -555,7 +565,113 @@ void optimize_pending_alone() {
     done_cv().notify_all();
 }
 
-// The optimizer thread's setup: its signals and its descriptor table.
+struct ObjectLookup {
+    uint64_t addr;
+    uint64_t bias = 0;
+    std::string path; // "" for the main program
+    bool found = false;
+};
+
+int find_object_of(dl_phdr_info *info, size_t, void *data) {
+    auto *l = static_cast<ObjectLookup *>(data);
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+        const uint64_t lo = info->dlpi_addr + ph.p_vaddr;
+        if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && l->addr >= lo && l->addr - lo < ph.p_memsz) {
+            l->bias = info->dlpi_addr;
+            l->path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+            l->found = true;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// The file and load bias of the object whose code holds addr; false if none.
+bool object_of(uint64_t addr, std::string *file, uint64_t *bias) {
+    ObjectLookup l{addr};
+    dl_iterate_phdr(find_object_of, &l);
+    if (!l.found) return false;
+    *file = l.path.empty() ? "/proc/self/exe" : l.path;
+    *bias = l.bias;
+    return true;
+}
+
+bool safe_read(uint64_t addr, void *out, size_t n) {
+    return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), n) == 0;
+}
+
+thread_local bool t_deciding = false; // the tables thread decides the awaited verdicts
+
+// Whether pt's jump verdict may wait for the tables thread to build its object's
+// reference table (opt_prepare in core.hpp). Under the registry mutex.
+bool verdict_may_wait(const Point *pt) {
+    if (t_deciding || g_exiting || !g_opt_enabled.load(std::memory_order_relaxed) ||
+        g_start_held.load(std::memory_order_acquire) > 0 || pt->spawn_path || pt->object_name.rfind("libc.so", 0) == 0)
+        return false;
+    return !traced();
+}
+
+void await_verdict(Point *pt) {
+    if (pt->verdict_due) return;
+    pt->verdict_due = true;
+    awaiting().push_back(pt);
+    ++g_requested;
+    work_cv().notify_one();
+}
+
+// Builds the reference tables that the points of awaiting() wait for, without the mutex
+// (a second for a large program: the registrations, the loader's events and the program
+// go on meanwhile), then decides their verdicts: those that get a detour are queued.
+void decide_awaiting(std::unique_lock<CheckedMutex> &lock) {
+    std::vector<Point *> points;
+    points.swap(awaiting());
+    std::vector<uint64_t> where;
+    for (const Point *pt : points) where.push_back(pt->addr);
+    lock.unlock();
+    std::vector<uint64_t> built; // the objects' biases
+    for (uint64_t addr : where) {
+        std::string file;
+        uint64_t bias = 0;
+        if (!object_of(addr, &file, &bias) || std::find(built.begin(), built.end(), bias) != built.end()) continue;
+        arch::object_refs(file, bias, safe_read);
+        built.push_back(bias);
+    }
+    lock.lock();
+    if (g_exiting) return; // the program's exit handlers run: the agent's state goes away
+    // An object unloaded meanwhile had its table dropped before this one was kept.
+    for (uint64_t bias : built)
+        if (!object_loaded_at(bias)) arch::forget_object_refs(bias);
+    t_deciding = true;
+    std::vector<Point *> prepared;
+    for (Point *pt : points) {
+        if (!pt->verdict_due) continue;
+        pt->verdict_due = false;
+        // Gone meanwhile (its object unloaded): the Point is kept, not its place.
+        if (auto it = all_points().find(pt->addr); it == all_points().end() || it->second != pt) continue;
+        prepare_jump(pt);
+        prepared.push_back(pt);
+    }
+    t_deciding = false;
+    if (prepared.empty()) return;
+    // Hits on these int3s until now took the one-instruction copy, which jumps back into
+    // the region; from here on they take the region copy. Those that chose before end
+    // their choice (a read section) before the optimizer may look for threads, so that its
+    // pass, a millisecond or more later, finds such a thread in the region (and sends it
+    // to the copy). Left: one preempted between its choice and the region for the whole
+    // pass. A strict pass would look for it too, but never ends while a program thread
+    // blocks the stop signal (servers reading signals through a signalfd), and under load
+    // often found a thread entering the agent's handler for a new hit as on its way in.
+    lock.unlock();
+    synchronize();
+    lock.lock();
+    if (g_exiting) return;
+    for (Point *pt : prepared)
+        if (auto it = all_points().find(pt->addr); it != all_points().end() && it->second == pt) opt_update(pt);
+}
+
+// The optimizer thread's setup (and the tables thread's): its signals and its descriptor
+// table.
 void enter_optimizer_thread() {
     // Asynchronous signals are the program's threads' business; the traps and faults of
     // probes it hits (in libc) must stay deliverable, or the kernel kills the process.
@@ -569,6 +685,53 @@ void enter_optimizer_thread() {
     // process's, as before.
     text::use_own_fd_table();
     prctl(PR_SET_NAME, "ukp-optimizer"); // as `ps -L` and /proc/PID/task/TID/comm show it
+}
+
+// The tables thread: builds the reference tables the points of awaiting() wait for and
+// decides their verdicts, beside the optimizer thread, which goes on placing jumps
+// meanwhile (the spawn path's among them: a gate stays closed until they are in). Started
+// by the optimizer thread, without the mutex; ends when nothing awaits, and is joined.
+void tables_thread() {
+    const AgentWork quiet;
+    enter_optimizer_thread();
+    prctl(PR_SET_NAME, "ukp-tables");
+    std::unique_lock lock(registry_mutex());
+    while (!g_exiting && !awaiting().empty()) decide_awaiting(lock);
+    g_building = false;
+    g_built = true;
+    work_cv().notify_one();
+    done_cv().notify_all(); // an exit waiting for it
+}
+
+// Run by exit() before the destructors of the agent's state that the tables thread uses
+// (registered once that state exists, when the first tables thread starts): a table
+// being built is finished (a program that exits within a second of a registration
+// waits for the rest of it), and nothing more is decided.
+void exit_handler_for_tables() {
+    std::unique_lock lock(registry_mutex());
+    g_exiting = true;
+    for (Point *pt : awaiting()) pt->verdict_due = false;
+    awaiting().clear();
+    done_cv().wait(lock, [] { return !g_building; });
+}
+
+// Starts the tables thread for what awaiting() holds; on this thread if none can be had.
+void start_tables_thread(std::unique_lock<CheckedMutex> &lock) {
+    static const bool at_exit = std::atexit(exit_handler_for_tables) == 0;
+    (void)at_exit;
+    g_building = true;
+    lock.unlock();
+    const bool started = platform::start_agent_thread(
+                             &g_tables,
+                             [](void *) -> void * {
+                                 tables_thread();
+                                 return nullptr;
+                             },
+                             nullptr) == 0;
+    lock.lock();
+    if (started) return;
+    while (!awaiting().empty()) decide_awaiting(lock);
+    g_building = false;
 }
 
 // One pass's work, taken from the queues.
@@ -693,7 +856,17 @@ void worker() {
     enter_optimizer_thread();
     std::unique_lock lock(registry_mutex());
     for (;;) {
-        work_cv().wait(lock, [] { return !pending().empty() || !retiring().empty(); });
+        work_cv().wait(lock, [] {
+            return !pending().empty() || !retiring().empty() || (!awaiting().empty() && !g_building) || g_built;
+        });
+        if (g_built) {
+            g_built = false;
+            lock.unlock();
+            pthread_join(g_tables, nullptr);
+            platform::release_agent_thread(g_tables); // its stack, for the next
+            lock.lock();
+        }
+        if (!awaiting().empty() && !g_building) start_tables_thread(lock);
         if (g_arm_batches.load(std::memory_order_relaxed) > 0) {
             // Points come one after another (an event armed over a library): each pass
             // stops every thread, the arming one too, so a pass gathers what a millisecond
@@ -730,7 +903,7 @@ void worker() {
             retry = err != 0 || !finish_pass(pass);
         }
         // The work asked so far is done once no point of it waits for a later pass.
-        if (pending().empty() && retiring().empty()) g_handled = target;
+        if (pending().empty() && retiring().empty() && awaiting().empty() && !g_building) g_handled = target;
         done_cv().notify_all();
         if (retry) {
             lock.unlock();
@@ -750,32 +923,6 @@ void enqueue(Point *pt) {
     // The thread is started by optimizer_start(), outside the registry mutex; the work
     // waits in pending() until then.
     work_cv().notify_one();
-}
-
-struct ObjectLookup {
-    uint64_t addr;
-    uint64_t bias = 0;
-    std::string path; // "" for the main program
-    bool found = false;
-};
-
-int find_object_of(dl_phdr_info *info, size_t, void *data) {
-    auto *l = static_cast<ObjectLookup *>(data);
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
-        const uint64_t lo = info->dlpi_addr + ph.p_vaddr;
-        if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && l->addr >= lo && l->addr - lo < ph.p_memsz) {
-            l->bias = info->dlpi_addr;
-            l->path = info->dlpi_name != nullptr ? info->dlpi_name : "";
-            l->found = true;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-bool safe_read(uint64_t addr, void *out, size_t n) {
-    return ukp_safe_copy(out, reinterpret_cast<const void *>(addr), n) == 0;
 }
 
 } // namespace
@@ -898,15 +1045,23 @@ bool opt_ask_program_thread(bool (*done)(), int timeout_ms) {
 }
 
 std::shared_ptr<const arch::ObjectRefs> opt_object_refs(uint64_t addr) {
-    ObjectLookup l{addr};
-    dl_iterate_phdr(find_object_of, &l);
-    if (!l.found) return nullptr;
-    return arch::object_refs(l.path.empty() ? "/proc/self/exe" : l.path, l.bias, safe_read);
+    std::string file;
+    uint64_t bias = 0;
+    return object_of(addr, &file, &bias) ? arch::object_refs(file, bias, safe_read) : nullptr;
 }
 
 void opt_warm(uint64_t addr) {
     UKP_ASSERT_REGISTRY_NOT_HELD();
-    if (g_opt_enabled.load(std::memory_order_relaxed)) opt_object_refs(addr);
+    if (!g_opt_enabled.load(std::memory_order_relaxed)) return;
+    std::string file;
+    uint64_t bias = 0;
+    if (!object_of(addr, &file, &bias)) return;
+    bool known = false;
+    arch::object_refs_if_known(file, bias, safe_read, &known);
+    // Left to the tables thread where the verdicts may wait for it (verdict_may_wait;
+    // libc's is built by the spawn gate).
+    if (known || (g_start_held.load(std::memory_order_acquire) == 0 && !traced())) return;
+    arch::object_refs(file, bias, safe_read);
 }
 
 void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
@@ -926,15 +1081,27 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     } else {
         const char *path = nullptr;
         const uint64_t eh_hdr = eh_frame_hdr_of(bias, &path);
+        // What the whole object references (built once per object): without it, only the
+        // per-function checks apply. Not built yet: built by the optimizer thread, where
+        // the point may wait for it on its int3 (opt_prepare in core.hpp).
+        std::shared_ptr<const arch::ObjectRefs> refs;
+        if (path != nullptr) {
+            const std::string file = *path ? path : "/proc/self/exe";
+            bool known = false;
+            refs = arch::object_refs_if_known(file, bias, safe_read, &known);
+            if (!known) {
+                if (verdict_may_wait(pt)) {
+                    await_verdict(pt);
+                    return;
+                }
+                refs = arch::object_refs(file, bias, safe_read);
+            }
+        }
         const JumpFacts facts = jump_facts(fn_start, fn_size, code, eh_hdr, other_symbols);
         if (!facts.pads_known) {
             keep_plan(bias, plan_of(c, false, bias, fn_start, fn_size, pt->addr, code_sum));
             return;
         }
-        // What the whole object references (built once per object): without it, only the
-        // per-function checks apply.
-        const auto refs =
-            path != nullptr ? arch::object_refs(*path ? path : "/proc/self/exe", bias, safe_read) : nullptr;
         c = arch::check_region(facts.f, pt->addr, facts.entries, 5, refs.get());
         // A region one short branch enters may still have a jmp, with an island.
         const arch::ReadFn original = [](uint64_t addr, void *out, size_t n) {
@@ -1094,7 +1261,10 @@ void opt_after_fork_child() {
     g_thread_starting = false;
     g_busy = false;
     pending().clear();
-    for (auto &[addr, pt] : all_points()) pt->queued = false;
+    // Nor the tables thread: the points that waited for it keep their int3, as the queued.
+    g_building = g_built = false;
+    awaiting().clear();
+    for (auto &[addr, pt] : all_points()) pt->queued = pt->verdict_due = false;
     g_handled = g_requested;
 }
 
@@ -1153,7 +1323,18 @@ void optimizer_start() {
     bool expected = false;
     if (!g_thread_starting.compare_exchange_strong(expected, true)) return;
     // Detached: it lives as long as the process (probes outlive static destructors).
-    std::thread(worker).detach();
+    pthread_t thread;
+    if (platform::start_agent_thread(
+            &thread,
+            [](void *) -> void * {
+                worker();
+                return nullptr;
+            },
+            nullptr) != 0) {
+        g_thread_starting.store(false, std::memory_order_release); // no thread to be had: asked again later
+        return;
+    }
+    pthread_detach(thread);
     g_thread_started.store(true, std::memory_order_release);
 }
 

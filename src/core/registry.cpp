@@ -168,10 +168,10 @@ int prepare_point(uint64_t addr, Point **out) {
     if (read_original(addr, &pt->orig_byte, 1) != 0) return -EILSEQ;
     if (int err = build_slot(pt.get(), insn); err != 0) return err;
     pt->insn = arch::summarize(insn);
-    if (fn != nullptr && fn->size > 0) opt_prepare(pt.get(), fn->value, fn->size, obj->bias, symbols_inside(*obj, *fn));
-    const sym::Registry::Location loc = g_symbols->locate(addr);
     pt->object_name = obj->name;
     pt->spawn_path = on_spawn_path(addr);
+    if (fn != nullptr && fn->size > 0) opt_prepare(pt.get(), fn->value, fn->size, obj->bias, symbols_inside(*obj, *fn));
+    const sym::Registry::Location loc = g_symbols->locate(addr);
     if (loc.symbol != nullptr) {
         pt->symbol = loc.symbol->name;
         pt->symbol_offset = loc.offset;
@@ -507,7 +507,7 @@ bool waits_for_object(const kprobe *p) {
 }
 
 std::vector<std::pair<uint64_t, uint8_t>> armed_bytes() {
-    std::lock_guard lock(g_mutex);
+    UKP_ASSERT_REGISTRY_HELD();
     std::vector<std::pair<uint64_t, uint8_t>> out;
     for (const auto &[addr, pt] : points()) {
         if (pt->optimized) {
@@ -614,6 +614,20 @@ std::vector<uint64_t> symbols_inside(const sym::Object &obj, const sym::Symbol &
                                [](uint64_t v, const sym::Symbol &s) { return v < s.value; });
     for (; it != syms.end() && it->value < fn.value + fn.size; ++it) inner.push_back(it->value);
     return inner;
+}
+
+void prepare_jump(Point *pt) {
+    UKP_ASSERT_REGISTRY_HELD();
+    const sym::Object *obj = g_symbols->object_at(pt->addr);
+    const sym::Symbol *fn = obj != nullptr ? obj->function_at(pt->addr) : nullptr;
+    if (fn != nullptr && fn->size > 0) opt_prepare(pt, fn->value, fn->size, obj->bias, symbols_inside(*obj, *fn));
+}
+
+bool object_loaded_at(uint64_t bias) {
+    UKP_ASSERT_REGISTRY_HELD();
+    if (g_symbols == nullptr) return false;
+    const auto &objects = g_symbols->objects();
+    return std::any_of(objects.begin(), objects.end(), [bias](const auto &o) { return o->bias == bias; });
 }
 
 void warm_object_refs(const kprobe *p) {

@@ -55,7 +55,6 @@ int verify(std::string *report) {
     optimizer_flush_for(std::chrono::milliseconds(1000));
     std::vector<Segment> segments;
     dl_iterate_phdr(collect, &segments);
-    const std::vector<std::pair<uint64_t, uint8_t>> armed = armed_bytes();
     int differing = 0;
     std::vector<uint8_t> file, memory;
     for (const Segment &seg : segments) {
@@ -66,7 +65,15 @@ int verify(std::string *report) {
         close(fd);
         if (n != static_cast<ssize_t>(seg.size)) continue;
         memory.resize(seg.size);
-        if (ukp_safe_copy(memory.data(), reinterpret_cast<const void *>(seg.start), seg.size) != 0) continue;
+        // The code and what the points own in it at one moment: the optimizer writes its
+        // jmps and islands under the registry mutex, and may still be at work (the flush
+        // above is bounded).
+        std::vector<std::pair<uint64_t, uint8_t>> armed;
+        {
+            std::lock_guard lock(registry_mutex());
+            if (ukp_safe_copy(memory.data(), reinterpret_cast<const void *>(seg.start), seg.size) != 0) continue;
+            armed = armed_bytes();
+        }
         // An armed probe's byte counts as its original.
         for (auto it = std::lower_bound(armed.begin(), armed.end(), std::make_pair(seg.start, uint8_t{0}));
              it != armed.end() && it->first < seg.start + seg.size; ++it)

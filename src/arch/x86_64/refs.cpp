@@ -443,7 +443,12 @@ size_t object_refs_cached() {
     return refs_cache().size();
 }
 
-std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read) {
+namespace {
+
+// object_refs() and object_refs_if_known(): `build` says whether a table found neither in
+// memory nor on disk is built.
+std::shared_ptr<const ObjectRefs> kept_refs(const std::string &path, uint64_t bias, const ReadFn &read, bool build,
+                                            bool *known) {
     std::mutex &mu = refs_mutex();
     RefsCache *cache = &refs_cache();
     std::shared_ptr<const ObjectRefs> refs;
@@ -462,12 +467,17 @@ std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t 
         // the same table at once; the first to finish stays.
         refs = load_cached_refs(path, bias);
         if (!refs) {
+            if (!build) {
+                *known = false;
+                return nullptr;
+            }
             refs = build_object_refs(path, bias);
             if (refs) store_cached_refs(path, bias, *refs);
         }
         std::lock_guard<std::mutex> lock(mu);
         refs = cache->emplace(key, refs).first->second; // a failure is remembered too
     }
+    *known = true;
     // The file at path may not be what is loaded at bias (replaced since, or another object
     // loaded there after a dlclose): checked at every use.
     if (refs && !refs->identity.empty()) {
@@ -475,6 +485,18 @@ std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t 
         if (!read || !read(refs->identity_addr, mem.data(), mem.size()) || mem != refs->identity) return nullptr;
     }
     return refs;
+}
+
+} // namespace
+
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read) {
+    bool known = false;
+    return kept_refs(path, bias, read, true, &known);
+}
+
+std::shared_ptr<const ObjectRefs> object_refs_if_known(const std::string &path, uint64_t bias, const ReadFn &read,
+                                                       bool *known) {
+    return kept_refs(path, bias, read, false, known);
 }
 
 } // namespace ukp::arch

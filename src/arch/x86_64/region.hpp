@@ -161,6 +161,10 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
 // The same, built once per (path, bias) and kept while the object is loaded; null also
 // when `read` (the process's memory) shows other identity bytes than the file's.
 std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read);
+// The same without building: from memory or the disk cache, else *known is false (the
+// table is still to be built; a build that failed is known, and null).
+std::shared_ptr<const ObjectRefs> object_refs_if_known(const std::string &path, uint64_t bias, const ReadFn &read,
+                                                       bool *known);
 // The disk cache of build_object_refs() (refs_cache.cpp, over platform/disk_cache.hpp),
 // used only where a cache directory is set: the table of the file at path, rebased to bias, or null.
 std::shared_ptr<const ObjectRefs> load_cached_refs(const std::string &path, uint64_t bias);
