@@ -120,6 +120,7 @@ bool g_busy = false;                        // a pass is running (the mutex is d
 bool g_building = false;                    // the tables thread builds what awaiting() waits for
 bool g_built = false;                       // it ended: the optimizer thread joins it, looks at its queues again
 bool g_exiting = false;                     // the program exits: no more tables (exit_handler_for_tables)
+std::atomic<bool> g_stop_building{false};   // the same, read by a table's build without the mutex
 pthread_t g_tables;                         // the tables thread, while g_building or g_built
 uint64_t g_stop_taken = 0;                  // bit N: the program took signal N over from the optimizer
 
@@ -634,7 +635,7 @@ void decide_awaiting(std::unique_lock<CheckedMutex> &lock) {
         std::string file;
         uint64_t bias = 0;
         if (!object_of(addr, &file, &bias) || std::find(built.begin(), built.end(), bias) != built.end()) continue;
-        arch::object_refs(file, bias, safe_read);
+        arch::object_refs(file, bias, safe_read, &g_stop_building);
         built.push_back(bias);
     }
     lock.lock();
@@ -705,9 +706,11 @@ void tables_thread() {
 
 // Run by exit() before the destructors of the agent's state that the tables thread uses
 // (registered once that state exists, when the first tables thread starts): a table
-// being built is finished (a program that exits within a second of a registration
-// waits for the rest of it), and nothing more is decided.
+// being built is given up (its sweep looks at g_stop_building every 64 KiB of code), so
+// that a program exiting within a second of a registration does not wait for the rest
+// of it, and nothing more is decided.
 void exit_handler_for_tables() {
+    g_stop_building.store(true);
     std::unique_lock lock(registry_mutex());
     g_exiting = true;
     for (Point *pt : awaiting()) pt->verdict_due = false;

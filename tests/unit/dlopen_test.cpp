@@ -5,6 +5,7 @@
 #include <ukprobes/kprobes.h>
 
 #include "arch/x86_64/region.hpp"
+#include "platform/disk_cache.hpp"
 
 #include "sanitizers.h"
 
@@ -13,8 +14,11 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <filesystem>
 #include <pthread.h>
 #include <string>
 #include <sys/mman.h>
@@ -31,6 +35,17 @@ int count_hit(kprobe *, pt_regs *regs) {
     ++g_hits;
     g_last_arg = static_cast<long>(regs->di);
     return 0;
+}
+
+// Waits up to a minute for child to end: false (and the child killed) if it did not.
+bool wait_for_child(pid_t child, int *status) {
+    for (int waited_ms = 0; waited_ms < 60000; waited_ms += 10) {
+        if (waitpid(child, status, WNOHANG) == child) return true;
+        usleep(10 * 1000);
+    }
+    kill(child, SIGKILL);
+    waitpid(child, status, 0);
+    return false;
 }
 
 std::string list() {
@@ -202,15 +217,7 @@ TEST(Dlopen, TheLoaderEventFitsASmallAlternateSignalStack) {
     ASSERT_GE(child, 0);
     if (child == 0) _exit(load_on_a_small_alternate_stack());
     int status = 0;
-    pid_t done = 0;
-    for (int waited_ms = 0; (done = waitpid(child, &status, WNOHANG)) == 0 && waited_ms < 60000; waited_ms += 10)
-        usleep(10 * 1000);
-    if (done == 0) {
-        kill(child, SIGKILL);
-        waitpid(child, &status, 0);
-        FAIL() << "the child hung";
-    }
-    ASSERT_EQ(done, child);
+    ASSERT_TRUE(wait_for_child(child, &status)) << "the child hung";
     ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     EXPECT_EQ(WEXITSTATUS(status), 0) << "the step that failed (load_on_a_small_alternate_stack)";
 }
@@ -279,6 +286,78 @@ TEST(Dlopen, AnUnloadedObjectsReferenceTableIsDropped) {
         EXPECT_EQ(ukp::arch::object_refs_cached(), before) << "unload " << i;
     }
     unregister_kprobe(&kp);
+}
+
+// A program that exits while the tables thread builds a reference table (a second for a
+// large library) does not wait for the rest of the build: exit() stops it, and nothing
+// half-built is kept. The child exits as soon as the build runs; had its exit waited for
+// the build, the table would be in the cache directory, where a child that waits for the
+// optimizer before it exits leaves it.
+constexpr const char *kLargeLibrary = "libpython3.11.so.1.0";
+
+int exit_while_a_table_is_built(const char *dir, bool wait_for_it) {
+    setenv("UKP_CACHE_DIR", dir, 1);
+    if (dlopen(kLargeLibrary, RTLD_NOW) == nullptr) return 2;
+    kprobe kp{};
+    const std::string where = std::string(kLargeLibrary) + ":PyList_New";
+    kp.symbol_name = where.c_str();
+    kp.pre_handler = count_hit;
+    if (register_kprobe(&kp) != 0) return 3;
+    if (wait_for_it) {
+        ukp_optimizer_flush();
+        std::exit(0);
+    }
+    // The tables thread runs only while it builds or decides.
+    for (int i = 0; i < 10000; ++i) {
+        bool building = false;
+        if (DIR *d = opendir("/proc/self/task")) {
+            while (const dirent *e = readdir(d)) {
+                char comm[32] = {};
+                const std::string file = std::string("/proc/self/task/") + e->d_name + "/comm";
+                if (FILE *f = std::fopen(file.c_str(), "r")) {
+                    building |=
+                        std::fgets(comm, sizeof comm, f) != nullptr && std::strncmp(comm, "ukp-tables", 10) == 0;
+                    std::fclose(f);
+                }
+            }
+            closedir(d);
+        }
+        if (building) std::exit(0);
+        usleep(500);
+    }
+    return 4;
+}
+
+TEST(Dlopen, AnExitDuringATablesBuildStopsTheBuild) {
+    if (ukp_kprobes_optimization() == 0) GTEST_SKIP() << "no table without optimization";
+    void *probe = dlopen(kLargeLibrary, RTLD_LAZY | RTLD_LOCAL);
+    if (probe == nullptr) GTEST_SKIP() << kLargeLibrary << " is not installed (scripts/install-deps.sh installs it)";
+    char path[4096] = {};
+    ASSERT_EQ(dlinfo(probe, RTLD_DI_ORIGIN, path), 0);
+    const std::string file = std::string(path) + "/" + kLargeLibrary;
+    dlclose(probe);
+    ASSERT_EQ(dlopen(kLargeLibrary, RTLD_NOW | RTLD_NOLOAD), nullptr) << "still loaded: the child would find its table";
+    char tmpl[] = "/tmp/ukp-exit-build-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    ukp::platform::FileKey key{};
+    ASSERT_TRUE(ukp::platform::file_key(file, &key)) << file;
+    const std::string entry = ukp::platform::cache_entry_path(tmpl, "refs", file, key);
+    const auto run = [&](bool wait_for_it) {
+        const pid_t child = fork();
+        ASSERT_GE(child, 0);
+        if (child == 0) _exit(exit_while_a_table_is_built(tmpl, wait_for_it));
+        int status = 0;
+        ASSERT_TRUE(wait_for_child(child, &status)) << "the child hung";
+        ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no dlopen, 3: no registration, 4: no tables thread seen";
+    };
+    run(true);
+    EXPECT_EQ(access(entry.c_str(), F_OK), 0) << "the table built before the exit is not where it is looked for";
+    unlink(entry.c_str());
+    run(false);
+    EXPECT_NE(access(entry.c_str(), F_OK), 0) << "the exit waited for the build: " << entry;
+    std::error_code ignored;
+    std::filesystem::remove_all(tmpl, ignored);
 }
 
 // ---- return probes on objects not loaded yet ----

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <ctime>
 #include <cstring>
@@ -110,6 +111,30 @@ TEST_F(RefsCache, ObjectRefsTakesTheTableFromDiskOnceForgotten) {
     const auto refs = ukp::arch::object_refs(libc_.path, libc_.bias, read);
     ASSERT_TRUE(refs);
     EXPECT_EQ(ukp::arch::object_refs_loaded_from_disk(), before + 1);
+}
+
+// A build its caller stops (the process exits) gives no table, keeps none in memory or on
+// disk, and the next call builds it whole.
+TEST_F(RefsCache, AStoppedBuildIsNeitherKeptNorStored) {
+    auto read = [](uint64_t addr, void *out, size_t n) {
+        std::memcpy(out, reinterpret_cast<const void *>(addr), n);
+        return true;
+    };
+    std::string error;
+    const std::atomic<bool> stop{true};
+    EXPECT_FALSE(ukp::arch::build_object_refs(libc_.path, libc_.bias, &error, &stop));
+    EXPECT_NE(error.find("stopped"), std::string::npos) << error;
+    ukp::arch::forget_object_refs(libc_.bias);
+    const size_t kept = ukp::arch::object_refs_cached();
+    EXPECT_FALSE(ukp::arch::object_refs(libc_.path, libc_.bias, read, &stop));
+    EXPECT_EQ(ukp::arch::object_refs_cached(), kept) << "a stopped build was kept";
+    EXPECT_TRUE(entries(dir_).empty()) << "a stopped build was stored";
+    const std::atomic<bool> go{false};
+    const auto refs = ukp::arch::object_refs(libc_.path, libc_.bias, read, &go);
+    ASSERT_TRUE(refs);
+    EXPECT_EQ(ukp::arch::object_refs_cached(), kept + 1);
+    EXPECT_EQ(entries(dir_).size(), 1u);
+    expect_same(*refs, *ukp::arch::build_object_refs(libc_.path, libc_.bias));
 }
 
 TEST_F(RefsCache, DamagedEntriesAreIgnored) {

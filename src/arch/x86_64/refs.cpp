@@ -35,8 +35,8 @@ void sort_unique(std::vector<uint64_t> &v) {
 
 class Builder {
 public:
-    Builder(Elf *elf, const uint8_t *file, size_t file_size, uint64_t bias)
-        : elf_(elf), file_(file), file_size_(file_size), bias_(bias) {}
+    Builder(Elf *elf, const uint8_t *file, size_t file_size, uint64_t bias, const std::atomic<bool> *stop)
+        : elf_(elf), file_(file), file_size_(file_size), bias_(bias), stop_(stop) {}
 
     bool run(ObjectRefs *out, std::string *why) {
         GElf_Ehdr eh;
@@ -74,7 +74,8 @@ public:
         if (!fde_starts()) return fail(why, "unreadable .eh_frame_hdr");
         identity(out);
         sort_unique(starts_);
-        for (const Range &r : exec_) sweep(r);
+        for (const Range &r : exec_)
+            if (!sweep(r)) return fail(why, "stopped");
         // Absolute code addresses in the data of a non-PIC object carry no relocation.
         if (non_pic_) {
             for (const Range &r : data_) scan_words(r);
@@ -327,10 +328,15 @@ private:
 
     // Linear sweep of r, in step again at every function start; bytes that do not decode,
     // or whose decode runs across a function start, are decoded at every offset instead.
-    void sweep(const Range &r) {
+    // False if *stop_ was set meanwhile (looked at every 64 KiB or so of code).
+    bool sweep(const Range &r) {
         auto next = std::upper_bound(starts_.begin(), starts_.end(), r.lo);
-        uint64_t a = r.lo;
+        uint64_t a = r.lo, look_at = a;
         while (a < r.hi) {
+            if (a >= look_at) {
+                if (stop_ != nullptr && stop_->load(std::memory_order_relaxed)) return false;
+                look_at = a + (64u << 10);
+            }
             while (next != starts_.end() && *next <= a) ++next;
             const uint64_t limit = next != starts_.end() && *next < r.hi ? *next : r.hi;
             // Collected before the length is known to fit: superset() would collect the
@@ -343,6 +349,7 @@ private:
             }
             a += len;
         }
+        return true;
     }
 
     void scan_words(const Range &r) {
@@ -362,6 +369,7 @@ private:
     const uint8_t *file_;
     size_t file_size_;
     uint64_t bias_;
+    const std::atomic<bool> *stop_;
     bool non_pic_ = false;
     std::vector<Range> exec_, data_;
     std::vector<uint64_t> values_, starts_;
@@ -399,7 +407,8 @@ uint64_t ObjectRefs::next_start(uint64_t addr) const {
     return it == starts.end() ? ~0ull : *it;
 }
 
-std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias, std::string *error) {
+std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias, std::string *error,
+                                                    const std::atomic<bool> *stop) {
     auto fail = [&](const std::string &why) -> std::shared_ptr<const ObjectRefs> {
         if (error != nullptr) *error = path + ": " + why;
         return nullptr;
@@ -412,7 +421,7 @@ std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uin
         const uint8_t *file = elf.bytes(&size);
         if (!elf.is_64() || file == nullptr) return fail("not a readable 64-bit ELF file");
         auto refs = std::make_shared<ObjectRefs>();
-        if (!Builder(elf.elf(), file, size, bias).run(refs.get(), &why)) return fail(why);
+        if (!Builder(elf.elf(), file, size, bias, stop).run(refs.get(), &why)) return fail(why);
         return refs;
     } catch (...) {
         return fail("out of memory");
@@ -448,7 +457,7 @@ namespace {
 // object_refs() and object_refs_if_known(): `build` says whether a table found neither in
 // memory nor on disk is built.
 std::shared_ptr<const ObjectRefs> kept_refs(const std::string &path, uint64_t bias, const ReadFn &read, bool build,
-                                            bool *known) {
+                                            const std::atomic<bool> *stop, bool *known) {
     std::mutex &mu = refs_mutex();
     RefsCache *cache = &refs_cache();
     std::shared_ptr<const ObjectRefs> refs;
@@ -471,8 +480,13 @@ std::shared_ptr<const ObjectRefs> kept_refs(const std::string &path, uint64_t bi
                 *known = false;
                 return nullptr;
             }
-            refs = build_object_refs(path, bias);
-            if (refs) store_cached_refs(path, bias, *refs);
+            refs = build_object_refs(path, bias, nullptr, stop);
+            if (refs) {
+                store_cached_refs(path, bias, *refs);
+            } else if (stop != nullptr && stop->load()) {
+                *known = false; // stopped, not failed: nothing to remember
+                return nullptr;
+            }
         }
         std::lock_guard<std::mutex> lock(mu);
         refs = cache->emplace(key, refs).first->second; // a failure is remembered too
@@ -489,14 +503,15 @@ std::shared_ptr<const ObjectRefs> kept_refs(const std::string &path, uint64_t bi
 
 } // namespace
 
-std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read) {
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read,
+                                              const std::atomic<bool> *stop) {
     bool known = false;
-    return kept_refs(path, bias, read, true, &known);
+    return kept_refs(path, bias, read, true, stop, &known);
 }
 
 std::shared_ptr<const ObjectRefs> object_refs_if_known(const std::string &path, uint64_t bias, const ReadFn &read,
                                                        bool *known) {
-    return kept_refs(path, bias, read, false, known);
+    return kept_refs(path, bias, read, false, nullptr, known);
 }
 
 } // namespace ukp::arch

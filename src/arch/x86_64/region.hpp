@@ -14,6 +14,7 @@
 #include <cstddef>
 #include "platform/elf_file.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -155,12 +156,16 @@ struct ObjectRefs {
 
 // Builds the references of the ELF file at `path` loaded at `bias` (addresses are
 // run-time ones: file vaddrs + bias). Null with *error if the file, its section headers or
-// its relocations cannot be read: then no rule that needs them applies.
+// its relocations cannot be read: then no rule that needs them applies. Null too, with
+// *error "stopped", when *stop is set while the code is swept (the process exits).
 std::shared_ptr<const ObjectRefs> build_object_refs(const std::string &path, uint64_t bias,
-                                                    std::string *error = nullptr);
+                                                    std::string *error = nullptr,
+                                                    const std::atomic<bool> *stop = nullptr);
 // The same, built once per (path, bias) and kept while the object is loaded; null also
-// when `read` (the process's memory) shows other identity bytes than the file's.
-std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read);
+// when `read` (the process's memory) shows other identity bytes than the file's. A build
+// that *stop stopped is neither kept nor stored: the next call builds again.
+std::shared_ptr<const ObjectRefs> object_refs(const std::string &path, uint64_t bias, const ReadFn &read,
+                                              const std::atomic<bool> *stop = nullptr);
 // The same without building: from memory or the disk cache, else *known is false (the
 // table is still to be built; a build that failed is known, and null).
 std::shared_ptr<const ObjectRefs> object_refs_if_known(const std::string &path, uint64_t bias, const ReadFn &read,
