@@ -779,5 +779,13 @@ __attribute__((constructor)) void start_from_environment() {
 
 } // namespace ukp::control
 
-extern "C" int ukp_control_start(void) { return ukp::control::start(); }
+extern "C" int ukp_control_start(void) {
+    ukp::platform::note_loader_thread(); // `ukprobe attach`'s loader thread: its stack comes back once it ends
+    return ukp::control::start();
+}
+
+// For `ukprobe attach` when the agent is already loaded: the stack its loader thread runs
+// on (platform/agent_threads.hpp), out[0] its lowest address, out[1] its size. 0 or
+// -errno. Called by the injector on a stopped thread of the program.
+extern "C" int ukp_loader_stack(uint64_t *out) { return ukp::platform::take_loader_stack(&out[0], &out[1]); }
 extern "C" int ukp_control_stop(void) { return ukp::control::stop(); }

@@ -1,11 +1,15 @@
 #include "platform/agent_threads.hpp"
+#include "platform/raw_syscall.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
+#include <initializer_list>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 
 namespace ukp::platform {
 
@@ -18,11 +22,15 @@ namespace {
 // takes its place. An entry is set up by the thread that moved it to kTaking.
 constexpr size_t kMaxThreads = 64;
 constexpr size_t kGuard = 4096;
-enum State : int { kFree, kTaking, kRunning, kKept };
+constexpr size_t kLoaderStack = 2u << 20;
+// kLoader: given to a thread started from outside the agent (take_loader_stack), taken
+// again once the word at `ended` (its clear_child_tid) is 0.
+enum State : int { kFree, kTaking, kRunning, kKept, kLoader };
 
 struct Noted {
     std::atomic<uint64_t> lo{0}, hi{0}; // the stack, once mapped; hi stored last
     std::atomic<int> state{kFree};
+    std::atomic<uint64_t> ended{0}; // kLoader: the address the kernel clears at the thread's end
 };
 Noted g_noted[kMaxThreads];
 
@@ -37,15 +45,41 @@ size_t stack_size() {
     return (n + 4095) & ~size_t{4095};
 }
 
-// A kept stack, else a free entry: kTaking either way.
-Noted *take_entry() {
-    for (int from : {kKept, kFree}) {
+// Whether e is a loader's stack whose thread has ended: the kernel wrote 0 at its end
+// (and pthread_join() -1 after it), as glibc's stack cache tells a free stack.
+bool loader_ended(const Noted &e) {
+    if (e.state.load(std::memory_order_acquire) != kLoader) return false;
+    const uint64_t ended = e.ended.load(std::memory_order_acquire);
+    return ended != 0 && __atomic_load_n(reinterpret_cast<const int *>(ended), __ATOMIC_ACQUIRE) <= 0;
+}
+
+// An entry in the first state of `order` that has one (kLoader: a loader's stack whose
+// thread ended), moved to kTaking.
+Noted *take_entry(std::initializer_list<int> order) {
+    for (int from : order) {
         for (Noted &e : g_noted) {
+            if (from == kLoader && !loader_ended(e)) continue;
             int expected = from;
-            if (e.state.compare_exchange_strong(expected, kTaking, std::memory_order_acq_rel)) return &e;
+            if (e.state.compare_exchange_strong(expected, kTaking, std::memory_order_acq_rel)) {
+                e.ended.store(0, std::memory_order_relaxed);
+                return &e;
+            }
         }
     }
     return nullptr;
+}
+
+// Maps e's stack if it has none yet (e is kTaking). 0 or -errno.
+int map_stack(Noted *e, size_t size) {
+    if (e->hi.load(std::memory_order_acquire) != 0) return 0;
+    const long map = raw_syscall(SYS_mmap, 0, static_cast<long>(size + kGuard), PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (map < 0 && map > -4096) return static_cast<int>(map);
+    const auto lo = static_cast<uint64_t>(map) + kGuard;
+    raw_syscall(SYS_mprotect, map, kGuard, PROT_NONE); // an overflow faults instead of writing below
+    e->lo.store(lo, std::memory_order_relaxed);
+    e->hi.store(lo + size, std::memory_order_release); // noted before the thread runs
+    return 0;
 }
 
 Noted *entry_of(uint64_t addr) {
@@ -59,21 +93,11 @@ Noted *entry_of(uint64_t addr) {
 } // namespace
 
 int start_agent_thread(pthread_t *thread, void *(*fn)(void *), void *arg) {
-    Noted *e = take_entry();
+    Noted *e = take_entry({kKept, kFree}); // a loader's stack is smaller: loaders only
     if (e == nullptr) return -EAGAIN;
-    if (e->hi.load(std::memory_order_acquire) == 0) {
-        const size_t size = stack_size();
-        void *map = mmap(nullptr, size + kGuard, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-        if (map == MAP_FAILED) {
-            const int err = -errno;
-            e->state.store(kFree, std::memory_order_release);
-            return err;
-        }
-        const auto lo = reinterpret_cast<uint64_t>(map) + kGuard;
-        mprotect(map, kGuard, PROT_NONE); // an overflow faults instead of writing below
-        e->lo.store(lo, std::memory_order_relaxed);
-        e->hi.store(lo + size, std::memory_order_release); // noted before the thread runs
+    if (const int err = map_stack(e, stack_size()); err != 0) {
+        e->state.store(kFree, std::memory_order_release);
+        return err;
     }
     const uint64_t lo = e->lo.load(std::memory_order_relaxed), hi = e->hi.load(std::memory_order_relaxed);
     pthread_attr_t attr;
@@ -94,6 +118,31 @@ void release_agent_thread(pthread_t thread) {
 }
 
 bool in_agent_thread(uint64_t addr) noexcept { return entry_of(addr) != nullptr; }
+
+int take_loader_stack(uint64_t *lo, uint64_t *size) noexcept {
+    Noted *e = take_entry({kLoader, kKept, kFree}); // a loader's again where one ended
+    if (e == nullptr) return -EAGAIN;
+    // Enough for dlopen() of a loaded object and ukp_control_start(); only what is touched
+    // costs memory. A kept stack of the agent's own threads is larger.
+    if (const int err = map_stack(e, kLoaderStack); err != 0) {
+        e->state.store(kFree, std::memory_order_release);
+        return err;
+    }
+    *lo = e->lo.load(std::memory_order_relaxed);
+    *size = e->hi.load(std::memory_order_relaxed) - *lo;
+    e->state.store(kLoader, std::memory_order_release); // never taken again without `ended`
+    return 0;
+}
+
+void note_loader_thread() noexcept {
+    int here = 0;
+    Noted *e = entry_of(reinterpret_cast<uint64_t>(&here));
+    if (e == nullptr || e->state.load(std::memory_order_acquire) != kLoader) return;
+    uint64_t ended = 0; // glibc's &pd->tid: the control block is at the top of this stack
+    if (raw_syscall(SYS_prctl, PR_GET_TID_ADDRESS, reinterpret_cast<long>(&ended)) == 0 && ended >= e->lo.load() &&
+        ended < e->hi.load())
+        e->ended.store(ended, std::memory_order_release);
+}
 
 void agent_threads_after_fork_child() {
     // The child has the same mappings, and none of those threads: their stacks are kept

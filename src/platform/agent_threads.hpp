@@ -27,6 +27,19 @@ void release_agent_thread(pthread_t thread);
 // Lock-free, async-signal-safe, no system call.
 bool in_agent_thread(uint64_t addr) noexcept;
 
+// A stack for a thread that code outside the agent starts to run the agent's work:
+// `ukprobe attach`'s loader thread, when the agent is already loaded (its events live), is
+// given one, so that its whole life (libc's start of a thread, its dlopen, its exit) is
+// the agent's. 0 or -errno, with the stack in [*lo, *lo + *size). The injector calls it on
+// a thread stopped anywhere in the program's code, perhaps before the agent's relocations
+// are done: it calls nothing through the PLT (raw system calls) and takes no lock.
+int take_loader_stack(uint64_t *lo, uint64_t *size) noexcept;
+
+// On a thread running on a stack from take_loader_stack(): the stack is taken again for
+// another thread once the kernel has cleared this thread's clear_child_tid word (it has
+// ended: glibc's own stack cache waits for the same). Nothing on other threads.
+void note_loader_thread() noexcept;
+
 // In the child of fork(): the stacks of the threads that did not come along are kept for
 // the child's own (the calling thread's stays in use, if it is one).
 void agent_threads_after_fork_child();

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <string>
 #include <thread>
+#include <unistd.h>
 
 #include "trace_files.hpp"
 
@@ -67,6 +68,61 @@ TEST(AgentThreads, AreQuietFromTheirFirstInstruction) {
     std::thread([] { g_called(2); }).join();
     EXPECT_EQ(g_hits.load(), 1);
     EXPECT_FALSE(ukp::platform::in_agent_thread(reinterpret_cast<uint64_t>(__builtin_thread_pointer())));
+    unregister_kprobe(&kp);
+}
+
+// A thread started from outside the agent on a stack it gave (`ukprobe attach`'s loader
+// when the agent is already loaded) is the agent's too; its stack is given out again only
+// once the thread has ended.
+std::atomic<bool> g_loader_go{false};
+
+void *loader_like(void *) {
+    ukp::platform::note_loader_thread(); // as ukp_control_start() does
+    g_called(4);
+    while (!g_loader_go.load()) usleep(1000);
+    return nullptr;
+}
+
+// Starts loader_like on the stack [lo, lo + size).
+bool start_on(pthread_t *t, uint64_t lo, uint64_t size) {
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) != 0) return false;
+    const bool ok = pthread_attr_setstack(&attr, reinterpret_cast<void *>(lo), size) == 0 &&
+                    pthread_create(t, &attr, loader_like, nullptr) == 0;
+    pthread_attr_destroy(&attr);
+    return ok;
+}
+
+TEST(AgentThreads, ALoadersStackComesBackOnceItsThreadEnded) {
+    kprobe kp{};
+    kp.symbol_name = "uat_called";
+    kp.pre_handler = count_hit;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    g_hits = 0;
+    uint64_t lo = 0, size = 0;
+    ASSERT_EQ(ukp::platform::take_loader_stack(&lo, &size), 0);
+    EXPECT_TRUE(ukp::platform::in_agent_thread(lo + size / 2));
+    pthread_t t;
+    ASSERT_TRUE(start_on(&t, lo, size));
+    // While it runs, its stack is not given out again.
+    uint64_t lo2 = 0, size2 = 0;
+    ASSERT_EQ(ukp::platform::take_loader_stack(&lo2, &size2), 0);
+    EXPECT_NE(lo2, lo);
+    pthread_t t2;
+    ASSERT_TRUE(start_on(&t2, lo2, size2));
+    g_loader_go = true;
+    ASSERT_EQ(pthread_join(t, nullptr), 0); // returns once the kernel cleared its tid word
+    ASSERT_EQ(pthread_join(t2, nullptr), 0);
+    EXPECT_EQ(g_hits.load(), 0) << "a loader's thread ran a handler";
+    // Both ended: the next loader gets one of their stacks back.
+    uint64_t lo3 = 0, size3 = 0;
+    ASSERT_EQ(ukp::platform::take_loader_stack(&lo3, &size3), 0);
+    EXPECT_TRUE(lo3 == lo || lo3 == lo2) << std::hex << lo3 << " is neither " << lo << " nor " << lo2;
+    g_loader_go = false;
+    ASSERT_TRUE(start_on(&t, lo3, size3));
+    g_loader_go = true;
+    ASSERT_EQ(pthread_join(t, nullptr), 0);
+    EXPECT_EQ(g_hits.load(), 0);
     unregister_kprobe(&kp);
 }
 

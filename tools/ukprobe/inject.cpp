@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/user.h>
 #include <sys/wait.h>
@@ -267,6 +268,9 @@ constexpr uint64_t kWaitLeft = 112;  // polls of kGo left before the loader give
 constexpr uint64_t kThreadOut = 120; // pthread_create's out-parameter
 constexpr uint64_t kCreateName = 0xc0, kFormat = 0xf0, kSymbol = 0x100, kPath = 0x200, kError = 0xc00,
                    kErrorMax = 0x400;
+// When the agent is already loaded: the stack it gives the loader thread (lowest address,
+// size) and the thread attributes that carry it to pthread_create.
+constexpr uint64_t kStackOut = 0x140, kAttr = 0x180; // pthread_attr_t: 56 bytes
 // The mapping: the loader's code page, its data page, then the stack the interrupted
 // thread's calls run on (never the thread's own: it may be on a small signal stack).
 constexpr uint64_t kPage = 4096, kStackSize = 64 * 1024, kLoaderSize = 2 * kPage + kStackSize;
@@ -403,7 +407,9 @@ enum {
     kFnDetach,
     kFnSelf,
     kFnSnprintf,
-    kFnUsleep
+    kFnUsleep,
+    kFnAttrInit,
+    kFnAttrSetstack
 };
 
 class Tracee {
@@ -561,14 +567,44 @@ OwnedMapping find_libc(int pid) {
 // The run-time addresses of the functions the injection calls in `libc`, indexed by kFn*.
 // Fails when one is missing.
 std::vector<uint64_t> libc_functions(int pid, const OwnedMapping &libc) {
-    const std::vector<std::string> names = {"dlopen",       "dlsym",    "dlerror",        "mmap",
-                                            "mprotect",     "munmap",   "pthread_create", "pthread_detach",
-                                            "pthread_self", "snprintf", "usleep"};
+    const std::vector<std::string> names = {"dlopen",
+                                            "dlsym",
+                                            "dlerror",
+                                            "mmap",
+                                            "mprotect",
+                                            "munmap",
+                                            "pthread_create",
+                                            "pthread_detach",
+                                            "pthread_self",
+                                            "snprintf",
+                                            "usleep",
+                                            "pthread_attr_init",
+                                            "pthread_attr_setstack"};
     const std::vector<uint64_t> fns = dynamic_symbols(libc.path, libc.start, names);
     for (size_t i = 0; i < names.size(); ++i)
         if (fns[i] == 0)
             fail(fmt::format("{} in process {} has no {} (glibc older than 2.34?)", libc.path, pid, names[i]));
     return fns;
+}
+
+// ukp_loader_stack() of the agent at `agent` if the target has that file loaded already
+// (preloaded, or an earlier attach), else 0.
+uint64_t loaded_agent_function(int pid, const std::string &agent) {
+    struct ::stat st {};
+    if (::stat(agent.c_str(), &st) != 0) return 0;
+    const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
+    for (const OwnedMapping &m : maps) {
+        if (m.offset != 0 || m.inode != st.st_ino || base_name(m.path) != base_name(agent)) continue;
+        for (const OwnedMapping &x : maps) {
+            if (x.inode != m.inode || x.perms[2] != 'x' || x.start - x.offset != m.start) continue;
+            try {
+                return dynamic_symbols(agent, m.start, {"ukp_loader_stack"})[0];
+            } catch (const std::exception &) {
+                return 0;
+            }
+        }
+    }
+    return 0;
 }
 
 // Where a thread stopped at `rip` runs, for the calls.
@@ -760,7 +796,7 @@ std::vector<uint8_t> loader_data(const std::vector<uint64_t> &fns, uint64_t load
 // thread `s` (libc's functions `fns`, its `syscall` instruction at `syscall_insn`); the
 // loader's address. On a failure *error says why, and a mapping made is removed again.
 uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_t> &fns, uint64_t syscall_insn,
-                      const std::string &agent, uint64_t cookie, std::string *error) {
+                      const std::string &agent, uint64_t agent_stack_fn, uint64_t cookie, std::string *error) {
     Tracee t(s.tid);
     uint64_t loader = 0;
     try {
@@ -782,8 +818,20 @@ uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_
         // know of every thread), libc's otherwise.
         uint64_t create = t.call(s.regs, fns[kFnDlsym], sp, 0 /* RTLD_DEFAULT */, loader + kPage + kCreateName);
         if (create == 0) create = fns[kFnCreate];
+        // An agent already loaded may have events live: the loader thread runs on a stack it
+        // notes, so that none of its work (libc's start of a thread, dlopen, its end) is
+        // traced as the program's. Without one (an older agent, no entry left), glibc's.
+        uint64_t attr = 0;
+        if (agent_stack_fn != 0 &&
+            static_cast<int32_t>(t.call(s.regs, agent_stack_fn, sp, loader + kPage + kStackOut)) == 0) {
+            uint64_t stack[2] = {0, 0};
+            t.read_mem(loader + kPage + kStackOut, stack, sizeof stack);
+            if (t.call(s.regs, fns[kFnAttrInit], sp, loader + kPage + kAttr) == 0 &&
+                t.call(s.regs, fns[kFnAttrSetstack], sp, loader + kPage + kAttr, stack[0], stack[1]) == 0)
+                attr = loader + kPage + kAttr;
+        }
         const int rc =
-            static_cast<int32_t>(t.call(s.regs, create, sp, loader + kPage + kThreadOut, 0, loader, loader + kPage));
+            static_cast<int32_t>(t.call(s.regs, create, sp, loader + kPage + kThreadOut, attr, loader, loader + kPage));
         if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
     } catch (const std::exception &e) {
         *error = e.what();
@@ -884,6 +932,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     const std::vector<uint64_t> fns = libc_functions(pid, libc);
     if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
     const uint64_t syscall_insn = find_syscall_insn(pid, libc.path);
+    const uint64_t agent_stack_fn = loaded_agent_function(pid, agent);
     // Tells the loader's data page from a later mapping at the same address.
     const uint64_t cookie =
         (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
@@ -895,7 +944,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     ThreadState state = prepare_for_calls(stopped.tid);
     std::string error;
     const Clock::time_point c0 = Clock::now();
-    const uint64_t loader = start_loader(pid, stopped, fns, syscall_insn, agent, cookie, &error);
+    const uint64_t loader = start_loader(pid, stopped, fns, syscall_insn, agent, agent_stack_fn, cookie, &error);
     result.calls_ms = ms_between(c0, Clock::now());
     const bool restored = restore_thread(stopped, state);
     if (error.empty() && restored) error = release_loader(pid, loader);
