@@ -637,26 +637,52 @@ bool is_allocator(const std::string &path, std::map<std::string, bool> *seen) {
     return (*seen)[path] = allocator;
 }
 
-// Where the thread of `pid` stopped at `rip` is (the objects that define malloc kept in
+// Where code in mapping `m` runs, for the calls (the objects that define malloc kept in
 // *allocators).
+StopPlace place_of(const platform::Mapping &m, std::map<std::string, bool> *allocators) {
+    if (m.path == "[vdso]") return StopPlace::kProgram;
+    if (!m.in_file()) return StopPlace::kUnsafe;
+    const std::string path(m.path);
+    const std::string name = base_name(path);
+    if (name.rfind("libukprobes", 0) == 0) return StopPlace::kUnsafe;
+    if (is_c_runtime_name(name) || is_allocator(path, allocators)) return StopPlace::kCRuntime;
+    return StopPlace::kProgram;
+}
+
+// Where the thread of `pid` stopped at `rip` is.
 StopPlace stop_place(int pid, uint64_t rip, std::map<std::string, bool> *allocators) {
     StopPlace place = StopPlace::kUnsafe;
-    std::string path;
     platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
         if (rip < m.start || rip >= m.end) return true;
-        if (m.path == "[vdso]") {
-            place = StopPlace::kProgram;
-        } else if (m.in_file()) {
-            path = m.path;
-            const std::string name = base_name(path);
-            if (name.rfind("libukprobes", 0) != 0)
-                place = is_c_runtime_name(name) ? StopPlace::kCRuntime : StopPlace::kProgram;
-        }
+        place = place_of(m, allocators);
         return false;
     });
-    if (place == StopPlace::kProgram && !path.empty() && is_allocator(path, allocators)) place = StopPlace::kCRuntime;
     return place;
 }
+
+// The places of all the executable mappings of a process, for the many lookups of a
+// thread stepped out of the C library.
+class CodePlaces {
+public:
+    CodePlaces(int pid, std::map<std::string, bool> *allocators) {
+        platform::for_each_mapping(pid, [&](const platform::Mapping &m) {
+            if (m.executable()) ranges_.push_back({m.start, m.end, place_of(m, allocators)});
+            return true;
+        });
+    }
+    StopPlace at(uint64_t rip) const {
+        for (const Range &r : ranges_)
+            if (rip >= r.start && rip < r.end) return r.place;
+        return StopPlace::kUnsafe;
+    }
+
+private:
+    struct Range {
+        uint64_t start, end;
+        StopPlace place;
+    };
+    std::vector<Range> ranges_;
+};
 
 // Waits for the stop of the PTRACE_INTERRUPT sent to `tid`; fails if the process exits.
 void wait_for_interrupt(int pid, int tid) {
@@ -687,10 +713,53 @@ struct StoppedThread {
     Clock::time_point interrupted; // when PTRACE_INTERRUPT was sent
     Clock::time_point stopped;     // when it stopped
     int interrupts = 0;            // threads interrupted to find it, it included
+    int steps = 0;                 // instructions it was stepped through to leave the C library
 };
 
+// Steps thread `s`, stopped outside a system call in the C library or its allocator, one
+// instruction at a time until it runs the program's own code, and returns true with its
+// registers there. Mostly it is inside malloc or free (a program that allocates all the
+// time may be stopped there in every one of thousands of interrupts), a few hundred
+// instructions from their return. It never steps into a system call (one may block for
+// good) nor through code other than the C library's and the program's (the agent's
+// trampolines keep the flags on the stack, trap flag included); then, after
+// kMaxSteps, or on a signal, the thread is let go (the signal delivered) and it returns
+// false.
+bool step_out_of_c_runtime(int pid, StoppedThread *s, std::map<std::string, bool> *allocators) {
+    constexpr int kMaxSteps = 20000;
+    const CodePlaces places(pid, allocators);
+    int deliver = 0;
+    for (int step = 1; step <= kMaxSteps; ++step) {
+        errno = 0;
+        const long insn = ptrace(PTRACE_PEEKTEXT, s->tid, reinterpret_cast<void *>(s->regs.rip), nullptr);
+        if (errno != 0 || (insn & 0xffff) == 0x050f) break; // syscall
+        if (ptrace(PTRACE_SINGLESTEP, s->tid, nullptr, nullptr) != 0) break;
+        int status = 0;
+        if (waitpid(s->tid, &status, __WALL) != s->tid) fail(fmt::format("waitpid: {}", strerror(errno)));
+        if (WIFEXITED(status) || WIFSIGNALED(status)) fail(fmt::format("process {} exited", pid));
+        siginfo_t info{};
+        const bool stepped = WIFSTOPPED(status) && status >> 16 == 0 && WSTOPSIG(status) == SIGTRAP &&
+                             ptrace(PTRACE_GETSIGINFO, s->tid, nullptr, &info) == 0 && info.si_code == TRAP_TRACE;
+        if (!stepped) {
+            // A signal of its own (an int3 probe's SIGTRAP, a timer's...) goes to it.
+            if (WIFSTOPPED(status) && status >> 16 == 0) deliver = WSTOPSIG(status);
+            break;
+        }
+        if (ptrace(PTRACE_GETREGS, s->tid, nullptr, &s->regs) != 0) break;
+        const StopPlace place = places.at(s->regs.rip);
+        if (place == StopPlace::kProgram) {
+            s->steps = step;
+            return true;
+        }
+        if (place != StopPlace::kCRuntime) break;
+    }
+    ptrace(PTRACE_DETACH, s->tid, nullptr, reinterpret_cast<void *>(static_cast<long>(deliver)));
+    return false;
+}
+
 // A thread of `pid` (pick_thread) seized and stopped at a safe point: waiting in a system
-// call, or after kWaitingTries, running the program's own code; fails after kMaxWait.
+// call, or after kWaitingTries, running the program's own code (stepped there out of the C
+// library if need be); fails after kMaxWait.
 StoppedThread stop_at_safe_point(int pid) {
     constexpr int kWaitingTries = 100;
     constexpr std::chrono::seconds kMaxWait{5};
@@ -718,14 +787,20 @@ StoppedThread stop_at_safe_point(int pid) {
         const bool pending = signal_pending(pid, s.tid);
         // Stopped anywhere else (running, or in a call malloc makes), it may hold a lock
         // the calls take: see StopPlace.
-        const bool waiting =
-            static_cast<long long>(s.regs.orig_rax) >= 0 && waits_outside(static_cast<long>(s.regs.orig_rax));
+        const bool syscall = static_cast<long long>(s.regs.orig_rax) >= 0;
+        const bool waiting = syscall && waits_outside(static_cast<long>(s.regs.orig_rax));
         const StopPlace place = stop_place(pid, s.regs.rip, &allocators);
         if (!pending && place != StopPlace::kUnsafe && waiting) return s;
-        // No thread waits: one stopped in the program's own code, outside the C library.
-        if (!pending && place == StopPlace::kProgram && attempt >= kWaitingTries) return s;
-        ptrace(PTRACE_DETACH, s.tid, nullptr, nullptr);
-        if (attempt >= kWaitingTries && Clock::now() - started > kMaxWait)
+        // No thread waits: one stopped in the program's own code, outside the C library,
+        // or stepped there from it.
+        const bool no_waiter = attempt >= kWaitingTries;
+        if (!pending && place == StopPlace::kProgram && no_waiter) return s;
+        if (!pending && place == StopPlace::kCRuntime && !syscall && no_waiter) {
+            if (step_out_of_c_runtime(pid, &s, &allocators)) return s;
+        } else {
+            ptrace(PTRACE_DETACH, s.tid, nullptr, nullptr);
+        }
+        if (no_waiter && Clock::now() - started > kMaxWait)
             fail(fmt::format("process {}: in {} tries, no thread stopped waiting in a system call or running outside "
                              "the C library, its allocator and the agent; nothing was changed, try again",
                              pid, attempt + 1));
@@ -941,6 +1016,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     result.tid = stopped.tid;
     result.was_in_syscall = static_cast<long long>(stopped.regs.orig_rax) >= 0;
     result.interrupts = stopped.interrupts;
+    result.steps = stopped.steps;
     ThreadState state = prepare_for_calls(stopped.tid);
     std::string error;
     const Clock::time_point c0 = Clock::now();

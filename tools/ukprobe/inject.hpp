@@ -14,6 +14,7 @@ struct InjectResult {
     double ready_ms = 0;         // from PTRACE_INTERRUPT until the loader thread was done
     bool was_in_syscall = false; // it was blocked in a system call (restarted after)
     int interrupts = 0;          // threads interrupted to find it, it included
+    int steps = 0;               // instructions it was stepped through out of the C library
 };
 
 // Loads `agent` (an absolute path) into process `pid` with dlopen(RTLD_NOW) and calls its

@@ -159,6 +159,8 @@ int cmd_attach(const Options &o, FILE *say = stdout) {
         fmt::print("agent: {}\n", agent);
         fmt::print("thread {} taken at interrupt {}, {}\n", res.tid, res.interrupts,
                    res.was_in_syscall ? "in a system call" : "running the program's own code");
+        if (res.steps > 0)
+            fmt::print("thread {} stepped out of the C library in {} instructions\n", res.tid, res.steps);
         fmt::print("thread {} paused {:.3f} ms from interrupt to detach (stopped {:.3f} ms, calls {:.3f} ms){}\n",
                    res.tid, res.pause_ms, res.stopped_ms, res.calls_ms,
                    res.was_in_syscall ? ", its system call restarted" : "");
