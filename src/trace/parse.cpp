@@ -1297,7 +1297,10 @@ std::string ProbeDef::location_text() const {
     case Where::kSymbol:
         break;
     }
-    if (offset != 0) return symbol + "+" + std::to_string(offset);
+    // A symbol that reads as a number ("8" of "8+0") keeps its offset, or the text would
+    // read back as that address.
+    uint64_t number = 0;
+    if (offset != 0 || to_u64(symbol, &number)) return symbol + "+" + std::to_string(offset);
     return symbol;
 }
 
@@ -1324,7 +1327,9 @@ std::string ProbeDef::show() const {
         std::string s = "w:" + group + "/" + event + " " + kAccess[watch.type & 3] + "@";
         if (where == Where::kSymbol) {
             s += symbol;
-            if (watch.offset != 0) s += (watch.offset > 0 ? "+" : "") + std::to_string(watch.offset);
+            uint64_t number = 0; // as in location_text()
+            if (watch.offset != 0 || to_u64(symbol, &number))
+                s += (watch.offset >= 0 ? "+" : "") + std::to_string(watch.offset);
         } else if (addr == kNoWatchAddr) {
             s += "-1";
         } else {
