@@ -1,5 +1,5 @@
-// The C API of <ukprobes/kprobes.h>: registration rules and return values of seeds
-// 000/001, handler semantics, many probes on one address, recursion, disable/enable,
+// The C API of <ukprobes/kprobes.h>: registration rules and return values of kprobes.txt
+// and kprobes.rst, handler semantics, many probes on one address, recursion, disable/enable,
 // the enabled knob, the list text, and code restored byte for byte.
 #include <ukprobes/kprobes.h>
 
