@@ -488,8 +488,11 @@ bool qualifies(const Point *pt) {
     if (list == nullptr) return false;
     for (uint32_t i = 0; i < list->count; ++i) {
         const kprobe *p = list->probes[i];
-        // A post_handler keeps the breakpoint path; a jprobe needs the signal context.
-        if (probe_disabled(p) || p->post_handler != nullptr || is_jprobe(p) || is_agent_probe(p)) return false;
+        // A post_handler keeps the breakpoint path; a jprobe needs the signal context. (Even
+        // while disabled: enabling one would otherwise leave a hit or two on the jump. A
+        // disabled probe alone does not count: every path skips it, and the point is armed
+        // only while another one is enabled, as the kernel optimizes an aggregate probe.)
+        if (p->post_handler != nullptr || is_jprobe(p) || is_agent_probe(p)) return false;
     }
     return !other_point_inside(pt, pt->addr, pt->layout.dcr_len) && !island_in_the_way(pt);
 }

@@ -237,6 +237,53 @@ TEST_F(OptimizerTest, PostHandlersDisablingAndKprobesEnabledUnoptimize) {
     unregister_kprobe(&kp);
 }
 
+// Two events on one function, one of them disabled (an entry and a return event of which
+// only one is enabled): the point keeps its jump, as the kernel optimizes an aggregate
+// probe whatever its disabled members, and the disabled probe's handlers are not run.
+TEST_F(OptimizerTest, ADisabledProbeBesideAnEnabledOneKeepsTheJump) {
+    static std::atomic<long> returns{0};
+    kprobe kp{}, off{};
+    kretprobe rp{};
+    kp.symbol_name = off.symbol_name = rp.kp.symbol_name = "ukpt_opt_work";
+    kp.pre_handler = off.pre_handler = count_pre;
+    off.flags = KPROBE_FLAG_DISABLED;
+    rp.handler = [](kretprobe_instance *, pt_regs *) {
+        returns.fetch_add(1, std::memory_order_relaxed);
+        return 0;
+    };
+    rp.kp.flags = KPROBE_FLAG_DISABLED;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    ASSERT_EQ(register_kprobe(&off), 0);
+    ASSERT_EQ(register_kretprobe(&rp), 0);
+    EXPECT_TRUE(optimized_within(kp, 2)) << list_text();
+    EXPECT_EQ(first_byte(kp.addr), 0xe9);
+    EXPECT_NE(list_text().find("[DISABLED][OPTIMIZED]"), std::string::npos) << list_text();
+    EXPECT_EQ(ukpt_opt_work(2), 9 ^ 2);
+    EXPECT_EQ(g_hits.load(), 1);
+    EXPECT_EQ(returns.load(), 0);
+    // Enabled, the return probe is run on the same jump.
+    ASSERT_EQ(enable_kretprobe(&rp), 0);
+    EXPECT_TRUE(optimized_within(kp, 2)) << list_text();
+    EXPECT_EQ(ukpt_opt_work(2), 9 ^ 2);
+    EXPECT_EQ(g_hits.load(), 2);
+    EXPECT_EQ(returns.load(), 1);
+    // The enabled one disabled, the other two enabled and disabled again: no probe
+    // enabled is no int3 and no jump.
+    ASSERT_EQ(disable_kretprobe(&rp), 0);
+    ASSERT_EQ(disable_kprobe(&kp), 0);
+    EXPECT_EQ(first_byte(kp.addr), 0x48); // lea's REX prefix
+    EXPECT_EQ(ukpt_opt_work(2), 9 ^ 2);
+    EXPECT_EQ(g_hits.load(), 2);
+    ASSERT_EQ(enable_kprobe(&off), 0);
+    EXPECT_TRUE(optimized_within(off, 2)) << list_text();
+    EXPECT_EQ(ukpt_opt_work(2), 9 ^ 2);
+    EXPECT_EQ(g_hits.load(), 3);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    unregister_kretprobe(&rp);
+    unregister_kprobe(&off);
+    unregister_kprobe(&kp);
+}
+
 TEST_F(OptimizerTest, AProbeInsideTheRegionUnoptimizesIt) {
     kprobe kp{}, inner{};
     kp.symbol_name = inner.symbol_name = "ukpt_opt_inner";
