@@ -79,6 +79,13 @@ struct ProbeList {
 
     bool lean(uint32_t i) const { return i < 64 && ((lean_mask >> i) & 1) != 0; }
     bool own(uint32_t i) const { return i < 64 && ((own_mask >> i) & 1) != 0; }
+    // Every probe the agent's own, lean, without a post_handler (an event's entry and
+    // another's return probe on one function): the jump path calls them all as kFastOwn
+    // calls its one.
+    bool all_own_lean() const {
+        const uint64_t all = count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
+        return count <= 64 && !any_post && (own_mask & lean_mask & all) == all;
+    }
 };
 
 // One probed address. Created at the first registration there and kept for the life of

@@ -467,6 +467,14 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
         kprobe *p = list->probes[0];
         redirected = !probe_disabled(p) && p->pre_handler != nullptr &&
                      ukp_call_handler(reinterpret_cast<void *>(p->pre_handler), p, regs) != 0 && regs->ip != hit_ip;
+    } else if (list->all_own_lean()) {
+        // The same for each of them, in order, until one sends the thread elsewhere.
+        redirected = false;
+        for (uint32_t i = 0; i < list->count && !redirected; ++i) {
+            kprobe *p = list->probes[i];
+            redirected = !probe_disabled(p) && p->pre_handler != nullptr &&
+                         ukp_call_handler(reinterpret_cast<void *>(p->pre_handler), p, regs) != 0 && regs->ip != hit_ip;
+        }
     } else {
         redirected = run_pre_handlers(pt, list, nullptr, *regs, 0, ext_saved != 0, at_hit);
     }

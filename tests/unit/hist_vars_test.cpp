@@ -2,10 +2,12 @@
 // wakeup-latency recipe written for a function's entry and exit events gives the latency
 // histogram of that function.
 #include <gtest/gtest.h>
+#include <ukprobes/kprobes.h>
 
 #include <time.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +97,13 @@ TEST_F(HistVars, TheWakeupLatencyRecipeOnAFunctionsEntryAndExit) {
     // Buckets of a second: whatever the machine's load, every sleep here is in the first.
     ASSERT_EQ(file_write("events/synthetic/sleep_latency/trigger", kLatencyTrigger), 0) << read("error_log");
     ASSERT_EQ(file_write("events/synthetic/sleep_latency/enable", "1"), 0);
+    // The entry's probe and the exit's on the jump path: both handlers called from it.
+    ukp_optimizer_flush();
+    char *list = ukp_kprobes_list();
+    const std::string probes = list != nullptr ? list : "";
+    std::free(list);
+    EXPECT_EQ(lines_with(probes, "ukh_sleep+0x0").size(), 2u) << probes;
+    EXPECT_EQ(lines_with(probes, "[OPTIMIZED]").size(), 2u) << probes;
     for (int i = 0; i < 3; ++i) g_sleep(2000);
     g_sleep(20000);
     ASSERT_EQ(file_write("events/synthetic/sleep_latency/enable", "0"), 0);
