@@ -2,7 +2,8 @@
 // probed function, a kprobe with an empty pre_handler (`bare`), a kretprobe with an empty
 // handler (the baseline of a latency histogram), and kprobe events on the
 // same function recording 0 arguments, 4 register arguments, and 4 arguments of which
-// one is a string and one a dereference; and a return event (`r:`) with the return value.
+// one is a string and one a dereference; a return event (`r:`) with the return value; the
+// 4-register event beside a disabled return event; a latency histogram.
 // Every event hit writes its record into the ring buffer (tracing on, no filter). Ratios
 // to `bare` are printed at the end.
 //
@@ -92,6 +93,22 @@ void BM_Event4StringDeref(benchmark::State &state) {
 }
 // A return event: the kretprobe's entry and its return through the return trampoline.
 void BM_ReturnEvent(benchmark::State &state) { run_event(state, "rv", "r:rv utb_target ret=$retval"); }
+// The 4-register event with a return event on the same function defined and not enabled
+// (a user's entry and exit events, one of them on): two probes at the point, one disabled.
+void BM_Event4RegsBesideADisabledOne(benchmark::State &state) {
+    ukp_trace_write("kprobe_events", "");
+    if (ukp_trace_write("kprobe_events", "r:off utb_target ret=$retval") != 0 ||
+        ukp_trace_append("kprobe_events", "p:e4d utb_target a=%di s=%si p=%dx d=%cx") != 0) {
+        state.SkipWithError("definitions rejected");
+        return;
+    }
+    ukp_trace_write("events/kprobes/e4d/enable", "1");
+    ukp_trace_write("tracing_on", "1");
+    run_calls(state);
+    ukp_trace_write("events/kprobes/e4d/enable", "0");
+    ukp_trace_write("kprobe_events", "");
+    ukp_trace_write("trace", "");
+}
 
 // histogram.rst's latency recipe on the function: its entry keeps the time in a variable,
 // its exit computes the latency and passes it to a synthetic event whose histogram counts
@@ -171,6 +188,7 @@ BENCHMARK(BM_Event0);
 BENCHMARK(BM_Event4Regs);
 BENCHMARK(BM_Event4StringDeref);
 BENCHMARK(BM_ReturnEvent);
+BENCHMARK(BM_Event4RegsBesideADisabledOne);
 BENCHMARK(BM_LatencyHistogram);
 BENCHMARK(BM_BareProbe_TwoThreads)->Threads(2);
 BENCHMARK(BM_Event4Regs_TwoThreads)->Threads(2);
@@ -219,12 +237,12 @@ int main(int argc, char **argv) {
     const double bare = rep.ns["BM_BareProbe"];
     if (bare > 0) {
         std::printf("\nratio to the bare probe hit, fastest repetitions (direct call subtracted from neither):\n");
-        for (const char *n :
-             {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent", "BM_LatencyHistogram"})
-            std::printf("  %-22s %6.2fx\n", n, rep.ns[n] / bare);
+        for (const char *n : {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent",
+                              "BM_Event4RegsBesideADisabledOne", "BM_LatencyHistogram"})
+            std::printf("  %-32s %6.2fx\n", n, rep.ns[n] / bare);
         if (const double ret = rep.ns["BM_BareReturnProbe"]; ret > 0)
-            std::printf("ratio to the bare return probe (entry and return, empty handler):\n  %-22s %6.2fx\n"
-                        "  %-22s %6.2fx\n",
+            std::printf("ratio to the bare return probe (entry and return, empty handler):\n  %-32s %6.2fx\n"
+                        "  %-32s %6.2fx\n",
                         "BM_BareReturnProbe", ret / bare, "BM_LatencyHistogram", rep.ns["BM_LatencyHistogram"] / ret);
     }
     benchmark::Shutdown();
