@@ -1270,6 +1270,13 @@ int parse_args(const Words &w, Resolver &resolver, bool fentry, ProbeDef *def, P
     return 0;
 }
 
+// Whether a symbol reads as a number ("8" of "8+0"): shown, it keeps its offset, or the
+// text would read back as that address.
+bool reads_as_number(const std::string &symbol) {
+    uint64_t number = 0;
+    return to_u64(symbol, &number);
+}
+
 } // namespace
 
 bool is_good_name(std::string_view s) {
@@ -1297,10 +1304,7 @@ std::string ProbeDef::location_text() const {
     case Where::kSymbol:
         break;
     }
-    // A symbol that reads as a number ("8" of "8+0") keeps its offset, or the text would
-    // read back as that address.
-    uint64_t number = 0;
-    if (offset != 0 || to_u64(symbol, &number)) return symbol + "+" + std::to_string(offset);
+    if (offset != 0 || reads_as_number(symbol)) return symbol + "+" + std::to_string(offset);
     return symbol;
 }
 
@@ -1327,8 +1331,7 @@ std::string ProbeDef::show() const {
         std::string s = "w:" + group + "/" + event + " " + kAccess[watch.type & 3] + "@";
         if (where == Where::kSymbol) {
             s += symbol;
-            uint64_t number = 0; // as in location_text()
-            if (watch.offset != 0 || to_u64(symbol, &number))
+            if (watch.offset != 0 || reads_as_number(symbol))
                 s += (watch.offset >= 0 ? "+" : "") + std::to_string(watch.offset);
         } else if (addr == kNoWatchAddr) {
             s += "-1";
