@@ -71,6 +71,10 @@ struct ProbeList {
     // lean, so that the jump path's trampoline calls it itself (a user's under a recovery
     // point of its own, the agent's own as it is); else kFastNone.
     uint8_t fast = kFastNone;
+    // Every probe the agent's own and lean, none with a post_handler (kFastOwn's one, or an
+    // event's entry and another's return probe on one function): the jump path's
+    // dispatcher calls them as they are, with no recovery point or copy of the registers.
+    bool all_own_lean = false;
     // One probe, a kretprobe without an entry_handler: its RetPool, for the kretprobe's
     // own trampoline (ukp_kret_entry_trampoline), which then reads no more of the probe
     // than its flags; else null.
@@ -79,13 +83,6 @@ struct ProbeList {
 
     bool lean(uint32_t i) const { return i < 64 && ((lean_mask >> i) & 1) != 0; }
     bool own(uint32_t i) const { return i < 64 && ((own_mask >> i) & 1) != 0; }
-    // Every probe the agent's own, lean, without a post_handler (an event's entry and
-    // another's return probe on one function): the jump path calls them all as kFastOwn
-    // calls its one.
-    bool all_own_lean() const {
-        const uint64_t all = count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
-        return count <= 64 && !any_post && (own_mask & lean_mask & all) == all;
-    }
 };
 
 // One probed address. Created at the first registration there and kept for the life of

@@ -460,15 +460,10 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     regs->ip = hit_ip;
     ++ts.depth;
     bool redirected;
-    if (list->fast == kFastOwn) {
-        // One probe, whose handler is the agent's own and lean (a trace event, a
-        // kretprobe's entry): no recovery point, no copy of the registers to roll back
-        // to, nothing for a jprobe to find.
-        kprobe *p = list->probes[0];
-        redirected = !probe_disabled(p) && p->pre_handler != nullptr &&
-                     ukp_call_handler(reinterpret_cast<void *>(p->pre_handler), p, regs) != 0 && regs->ip != hit_ip;
-    } else if (list->all_own_lean()) {
-        // The same for each of them, in order, until one sends the thread elsewhere.
+    if (list->all_own_lean) {
+        // The agent's own lean handlers (trace events, a kretprobe's entry), in order until
+        // one sends the thread elsewhere: no recovery point, no copy of the registers to
+        // roll back to, nothing for a jprobe to find.
         redirected = false;
         for (uint32_t i = 0; i < list->count && !redirected; ++i) {
             kprobe *p = list->probes[i];

@@ -253,6 +253,8 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
     }
     if (list->count == 1 && !list->any_post && list->lean(0) && list->probes[0]->pre_handler != nullptr)
         list->fast = list->own(0) ? kFastOwn : kFastGuarded;
+    const uint64_t all = list->count >= 64 ? ~uint64_t{0} : (uint64_t{1} << list->count) - 1;
+    list->all_own_lean = list->count <= 64 && !list->any_post && (list->own_mask & list->lean_mask & all) == all;
     if (list->count == 1 && !list->any_post) list->kret_pool = kret_pool_without_entry_handler(list->probes[0]);
     return list;
 }
