@@ -353,8 +353,10 @@ void spawn_gate_install(uint64_t addr);
 std::vector<uint64_t> functions_named(uint64_t in_object, std::initializer_list<std::string_view> names);
 bool is_spawn_gate(const kprobe *p);
 // Before an int3 goes into pt's first byte (arming, or unoptimizing): closes the gate and
-// waits (at most a second) for the spawns in flight. Under the registry mutex.
+// waits (at most 5 s) for the spawns in flight. Under the registry mutex.
 void spawn_gate_close(Point *pt);
+// How many times the gate has looked for a thread in clone (for tests).
+long spawn_gate_clone_looks();
 // After pt's state changed: opens the gate when no int3 in libc waits for its jmp any more.
 // Under the registry mutex.
 void spawn_gate_update(Point *pt);

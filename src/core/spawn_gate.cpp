@@ -64,12 +64,17 @@ std::atomic<int64_t> g_deadline{0}; // a spawn waits for a closed gate until the
 std::atomic<int> g_state{0};        // 0: not installed, 1: installing, 2: installed
 int64_t g_installed_at = 0;
 int g_window = 0; // points with an int3 in libc on their way to a jmp (registry mutex)
-// When the drain last found no thread in clone, with the gate closed since (registry
-// mutex; 0: not in this window). Within kCloneLookFresh of that, the next point's drain
-// does not look again: an event over every function of libc armed its points in a
-// tenth of a second, most of it this look (a directory and a file per thread, each libc
-// call of it trapping on the int3s already in), once per point.
+// When the drain last found no thread in clone (registry mutex; 0: never). Within
+// kCloneLookFresh of that, the next point's drain does not look again: an event over
+// every function of libc armed its points in a tenth of a second, most of it this look (a
+// directory and a file per thread, each libc call of it trapping on the int3s already
+// in), once per point. The look is for the spawns that were past posix_spawn's entry when
+// the gate was installed, which the gate does not count, and whether a window closed and
+// another opened since tells nothing of them: the look holds across windows. (Disabling
+// that event, each point opens a window of its own on its way back through its int3: a
+// look per point was 3,700 of them, 67 ms.)
 int64_t g_no_clone_at = 0;
+std::atomic<long> g_clone_looks{0};
 constexpr int64_t kCloneLookFresh = 1000 * 1000; // ns
 kretprobe g_gates[kGates];
 arch::Reach g_path; // the spawn path, written once before g_path_ready
@@ -205,7 +210,6 @@ void spawn_gate_close(Point *pt) {
     if (g_window++ == 0) {
         g_deadline.store(now_ns_raw() + kMaxWait, std::memory_order_relaxed);
         g_closed.store(true, std::memory_order_seq_cst);
-        g_no_clone_at = 0; // the first point of a window always looks
     }
     // The spawns in flight end (their children exec'd or exited) before the int3 goes in.
     // Those in flight when the gate was installed are not counted: for kMaxWait after it,
@@ -216,6 +220,7 @@ void spawn_gate_close(Point *pt) {
             if (start - g_installed_at >= kMaxWait) break;
             const int64_t now = now_ns_raw();
             if (g_no_clone_at != 0 && now - g_no_clone_at < kCloneLookFresh) break;
+            g_clone_looks.fetch_add(1, std::memory_order_relaxed);
             if (!thread_in_clone()) {
                 g_no_clone_at = now;
                 break;
@@ -225,6 +230,8 @@ void spawn_gate_close(Point *pt) {
         pause_ms();
     }
 }
+
+long spawn_gate_clone_looks() { return g_clone_looks.load(std::memory_order_relaxed); }
 
 void spawn_gate_update(Point *pt) {
     UKP_ASSERT_REGISTRY_HELD();
