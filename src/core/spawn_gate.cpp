@@ -74,6 +74,7 @@ int g_window = 0; // points with an int3 in libc on their way to a jmp (registry
 // that event, each point opens a window of its own on its way back through its int3: a
 // look per point was 3,700 of them, 67 ms.)
 int64_t g_no_clone_at = 0;
+bool g_looks_over = false; // kMaxWait since the installation have passed (registry mutex)
 std::atomic<long> g_clone_looks{0};
 constexpr int64_t kCloneLookFresh = 1000 * 1000; // ns
 kretprobe g_gates[kGates];
@@ -207,18 +208,22 @@ void spawn_gate_close(Point *pt) {
     UKP_ASSERT_REGISTRY_HELD();
     if (pt->in_window || !in_libc(pt) || g_state.load(std::memory_order_acquire) != 2) return;
     pt->in_window = true;
-    if (g_window++ == 0) {
-        g_deadline.store(now_ns_raw() + kMaxWait, std::memory_order_relaxed);
+    const bool opening = g_window++ == 0;
+    // The usual case past the first kMaxWait, with the gate already closed: no spawn in
+    // flight, nothing to read the clock for (a system call a point, in an event over libc).
+    if (!opening && g_looks_over && g_spawning.load(std::memory_order_seq_cst) == 0) return;
+    const int64_t start = now_ns_raw();
+    if (opening) {
+        g_deadline.store(start + kMaxWait, std::memory_order_relaxed);
         g_closed.store(true, std::memory_order_seq_cst);
     }
+    if (start - g_installed_at >= kMaxWait) g_looks_over = true;
     // The spawns in flight end (their children exec'd or exited) before the int3 goes in.
     // Those in flight when the gate was installed are not counted: for kMaxWait after it,
     // a thread in clone is one.
-    const int64_t start = now_ns_raw();
-    for (;;) {
+    for (int64_t now = start;; now = now_ns_raw()) {
         if (g_spawning.load(std::memory_order_seq_cst) == 0) {
-            if (start - g_installed_at >= kMaxWait) break;
-            const int64_t now = now_ns_raw();
+            if (g_looks_over) break;
             if (g_no_clone_at != 0 && now - g_no_clone_at < kCloneLookFresh) break;
             g_clone_looks.fetch_add(1, std::memory_order_relaxed);
             if (!thread_in_clone()) {
@@ -226,7 +231,7 @@ void spawn_gate_close(Point *pt) {
                 break;
             }
         }
-        if (now_ns_raw() - start > kMaxWait) break;
+        if (now - start > kMaxWait) break;
         pause_ms();
     }
 }
