@@ -82,7 +82,7 @@ void BM_DefineAllOfLibc(benchmark::State &state) {
 
 void BM_EnableAllOfLibc(benchmark::State &state) {
     int rows = 0, optimized = 0;
-    double through_ms = 0;
+    double through_ms = 0, disable_ms = 0;
     for (auto _ : state) {
         ukp_trace_write("dynamic_events", "");
         if (ukp_trace_write("dynamic_events", kAll) != 0) {
@@ -95,7 +95,9 @@ void BM_EnableAllOfLibc(benchmark::State &state) {
         ukp_optimizer_flush();
         through_ms = ms_since(t);
         count_probes(&rows, &optimized);
+        const Clock::time_point d = Clock::now();
         ukp_trace_write("events/fprobes/all/enable", "0");
+        disable_ms = ms_since(d);
         if (r != 0) {
             state.SkipWithError("enable failed");
             break;
@@ -105,6 +107,7 @@ void BM_EnableAllOfLibc(benchmark::State &state) {
     state.counters["functions"] = rows;
     state.counters["optimized_pct"] = rows > 0 ? 100.0 * optimized / rows : 0;
     state.counters["optimized_ms"] = through_ms;
+    state.counters["disable_ms"] = disable_ms;
 }
 
 constexpr const char *kLargeLibrary = "libpython3.11.so.1.0";

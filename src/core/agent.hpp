@@ -79,6 +79,18 @@ public:
     ArmBatch &operator=(const ArmBatch &) = delete;
 };
 
+// Disables many probes at once, as disable_kprobe() would one by one (an event over many
+// functions): the points that go off their jumps come out together, with three
+// synchronizations of the cores in all, not two a point (each a membarrier, which
+// interrupts every core running the process), and nothing between the writes that calls
+// the C library (every function of libc may be on its int3 then). results[i] is
+// probes[i]'s: 0, or nonzero when it is left as it was, for the caller to disable alone
+// (not registered, gone, fewer than two probes, or a write failed). Without the registry
+// mutex. (Arming many at once is left one by one: with every int3 in before the
+// optimizer's first pass, the agent's own libc calls trap until it is through, and the
+// jumps came in four times later.)
+void disable_together(const std::vector<kprobe *> &probes, std::vector<int> *results);
+
 // Before probes go on many addresses (an event over a library): the jump optimizer's
 // verdict for each decided ahead, the object's references built on one core while the
 // functions are decoded on the others, and kept with the object's other tables on disk

@@ -249,6 +249,11 @@ void opt_update(Point *pt, bool disarming = false);
 void opt_before_arming(uint64_t addr);
 // Puts the region's bytes back (int3 at the first byte). 0 or -errno.
 int opt_unoptimize(Point *pt);
+// Takes many optimized points off their jumps and out of the code at once (their probes
+// disabled): their int3s, one synchronization of the cores, their regions' bytes, another,
+// their first bytes, a third. A point a write failed for is left armed, optimized or not,
+// for update_arming. Under the registry mutex.
+void opt_disarm_many(const std::vector<Point *> &pts);
 // The code of an optimized region, and the bytes of islands, original bytes in place, for
 // read_original.
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n);

@@ -1231,6 +1231,46 @@ int opt_unoptimize(Point *pt) {
     return 0;
 }
 
+void opt_disarm_many(const std::vector<Point *> &pts) {
+    if (pts.empty()) return;
+    for (Point *pt : pts) spawn_gate_close(pt);
+    // Each phase's writes through text::write_many: between them the program's libc calls
+    // and the agent's own trap on the int3s of every point at once.
+    const uint8_t int3 = batch_arming_byte();
+    std::vector<text::Piece> pieces;
+    for (Point *pt : pts) pieces.push_back({pt->addr, &int3, 1});
+    std::unique_ptr<bool[]> ok(new bool[pts.size()]);
+    const auto write_phase = [&](std::vector<Point *> *them) {
+        text::write_many(pieces.data(), pieces.size(), ok.get());
+        std::vector<Point *> done;
+        done.reserve(them->size());
+        for (size_t i = 0; i < them->size(); ++i)
+            if (ok[i]) done.push_back((*them)[i]);
+        *them = std::move(done);
+        text::sync_cores();
+    };
+    std::vector<Point *> going(pts);
+    write_phase(&going); // no core takes these jmps from here on
+    pieces.clear();
+    for (Point *pt : going) pieces.push_back({pt->addr + 1, pt->dcr_orig + 1, 4});
+    write_phase(&going);
+    for (Point *pt : going) {
+        pt->optimized = false;
+        set_flags(pt);
+    }
+    pieces.clear();
+    for (Point *pt : going) pieces.push_back({pt->addr, &pt->orig_byte, 1});
+    write_phase(&going);
+    for (Point *pt : going) {
+        pt->armed = false;
+        ++pt->disarms;
+    }
+    for (Point *pt : pts) {
+        island_lower(pt);
+        spawn_gate_update(pt);
+    }
+}
+
 void opt_overlay(uint64_t addr, uint8_t *buf, size_t n) {
     auto &pts = all_points();
     for (auto it = pts.lower_bound(addr >= 16 ? addr - 15 : 0); it != pts.end() && it->first < addr + n; ++it) {

@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -432,6 +433,37 @@ int set_disabled(kprobe *p, bool disabled) {
 
 CheckedMutex &registry_mutex() { return g_mutex; }
 
+void disable_together(const std::vector<kprobe *> &probes, std::vector<int> *results) {
+    results->assign(probes.size(), -EAGAIN);
+    if (probes.size() < 2) return;
+    std::lock_guard lock(g_mutex);
+    std::unordered_map<const Point *, std::vector<size_t>> of_point; // the probes of each point
+    std::vector<Point *> pts;
+    for (size_t i = 0; i < probes.size(); ++i) {
+        kprobe *p = probes[i];
+        const auto it = registered().find(p);
+        if (it == registered().end() || it->second == nullptr || (p->flags & KPROBE_FLAG_GONE) != 0) continue;
+        __atomic_or_fetch(&p->flags, KPROBE_FLAG_DISABLED, __ATOMIC_RELAXED);
+        auto &mine = of_point[it->second];
+        if (mine.empty()) pts.push_back(it->second);
+        mine.push_back(i);
+    }
+    std::vector<Point *> jumped;
+    for (Point *pt : pts)
+        if (pt->armed && pt->optimized && !wants_arming(pt)) jumped.push_back(pt);
+    opt_disarm_many(jumped);
+    // The points on their int3s one at a time (each a byte, synchronized with the batch).
+    // A point that failed keeps its probes enabled: their own disable_kprobe reports it.
+    for (Point *pt : pts) {
+        const int err = update_arming(pt);
+        for (size_t i : of_point[pt]) {
+            (*results)[i] = err;
+            if (err != 0)
+                __atomic_and_fetch(&probes[i]->flags, ~static_cast<unsigned>(KPROBE_FLAG_DISABLED), __ATOMIC_RELAXED);
+        }
+    }
+}
+
 std::atomic<int> g_arm_batches{0};
 
 void arm_batches_after_fork_child() { g_arm_batches.store(t_arm_batch > 0 ? 1 : 0); }
@@ -566,6 +598,12 @@ int set_enabled(bool on) {
     std::lock_guard lock(g_mutex);
     if (g_kprobes_enabled.load() == on) return 0;
     g_kprobes_enabled.store(on);
+    if (!on) { // the jumps out together (opt_disarm_many), the int3s one at a time
+        std::vector<Point *> jumped;
+        for (auto &[addr, pt] : points())
+            if (pt->armed && pt->optimized && !wants_arming(pt)) jumped.push_back(pt);
+        opt_disarm_many(jumped);
+    }
     int result = 0;
     for (auto &[addr, pt] : points())
         if (int err = update_arming(pt); err != 0 && result == 0) result = err;

@@ -5,6 +5,7 @@
 #include "platform/maps.hpp"
 #include "platform/raw_syscall.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -200,32 +201,52 @@ int init() {
     return 0;
 }
 
-int write(uint64_t addr, const void *data, size_t n) {
-    std::lock_guard lock(g_mutex);
-    if (int err = open_mem_locked(); err != 0) return err;
-    const bool own = platform::has_own_fd_table(), batch = !own && t_batch.depth > 0;
-    const int fd = own ? t_own_mem_fd : batch ? batch_mem() : open_program_mem();
-    if (fd < 0) return fd;
-    int rc = 0;
+namespace {
+
+// pwrite()s of all n bytes at addr through fd. 0 or -errno.
+int write_through(int fd, uint64_t addr, const void *data, size_t n) {
     const char *src = static_cast<const char *>(data);
     while (n > 0) {
         const long w = platform::raw_syscall(SYS_pwrite64, fd, reinterpret_cast<long>(src), static_cast<long>(n),
                                              static_cast<long>(addr));
-        if (w < 0) {
-            if (w == -EINTR) continue;
-            rc = static_cast<int>(w);
-            break;
-        }
-        if (w == 0) {
-            rc = -EIO;
-            break;
-        }
+        if (w == -EINTR) continue;
+        if (w < 0) return static_cast<int>(w);
+        if (w == 0) return -EIO;
         src += w;
         addr += static_cast<uint64_t>(w);
         n -= static_cast<size_t>(w);
     }
+    return 0;
+}
+
+} // namespace
+
+int write(uint64_t addr, const void *data, size_t n) {
+    const Piece piece{addr, data, n};
+    bool ok = false;
+    return write_many(&piece, 1, &ok);
+}
+
+int write_many(const Piece *pieces, size_t n, bool *ok) {
+    std::fill(ok, ok + n, false);
+    std::lock_guard lock(g_mutex);
+    if (int err = open_mem_locked(); err != 0) return err;
+    const bool own = platform::has_own_fd_table(), batch = !own && t_batch.depth > 0;
+    int fd = own ? t_own_mem_fd : batch ? -1 : open_program_mem();
+    if (fd < 0 && !batch) return fd;
+    int first_err = 0;
+    for (size_t i = 0; i < n; ++i) {
+        // The batch's file checked before each write (batch_mem).
+        if (batch && (fd = batch_mem()) < 0) {
+            first_err = fd;
+            break;
+        }
+        const int err = write_through(fd, pieces[i].addr, pieces[i].data, pieces[i].n);
+        ok[i] = err == 0;
+        if (err != 0 && first_err == 0) first_err = err;
+    }
     if (!own && !batch) close(fd);
-    return rc;
+    return first_err;
 }
 
 void begin_write_batch() { ++t_batch.depth; }
@@ -237,7 +258,10 @@ void end_write_batch() {
     t_batch.registered = false;
 }
 
+std::atomic<uint64_t> g_syncs{0};
+
 void sync_cores() {
+    g_syncs.fetch_add(1, std::memory_order_relaxed);
     {
         std::lock_guard lock(g_mutex);
         open_mem_locked(); // registers membarrier again in a child of fork()
@@ -246,6 +270,8 @@ void sync_cores() {
     // a kernel entry and exit on this core; other cores see the byte change atomically.
     if (g_sync_core) membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
 }
+
+uint64_t sync_count() { return g_syncs.load(std::memory_order_relaxed); }
 
 int use_own_fd_table() {
     if (int err = platform::enter_own_fd_table(); err != 0) return err;

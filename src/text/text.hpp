@@ -24,6 +24,18 @@ void register_membarrier();
 // Writes n bytes at addr in this process, whatever the page protection. 0 or -errno.
 int write(uint64_t addr, const void *data, size_t n);
 
+// Bytes for write_many().
+struct Piece {
+    uint64_t addr;
+    const void *data;
+    size_t n;
+};
+// Writes each piece as write() does, under one lock and through one /proc/self/mem, with
+// no call into the C library between them (while int3s stand in every function of libc,
+// each such call would trap). ok[i] says whether piece i was written. 0 when all were,
+// else the first -errno met.
+int write_many(const Piece *pieces, size_t n, bool *ok);
+
 // A scope of many writes by the calling thread (an event over many functions): on one of
 // the program's threads, the writes share one /proc/self/mem, kept at a high number and
 // checked to be still that file before each write, and closed at the scope's end,
@@ -44,6 +56,8 @@ int use_own_fd_table();
 
 // Serializes the instruction stream of every thread of the process.
 void sync_cores();
+// How many times sync_cores() has run (for tests).
+uint64_t sync_count();
 
 // Replaces the first byte of the instruction at addr with int3 (or puts `orig` back),
 // serializing all cores afterwards. 0 or -errno.

@@ -790,7 +790,24 @@ void Tracer::arm_as(Event *e, bool want) {
         return;
     }
     const core::ArmBatch batch; // one synchronization of the cores for all its points
-    for (auto &p : e->points) {
+    // Many points disabled: together by the core; what it left, w: events and enabling, one
+    // by one.
+    std::vector<char> done(e->points.size(), 0);
+    if (!want) {
+        std::vector<kprobe *> probes;
+        std::vector<size_t> of; // the index in e->points of each
+        for (size_t i = 0; i < e->points.size(); ++i) {
+            const ProbePoint &p = *e->points[i];
+            if (!p.registered || p.def.is_watch) continue;
+            probes.push_back(&p.hook->rp.kp);
+            of.push_back(i);
+        }
+        std::vector<int> together;
+        core::disable_together(probes, &together);
+        for (size_t i = 0; i < of.size(); ++i) done[of[i]] = together[i] == 0;
+    }
+    for (size_t i = 0; i < e->points.size(); ++i) {
+        auto &p = e->points[i];
         if (!p->registered) continue;
         if (p->def.ref_ctr_addr != 0 && p->semaphore_held != want) {
             // An SDT semaphore counts the tracers attached: the program's guarded probe
@@ -799,7 +816,7 @@ void Tracer::arm_as(Event *e, bool want) {
             __atomic_add_fetch(ctr, want ? 1 : uint16_t(-1), __ATOMIC_RELAXED);
             p->semaphore_held = want;
         }
-        set_point_armed(*p, e->is_return, want);
+        if (done[i] == 0) set_point_armed(*p, e->is_return, want);
     }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/core.hpp"
+#include "text/text.hpp"
 #include "trace/events.hpp"
 #include "trace_files.hpp"
 #include "ukprobes/kprobes.h"
@@ -172,6 +173,44 @@ TEST_F(FunctionEvents, DisablingAnEventOverALibraryLooksForSpawnsOnceAMillisecon
     ASSERT_GT(functions, 100u) << list.substr(row);
     const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(disabled - disabling).count();
     EXPECT_LE(looks, ms + 2) << "in " << ms << " ms, over " << functions << " functions";
+}
+
+// Disabling an event over many functions takes their jumps out together, as the kernel's
+// optimizer unoptimizes a list of probes: every int3, one synchronization of the cores,
+// every region's bytes, another (each a membarrier, which interrupts every core running
+// the process: 50 us here with one other thread running), not two a function. The code is
+// the original afterwards, and the event works when enabled again.
+TEST_F(FunctionEvents, DisablingAnEventOverALibraryTakesItsJumpsOutTogether) {
+    ASSERT_EQ(file_append("dynamic_events", "f:lib libc.so.6:str*,mem*,wcs*"), 0) << read("error_log");
+    ASSERT_EQ(file_write("events/fprobes/lib/enable", "1"), 0);
+    ukp_optimizer_flush();
+    const std::string list = kprobes_list_text();
+    const std::string head = "  f  libc.so.6:str*,mem*,wcs*  fprobes/lib ";
+    const size_t row = list.find(head);
+    ASSERT_NE(row, std::string::npos) << list;
+    const unsigned long functions = std::stoul(list.substr(row + head.size()));
+    ASSERT_GT(functions, 100u) << list.substr(row);
+    const uint64_t before = ukp::text::sync_count();
+    ASSERT_EQ(file_write("events/fprobes/lib/enable", "0"), 0);
+    EXPECT_LE(ukp::text::sync_count() - before, 5u) << "over " << functions << " functions";
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    char buf[16] = "probe";
+    ASSERT_EQ(file_write("events/fprobes/lib/enable", "1"), 0);
+    volatile size_t n = strlen(buf) + strnlen(buf, sizeof buf);
+    ASSERT_EQ(file_write("events/fprobes/lib/enable", "0"), 0);
+    EXPECT_EQ(n, 10u);
+    EXPECT_GE(trace_lines("lib").size(), 2u) << read("trace");
+    EXPECT_EQ(ukp_verify(nullptr), 0);
+    // So does kprobes/enabled going to 0 (the points left on their int3s, a few, are
+    // synchronized one at a time).
+    ASSERT_EQ(file_write("events/fprobes/lib/enable", "1"), 0);
+    ukp_optimizer_flush();
+    const uint64_t knob_before = ukp::text::sync_count();
+    ASSERT_EQ(ukp_set_kprobes_enabled(0), 0);
+    EXPECT_LE(ukp::text::sync_count() - knob_before, 3 + functions / 10) << "over " << functions << " functions";
+    ASSERT_EQ(ukp_set_kprobes_enabled(1), 0);
+    ASSERT_EQ(file_write("events/fprobes/lib/enable", "0"), 0);
+    EXPECT_EQ(ukp_verify(nullptr), 0);
 }
 
 // The fprobe tracer's errors, with their carets; nothing is defined.
