@@ -5,8 +5,9 @@
 //  - BM_DefineAllOfLibc / BM_EnableAllOfLibc: the same again, each timed alone (manual
 //    time): the points exist (they live as long as the process), so this is the cost of
 //    defining and arming the event itself. Counters: the functions armed, the share of
-//    them on the jump path once the optimizer is through (`optimized_pct`), and how long
-//    after the enable it was through (`optimized_ms`).
+//    them on the jump path once the optimizer is through (`optimized_pct`), how long
+//    after the enable it was through (`optimized_ms`), and how long the disable that
+//    follows took (`disable_ms`).
 //  - BM_OneEventInALargeLibraryAtRunTime: one event defined and enabled while the program
 //    runs, on a function of a large library just loaded (libpython3.11, 2.9 MB of code)
 //    whose reference table is not built: the time until `enable` returns (manual time),
