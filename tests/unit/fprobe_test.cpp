@@ -146,6 +146,15 @@ TEST_F(FunctionEvents, AGlobOverALibrary) {
     EXPECT_GT(std::stoul(list.substr(row + 33)), 20u) << list.substr(row);
 }
 
+// The functions of the event fprobes/lib over libc.so.6:str*,mem*,wcs* (its row in
+// kprobes/list), 0 if it has none.
+unsigned long functions_of_lib() {
+    const std::string list = kprobes_list_text();
+    const std::string head = "  f  libc.so.6:str*,mem*,wcs*  fprobes/lib ";
+    const size_t row = list.find(head);
+    return row == std::string::npos ? 0 : std::stoul(list.substr(row + head.size()));
+}
+
 // For its first 5 s, the spawn gate looks for a thread in clone (a spawn it does not count)
 // before an int3 goes into libc, and a look holds for a millisecond. Disabling an event
 // over a library sends each of its points back through its int3, each in a gate window of
@@ -165,12 +174,8 @@ TEST_F(FunctionEvents, DisablingAnEventOverALibraryLooksForSpawnsOnceAMillisecon
     const long looks = ukp::core::spawn_gate_clone_looks() - before_disable;
     if (disabled - defined > std::chrono::seconds(4)) GTEST_SKIP() << "the gate's first 5 s are over: it looks no more";
     ASSERT_GT(before_disable - before_enable, 0) << "the enable looked";
-    const std::string list = kprobes_list_text();
-    const std::string head = "  f  libc.so.6:str*,mem*,wcs*  fprobes/lib ";
-    const size_t row = list.find(head);
-    ASSERT_NE(row, std::string::npos) << list;
-    const unsigned long functions = std::stoul(list.substr(row + head.size()));
-    ASSERT_GT(functions, 100u) << list.substr(row);
+    const unsigned long functions = functions_of_lib();
+    ASSERT_GT(functions, 100u) << kprobes_list_text();
     const long ms = std::chrono::duration_cast<std::chrono::milliseconds>(disabled - disabling).count();
     EXPECT_LE(looks, ms + 2) << "in " << ms << " ms, over " << functions << " functions";
 }
@@ -184,12 +189,8 @@ TEST_F(FunctionEvents, DisablingAnEventOverALibraryTakesItsJumpsOutTogether) {
     ASSERT_EQ(file_append("dynamic_events", "f:lib libc.so.6:str*,mem*,wcs*"), 0) << read("error_log");
     ASSERT_EQ(file_write("events/fprobes/lib/enable", "1"), 0);
     ukp_optimizer_flush();
-    const std::string list = kprobes_list_text();
-    const std::string head = "  f  libc.so.6:str*,mem*,wcs*  fprobes/lib ";
-    const size_t row = list.find(head);
-    ASSERT_NE(row, std::string::npos) << list;
-    const unsigned long functions = std::stoul(list.substr(row + head.size()));
-    ASSERT_GT(functions, 100u) << list.substr(row);
+    const unsigned long functions = functions_of_lib();
+    ASSERT_GT(functions, 100u) << kprobes_list_text();
     const uint64_t before = ukp::text::sync_count();
     ASSERT_EQ(file_write("events/fprobes/lib/enable", "0"), 0);
     EXPECT_LE(ukp::text::sync_count() - before, 5u) << "over " << functions << " functions";
