@@ -788,4 +788,14 @@ extern "C" int ukp_control_start(void) {
 // on (platform/agent_threads.hpp), out[0] its lowest address, out[1] its size. 0 or
 // -errno. Called by the injector on a stopped thread of the program.
 extern "C" int ukp_loader_stack(uint64_t *out) { return ukp::platform::take_loader_stack(&out[0], &out[1]); }
+// For `ukprobe attach` when the agent is already loaded: from on = 1 to on = 0, the hits of
+// the calling thread (one of the program's, stopped by the injector for the calls that
+// start the loader thread) are the agent's work, not traced as the program's. 0.
+extern "C" int ukp_loader_quiet(int on) {
+    if (on != 0)
+        ukp::core::begin_agent_work();
+    else
+        ukp::core::end_agent_work();
+    return 0;
+}
 extern "C" int ukp_control_stop(void) { return ukp::control::stop(); }

@@ -29,6 +29,10 @@ public:
     AgentWork &operator=(const AgentWork &) = delete;
 };
 
+// The same, begun and ended by two calls (for calls made from outside the agent).
+void begin_agent_work();
+void end_agent_work();
+
 // Runs f() from inside a probe hit as the agent's own work, with the vector state saved:
 // the calls into the C library the tracer's hit path makes for itself (a thread's name and
 // id, once; the clock's next segments; a trigger's action) are not the program's, and a

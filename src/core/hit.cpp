@@ -43,6 +43,8 @@ ThreadState &thread_state() { return t_state; }
 
 AgentWork::AgentWork() { ++t_state.quiet; }
 AgentWork::~AgentWork() { --t_state.quiet; }
+void begin_agent_work() { ++t_state.quiet; }
+void end_agent_work() { --t_state.quiet; }
 
 // ---- read sections (grace.hpp) ------------------------------------------------------------
 

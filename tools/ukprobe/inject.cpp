@@ -587,24 +587,32 @@ std::vector<uint64_t> libc_functions(int pid, const OwnedMapping &libc) {
     return fns;
 }
 
-// ukp_loader_stack() of the agent at `agent` if the target has that file loaded already
-// (preloaded, or an earlier attach), else 0.
-uint64_t loaded_agent_function(int pid, const std::string &agent) {
+// The functions of an agent already loaded that the calls use, 0 where it has none.
+struct AgentFunctions {
+    uint64_t stack = 0; // ukp_loader_stack()
+    uint64_t quiet = 0; // ukp_loader_quiet() (an agent older than it has none)
+};
+
+// The functions of the agent at `agent` if the target has that file loaded already
+// (preloaded, or an earlier attach), else none.
+AgentFunctions loaded_agent_functions(int pid, const std::string &agent) {
     struct ::stat st {};
-    if (::stat(agent.c_str(), &st) != 0) return 0;
+    if (::stat(agent.c_str(), &st) != 0) return {};
     const std::vector<OwnedMapping> maps = platform::read_mappings(pid);
     for (const OwnedMapping &m : maps) {
         if (m.offset != 0 || m.inode != st.st_ino || base_name(m.path) != base_name(agent)) continue;
         for (const OwnedMapping &x : maps) {
             if (x.inode != m.inode || x.perms[2] != 'x' || x.start - x.offset != m.start) continue;
             try {
-                return dynamic_symbols(agent, m.start, {"ukp_loader_stack"})[0];
+                const std::vector<uint64_t> at =
+                    dynamic_symbols(agent, m.start, {"ukp_loader_stack", "ukp_loader_quiet"});
+                return {at[0], at[1]};
             } catch (const std::exception &) {
-                return 0;
+                return {};
             }
         }
     }
-    return 0;
+    return {};
 }
 
 // Where a thread stopped at `rip` runs, for the calls.
@@ -880,9 +888,10 @@ std::vector<uint8_t> loader_data(const std::vector<uint64_t> &fns, uint64_t load
 // thread `s` (libc's functions `fns`, its `syscall` instruction at `syscall_insn`); the
 // loader's address. On a failure *error says why, and a mapping made is removed again.
 uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_t> &fns, uint64_t syscall_insn,
-                      const std::string &agent, uint64_t agent_stack_fn, uint64_t cookie, std::string *error) {
+                      const std::string &agent, const AgentFunctions &in_agent, uint64_t cookie, std::string *error) {
     Tracee t(s.tid);
     uint64_t loader = 0;
+    bool quiet = false; // the thread's hits are the agent's work (ukp_loader_quiet(1) called)
     try {
         // The mapping by a bare system call; every call after it runs on its stack.
         loader = t.syscall(s.regs, syscall_insn, SYS_mmap, 0, kLoaderSize, PROT_READ | PROT_WRITE,
@@ -896,6 +905,9 @@ uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_
         const std::vector<uint8_t> data = loader_data(fns, loader, cookie, agent);
         t.write_mem(loader, code.data(), code.size());
         t.write_mem(loader + kPage, data.data(), data.size());
+        // An agent already loaded may have events live: the calls below, made on this
+        // thread of the program, are its own work while they run, not the program's.
+        if (in_agent.quiet != 0) quiet = static_cast<int32_t>(t.call(s.regs, in_agent.quiet, sp, 1)) == 0;
         if (t.call(s.regs, fns[kFnMprotect], sp, loader, kPage, PROT_READ | PROT_EXEC) != 0)
             fail(fmt::format("mprotect in process {} failed", pid));
         // The program's pthread_create if it interposes one (sanitizers, profilers must
@@ -906,8 +918,8 @@ uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_
         // notes, so that none of its work (libc's start of a thread, dlopen, its end) is
         // traced as the program's. Without one (an older agent, no entry left), glibc's.
         uint64_t attr = 0;
-        if (agent_stack_fn != 0 &&
-            static_cast<int32_t>(t.call(s.regs, agent_stack_fn, sp, loader + kPage + kStackOut)) == 0) {
+        if (in_agent.stack != 0 &&
+            static_cast<int32_t>(t.call(s.regs, in_agent.stack, sp, loader + kPage + kStackOut)) == 0) {
             uint64_t stack[2] = {0, 0};
             t.read_mem(loader + kPage + kStackOut, stack, sizeof stack);
             if (t.call(s.regs, fns[kFnAttrInit], sp, loader + kPage + kAttr) == 0 &&
@@ -917,8 +929,18 @@ uint64_t start_loader(int pid, const StoppedThread &s, const std::vector<uint64_
         const int rc =
             static_cast<int32_t>(t.call(s.regs, create, sp, loader + kPage + kThreadOut, attr, loader, loader + kPage));
         if (rc != 0) fail(fmt::format("pthread_create in process {} failed: {}", pid, strerror(rc)));
+        if (quiet) {
+            quiet = false;
+            t.call(s.regs, in_agent.quiet, sp, 0);
+        }
     } catch (const std::exception &e) {
         *error = e.what();
+        if (quiet) {
+            try {
+                t.call(s.regs, in_agent.quiet, loader + kLoaderSize, 0);
+            } catch (const std::exception &) {
+            }
+        }
         if (loader != 0) {
             try {
                 t.syscall(s.regs, syscall_insn, SYS_munmap, loader, kLoaderSize);
@@ -1016,7 +1038,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     const std::vector<uint64_t> fns = libc_functions(pid, libc);
     if (agent.size() >= kError - kPath) fail(fmt::format("the agent's path is too long: {}", agent));
     const uint64_t syscall_insn = find_syscall_insn(pid, libc.path);
-    const uint64_t agent_stack_fn = loaded_agent_function(pid, agent);
+    const AgentFunctions in_agent = loaded_agent_functions(pid, agent);
     // Tells the loader's data page from a later mapping at the same address.
     const uint64_t cookie =
         (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
@@ -1029,7 +1051,7 @@ InjectResult inject_agent(int pid, const std::string &agent) {
     ThreadState state = prepare_for_calls(stopped.tid);
     std::string error;
     const Clock::time_point c0 = Clock::now();
-    const uint64_t loader = start_loader(pid, stopped, fns, syscall_insn, agent, agent_stack_fn, cookie, &error);
+    const uint64_t loader = start_loader(pid, stopped, fns, syscall_insn, agent, in_agent, cookie, &error);
     result.calls_ms = ms_between(c0, Clock::now());
     const bool restored = restore_thread(stopped, state);
     if (error.empty() && restored) error = release_loader(pid, loader);
