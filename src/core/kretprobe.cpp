@@ -16,6 +16,7 @@
 #include "arch/x86_64/trampoline.hpp"
 #include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
+#include "platform/agent_heap.hpp"
 #include "text/text.hpp"
 
 #include <algorithm>
@@ -570,7 +571,7 @@ void free_pool(RetPool *pool) {
     unregister_from_libunwind(pool);
     if (!pool->eh_frame.empty()) __deregister_frame(pool->eh_frame.data());
     text::free_code(pool->sled, pool->sled_size);
-    std::free(pool->mem);
+    platform::agent_free(pool->mem);
     delete pool;
 }
 
@@ -582,7 +583,8 @@ RetPool *make_pool(kretprobe *rp) {
     pool->count = static_cast<uint32_t>(maxactive);
     // A cache line or more each: threads write their instances at every hit.
     pool->stride = (sizeof(RetInstance) + rp->data_size + 63) & ~size_t{63};
-    pool->mem = static_cast<uint8_t *>(std::aligned_alloc(64, pool->count * pool->stride));
+    // (A large pool is a mapping of the agent's: platform/agent_heap.hpp.)
+    pool->mem = static_cast<uint8_t *>(platform::agent_alloc(pool->count * pool->stride, 64));
     if (pool->mem != nullptr) std::memset(pool->mem, 0, pool->count * pool->stride);
     // The stubs, then a copy of their unwind information within 32-bit offsets of them
     // (for libunwind's search table): 22 bytes a stub plus headers.

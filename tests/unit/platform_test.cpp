@@ -1,4 +1,6 @@
-// The platform layer's readers: /proc/PID/maps, ELF files, the threads' /proc files.
+// The platform layer's readers: /proc/PID/maps, ELF files, the threads' /proc files; the
+// agent's large blocks.
+#include "platform/agent_heap.hpp"
 #include "platform/elf_file.hpp"
 #include "platform/maps.hpp"
 #include "platform/proc_tasks.hpp"
@@ -14,13 +16,77 @@
 #include <vector>
 #include <cstdlib>
 #include <fstream>
+#include <malloc.h>
 #include <string>
+#include <sys/mman.h>
 #include <unistd.h>
 
 namespace {
 
 using ukp::platform::ElfFile;
 using ukp::platform::Mapping;
+
+// Whether the page of `p` is mapped (msync fails with ENOMEM on a hole).
+bool page_mapped(const void *p) {
+    auto *page = reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{4095});
+    return msync(page, 4096, MS_ASYNC) == 0;
+}
+
+TEST(AgentHeap, SmallBlocksAreMallocsAndLargeOnesMappingsOfTheAgent) {
+    void *small = ukp::platform::agent_alloc(ukp::platform::kOwnMapFrom - 1);
+    ASSERT_NE(small, nullptr);
+    EXPECT_FALSE(ukp::platform::is_agent_mapping(small));
+    void *aligned = ukp::platform::agent_alloc(100, 64);
+    ASSERT_NE(aligned, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(aligned) % 64, 0u);
+    EXPECT_FALSE(ukp::platform::is_agent_mapping(aligned));
+
+    const size_t size = 3 * 1024 * 1024 + 5;
+    auto *large = static_cast<unsigned char *>(ukp::platform::agent_alloc(size, 64));
+    ASSERT_NE(large, nullptr);
+    EXPECT_TRUE(ukp::platform::is_agent_mapping(large));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(large) % 64, 0u);
+    std::memset(large, 0xa5, size); // every byte is the caller's
+    EXPECT_EQ(large[size - 1], 0xa5);
+    EXPECT_TRUE(page_mapped(large + size - 1));
+    ukp::platform::agent_free(large); // unmapped, not given to the C library
+    EXPECT_FALSE(page_mapped(large));
+    EXPECT_FALSE(page_mapped(large + size - 1));
+
+    // A block of malloc's, of any size, goes back to free().
+    void *theirs = std::malloc(2 * 1024 * 1024);
+    ASSERT_NE(theirs, nullptr);
+    EXPECT_FALSE(ukp::platform::is_agent_mapping(theirs));
+    ukp::platform::agent_free(theirs);
+    ukp::platform::agent_free(small);
+    ukp::platform::agent_free(aligned);
+    ukp::platform::agent_free(nullptr);
+}
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+// Code of libstdc++ may free what the agent's inline code allocated: the C library takes
+// a mapping of the agent's as one of its mapped chunks. (A sanitizer's free() knows only
+// its own blocks.)
+TEST(AgentHeap, TheCLibraryTakesAMappingOfTheAgentAsOneOfItsOwn) {
+    const size_t size = 1024 * 1024;
+    auto *large = static_cast<unsigned char *>(ukp::platform::agent_alloc(size));
+    ASSERT_NE(large, nullptr);
+    EXPECT_GE(malloc_usable_size(large), size);
+    EXPECT_LT(malloc_usable_size(large), size + 4096);
+    std::memset(large, 1, size);
+    auto *grown = static_cast<unsigned char *>(std::realloc(large, 2 * size));
+    ASSERT_NE(grown, nullptr);
+    EXPECT_EQ(grown[size - 1], 1);
+    EXPECT_GE(malloc_usable_size(grown), 2 * size);
+    std::free(grown);
+    EXPECT_FALSE(page_mapped(grown));
+
+    void *again = ukp::platform::agent_alloc(size);
+    ASSERT_NE(again, nullptr);
+    std::free(again);
+    EXPECT_FALSE(page_mapped(again));
+}
+#endif
 
 TEST(Maps, ParsesEveryKindOfLine) {
     Mapping m;
