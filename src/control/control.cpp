@@ -5,6 +5,7 @@
 // prints the trace itself (Op::kOpenFd). Off the hit path: it takes no lock a probe
 // hit takes.
 #include "control/control.hpp"
+#include "platform/agent_heap.hpp"
 #include "platform/agent_threads.hpp"
 #include "platform/async_blocked.hpp"
 #include "platform/held_fd.hpp"
@@ -194,6 +195,7 @@ void Server::run() {
         fds.push_back({listen_fd_, POLLIN, 0});
         fds.push_back({g_wake_fd[0], POLLIN, 0});
         for (const Connection &c : conns_) fds.push_back({c.fd, POLLIN, 0});
+        platform::release_spares(); // what the last requests' work kept: platform/agent_heap.hpp
         int ready;
         {
             const core::ForkQuiet::Unlocked idle(busy);

@@ -28,6 +28,7 @@
 #include "arch/x86_64/region.hpp"
 #include "arch/x86_64/trampoline.hpp"
 #include "core/kretprobe.hpp"
+#include "platform/agent_heap.hpp"
 #include "platform/agent_threads.hpp"
 #include "platform/disk_cache.hpp"
 #include "platform/proc_tasks.hpp"
@@ -861,10 +862,12 @@ void worker() {
     const AgentWork quiet; // its reads of /proc are not the program's calls
     enter_optimizer_thread();
     std::unique_lock lock(registry_mutex());
+    const auto has_work = [] {
+        return !pending().empty() || !retiring().empty() || (!awaiting().empty() && !g_building) || g_built;
+    };
     for (;;) {
-        work_cv().wait(lock, [] {
-            return !pending().empty() || !retiring().empty() || (!awaiting().empty() && !g_building) || g_built;
-        });
+        if (!has_work()) platform::release_spares(); // idle: platform/agent_heap.hpp
+        work_cv().wait(lock, has_work);
         if (g_built) {
             g_built = false;
             lock.unlock();

@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -18,9 +20,43 @@ constexpr std::size_t kChunkOffset = 48;
 constexpr std::size_t kHeader = 64;
 constexpr std::size_t kPage = 4096;
 
+// Spare mappings. Decoding a library makes and frees blocks of 100 KiB to a few MiB
+// again and again (vectors grown by doubling, a large function's instructions): a fresh
+// mapping each time, faulted in page by page, made defining an event over all of libc
+// 20% slower (and so did keeping them but giving their pages back lazily, MADV_FREE).
+// Mappings of a power of two from 128 KiB to 4 MiB are kept, two of
+// each size, at most 16 MiB, until the agent's thread that did the work is through
+// (release_spares()). The slots are lock-free: a thread may fork or be stopped anywhere
+// in here.
+constexpr int kMinSpare = 17;
+constexpr int kMaxSpare = 22;
+constexpr int kSparesPerSize = 2;
+std::atomic<void *> g_spares[kMaxSpare - kMinSpare + 1][kSparesPerSize];
+
 // The mapping's words: [0] the magic, [6] prev_size, [7] size.
 std::uint64_t *words_of(const void *block) {
     return reinterpret_cast<std::uint64_t *>(const_cast<void *>(block)) - kHeader / 8;
+}
+
+void *take_spare(int order) {
+    if (order < kMinSpare || order > kMaxSpare) return nullptr;
+    for (auto &slot : g_spares[order - kMinSpare])
+        if (slot.load(std::memory_order_relaxed) != nullptr)
+            if (void *map = slot.exchange(nullptr, std::memory_order_acquire)) return map;
+    return nullptr;
+}
+
+bool keep_spare(void *map, std::size_t total) {
+    if (!std::has_single_bit(total)) return false; // realloc()ed by the C library
+    const int order = std::countr_zero(total);
+    if (order < kMinSpare || order > kMaxSpare) return false;
+    for (auto &slot : g_spares[order - kMinSpare]) {
+        void *empty = nullptr;
+        if (slot.load(std::memory_order_relaxed) == nullptr &&
+            slot.compare_exchange_strong(empty, map, std::memory_order_release))
+            return true;
+    }
+    return false;
 }
 
 } // namespace
@@ -41,18 +77,29 @@ void *agent_alloc(std::size_t size, std::size_t align) {
         if (align <= 16) return std::malloc(size);
         return std::aligned_alloc(align, (size + align - 1) / align * align);
     }
-    if (size > SIZE_MAX / 2) {
+    if (size > SIZE_MAX / 4) {
         errno = ENOMEM;
         return nullptr;
     }
-    const std::size_t total = (size + kHeader + kPage - 1) / kPage * kPage;
-    void *map = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::size_t total = (size + kHeader + kPage - 1) / kPage * kPage;
+    const int order = std::bit_width(total - 1);
+    if (order <= kMaxSpare) total = std::size_t{1} << order;
+    void *map = take_spare(order);
+    if (map == nullptr) map = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (map == MAP_FAILED) return nullptr;
+    // (A spare's words may have been taken back by the kernel, zeroed: written again.)
     auto *w = static_cast<std::uint64_t *>(map);
     w[0] = kMagic;
     w[6] = kChunkOffset;
     w[7] = (total - kChunkOffset) | kIsMmapped;
     return w + kHeader / 8;
+}
+
+void release_spares() {
+    for (int order = kMinSpare; order <= kMaxSpare; ++order)
+        for (auto &slot : g_spares[order - kMinSpare])
+            if (slot.load(std::memory_order_relaxed) != nullptr)
+                if (void *map = slot.exchange(nullptr, std::memory_order_acquire)) munmap(map, std::size_t{1} << order);
 }
 
 void agent_free(void *block) {
@@ -61,7 +108,8 @@ void agent_free(void *block) {
         return;
     }
     std::uint64_t *w = words_of(block);
-    munmap(w, (w[7] & ~std::uint64_t{7}) + kChunkOffset);
+    const std::size_t total = (w[7] & ~std::uint64_t{7}) + kChunkOffset;
+    if (!keep_spare(w, total)) munmap(w, total);
 }
 
 } // namespace ukp::platform

@@ -30,6 +30,10 @@ void *agent_alloc(std::size_t size, std::size_t align = 16);
 // Frees a block of agent_alloc() or of malloc(): a mapping of the agent's is unmapped
 // without the C library, anything else goes to free().
 void agent_free(void *block);
+// Unmaps the mappings agent_free() kept for reuse (agent_heap.cpp): the agent's threads
+// call it when they go idle (the control thread back in poll(), the optimizer waiting for
+// work, the start after UKP_EVENTS).
+void release_spares();
 // Whether `block` is one of the agent's own mappings.
 bool is_agent_mapping(const void *block);
 

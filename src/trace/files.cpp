@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/agent.hpp"
+#include "platform/agent_heap.hpp"
 
 #include <ukprobes/kprobes.h>
 #include "trace/events.hpp"
@@ -121,6 +122,7 @@ void apply_environment() {
                 apply_startup_events(spec);
             }
             core::optimizer_flush_for(std::chrono::milliseconds(kStartupOptimizeMs));
+            platform::release_spares();
         }
         if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
     });
