@@ -21,13 +21,21 @@ namespace {
 
 constexpr char kGroup[] = "ukprobe"; // the questions' events: apart from the program's own
 
-// `spec` as an f: event's [MOD:]FUNCS: a bare MOD (a path, or a name with ".so") stands
-// for all of its functions.
+// Whether a bare name is an object's: a path, a name with ".so", or a name with a version
+// after its first dot ("python3.11", "perl5.36"), which no compiler gives a function
+// (theirs are "f.cold", "f.part.0", "f.constprop.0", and "f@@VERSION" for versioned ones).
+bool names_an_object(const std::string &name) {
+    if (name.find('/') != std::string::npos || name.find(".so") != std::string::npos) return true;
+    const size_t dot = name.find('.');
+    return dot != std::string::npos && dot > 0 && dot + 1 < name.size() &&
+           std::isdigit(static_cast<unsigned char>(name[dot + 1])) != 0 &&
+           name.find_first_of("@*?[,!") == std::string::npos;
+}
+
+// `spec` as an f: event's [MOD:]FUNCS: a bare MOD stands for all of its functions.
 std::string functions_of(const std::string &spec) {
     if (spec.empty()) throw std::runtime_error("which functions? give [MOD:]FUNCS or MOD");
-    if (spec.find(':') == std::string::npos &&
-        (spec.find('/') != std::string::npos || spec.find(".so") != std::string::npos))
-        return spec + ":*";
+    if (spec.find(':') == std::string::npos && names_an_object(spec)) return spec + ":*";
     return spec;
 }
 
