@@ -25,7 +25,7 @@ packages=(
   # and attached: PostgreSQL 15 + pgbench, Redis + redis-benchmark, python3's own regression
   # tests, node, perl, make, a JVM (java runs tests/compat/Spawner.java from source: the
   # JDK's compiler)
-  postgresql postgresql-contrib redis-server redis-tools libpython3.11-testsuite nodejs perl make
+  postgresql postgresql-contrib redis-server redis-tools libjemalloc2 libpython3.11-testsuite nodejs perl make
   openjdk-17-jdk-headless
 )
 missing=()

@@ -1,5 +1,7 @@
 #include "platform/agent_heap.hpp"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -7,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 namespace ukp::platform {
 namespace {
@@ -32,6 +35,69 @@ constexpr int kMinSpare = 17;
 constexpr int kMaxSpare = 22;
 constexpr int kSparesPerSize = 2;
 std::atomic<void *> g_spares[kMaxSpare - kMinSpare + 1][kSparesPerSize];
+
+// Whether the process's malloc is glibc's: only then is a mapping laid out as its mapped
+// chunk one that free() takes, should libstdc++'s code free a block of the agent's. Under
+// another allocator (jemalloc or tcmalloc preloaded, a sanitizer's) every block is
+// malloc's: their frees do not move glibc's thresholds anyway. Decided at the first large
+// block (the agent's constructors allocate in an order of the linker's); 0 not yet, 1 yes,
+// 2 no.
+std::atomic<int> g_glibc_malloc{0};
+
+// The object whose definition of `name` the process's calls bind to is libc.so.6 (`libc`,
+// its handle). dlsym(RTLD_DEFAULT) answers that, except in a program linked without PIE
+// that takes the function's address: there it names the program's own PLT entry (an
+// undefined symbol with a value), and the definition is that of the first object after
+// the program, in the order of loading, that defines the name (the preloaded ones first).
+bool binds_to_libc(const char *name, void *libc) {
+    Dl_info at{};
+    Dl_info in_libc{};
+    void *sym = nullptr;
+    void *ours = dlsym(RTLD_DEFAULT, name);
+    void *theirs = dlsym(libc, name);
+    if (ours == nullptr || theirs == nullptr || dladdr(theirs, &in_libc) == 0 ||
+        dladdr1(ours, &at, &sym, RTLD_DL_SYMENT) == 0)
+        return false;
+    if (at.dli_fbase == in_libc.dli_fbase) return true;
+    const auto *entry = static_cast<const ElfW(Sym) *>(sym);
+    if (entry == nullptr || entry->st_shndx != SHN_UNDEF) return false; // defined elsewhere
+    struct Search {
+        const char *name;
+        const void *libc_base;
+        int verdict; // 0 not found yet, 1 libc's, 2 another object's
+    } search{name, in_libc.dli_fbase, 0};
+    dl_iterate_phdr(
+        [](dl_phdr_info *info, size_t /*size*/, void *data) {
+            auto *s = static_cast<Search *>(data);
+            if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0; // the program
+            void *object = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+            if (object == nullptr) return 0;
+            Dl_info def{};
+            void *fn = dlsym(object, s->name);
+            link_map *map = nullptr;
+            const bool here = fn != nullptr && dladdr(fn, &def) != 0 && dlinfo(object, RTLD_DI_LINKMAP, &map) == 0 &&
+                              map != nullptr && def.dli_fname != nullptr &&
+                              std::strcmp(def.dli_fname, map->l_name) == 0;
+            dlclose(object);
+            if (!here) return 0; // found in a dependency: a later object may still come first
+            s->verdict = def.dli_fbase == s->libc_base ? 1 : 2;
+            return 1;
+        },
+        &search);
+    return search.verdict == 1;
+}
+
+bool decide_glibc_malloc() {
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    bool glibc = libc != nullptr;
+    if (libc != nullptr) {
+        for (const char *name : {"malloc", "free", "realloc", "calloc", "malloc_usable_size"})
+            glibc = glibc && binds_to_libc(name, libc);
+        dlclose(libc);
+    }
+    g_glibc_malloc.store(glibc ? 1 : 2, std::memory_order_relaxed);
+    return glibc;
+}
 
 // The mapping's words: [0] the magic, [6] prev_size, [7] size.
 std::uint64_t *words_of(const void *block) {
@@ -71,8 +137,13 @@ bool is_agent_mapping(const void *block) {
     return (w[7] & kIsMmapped) != 0 && w[6] == kChunkOffset && w[0] == kMagic;
 }
 
+bool agent_mappings_on() {
+    const int known = g_glibc_malloc.load(std::memory_order_relaxed);
+    return known != 0 ? known == 1 : decide_glibc_malloc();
+}
+
 void *agent_alloc(std::size_t size, std::size_t align) {
-    if (size < kOwnMapFrom) {
+    if (size < kOwnMapFrom || !agent_mappings_on()) {
         if (size == 0) size = 1;
         if (align <= 16) return std::malloc(size);
         return std::aligned_alloc(align, (size + align - 1) / align * align);

@@ -15,7 +15,8 @@
 // IS_MMAPPED): free(), realloc() and malloc_usable_size() of the C library take it as one
 // of theirs, should a block of the agent reach them (libstdc++'s out-of-line code frees
 // what inline code allocated). Smaller blocks are malloc's: glibc never maps them (a
-// program that set a lower threshold with mallopt() has the dynamic threshold off).
+// program that set a lower threshold with mallopt() has the dynamic threshold off). So
+// are all blocks when the process's malloc is another than glibc's.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,9 @@ namespace ukp::platform {
 // Requests of this size or more get a mapping of their own.
 inline constexpr std::size_t kOwnMapFrom = 64 * 1024;
 
+// Whether large blocks are mappings of the agent's: the process's malloc is glibc's (not
+// jemalloc's or tcmalloc's preloaded, not a sanitizer's), decided at the first large block.
+bool agent_mappings_on();
 // `size` bytes aligned to `align` (a power of two, at most 64), or nullptr (errno set).
 void *agent_alloc(std::size_t size, std::size_t align = 16);
 // Frees a block of agent_alloc() or of malloc(): a mapping of the agent's is unmapped

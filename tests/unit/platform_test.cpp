@@ -33,6 +33,7 @@ bool page_mapped(const void *p) {
 }
 
 TEST(AgentHeap, SmallBlocksAreMallocsAndLargeOnesMappingsOfTheAgent) {
+    if (!ukp::platform::agent_mappings_on()) GTEST_SKIP() << "the process's malloc is not glibc's";
     void *small = ukp::platform::agent_alloc(ukp::platform::kOwnMapFrom - 1);
     ASSERT_NE(small, nullptr);
     EXPECT_FALSE(ukp::platform::is_agent_mapping(small));
@@ -76,6 +77,7 @@ TEST(AgentHeap, SmallBlocksAreMallocsAndLargeOnesMappingsOfTheAgent) {
 // a mapping of the agent's as one of its mapped chunks. (A sanitizer's free() knows only
 // its own blocks.)
 TEST(AgentHeap, TheCLibraryTakesAMappingOfTheAgentAsOneOfItsOwn) {
+    ASSERT_TRUE(ukp::platform::agent_mappings_on()); // glibc's malloc, no sanitizer
     const size_t size = 1024 * 1024;
     auto *large = static_cast<unsigned char *>(ukp::platform::agent_alloc(size));
     ASSERT_NE(large, nullptr);
