@@ -27,10 +27,9 @@ constexpr std::size_t kPage = 4096;
 // again and again (vectors grown by doubling, a large function's instructions): a fresh
 // mapping each time, faulted in page by page, made defining an event over all of libc
 // 20% slower (and so did keeping them but giving their pages back lazily, MADV_FREE).
-// Mappings of a power of two from 128 KiB to 4 MiB are kept, two of
-// each size, at most 16 MiB, until the agent's thread that did the work is through
-// (release_spares()). The slots are lock-free: a thread may fork or be stopped anywhere
-// in here.
+// Mappings of a power of two from 128 KiB to 4 MiB are kept, two of each size, at most
+// 16 MiB, until the agent's thread that did the work is through (release_spares()). The
+// slots are lock-free: a thread may fork or be stopped anywhere in here.
 constexpr int kMinSpare = 17;
 constexpr int kMaxSpare = 22;
 constexpr int kSparesPerSize = 2;
@@ -158,7 +157,7 @@ void *agent_alloc(std::size_t size, std::size_t align) {
     void *map = take_spare(order);
     if (map == nullptr) map = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (map == MAP_FAILED) return nullptr;
-    // (A spare's words may have been taken back by the kernel, zeroed: written again.)
+    // (A spare's header too: the C library's realloc() may have moved or resized it.)
     auto *w = static_cast<std::uint64_t *>(map);
     w[0] = kMagic;
     w[6] = kChunkOffset;
