@@ -127,11 +127,14 @@ bool keep_spare(void *map, std::size_t total) {
 } // namespace
 
 bool is_agent_mapping(const void *block) {
+    // Under another malloc the agent makes no mappings, and the bytes before a block of
+    // malloc's are not to be read (a sanitizer's redzone).
+    if (g_glibc_malloc.load(std::memory_order_relaxed) != 1) return false;
     const auto at = reinterpret_cast<std::uintptr_t>(block);
     if (block == nullptr || at % kPage != kHeader) return false;
-    // The words before the caller's bytes are in the same page: readable for any block
-    // malloc gave out at that offset too. The magic word is read only for a mapped chunk
-    // of glibc's layout, whose mapping starts there.
+    // The words before the caller's bytes are in the same page: under glibc's malloc, the
+    // header of any block it gave out at that offset. The magic word is read only for a
+    // mapped chunk of glibc's layout, whose mapping starts there.
     const std::uint64_t *w = words_of(block);
     return (w[7] & kIsMmapped) != 0 && w[6] == kChunkOffset && w[0] == kMagic;
 }

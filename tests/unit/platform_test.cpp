@@ -72,6 +72,28 @@ TEST(AgentHeap, SmallBlocksAreMallocsAndLargeOnesMappingsOfTheAgent) {
     ukp::platform::agent_free(nullptr);
 }
 
+// Whatever the process's malloc (glibc's, or a sanitizer's here), a block of any size and
+// alignment goes back where it came from, and nothing outside it is read. (Many at once:
+// some fall at the offset in their page where the agent's own mappings put theirs.)
+TEST(AgentHeap, EveryBlockGoesBackUnderAnyMalloc) {
+    for (size_t size : {size_t{1}, size_t{100}, size_t{4000}, ukp::platform::kOwnMapFrom, size_t{3} << 20})
+        for (size_t align : {size_t{16}, size_t{64}}) {
+            SCOPED_TRACE(testing::Message() << size << " bytes aligned to " << align);
+            std::vector<unsigned char *> blocks;
+            for (int i = 0; i < (size < 65536 ? 300 : 2); ++i) {
+                auto *block = static_cast<unsigned char *>(ukp::platform::agent_alloc(size, align));
+                ASSERT_NE(block, nullptr);
+                EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % align, 0u);
+                std::memset(block, 0x5a, size);
+                EXPECT_EQ(ukp::platform::is_agent_mapping(block),
+                          ukp::platform::agent_mappings_on() && size >= ukp::platform::kOwnMapFrom);
+                blocks.push_back(block);
+            }
+            for (unsigned char *block : blocks) ukp::platform::agent_free(block);
+        }
+    ukp::platform::release_spares();
+}
+
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 // Code of libstdc++ may free what the agent's inline code allocated: the C library takes
 // a mapping of the agent's as one of its mapped chunks. (A sanitizer's free() knows only
