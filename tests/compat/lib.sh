@@ -348,3 +348,78 @@ redis_stop() {
     echo "redis exit $?"
     grep -c 'Redis is now ready to exit' "$E2E_TMP/redis.out" | sed 's/^/ready to exit: /'
 }
+
+# nginx_server MODE DEF...: nginx (Debian package nginx) in MODE, in the foreground
+# (daemon off), its prefix in $E2E_TMP/ngx: a master running as root and two workers it
+# forks, which drop to user nobody; a 27 KB page served on 127.0.0.1:$NPORT, gzip on.
+# Waits until the master listens and has started its workers; $NPID is the background job (the mode's process).
+nginx_server() {
+    _nm=$1; shift
+    NGX=$E2E_TMP/ngx
+    NPORT=$((20000 + $$ % 20000))
+    mkdir -p "$NGX/html" || return 1
+    head -c 20000 /dev/urandom | base64 >"$NGX/html/index.html"
+    cat >"$NGX/nginx.conf" <<NGXEOF
+worker_processes 2;
+daemon off;
+pid $NGX/nginx.pid;
+error_log $NGX/error.log notice;
+events { worker_connections 256; }
+http {
+  access_log $NGX/access.log;
+  client_body_temp_path $NGX/body;
+  proxy_temp_path $NGX/proxy;
+  fastcgi_temp_path $NGX/fastcgi;
+  uwsgi_temp_path $NGX/uwsgi;
+  scgi_temp_path $NGX/scgi;
+  server { listen 127.0.0.1:$NPORT; root $NGX/html; gzip on; gzip_http_version 1.0; }
+}
+NGXEOF
+    in_mode "$_nm" nginx "$@" -- nginx -p "$NGX" -c "$NGX/nginx.conf" -e "$NGX/error.log" &
+    NPID=$!
+    _i=0
+    until [ -s "$NGX/nginx.pid" ] && [ "$(grep -c 'start worker process [0-9]' "$NGX/error.log")" -ge 2 ]; do
+        _i=$((_i + 1))
+        [ $_i -gt 300 ] && { echo "nginx did not start"; cat "$E2E_TMP/nginx.out" "$NGX/error.log"; return 1; }
+        sleep 0.1
+    done
+}
+# nginx_ab LABEL N [HEADER]: ApacheBench (apache2-utils), N requests from 8 clients; prints
+# "ab LABEL: status S, failed F" (responses of the wrong length or status, errors) and keeps
+# the bytes of page received per request in NBYTES.
+nginx_ab() {
+    ab -q -n "$2" -c 8 ${3:+-H "$3"} "http://127.0.0.1:$NPORT/index.html" >"$E2E_TMP/ab.out" 2>&1
+    _st=$?
+    _f=$(sed -n 's/^Failed requests: *\([0-9]*\)$/\1/p' "$E2E_TMP/ab.out")
+    _x=$(sed -n 's/^Non-2xx responses: *\([0-9]*\)$/\1/p' "$E2E_TMP/ab.out")
+    echo "ab $1: status $_st, failed $((${_f:-$2} + ${_x:-0}))"
+    _b=$(sed -n 's/^HTML transferred: *\([0-9]*\) bytes$/\1/p' "$E2E_TMP/ab.out")
+    NBYTES=$((${_b:-0} / $2))
+}
+# nginx_drive N: N requests, a reload (SIGHUP: the master reads its configuration again,
+# forks two new workers and lets the old ones finish), N requests asking for gzip; prints
+# what nginx_ab prints, whether the page came whole and then compressed, and how many
+# workers were started.
+nginx_drive() {
+    _size=$(stat -c %s "$NGX/html/index.html")
+    nginx_ab plain "$1"
+    [ "$NBYTES" = "$_size" ] && echo "page: whole" || echo "page: $NBYTES bytes of $_size"
+    kill -HUP "$(cat "$NGX/nginx.pid")"
+    _i=0
+    until [ "$(grep -c 'start worker process [0-9]' "$NGX/error.log")" -ge 4 ]; do
+        _i=$((_i + 1)); [ $_i -gt 300 ] && break; sleep 0.1
+    done
+    nginx_ab gzip "$1" 'Accept-Encoding: gzip'
+    [ "$NBYTES" -gt 0 ] && [ "$NBYTES" -lt "$_size" ] && echo "gzip: compressed" || echo "gzip: $NBYTES bytes of $_size"
+    echo "workers started: $(grep -c 'start worker process [0-9]' "$NGX/error.log")"
+}
+# nginx_stop N: a graceful stop (SIGQUIT); prints the master's exit status, whether the
+# access log holds 2N requests, and the error log's alerts.
+nginx_stop() {
+    kill -QUIT "$(cat "$NGX/nginx.pid")"
+    wait "$NPID"
+    echo "nginx exit $?"
+    [ "$(grep -c '"GET /index.html HTTP/1.0" 200 ' "$NGX/access.log")" = $((2 * $1)) ] && echo "access log: every request" ||
+        echo "access log: $(grep -c ' 200 ' "$NGX/access.log") of $((2 * $1))"
+    echo "alerts: $(grep -cE '\[(alert|crit|emerg)\]' "$NGX/error.log")"
+}
