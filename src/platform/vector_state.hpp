@@ -9,9 +9,11 @@
 extern "C" {
 // vector_state.S: fn(arg) with the vector state saved around it.
 void ukp_call_saving_vectors(void (*fn)(void *), void *arg);
-// Bytes XSAVE needs for the state components the OS enabled, or 0 where XSAVE is not
-// enabled (FXSAVE then). Read by vector_state.inc's macros.
+// The state components XSAVE saves around C code (xsave_components() of XCR0), and the
+// bytes it needs for them, or 0 where XSAVE is not enabled (FXSAVE then). Read by
+// vector_state.inc's macros.
 extern uint64_t ukp_xsave_size;
+extern uint64_t ukp_xsave_mask;
 // How vector_state.inc's macros save the vector state around C code: 0 XSAVE/FXSAVE
 // everything, 1 xmm0-15 and MXCSR by hand (no AVX), 2 ymm0-15 and MXCSR by hand (XCR0 has
 // nothing beyond AVX).
@@ -19,6 +21,10 @@ extern uint8_t ukp_fast_ext;
 }
 
 namespace ukp::platform {
+
+// Of the state components the OS enabled (XCR0), those C code may change: all but PKRU
+// and AMX's tiles.
+uint64_t xsave_components(uint64_t xcr0);
 
 // Calls the closure its argument points to: how a lambda goes through a call helper.
 template <typename Closure>
