@@ -22,11 +22,11 @@ packages=(
   clang-format-14        # scripts/format.sh: the sources checked against .clang-format
   sqlite3 python3        # tests/e2e/compare.txt: real programs traced by ukprobes and the kernel
   # tests/compat (scripts/compat.sh): real programs run plain, preloaded, under ukprobe run
-  # and attached: PostgreSQL 15 + pgbench, Redis + redis-benchmark, nginx + ApacheBench,
-  # python3's own regression tests, node, perl, make, a JVM (java runs
+  # and attached: PostgreSQL 15 + pgbench, MariaDB + mysqlslap, Redis + redis-benchmark,
+  # nginx + ApacheBench, python3's own regression tests, node, perl, make, a JVM (java runs
   # tests/compat/Spawner.java from source: the JDK's compiler)
   postgresql postgresql-contrib redis-server redis-tools libjemalloc2 libpython3.11-testsuite nodejs perl make
-  nginx apache2-utils
+  nginx apache2-utils mariadb-server mariadb-client
   openjdk-17-jdk-headless
 )
 missing=()

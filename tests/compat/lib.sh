@@ -423,3 +423,46 @@ nginx_stop() {
         echo "access log: $(grep -c ' 200 ' "$NGX/access.log") of $((2 * $1))"
     echo "alerts: $(grep -cE '\[(alert|crit|emerg)\]' "$NGX/error.log")"
 }
+
+# mariadb_server MODE DEF...: MariaDB 10.11 (Debian package mariadb-server: InnoDB with
+# io_uring, a thread per connection, background threads) in MODE, a fresh data directory
+# in $E2E_TMP/maria, a unix socket there and no TCP; waits until it answers a ping.
+# $MPID is the background job (the mode's process), $MDIR/mariadbd.pid names the server.
+mariadb_server() {
+    _mm=$1; shift
+    MDIR=$E2E_TMP/maria
+    MSOCK=$MDIR/sock
+    mariadb-install-db --no-defaults --datadir="$MDIR/data" --user=root --auth-root-authentication-method=normal \
+        --skip-test-db >"$E2E_TMP/install-db.out" 2>&1 || { cat "$E2E_TMP/install-db.out"; return 1; }
+    in_mode "$_mm" mariadb "$@" -- mariadbd --no-defaults --datadir="$MDIR/data" --socket="$MSOCK" --skip-networking \
+        --user=root --innodb-buffer-pool-size=64M --log-error="$MDIR/error.log" --pid-file="$MDIR/mariadbd.pid" &
+    MPID=$!
+    _i=0
+    until mariadb-admin --no-defaults -S "$MSOCK" -uroot ping >/dev/null 2>&1; do
+        _i=$((_i + 1))
+        [ $_i -gt 300 ] && { echo "mariadbd did not start"; cat "$E2E_TMP/mariadb.out" "$MDIR/error.log"; return 1; }
+        sleep 0.1
+    done
+}
+# mariadb_slap N: mysqlslap's mixed load of generated SQL (inserts and selects), N queries
+# from 8 clients; prints its status and errors.
+mariadb_slap() {
+    mysqlslap --no-defaults -S "$MSOCK" -uroot --auto-generate-sql --auto-generate-sql-load-type=mixed \
+        --concurrency=8 --number-of-queries="$1" --iterations=1 >"$E2E_TMP/slap.out" 2>&1
+    echo "mysqlslap status $?"
+    grep -i 'error' "$E2E_TMP/slap.out"
+}
+# mariadb_check: a table of 20,000 rows made by one INSERT ... SELECT, its count and sum
+# (20000 200010000), then a shutdown; prints the server's exit status and its error log's
+# errors.
+mariadb_check() {
+    mariadb --no-defaults -S "$MSOCK" -uroot -N -e "create database t; use t;
+        create table a (k int primary key, v varchar(40)) engine=InnoDB;
+        insert into a select seq, md5(seq) from seq_1_to_20000;
+        select count(*), sum(k), count(distinct v) from a;" 2>&1 | tr '\t' ' ' | sed 's/^/rows: /'
+    mariadb-admin --no-defaults -S "$MSOCK" -uroot shutdown
+    echo "shutdown status $?"
+    wait "$MPID"
+    echo "mariadbd exit $?"
+    echo "errors: $(grep -c '\[ERROR\]' "$MDIR/error.log")"
+}
