@@ -5,7 +5,7 @@ n=${1:-1}
 i=0
 while [ $i -lt $n ]; do
     i=$((i + 1))
-    seq 1 200000 | awk '{ s += $1 } END { print "sum", s }'
+    seq 1 200000 | awk '{ s += $1 } END { printf "sum %.0f\n", s }'
     seq 1 50000 | sort -rn | head -3 | tr '\n' ' '; echo
     yes abcdefgh | head -c 1000000 | wc -c
     for j in 1 2 3 4 5 6 7 8; do echo "line $j" | tr a-z A-Z; done | sort -r | uniq -c | sed 's/^ *//' | tr '\n' ';'; echo
