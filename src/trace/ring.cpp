@@ -401,7 +401,9 @@ void after_fork_child() {
     // child's copies go: a descriptor of ours in the program's table is the program's to
     // see and to inherit. Without that answer they stay, for a reader to come (`ukprobe
     // run` at the child's exit, or the control thread of an attach, which adopts them).
-    if (own != nullptr && notify_supervisor(kNoticeForkedRing) == kNoticeDone) {
+    // The parent's ring names the parent (whose agent's event table prints this ring).
+    const long parent = h->pid > 0 ? h->pid : 0;
+    if (own != nullptr && notify_supervisor(kNoticeForkedRing | parent << kNoticeKindBits) == kNoticeDone) {
         own->fd.release();
         counters_release_fd();
     }

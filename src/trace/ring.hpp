@@ -80,7 +80,12 @@ bool snapshot_allocated();
 // other rt_sigprocmask of the program run without a round trip.
 inline constexpr long kNoticeMagic = 0x75707262; // "brpu"
 // This process has buffers of its own (a child of fork()): the supervisor takes them now.
+// The bits above kNoticeKindBits carry the pid of the process it was forked from (0 from
+// an agent before they did): by the time the supervisor looks, that process may have
+// exited and the child been given to another parent (a daemon forked by a program that
+// exits at once).
 inline constexpr long kNoticeForkedRing = 1;
+inline constexpr int kNoticeKindBits = 8;
 // The control thread listens: the supervisor connects while the caller waits, before main.
 inline constexpr long kNoticeControlReady = 2;
 // What a supervisor answers to kNoticeForkedRing once it holds the child's memfds, or

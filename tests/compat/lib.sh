@@ -350,7 +350,7 @@ redis_stop() {
 }
 
 # nginx_server MODE DEF...: nginx (Debian package nginx) in MODE, in the foreground
-# (daemon off), its prefix in $E2E_TMP/ngx: a master running as root and two workers it
+# (daemon off; NGX_DAEMON=on: it forks its master and exits), its prefix in $E2E_TMP/ngx: a master running as root and two workers it
 # forks, which drop to user nobody; a 27 KB page served on 127.0.0.1:$NPORT, gzip on.
 # Waits until the master listens and has started its workers; $NPID is the background job (the mode's process).
 nginx_server() {
@@ -361,7 +361,7 @@ nginx_server() {
     head -c 20000 /dev/urandom | base64 >"$NGX/html/index.html"
     cat >"$NGX/nginx.conf" <<NGXEOF
 worker_processes 2;
-daemon off;
+daemon ${NGX_DAEMON:-off};
 pid $NGX/nginx.pid;
 error_log $NGX/error.log notice;
 events { worker_connections 256; }

@@ -45,6 +45,10 @@ public:
     // waiting on the mapped ring, may not have noticed yet.
     bool image_gone() const { return client_.peer_closed(); }
 
+    // The stream's reader: its event table, for the rings of children forked from this
+    // image once the image is gone (TraceReader::borrow_events).
+    const TraceReader &reader() const { return reader_; }
+
 private:
     bool source_gone() const override { return image_gone(); }
 

@@ -45,7 +45,7 @@ void ForkedRing::join() {
     if (thread_.joinable()) thread_.join();
 }
 
-bool ForkedRing::open(const ukp::sym::Registry &known) {
+bool ForkedRing::open(const ukp::sym::Registry &known, const TraceReader *table_from) {
     pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
     if (pidfd_ < 0) return false;
     const int ring = ring_of(pid_, pidfd_);
@@ -54,7 +54,9 @@ bool ForkedRing::open(const ukp::sym::Registry &known) {
     if (fstat(ring, &st) == 0) ring_ino_ = st.st_ino;
     counts_.map(counters_of(pid_, pidfd_));
     std::string why;
-    if (events_.connect(events_pid_, &why) != 0) {
+    const TraceReader *borrow = table_from;
+    const bool connected = events_.connect(events_pid_, &why) == 0;
+    if (!connected && (borrow == nullptr || !borrow->has_events())) {
         close(ring);
         return false;
     }
@@ -62,6 +64,7 @@ bool ForkedRing::open(const ukp::sym::Registry &known) {
     // agent's control thread wait in one now, its answer never comes. Bounded.
     events_.set_timeout_ms(kForkedTableTimeoutMs);
     reader_ = std::make_unique<TraceReader>(events_, pid_, ring, &known);
+    if (!connected) reader_->borrow_events(*borrow);
     if (out_.capture()) reader_->capture();
     try {
         reader_->entries(); // maps the ring, reads the event table and the process's objects
@@ -172,7 +175,7 @@ void ForkedRing::loop() {
     holds_.clear();
 }
 
-std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &out) {
+std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &out, const TraceReader *table_from) {
     const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
     if (pidfd < 0) return std::nullopt;
     const int ring = ring_of(pid, pidfd);
@@ -182,7 +185,9 @@ std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &o
     if (ring < 0) return std::nullopt;
     Client events;
     std::string why;
-    if (events.connect(events_pid, &why) != 0) {
+    const TraceReader *borrow = table_from;
+    const bool connected = events.connect(events_pid, &why) == 0;
+    if (!connected && (borrow == nullptr || !borrow->has_events())) {
         close(ring);
         return std::nullopt;
     }
@@ -191,6 +196,7 @@ std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &o
     events.set_timeout_ms(kForkedTableTimeoutMs);
     try {
         TraceReader reader(events, pid, ring);
+        if (!connected) reader.borrow_events(*borrow);
         if (out.capture()) reader.capture();
         drain_ring(reader, out, 0);
         std::string why;

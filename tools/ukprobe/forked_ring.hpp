@@ -47,8 +47,13 @@ public:
     // Takes the ring, the event table and the process's objects (`known`: objects parsed
     // before, TraceReader), while the process waits in its notice; false if the ring or
     // the table is not to be had (the ring is then read at the process's exit:
-    // drain_forked_ring).
-    bool open(const ukp::sym::Registry &known);
+    // drain_forked_ring). The table is asked of the agent of events_pid; once that agent is
+    // gone, it is the one `table_from` read while it lived (a daemon and its workers,
+    // forked by a program that has exited: TraceReader::borrow_events).
+    bool open(const ukp::sym::Registry &known, const TraceReader *table_from = nullptr);
+
+    // The reader of the ring (its event table, for a descendant's: open()).
+    const TraceReader *reader() const { return reader_.get(); }
 
     // The process's objects, as open() read them. Before start().
     const ukp::sym::Registry &symbols() const { return reader_->symbols(); }
@@ -111,8 +116,10 @@ private:
 
 // A child of fork() whose ring was not taken at its notice waits in exit_group or execve:
 // its ring is taken now, emptied into `out` and printed with the event table of the agent
-// of `events_pid`, its ancestor. Its kprobe_profile, `seq` left for the caller to give;
-// nothing when the ring or the table is not to be had.
-std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &out);
+// of `events_pid`, its ancestor (or, that agent gone, the one `table_from` read, as for
+// ForkedRing::open). Its kprobe_profile, `seq` left for the caller to give; nothing when
+// the ring or the table is not to be had.
+std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &out,
+                                              const TraceReader *table_from = nullptr);
 
 } // namespace ukprobe

@@ -100,6 +100,14 @@ public:
     void remember_maps() { maps_ = ukp::sym::Registry::read_maps(pid_); }
     // The process's objects as last read (for another reader's `known`).
     const ukp::sym::Registry &symbols() const { return symbols_; }
+    // For a ring taken from a process (the constructor with ring_fd) whose ancestor's agent
+    // is gone (a daemon's worker: the program forked the daemon and exited): the event
+    // table of `from`, the reader of the ring of a process between them, which read it
+    // while the agent lived. Nothing is asked of the client from then on. Before the first
+    // read; `from` reads no new table meanwhile (its agent is gone).
+    void borrow_events(const TraceReader &from);
+    // Whether an event table was read (or borrowed).
+    bool has_events() const { return !events_.empty(); }
 
 private:
     // A mapped memfd, kept while the agent serves the same one.
@@ -149,6 +157,7 @@ private:
     std::string spare_;                                 // give_buffer's
     bool stream_written_ = false;                       // its kStream block
     std::string events_text_;                           // the event table as last read
+    bool events_borrowed_ = false;                      // events_ is another reader's (borrow_events)
     std::string events_written_;                        // ... as last written
     std::string maps_written_;                          // the kMaps text as last written
     std::chrono::steady_clock::time_point maps_read_{}; // maps_ last read while capturing

@@ -38,6 +38,7 @@
 #include "control/fd_passing.hpp"
 #include "trace/ring.hpp"
 #include "platform/elf_file.hpp"
+#include "platform/proc_tasks.hpp"
 
 #include <fmt/core.h>
 
@@ -183,13 +184,14 @@ private:
     void end_streams();
     void on_socket(int pid);
     bool new_agent_in(int pid);
-    int events_source(int pid);
+    int events_source(int pid, const TraceReader **table_from);
     bool take_forked(int pid);
     void drain_forked(int pid);
     void on_notification();
     void handle(const seccomp_notif &req);
     void on_signals();
     void kill_program(int sig);
+    void explain_staying() const;
 
     const RunOptions &o_;
     FILE *file_ = nullptr;
@@ -203,6 +205,7 @@ private:
     std::map<int, AgentStream *> by_pid_;              // the latest agent of each process
     std::vector<std::unique_ptr<ForkedRing>> forked_;  // rings of forked children, until they end
     std::map<int, ForkedRing *> forked_by_pid_;        // the latest of each process
+    std::map<int, int> forked_from_;                   // children of fork(): whom from, until they exit
     ukp::sym::Registry forked_symbols_;                // the objects of the last forked child taken: its
                                                        // siblings have the same ones at the same addresses
     std::vector<ProfileBlock> forked_profiles_;        // of forked children whose stream ended
@@ -502,9 +505,10 @@ void Runner::handle(const seccomp_notif &req) {
     const int tgid = tgid_of(static_cast<int>(req.pid));
     const int nr = req.data.nr;
     if (tgid > 0) {
-        if (notice(req, ukp::trace::kNoticeForkedRing)) {
+        if (int parent = 0; forked_ring_notice(req, &parent)) {
             // A child of fork() with buffers of its own. Once ukprobe holds them (or
             // wants none), the child closes its descriptors for them.
+            if (parent > 0) forked_from_[tgid] = parent;
             if (take_forked(tgid)) {
                 supervisor_.answer(req.id, ukp::trace::kNoticeDone);
                 return;
@@ -531,6 +535,7 @@ void Runner::handle(const seccomp_notif &req) {
                 streamed = true;
             }
             if (!streamed) drain_forked(tgid);
+            if (nr == __NR_exit_group) forked_from_.erase(tgid);
             return;
         }
     }
@@ -539,13 +544,31 @@ void Runner::handle(const seccomp_notif &req) {
 
 // The process whose agent has the event table of `pid`, a child of fork() that has not
 // exec'd: the nearest ancestor ukprobe streams from (the image it was forked from), or
-// that of a forked ancestor. 0 if none.
-int Runner::events_source(int pid) {
-    for (int p = parent_of(pid), i = 0; p > 1 && i < 256; p = parent_of(p), ++i) {
-        if (auto it = by_pid_.find(p); it != by_pid_.end() && !it->second->ended() && !it->second->image_gone())
-            return p;
-        if (auto it = forked_by_pid_.find(p); it != forked_by_pid_.end() && it->second->streaming())
+// that of a forked ancestor; 0 if none. The ancestors are those the processes were forked
+// from (their notices say), whoever their parent is now. Should that agent be gone (a
+// daemon: the program forks it and exits at once), the table its stream read is
+// *table_from (the connection to it fails: TraceReader::borrow_events).
+int Runner::events_source(int pid, const TraceReader **table_from) {
+    *table_from = nullptr;
+    const auto forked_from = [this](int p) {
+        auto it = forked_from_.find(p);
+        return it != forked_from_.end() ? it->second : parent_of(p);
+    };
+    for (int p = forked_from(pid), i = 0; p > 1 && i < 256; p = forked_from(p), ++i) {
+        if (auto it = by_pid_.find(p); it != by_pid_.end()) {
+            AgentStream *a = it->second;
+            if (!a->ended() && !a->image_gone()) return p;
+            // Gone: its stream reads no table any more (its connection is closed).
+            if (a->reader().has_events()) {
+                *table_from = &a->reader();
+                return p;
+            }
+        }
+        if (auto it = forked_by_pid_.find(p); it != forked_by_pid_.end() && it->second->streaming()) {
+            if (it->second->reader() != nullptr && it->second->reader()->has_events())
+                *table_from = it->second->reader();
             return it->second->events_pid();
+        }
     }
     return 0;
 }
@@ -554,10 +577,11 @@ int Runner::events_source(int pid) {
 bool Runner::take_forked(int pid) {
     if (!o_.follow) return true;
     if (auto it = forked_by_pid_.find(pid); it != forked_by_pid_.end() && !it->second->gone()) return false;
-    const int source = events_source(pid);
+    const TraceReader *table_from = nullptr;
+    const int source = events_source(pid, &table_from);
     if (source <= 0) return true; // no event table to print it with, now or at its exit
     auto ring = std::make_unique<ForkedRing>(pid, source, next_seq_++, *out_, *watch_);
-    if (!ring->open(forked_symbols_)) return false; // drain_forked tries again at its exit
+    if (!ring->open(forked_symbols_, table_from)) return false; // drain_forked tries again at its exit
     forked_symbols_ = ring->symbols();
     ring->start();
     forked_by_pid_[pid] = ring.get();
@@ -569,9 +593,10 @@ bool Runner::take_forked(int pid) {
 // execve: its ring is taken now and printed with the event table of its ancestor.
 void Runner::drain_forked(int pid) {
     if (!o_.follow) return;
-    const int source = events_source(pid);
+    const TraceReader *table_from = nullptr;
+    const int source = events_source(pid, &table_from);
     if (source <= 0) return;
-    if (std::optional<ProfileBlock> b = drain_forked_ring(pid, source, *out_)) {
+    if (std::optional<ProfileBlock> b = drain_forked_ring(pid, source, *out_, table_from)) {
         b->seq = next_seq_++;
         forked_profiles_.push_back(std::move(*b));
     }
@@ -588,7 +613,32 @@ void Runner::on_signals() {
         // From the terminal the signal went to the whole foreground group, the program
         // too; sent to ukprobe alone, it is passed on, as a shell does for its job.
         if (si.ssi_code != SI_KERNEL) kill_program(static_cast<int>(si.ssi_signo));
+        if (child_status_ >= 0) explain_staying();
     }
+}
+
+// The program has ended, processes it started still run (a daemon, a background job),
+// and ukprobe was asked to end: it cannot. Their execve, exit_group and unlink calls go
+// through its filter, which without ukprobe would fail them with ENOSYS (the kernel's
+// answer when a filter's listener is gone): a daemon could no longer exit, remove its pid
+// file or run a program. So ukprobe stays, and says why and whom it waits for: the
+// processes that came to it as their subreaper.
+void Runner::explain_staying() const {
+    std::string pids;
+    int n = 0;
+    // An orphan is given to one of the subreaper's threads: each thread's children.
+    ukp::platform::for_each_thread([&](int tid) {
+        FILE *f = std::fopen(fmt::format("/proc/self/task/{}/children", tid).c_str(), "r");
+        if (f == nullptr) return true;
+        for (int pid; std::fscanf(f, "%d", &pid) == 1; ++n) pids += fmt::format("{}{}", n == 0 ? "" : " ", pid);
+        std::fclose(f);
+        return true;
+    });
+    fmt::print(stderr,
+               "ukprobe: {} has ended, but {} process{} it started still run{}: ukprobe stays until they "
+               "exit (their execve, exit_group and unlink calls wait on it, and would fail without it); "
+               "stop them to end the trace\n",
+               o_.argv[0], n, n == 1 ? "" : "es", n == 0 ? "" : fmt::format(" ({})", pids));
 }
 
 } // namespace

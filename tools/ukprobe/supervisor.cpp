@@ -104,6 +104,15 @@ bool notice(const seccomp_notif &req, long kind) {
            req.data.args[5] == static_cast<uint64_t>(kind);
 }
 
+bool forked_ring_notice(const seccomp_notif &req, int *parent) {
+    const uint64_t word = req.data.args[5];
+    constexpr uint64_t kKindMask = (uint64_t{1} << ukp::trace::kNoticeKindBits) - 1;
+    if (!notice(req, static_cast<long>(word)) || (word & kKindMask) != ukp::trace::kNoticeForkedRing) return false;
+    const uint64_t pid = word >> ukp::trace::kNoticeKindBits;
+    *parent = pid <= 0x7fffffff ? static_cast<int>(pid) : 0;
+    return true;
+}
+
 bool exec_file_missing(const seccomp_notif &req) {
     if (req.data.nr != __NR_execve) return false;
     const auto pid = static_cast<pid_t>(req.pid);

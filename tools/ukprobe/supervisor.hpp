@@ -26,6 +26,9 @@ int install_filter();
 
 // An agent's notice (ring.hpp) of `kind`.
 bool notice(const seccomp_notif &req, long kind);
+// A forked child's notice of its own ring (kNoticeForkedRing); *parent: the process it
+// was forked from, as its agent says, or 0.
+bool forked_ring_notice(const seccomp_notif &req, int *parent);
 
 // Whether an execve(2) the process waits in will fail for want of its file: a shell or
 // execvp() tries every directory of PATH in turn, and ukprobe need not empty a ring for
