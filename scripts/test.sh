@@ -15,12 +15,12 @@ echo
 echo "== clang 14: the Release build of the library, the tools and the quick unit tests, warnings as errors"
 cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang-14 \
   -DCMAKE_CXX_COMPILER=clang++-14 -DUKP_WERROR=ON -DUKP_BENCH=OFF >/dev/null
-# The decoder, the relocator and the tracer's language, filters, triggers, histograms and
+# The decoders, the relocator and the tracer's language, filters, triggers, histograms and
 # records: tests that do not depend on how GCC lays out the functions they probe. The other
 # tests are built by GCC and under the sanitizers; building them a third time would cost CI
 # about ten minutes of this 2-core machine.
 quick=(relocator_test instructions_test trace_syntax_test filter_test trigger_test hist_test
-  trace_events_test trace_print_test capture_test bytes_test)
+  trace_events_test trace_print_test capture_test bytes_test sweep_decoder_test)
 cmake --build build-clang --target ukprobes ukprobes_static ukprobes_reader ukprobe ukp-coverage \
   "${quick[@]}"
 for t in "${quick[@]}"; do

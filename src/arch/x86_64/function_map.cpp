@@ -705,11 +705,11 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
     f.start = start;
     f.size = size;
     f.code.assign(code, code + size);
-    // Every instruction is swept in Zydis's minimal mode (no operands: a fraction of a full
-    // decode, which was most of the time of a probe over a whole library). A minimal decode
-    // accepts the same bytes with the same length and mnemonic as a full one, and tells a
-    // relative branch's flow and target; only an indirect jmp is decoded whole, with the
-    // window of instructions before it that the jump table matcher looks at.
+    // Every instruction is swept by SweepDecoder (no operands: a fraction of a full decode,
+    // which was most of the time of a probe over a whole library). It accepts the same bytes
+    // with the same length as a full decode, and tells a relative branch's flow and target
+    // and an indirect jmp; only such a jmp is decoded whole, with the window of instructions
+    // before it that the jump table matcher looks at.
     const SweepDecoder sweep;
     const auto sweep_at = [&](size_t at, SweepInsn *out) {
         const auto one = [&](const uint8_t *p, size_t n, SweepInsn *o) { return sweep.decode(start + at, p, n, o); };
@@ -729,7 +729,7 @@ FunctionMap analyze(uint64_t start, const uint8_t *code, size_t size, const Read
             f.decode_fail_addr = start + off;
             break;
         }
-        const bool jmp = rc == 0 && !s.relative && s.mnemonic == ZYDIS_MNEMONIC_JMP;
+        const bool jmp = rc == 0 && s.jmp;
         if (rc != 0 || (jmp && full_at(off, &in) != 0)) {
             f.decode_failed = true;
             f.decode_fail_addr = start + off;

@@ -37,30 +37,44 @@ struct Insn {
 };
 
 // Decodes the instruction at `code` (of which `avail` bytes are readable), which lives
-// at `addr`. Returns 0, or -EILSEQ if the bytes are not a valid 64-bit instruction.
+// at `addr`. Returns 0, or -EILSEQ if the bytes are not a valid 64-bit instruction (then
+// *out may be half written).
 int decode(uint64_t addr, const uint8_t *code, size_t avail, Insn *out);
 
 // What a sweep over a whole object needs of an instruction: its length, a relative
-// branch's target, and the address a `lea` of [rip + disp] forms. Decoded in Zydis's
-// minimal mode, without operands: about 3x faster than decode(), which the object-wide
-// sweep (ObjectRefs, every instruction of libc at a first probe) spent its time in.
-// For every instruction, len and target equal decode()'s, and lea_target is decode()'s
-// rip_target when it is a lea with rip_relative (else 0) (decode_test checks libc's).
-// relative and flow tell a relative branch as decode() does, and mnemonic an indirect jmp,
-// which only decode() tells from a far one.
+// branch's target, and the address a `lea` of [rip + disp] forms. For every instruction,
+// len and target equal decode()'s, and lea_target is decode()'s rip_target when it is a
+// lea with rip_relative (else 0) (region_test checks libc's and libstdc++'s). relative
+// and flow tell a relative branch as decode() does, and jmp a jmp without one (through a
+// register or memory, or a far one: only decode() tells which).
 struct SweepInsn {
     uint8_t len = 0;
     bool relative = false;         // has a relative immediate: target and flow are set
+    bool jmp = false;              // a jmp that is not relative
     Flow flow = Flow::kSequential; // a relative one's: decode()'s (jmp, jcc, call, loop; xbegin unsupported)
-    ZydisMnemonic mnemonic = ZYDIS_MNEMONIC_INVALID;
-    uint64_t target = 0;     // a relative branch's target (jmp, jcc, call, loop, xbegin), else 0
-    uint64_t lea_target = 0; // lea reg, [rip + disp]: rip + disp, else 0
+    uint64_t target = 0;           // a relative branch's target (jmp, jcc, call, loop, xbegin), else 0
+    uint64_t lea_target = 0;       // lea reg, [rip + disp]: rip + disp, else 0
 };
+
+// The sweeps over whole functions and objects (ObjectRefs and analyze_function, which at
+// the first event over all of libc decode each of its 330,000 instructions twice).
+// Zydis's minimal mode (no operands) takes about 60 ns an instruction on the machines
+// here, and was two thirds of such a definition. decode() first tries quick(), which
+// knows the most frequent instructions of the legacy opcode maps (90 % of libc's) and
+// reads them in a few nanoseconds, and leaves everything else to Zydis: VEX and EVEX,
+// the SSE opcodes whose meaning a mandatory prefix changes, lock, 0x67, repeated
+// prefixes, branch hints, any group member it does not list. region_test compares the
+// two at every combination of the prefixes, opcodes, ModRM and SIB forms quick() takes.
 class SweepDecoder {
 public:
     SweepDecoder();
     // 0, or -EILSEQ as decode().
     int decode(uint64_t addr, const uint8_t *code, size_t avail, SweepInsn *out) const;
+    // The same by Zydis alone.
+    int by_zydis(uint64_t addr, const uint8_t *code, size_t avail, SweepInsn *out) const;
+    // True with *out set when the bytes are an instruction quick() knows; false leaves
+    // them to Zydis (they may be valid or not).
+    static bool quick(uint64_t addr, const uint8_t *code, size_t avail, SweepInsn *out);
 
 private:
     ZydisDecoder decoder_{};
