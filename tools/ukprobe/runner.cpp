@@ -34,6 +34,7 @@
 #include "profiles.hpp"
 #include "short_forms.hpp"
 #include "ring_watch.hpp"
+#include "keeper.hpp"
 #include "supervisor.hpp"
 #include "control/fd_passing.hpp"
 #include "trace/ring.hpp"
@@ -201,6 +202,7 @@ private:
     int child_status_ = -1; // wait status once the child is gone
     int signal_fd_ = -1;
     Supervisor supervisor_;                            // the notifications of the program's tree
+    Keeper keeper_;                                    // answers for ukprobe should it die first
     std::vector<std::unique_ptr<AgentStream>> agents_; // every agent connected, in order
     std::map<int, AgentStream *> by_pid_;              // the latest agent of each process
     std::vector<std::unique_ptr<ForkedRing>> forked_;  // rings of forked children, until they end
@@ -273,6 +275,9 @@ int Runner::start_program(const sigset_t &old_mask) {
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || pipe2(errp, O_CLOEXEC) != 0)
         throw std::runtime_error(fmt::format("run: {}", strerror(errno)));
     fflush(nullptr);
+    // Before the child: it may outlive ukprobe only with a keeper (keeper.hpp).
+    if (!keeper_.start() && o_.verbose)
+        fmt::print(stderr, "ukprobe: no keeper ({}): the program dies with ukprobe\n", strerror(errno));
     child_ = fork();
     if (child_ < 0) throw std::runtime_error(fmt::format("fork: {}", strerror(errno)));
     if (child_ == 0) {
@@ -286,13 +291,15 @@ int Runner::start_program(const sigset_t &old_mask) {
     int notify_fd = -1;
     if (ukp::control::recv_with_fd(sv[0], &byte, 1, &notify_fd) != 1) notify_fd = -1;
     supervisor_.listen(notify_fd);
+    keeper_.give(notify_fd);
     close(sv[0]);
     return errp[0];
 }
 
 void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
-    // The program dies with ukprobe: without its supervisor exit_group would fail (ENOSYS).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // Without a keeper the program dies with ukprobe: with no listener left, its
+    // exit_group, execve and unlink would fail (ENOSYS). With one it goes on untraced.
+    if (!keeper_.running()) prctl(PR_SET_PDEATHSIG, SIGKILL);
     auto die = [&](int err) {
         const int e = err;
         (void)!write(err_pipe, &e, sizeof e);
@@ -618,11 +625,11 @@ void Runner::on_signals() {
 }
 
 // The program has ended, processes it started still run (a daemon, a background job),
-// and ukprobe was asked to end: it cannot. Their execve, exit_group and unlink calls go
-// through its filter, which without ukprobe would fail them with ENOSYS (the kernel's
-// answer when a filter's listener is gone): a daemon could no longer exit, remove its pid
-// file or run a program. So ukprobe stays, and says why and whom it waits for: the
-// processes that came to it as their subreaper.
+// and ukprobe was asked to end. It stays: `run` traces the program's whole tree to its
+// end, and gone, it would leave their events enabled, their rings written with no reader
+// (a child of fork() serves no socket they could be disabled through). It says so, and
+// whom it waits for: the processes that came to it as their subreaper. Killed with
+// SIGKILL, it leaves them to its keeper (keeper.hpp), and they go on.
 void Runner::explain_staying() const {
     std::string pids;
     int n = 0;
@@ -630,14 +637,14 @@ void Runner::explain_staying() const {
     ukp::platform::for_each_thread([&](int tid) {
         FILE *f = std::fopen(fmt::format("/proc/self/task/{}/children", tid).c_str(), "r");
         if (f == nullptr) return true;
-        for (int pid; std::fscanf(f, "%d", &pid) == 1; ++n) pids += fmt::format("{}{}", n == 0 ? "" : " ", pid);
+        for (int pid; std::fscanf(f, "%d", &pid) == 1;)
+            if (pid != keeper_.pid()) pids += fmt::format("{}{}", n++ == 0 ? "" : " ", pid);
         std::fclose(f);
         return true;
     });
     fmt::print(stderr,
-               "ukprobe: {} has ended, but {} process{} it started still run{}: ukprobe stays until they "
-               "exit (their execve, exit_group and unlink calls wait on it, and would fail without it); "
-               "stop them to end the trace\n",
+               "ukprobe: {} has ended, but {} process{} it started still run{}: ukprobe traces them until "
+               "they exit; stop them to end the trace\n",
                o_.argv[0], n, n == 1 ? "" : "es", n == 0 ? "" : fmt::format(" ({})", pids));
 }
 

@@ -1,5 +1,7 @@
 #include "supervisor.hpp"
 
+#include "keeper.hpp"
+
 #include "control/protocol.hpp"
 #include "trace/ring.hpp"
 
@@ -42,6 +44,7 @@ void continue_call(int notify_fd, uint64_t id) {
     resp.id = id;
     resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
     ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
+    keeper_strike(id);
 }
 
 // A ping to the agent of `pid` sent, or -1: its socket may be bound and listening before
@@ -151,7 +154,9 @@ void Hold::let_go() {
 
 bool Supervisor::receive(seccomp_notif *req) {
     memset(req, 0, sizeof *req); // the kernel wants it zeroed
-    return ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, req) == 0;
+    if (ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_RECV, req) != 0) return false;
+    keeper_note(req->id); // until it is answered: the keeper's, should ukprobe die first
+    return true;
 }
 
 bool Supervisor::next_deferred(seccomp_notif *req) {
@@ -191,6 +196,7 @@ void Supervisor::answer(uint64_t id, long value) {
     resp.id = id;
     resp.val = value;
     ioctl(notify_fd_, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
+    keeper_strike(id);
 }
 
 void Supervisor::let_go(uint64_t id) { continue_call(notify_fd_, id); }
