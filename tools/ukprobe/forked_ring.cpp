@@ -25,6 +25,22 @@ constexpr int kForkedTableTimeoutMs = 1000;
 // stream wakes: they are copied out of it (a few microseconds, no request to its agent).
 constexpr auto kForkedProfileInterval = std::chrono::milliseconds(50);
 
+// Where a forked child's ring gets its event table: from the agent of `events_pid`
+// (`events` connected to it), or, that agent gone, from `table_from`, the reader whose
+// table it was (*borrow then names it, else null). False if from neither. The requests
+// run on the thread that answers the seccomp notifications: should that agent's control
+// thread wait in one now, its answer would never come. Bounded: the lines are lost then.
+bool table_source(Client &events, int events_pid, const TraceReader *table_from, const TraceReader **borrow) {
+    std::string why;
+    *borrow = nullptr;
+    if (events.connect(events_pid, &why) != 0) {
+        if (table_from == nullptr || !table_from->has_events()) return false;
+        *borrow = table_from;
+    }
+    events.set_timeout_ms(kForkedTableTimeoutMs);
+    return true;
+}
+
 } // namespace
 
 ForkedRing::ForkedRing(int pid, int events_pid, uint64_t seq, Output &out, RingWatch &watch)
@@ -53,18 +69,13 @@ bool ForkedRing::open(const ukp::sym::Registry &known, const TraceReader *table_
     struct stat st {};
     if (fstat(ring, &st) == 0) ring_ino_ = st.st_ino;
     counts_.map(counters_of(pid_, pidfd_));
-    std::string why;
-    const TraceReader *borrow = table_from;
-    const bool connected = events_.connect(events_pid_, &why) == 0;
-    if (!connected && (borrow == nullptr || !borrow->has_events())) {
+    const TraceReader *borrow = nullptr;
+    if (!table_source(events_, events_pid_, table_from, &borrow)) {
         close(ring);
         return false;
     }
-    // This runs on the thread that answers the seccomp notifications: should the
-    // agent's control thread wait in one now, its answer never comes. Bounded.
-    events_.set_timeout_ms(kForkedTableTimeoutMs);
     reader_ = std::make_unique<TraceReader>(events_, pid_, ring, &known);
-    if (!connected) reader_->borrow_events(*borrow);
+    if (borrow != nullptr) reader_->borrow_events(*borrow);
     if (out_.capture()) reader_->capture();
     try {
         reader_->entries(); // maps the ring, reads the event table and the process's objects
@@ -184,19 +195,14 @@ std::optional<ProfileBlock> drain_forked_ring(int pid, int events_pid, Output &o
     close(pidfd);
     if (ring < 0) return std::nullopt;
     Client events;
-    std::string why;
-    const TraceReader *borrow = table_from;
-    const bool connected = events.connect(events_pid, &why) == 0;
-    if (!connected && (borrow == nullptr || !borrow->has_events())) {
+    const TraceReader *borrow = nullptr;
+    if (!table_source(events, events_pid, table_from, &borrow)) {
         close(ring);
         return std::nullopt;
     }
-    // This thread answers the seccomp notifications: should the ancestor's control thread
-    // wait in one now, its answer never comes. Bounded, its lines are lost instead.
-    events.set_timeout_ms(kForkedTableTimeoutMs);
     try {
         TraceReader reader(events, pid, ring);
-        if (!connected) reader.borrow_events(*borrow);
+        if (borrow != nullptr) reader.borrow_events(*borrow);
         if (out.capture()) reader.capture();
         drain_ring(reader, out, 0);
         std::string why;
