@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <span>
 
@@ -319,15 +320,36 @@ bool is_demangle_step(const Insn &in, ZydisRegister r) {
 // The function's instructions with, for each, the direct branches of the function that
 // lead to it: what the backward walk of classify_pointer() needs.
 struct Body {
-    std::vector<Insn> insns;
+    explicit Body(const FunctionMap &fm) : f(fm), decoded(fm.insns.size()) {}
+    size_t size() const { return f.insns.size(); }
+    uint64_t addr(size_t i) const { return f.insns[i]; }
+    // Instruction i, decoded whole when first asked for. classify_pointers decodes each
+    // once to find the branches and the frame; the walks then look again at those on
+    // their paths. Keeping all decoded, a kilobyte each, took longer than the decode
+    // (the pages of a vector of megabytes, zeroed).
+    const Insn &insn(size_t i) const {
+        std::unique_ptr<Insn> &in = decoded[i];
+        if (in == nullptr) {
+            in = std::make_unique<Insn>();
+            const uint64_t off = f.insns[i] - f.start;
+            // Decoded before (classify_pointers): the same bytes decode again.
+            if (decode(f.insns[i], f.code.data() + off, f.size - off, in.get()) != 0) {
+                *in = Insn{};
+                in->flow = Flow::kUnsupported; // ends any walk
+            }
+        }
+        return *in;
+    }
+    int index_of(uint64_t a) const {
+        auto it = std::lower_bound(f.insns.begin(), f.insns.end(), a);
+        return it != f.insns.end() && *it == a ? static_cast<int>(it - f.insns.begin()) : -1;
+    }
+
+    const FunctionMap &f;
+    mutable std::vector<std::unique_ptr<Insn>> decoded;
     std::vector<std::vector<uint32_t>> preds; // indices of direct jmp/jcc/call sources
     std::vector<bool> table_target;           // also reached from a resolved jump table
     bool rbp_frame = false;                   // some instruction sets %rbp from %rsp
-    int index_of(uint64_t addr) const {
-        auto it =
-            std::lower_bound(insns.begin(), insns.end(), addr, [](const Insn &in, uint64_t a) { return in.addr < a; });
-        return it != insns.end() && it->addr == addr ? static_cast<int>(it - insns.begin()) : -1;
-    }
 };
 
 bool falls_through(const Insn &in) {
@@ -345,7 +367,7 @@ int spilled_from(const Body &b, int load, const ZydisDecodedOperand &slot) {
     if (slot.mem.index != ZYDIS_REGISTER_NONE || base == ZYDIS_REGISTER_NONE) return -1;
     for (int i = load - 1; i >= 0; --i) {
         if (!b.preds[i + 1].empty() || b.table_target[i + 1]) return -1; // a join
-        const Insn &in = b.insns[i];
+        const Insn &in = b.insn(i);
         if (!falls_through(in)) return -1;
         if (in.flow == Flow::kSequential && in.zi.mnemonic == ZYDIS_MNEMONIC_MOV && in.zi.operand_count_visible == 2 &&
             same_memory(in.ops[0], slot) && is_reg(in.ops[1]) && in.zi.operand_width == 64) {
@@ -430,7 +452,7 @@ enum class Walk { kOn, kAccepted, kRejected };
 // Where the walk of classify_pointer() starts: the jmp's register or %rsp-relative stack
 // word. kAccepted when the operand is itself a whole pointer in memory.
 Walk walk_start(const Body &b, int jmp, Loc *start) {
-    const ZydisDecodedOperand &target = b.insns[jmp].ops[0];
+    const ZydisDecodedOperand &target = b.insn(jmp).ops[0];
     if (target.type == ZYDIS_OPERAND_TYPE_MEMORY) {
         if (pointer_memory(target, b.rbp_frame)) return Walk::kAccepted;
         if (!is_rsp(target.mem.base) || target.mem.index != ZYDIS_REGISTER_NONE || target.size != 64)
@@ -492,7 +514,7 @@ Walk back_through_stack_word(const Body &b, const Insn &in, Loc *loc) {
 // where the value was before it. Through an %rbp-based spill, *i moves back to the store
 // and *walked receives the instructions stepped over.
 Walk back_through_register(const Body &b, int *i, Loc *loc, std::vector<uint64_t> *walked) {
-    const Insn &in = b.insns[*i];
+    const Insn &in = b.insn(*i);
     const ZydisMnemonic m = in.zi.mnemonic;
     const ZydisRegister r = loc->reg;
     if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall) {
@@ -528,8 +550,8 @@ Walk back_through_register(const Body &b, int *i, Loc *loc, std::vector<uint64_t
     // An %rbp-based stack word: the value stored there on the straight line before.
     const int st = spilled_from(b, *i, src);
     if (st < 0) return Walk::kRejected;
-    for (int k = st + 1; k < *i; ++k) walked->push_back(b.insns[k].addr);
-    loc->reg = gpr64(b.insns[st].ops[1].reg.value);
+    for (int k = st + 1; k < *i; ++k) walked->push_back(b.addr(k));
+    loc->reg = gpr64(b.insn(st).ops[1].reg.value);
     *i = st;
     return Walk::kOn;
 }
@@ -552,13 +574,13 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
             if (++steps > kMaxSteps) return;
             if (std::find(seen.begin(), seen.end(), std::pair{i, loc}) != seen.end()) break;
             seen.emplace_back(i, loc);
-            walked.push_back(b.insns[i].addr);
+            walked.push_back(b.addr(i));
             if (b.table_target[i]) return;
             for (uint32_t p : b.preds[i]) {
                 // A jump or call to i: the value there is the one before the branch (a call
                 // pushes: the stack word is 8 bytes further from %rsp before it).
                 Loc l = loc;
-                if (b.insns[p].flow == Flow::kCall && l.reg == ZYDIS_REGISTER_NONE) {
+                if (b.insn(p).flow == Flow::kCall && l.reg == ZYDIS_REGISTER_NONE) {
                     if (l.slot < 8) return; // the return address the call pushed
                     l.slot -= 8;
                 }
@@ -569,9 +591,9 @@ void classify_pointer(const Body &b, uint64_t fn_start, int jmp, IndirectJump &i
                 if (loc.reg == ZYDIS_REGISTER_NONE && loc.slot < 0) return;
                 break;
             }
-            if (!falls_through(b.insns[i - 1])) break; // only the branches above lead here
+            if (!falls_through(b.insn(i - 1))) break; // only the branches above lead here
             --i;
-            const Walk w = loc.reg == ZYDIS_REGISTER_NONE ? back_through_stack_word(b, b.insns[i], &loc)
+            const Walk w = loc.reg == ZYDIS_REGISTER_NONE ? back_through_stack_word(b, b.insn(i), &loc)
                                                           : back_through_register(b, &i, &loc, &walked);
             if (w == Walk::kRejected) return;
             if (w == Walk::kAccepted) break;
@@ -600,10 +622,10 @@ uint64_t unique_lea(const Body &b, int from, ZydisRegister r0, std::vector<uint6
             if (++steps > kMaxSteps) return 0;
             if (std::find(seen.begin(), seen.end(), std::pair{i, r}) != seen.end()) break;
             seen.emplace_back(i, r);
-            walked->push_back(b.insns[i].addr);
+            walked->push_back(b.addr(i));
             if (b.table_target[i] || i == 0) return 0; // the entry: no lea on this path
             for (uint32_t p : b.preds[i]) work.emplace_back(static_cast<int>(p), r);
-            const Insn &in = b.insns[i - 1];
+            const Insn &in = b.insn(i - 1);
             if (!falls_through(in)) break;
             --i;
             if (in.flow == Flow::kCall || in.flow == Flow::kIndirectCall || in.flow == Flow::kSyscall) {
@@ -629,16 +651,13 @@ uint64_t unique_lea(const Body &b, int from, ZydisRegister r0, std::vector<uint6
 // Classifies the unresolved indirect jumps of a reliably decoded f (classify_pointer),
 // after resolving the tables whose base is set before the pattern (unique_lea).
 void classify_pointers(FunctionMap &f, const ReadFn &read) {
-    Body b;
-    b.insns.resize(f.insns.size());
-    for (size_t i = 0; i < f.insns.size(); ++i) {
+    Body b(f);
+    b.preds.resize(b.size());
+    b.table_target.assign(b.size(), false);
+    Insn in; // each instruction in turn
+    for (size_t i = 0; i < b.size(); ++i) {
         const uint64_t off = f.insns[i] - f.start;
-        if (decode(f.insns[i], f.code.data() + off, f.size - off, &b.insns[i]) != 0) return;
-    }
-    b.preds.resize(b.insns.size());
-    b.table_target.assign(b.insns.size(), false);
-    for (size_t i = 0; i < b.insns.size(); ++i) {
-        const Insn &in = b.insns[i];
+        if (decode(f.insns[i], f.code.data() + off, f.size - off, &in) != 0) return;
         if (writes(in, ZYDIS_REGISTER_RBP) && !b.rbp_frame) {
             // mov %rsp,%rbp / lea d(%rsp),%rbp, or anything that reads %rsp into %rbp.
             for (int k = 0; k < in.zi.operand_count; ++k) {
