@@ -63,6 +63,7 @@ struct Connection {
     int saved_enabled = -1;      // kprobes/enabled before its first write here, or -1
     int saved_optimization = -1; // kprobes/optimization likewise
     bool session = false;        // Op::kSession: its additions go when it closes
+    bool supervised = false;     // Op::kSupervised: its close disables every event
 };
 
 std::mutex g_start_mu;               // serializes start and stop requests from the program
@@ -285,6 +286,9 @@ int32_t Server::handle(Connection &c, uint16_t op, const std::string &path, cons
         // What this connection already added moves with it (none, as a rule: it is the first request).
         c.session = true;
         return 0;
+    case Op::kSupervised:
+        c.supervised = true;
+        return 0;
     case Op::kRead:
         return handle_read(path, reply);
     case Op::kWrite:
@@ -471,6 +475,9 @@ void Server::undo(Connection &c) {
 
 void Server::close_connection(size_t index) {
     if (conns_[index].session) undo(conns_[index]);
+    // `ukprobe run` is gone while this process runs: its events would go on writing a
+    // ring nobody reads, each hit at a probe's cost.
+    if (conns_[index].supervised) ukp_trace_write("events/enable", "0");
     close(conns_[index].fd);
     conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(index));
 }

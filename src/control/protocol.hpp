@@ -34,6 +34,11 @@ enum class Op : uint16_t {
     // Without it, additions belong to all one-shot controllers together and stay until
     // a kDetach.
     kSession = 8,
+    // Makes this connection `ukprobe run`'s stream of the process: should it close while
+    // the process runs (ukprobe killed), nobody reads the trace any more, and every event
+    // is disabled (events/enable 0): the program goes on without its probes. An agent
+    // that does not know it answers -EOPNOTSUPP; nothing else changes.
+    kSupervised = 9,
 };
 
 constexpr uint16_t kReplyFd = 1; // ReplyHeader::flags: a descriptor rides with the header
@@ -97,6 +102,8 @@ inline const char *op_name(uint16_t op) {
         return "openfd";
     case Op::kSession:
         return "session";
+    case Op::kSupervised:
+        return "supervised";
     }
     return "?";
 }

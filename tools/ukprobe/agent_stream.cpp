@@ -36,7 +36,10 @@ int AgentStream::connect() {
     if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid_).c_str(), &st) == 0)
         socket_ino_ = st.st_ino;
     std::string why;
-    return client_.connect(pid_, &why);
+    if (int err = client_.connect(pid_, &why); err != 0) return err;
+    // Should ukprobe die, the agent disables the events nobody reads any more.
+    client_.request(Op::kSupervised);
+    return 0;
 }
 
 void AgentStream::share_counts() {
