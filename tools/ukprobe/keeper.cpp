@@ -49,6 +49,13 @@ void close_all_but(int from, int keep) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr); // ukprobe's are blocked (its signalfd); SIGTERM ends the keeper
+    // Above the standard three, which become /dev/null (ukprobe may have run without them).
+    if (sock < 3) {
+        const int high = fcntl(sock, F_DUPFD_CLOEXEC, 3);
+        if (high < 0) _exit(1);
+        close(sock);
+        sock = high;
+    }
     const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     for (int fd = 0; fd < 3 && null >= 0; ++fd) dup2(null, fd);
     close_all_but(3, sock);

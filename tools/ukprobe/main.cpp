@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <vector>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -774,6 +775,11 @@ int run_command(CommandLine &cl, const std::vector<std::string> &program, bool a
 } // namespace
 
 int main(int argc, char **argv) {
+    // Started without a standard descriptor (`2>&-`, a service manager), ukprobe would
+    // open its output or a socket under that number, and its messages would go there; a
+    // print to a closed one throws. /dev/null stands in.
+    for (int fd = 0; fd < 3; ++fd)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDWR) != fd) return 127;
     // The trace moves through blocks of a megabyte or so (a read of a ring, a write of the
     // output), made and freed on several threads. Served by mmap, or trimmed back to the
     // system after each, every page of each was a fresh page fault: a fifth of `run`'s
