@@ -1,9 +1,12 @@
-// Hex byte strings for table-driven tests: "48 8b | 05" -> {0x48, 0x8b, 0x05}.
+// Hex byte strings for table-driven tests: "48 8b | 05" -> {0x48, 0x8b, 0x05}, and back
+// ({0x48, 0x8b, 0x05} -> "48 8b 05") for messages.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 // Spaces and '|' (an instruction boundary, for the reader) only separate; any other
@@ -33,3 +36,15 @@ inline std::vector<uint8_t> unhex(const char *s) {
     EXPECT_EQ(digits, 0) << "odd hex digit count";
     return out;
 }
+
+// The n bytes at p as "48 8b 05".
+inline std::string hex(const uint8_t *p, size_t n) {
+    std::string s;
+    char buf[4];
+    for (size_t i = 0; i < n; ++i) {
+        std::snprintf(buf, sizeof(buf), i ? " %02x" : "%02x", p[i]);
+        s += buf;
+    }
+    return s;
+}
+inline std::string hex(const std::vector<uint8_t> &v) { return hex(v.data(), v.size()); }

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "loaded_code.h"
 #include "test_hex.h"
 
 #include <algorithm>
@@ -737,22 +738,18 @@ TEST(region, CoverageOfLibcAndLibstdcxxAboveFloors) {
 // libstdc++.so.6 (linear sweeps of their executable segments), the length, branch target
 // and lea [rip + disp] address that the full decode gives, a direct branch's flow and
 // whether it is another jmp, and fails where it fails.
-static int check_sweep_decoder(dl_phdr_info *info, size_t, void *data) {
-    const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
-    if (name.find("libc.so.6") == std::string::npos && name.find("libstdc++.so.6") == std::string::npos) return 0;
-    auto *checked = static_cast<size_t *>(data);
+TEST(region, SweepDecoderAgreesWithDecodeOnLibcAndLibstdcxx) {
+    size_t checked = 0;
     const ukp::arch::SweepDecoder light;
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
-        if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
-        const uint64_t lo = info->dlpi_addr + ph.p_vaddr, hi = lo + ph.p_filesz;
+    const char *const objects[] = {"libc.so.6", "libstdc++.so.6", nullptr};
+    for_each_loaded_code(objects, [&](const std::string &name, uint64_t bias, uint64_t lo, uint64_t hi) {
         const auto *bytes = reinterpret_cast<const uint8_t *>(lo);
         for (uint64_t a = lo; a < hi;) {
             ukp::arch::Insn full;
             ukp::arch::SweepInsn fast;
             const int e1 = ukp::arch::decode(a, bytes + (a - lo), hi - a, &full);
             const int e2 = light.decode(a, bytes + (a - lo), hi - a, &fast);
-            EXPECT_EQ(e1, e2) << name << " +" << std::hex << (a - info->dlpi_addr);
+            EXPECT_EQ(e1, e2) << name << " +" << std::hex << (a - bias);
             if (e1 != 0 || e2 != 0) {
                 ++a;
                 continue;
@@ -768,25 +765,20 @@ static int check_sweep_decoder(dl_phdr_info *info, size_t, void *data) {
                     relative || (full.ops[k].type == ZYDIS_OPERAND_TYPE_IMMEDIATE && full.ops[k].imm.is_relative);
             const bool jmp = full.zi.mnemonic == ZYDIS_MNEMONIC_JMP && !relative;
             if (fast.jmp != jmp || (direct && !fast.relative) || (fast.relative && fast.flow != full.flow)) {
-                ADD_FAILURE() << name << " +" << std::hex << (a - info->dlpi_addr) << ": jmp or flow differs";
-                return 1;
+                ADD_FAILURE() << name << " +" << std::hex << (a - bias) << ": jmp or flow differs";
+                return false;
             }
             if (fast.len != full.len || fast.target != full.target || fast.lea_target != lea) {
-                ADD_FAILURE() << name << " +" << std::hex << (a - info->dlpi_addr) << ": len " << int(fast.len) << "/"
+                ADD_FAILURE() << name << " +" << std::hex << (a - bias) << ": len " << int(fast.len) << "/"
                               << int(full.len) << " target " << fast.target << "/" << full.target << " lea "
                               << fast.lea_target << "/" << lea;
-                return 1;
+                return false;
             }
-            ++*checked;
+            ++checked;
             a += full.len;
         }
-    }
-    return 0;
-}
-
-TEST(region, SweepDecoderAgreesWithDecodeOnLibcAndLibstdcxx) {
-    size_t checked = 0;
-    dl_iterate_phdr(check_sweep_decoder, &checked);
+        return true;
+    });
     EXPECT_GT(checked, 200000u) << "instructions compared";
 }
 

@@ -38,18 +38,6 @@ using ukp::arch::Insn;
 using ukp::arch::kMaxRelocatedSize;
 using ukp::arch::relocate;
 
-std::string hex(const uint8_t *p, size_t n) {
-    std::string s;
-    char buf[4];
-    for (size_t i = 0; i < n; ++i) {
-        std::snprintf(buf, sizeof(buf), i ? " %02x" : "%02x", p[i]);
-        s += buf;
-    }
-    return s;
-}
-
-std::string hex(const std::vector<uint8_t> &v) { return hex(v.data(), v.size()); }
-
 // The run-time addresses of the table: near ones 4 KiB apart, far ones ~127 TiB apart.
 constexpr uint64_t kNearOrig = 0x1000'0000;
 constexpr uint64_t kNearDest = 0x1000'1000;

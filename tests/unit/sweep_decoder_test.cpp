@@ -8,10 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include "loaded_code.h"
+#include "test_hex.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <link.h>
 #include <string>
 #include <vector>
 
@@ -19,16 +21,6 @@ namespace {
 
 using ukp::arch::SweepDecoder;
 using ukp::arch::SweepInsn;
-
-std::string hex(const uint8_t *b, size_t n) {
-    std::string s;
-    char buf[4];
-    for (size_t i = 0; i < n; ++i) {
-        std::snprintf(buf, sizeof buf, "%02x ", b[i]);
-        s += buf;
-    }
-    return s;
-}
 
 struct Tally {
     size_t taken = 0, compared = 0, failures = 0;
@@ -103,35 +95,26 @@ TEST(SweepDecoder, QuickAgreesWithZydisOnEveryFormItTakes) {
 // At every byte of libc's and libstdc++'s code, not only where an instruction starts (the
 // object-wide sweep decodes at every offset where bytes do not decode in step): where
 // quick() takes the bytes, Zydis reads them the same.
-int every_offset(dl_phdr_info *info, size_t, void *data) {
-    const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
-    if (name.find("libc.so.6") == std::string::npos && name.find("libstdc++.so.6") == std::string::npos) return 0;
-    auto *t = static_cast<Tally *>(data);
+TEST(SweepDecoder, QuickAgreesWithZydisAtEveryOffsetOfLibcAndLibstdcxx) {
+    Tally t;
     const SweepDecoder zydis;
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
-        if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
-        const uint64_t lo = info->dlpi_addr + ph.p_vaddr, hi = lo + ph.p_filesz;
+    const char *const objects[] = {"libc.so.6", "libstdc++.so.6", nullptr};
+    for_each_loaded_code(objects, [&](const std::string &name, uint64_t bias, uint64_t lo, uint64_t hi) {
         const auto *bytes = reinterpret_cast<const uint8_t *>(lo);
         for (uint64_t a = lo; a < hi; ++a) {
             SweepInsn q, z;
-            ++t->compared;
+            ++t.compared;
             if (!SweepDecoder::quick(a, bytes + (a - lo), hi - a, &q)) continue;
-            ++t->taken;
+            ++t.taken;
             const int rc = zydis.by_zydis(a, bytes + (a - lo), hi - a, &z);
             const bool same = rc == 0 && q.len == z.len && q.relative == z.relative && q.jmp == z.jmp &&
                               q.target == z.target && q.lea_target == z.lea_target && (!q.relative || q.flow == z.flow);
-            if (!same && ++t->failures <= 20)
-                ADD_FAILURE() << name << " +" << std::hex << (a - info->dlpi_addr) << ": "
+            if (!same && ++t.failures <= 20)
+                ADD_FAILURE() << name << " +" << std::hex << (a - bias) << ": "
                               << hex(bytes + (a - lo), std::min<uint64_t>(q.len, hi - a));
         }
-    }
-    return 0;
-}
-
-TEST(SweepDecoder, QuickAgreesWithZydisAtEveryOffsetOfLibcAndLibstdcxx) {
-    Tally t;
-    dl_iterate_phdr(every_offset, &t);
+        return true;
+    });
     std::printf("sweep decoder: quick() took %zu of %zu offsets, all as Zydis\n", t.taken, t.compared);
     EXPECT_EQ(t.failures, 0u);
     EXPECT_GT(t.compared, 2000000u) << "bytes of code looked at";
@@ -139,16 +122,11 @@ TEST(SweepDecoder, QuickAgreesWithZydisAtEveryOffsetOfLibcAndLibstdcxx) {
 
 // The share of libc's instructions (a linear sweep of its executable segment) that quick()
 // takes: what makes the sweeps fast.
-int share_of_libc(dl_phdr_info *info, size_t, void *data) {
-    const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
-    if (name.find("libc.so.6") == std::string::npos) return 0;
-    auto *share = static_cast<double *>(data);
+TEST(SweepDecoder, QuickTakesMostOfLibc) {
     const SweepDecoder zydis;
     size_t all = 0, quick = 0;
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
-        if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
-        const uint64_t lo = info->dlpi_addr + ph.p_vaddr, hi = lo + ph.p_filesz;
+    const char *const objects[] = {"libc.so.6", nullptr};
+    for_each_loaded_code(objects, [&](const std::string &, uint64_t, uint64_t lo, uint64_t hi) {
         const auto *bytes = reinterpret_cast<const uint8_t *>(lo);
         for (uint64_t a = lo; a < hi;) {
             SweepInsn in;
@@ -161,14 +139,9 @@ int share_of_libc(dl_phdr_info *info, size_t, void *data) {
             quick += SweepDecoder::quick(a, bytes + (a - lo), hi - a, &q);
             a += in.len;
         }
-    }
-    *share = all != 0 ? 100.0 * static_cast<double>(quick) / static_cast<double>(all) : 0;
-    return 1;
-}
-
-TEST(SweepDecoder, QuickTakesMostOfLibc) {
-    double share = 0;
-    dl_iterate_phdr(share_of_libc, &share);
+        return true;
+    });
+    const double share = all != 0 ? 100.0 * static_cast<double>(quick) / static_cast<double>(all) : 0;
     std::printf("sweep decoder: quick() takes %.1f%% of libc's instructions\n", share);
     EXPECT_GE(share, 85.0);
 }
