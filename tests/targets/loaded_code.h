@@ -10,7 +10,8 @@
 // Calls fn(name, bias, lo, hi) for each executable segment [lo, hi) (run-time addresses,
 // its bytes readable there) of each loaded object whose path contains one of `parts`
 // (a null-terminated list). fn returns false to stop.
-template <class Fn> void for_each_loaded_code(const char *const *parts, Fn fn) {
+template <class Fn>
+void for_each_loaded_code(const char *const *parts, Fn fn) {
     struct Walk {
         const char *const *parts;
         Fn *fn;
@@ -20,7 +21,8 @@ template <class Fn> void for_each_loaded_code(const char *const *parts, Fn fn) {
             auto *w = static_cast<Walk *>(data);
             const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
             bool wanted = false;
-            for (const char *const *p = w->parts; *p != nullptr; ++p) wanted = wanted || name.find(*p) != std::string::npos;
+            for (const char *const *p = w->parts; *p != nullptr; ++p)
+                wanted = wanted || name.find(*p) != std::string::npos;
             if (!wanted) return 0;
             for (int i = 0; i < info->dlpi_phnum; ++i) {
                 const ElfW(Phdr) &ph = info->dlpi_phdr[i];

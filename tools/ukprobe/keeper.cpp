@@ -27,14 +27,6 @@ namespace {
 constexpr size_t kSlots = 4096;
 std::atomic<uint64_t> *g_slots = nullptr;
 
-void continue_call(int notify_fd, uint64_t id) {
-    seccomp_notif_resp resp;
-    memset(&resp, 0, sizeof resp);
-    resp.id = id;
-    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
-    ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: answered, or the caller killed
-}
-
 // Closes every descriptor from `from` up but `keep`.
 void close_all_but(int from, int keep) {
     if (keep > from) syscall(SYS_close_range, from, keep - 1, 0);
@@ -98,6 +90,15 @@ void close_all_but(int from, int keep) {
 }
 
 } // namespace
+
+void continue_call(int notify_fd, uint64_t id) {
+    seccomp_notif_resp resp;
+    memset(&resp, 0, sizeof resp);
+    resp.id = id;
+    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+    ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: answered before, or the caller was killed
+    keeper_strike(id);
+}
 
 bool Keeper::start() {
     void *table = mmap(nullptr, kSlots * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

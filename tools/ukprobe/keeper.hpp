@@ -42,4 +42,8 @@ private:
 void keeper_note(uint64_t id);
 void keeper_strike(uint64_t id);
 
+// The system call `id` waiting on the listener goes on unchanged (and is struck out).
+// System calls only: the keeper's side of the fork uses it too.
+void continue_call(int notify_fd, uint64_t id);
+
 } // namespace ukprobe

@@ -37,16 +37,6 @@ constexpr auto kDrainTimeout = std::chrono::seconds(5);
 // How long a new socket is given to answer (Supervisor::agent_answers).
 constexpr int kPingTimeoutMs = 50;
 
-// The waiting system call `id` goes on unchanged.
-void continue_call(int notify_fd, uint64_t id) {
-    seccomp_notif_resp resp;
-    memset(&resp, 0, sizeof resp);
-    resp.id = id;
-    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
-    ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: the caller was killed meanwhile
-    keeper_strike(id);
-}
-
 // A ping to the agent of `pid` sent, or -1: its socket may be bound and listening before
 // its control thread exists, and a request would then wait forever on a process ukprobe
 // holds. The answer comes on the descriptor returned (Supervisor::agent_answers).
