@@ -23,9 +23,34 @@ namespace {
 // The calls ukprobe has received and not answered, by id (0: a free slot), in memory the
 // keeper shares: open addressing from id % kSlots. More at once than it holds (each is a
 // process waiting in execve, exit_group or unlink while its ring is emptied) go unnoted:
-// should ukprobe die then, those processes would wait for good.
+// should ukprobe die then, those processes would wait for good. Word kSlots after them:
+// the id ukprobe noted last.
 constexpr size_t kSlots = 4096;
+constexpr size_t kTableWords = kSlots + 1;
 std::atomic<uint64_t> *g_slots = nullptr;
+
+// A call ukprobe received in the instant before it died, and did not note, is found by
+// its id: the listener numbers its calls one after another (from a random start, the
+// kernel's seccomp_next_notify_id()), and hands them out in that order. So it is one of
+// the few after the last one noted, or before the first one the keeper receives. An id
+// tried that no call has (ENOENT), or whose call nobody received yet (EINPROGRESS: the
+// keeper receives it in turn), changes nothing.
+constexpr uint64_t kNearby = 64;
+
+// SECCOMP_USER_NOTIF_FLAG_CONTINUE for the call `id`; false if no such call waits for an
+// answer.
+bool send_continue(int notify_fd, uint64_t id) {
+    seccomp_notif_resp resp;
+    memset(&resp, 0, sizeof resp);
+    resp.id = id;
+    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+    return ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp) == 0; // ENOENT: answered before, or the caller was killed
+}
+
+// The calls numbered [from, from + n) that were received and not answered go on.
+void continue_nearby(int notify_fd, uint64_t from, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) send_continue(notify_fd, from + i);
+}
 
 // Closes every descriptor from `from` up but `keep`.
 void close_all_but(int from, int keep) {
@@ -70,9 +95,13 @@ void close_all_but(int from, int keep) {
             if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
         }
     }
-    // ukprobe is gone: what it left waiting goes on, then every call as it comes.
+    // ukprobe is gone: what it left waiting goes on (noted, or received just after the
+    // last one noted), then every call as it comes.
     for (size_t i = 0; i < kSlots; ++i)
         if (const uint64_t id = g_slots[i].load(); id != 0) continue_call(notify_fd, id);
+    const uint64_t last = g_slots[kSlots].load();
+    if (last != 0) continue_nearby(notify_fd, last + 1, kNearby);
+    bool first = last == 0; // nothing was noted: the first call received shows where the ids are
     for (;;) {
         pollfd fd{notify_fd, POLLIN, 0};
         if (poll(&fd, 1, -1) < 0) {
@@ -82,7 +111,10 @@ void close_all_but(int from, int keep) {
         if (fd.revents & POLLIN) {
             seccomp_notif req;
             memset(&req, 0, sizeof req);
-            if (ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_RECV, &req) == 0) continue_call(notify_fd, req.id);
+            if (ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) continue;
+            continue_call(notify_fd, req.id);
+            if (first) continue_nearby(notify_fd, req.id - kNearby, kNearby);
+            first = false;
         } else if (fd.revents & (POLLHUP | POLLERR | POLLNVAL)) {
             _exit(0);
         }
@@ -92,20 +124,17 @@ void close_all_but(int from, int keep) {
 } // namespace
 
 void continue_call(int notify_fd, uint64_t id) {
-    seccomp_notif_resp resp;
-    memset(&resp, 0, sizeof resp);
-    resp.id = id;
-    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
-    ioctl(notify_fd, SECCOMP_IOCTL_NOTIF_SEND, &resp); // ENOENT: answered before, or the caller was killed
+    send_continue(notify_fd, id);
     keeper_strike(id);
 }
 
 bool Keeper::start() {
-    void *table = mmap(nullptr, kSlots * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    void *table =
+        mmap(nullptr, kTableWords * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (table == MAP_FAILED) return false;
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-        munmap(table, kSlots * sizeof(uint64_t));
+        munmap(table, kTableWords * sizeof(uint64_t));
         return false;
     }
     g_slots = static_cast<std::atomic<uint64_t> *>(table);
@@ -118,7 +147,7 @@ bool Keeper::start() {
     if (pid < 0) {
         close(sv[0]);
         g_slots = nullptr;
-        munmap(table, kSlots * sizeof(uint64_t));
+        munmap(table, kTableWords * sizeof(uint64_t));
         return false;
     }
     pid_ = pid;
@@ -138,6 +167,7 @@ bool Keeper::give(int notify_fd) {
 
 void keeper_note(uint64_t id) {
     if (g_slots == nullptr || id == 0) return;
+    g_slots[kSlots].store(id);
     for (size_t i = 0; i < kSlots; ++i) {
         uint64_t free = 0;
         if (g_slots[(id + i) % kSlots].compare_exchange_strong(free, id)) return;

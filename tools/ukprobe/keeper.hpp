@@ -8,8 +8,8 @@
 // keeps a descriptor of the listener and waits. If ukprobe goes while the tree still
 // runs, the keeper lets every call go on unchanged from then on: the calls ukprobe had
 // received and not answered (ukprobe notes each in a table the two share, and strikes it
-// out once answered; one received in the instant before ukprobe died, not noted yet,
-// would wait for good), then every new one. It ends when no process is left under the
+// out once answered; one received in the instant before ukprobe died, not noted yet, is
+// found by its number, next to the last one noted), then every new one. It ends when no process is left under the
 // filter. It runs in a session of its own (no terminal's signals), with no descriptor of
 // ukprobe's but the two it needs: a pipe ukprobe's output goes to still ends when
 // ukprobe does.
