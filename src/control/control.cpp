@@ -777,7 +777,7 @@ __attribute__((constructor)) void start_from_environment() {
     const core::AgentWork quiet; // its getenv may run after UKP_EVENTS armed an event on it
     const char *v = getenv("UKP_CONTROL");
     if (v != nullptr && strcmp(v, "1") == 0) {
-        trace::apply_environment(); // the buffers it makes are the thread's to hold
+        if (!trace::apply_environment()) return; // the buffers it makes are the thread's to hold
         if (const int rc = start(); rc != 0)
             fprintf(stderr, "ukprobes: control socket not started: %s\n", strerror(-rc));
         else

@@ -38,8 +38,11 @@ std::string pipe_read(int timeout_ms, size_t max_bytes);
 int apply_startup_events(std::string_view spec);
 // UKP_EVENTS and UKP_NO_INHERIT, once, from whichever of the agent's constructors comes
 // first: the control thread's (control.cpp) applies them before it starts, so that it
-// finds the buffers made and takes their memfds into its own table.
-void apply_environment();
+// finds the buffers made and takes their memfds into its own table. False when the
+// process was started under a `ukprobe run` that is gone (UKP_SUPERVISED): then nothing
+// is applied, the agent's variables leave the environment, and no control thread is
+// to start.
+bool apply_environment();
 
 // Prints one record's event part ("myprobe: (f+0x0/0x2a) a=0x1"), for trace and
 // trace_pipe.

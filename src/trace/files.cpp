@@ -15,6 +15,7 @@
 
 #include <ukprobes/kprobes.h>
 #include "trace/events.hpp"
+#include "trace/ring.hpp"
 
 using ukp::core::AgentWork;
 
@@ -103,10 +104,23 @@ namespace ukp::trace {
 constexpr int kStartupOptimizeMs = 200;
 
 // The kernel's kprobe_event= boot parameter: tracing covers the program from main on.
-void apply_environment() {
+bool apply_environment() {
     static std::once_flag once;
+    static bool traced = true;
     std::call_once(once, [] {
         const AgentWork quiet;
+        // Started by a program under `ukprobe run` after ukprobe was killed (its keeper
+        // lets the program go on): nobody will read this process's trace, nor that of
+        // the programs it starts. It runs as without ukprobes: no events (an f: over a
+        // whole library would cost every such process its definition), and its children
+        // do not load the agent. An attach can still start the control thread.
+        if (std::getenv("UKP_SUPERVISED") != nullptr && supervisor_gone(notify_supervisor(kNoticeHello))) {
+            traced = false;
+            drop_inheritance();
+            unsetenv("UKP_SUPERVISED");
+            unsetenv("UKP_CONTROL");
+            return;
+        }
         const char *spec = std::getenv("UKP_EVENTS");
         const char *no_inherit = std::getenv("UKP_NO_INHERIT");
         if (spec != nullptr && *spec != '\0') {
@@ -126,6 +140,7 @@ void apply_environment() {
         }
         if (no_inherit != nullptr && std::strcmp(no_inherit, "1") == 0) drop_inheritance();
     });
+    return traced;
 }
 
 } // namespace ukp::trace

@@ -403,9 +403,16 @@ void after_fork_child() {
     // run` at the child's exit, or the control thread of an attach, which adopts them).
     // The parent's ring names the parent (whose agent's event table prints this ring).
     const long parent = h->pid > 0 ? h->pid : 0;
-    if (own != nullptr && notify_supervisor(kNoticeForkedRing | parent << kNoticeKindBits) == kNoticeDone) {
+    if (own == nullptr) return;
+    const long answer = notify_supervisor(kNoticeForkedRing | parent << kNoticeKindBits);
+    if (answer == kNoticeDone) {
         own->fd.release();
         counters_release_fd();
+    } else if (supervisor_gone(answer)) {
+        // Nobody reads this ring: the events record nothing (their triggers still run).
+        // Not `events/enable 0` here: disarming takes locks a thread of the parent may
+        // have held at the fork.
+        set_tracing_on(false);
     }
 }
 
@@ -688,6 +695,12 @@ void ring_commit(uint8_t *rec, uint32_t used) {
 long notify_supervisor(long kind) {
     // Made straight: the C library's wrapper may be probed.
     return raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, 0, 0, 8 /* the kernel's sigset_t */, kNoticeMagic, kind);
+}
+
+bool supervisor_gone(long answer) {
+    if (answer == kNoticeDone || answer == kNoticeKeep) return false;
+    const char *supervised = getenv("UKP_SUPERVISED");
+    return supervised != nullptr && supervised[0] == '1' && supervised[1] == 0;
 }
 
 int ring_init() {

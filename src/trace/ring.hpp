@@ -88,12 +88,23 @@ inline constexpr long kNoticeForkedRing = 1;
 inline constexpr int kNoticeKindBits = 8;
 // The control thread listens: the supervisor connects while the caller waits, before main.
 inline constexpr long kNoticeControlReady = 2;
+// Given by a process started under `ukprobe run` before it applies UKP_EVENTS: is the
+// supervisor still there? It answers kNoticeDone.
+inline constexpr long kNoticeHello = 3;
 // What a supervisor answers to kNoticeForkedRing once it holds the child's memfds, or
-// wants none: the child closes its own (without a supervisor the call returns 0).
+// wants none: the child closes its own (without a supervisor the call returns 0); and to
+// kNoticeHello.
 inline constexpr long kNoticeDone = 0x656e6f64; // "done"
+// What it answers to kNoticeForkedRing when it takes the memfds later (at the child's
+// exit): the child keeps them.
+inline constexpr long kNoticeKeep = 0x7065656b; // "keep"
 // Gives notice `kind`; the caller waits while a supervisor acts on it. The supervisor's
 // answer, or 0.
 long notify_supervisor(long kind);
+// Whether this process was started under `ukprobe run` (UKP_SUPERVISED=1 in its
+// environment) and the supervisor is gone: killed, its keeper lets every notice go on
+// unanswered (the call returns 0), and nobody will read this process's trace.
+bool supervisor_gone(long answer);
 
 // ---- The shared layout, for a reader in another process ----
 

@@ -317,6 +317,7 @@ void Runner::child(int fd_sock, int err_pipe, const sigset_t &old_mask) {
     setenv("LD_PRELOAD", preload.c_str(), 1);
     setenv("UKP_EVENTS", startup_events(o_.definitions).c_str(), 1);
     setenv("UKP_CONTROL", "1", 1);
+    setenv("UKP_SUPERVISED", "1", 1); // a process started once ukprobe is gone applies nothing
     if (o_.buffer_size_kb != 0) setenv("UKP_BUFFER_SIZE_KB", std::to_string(o_.buffer_size_kb).c_str(), 1);
     if (!o_.follow) setenv("UKP_NO_INHERIT", "1", 1);
     // The agents keep the reference tables of the objects they probe there (refs_cache.cpp):
@@ -516,10 +517,13 @@ void Runner::handle(const seccomp_notif &req) {
             // A child of fork() with buffers of its own. Once ukprobe holds them (or
             // wants none), the child closes its descriptors for them.
             if (parent > 0) forked_from_[tgid] = parent;
-            if (take_forked(tgid)) {
-                supervisor_.answer(req.id, ukp::trace::kNoticeDone);
-                return;
-            }
+            // Not taken now (drain_forked takes them at its exit): it keeps them.
+            supervisor_.answer(req.id, take_forked(tgid) ? ukp::trace::kNoticeDone : ukp::trace::kNoticeKeep);
+            return;
+        } else if (notice(req, ukp::trace::kNoticeHello)) {
+            // A process about to apply UKP_EVENTS: ukprobe is here to read its trace.
+            supervisor_.answer(req.id, ukp::trace::kNoticeDone);
+            return;
         } else if (notice(req, ukp::trace::kNoticeControlReady)) {
             // An agent's control thread listens: connect while it waits, before main.
             if (new_agent_in(tgid) && supervisor_.agent_answers(tgid, o_.verbose)) on_socket(tgid);
