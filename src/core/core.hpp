@@ -265,6 +265,9 @@ bool opt_qualifies(const Point *pt);
 bool task_syscall(int tid, long *nr, uint64_t *pc);
 // pt's object was unloaded: its island (and the branch to it) went with the mapping.
 void opt_forget_island(Point *pt);
+// Before fork(), under the registry mutex and the agent's fork gates: a tables thread
+// that has ended is joined (fork.hpp).
+void opt_before_fork();
 // After fork() in the child: the optimizer thread did not come along.
 void opt_after_fork_child();
 // The bytes of islands whose branch went back are put back at once: the caller is the

@@ -16,7 +16,7 @@ namespace ukp::core {
 namespace {
 
 std::atomic<int> g_fork_policy{UKP_FORK_KEEP};
-std::mutex g_control_gate, g_optimizer_gate; // fork.hpp
+std::mutex g_control_gate, g_optimizer_gate, g_tables_gate; // fork.hpp
 
 // Around fork(): the agent's threads are let finish what they do, then the registry mutex
 // is taken, so that the child never inherits a lock held by a thread it does not have.
@@ -26,7 +26,9 @@ void before_fork() {
     const AgentWork quiet;
     g_control_gate.lock();
     g_optimizer_gate.lock();
+    g_tables_gate.lock();
     registry_mutex().lock();
+    opt_before_fork();
     plans_mutex().lock();
     hw_breakpoints_before_fork();
 }
@@ -35,6 +37,7 @@ void after_fork_parent() {
     hw_breakpoints_after_fork_parent();
     plans_mutex().unlock();
     registry_mutex().unlock();
+    g_tables_gate.unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();
 }
@@ -66,6 +69,7 @@ void after_fork_child() {
     g_loader_stack_busy.store(false); // a thread that was on its way there is not in the child
     plans_mutex().unlock();
     registry_mutex().unlock();
+    g_tables_gate.unlock();
     g_optimizer_gate.unlock();
     g_control_gate.unlock();
 }
@@ -83,9 +87,21 @@ void hook_fork() {
     });
 }
 
-ForkQuiet::ForkQuiet(ForkGate gate) : mutex_(gate == ForkGate::kControl ? g_control_gate : g_optimizer_gate) {
-    mutex_.lock();
+namespace {
+std::mutex &gate_mutex(ForkGate gate) {
+    switch (gate) {
+    case ForkGate::kControl:
+        return g_control_gate;
+    case ForkGate::kOptimizer:
+        return g_optimizer_gate;
+    case ForkGate::kTables:
+        break;
+    }
+    return g_tables_gate;
 }
+} // namespace
+
+ForkQuiet::ForkQuiet(ForkGate gate) : mutex_(gate_mutex(gate)) { mutex_.lock(); }
 ForkQuiet::~ForkQuiet() { mutex_.unlock(); }
 
 } // namespace ukp::core

@@ -5,9 +5,10 @@
 // and those inside the C library or a sanitizer's allocator (GCC 12's AddressSanitizer
 // runtime takes no lock of its own around fork(): a child forked while another thread was
 // inside malloc can hang at its first malloc). So the agent's own threads, the control
-// thread and the optimizer, do their work inside a gate that fork()'s prepare handler
-// takes first: a fork waits until they are idle (blocked in poll(), or waiting for work),
-// and a child never inherits a lock one of them held.
+// thread, the optimizer and the tables thread, do their work inside a gate that fork()'s
+// prepare handler takes first: a fork waits until they are idle (blocked in poll(),
+// waiting for work, or between two tables), and a child never inherits a lock one of
+// them held.
 #pragma once
 
 #include <mutex>
@@ -15,8 +16,9 @@
 namespace ukp::core {
 
 // Which agent thread a gate belongs to. Taken in this order by the prepare handler; the
-// control thread may wait for the optimizer (optimizer_flush), never the reverse.
-enum class ForkGate { kControl, kOptimizer };
+// control thread may wait for the optimizer (optimizer_flush), and both for the tables
+// thread, never the reverse.
+enum class ForkGate { kControl, kOptimizer, kTables };
 
 // Registers the agent's fork handlers (once): the gates, then the registry mutex, then the
 // lower layers' locks, in the order normal code takes them. Called before an agent thread

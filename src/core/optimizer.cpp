@@ -103,13 +103,30 @@ std::vector<Point *> &island_points() {
     static auto *value = new std::vector<Point *>();
     return *value;
 }
-std::condition_variable_any &work_cv() {
-    static auto *value = new std::condition_variable_any();
-    return *value;
+// The condition variables the agent's threads wait on with the registry mutex. A child of
+// fork() makes new ones (renew_after_fork): condition_variable_any waits holding a mutex
+// of its own between letting the registry mutex go and sleeping, and an optimizer thread
+// caught there by a fork leaves that mutex taken in the child, whose own optimizer would
+// then wait for it for ever, the registry mutex in hand. The parent's stay reachable
+// (`before`): leak checkers see no leak.
+struct AgentCv {
+    std::condition_variable_any cv;
+    AgentCv *before = nullptr;
+};
+AgentCv *&work_cv_of() {
+    static AgentCv *value = new AgentCv();
+    return value;
 }
-std::condition_variable_any &done_cv() {
-    static auto *value = new std::condition_variable_any();
-    return *value;
+AgentCv *&done_cv_of() {
+    static AgentCv *value = new AgentCv();
+    return value;
+}
+std::condition_variable_any &work_cv() { return work_cv_of()->cv; }
+std::condition_variable_any &done_cv() { return done_cv_of()->cv; }
+void renew_after_fork(AgentCv *&cv) {
+    auto *fresh = new AgentCv();
+    fresh->before = cv;
+    cv = fresh;
 }
 std::atomic<bool> g_thread_started{false};
 std::atomic<bool> g_thread_starting{false}; // one thread at a time starts it (no mutex: fork)
@@ -123,6 +140,7 @@ bool g_built = false;                       // it ended: the optimizer thread jo
 bool g_exiting = false;                     // the program exits: no more tables (exit_handler_for_tables)
 std::atomic<bool> g_stop_building{false};   // the same, read by a table's build without the mutex
 pthread_t g_tables;                         // the tables thread, while g_building or g_built
+std::atomic<bool> g_tables_entered{false};  // it holds its fork gate (start_tables_thread waits for it)
 uint64_t g_stop_taken = 0;                  // bit N: the program took signal N over from the optimizer
 
 // ---- what the stop signal's handler reads (lock-free) ----
@@ -628,7 +646,9 @@ void await_verdict(Point *pt) {
 // Builds the reference tables that the points of awaiting() wait for, without the mutex
 // (a second for a large program: the registrations, the loader's events and the program
 // go on meanwhile), then decides their verdicts: those that get a detour are queued.
-void decide_awaiting(std::unique_lock<CheckedMutex> &lock) {
+// Under `gate` (the tables' fork gate, taken before the mutex), let go while it waits for
+// the program's threads.
+void decide_awaiting(std::unique_lock<CheckedMutex> &lock, const ForkQuiet &gate) {
     std::vector<Point *> points;
     points.swap(awaiting());
     std::vector<uint64_t> where;
@@ -668,7 +688,10 @@ void decide_awaiting(std::unique_lock<CheckedMutex> &lock) {
     // blocks the stop signal (servers reading signals through a signalfd), and under load
     // often found a thread entering the agent's handler for a new hit as on its way in.
     lock.unlock();
-    synchronize();
+    {
+        const ForkQuiet::Unlocked waiting(gate); // a thread in a handler may fork: fork.hpp
+        synchronize();
+    }
     lock.lock();
     if (g_exiting) return;
     for (Point *pt : prepared)
@@ -696,16 +719,32 @@ void enter_optimizer_thread() {
 // decides their verdicts, beside the optimizer thread, which goes on placing jumps
 // meanwhile (the spawn path's among them: a gate stays closed until they are in). Started
 // by the optimizer thread, without the mutex; ends when nothing awaits, and is joined.
+//
+// Its work is inside its fork gate (fork.hpp: it allocates, reads ELF files, takes the
+// loader's lock), from before its first lock to its last. Its start and its end, where
+// the C library and a sanitizer's runtime allocate for the thread, are covered too: the
+// optimizer starts it under its own gate and waits until it holds this one, and joins it
+// under its gate (or a fork's prepare handler does, opt_before_fork).
 void tables_thread() {
     const AgentWork quiet;
     enter_optimizer_thread();
     prctl(PR_SET_NAME, "ukp-tables");
+    const ForkQuiet busy(ForkGate::kTables);
+    g_tables_entered.store(true);
+    g_tables_entered.notify_one();
     std::unique_lock lock(registry_mutex());
-    while (!g_exiting && !awaiting().empty()) decide_awaiting(lock);
+    while (!g_exiting && !awaiting().empty()) decide_awaiting(lock, busy);
     g_building = false;
     g_built = true;
     work_cv().notify_one();
     done_cv().notify_all(); // an exit waiting for it
+}
+
+// Joins the tables thread, once it has ended (g_built), and keeps its stack for the next.
+// Under the optimizer's fork gate, or in the prepare handler of a fork().
+void join_tables_thread() {
+    pthread_join(g_tables, nullptr);
+    platform::release_agent_thread(g_tables);
 }
 
 // Run by exit() before the destructors of the agent's state that the tables thread uses
@@ -728,17 +767,31 @@ void start_tables_thread(std::unique_lock<CheckedMutex> &lock) {
     (void)at_exit;
     g_building = true;
     lock.unlock();
-    const bool started = platform::start_agent_thread(
-                             &g_tables,
-                             [](void *) -> void * {
-                                 tables_thread();
-                                 return nullptr;
-                             },
-                             nullptr) == 0;
+    {
+        // A fork waits until the new thread's start is over and it holds its own gate.
+        const ForkQuiet starting(ForkGate::kOptimizer);
+        g_tables_entered.store(false);
+        const bool started = platform::start_agent_thread(
+                                 &g_tables,
+                                 [](void *) -> void * {
+                                     tables_thread();
+                                     return nullptr;
+                                 },
+                                 nullptr) == 0;
+        if (started) {
+            g_tables_entered.wait(false);
+            lock.lock();
+            return;
+        }
+    }
+    {
+        const ForkQuiet busy(ForkGate::kTables); // before the mutex, as the prepare handler takes them
+        lock.lock();
+        while (!awaiting().empty()) decide_awaiting(lock, busy);
+        g_building = false;
+        lock.unlock();
+    }
     lock.lock();
-    if (started) return;
-    while (!awaiting().empty()) decide_awaiting(lock);
-    g_building = false;
 }
 
 // One pass's work, taken from the queues.
@@ -869,10 +922,17 @@ void worker() {
         if (!has_work()) platform::release_spares(); // idle: platform/agent_heap.hpp
         work_cv().wait(lock, has_work);
         if (g_built) {
-            g_built = false;
+            // Its end allocates too: joined under the gate (taken before the mutex), or by
+            // a fork that came first (opt_before_fork).
             lock.unlock();
-            pthread_join(g_tables, nullptr);
-            platform::release_agent_thread(g_tables); // its stack, for the next
+            {
+                const ForkQuiet joining(ForkGate::kOptimizer);
+                lock.lock();
+                const bool ended = g_built;
+                g_built = false;
+                lock.unlock();
+                if (ended) join_tables_thread();
+            }
             lock.lock();
         }
         if (!awaiting().empty() && !g_building) start_tables_thread(lock);
@@ -1302,10 +1362,20 @@ void island_bytes(std::vector<std::pair<uint64_t, uint8_t>> *out) {
     }
 }
 
+void opt_before_fork() {
+    UKP_ASSERT_REGISTRY_HELD();
+    // The tables thread has ended its work and the optimizer has not joined it yet: it may
+    // still be in its end (the C library's, a sanitizer's), allocating.
+    if (g_built) {
+        g_built = false;
+        join_tables_thread();
+    }
+}
+
 void opt_after_fork_child() {
     // The parent's worker may have been waiting on them: it is not here to leave.
-    new (&work_cv()) std::condition_variable();
-    new (&done_cv()) std::condition_variable();
+    renew_after_fork(work_cv_of());
+    renew_after_fork(done_cv_of());
     g_thread_started = false;
     g_thread_starting = false;
     g_busy = false;
