@@ -204,6 +204,53 @@ TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheControlThreadsLocks) {
     EXPECT_EQ(failed, 0);
 }
 
+// The optimizer goes to sleep and wakes without a pause while the program forks (another
+// thread registers and removes a probe, each time a pass of it); each child registers a
+// probe of its own and waits for its optimizer. None may hang on a lock the parent's
+// optimizer held at the fork: the mutex of its condition variable, which it holds between
+// letting the registry mutex go and sleeping (opt_after_fork_child makes new ones).
+TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheOptimizersLocks) {
+    std::atomic<bool> stop{false};
+    std::atomic<long> cycles{0};
+    std::thread churn([&] {
+        while (!stop.load()) {
+            kprobe p{};
+            p.symbol_name = "ukf_work";
+            p.pre_handler = count_hit;
+            if (register_kprobe(&p) != 0) break;
+            ukp_optimizer_flush();
+            unregister_kprobe(&p);
+            ++cycles;
+        }
+    });
+    while (cycles.load() < 5) usleep(1000);
+    int hung = 0, failed = 0;
+    for (int i = 0; i < 2000; ++i) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            alarm(3); // a child stuck on an inherited lock is killed, and counted
+            kprobe mine{};
+            mine.symbol_name = "ukf_work";
+            mine.pre_handler = count_hit;
+            if (register_kprobe(&mine) != 0) _exit(2);
+            ukp_optimizer_flush();
+            unregister_kprobe(&mine);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+            ++hung;
+        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            ++failed;
+    }
+    stop = true;
+    churn.join();
+    EXPECT_GT(cycles.load(), 5) << "the optimizer was not kept busy";
+    EXPECT_EQ(hung, 0) << "children stuck on a lock of the optimizer";
+    EXPECT_EQ(failed, 0);
+}
+
 int slow_hit(kprobe *, pt_regs *) {
     usleep(2000);
     return 0;
