@@ -140,7 +140,7 @@ bool g_built = false;                       // it ended: the optimizer thread jo
 bool g_exiting = false;                     // the program exits: no more tables (exit_handler_for_tables)
 std::atomic<bool> g_stop_building{false};   // the same, read by a table's build without the mutex
 pthread_t g_tables;                         // the tables thread, while g_building or g_built
-std::atomic<bool> g_tables_entered{false};  // it holds its fork gate (start_tables_thread waits for it)
+std::atomic<int> g_tables_entered{0};       // it holds its fork gate (start_tables_thread waits: a futex)
 uint64_t g_stop_taken = 0;                  // bit N: the program took signal N over from the optimizer
 
 // ---- what the stop signal's handler reads (lock-free) ----
@@ -730,7 +730,7 @@ void tables_thread() {
     enter_optimizer_thread();
     prctl(PR_SET_NAME, "ukp-tables");
     const ForkQuiet busy(ForkGate::kTables);
-    g_tables_entered.store(true);
+    g_tables_entered.store(1);
     g_tables_entered.notify_one();
     std::unique_lock lock(registry_mutex());
     while (!g_exiting && !awaiting().empty()) decide_awaiting(lock, busy);
@@ -770,7 +770,7 @@ void start_tables_thread(std::unique_lock<CheckedMutex> &lock) {
     {
         // A fork waits until the new thread's start is over and it holds its own gate.
         const ForkQuiet starting(ForkGate::kOptimizer);
-        g_tables_entered.store(false);
+        g_tables_entered.store(0);
         const bool started = platform::start_agent_thread(
                                  &g_tables,
                                  [](void *) -> void * {
@@ -779,7 +779,7 @@ void start_tables_thread(std::unique_lock<CheckedMutex> &lock) {
                                  },
                                  nullptr) == 0;
         if (started) {
-            g_tables_entered.wait(false);
+            g_tables_entered.wait(0);
             lock.lock();
             return;
         }
