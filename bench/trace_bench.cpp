@@ -3,8 +3,9 @@
 // handler (the baseline of a latency histogram), and kprobe events on the
 // same function recording 0 arguments, 4 register arguments, and 4 arguments of which
 // one is a string and one a dereference; a return event (`r:`) with the return value; the
-// 4-register event beside a disabled return event; a latency histogram.
-// Every event hit writes its record into the ring buffer (tracing on, no filter). Ratios
+// 4-register event beside a disabled return event; a latency histogram, and the steps it
+// is built of. Every event hit writes its record into the ring buffer (tracing on, no
+// filter); the latency's events record nothing, their triggers run. Ratios
 // to `bare` are printed at the end.
 //
 // These VMs change speed within minutes, so unless told otherwise the run repeats each
@@ -110,31 +111,82 @@ void BM_Event4RegsBesideADisabledOne(benchmark::State &state) {
     ukp_trace_write("trace", "");
 }
 
+// Writes each (file, text) of `setup` (appended), runs the calls, then removes the
+// triggers (in reverse) and every dynamic event. Nothing is enabled: only triggers run.
+void run_with_triggers(benchmark::State &state, const std::vector<std::pair<const char *, std::string>> &setup) {
+    ukp_trace_write("dynamic_events", "");
+    size_t done = 0;
+    for (; done < setup.size(); ++done)
+        if (ukp_trace_append(setup[done].first, setup[done].second.c_str()) != 0) {
+            state.SkipWithError(setup[done].second.c_str());
+            break;
+        }
+    if (done == setup.size()) run_calls(state);
+    while (done-- > 0)
+        if (std::strstr(setup[done].first, "/trigger") != nullptr)
+            ukp_trace_append(setup[done].first, ("!" + setup[done].second).c_str());
+    ukp_trace_write("dynamic_events", "");
+}
+
+constexpr const char *kEntry = "f:lat_in utb_target", *kExit = "f:lat_out utb_target%return";
+constexpr const char *kEntryTrigger = "events/fprobes/lat_in/trigger", *kExitTrigger = "events/fprobes/lat_out/trigger";
+
 // histogram.rst's latency recipe on the function: its entry keeps the time in a variable,
 // its exit computes the latency and passes it to a synthetic event whose histogram counts
 // it (nothing recorded into the ring: the events are not enabled, their triggers run).
 void BM_LatencyHistogram(benchmark::State &state) {
-    ukp_trace_write("dynamic_events", "");
-    const char *setup[][2] = {
-        {"dynamic_events", "f:lat_in utb_target"},
-        {"dynamic_events", "f:lat_out utb_target%return"},
-        {"synthetic_events", "utb_latency u64 lat"},
-        {"events/fprobes/lat_in/trigger", "hist:keys=common_pid:ts0=common_timestamp"},
-        {"events/fprobes/lat_out/trigger",
-         "hist:keys=common_pid:lat=common_timestamp-$ts0:onmatch(fprobes.lat_in).utb_latency($lat)"},
-        {"events/synthetic/utb_latency/trigger", "hist:keys=lat.log2"},
-    };
-    for (const auto &s : setup)
-        if (ukp_trace_append(s[0], s[1]) != 0) {
-            state.SkipWithError(s[1]);
-            return;
-        }
+    run_with_triggers(state, {{"dynamic_events", kEntry},
+                              {"dynamic_events", kExit},
+                              {"synthetic_events", "utb_latency u64 lat"},
+                              {kEntryTrigger, "hist:keys=common_pid:ts0=common_timestamp"},
+                              {kExitTrigger, "hist:keys=common_pid:lat=common_timestamp-$ts0:onmatch(fprobes.lat_in)."
+                                             "utb_latency($lat)"},
+                              {"events/synthetic/utb_latency/trigger", "hist:keys=lat.log2"}});
+}
+
+// The recipe built up a step at a time, to show where its cost lies. 1: the entry event
+// with a histogram keyed by common_pid; 2: the same keeping common_timestamp in a
+// variable; 3: the entry's and the exit's events, each with a histogram keyed by
+// common_pid (two probes at the function's entry); 4: both with the recipe's variables,
+// the latency computed, no synthetic event. And the two probes of 3 with empty handlers.
+void BM_LatencyStep1EntryHist(benchmark::State &state) {
+    run_with_triggers(state, {{"dynamic_events", kEntry}, {kEntryTrigger, "hist:keys=common_pid"}});
+}
+void BM_LatencyStep2EntryTimestamp(benchmark::State &state) {
+    run_with_triggers(state,
+                      {{"dynamic_events", kEntry}, {kEntryTrigger, "hist:keys=common_pid:ts0=common_timestamp"}});
+}
+void BM_LatencyStep3EntryAndExitHists(benchmark::State &state) {
+    run_with_triggers(state, {{"dynamic_events", kEntry},
+                              {"dynamic_events", kExit},
+                              {kEntryTrigger, "hist:keys=common_pid"},
+                              {kExitTrigger, "hist:keys=common_pid"}});
+}
+void BM_LatencyStep4Latency(benchmark::State &state) {
+    run_with_triggers(state, {{"dynamic_events", kEntry},
+                              {"dynamic_events", kExit},
+                              {kEntryTrigger, "hist:keys=common_pid:ts0=common_timestamp"},
+                              {kExitTrigger, "hist:keys=common_pid:lat=common_timestamp-$ts0"}});
+}
+void BM_BareProbeAndReturnProbe(benchmark::State &state) {
+    kprobe kp{};
+    kp.symbol_name = "utb_target";
+    kp.pre_handler = empty_pre;
+    kretprobe rp{};
+    rp.kp.symbol_name = "utb_target";
+    rp.handler = [](kretprobe_instance *, pt_regs *) { return 0; };
+    if (register_kprobe(&kp) != 0) {
+        state.SkipWithError("register_kprobe failed");
+        return;
+    }
+    if (register_kretprobe(&rp) != 0) {
+        unregister_kprobe(&kp);
+        state.SkipWithError("register_kretprobe failed");
+        return;
+    }
     run_calls(state);
-    ukp_trace_write("events/synthetic/utb_latency/trigger", "!hist:keys=lat.log2");
-    ukp_trace_write("events/fprobes/lat_out/trigger",
-                    "!hist:keys=common_pid:lat=common_timestamp-$ts0:onmatch(fprobes.lat_in).utb_latency($lat)");
-    ukp_trace_write("events/fprobes/lat_in/trigger", "!hist:keys=common_pid:ts0=common_timestamp");
-    ukp_trace_write("dynamic_events", "");
+    unregister_kretprobe(&rp);
+    unregister_kprobe(&kp);
 }
 
 // The bare probe and the 4-register event with two threads hitting at once, one per CPU
@@ -190,6 +242,11 @@ BENCHMARK(BM_Event4StringDeref);
 BENCHMARK(BM_ReturnEvent);
 BENCHMARK(BM_Event4RegsBesideADisabledOne);
 BENCHMARK(BM_LatencyHistogram);
+BENCHMARK(BM_LatencyStep1EntryHist);
+BENCHMARK(BM_LatencyStep2EntryTimestamp);
+BENCHMARK(BM_LatencyStep3EntryAndExitHists);
+BENCHMARK(BM_LatencyStep4Latency);
+BENCHMARK(BM_BareProbeAndReturnProbe);
 BENCHMARK(BM_BareProbe_TwoThreads)->Threads(2);
 BENCHMARK(BM_Event4Regs_TwoThreads)->Threads(2);
 
@@ -237,8 +294,10 @@ int main(int argc, char **argv) {
     const double bare = rep.ns["BM_BareProbe"];
     if (bare > 0) {
         std::printf("\nratio to the bare probe hit, fastest repetitions (direct call subtracted from neither):\n");
-        for (const char *n : {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent",
-                              "BM_Event4RegsBesideADisabledOne", "BM_LatencyHistogram"})
+        for (const char *n :
+             {"BM_Event0", "BM_Event4Regs", "BM_Event4StringDeref", "BM_ReturnEvent", "BM_Event4RegsBesideADisabledOne",
+              "BM_LatencyHistogram", "BM_LatencyStep1EntryHist", "BM_LatencyStep2EntryTimestamp",
+              "BM_LatencyStep3EntryAndExitHists", "BM_LatencyStep4Latency", "BM_BareProbeAndReturnProbe"})
             std::printf("  %-32s %6.2fx\n", n, rep.ns[n] / bare);
         if (const double ret = rep.ns["BM_BareReturnProbe"]; ret > 0)
             std::printf("ratio to the bare return probe (entry and return, empty handler):\n  %-32s %6.2fx\n"
