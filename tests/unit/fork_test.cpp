@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -209,24 +210,39 @@ TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheControlThreadsLocks) {
 // probe of its own and waits for its optimizer. None may hang on a lock the parent's
 // optimizer held at the fork: the mutex of its condition variable, which it holds between
 // letting the registry mutex go and sleeping (opt_after_fork_child makes new ones).
+// The registrations themselves do not overlap the forks (`calls`): they read the list of
+// loaded objects on the calling thread, under the C library's loader lock, which glibc's
+// fork() does not take (a program thread inside dl_iterate_phdr() at a fork leaves it
+// taken in the child).
 TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheOptimizersLocks) {
     std::atomic<bool> stop{false};
     std::atomic<long> cycles{0};
+    std::mutex calls;
     std::thread churn([&] {
         while (!stop.load()) {
             kprobe p{};
             p.symbol_name = "ukf_work";
             p.pre_handler = count_hit;
-            if (register_kprobe(&p) != 0) break;
+            {
+                const std::lock_guard lock(calls);
+                if (register_kprobe(&p) != 0) break;
+            }
             ukp_optimizer_flush();
-            unregister_kprobe(&p);
+            {
+                const std::lock_guard lock(calls);
+                unregister_kprobe(&p);
+            }
             ++cycles;
         }
     });
     while (cycles.load() < 5) usleep(1000);
     int hung = 0, failed = 0;
-    for (int i = 0; i < 2000; ++i) {
-        const pid_t pid = fork();
+    for (int i = 0; i < 3000; ++i) {
+        pid_t pid;
+        {
+            const std::lock_guard lock(calls);
+            pid = fork();
+        }
         if (pid == 0) {
             alarm(3); // a child stuck on an inherited lock is killed, and counted
             kprobe mine{};
