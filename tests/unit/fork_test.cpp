@@ -157,6 +157,17 @@ bool request(int fd, ukp::control::Op op, const std::string &path, const std::st
     return r.payload_len == 0 || recv(fd, reply.data(), reply.size(), MSG_WAITALL) == r.payload_len;
 }
 
+// Waits for a child that ends with alarm(3) armed: one killed by SIGALRM was stuck (on an
+// inherited lock) and counts in *hung; one that exits other than with 0 in *failed.
+void await_child(pid_t pid, int *hung, int *failed) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+        ++*hung;
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        ++*failed;
+}
+
 // The agent's control thread serves requests without a pause while the program forks:
 // each child uses the trace layer the thread was using (its locks, the allocator). None
 // may hang on a lock the thread held at the fork (it does not exist in the child).
@@ -189,12 +200,7 @@ TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheControlThreadsLocks) {
             free(out);
             _exit(0);
         }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
-            ++hung;
-        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            ++failed;
+        await_child(pid, &hung, &failed);
     }
     stop = true;
     client.join();
@@ -253,12 +259,7 @@ TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheOptimizersLocks) {
             unregister_kprobe(&mine);
             _exit(0);
         }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
-            ++hung;
-        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            ++failed;
+        await_child(pid, &hung, &failed);
     }
     stop = true;
     churn.join();
