@@ -166,8 +166,9 @@ void sync_objects_locked() {
         // New objects are not relocated yet when the loader calls us: no ifunc resolver
         // may run; such a probe waits for the next change of the link map.
         if (g_symbols->resolve(p->symbol_name, p->offset, &addr, agent_definition, false) != 0) continue;
-        // A return probe registered before its object was loaded: only on a function's entry.
-        if (probe_type(p) == 'r' && !function_entry_locked(addr)) continue;
+        // A return probe registered before its object was loaded: only on a function's entry
+        // that returns once.
+        if (probe_type(p) == 'r' && !return_probe_allowed_locked(addr)) continue;
         attach_to_point(p, addr); // a probe that cannot go there stays [GONE]
     }
 }

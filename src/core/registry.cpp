@@ -374,6 +374,35 @@ bool function_entry_locked(uint64_t addr) {
 
 namespace {
 
+// Functions that return more than once from one call: setjmp's family (again at each
+// longjmp to what it saved), getcontext (at each setcontext to it), vfork (in the child,
+// then in the parent, on one stack). The return address they return to the second time
+// is the one they saw at entry: a return probe's stub, entered again after its instance
+// was given back, by then maybe another call's. No return probe goes there (the kernel's
+// uretprobe kills the process with SIGILL at such a return).
+constexpr const char *kReturnsTwice[] = {"setjmp",      "_setjmp",      "__setjmp",     "sigsetjmp",
+                                         "__sigsetjmp", "getcontext",   "__getcontext", "vfork",
+                                         "__vfork",     "__libc_vfork", "savectx"};
+
+bool returns_twice_locked(uint64_t addr) {
+    UKP_ASSERT_REGISTRY_HELD();
+    const sym::Object *obj = g_symbols->object_at(addr);
+    if (obj == nullptr) return false;
+    const std::vector<sym::Symbol> &symbols = obj->symbols(); // by address: every name there
+    auto it = std::lower_bound(symbols.begin(), symbols.end(), addr,
+                               [](const sym::Symbol &s, uint64_t a) { return s.value < a; });
+    for (; it != symbols.end() && it->value == addr; ++it)
+        for (const char *name : kReturnsTwice)
+            if (it->name == name) return true;
+    return false;
+}
+
+} // namespace
+
+bool return_probe_allowed_locked(uint64_t addr) { return function_entry_locked(addr) && !returns_twice_locked(addr); }
+
+namespace {
+
 bool may_wait_for_object(const kprobe *p) {
     if (p->symbol_name == nullptr || p->addr != nullptr) return false;
     const std::string_view module = sym::Registry::module_of(p->symbol_name);
@@ -393,7 +422,7 @@ int register_locked(kprobe *p) {
         return 0;
     }
     if (err != 0) return err;
-    if (probe_type(p) == 'r' && !function_entry_locked(addr)) return -EINVAL;
+    if (probe_type(p) == 'r' && !return_probe_allowed_locked(addr)) return -EINVAL;
     return attach_to_point(p, addr);
 }
 

@@ -31,6 +31,9 @@ int attach_to_point(kprobe *p, uint64_t addr);
 std::vector<uint64_t> symbols_inside(const sym::Object &obj, const sym::Symbol &fn);
 // Whether addr is a function's entry.
 bool function_entry_locked(uint64_t addr);
+// Whether a return probe may go at addr: a function's entry, and not one that returns
+// twice (setjmp's family, getcontext, vfork).
+bool return_probe_allowed_locked(uint64_t addr);
 // Whether symbol is one of the agent's own definitions (not a probe target by name).
 bool agent_definition(const sym::Object &obj, const sym::Symbol &symbol);
 

@@ -1434,6 +1434,36 @@ TEST_F(KretprobesTest, KprobeAndKretprobeOnTheSameEntryBothRun) {
     unregister_kprobe(&kp);
 }
 
+// setjmp's family returns again at each longjmp to what it saved, getcontext at each
+// setcontext, vfork in the child and then in the parent: a second return to the address
+// seen at entry, which a return probe's stub would have replaced. No return probe goes
+// there (every name at the address counts: glibc's setjmp and _setjmp are their own
+// functions, vfork and __vfork one); a kprobe does, and its hits count.
+TEST_F(KretprobesTest, NoReturnProbeOnAFunctionThatReturnsTwice) {
+    for (const char *name : {"libc.so.6:setjmp", "libc.so.6:_setjmp", "libc.so.6:__sigsetjmp", "libc.so.6:getcontext",
+                             "libc.so.6:vfork", "libc.so.6:__vfork"}) {
+        kretprobe rp = make_rp(name);
+        EXPECT_EQ(register_kretprobe(&rp), -EINVAL) << name;
+        EXPECT_EQ(list().find("  r  "), std::string::npos) << name << "\n" << list();
+    }
+    kprobe kp{};
+    kp.symbol_name = "libc.so.6:__sigsetjmp";
+    kp.pre_handler = kp_count;
+    ASSERT_EQ(register_kprobe(&kp), 0);
+    sigjmp_buf jb;
+    volatile int rounds = 0;
+    if (sigsetjmp(jb, 1) == 0 || rounds < 3) {
+        rounds = rounds + 1;
+        siglongjmp(jb, 1);
+    }
+    unregister_kprobe(&kp);
+    EXPECT_EQ(rounds, 3);
+    EXPECT_EQ(g_kp_hits, 1) << "one call, however many returns";
+    kretprobe beside = make_rp("libc.so.6:getpid");
+    EXPECT_EQ(register_kretprobe(&beside), 0) << "an ordinary function of libc";
+    unregister_kretprobe(&beside);
+}
+
 TEST_F(KretprobesTest, ListShowsTypeR) {
     kretprobe rp = make_rp("ukr_triple", 4);
     ASSERT_EQ(register_kretprobe(&rp), 0);
