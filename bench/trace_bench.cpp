@@ -94,6 +94,10 @@ void BM_Event4StringDeref(benchmark::State &state) {
 }
 // A return event: the kretprobe's entry and its return through the return trampoline.
 void BM_ReturnEvent(benchmark::State &state) { run_event(state, "rv", "r:rv utb_target ret=$retval"); }
+// With an argument at entry: the kretprobe has an entry_handler, which saves it.
+void BM_ReturnEventWithEntryArg(benchmark::State &state) {
+    run_event(state, "rva", "r:rva utb_target x=$arg1 ret=$retval");
+}
 // The 4-register event with a return event on the same function defined and not enabled
 // (a user's entry and exit events, one of them on): two probes at the point, one disabled.
 void BM_Event4RegsBesideADisabledOne(benchmark::State &state) {
@@ -240,6 +244,7 @@ BENCHMARK(BM_Event0);
 BENCHMARK(BM_Event4Regs);
 BENCHMARK(BM_Event4StringDeref);
 BENCHMARK(BM_ReturnEvent);
+BENCHMARK(BM_ReturnEventWithEntryArg);
 BENCHMARK(BM_Event4RegsBesideADisabledOne);
 BENCHMARK(BM_LatencyHistogram);
 BENCHMARK(BM_LatencyStep1EntryHist);

@@ -42,6 +42,7 @@ void asm_offsets() {
     DEFINE(UKP_PT_ADDR, offsetof(Point, addr));
     DEFINE(UKP_PT_LIST, offsetof(Point, list));
     DEFINE(UKP_PT_COPY, offsetof(Point, region_copy));
+    DEFINE(UKP_PT_KRET_BACK, offsetof(Point, kret_back));
     DEFINE(UKP_LIST_FAST, offsetof(ProbeList, fast));
     DEFINE(UKP_LIST_KRET_POOL, offsetof(ProbeList, kret_pool));
     DEFINE(UKP_LIST_PROBE0, offsetof(ProbeList, probes));

@@ -115,6 +115,10 @@ struct Point {
     // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
     // a kretprobe without an entry_handler (opt_target). It resumes at region_copy.
     uint64_t kret_code = 0;
+    // Its call's return site, where the trampolines return to, or 0: from there the
+    // detour jumps through the word 8 below the program's stack pointer, so that
+    // ukp_optprobe_trampoline, entered through it, resumes anywhere by a `ret`.
+    uint64_t kret_back = 0;
     uint64_t jump_target = 0;  // where the jmp in place leads (optimized)
     uint8_t dcr_orig[16] = {}; // the region's original bytes (layout.dcr_len of them)
     // The detour's region copy while the breakpoint path runs it instead of the

@@ -5,6 +5,7 @@
 // here was prepared at registration.
 #include "core/core.hpp"
 #include "core/grace.hpp"
+#include "core/kretprobe.hpp"
 
 #include "arch/x86_64/regs.hpp"
 #include "platform/safe_access.hpp"
@@ -461,6 +462,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
     const uint64_t hit_ip = pt->addr + 1;
     regs->ip = hit_ip;
     ++ts.depth;
+    if (pt->kret_code != 0) t_ret.stub_call_copy = copy; // a function's entry, reached by a call
     bool redirected;
     if (list->all_own_lean) {
         // The agent's own lean handlers (trace events, a kretprobe's entry), in order until
@@ -486,6 +488,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void ukp_optprobe_dispatc
         if (list->any_post && any_post_handler(list))
             outside_gpr(ext_saved != 0, [&] { run_late_post_handlers(pt, list, regs); });
     }
+    if (pt->kret_code != 0) finish_kret_entry(regs);
     --ts.depth;
     read_unlock_on(t_state, idx);
 }

@@ -45,7 +45,7 @@ namespace ukp::core {
 
 // The thread's return-probe state (kretprobe.hpp). Named for the trampolines
 // (trampolines.S), which read and update it in their fast cases: external, hidden.
-__attribute__((visibility("hidden"))) thread_local RetThread t_ret __asm__("ukp_ret_thread")
+__attribute__((visibility("hidden"))) __thread RetThread t_ret __asm__("ukp_ret_thread")
     __attribute__((tls_model("initial-exec")));
 
 namespace {
@@ -283,6 +283,18 @@ void ensure_exit_hook() {
     });
 }
 
+// Puts ri's stub in place of the return address at ri->pub.fp (its ret_addr read from
+// there) and ri on the thread's list; or gives ri back if the stack cannot be written.
+void replace_return_address(RetInstance *ri) {
+    const uint64_t stub = stub_entry(ri->pool, ri->index);
+    if (ukp_safe_copy(ri->pub.fp, &stub, sizeof stub) != 0) {
+        pool_push(ri);
+        return;
+    }
+    ri->next = t_ret.head;
+    t_ret.head = ri;
+}
+
 } // namespace
 
 // A kretprobe's pre_handler. Named for ukp_kret_entry_trampoline (trampolines.S), which
@@ -316,15 +328,47 @@ int kretprobe_pre(kprobe *p, pt_regs *regs) {
             return 0;
         }
     }
-    const uint64_t stub = stub_entry(pool, ri->index);
-    if (ukp_safe_copy(slot, &stub, sizeof stub) != 0) {
-        pool_push(ri);
+    ensure_exit_hook();
+    if (t_ret.stub_call_copy != 0) {
+        // The rest once the point's other handlers ran (finish_kret_entry). The newest of
+        // the point's kretprobes waits, so that the returns come in the order they come
+        // when each replaces the return address in turn: the last one's first.
+        RetInstance *older = t_ret.deferred;
+        t_ret.deferred = ri;
+        if (older != nullptr) replace_return_address(older);
         return 0;
     }
+    replace_return_address(ri);
+    return 0;
+}
+
+void finish_kret_entry(pt_regs *regs) {
+    const uint64_t copy = t_ret.stub_call_copy;
+    t_ret.stub_call_copy = 0;
+    RetInstance *ri = t_ret.deferred;
+    if (ri == nullptr) return;
+    t_ret.deferred = nullptr;
+    auto *slot = static_cast<uint64_t *>(ri->pub.fp);
+    // Read again: another kretprobe at the point may have replaced it since. This
+    // instance's return then comes first, and it is the newest of the list.
+    uint64_t ret;
+    if (ukp_safe_copy(&ret, slot, sizeof ret) != 0) {
+        pool_push(ri);
+        return;
+    }
+    ri->pub.ret_addr = reinterpret_cast<kprobe_opcode_t *>(ret);
+    if (regs->ip != copy || regs->sp != reinterpret_cast<uint64_t>(slot)) {
+        replace_return_address(ri);
+        return;
+    }
+    if (ukp_safe_copy(slot - 2, &copy, sizeof copy) != 0) {
+        pool_push(ri);
+        return;
+    }
+    ri->called = true;
+    regs->ip = ri->pool->sled + ri->index * arch::kRetStubSize + arch::kRetStubCall;
     ri->next = t_ret.head;
     t_ret.head = ri;
-    ensure_exit_hook();
-    return 0;
 }
 
 namespace {

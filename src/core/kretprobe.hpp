@@ -18,7 +18,25 @@ struct RetThread {
     int tid;           // gettid(), 0 until asked (and again in the child of a fork)
     uint32_t home;     // 1 + the shard it takes instances from first, 0 until chosen
     bool exit_hooked;  // exit_hook will run at its exit
+    // While ukp_optprobe_dispatch runs the handlers of a point with a kretprobe detour:
+    // the point's region copy (else 0), and the instance a kretprobe took there, which
+    // finish_kret_entry() sets up once every handler ran.
+    uint64_t stub_call_copy;
+    RetInstance *deferred;
 };
+
+// Named for the trampolines (kretprobe.cpp). __thread, not thread_local: read from other
+// files with no call of a TLS init function (a call the lean scan cannot follow).
+extern __attribute__((visibility("hidden"))) __thread RetThread t_ret __asm__("ukp_ret_thread")
+    __attribute__((tls_model("initial-exec")));
+
+// After ukp_optprobe_dispatch ran the handlers of a point with a kretprobe detour (with
+// t_ret.stub_call_copy set before): the instance a kretprobe's entry took, if any, goes
+// on the thread's list. Where the handlers left the thread on its way into the region
+// copy with sp unmoved, its stub calls the function (regs->ip set to it, the copy's
+// address 16 bytes below sp), so that the function's return is predicted, as through
+// ukp_kret_entry_trampoline; else the return address is replaced, as on the other paths.
+void finish_kret_entry(pt_regs *regs);
 
 // One call in flight. Lives in its pool's array; `pub` is what handlers see and must
 // stay last: rp->data_size bytes of ri->data follow it.

@@ -527,15 +527,21 @@ void set_flags(const Point *pt) {
     }
 }
 
-// Where pt's jmp should lead: its kretprobe detour while its one probe is a kretprobe
-// without an entry_handler (the case ukp_kret_entry_trampoline does itself), else its
-// detour. Either is right for any probes at the point; this one is the faster.
+// Where pt's jmp should lead: its kretprobe detour while an enabled kretprobe is among
+// its probes, else its detour (set_disabled's update_arming asks again). Either is right
+// for any probes at the point; this one is the faster. Through the kretprobe detour,
+// ukp_kret_entry_trampoline does the usual case of a lone kretprobe itself, and in the
+// others ukp_optprobe_dispatch has the kretprobe's stub call the function
+// (finish_kret_entry), so that its return is predicted: the detour's jump through the red
+// zone lets the trampoline go to the stub by a `ret`.
 uint64_t opt_target(const Point *pt) {
     const ProbeList *list = pt->list.load(std::memory_order_relaxed);
-    if (pt->kret_code == 0 || list == nullptr || list->count != 1 || probe_type(list->probes[0]) != 'r')
-        return pt->detour_code;
-    const auto *rp = reinterpret_cast<const kretprobe *>(list->probes[0]); // kp is the first member
-    return rp->entry_handler == nullptr ? pt->kret_code : pt->detour_code;
+    if (pt->kret_code == 0 || list == nullptr) return pt->detour_code;
+    for (uint32_t i = 0; i < list->count; ++i) {
+        const kprobe *p = list->probes[i];
+        if (probe_type(p) == 'r' && (p->flags & (KPROBE_FLAG_DISABLED | KPROBE_FLAG_GONE)) == 0) return pt->kret_code;
+    }
+    return pt->detour_code;
 }
 
 // Writes the jmps of batch[0..n) (whose int3s are in place): the tails, then the heads.
@@ -1210,14 +1216,16 @@ void opt_prepare(Point *pt, uint64_t fn_start, uint64_t fn_size, uint64_t bias,
     // entry's stack pointer, dead only when the entry is reached by a call.
     const size_t kret_at = (kDetourOffset + layout.size + 15) & ~size_t{15};
     int kret_size = -ENOSPC;
+    size_t kret_back = 0;
     if (kret_at < sizeof buf && pt->addr == fn_start && plan.start_jumped == 0)
-        kret_size =
-            arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at, sizeof buf - kret_at);
+        kret_size = arch::emit_kret_detour(slot + kret_at, reinterpret_cast<uint64_t>(pt), buf + kret_at,
+                                           sizeof buf - kret_at, &kret_back);
     const size_t used = kret_size > 0 ? kret_at + static_cast<size_t>(kret_size) : kDetourOffset + layout.size;
     if (text::write(slot, buf, used) != 0) return;
     pt->detour = slot;
     pt->detour_code = slot + kDetourOffset;
     pt->kret_code = kret_size > 0 ? slot + kret_at : 0;
+    pt->kret_back = kret_size > 0 ? slot + kret_at + kret_back : 0;
     pt->region_copy = pt->detour_code + layout.copy;
     pt->layout = layout;
     std::memcpy(pt->dcr_orig, code.data() + (pt->addr - fn_start), layout.dcr_len);

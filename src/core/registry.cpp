@@ -252,7 +252,11 @@ ProbeList *make_list(const ProbeList *from, const kprobe *drop, kprobe *add) {
         const auto *fn = reinterpret_cast<const void *>(add->pre_handler);
         put(add, handler_is_lean(fn), handler_is_own(fn));
     }
-    if (list->count == 1 && !list->any_post && list->lean(0) && list->probes[0]->pre_handler != nullptr)
+    // Not a kretprobe's entry (with an entry_handler, else its own trampoline does it):
+    // ukp_optprobe_dispatch then has its stub call the function, whose return costs less
+    // than the fast case saves.
+    if (list->count == 1 && !list->any_post && list->lean(0) && list->probes[0]->pre_handler != nullptr &&
+        probe_type(list->probes[0]) != 'r')
         list->fast = list->own(0) ? kFastOwn : kFastGuarded;
     const uint64_t all = list->count >= 64 ? ~uint64_t{0} : (uint64_t{1} << list->count) - 1;
     list->all_own_lean = list->count <= 64 && !list->any_post && (list->own_mask & list->lean_mask & all) == all;

@@ -388,16 +388,28 @@ ukp_optprobe_fast_recovery:
         mov     FRAME(%rsp), %rax
         add     $DETOUR_BACK_LEN, %rax
         cmp     RIP(%rsp), %rax
-        jne     .Lopt_elsewhere
+        jne     .Lopt_kret_back
         lea     FRAME+144(%rsp), %rax
         cmp     RSP(%rsp), %rax
         jne     .Lopt_elsewhere
+.Lopt_ret:
         .cfi_remember_state
         RESTORE_FLAGS_AND_GPRS
         lea     FRAME(%rsp), %rsp       // lea: the flags are the program's again
         .cfi_adjust_cfa_offset -FRAME
         ret
         .cfi_restore_state
+.Lopt_kret_back:                                // entered through a kretprobe detour,
+        sub     $DETOUR_BACK_LEN, %rax          // which jumps through the word 8 below the
+        mov     FRAME+8(%rsp), %rcx             // program's sp (dead: the detour is at a
+        cmp     UKP_PT_KRET_BACK(%rcx), %rax    // function's entry, reached by a call): a
+        jne     .Lopt_elsewhere                 // `ret` gets there wherever the thread goes
+        lea     FRAME+144(%rsp), %rax           // with sp unmoved, the return stack kept in
+        cmp     RSP(%rsp), %rax                 // step (the stub that calls the function, see
+        jne     .Lopt_elsewhere                 // finish_kret_entry in kretprobe.cpp)
+        mov     RIP(%rsp), %rax
+        mov     %rax, FRAME+136(%rsp)
+        jmp     .Lopt_ret
 .Lopt_elsewhere:
         FRAME_BELOW_RESUME
         RESUME_PT_REGS

@@ -128,12 +128,15 @@ TEST(Detour, TheKretprobeDetourCallsItsTrampolineThenJumpsWhereItChose) {
     const auto trampoline = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
     for (const uint64_t dest : {trampoline + (1ull << 20), (trampoline + (64ull << 30)) & ~uint64_t{0xfff}}) {
         uint8_t b[128];
-        const int size = emit_kret_detour(dest, 0x1122334455667788ull, b, sizeof b);
+        size_t back = 0;
+        const int size = emit_kret_detour(dest, 0x1122334455667788ull, b, sizeof b, &back);
         ASSERT_GT(size, 0);
         uint64_t target = 0;
         size_t end = 0;
         check_head(b, static_cast<size_t>(size), dest, 0x1122334455667788ull, &target, &end);
         EXPECT_EQ(target, trampoline);
+        EXPECT_EQ(back, end - 8) << "the call's return site: `lea 0x88(%rsp),%rsp` follows";
+        EXPECT_EQ(b[back - (b[11] == 0xe8 ? 5 : 6)], b[11]) << "the call ends there";
         EXPECT_EQ(b[11], dest < trampoline + (1ull << 30) ? 0xe8 : 0xff) << "near, then far";
         const uint8_t jmp[] = {0xff, 0x64, 0x24, 0xf8}; // jmp *-8(%rsp)
         EXPECT_EQ(std::memcmp(b + end, jmp, sizeof jmp), 0);

@@ -415,8 +415,9 @@ TEST(JitDebug, GdbInTheStubsCallWalksToTheRealCaller) {
     g_go_on = 0;
     std::atomic<long> result{0};
     std::thread worker([&result] {
-        // The thread's first entry goes the C way (hijacking); the second is the jump
-        // path's, and the instance it took (its home shard's one) is the next one's too.
+        // The thread's first entry goes the C way (ukp_optprobe_dispatch); the second is
+        // the kretprobe trampoline's own, and the instance it took (its home shard's one)
+        // is the next one's too.
         long r = ukj_calls(1) + ukj_calls(1);
         g_waiting = true;
         while (g_go_on == 0) usleep(1000);

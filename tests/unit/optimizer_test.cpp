@@ -4,6 +4,7 @@
 
 #include "asm_functions.h"
 #include "core/core.hpp"
+#include "core/kretprobe.hpp"
 #include "jumps.h"
 #include "opt_functions_decl.h"
 
@@ -744,23 +745,37 @@ TEST_F(OptimizerTest, AKretprobeOnAnOptimizedEntryTakesNoTrap) {
 
 int entry_nothing(kretprobe_instance *, pt_regs *) { return 0; }
 
-// A kretprobe alone on an entry (no entry_handler) has a detour of its own, whose
-// trampoline does the entry in a few instructions; any other set of probes there gets the
-// usual one, and the jmp follows the probes as they come and go.
-TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
+// Returns whose instance's stub called the function (RetInstance::called): the jump
+// path's way, whose return the CPU predicts, rather than a replaced return address.
+std::atomic<int> g_called_returns{0};
+int ret_handler_noting_call(kretprobe_instance *ri, pt_regs *regs) {
+    const auto *inst = reinterpret_cast<const ukp::core::RetInstance *>(reinterpret_cast<const char *>(ri) -
+                                                                        offsetof(ukp::core::RetInstance, pub));
+    if (inst->called) g_called_returns.fetch_add(1, std::memory_order_relaxed);
+    return ret_handler(ri, regs);
+}
+
+// A kretprobe leads the jmp of a function's entry to the kretprobe detour, alone (its
+// trampoline then does the entry in a few instructions) or beside other probes or with an
+// entry_handler (the usual trampoline's work, after which the stub calls the function);
+// without a kretprobe the jmp leads to the usual detour. The jmp follows the probes as
+// they come and go, and every return is the stub's call's.
+TEST_F(OptimizerTest, AKretprobeLeadsTheJumpToTheKretprobeDetour) {
     const auto usual = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
     const auto kret = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
     const void *fn = reinterpret_cast<const void *>(&ukpt_opt_work);
     kprobe kp{};
     put_optimized(kp, count_pre);
-    EXPECT_EQ(jumped_trampoline(fn), usual);
+    EXPECT_EQ(jumped_trampoline(fn), usual) << "a kprobe alone";
     kretprobe rp{};
-    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_work", ret_handler));
-    EXPECT_EQ(jumped_trampoline(fn), usual) << "a kprobe beside it";
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_work", ret_handler_noting_call));
+    EXPECT_EQ(jumped_trampoline(fn), kret) << "a kprobe beside it";
     g_ret_sum = 0;
+    g_called_returns = 0;
     EXPECT_EQ(ukpt_opt_work(4), 11); // ((4 + 1) * 3) ^ 4
     EXPECT_EQ(g_hits.load(), 1);
     EXPECT_EQ(g_ret_sum.load(), 11);
+    EXPECT_EQ(g_called_returns.load(), 1) << "beside a kprobe, the stub called the function";
     unregister_kprobe(&kp);
     ukp_optimizer_flush();
     EXPECT_EQ(jumped_trampoline(fn), kret) << "alone now";
@@ -771,18 +786,88 @@ TEST_F(OptimizerTest, AKretprobeAloneHasADetourOfItsOwn) {
         ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
     }
     EXPECT_EQ(g_ret_sum.load(), expect);
+    EXPECT_EQ(g_called_returns.load(), 21);
     kprobe again{};
     put_optimized(again, count_pre);
-    EXPECT_EQ(jumped_trampoline(fn), usual) << "a kprobe came back";
-    unregister_kprobe(&again);
-    ukp_optimizer_flush();
-    EXPECT_EQ(jumped_trampoline(fn), kret);
+    EXPECT_EQ(jumped_trampoline(fn), kret) << "a kprobe came back";
     unregister_kretprobe(&rp);
+    ukp_optimizer_flush();
+    EXPECT_EQ(jumped_trampoline(fn), usual) << "the kprobe alone again";
+    unregister_kprobe(&again);
 
     kretprobe with_entry{};
-    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(with_entry, "ukpt_opt_work", ret_handler, 0, entry_nothing));
-    EXPECT_EQ(jumped_trampoline(fn), usual) << "an entry_handler is the usual trampoline's work";
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(with_entry, "ukpt_opt_work", ret_handler_noting_call, 0, entry_nothing));
+    EXPECT_EQ(jumped_trampoline(fn), kret) << "with an entry_handler";
+    g_called_returns = 0;
+    EXPECT_EQ(ukpt_opt_work(4), 11);
+    EXPECT_EQ(g_called_returns.load(), 1);
     unregister_kretprobe(&with_entry);
+}
+
+std::vector<int> g_return_order;
+int first_returns(kretprobe_instance *ri, pt_regs *regs) {
+    g_return_order.push_back(1);
+    return ret_handler_noting_call(ri, regs);
+}
+int second_returns(kretprobe_instance *ri, pt_regs *regs) {
+    g_return_order.push_back(2);
+    return ret_handler_noting_call(ri, regs);
+}
+
+// Two kretprobes and a kprobe on one optimized entry: the returns come in the order they
+// come on the breakpoint path, where each kretprobe replaces the return address in turn
+// (the last one's first); the last one's stub calls the function, the first's replaces
+// the return address the stub then returns to.
+TEST_F(OptimizerTest, TwoKretprobesAndAKprobeOnAnOptimizedEntryReturnInOrder) {
+    kretprobe first{}, second{};
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(first, "ukpt_opt_work", first_returns));
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(second, "ukpt_opt_work", second_returns));
+    kprobe kp{};
+    put_optimized(kp, count_pre);
+    g_return_order.clear();
+    g_ret_sum = 0;
+    g_called_returns = 0;
+    for (long i = 0; i < 3; ++i) ASSERT_EQ(ukpt_opt_work(i), ((i + 1) * 3) ^ i);
+    EXPECT_EQ(g_return_order, (std::vector<int>{2, 1, 2, 1, 2, 1}));
+    EXPECT_EQ(g_ret_sum.load(), 2 * (3 + 7 + 11));
+    EXPECT_EQ(g_called_returns.load(), 3) << "one of each call's two";
+    EXPECT_EQ(g_hits.load(), 3);
+    EXPECT_EQ(first.ukp_unwound + second.ukp_unwound, 0u);
+    EXPECT_EQ(first.nmissed + second.nmissed, 0);
+    unregister_kprobe(&kp);
+    unregister_kretprobe(&second);
+    unregister_kretprobe(&first);
+}
+
+extern "C" __attribute__((noinline)) long ukpt_instead_of_work(long x) {
+    asm volatile("" ::: "memory");
+    return x + 1000;
+}
+int send_elsewhere(kprobe *, pt_regs *regs) {
+    g_hits.fetch_add(1, std::memory_order_relaxed);
+    regs->ip = reinterpret_cast<uint64_t>(&ukpt_instead_of_work);
+    return 1;
+}
+
+// A kprobe after a kretprobe on an optimized entry sends the thread into another function
+// ("Changing Execution Path"): the kretprobe's return is then that function's, by the
+// replaced return address, with its value.
+TEST_F(OptimizerTest, AKprobeSendingTheThreadElsewhereBesideAKretprobe) {
+    kretprobe rp{};
+    ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_work", ret_handler_noting_call));
+    kprobe kp{};
+    put_optimized(kp, send_elsewhere);
+    g_ret_sum = 0;
+    g_called_returns = 0;
+    EXPECT_EQ(ukpt_opt_work(4), 1004);
+    EXPECT_EQ(g_hits.load(), 1);
+    EXPECT_EQ(g_ret_sum.load(), 1004);
+    EXPECT_EQ(g_called_returns.load(), 0) << "the return address replaced";
+    EXPECT_EQ(rp.ukp_unwound, 0u);
+    unregister_kprobe(&kp);
+    EXPECT_EQ(ukpt_opt_work(4), 11);
+    EXPECT_EQ(g_ret_sum.load(), 1015);
+    unregister_kretprobe(&rp);
 }
 
 // A function that jumps back to its own first instruction may keep data below its stack
@@ -992,27 +1077,26 @@ int count_return(kretprobe_instance *, pt_regs *) {
 }
 
 // 4 threads run through a kretprobed function while a kprobe beside it comes and goes, so
-// that its jump moves between the kretprobe's own detour and the usual one (through the
-// breakpoint each time): every call is right, and every entry either comes back through
-// the return handler or is counted missed.
-TEST_F(OptimizerTest, HotLoopWhileTheJumpMovesBetweenDetours) {
+// that its entry goes from the kretprobe detour's own fast case to the usual trampoline,
+// whose stub calls the function (through the breakpoint each time): every call is right,
+// and every entry either comes back through the return handler or is counted missed.
+TEST_F(OptimizerTest, HotLoopWhileAKprobeComesAndGoesBesideAKretprobe) {
     kretprobe rp{};
     g_returns = 0;
     ASSERT_NO_FATAL_FAILURE(put_optimized_rp(rp, "ukpt_opt_work", count_return, 64));
     WorkLoop loop(4);
     const auto kret = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
-    const auto usual = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
     const void *fn = reinterpret_cast<const void *>(&ukpt_opt_work);
-    int kret_rounds = 0, usual_rounds = 0;
+    int alone_rounds = 0, beside_rounds = 0;
     for (int round = 0; round < 200; ++round) {
         kprobe kp{};
         kp.symbol_name = "ukpt_opt_work";
         kp.pre_handler = count_pre;
         ukp_optimizer_flush();
-        kret_rounds += jumped_trampoline(fn) == kret;
+        alone_rounds += jumped_trampoline(fn) == kret;
         ASSERT_EQ(register_kprobe(&kp), 0);
         ukp_optimizer_flush();
-        usual_rounds += jumped_trampoline(fn) == usual;
+        beside_rounds += jumped_trampoline(fn) == kret;
         unregister_kprobe(&kp);
     }
     loop.stop();
@@ -1020,8 +1104,44 @@ TEST_F(OptimizerTest, HotLoopWhileTheJumpMovesBetweenDetours) {
     EXPECT_EQ(loop.wrong.load(), 0);
     EXPECT_EQ(g_returns.load() + rp.nmissed + static_cast<long>(rp.kp.nmissed), loop.calls.load());
     EXPECT_EQ(rp.ukp_unwound, 0u);
-    EXPECT_GT(kret_rounds, 100) << "the kretprobe's own detour, alone";
-    EXPECT_GT(usual_rounds, 100) << "the usual one, with the kprobe";
+    EXPECT_GT(alone_rounds, 100) << "optimized, the kretprobe alone";
+    EXPECT_GT(beside_rounds, 100) << "optimized, with the kprobe";
+}
+
+// The same with the kprobe staying and the kretprobe coming and going, so that the jump
+// moves between the usual detour and the kretprobe's (through the breakpoint each time):
+// every call is right and counted by the kprobe, and no return is lost to an unwind.
+TEST_F(OptimizerTest, HotLoopWhileTheJumpMovesBetweenDetours) {
+    kprobe kp{};
+    put_optimized(kp, count_pre);
+    WorkLoop loop(4);
+    const auto kret = reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline);
+    const auto usual = reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline);
+    const void *fn = reinterpret_cast<const void *>(&ukpt_opt_work);
+    int kret_rounds = 0, usual_rounds = 0;
+    uint64_t unwound = 0;
+    g_returns = 0;
+    for (int round = 0; round < 200; ++round) {
+        kretprobe rp{};
+        rp.kp.symbol_name = "ukpt_opt_work";
+        rp.handler = count_return;
+        rp.maxactive = 64;
+        ukp_optimizer_flush();
+        usual_rounds += jumped_trampoline(fn) == usual;
+        ASSERT_EQ(register_kretprobe(&rp), 0);
+        ukp_optimizer_flush();
+        kret_rounds += jumped_trampoline(fn) == kret;
+        unregister_kretprobe(&rp);
+        unwound += rp.ukp_unwound;
+    }
+    loop.stop();
+    unregister_kprobe(&kp);
+    EXPECT_EQ(loop.wrong.load(), 0);
+    EXPECT_EQ(g_hits.load() + static_cast<long>(kp.nmissed), loop.calls.load());
+    EXPECT_GT(g_returns.load(), 0);
+    EXPECT_EQ(unwound, 0u);
+    EXPECT_GT(kret_rounds, 100) << "the kretprobe's detour, with the kretprobe";
+    EXPECT_GT(usual_rounds, 100) << "the usual one, the kprobe alone";
 }
 
 // The same while 8 threads run through the region: the inner probe comes and goes, the

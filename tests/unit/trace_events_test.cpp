@@ -273,10 +273,11 @@ TEST_F(TraceEvents, TheCounterTableReadsAsKprobeProfileDoes) {
     EXPECT_EQ(read("kprobe_profile").find("other"), std::string::npos);
 }
 
-// A return event without $argN is a kretprobe without an entry_handler: alone on a
-// function's entry, its jump leads to the kretprobe's own detour (the core's shortest
-// way in). With $argN it keeps its entry handler, which saves them: the usual detour.
-TEST_F(TraceEvents, AReturnEventSavingNoArgumentTakesTheKretprobesOwnDetour) {
+// A return event is a kretprobe: its jump leads to the kretprobe's own detour. Without
+// $argN it has no entry_handler, and the detour's trampoline does its entry alone (the
+// core's shortest way in); with $argN its entry handler saves them, through the usual
+// trampoline, after which the stub calls the function. Both see their values.
+TEST_F(TraceEvents, AReturnEventTakesTheKretprobesDetour) {
     const void *fn = reinterpret_cast<const void *>(ttarget_triple);
     ASSERT_EQ(file_write("kprobe_events", "r:back ttarget_triple ret=$retval:s64"), 0);
     ASSERT_EQ(file_write("events/kprobes/back/enable", "1"), 0);
@@ -292,7 +293,7 @@ TEST_F(TraceEvents, AReturnEventSavingNoArgumentTakesTheKretprobesOwnDetour) {
     ASSERT_EQ(file_write("kprobe_events", "r:args ttarget_triple x=$arg1:s64 ret=$retval:s64"), 0);
     ASSERT_EQ(file_write("events/kprobes/args/enable", "1"), 0);
     ukp_optimizer_flush();
-    EXPECT_EQ(jumped_trampoline(fn), reinterpret_cast<uint64_t>(&ukp_optprobe_trampoline));
+    EXPECT_EQ(jumped_trampoline(fn), reinterpret_cast<uint64_t>(&ukp_kret_entry_trampoline));
     g_triple(7);
     EXPECT_NE(read("trace").find(" x=7 ret=21\n"), std::string::npos) << read("trace");
     ASSERT_EQ(file_write("events/kprobes/args/enable", "0"), 0);

@@ -120,7 +120,7 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
     return 0;
 }
 
-int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) {
+int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap, size_t *back) {
     // jmp *-8(%rsp): to the address the trampoline left in the red zone, dead at a
     // function's entry, and out of a signal frame's way (the kernel skips 128 bytes).
     static constexpr uint8_t kJmpLeft[] = {0xff, 0x64, 0x24, 0xf8};
@@ -128,6 +128,7 @@ int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap) 
     if (int err = emit_head(dest, ukp_kret_entry_trampoline, out, cap, &h); err != 0) return err;
     if (cap < h.end + sizeof kJmpLeft) return -ENOSPC;
     std::memcpy(out + h.end, kJmpLeft, sizeof kJmpLeft);
+    if (back != nullptr) *back = h.end - sizeof kBackOverRedZone;
     return put_literals(h, context, h.end + sizeof kJmpLeft, out, cap);
 }
 

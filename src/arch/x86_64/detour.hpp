@@ -70,8 +70,9 @@ int emit_detour(uint64_t dest, uint64_t context, const Insn *dcr, size_t n, uint
 // Emits into out[0, cap), to run at `dest`, the detour of a point whose one probe is a
 // kretprobe: it calls ukp_kret_entry_trampoline with `context`, then jumps to the address
 // the trampoline left 8 bytes below the program's stack pointer. Returns the bytes
-// emitted, or -ENOSPC.
-int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap);
+// emitted, or -ENOSPC; *back (if given): the offset of the call's return site, where
+// the trampolines return to.
+int emit_kret_detour(uint64_t dest, uint64_t context, uint8_t *out, size_t cap, size_t *back = nullptr);
 
 // The address in the detour at `dest` where execution that reached `orig` (the start of a
 // DCR instruction, probe address included) goes on; 0 if orig starts no DCR instruction.
