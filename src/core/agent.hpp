@@ -33,6 +33,16 @@ public:
 void begin_agent_work();
 void end_agent_work();
 
+// fork()'s window: from the agent's last prepare handler to its first parent handler, and
+// in the child until the tracer has given it a ring of its own, the forking thread's probe
+// hits neither run nor count, as the agent's own work. Without it the child's hits in the
+// C library's fork() (its locks' reset, _Fork's return) and in the other child handlers
+// wrote into the parent's ring, which is shared memory, at the same time as the parent:
+// the reader lost the parent's records unreported. The tracer ends the child's window
+// (fork_window_ends_late before it registers its child handler, end_fork_window there).
+void fork_window_ends_late();
+void end_fork_window();
+
 // Runs f() from inside a probe hit as the agent's own work, with the vector state saved:
 // the calls into the C library the tracer's hit path makes for itself (a thread's name and
 // id, once; the clock's next segments; a trigger's action) are not the program's, and a

@@ -1,4 +1,5 @@
 // fork(): the agent's locks taken around it, and the child's probes (ukp_set_fork_policy).
+#include "core/agent.hpp"
 #include "core/core.hpp"
 #include "core/registry_internal.hpp"
 
@@ -74,7 +75,31 @@ void after_fork_child() {
     g_control_gate.unlock();
 }
 
+// fork()'s window (agent.hpp). Registered at load, before the program's handlers and the
+// agent's others: its prepare handler runs last, its parent and child handlers first.
+std::atomic<bool> g_window_ends_late{false};
+thread_local bool t_in_window __attribute__((tls_model("initial-exec")));
+void window_begin() {
+    begin_agent_work();
+    t_in_window = true;
+}
+void window_end_parent() { end_fork_window(); }
+void window_end_child() {
+    if (!g_window_ends_late.load(std::memory_order_acquire)) end_fork_window();
+}
+__attribute__((constructor(101))) void hook_fork_window() {
+    pthread_atfork(window_begin, window_end_parent, window_end_child);
+}
+
 } // namespace
+
+void fork_window_ends_late() { g_window_ends_late.store(true, std::memory_order_release); }
+
+void end_fork_window() {
+    if (!t_in_window) return;
+    t_in_window = false;
+    end_agent_work();
+}
 
 void hook_fork() {
     static std::once_flag once;

@@ -361,6 +361,11 @@ __attribute__((destructor)) void save_comm_at_exit() {
 }
 
 void after_fork_child() {
+    // The child's hits in the C library's fork() up to here were kept out of the parent's
+    // ring (agent.hpp, fork's window); from the end of this handler on they go to its own.
+    struct WindowEnd {
+        ~WindowEnd() { core::end_fork_window(); }
+    } window_end;
     // The child's new buffers are the agent's work, not the program's: a probe on malloc
     // or memfd_create neither runs nor counts while they are made (it counted one hit the
     // ring could not hold: the buffers did not exist yet).
@@ -423,6 +428,7 @@ int init_locked() {
         learn_tid_word_offset();
     }
     if (!g_atfork_done) {
+        core::fork_window_ends_late();
         pthread_atfork(nullptr, nullptr, after_fork_child);
         g_atfork_done = true;
     }
