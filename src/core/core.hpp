@@ -112,8 +112,9 @@ struct Point {
     uint64_t detour_code = 0;  // the detour's entry (detour + 16)
     arch::DetourLayout layout; // where the region copy is in it
     // The kretprobe detour's entry (arch::emit_kret_detour), after the detour in the same
-    // slot, or 0 where it does not fit: the jmp leads there while the point's one probe is
-    // a kretprobe without an entry_handler (opt_target). It resumes at region_copy.
+    // slot, or 0 where it does not fit (or the entry is not a function's, reached by a
+    // call): the jmp leads there while an enabled kretprobe is among the point's probes
+    // (opt_target). It resumes at region_copy, or at the stub that calls it.
     uint64_t kret_code = 0;
     // Its call's return site, where the trampolines return to, or 0: from there the
     // detour jumps through the word 8 below the program's stack pointer, so that
