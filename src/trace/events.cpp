@@ -25,6 +25,7 @@
 #include <optional>
 #include <sstream>
 
+#include "platform/fork_mark.hpp"
 #include "platform/safe_access.hpp"
 #include "platform/this_cpu.hpp"
 #include "core/agent.hpp"
@@ -228,6 +229,10 @@ void put_header(uint8_t *rec, uint16_t id, int32_t tid) {
 
 void Event::hit(const pt_regs *regs, const uint64_t *entry, uint64_t ip, uint64_t ret_addr, uint64_t watch_addr,
                 const PointArgs *own) noexcept {
+    // A child of a fork() that ran no handler has the parent's ring and counters, shared
+    // memory: its hits are nobody's to see (fork_mark.hpp).
+    if (!platform::process_known()) [[unlikely]]
+        return;
     const int cpu = platform::this_cpu(); // from rseq: no system call; the record's too
     counts->hit();
     if (!hit_wanted()) return;

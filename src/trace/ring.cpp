@@ -572,6 +572,15 @@ __attribute__((noinline, cold)) bool evict(Writer &w, BufferHeader *s, uint64_t 
                                            uint64_t t) {
     const uint64_t cap = w.cap;
     while (end - t > cap) {
+        if (t > h || h - t > cap) [[unlikely]] {
+            // A tail past the head, or further behind it than the buffer holds: another
+            // writer wrote here (nothing else does). The buffer's records cannot be told
+            // apart any more: it starts empty, this record counted as lost. Evicting would
+            // never make room.
+            s->tail.compare_exchange_strong(t, h, std::memory_order_acq_rel, std::memory_order_relaxed);
+            refuse_record(w, s);
+            return false;
+        }
         // must <= h: a record never needs more than the whole buffer (checked by the caller).
         const uint64_t must = end - cap, want = std::min(h, must + std::min(kEvictAhead, cap / 16));
         uint64_t nt = t, records = 0;

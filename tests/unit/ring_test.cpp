@@ -319,6 +319,35 @@ TEST_F(RingTest, OverwriteKeepsTheNewestAndCountsTheRest) {
     EXPECT_EQ(second.lost_before, 0u);
 }
 
+// A buffer whose tail passed its head (another writer wrote there: a child of a raw fork
+// did, shared memory): the writer starts it empty and goes on, the record it was writing
+// counted as lost. Before, eviction never made room: the writer spun for good.
+TEST_F(RingTest, ABufferWhoseTailPassedItsHeadStartsEmptyInsteadOfHangingItsWriter) {
+    ASSERT_EQ(set_buffer_size_kb(8), 0);
+    for (uint32_t i = 0; i < 1000; ++i) ASSERT_TRUE(write_record(0, i)); // full: each record evicts
+    const uint32_t me = static_cast<uint32_t>(gettid_());
+    BufferHeader *mine = nullptr;
+    with_ring_views([&](const RingView &main, const RingView &) {
+        const RingHeader *h = main.header();
+        for (uint32_t i = 0; h != nullptr && i < h->buffer_count; ++i)
+            if (main.buffer(i)->owner.load() == me) mine = main.buffer(i);
+    });
+    ASSERT_NE(mine, nullptr);
+    const uint64_t head = mine->head.load();
+    mine->tail.store(head + 3 * 8192 + 64);
+    EXPECT_FALSE(write_record(0, 1000)); // refused, counted
+    for (uint32_t i = 1001; i < 1100; ++i) ASSERT_TRUE(write_record(0, i));
+    RingCounts c;
+    auto e = collect(&c);
+    ASSERT_FALSE(e.empty());
+    uint32_t w = 0, seq = 0;
+    ASSERT_TRUE(check_record(e.back().rec, &w, &seq));
+    EXPECT_EQ(seq, 1099u);
+    ASSERT_TRUE(check_record(e.front().rec, &w, &seq));
+    EXPECT_GE(seq, 1001u); // nothing from before: those bytes could not be told apart
+    EXPECT_EQ(c.lost, 1u);
+}
+
 // `threads` writers of `per` records each, run to their end.
 void write_concurrently(uint32_t threads, uint32_t per) {
     std::vector<std::thread> ts;

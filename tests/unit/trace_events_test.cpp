@@ -22,6 +22,7 @@
 
 #include "arch/x86_64/detour.hpp"
 #include "jumps.h"
+#include "platform/fork_mark.hpp"
 #include "trace/counters.hpp"
 #include "trace/events.hpp"
 #include "trace_files.hpp"
@@ -420,6 +421,44 @@ TEST_F(TraceEvents, AForkedChildCountsItsOwnHits) {
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0);
     EXPECT_EQ(read("kprobe_profile"), two);
+}
+
+// A child made by a fork() that runs no handler (_Fork, the raw system call) shares the
+// parent's ring and counters: its hits leave them alone, and the parent's trace stays
+// exact. Before, they counted in the parent's kprobe_profile and wrote into its buffers,
+// at the same time as the parent (a parent's writer spun for good in the buffer they
+// left).
+TEST_F(TraceEvents, AChildForkedWithoutTheHandlersLeavesTheParentsTraceAlone) {
+    ASSERT_TRUE(ukp::platform::fork_mark_wiped_in_children());
+    ASSERT_EQ(file_write("kprobe_events", "p:flt ttarget_triple x=%di:s64"), 0);
+    ASSERT_EQ(file_write("events/kprobes/flt/enable", "1"), 0);
+    long parents = 0;
+    for (const bool raw : {false, true}) {
+        const pid_t child = raw ? static_cast<pid_t>(syscall(SYS_fork)) : _Fork();
+        ASSERT_GE(child, 0);
+        if (child == 0) {
+            // No handler ran: the mark is clear here, and set in the parent.
+            if (ukp::platform::process_known()) _exit(1);
+            for (int i = 0; i < 3000; ++i) g_triple(i);
+            _exit(0);
+        }
+        for (int i = 0; i < 3000; ++i, ++parents) g_triple(i);
+        int status = 0;
+        ASSERT_EQ(waitpid(child, &status, 0), child);
+        ASSERT_TRUE(WIFEXITED(status));
+        EXPECT_EQ(WEXITSTATUS(status), 0);
+    }
+    EXPECT_TRUE(ukp::platform::process_known());
+    EXPECT_EQ(read("kprobe_profile"), profile_line("flt", static_cast<int>(parents), 0));
+    // The default buffers hold them all: every record is the parent's.
+    EXPECT_EQ(count_events("flt"), static_cast<size_t>(parents));
+    std::istringstream in(read("trace"));
+    const std::string mine = "-" + std::to_string(getpid()) + " ";
+    size_t others = 0;
+    for (std::string line; std::getline(in, line);)
+        if (line[0] != '#' && line.find(" flt: (") != std::string::npos && line.find(mine) == std::string::npos)
+            ++others;
+    EXPECT_EQ(others, 0u);
 }
 
 TEST_F(TraceEvents, ThreadsHitAtOnce) {
