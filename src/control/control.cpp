@@ -618,15 +618,44 @@ int open_socket_dir(const std::string &dir) {
     return fd;
 }
 
-// Sockets of processes that are gone (killed: they could not remove their own).
-void remove_stale_sockets(const std::string &dir) {
+// The inode of this process's pid namespace (protocol.hpp, socket_path). Without /proc
+// to tell, the first namespace's.
+uint64_t own_pid_ns() {
+    struct stat st {};
+    return stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : kInitialPidNs;
+}
+
+// Whether nothing listens on the socket `name` in `dir` any more.
+bool nobody_listens(const std::string &dir, const char *name) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = dir + "/" + name;
+    if (path.size() >= sizeof addr.sun_path) return false;
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return false;
+    const bool refused =
+        connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof addr) != 0 && errno == ECONNREFUSED;
+    close(fd);
+    return refused;
+}
+
+// Sockets of processes that are gone (killed: they could not remove their own). Those
+// named in this process's pid namespace (`pid_ns`) when their process is gone; those of
+// another, where a process number means nothing here, when nothing listens on them.
+void remove_stale_sockets(const std::string &dir, uint64_t pid_ns) {
     DIR *d = opendir(dir.c_str());
     if (d == nullptr) return;
     while (dirent *e = readdir(d)) {
         char *end = nullptr;
         const long pid = strtol(e->d_name, &end, 10);
-        if (pid <= 0 || end == nullptr || strcmp(end, ".sock") != 0) continue;
-        if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) unlinkat(dirfd(d), e->d_name, 0);
+        if (pid <= 0 || end == nullptr) continue;
+        uint64_t ns = kInitialPidNs;
+        if (*end == '.' && end[1] >= '0' && end[1] <= '9') ns = strtoull(end + 1, &end, 10);
+        if (strcmp(end, ".sock") != 0) continue;
+        const bool gone =
+            ns == pid_ns ? kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH : nobody_listens(dir, e->d_name);
+        if (gone) unlinkat(dirfd(d), e->d_name, 0);
     }
     closedir(d);
 }
@@ -700,8 +729,9 @@ int start_locked() {
     const int dir_fd = open_socket_dir(dir);
     if (dir_fd < 0) return dir_fd;
     close(dir_fd);
-    remove_stale_sockets(dir);
-    const std::string path = socket_path(geteuid(), getpid());
+    const uint64_t pid_ns = own_pid_ns();
+    remove_stale_sockets(dir, pid_ns);
+    const std::string path = socket_path(geteuid(), getpid(), pid_ns);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;

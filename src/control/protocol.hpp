@@ -82,7 +82,20 @@ static_assert(sizeof(RequestHeader) == 16 && sizeof(ReplyHeader) == 16);
 // Where the agent of process `pid` running as `uid` listens. The directory is the user's
 // own (mode 0700); the agent refuses to use it otherwise.
 inline std::string socket_dir(unsigned uid) { return "/tmp/ukprobes-" + std::to_string(uid); }
-inline std::string socket_path(unsigned uid, int pid) { return socket_dir(uid) + "/" + std::to_string(pid) + ".sock"; }
+
+// The inode number of the kernel's first pid namespace (PROC_PID_INIT_INO), the one a
+// process outside any container is in.
+inline constexpr uint64_t kInitialPidNs = 0xeffffffcu;
+
+// A process in another pid namespace (a container, `bwrap --unshare-pid`, `unshare -p`)
+// that shares /tmp numbers itself differently: `pid` is the number its own namespace
+// gives it, and the name carries that namespace's inode, so that its socket neither takes
+// the name of a process outside nor is taken for one. PID.sock in the first namespace.
+inline std::string socket_path(unsigned uid, int pid, uint64_t pid_ns = kInitialPidNs) {
+    std::string name = std::to_string(pid);
+    if (pid_ns != kInitialPidNs) name += "." + std::to_string(pid_ns);
+    return socket_dir(uid) + "/" + name + ".sock";
+}
 
 inline const char *op_name(uint16_t op) {
     switch (static_cast<Op>(op)) {

@@ -1,11 +1,16 @@
 #include "trace/output.hpp"
 
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -70,22 +75,105 @@ std::string snapshot_help(bool allocated) {
 
 } // namespace
 
+namespace {
+
+uint64_t pid_ns_of(const std::string &proc_dir) {
+    struct stat st {};
+    return stat((proc_dir + "/ns/pid").c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// A task's number in its own pid namespace (NSpid's last field), 0 if unknown.
+int32_t own_number(const std::string &proc_dir) {
+    FILE *f = std::fopen((proc_dir + "/status").c_str(), "re");
+    if (f == nullptr) return 0;
+    char line[256];
+    int32_t n = 0;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+        if (std::strncmp(line, "NSpid:", 6) != 0) continue;
+        for (char *p = line + 6, *end = nullptr;; p = end) {
+            const long v = std::strtol(p, &end, 10);
+            if (end == p) break;
+            n = static_cast<int32_t>(v);
+        }
+        break;
+    }
+    std::fclose(f);
+    return n;
+}
+
+// The reader's own pid namespace.
+uint64_t own_pid_ns() {
+    static const uint64_t ns = pid_ns_of("/proc/self");
+    return ns;
+}
+
+// The process numbered `pid` in pid namespace `ns`, as this one numbers it; 0 if none is
+// seen from here. Found once per process (a walk of /proc).
+int32_t outer_pid(uint64_t ns, int32_t pid) {
+    static std::mutex mu;
+    static std::map<std::pair<uint64_t, int32_t>, int32_t> found;
+    std::lock_guard lock(mu);
+    if (auto it = found.find({ns, pid}); it != found.end() && pid_ns_of("/proc/" + std::to_string(it->second)) == ns &&
+                                         own_number("/proc/" + std::to_string(it->second)) == pid)
+        return it->second;
+    int32_t outer = 0;
+    if (DIR *d = opendir("/proc")) {
+        while (dirent *e = readdir(d)) {
+            char *end = nullptr;
+            const long x = std::strtol(e->d_name, &end, 10);
+            if (x <= 0 || *end != 0) continue;
+            const std::string dir = std::string("/proc/") + e->d_name;
+            if (pid_ns_of(dir) == ns && own_number(dir) == pid) {
+                outer = static_cast<int32_t>(x);
+                break;
+            }
+        }
+        closedir(d);
+    }
+    if (outer != 0) found[{ns, pid}] = outer;
+    return outer;
+}
+
+} // namespace
+
 ThreadNames::ThreadNames(const RingView &v) : v_(v) {
     const RingHeader *h = v.header();
     pid_ = h != nullptr ? h->pid : getpid();
+    if (h != nullptr && h->pid_ns != 0 && h->pid_ns != own_pid_ns()) outer_ = outer_pid(h->pid_ns, h->pid);
 }
 
-const std::string &ThreadNames::of(int32_t tid) {
+const ThreadNames::Thread &ThreadNames::lookup(int32_t tid) {
     auto it = cache_.find(tid);
-    if (it == cache_.end()) it = cache_.emplace(tid, ring_thread_name(v_, pid_, tid)).first;
-    return it->second;
+    if (it != cache_.end()) return it->second;
+    const RingHeader *h = v_.header();
+    if (h == nullptr || h->pid_ns == 0 || tid == 0 || h->pid_ns == own_pid_ns())
+        return cache_.emplace(tid, Thread{ring_thread_name(v_, pid_, tid), tid}).first->second;
+    // Another pid namespace: the thread among the process's, by its own number.
+    int32_t here = 0;
+    if (outer_ != 0) {
+        const std::string task = "/proc/" + std::to_string(outer_) + "/task";
+        if (DIR *d = opendir(task.c_str())) {
+            while (dirent *e = readdir(d)) {
+                char *end = nullptr;
+                const long x = std::strtol(e->d_name, &end, 10);
+                if (x > 0 && *end == 0 && own_number(task + "/" + e->d_name) == tid) {
+                    here = static_cast<int32_t>(x);
+                    break;
+                }
+            }
+            closedir(d);
+        }
+    }
+    // Its name where it lives, else the ring's (never /proc/TID of this namespace: another task's).
+    std::string name = here != 0 ? ring_thread_name(v_, outer_, here) : ring_thread_name(v_, 0, tid);
+    return cache_.emplace(tid, Thread{std::move(name), here != 0 ? here : tid}).first->second;
 }
 
 void append_entry(const RingEntry &e, ThreadNames &names, const EventPrinter &print, std::string &out) {
     if (e.lost_before != 0) out += lost_events_line(e.cpu, e.lost_before);
     CommonHeader c{};
     if (e.rec.size() >= kCommonSize) std::memcpy(&c, e.rec.data(), kCommonSize);
-    append_trace_line_prefix(out, names.of(c.pid), c.pid, e.cpu, c.flags, c.preempt_count, e.ts);
+    append_trace_line_prefix(out, names.of(c.pid), names.pid_of(c.pid), e.cpu, c.flags, c.preempt_count, e.ts);
     print(e.rec.data(), static_cast<uint32_t>(e.rec.size()), out);
     out += '\n';
 }

@@ -61,15 +61,28 @@ private:
 };
 
 // The names of threads of a view's process, each looked up once (ring_thread_name).
+// A process in another pid namespace than the reader's (a container, `bwrap
+// --unshare-pid`) records its threads by its own numbers: they are shown as the reader's
+// namespace numbers them, as the kernel shows a container's tasks by their global pid,
+// while the thread lives (one gone already keeps its own number, and the name the ring
+// saved).
 class ThreadNames {
 public:
     explicit ThreadNames(const RingView &v);
-    const std::string &of(int32_t tid);
+    const std::string &of(int32_t tid) { return lookup(tid).name; }
+    // The thread's id as the reader's pid namespace numbers it.
+    int32_t pid_of(int32_t tid) { return lookup(tid).pid; }
 
 private:
+    struct Thread {
+        std::string name;
+        int32_t pid;
+    };
+    const Thread &lookup(int32_t tid);
     RingView v_;
     int32_t pid_;
-    std::unordered_map<int32_t, std::string> cache_;
+    int32_t outer_ = 0; // the process's number here, if it is in another pid namespace
+    std::unordered_map<int32_t, Thread> cache_;
 };
 
 // One record's trace line ("TASK-PID [CPU] FLAGS TS: EVENT..."), after a LOST line when

@@ -265,6 +265,7 @@ MappedRing *map_ring(uint64_t kb, uint32_t buffers) {
     h->data_size = cap;
     h->data_offset = data_offset;
     h->pid = static_cast<int32_t>(raw_syscall(SYS_getpid));
+    if (struct stat ns{}; stat("/proc/self/ns/pid", &ns) == 0) h->pid_ns = ns.st_ino;
     h->generation = r->gen;
     h->profile_addr.store(reinterpret_cast<uint64_t>(g_profile.load(std::memory_order_acquire)),
                           std::memory_order_release);

@@ -165,6 +165,9 @@ struct RingHeader {
     // (counters.hpp), which outlives the process; this stays for debuggers.
     std::atomic<uint64_t> profile_addr;
     uint64_t data_offset; // where buffer 0's data begins (page-aligned)
+    // The inode of the traced process's pid namespace, 0 if unknown: `pid` and the
+    // records' common_pid are numbers there (a reader in another one translates them).
+    uint64_t pid_ns;
 };
 
 // One per-thread buffer. Positions are byte counts since the buffer was created; a

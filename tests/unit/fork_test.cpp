@@ -15,6 +15,7 @@
 #include <string>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -177,7 +178,9 @@ TEST(ForkWhileAgentWorks, ChildrenNeverInheritTheControlThreadsLocks) {
     ASSERT_GE(fd, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    const std::string path = ukp::control::socket_path(geteuid(), getpid());
+    struct stat ns {};
+    ASSERT_EQ(stat("/proc/self/ns/pid", &ns), 0);
+    const std::string path = ukp::control::socket_path(geteuid(), getpid(), ns.st_ino);
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0) << path;
     std::atomic<bool> stop{false};

@@ -33,8 +33,7 @@ AgentStream::~AgentStream() {
 
 int AgentStream::connect() {
     struct stat st {};
-    if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid_).c_str(), &st) == 0)
-        socket_ino_ = st.st_ino;
+    if (stat(agent_socket_path(pid_, static_cast<unsigned>(geteuid())).c_str(), &st) == 0) socket_ino_ = st.st_ino;
     std::string why;
     if (int err = client_.connect(pid_, &why); err != 0) return err;
     // Should ukprobe die, the agent disables the events nobody reads any more.

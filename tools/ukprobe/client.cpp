@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <poll.h>
 #include <stdexcept>
 #include <sys/socket.h>
@@ -33,6 +34,31 @@ long process_euid(int pid) {
     return -1;
 }
 
+std::string agent_socket_path(int pid, unsigned uid) {
+    const std::string proc = fmt::format("/proc/{}", pid);
+    struct stat ns {};
+    uint64_t pid_ns = kInitialPidNs;
+    int own_pid = pid;
+    if (stat((proc + "/ns/pid").c_str(), &ns) == 0) {
+        pid_ns = ns.st_ino;
+        // NSpid: its number in each pid namespace from this one down; the last is its own.
+        std::ifstream in(proc + "/status");
+        for (std::string line; std::getline(in, line);) {
+            if (line.rfind("NSpid:", 0) != 0) continue;
+            std::istringstream fields(line.substr(6));
+            for (int n = 0; fields >> n;) own_pid = n;
+            break;
+        }
+    }
+    std::string path = socket_path(uid, own_pid, pid_ns);
+    struct stat mnt {
+    }, own_mnt{};
+    if (stat((proc + "/ns/mnt").c_str(), &mnt) == 0 && stat("/proc/self/ns/mnt", &own_mnt) == 0 &&
+        (mnt.st_ino != own_mnt.st_ino || mnt.st_dev != own_mnt.st_dev))
+        path = proc + "/root" + path;
+    return path;
+}
+
 std::string refusal(const Reply &r, Op op, const std::string &path, int pid) {
     std::string what = op_name(static_cast<uint16_t>(op));
     if (!path.empty()) what += " " + path;
@@ -52,7 +78,7 @@ int Client::connect(int pid, std::string *why) {
         *why = fmt::format("no process {}", pid);
         return -ESRCH;
     }
-    const std::string path = socket_path(static_cast<unsigned>(uid), pid);
+    const std::string path = agent_socket_path(pid, static_cast<unsigned>(uid));
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;

@@ -55,6 +55,11 @@ std::string refusal(const Reply &r, ukp::control::Op op, const std::string &path
 // The uid whose socket directory serves `pid` (its effective uid), or -1.
 long process_euid(int pid);
 
+// Where the agent of `pid` (running as `uid`) listens, as this process reaches it: named
+// by the number and the pid namespace the process has in its own (protocol.hpp), and in
+// another mount namespace (a private /tmp) through the process's root.
+std::string agent_socket_path(int pid, unsigned uid);
+
 // Where agents keep the reference tables of the objects they probe (the agent's
 // refs_cache.cpp): UKP_CACHE_DIR if set (empty: none), else $XDG_CACHE_HOME/ukprobes or
 // ~/.cache/ukprobes, whose parent is made if missing (the agent makes the last component,

@@ -496,7 +496,7 @@ void Runner::on_socket(int pid) {
 // file system may give the inode number of the old one, freed by the new agent's unlink).
 bool Runner::new_agent_in(int pid) {
     struct stat st {};
-    if (stat(ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid).c_str(), &st) != 0) return false;
+    if (stat(agent_socket_path(pid, static_cast<unsigned>(geteuid())).c_str(), &st) != 0) return false;
     const auto it = by_pid_.find(pid);
     return it == by_pid_.end() || it->second->ended() || it->second->image_gone() ||
            it->second->socket_ino() != st.st_ino;

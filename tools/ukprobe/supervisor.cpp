@@ -1,5 +1,6 @@
 #include "supervisor.hpp"
 
+#include "client.hpp"
 #include "keeper.hpp"
 
 #include "control/protocol.hpp"
@@ -41,7 +42,7 @@ constexpr int kPingTimeoutMs = 50;
 // its control thread exists, and a request would then wait forever on a process ukprobe
 // holds. The answer comes on the descriptor returned (Supervisor::agent_answers).
 int send_ping(int pid) {
-    const std::string path = ukp::control::socket_path(static_cast<unsigned>(geteuid()), pid);
+    const std::string path = agent_socket_path(pid, static_cast<unsigned>(geteuid()));
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof addr.sun_path) return -1;
