@@ -7,10 +7,12 @@
 #include "core/jit_debug.hpp"
 #include "core/kretprobe.hpp"
 #include "platform/agent_threads.hpp"
+#include "platform/fork_mark.hpp"
 #include "text/text.hpp"
 
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <pthread.h>
 
 namespace ukp::core {
@@ -23,8 +25,26 @@ std::mutex g_control_gate, g_optimizer_gate, g_tables_gate; // fork.hpp
 // is taken, so that the child never inherits a lock held by a thread it does not have.
 // The agent's locking around fork() is not the program's: a probe on the lock functions
 // neither runs nor counts (AgentWork).
+// A process made by a fork() that ran no handler (platform/fork_mark.hpp: bwrap's
+// raw clone(), _Fork()) has none of the agent's threads, but their gates as they were at
+// that instant: the control thread holds its own while it serves a request, and `ukprobe
+// run` reads the trace all the time. Its first fork() waited for ever there. At that
+// fork, a gate it cannot take is made anew: only the agent's threads take them, and
+// those of its parent are not here. (An agent thread started in that process since, and
+// working at that instant, would lose its gate's exclusion once.)
+void renew_gates_after_a_raw_fork() {
+    if (platform::process_known() || platform::g_fork_mark.renewed.exchange(1) != 0) return;
+    for (std::mutex *gate : {&g_control_gate, &g_optimizer_gate, &g_tables_gate}) {
+        if (gate->try_lock())
+            gate->unlock();
+        else
+            new (gate) std::mutex;
+    }
+}
+
 void before_fork() {
     const AgentWork quiet;
+    renew_gates_after_a_raw_fork();
     g_control_gate.lock();
     g_optimizer_gate.lock();
     g_tables_gate.lock();

@@ -17,8 +17,9 @@
 namespace ukp::platform {
 
 struct alignas(4096) ForkMark {
-    std::atomic<uint8_t> known; // 1 here, 0 in a child whose fork() ran no handler
-    uint8_t rest[4095];
+    std::atomic<uint8_t> known;   // 1 here, 0 in a child whose fork() ran no handler
+    std::atomic<uint8_t> renewed; // such a child: its fork() gates were made anew (core/fork.cpp)
+    uint8_t rest[4094];
 };
 extern ForkMark g_fork_mark;
 

@@ -4,6 +4,7 @@
 #include <ukprobes/trace.h>
 
 #include "control/protocol.hpp"
+#include "core/fork.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -305,6 +307,41 @@ TEST(ForkWhileAgentWorks, ChildUnregistersWhileAnotherThreadWasInAHandler) {
     t.join();
     unregister_kprobe(&kp);
     EXPECT_EQ(hung, 0) << "children stuck in unregister_kprobe";
+}
+
+// A process made by a fork() that runs no handler (bwrap's clone() for the pid 1 of its
+// sandbox, syscall(SYS_fork)) while an agent thread was working: it has the gate that
+// thread held, held, and not the thread. Its own fork()s must go through (the first
+// renews the gates) and its children trace as any child does.
+TEST(ForkWhileAgentWorks, AChildOfARawForkForksWhileItsParentsGateWasHeld) {
+    ukp::core::hook_fork(); // as an agent thread's start does
+    std::atomic<bool> held{false}, release{false};
+    std::thread worker([&] {
+        const ukp::core::ForkQuiet busy(ukp::core::ForkGate::kControl);
+        held = true;
+        while (!release.load()) usleep(1000);
+    });
+    while (!held.load()) usleep(1000);
+    const pid_t raw = static_cast<pid_t>(syscall(SYS_fork));
+    if (raw == 0) {
+        alarm(5); // stuck at its fork(): killed, and counted as hung
+        for (int i = 0; i < 3; ++i) {
+            const pid_t child = fork();
+            if (child == 0) _exit(ukf_work(1) == 8 ? 0 : 3);
+            int status = 0;
+            if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) _exit(2);
+        }
+        _exit(0);
+    }
+    ASSERT_GT(raw, 0);
+    int hung = 0, failed = 0;
+    await_child(raw, &hung, &failed);
+    release = true;
+    worker.join();
+    EXPECT_EQ(hung, 0) << "the raw child's fork() waited for a gate held by a thread it does not have";
+    EXPECT_EQ(failed, 0);
+    // The parent's gates are its own: a fork here goes through as before.
+    EXPECT_EQ(in_child([] { return ukf_work(1) == 8 ? 0 : 1; }), 0);
 }
 
 } // namespace
