@@ -136,6 +136,11 @@ int32_t outer_pid(uint64_t ns, int32_t pid) {
 
 } // namespace
 
+int32_t pid_here(int32_t seen_by, int32_t pid) {
+    const uint64_t ns = pid_ns_of("/proc/" + std::to_string(seen_by));
+    return ns == 0 || ns == own_pid_ns() ? pid : outer_pid(ns, pid);
+}
+
 ThreadNames::ThreadNames(const RingView &v) : v_(v) {
     const RingHeader *h = v.header();
     pid_ = h != nullptr ? h->pid : getpid();

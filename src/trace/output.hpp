@@ -85,6 +85,10 @@ private:
     std::unordered_map<int32_t, Thread> cache_;
 };
 
+// The process that process `seen_by` (numbered here) numbers `pid`, as this pid namespace
+// numbers it: `pid` itself when both share a namespace, 0 if it is not seen from here.
+int32_t pid_here(int32_t seen_by, int32_t pid);
+
 // One record's trace line ("TASK-PID [CPU] FLAGS TS: EVENT..."), after a LOST line when
 // records were lost before it.
 void append_entry(const RingEntry &, ThreadNames &, const EventPrinter &, std::string &out);

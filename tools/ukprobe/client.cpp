@@ -38,19 +38,8 @@ std::string agent_socket_path(int pid, unsigned uid) {
     const std::string proc = fmt::format("/proc/{}", pid);
     struct stat ns {};
     uint64_t pid_ns = kInitialPidNs;
-    int own_pid = pid;
-    if (stat((proc + "/ns/pid").c_str(), &ns) == 0) {
-        pid_ns = ns.st_ino;
-        // NSpid: its number in each pid namespace from this one down; the last is its own.
-        std::ifstream in(proc + "/status");
-        for (std::string line; std::getline(in, line);) {
-            if (line.rfind("NSpid:", 0) != 0) continue;
-            std::istringstream fields(line.substr(6));
-            for (int n = 0; fields >> n;) own_pid = n;
-            break;
-        }
-    }
-    std::string path = socket_path(uid, own_pid, pid_ns);
+    if (stat((proc + "/ns/pid").c_str(), &ns) == 0) pid_ns = ns.st_ino;
+    std::string path = socket_path(uid, own_number(pid), pid_ns);
     struct stat mnt {
     }, own_mnt{};
     if (stat((proc + "/ns/mnt").c_str(), &mnt) == 0 && stat("/proc/self/ns/mnt", &own_mnt) == 0 &&

@@ -1,5 +1,7 @@
 #include "memfds.hpp"
 
+#include "proc.hpp"
+
 #include "trace/counters.hpp"
 #include "trace/profile_table.hpp"
 #include "trace/ring.hpp"
@@ -49,22 +51,25 @@ int memfd_of(int pid, int pidfd, const char *prefix, Own own, int *number = null
 } // namespace
 
 int ring_of(int pid, int pidfd, int *number) {
+    // The agent writes its process's number in its own pid namespace.
+    const int self = own_number(pid);
     return memfd_of(
         pid, pidfd, "/memfd:ukprobes-trace",
-        [pid](int fd) {
+        [self](int fd) {
             ukp::trace::RingHeader h{};
             return pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == ukp::trace::kRingMagic &&
-                   h.pid == pid;
+                   h.pid == self;
         },
         number);
 }
 
 int counters_of(int pid, int pidfd) {
-    return memfd_of(pid, pidfd, "/memfd:ukprobes-counters", [pid](int fd) {
+    const int self = own_number(pid);
+    return memfd_of(pid, pidfd, "/memfd:ukprobes-counters", [self](int fd) {
         ukp::trace::CountersHeader h{};
         constexpr size_t kFixed = offsetof(ukp::trace::CountersHeader, table_seq);
         return pread(fd, &h, kFixed, 0) == static_cast<ssize_t>(kFixed) && h.magic == ukp::trace::kCountersMagic &&
-               h.pid == pid;
+               h.pid == self;
     });
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <unistd.h>
 
 namespace ukprobe {
@@ -34,6 +35,18 @@ bool process_alive(int pid) {
     std::getline(in, stat);
     const size_t paren = stat.rfind(')');
     return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' && stat[paren + 2] != 'X';
+}
+
+int own_number(int pid) {
+    std::ifstream in(fmt::format("/proc/{}/status", pid));
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("NSpid:", 0) != 0) continue;
+        std::istringstream fields(line.substr(6));
+        int own = pid;
+        for (int n = 0; fields >> n;) own = n;
+        return own;
+    }
+    return pid;
 }
 
 int tgid_of(int tid) {

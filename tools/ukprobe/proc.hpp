@@ -11,6 +11,10 @@ std::string comm_of(int pid);
 // The parent's pid, or -1.
 int parent_of(int pid);
 
+// The number process `pid` has in its own pid namespace (NSpid's last field: a
+// container's, bwrap's), which its agent writes into its ring; `pid` if /proc does not say.
+int own_number(int pid);
+
 // The process thread `tid` belongs to, or -1.
 int tgid_of(int tid);
 

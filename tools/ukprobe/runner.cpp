@@ -37,6 +37,7 @@
 #include "keeper.hpp"
 #include "supervisor.hpp"
 #include "control/fd_passing.hpp"
+#include "trace/output.hpp"
 #include "trace/ring.hpp"
 #include "platform/elf_file.hpp"
 #include "platform/proc_tasks.hpp"
@@ -516,6 +517,8 @@ void Runner::handle(const seccomp_notif &req) {
         if (int parent = 0; forked_ring_notice(req, &parent)) {
             // A child of fork() with buffers of its own. Once ukprobe holds them (or
             // wants none), the child closes its descriptors for them.
+            // The parent by the child's numbers (its pid namespace: a container's, bwrap's).
+            if (parent > 0) parent = ukp::trace::pid_here(tgid, parent);
             if (parent > 0) forked_from_[tgid] = parent;
             // Not taken now (drain_forked takes them at its exit): it keeps them.
             supervisor_.answer(req.id, take_forked(tgid) ? ukp::trace::kNoticeDone : ukp::trace::kNoticeKeep);
