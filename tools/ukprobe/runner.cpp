@@ -111,6 +111,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long an agent is given to answer a ping (Supervisor::agent_answers). At its notice
+// that its control thread listens, that thread exists and will answer: the wait is what a
+// busy machine takes to run it (50 ms was too short under load, and a process never
+// connected then lost its trace if a signal killed it). At its socket's removal at exit,
+// the thread may be gone already.
+constexpr int kReadyPingTimeoutMs = 2000;
+constexpr int kExitPingTimeoutMs = 50;
+
 // UKP_EVENTS: definitions separated by ';', their words by ','; a comma of a word (an f:
 // definition's list of functions) is written "\,".
 std::string startup_events(const std::vector<std::string> &defs) {
@@ -529,12 +537,12 @@ void Runner::handle(const seccomp_notif &req) {
             return;
         } else if (notice(req, ukp::trace::kNoticeControlReady)) {
             // An agent's control thread listens: connect while it waits, before main.
-            if (new_agent_in(tgid) && supervisor_.agent_answers(tgid, o_.verbose)) on_socket(tgid);
+            if (new_agent_in(tgid) && supervisor_.agent_answers(tgid, kReadyPingTimeoutMs, o_.verbose)) on_socket(tgid);
         } else if (nr == __NR_rt_sigprocmask) {
             // Matched by the filter by chance (a program's own call with that word in r8).
         } else if (nr == __NR_unlink || nr == __NR_unlinkat) {
             // An agent's destructor about to remove its socket: connect while it waits.
-            if (new_agent_in(tgid) && supervisor_.agent_answers(tgid, o_.verbose)) on_socket(tgid);
+            if (new_agent_in(tgid) && supervisor_.agent_answers(tgid, kExitPingTimeoutMs, o_.verbose)) on_socket(tgid);
         } else if (!exec_file_missing(req)) {
             // exit_group, execve, execveat: the call goes on once the streams of the
             // image have emptied its rings (a child that exec'd into an agent has two).

@@ -35,8 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 // Longest wait for a process's ring to be emptied at its exit.
 constexpr auto kDrainTimeout = std::chrono::seconds(5);
-// How long a new socket is given to answer (Supervisor::agent_answers).
-constexpr int kPingTimeoutMs = 50;
 
 // A ping to the agent of `pid` sent, or -1: its socket may be bound and listening before
 // its control thread exists, and a request would then wait forever on a process ukprobe
@@ -157,11 +155,11 @@ bool Supervisor::next_deferred(seccomp_notif *req) {
     return true;
 }
 
-bool Supervisor::agent_answers(int pid, bool verbose) {
+bool Supervisor::agent_answers(int pid, int timeout_ms, bool verbose) {
     const int fd = send_ping(pid);
     if (fd < 0) return false;
     bool ok = false;
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPingTimeoutMs);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
         if (left.count() < 0) break;
@@ -177,7 +175,7 @@ bool Supervisor::agent_answers(int pid, bool verbose) {
         if (receive(&req)) deferred_.push_back(req);
     }
     close(fd);
-    if (verbose && !ok) fmt::print(stderr, "ukprobe: process {} did not answer a ping in {} ms\n", pid, kPingTimeoutMs);
+    if (verbose && !ok) fmt::print(stderr, "ukprobe: process {} did not answer a ping in {} ms\n", pid, timeout_ms);
     return ok;
 }
 

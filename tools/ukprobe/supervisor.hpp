@@ -75,9 +75,9 @@ public:
     // in order; false once none is left.
     bool next_deferred(seccomp_notif *req);
 
-    // Whether the agent of `pid` answers a ping in time (`verbose`: says so on stderr if
-    // not). Notifications that come meanwhile wait their turn (next_deferred).
-    bool agent_answers(int pid, bool verbose);
+    // Whether the agent of `pid` answers a ping within `timeout_ms` (`verbose`: says so on
+    // stderr if not). Notifications that come meanwhile wait their turn (next_deferred).
+    bool agent_answers(int pid, int timeout_ms, bool verbose);
 
     // The waiting system call returns `value` without running.
     void answer(uint64_t id, long value);
