@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstddef>
 #include <cstring>
 
 #include "trace/output.hpp"
@@ -128,7 +129,6 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
                 const Entry e{ts, r.header.cpu, size, kRecord};
                 std::memcpy(base + at, &e, sizeof e);
                 std::memcpy(base + at + sizeof e, rec, size);
-                at += sizeof e + padded(size);
                 last_ts_ = ts;
                 ++records;
                 CommonHeader c{};
@@ -139,23 +139,29 @@ size_t Capturer::capture(const RingView &v, std::string &out, size_t max_bytes, 
                 }
                 if (c.pid != last_tid_) {
                     last_tid_ = c.pid;
-                    // A thread's name, looked up once per capture, written again only when
-                    // it changed.
-                    if (named_.insert(c.pid).second) {
+                    // The thread as this pid namespace numbers it (a process in a container
+                    // records its own numbers): the capture keeps that number, as the
+                    // trace shows it. Its name looked up once per capture, written again
+                    // only when it changed.
+                    last_here_ = lookup.pid_of(c.pid);
+                    if (named_.insert(last_here_).second) {
                         const std::string &name = lookup.of(c.pid);
-                        auto [it, added] = names_.try_emplace(c.pid, name);
+                        auto [it, added] = names_.try_emplace(last_here_, name);
                         if (added || it->second != name) {
                             it->second = name;
-                            names += std::to_string(c.pid) + '\t' + name + '\n';
+                            names += std::to_string(last_here_) + '\t' + name + '\n';
                         }
                     }
                 }
+                if (last_here_ != c.pid && size >= kCommonSize)
+                    std::memcpy(base + at + sizeof e + offsetof(CommonHeader, pid), &last_here_, sizeof last_here_);
+                at += sizeof e + padded(size);
             }
             out.resize(at);
         }
     }
     named_.clear();
-    last_tid_ = -1;
+    last_tid_ = last_here_ = -1;
     // Emptied: then the records refused without a buffer, as trace_pipe's LOST line.
     if (out.size() - start < max_bytes) {
         if (const uint64_t n = ring_claim_lost_no_buffer(v); n != 0) {

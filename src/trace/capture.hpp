@@ -101,6 +101,7 @@ private:
     RingBatch batch_;
     std::unordered_set<int32_t> named_; // threads named in this capture
     int32_t last_tid_ = -1;             // of the last record (most follow one of the same thread)
+    int32_t last_here_ = -1;            // last_tid_ as the reader's pid namespace numbers it
     uint32_t next_buffer_ = 0;          // where the next capture starts
 };
 
