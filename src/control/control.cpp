@@ -605,7 +605,8 @@ int wake(char byte) {
 }
 
 // The user's socket directory, made if missing, and refused unless it is a real
-// directory of this user that nobody else can enter.
+// directory of this user that nobody else can enter, where a socket can be made (not on
+// a read-only file system: EROFS).
 int open_socket_dir(const std::string &dir) {
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return -errno;
     const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -615,7 +616,28 @@ int open_socket_dir(const std::string &dir) {
         close(fd);
         return -EPERM;
     }
+    if (faccessat(fd, ".", W_OK, AT_EACCESS) != 0) {
+        const int err = -errno;
+        close(fd);
+        return err;
+    }
     return fd;
+}
+
+// The socket directory this process can use: /tmp's, else /dev/shm's (protocol.hpp,
+// socket_dir); *fallback says which. /tmp's error if neither can be.
+int choose_socket_dir(bool *fallback) {
+    int rc = 0;
+    for (const bool f : {false, true}) {
+        const int fd = open_socket_dir(socket_dir(geteuid(), f));
+        if (fd >= 0) {
+            close(fd);
+            *fallback = f;
+            return 0;
+        }
+        if (!f) rc = fd;
+    }
+    return rc;
 }
 
 // The inode of this process's pid namespace (protocol.hpp, socket_path). Without /proc
@@ -725,13 +747,11 @@ int start_locked() {
     g_exited.store(false);
     g_parked.store(false);
     g_stopping.store(false);
-    const std::string dir = socket_dir(geteuid());
-    const int dir_fd = open_socket_dir(dir);
-    if (dir_fd < 0) return dir_fd;
-    close(dir_fd);
+    bool fallback = false;
+    if (const int rc = choose_socket_dir(&fallback); rc != 0) return rc;
     const uint64_t pid_ns = own_pid_ns();
-    remove_stale_sockets(dir, pid_ns);
-    const std::string path = socket_path(geteuid(), getpid(), pid_ns);
+    remove_stale_sockets(socket_dir(geteuid(), fallback), pid_ns);
+    const std::string path = socket_path(geteuid(), getpid(), pid_ns, fallback);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof addr.sun_path) return -ENAMETOOLONG;

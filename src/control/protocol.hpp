@@ -79,9 +79,13 @@ struct ReplyHeader {
 
 static_assert(sizeof(RequestHeader) == 16 && sizeof(ReplyHeader) == 16);
 
-// Where the agent of process `pid` running as `uid` listens. The directory is the user's
-// own (mode 0700); the agent refuses to use it otherwise.
-inline std::string socket_dir(unsigned uid) { return "/tmp/ukprobes-" + std::to_string(uid); }
+// Where the agents of `uid` listen: under /tmp, or, where the process cannot write /tmp (a
+// container with a read-only root, `bwrap --ro-bind / /`, no /tmp at all), under /dev/shm
+// (`fallback`). The directory is the user's own (mode 0700); the agent refuses to use it
+// otherwise.
+inline std::string socket_dir(unsigned uid, bool fallback = false) {
+    return (fallback ? "/dev/shm/ukprobes-" : "/tmp/ukprobes-") + std::to_string(uid);
+}
 
 // The inode number of the kernel's first pid namespace (PROC_PID_INIT_INO), the one a
 // process outside any container is in.
@@ -91,10 +95,10 @@ inline constexpr uint64_t kInitialPidNs = 0xeffffffcu;
 // that shares /tmp numbers itself differently: `pid` is the number its own namespace
 // gives it, and the name carries that namespace's inode, so that its socket neither takes
 // the name of a process outside nor is taken for one. PID.sock in the first namespace.
-inline std::string socket_path(unsigned uid, int pid, uint64_t pid_ns = kInitialPidNs) {
+inline std::string socket_path(unsigned uid, int pid, uint64_t pid_ns = kInitialPidNs, bool fallback = false) {
     std::string name = std::to_string(pid);
     if (pid_ns != kInitialPidNs) name += "." + std::to_string(pid_ns);
-    return socket_dir(uid) + "/" + name + ".sock";
+    return socket_dir(uid, fallback) + "/" + name + ".sock";
 }
 
 inline const char *op_name(uint16_t op) {

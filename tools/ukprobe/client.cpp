@@ -39,12 +39,17 @@ std::string agent_socket_path(int pid, unsigned uid) {
     struct stat ns {};
     uint64_t pid_ns = kInitialPidNs;
     if (stat((proc + "/ns/pid").c_str(), &ns) == 0) pid_ns = ns.st_ino;
-    std::string path = socket_path(uid, own_number(pid), pid_ns);
     struct stat mnt {
     }, own_mnt{};
-    if (stat((proc + "/ns/mnt").c_str(), &mnt) == 0 && stat("/proc/self/ns/mnt", &own_mnt) == 0 &&
-        (mnt.st_ino != own_mnt.st_ino || mnt.st_dev != own_mnt.st_dev))
-        path = proc + "/root" + path;
+    const std::string root = stat((proc + "/ns/mnt").c_str(), &mnt) == 0 && stat("/proc/self/ns/mnt", &own_mnt) == 0 &&
+                                     (mnt.st_ino != own_mnt.st_ino || mnt.st_dev != own_mnt.st_dev)
+                                 ? proc + "/root"
+                                 : "";
+    // Under /tmp, or /dev/shm for a process that cannot write /tmp (protocol.hpp).
+    const std::string path = root + socket_path(uid, own_number(pid), pid_ns);
+    const std::string fallback = root + socket_path(uid, own_number(pid), pid_ns, true);
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 && stat(fallback.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return fallback;
     return path;
 }
 

@@ -56,8 +56,9 @@ std::string refusal(const Reply &r, ukp::control::Op op, const std::string &path
 long process_euid(int pid);
 
 // Where the agent of `pid` (running as `uid`) listens, as this process reaches it: named
-// by the number and the pid namespace the process has in its own (protocol.hpp), and in
-// another mount namespace (a private /tmp) through the process's root.
+// by the number and the pid namespace the process has in its own (protocol.hpp), under
+// /tmp or (a process that cannot write /tmp) /dev/shm, and in another mount namespace (a
+// private /tmp) through the process's root.
 std::string agent_socket_path(int pid, unsigned uid);
 
 // Where agents keep the reference tables of the objects they probe (the agent's
