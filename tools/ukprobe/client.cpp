@@ -45,12 +45,19 @@ std::string agent_socket_path(int pid, unsigned uid) {
                                      (mnt.st_ino != own_mnt.st_ino || mnt.st_dev != own_mnt.st_dev)
                                  ? proc + "/root"
                                  : "";
-    // Under /tmp, or /dev/shm for a process that cannot write /tmp (protocol.hpp).
+    // Under /tmp, or /dev/shm for a process that cannot write /tmp (protocol.hpp). With a
+    // socket in both, the newer: the other is an earlier image's, left behind where the
+    // process's exec took it into a mount namespace whose /tmp is read-only.
     const std::string path = root + socket_path(uid, own_number(pid), pid_ns);
     const std::string fallback = root + socket_path(uid, own_number(pid), pid_ns, true);
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0 && stat(fallback.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return fallback;
-    return path;
+    struct stat st {
+    }, fst{};
+    if (stat(fallback.c_str(), &fst) != 0 || !S_ISSOCK(fst.st_mode)) return path;
+    if (stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return fallback;
+    const auto newer = [](const timespec &a, const timespec &b) {
+        return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
+    };
+    return newer(fst.st_mtim, st.st_mtim) ? fallback : path;
 }
 
 std::string refusal(const Reply &r, Op op, const std::string &path, int pid) {
