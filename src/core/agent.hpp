@@ -93,6 +93,11 @@ public:
     ArmBatch &operator=(const ArmBatch &) = delete;
 };
 
+// Waits until every probe hit begun before the call has left its handlers (a grace
+// period, as the kernel's synchronize_rcu()): after a disable, none of them acts later.
+// Returns at once, false, when called from a handler.
+bool wait_for_hits_in_flight();
+
 // Disables many probes at once, as disable_kprobe() would one by one (an event over many
 // functions): the points that go off their jumps come out together, with three
 // synchronizations of the cores in all, not two a point (each a membarrier, which

@@ -15,6 +15,7 @@
 // ends (the hit path registers no destructor: that would allocate), so the writer
 // reclaims: a reader cell whose owner's ThreadState no longer names it belongs to a thread
 // that ended (its memory is free, or another thread's now). That memory is read fault-safe.
+#include "core/agent.hpp"
 #include "core/core.hpp"
 #include "core/grace.hpp"
 
@@ -194,6 +195,8 @@ bool synchronize() {
     for (unsigned spins = 0; g_readers[e & 1].n.load(std::memory_order_acquire) != 0; ++spins) wait_a_little(spins);
     return true;
 }
+
+bool wait_for_hits_in_flight() { return synchronize(); }
 
 void grace_init() {
     static std::once_flag once;

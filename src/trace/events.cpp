@@ -1400,15 +1400,18 @@ int Tracer::set_enabled(Event *e, bool on) {
         arm(e);
         return 0;
     }
-    // Off: the points first, then the flag. A hit in between counted in kprobe_profile
-    // and recorded nothing: the profile and the trace must agree. (An e: event's source
-    // asks the flag: it goes first.)
+    // Off: the points first, then the hits already in the handler finish (recorded), then
+    // the flag, as the kernel's disable_trace_kprobe waits for a grace period. A hit
+    // counted in kprobe_profile after the flag went down would record nothing: the
+    // profile and the trace must agree. (An e: event's source asks the flag: it goes
+    // first.)
     if (e->source != nullptr) {
         e->enabled.store(false);
         arm(e);
         return 0;
     }
     arm_as(e, e->trigger_target || !e->triggers.empty());
+    core::wait_for_hits_in_flight();
     e->enabled.store(false);
     return 0;
 }
